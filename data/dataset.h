@@ -1,0 +1,50 @@
+/* A labelled image set decoded once into memory: uint8 pixels, each image CHW
+ * planar (R plane, G plane, B plane, row-major), as in the CIFAR-10 binary format. */
+#ifndef TRAINC_DATA_DATASET_H
+#define TRAINC_DATA_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DATASET_MAX_CLASSES 1000
+
+typedef struct {
+    int n;          /* images */
+    int c, h, w;    /* every image has this shape */
+    int num_classes;
+    uint8_t *pixels;/* n * c * h * w */
+    int32_t *labels;/* n */
+} Dataset;
+
+size_t dataset_image_bytes(const Dataset *d);
+const uint8_t *dataset_image(const Dataset *d, int i);
+void dataset_free(Dataset *d);
+
+/* CIFAR-10 binary: dir/data_batch_1.bin .. data_batch_5.bin (train) or
+ * dir/test_batch.bin (test); records of 1 label byte + 3072 pixel bytes.
+ * Returns 0, or -1 with a message naming the file in err (missing file, size
+ * not a multiple of a record, label out of range). limit > 0 keeps the first
+ * 'limit' images. */
+int cifar_bin_load(Dataset *d, const char *dir, int train, int limit, char *err, size_t errlen);
+
+/* Image folder: root/<split>/<class>/<file>.{jpg,jpeg,png,bmp} decoded with
+ * stb_image (3 channels); classes are the sub-folders in sorted order; all
+ * images must share one size. Errors name the file or folder: missing or empty
+ * folder, an image that does not decode, a size that differs. limit > 0 keeps
+ * 'limit' images spread evenly over the classes (the first ones of each class
+ * in sorted file order). */
+int image_folder_load(Dataset *d, const char *root, const char *split, int limit, char *err,
+                      size_t errlen);
+
+/* Deterministic CIFAR-shaped images from the seed; the label is learnable from
+ * the pixels (each class has its own mean colour pattern plus noise). */
+void synthetic_make(Dataset *d, int n, int c, int h, int w, int num_classes, uint64_t seed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,58 @@
+/* The batch loader: worker threads decode, augment and collate batches into a
+ * ring of slots in host memory (pinned or pageable) ahead of the trainer.
+ * workers = 0 builds each batch on the caller's thread when it is asked for
+ * (the lab's baseline). Batches come out in order and are identical for a given
+ * seed whatever the number of workers. */
+#ifndef TRAINC_DATA_LOADER_H
+#define TRAINC_DATA_LOADER_H
+
+#include <stdint.h>
+
+#include "data/dataset.h"
+#include "data/transform.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int batch;
+    int workers;   /* 0: build batches on the caller's thread */
+    int prefetch;  /* ring slots (>= 1); batches built ahead of the trainer */
+    int pinned;    /* slots in cudaHostAlloc memory */
+    int shuffle;   /* per-epoch permutation from the seed */
+    int drop_last; /* skip the last partial batch */
+    int augment;   /* apply TransformSpec flip and crop (off for evaluation) */
+    uint64_t seed;
+    TransformSpec transform;
+} LoaderConfig;
+
+typedef struct {
+    float *images;   /* [n][c][out_h][out_w] float32 in a ring slot */
+    int32_t *labels; /* [n] */
+    int n;           /* samples in this batch (<= batch) */
+    int index;       /* batch number within the epoch */
+    int slot;
+} Batch;
+
+typedef struct Loader Loader;
+
+Loader *loader_create(const Dataset *d, const LoaderConfig *cfg);
+int loader_batches_per_epoch(const Loader *l);
+/* Starts producing the batches of this epoch (0-based); the previous epoch
+ * must have been consumed or be abandoned (its pending work is dropped). */
+void loader_start_epoch(Loader *l, int epoch);
+/* Waits for the next batch of the epoch; returns 0 when the epoch is over. The
+ * batch stays valid until loader_release. At most 'prefetch' batches may be
+ * held at once. */
+int loader_next(Loader *l, Batch *out);
+void loader_release(Loader *l, const Batch *b);
+/* Seconds loader_next spent waiting for workers since creation. */
+double loader_wait_seconds(const Loader *l);
+/* Stops the workers (also mid-epoch) and frees everything. */
+void loader_destroy(Loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,21 @@
+/* Top-1 accuracy: how many rows of logits [n][classes] have their largest value
+ * (first one on ties) at the label. The CUDA path ADDS its count to a device
+ * counter, so an evaluation pass reads back once at its end. */
+#ifndef TRAINC_OPS_ACCURACY_H
+#define TRAINC_OPS_ACCURACY_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int accuracy_count_cpu(const float *logits, const int32_t *labels, int n, int classes);
+void accuracy_count_cuda(const float *logits, const int32_t *labels, int n, int classes,
+                         int *count_device, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* 2-D convolution with bias, NCHW, float32.
+ * y[n,k,p,q] = b[k] + sum_{c,r,s} x[n,c,p*stride-pad+r,q*stride-pad+s] * w[k,c,r,s]
+ * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
+ * flat gradient buffer zeroed once per optimizer step accumulates micro-batches. */
+#ifndef TRAINC_OPS_CONV2D_H
+#define TRAINC_OPS_CONV2D_H
+
+#include <cudnn.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int n, c, h, w; /* input */
+    int k, r, s;    /* output channels, kernel height and width */
+    int pad, stride;
+} Conv2dShape;
+
+int conv2d_out_h(const Conv2dShape *s);
+int conv2d_out_w(const Conv2dShape *s);
+
+/* CPU reference (im2col + sgemm). */
+void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *b,
+                        float *y);
+void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
+                         float *dx, float *dw, float *db);
+
+/* CUDA path through cuDNN. Descriptors and algorithms are chosen once, at init. */
+typedef struct {
+    Conv2dShape shape;
+    cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
+    cudnnFilterDescriptor_t w_desc;
+    cudnnConvolutionDescriptor_t conv_desc;
+    cudnnConvolutionFwdAlgo_t fwd_algo;
+    cudnnConvolutionBwdDataAlgo_t bwd_data_algo;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo;
+    size_t workspace_bytes; /* the most any of the three algorithms needs */
+} Conv2dCuda;
+
+/* Chooses algorithms that need at most workspace_limit bytes of workspace. */
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, size_t workspace_limit);
+void conv2d_cuda_destroy(Conv2dCuda *c);
+void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
+                         const float *b, float *y, void *workspace);
+void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
+                          const float *dy, float *dx, float *dw, float *db, void *workspace);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

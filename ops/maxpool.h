@@ -1,0 +1,34 @@
+/* Max-pool 2x2, stride 2, NCHW float32 (h and w even). Backward routes each
+ * output gradient to the first maximum of its window (the one cuDNN picks);
+ * dx is overwritten. */
+#ifndef TRAINC_OPS_MAXPOOL_H
+#define TRAINC_OPS_MAXPOOL_H
+
+#include <cudnn.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct { int n, c, h, w; } Pool2dShape; /* input; output is h/2 x w/2 */
+
+void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y);
+void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
+                             const float *dy, float *dx);
+
+typedef struct {
+    Pool2dShape shape;
+    cudnnPoolingDescriptor_t pool_desc;
+    cudnnTensorDescriptor_t x_desc, y_desc;
+} MaxPoolCuda;
+
+void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s);
+void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
+void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const float *x, float *y);
+void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const float *x,
+                              const float *y, const float *dy, float *dx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

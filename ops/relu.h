@@ -1,0 +1,21 @@
+/* ReLU, elementwise. Backward uses the forward OUTPUT y (y > 0 where x > 0),
+ * so x need not be kept; dx may alias dy. */
+#ifndef TRAINC_OPS_RELU_H
+#define TRAINC_OPS_RELU_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void relu_forward_cpu(const float *x, float *y, size_t n);
+void relu_backward_cpu(const float *y, const float *dy, float *dx, size_t n);
+void relu_forward_cuda(const float *x, float *y, size_t n, cudaStream_t stream);
+void relu_backward_cuda(const float *y, const float *dy, float *dx, size_t n, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

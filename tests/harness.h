@@ -1,0 +1,40 @@
+/* A small test harness: CHECK records a failure and goes on; the test's main
+ * returns test_finish(). Tests that need a GPU call test_require_gpu() first,
+ * which exits 77 (ctest's skip code) when there is none. */
+#ifndef TRAINC_TESTS_HARNESS_H
+#define TRAINC_TESTS_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int test_failures;
+extern int test_checks;
+
+#define CHECK(cond) do { test_checks++; if (!(cond)) { test_failures++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+#define CHECK_MSG(cond, ...) do { test_checks++; if (!(cond)) { test_failures++; \
+    fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#define CHECK_NEAR(a, b, tol) do { double a_ = (a), b_ = (b); test_checks++; \
+    if (!(a_ - b_ <= (tol) && b_ - a_ <= (tol))) { test_failures++; \
+    fprintf(stderr, "%s:%d: CHECK_NEAR failed: %s = %.9g, %s = %.9g, tol %.3g\n", \
+            __FILE__, __LINE__, #a, a_, #b, b_, (double)(tol)); } } while (0)
+
+void test_require_gpu(void);
+int test_finish(const char *name);
+
+/* Fresh random data each run unless TRAINC_TEST_SEED is set; the seed is printed. */
+uint64_t test_seed(void);
+float test_uniform(uint64_t *state, float lo, float hi);
+void test_fill_uniform(float *x, size_t n, uint64_t *state, float lo, float hi);
+/* ||a - b|| / ||b|| in double; NaN anywhere gives +inf. */
+double test_rel_error(const float *a, const float *b, size_t n);
+/* A scratch directory under /tmp, created fresh. */
+const char *test_tmpdir(const char *name);
+/* Writes bytes to dir/name; returns the full path (static buffer). */
+const char *test_write_file(const char *dir, const char *name, const void *data, size_t n);
+/* ../shared/data/cifar10-jpg.tar.gz unpacked once into /tmp; NULL when absent. */
+const char *test_cifar10_jpg_root(void);
+
+#endif

@@ -1,1 +1,331 @@
-/* filled in below */
+#include "models/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/relu.h"
+#include "runtime/check.h"
+#include "runtime/log.h"
+
+/* cuDNN may use up to this much scratch per convolution. */
+#define CONV_WORKSPACE_LIMIT ((size_t)256 << 20)
+
+/* ---- building ---------------------------------------------------------- */
+
+void model_init(Model *m, int batch, int num_classes) {
+    memset(m, 0, sizeof *m);
+    m->batch = batch;
+    m->num_classes = num_classes;
+}
+
+static int add_act(Model *m, int c, int h, int w) {
+    if (m->n_acts >= MODEL_MAX_ACTS) TC_FATAL("model has more than %d activations", MODEL_MAX_ACTS);
+    Activation *a = &m->acts[m->n_acts];
+    a->c = c; a->h = h; a->w = w;
+    a->shares_with = -1;
+    a->grad_slot = -1;
+    return m->n_acts++;
+}
+
+static Layer *add_layer(Model *m, LayerKind kind, int in) {
+    if (m->n_layers >= MODEL_MAX_LAYERS) TC_FATAL("model has more than %d layers", MODEL_MAX_LAYERS);
+    if (in < 0 || in >= m->n_acts) TC_FATAL("layer %d reads activation %d, which does not exist", m->n_layers, in);
+    Layer *l = &m->layers[m->n_layers++];
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    l->in = in;
+    return l;
+}
+
+static void add_params(Model *m, Layer *l, size_t w_count, size_t b_count, size_t fan_in) {
+    l->w_off = m->n_params;
+    l->w_count = w_count;
+    l->b_off = m->n_params + w_count;
+    l->b_count = b_count;
+    l->fan_in = fan_in;
+    m->n_params += w_count + b_count;
+}
+
+int model_input(Model *m, int c, int h, int w) {
+    if (m->n_acts != 0) TC_FATAL("model_input must be the first activation");
+    return add_act(m, c, h, w);
+}
+
+int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
+    Layer *l = add_layer(m, LAYER_CONV, in);
+    const Activation *x = &m->acts[in];
+    Conv2dShape s = {m->batch, x->c, x->h, x->w, out_channels, kernel, kernel, pad, stride};
+    int oh = conv2d_out_h(&s), ow = conv2d_out_w(&s);
+    if (oh <= 0 || ow <= 0)
+        TC_FATAL("layer %d: a %dx%d convolution does not fit a %dx%d input", m->n_layers - 1, kernel,
+                 kernel, x->h, x->w);
+    l->conv = s;
+    add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, (size_t)out_channels,
+               (size_t)x->c * kernel * kernel);
+    return l->out = add_act(m, out_channels, oh, ow);
+}
+
+int model_relu(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_RELU, in);
+    const Activation *x = &m->acts[in];
+    l->out = add_act(m, x->c, x->h, x->w);
+    /* ReLU's backward needs only its output, so it can overwrite its input. */
+    m->acts[l->out].shares_with = in;
+    return l->out;
+}
+
+int model_maxpool2(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_MAXPOOL, in);
+    const Activation *x = &m->acts[in];
+    if (x->h % 2 || x->w % 2)
+        TC_FATAL("layer %d: 2x2 max-pool needs an even input size, got %dx%d", m->n_layers - 1,
+                 x->h, x->w);
+    l->pool = (Pool2dShape){m->batch, x->c, x->h, x->w};
+    return l->out = add_act(m, x->c, x->h / 2, x->w / 2);
+}
+
+int model_linear(Model *m, int in, int out_features) {
+    Layer *l = add_layer(m, LAYER_LINEAR, in);
+    const Activation *x = &m->acts[in];
+    int in_features = x->c * x->h * x->w; /* NCHW flattens to [n][c*h*w] for free */
+    l->linear = (LinearShape){m->batch, in_features, out_features};
+    add_params(m, l, (size_t)out_features * in_features, (size_t)out_features, (size_t)in_features);
+    return l->out = add_act(m, out_features, 1, 1);
+}
+
+/* ---- finalizing ------------------------------------------------------- */
+
+static size_t act_floats(const Model *m, int id) {
+    const Activation *a = &m->acts[id];
+    return (size_t)m->batch * a->c * a->h * a->w;
+}
+
+/* Backward walks the layers in reverse; each gradient lands in the buffer its
+ * producer did not read from, so two buffers serve the whole net. A ReLU works
+ * in place. Every activation may feed one layer only: branching nets need the
+ * gradient sum that a residual add brings. */
+static void assign_grad_slots(Model *m) {
+    int consumers[MODEL_MAX_ACTS] = {0};
+    for (int i = 0; i < m->n_layers; i++) consumers[m->layers[i].in]++;
+    for (int a = 0; a < m->n_acts; a++)
+        if (consumers[a] > 1) TC_FATAL("activation %d feeds %d layers; fan-out needs a residual add", a, consumers[a]);
+    m->acts[m->n_acts - 1].grad_slot = 0;
+    m->act_grad_floats = 0;
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        const Layer *l = &m->layers[i];
+        int dy_slot = m->acts[l->out].grad_slot;
+        if (l->in == 0) continue; /* nothing needs d(loss)/d(input) */
+        m->acts[l->in].grad_slot = l->kind == LAYER_RELU ? dy_slot : 1 - dy_slot;
+    }
+    for (int a = 1; a < m->n_acts; a++)
+        if (act_floats(m, a) > m->act_grad_floats) m->act_grad_floats = act_floats(m, a);
+}
+
+static void choose_conv_algorithms(Model *m) {
+    m->workspace_bytes = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        Layer *l = &m->layers[i];
+        if (l->kind == LAYER_CONV) {
+            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, CONV_WORKSPACE_LIMIT);
+            if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
+                m->workspace_bytes = l->conv_cuda.workspace_bytes;
+        } else if (l->kind == LAYER_MAXPOOL) {
+            maxpool2x2_cuda_init(&l->pool_cuda, &l->pool);
+        }
+    }
+}
+
+/* Runs twice: on a counting arena to size it, then on the real one. */
+static void carve_buffers(Model *m, Arena *a) {
+    size_t param_bytes = m->n_params * sizeof(float);
+    m->params = arena_alloc(a, param_bytes, "parameters");
+    m->grads = arena_alloc(a, param_bytes, "gradients");
+    m->momentum = arena_alloc(a, param_bytes, "momentum");
+    for (int id = 0; id < m->n_acts; id++) {
+        Activation *act = &m->acts[id];
+        act->value = act->shares_with >= 0 ? m->acts[act->shares_with].value
+                                           : arena_alloc(a, act_floats(m, id) * sizeof(float), "activations");
+    }
+    for (int s = 0; s < 2; s++)
+        m->act_grads[s] = arena_alloc(a, m->act_grad_floats * sizeof(float), "activation gradients");
+    m->workspace = m->workspace_bytes ? arena_alloc(a, m->workspace_bytes, "cuDNN workspace") : NULL;
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static float uniform(uint64_t *state, float bound) {
+    double u = (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)((2.0 * u - 1.0) * bound);
+}
+
+/* PyTorch's default for conv and linear: weights and biases uniform in
+ * +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5)). */
+static void init_params(Model *m, uint64_t seed) {
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory initialising %zu parameters", m->n_params);
+    uint64_t state = seed * 0x2545F4914F6CDD1DULL + 1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (!l->w_count) continue;
+        float bound = 1.0f / sqrtf((float)l->fan_in);
+        for (size_t j = 0; j < l->w_count; j++) host[l->w_off + j] = uniform(&state, bound);
+        for (size_t j = 0; j < l->b_count; j++) host[l->b_off + j] = uniform(&state, bound);
+    }
+    model_set_params(m, host);
+    free(host);
+}
+
+void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
+    if (m->n_layers == 0) TC_FATAL("model has no layers");
+    m->gpu = gpu;
+    m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
+    assign_grad_slots(m);
+    if (gpu) choose_conv_algorithms(m);
+
+    Arena sizing;
+    arena_init_counting(&sizing, m->device);
+    carve_buffers(m, &sizing);
+    arena_init(&m->arena, m->device, sizing.used);
+    carve_buffers(m, &m->arena);
+
+    init_params(m, seed);
+    if (gpu) CUDA_CHECK(cudaMemsetAsync(m->momentum, 0, m->n_params * sizeof(float), gpu->compute));
+    else memset(m->momentum, 0, m->n_params * sizeof(float));
+    model_zero_grads(m);
+}
+
+void model_destroy(Model *m) {
+    if (m->gpu) {
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+        for (int i = 0; i < m->n_layers; i++) {
+            if (m->layers[i].kind == LAYER_CONV) conv2d_cuda_destroy(&m->layers[i].conv_cuda);
+            if (m->layers[i].kind == LAYER_MAXPOOL) maxpool2x2_cuda_destroy(&m->layers[i].pool_cuda);
+        }
+    }
+    arena_free(&m->arena);
+}
+
+/* ---- running ------------------------------------------------------------ */
+
+float *model_input_buffer(const Model *m) { return m->acts[0].value; }
+size_t model_input_floats(const Model *m) { return act_floats(m, 0); }
+float *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
+float *model_logits_grad(const Model *m) { return m->act_grads[m->acts[m->n_acts - 1].grad_slot]; }
+size_t model_bytes(const Model *m) { return m->arena.peak; }
+
+static void layer_forward(Model *m, Layer *l) {
+    const float *x = m->acts[l->in].value;
+    float *y = m->acts[l->out].value;
+    const float *w = m->params + l->w_off, *b = m->params + l->b_off;
+    int gpu = m->device == DEVICE_CUDA;
+    switch (l->kind) {
+    case LAYER_CONV:
+        if (gpu) conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, b, y, m->workspace);
+        else conv2d_forward_cpu(&l->conv, x, w, b, y);
+        break;
+    case LAYER_RELU:
+        if (gpu) relu_forward_cuda(x, y, act_floats(m, l->out), m->gpu->compute);
+        else relu_forward_cpu(x, y, act_floats(m, l->out));
+        break;
+    case LAYER_MAXPOOL:
+        if (gpu) maxpool2x2_forward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y);
+        else maxpool2x2_forward_cpu(&l->pool, x, y);
+        break;
+    case LAYER_LINEAR:
+        if (gpu) linear_forward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, x, w, b, y);
+        else linear_forward_cpu(&l->linear, x, w, b, y);
+        break;
+    }
+}
+
+static void layer_backward(Model *m, Layer *l) {
+    const float *x = m->acts[l->in].value;
+    const float *y = m->acts[l->out].value;
+    const float *dy = m->act_grads[m->acts[l->out].grad_slot];
+    int dx_slot = m->acts[l->in].grad_slot;
+    float *dx = dx_slot >= 0 ? m->act_grads[dx_slot] : NULL;
+    const float *w = m->params + l->w_off;
+    float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
+    int gpu = m->device == DEVICE_CUDA;
+    switch (l->kind) {
+    case LAYER_CONV:
+        if (gpu) conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace);
+        else conv2d_backward_cpu(&l->conv, x, w, dy, dx, dw, db);
+        break;
+    case LAYER_RELU:
+        if (!dx) break;
+        if (gpu) relu_backward_cuda(y, dy, dx, act_floats(m, l->out), m->gpu->compute);
+        else relu_backward_cpu(y, dy, dx, act_floats(m, l->out));
+        break;
+    case LAYER_MAXPOOL:
+        if (!dx) break;
+        if (gpu) maxpool2x2_backward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y, dy, dx);
+        else maxpool2x2_backward_cpu(&l->pool, x, y, dy, dx);
+        break;
+    case LAYER_LINEAR:
+        if (gpu) linear_backward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, x, w, dy, dx, dw, db);
+        else linear_backward_cpu(&l->linear, x, w, dy, dx, dw, db);
+        break;
+    }
+}
+
+void model_forward(Model *m) {
+    for (int i = 0; i < m->n_layers; i++) layer_forward(m, &m->layers[i]);
+}
+
+void model_backward(Model *m) {
+    for (int i = m->n_layers - 1; i >= 0; i--) layer_backward(m, &m->layers[i]);
+}
+
+void model_zero_grads(Model *m) {
+    size_t bytes = m->n_params * sizeof(float);
+    if (m->device == DEVICE_CUDA) CUDA_CHECK(cudaMemsetAsync(m->grads, 0, bytes, m->gpu->compute));
+    else memset(m->grads, 0, bytes);
+}
+
+void model_get_params(const Model *m, float *host) {
+    size_t bytes = m->n_params * sizeof(float);
+    if (m->device == DEVICE_CUDA) {
+        CUDA_CHECK(cudaMemcpyAsync(host, m->params, bytes, cudaMemcpyDeviceToHost, m->gpu->compute));
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+    } else {
+        memcpy(host, m->params, bytes);
+    }
+}
+
+void model_set_params(Model *m, const float *host) {
+    size_t bytes = m->n_params * sizeof(float);
+    if (m->device == DEVICE_CUDA) {
+        CUDA_CHECK(cudaMemcpyAsync(m->params, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+    } else {
+        memcpy(m->params, host, bytes);
+    }
+}
+
+int model_build(Model *m, const char *name, int batch, int image_size, int num_classes,
+                char *err, size_t errlen) {
+    if (strcmp(name, "simplenet") != 0) {
+        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet)", name);
+        return -1;
+    }
+    if (image_size < 8 || image_size % 8) {
+        snprintf(err, errlen, "data.image_size = %d: SimpleNet needs a size divisible by 8 (32, 224, ...)",
+                 image_size);
+        return -1;
+    }
+    if (batch < 1 || num_classes < 2) {
+        snprintf(err, errlen, "train.batch must be >= 1 and model.num_classes >= 2");
+        return -1;
+    }
+    model_init(m, batch, num_classes);
+    simplenet_build(m, image_size);
+    return 0;
+}

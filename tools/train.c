@@ -1,1 +1,480 @@
-/* training loop */
+/* The training loop, top to bottom: read the config, load the data, build the
+ * model, then for each epoch: wait for a batch, copy it to the device, forward,
+ * loss, backward, optimizer; evaluate; write the summary.
+ *
+ * The step itself never waits for the host unless a switch asks for it
+ * (train.sync_after_step, train.read_loss_every, data.async_copy = off): those
+ * are the lab's baseline habits, kept so that their cost can be measured. */
+#include "tools/train.h"
+
+#include <math.h>
+#include <nvtx3/nvToolsExt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "models/model.h"
+#include "ops/accuracy.h"
+#include "ops/sgd.h"
+#include "ops/softmax_xent.h"
+#include "runtime/arena.h"
+#include "runtime/check.h"
+#include "runtime/gpu.h"
+#include "runtime/gpu_monitor.h"
+#include "runtime/log.h"
+
+typedef struct {
+    /* settings read once from the config */
+    int use_gpu, batch, epochs, image_size, log_every, read_loss_every, warmup_steps;
+    long max_steps;
+    int sync_after_step, async_copy, eval;
+    SgdParams sgd;
+    float lr;
+
+    GpuContext gpu;
+    GpuMonitor *monitor;
+    Model model;
+    Dataset train_set, test_set;
+    Loader *train_loader, *test_loader;
+
+    /* Small device buffers beside the model's: labels, loss, lr, eval counter,
+     * and two staging buffers that the copy stream fills while the previous
+     * step runs (async_copy). On the CPU these live in host memory. */
+    Arena aux;
+    int32_t *labels;
+    float *loss;
+    float *lr_buf;
+    int *correct;
+    int32_t *host_labels;     /* a batch of labels padded with -1 (host) */
+    float *staging_images[2];
+    int32_t *staging_labels[2];
+    cudaEvent_t staged[2], consumed[2];
+    int held_slot_valid;
+    Batch held;               /* the batch whose copy may still be in flight */
+    int held_staging;
+
+    FILE *metrics;
+    long step;
+} Trainer;
+
+/* ---- set-up --------------------------------------------------------------- */
+
+static void require(int ok, const char *key, const char *what) {
+    if (!ok) TC_FATAL("config: %s %s", key, what);
+}
+
+static void read_settings(Trainer *t, const Config *cfg) {
+    t->use_gpu = strcmp(config_str(cfg, "run.device"), "cuda") == 0;
+    t->batch = (int)config_int(cfg, "train.batch");
+    t->epochs = (int)config_int(cfg, "run.epochs");
+    t->max_steps = (long)config_int(cfg, "run.max_steps");
+    t->image_size = (int)config_int(cfg, "data.image_size");
+    t->log_every = (int)config_int(cfg, "run.log_every");
+    t->read_loss_every = (int)config_int(cfg, "train.read_loss_every");
+    t->warmup_steps = (int)config_int(cfg, "run.warmup_steps");
+    t->sync_after_step = config_bool(cfg, "train.sync_after_step");
+    t->async_copy = config_bool(cfg, "data.async_copy");
+    t->eval = config_bool(cfg, "run.eval");
+    t->lr = (float)config_float(cfg, "optim.lr");
+    t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
+    t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
+    t->sgd.nesterov = config_bool(cfg, "optim.nesterov");
+
+    require(t->batch >= 1 && t->batch <= 1 << 20, "train.batch", "must be between 1 and 1048576");
+    require(t->epochs >= 1, "run.epochs", "must be at least 1");
+    require(t->max_steps >= 0, "run.max_steps", "must be 0 (no limit) or positive");
+    require(t->image_size >= 8 && t->image_size <= 4096, "data.image_size", "must be between 8 and 4096");
+    require(t->log_every >= 1, "run.log_every", "must be at least 1");
+    require(t->read_loss_every >= 0, "train.read_loss_every", "must be 0 or positive");
+    require(t->warmup_steps >= 0, "run.warmup_steps", "must be 0 or positive");
+    require(t->lr > 0 && isfinite(t->lr), "optim.lr", "must be a positive number");
+    require(t->sgd.momentum >= 0 && t->sgd.momentum < 1, "optim.momentum", "must be in [0, 1)");
+    require(t->sgd.weight_decay >= 0, "optim.weight_decay", "must be 0 or positive");
+    require(!t->sgd.nesterov || t->sgd.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
+    require(config_int(cfg, "data.workers") >= 0 && config_int(cfg, "data.workers") <= 256,
+            "data.workers", "must be between 0 and 256");
+    require(config_int(cfg, "data.prefetch") >= 1 && config_int(cfg, "data.prefetch") <= 64,
+            "data.prefetch", "must be between 1 and 64");
+    /* The async path holds the previous batch while its copy is in flight. */
+    require(!t->async_copy || config_int(cfg, "data.prefetch") >= 2, "data.prefetch",
+            "must be at least 2 with data.async_copy = on");
+    require(!config_bool(cfg, "data.pinned") || t->use_gpu, "data.pinned", "needs run.device = cuda");
+    require(config_int(cfg, "data.crop_pad") >= 0, "data.crop_pad", "must be 0 or positive");
+}
+
+static void load_split(const Config *cfg, Dataset *d, int train) {
+    const char *source = config_str(cfg, "data.source");
+    const char *path = config_str(cfg, "data.path");
+    int limit = (int)config_int(cfg, train ? "data.train_limit" : "data.test_limit");
+    char err[1024];
+    int rc = 0;
+    if (strcmp(source, "synthetic") == 0) {
+        int n = (int)config_int(cfg, train ? "data.synthetic_train" : "data.synthetic_test");
+        if (limit > 0 && limit < n) n = limit;
+        require(n >= 1, train ? "data.synthetic_train" : "data.synthetic_test", "must be at least 1");
+        synthetic_make(d, n, 3, 32, 32, (int)config_int(cfg, "model.num_classes"),
+                       (uint64_t)config_int(cfg, "run.seed") * 2 + (uint64_t)train);
+    } else if (strcmp(source, "cifar_bin") == 0) {
+        rc = cifar_bin_load(d, path, train, limit, err, sizeof err);
+    } else {
+        rc = image_folder_load(d, path, train ? "train" : "test", limit, err, sizeof err);
+    }
+    if (rc != 0)
+        TC_FATAL("%s (data.source = %s, data.path = %s; set data.path to the data set, or "
+                 "data.source = synthetic to measure throughput without it)", err, source, path);
+    if (d->num_classes > config_int(cfg, "model.num_classes"))
+        TC_FATAL("%s holds %d classes but model.num_classes = %lld", path, d->num_classes,
+                 (long long)config_int(cfg, "model.num_classes"));
+}
+
+static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int train) {
+    LoaderConfig lc = {0};
+    lc.batch = t->batch;
+    lc.workers = (int)config_int(cfg, "data.workers");
+    lc.prefetch = (int)config_int(cfg, "data.prefetch");
+    lc.pinned = config_bool(cfg, "data.pinned");
+    lc.shuffle = train && config_bool(cfg, "data.shuffle");
+    lc.drop_last = train; /* every training step sees a full batch */
+    lc.augment = train;
+    lc.seed = (uint64_t)config_int(cfg, "run.seed");
+    transform_spec_default(&lc.transform, t->image_size, t->image_size);
+    lc.transform.flip = config_bool(cfg, "data.flip");
+    lc.transform.crop_pad = (int)config_int(cfg, "data.crop_pad");
+    if (train && d->n < t->batch)
+        TC_FATAL("train.batch = %d is larger than the %d training images", t->batch, d->n);
+    return loader_create(d, &lc);
+}
+
+static void alloc_aux(Trainer *t) {
+    size_t image_floats = model_input_floats(&t->model);
+    for (int pass = 0; pass < 2; pass++) {
+        Arena *a = &t->aux;
+        if (pass == 0) arena_init_counting(a, t->use_gpu ? DEVICE_CUDA : DEVICE_CPU);
+        else {
+            size_t bytes = a->used;
+            arena_init(a, t->use_gpu ? DEVICE_CUDA : DEVICE_CPU, bytes);
+        }
+        t->labels = arena_alloc(a, t->batch * sizeof(int32_t), "labels");
+        t->loss = arena_alloc(a, sizeof(float), "loss");
+        t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
+        t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
+        for (int s = 0; s < 2 && t->async_copy; s++) {
+            t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
+            t->staging_labels[s] = arena_alloc(a, t->batch * sizeof(int32_t), "label staging");
+        }
+    }
+    t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
+    if (t->use_gpu) {
+        CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
+        for (int s = 0; s < 2; s++) {
+            CUDA_CHECK(cudaEventCreateWithFlags(&t->staged[s], cudaEventDisableTiming));
+            CUDA_CHECK(cudaEventCreateWithFlags(&t->consumed[s], cudaEventDisableTiming));
+        }
+    } else {
+        *t->lr_buf = t->lr;
+    }
+}
+
+/* ---- moving a batch to the model ---------------------------------------- */
+
+/* Baseline path: a synchronous copy straight into the model's input, then a
+ * device sync, and the slot goes back at once. On the CPU: a memcpy. */
+static void upload_sync(Trainer *t, const Batch *b) {
+    size_t image_bytes = (size_t)b->n * (model_input_floats(&t->model) / t->batch) * sizeof(float);
+    int32_t *padded_labels = t->host_labels;
+    memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
+    for (int i = b->n; i < t->batch; i++) padded_labels[i] = -1; /* a partial batch's extra rows count for nothing */
+    if (t->use_gpu) {
+        CUDA_CHECK(cudaMemcpy(model_input_buffer(&t->model), b->images, image_bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(t->labels, padded_labels, t->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaDeviceSynchronize());
+    } else {
+        memcpy(model_input_buffer(&t->model), b->images, image_bytes);
+        memcpy(t->labels, padded_labels, t->batch * sizeof(int32_t));
+    }
+}
+
+static void release_held(Trainer *t, Loader *l) {
+    if (!t->held_slot_valid) return;
+    CUDA_CHECK(cudaEventSynchronize(t->staged[t->held_staging]));
+    loader_release(l, &t->held);
+    t->held_slot_valid = 0;
+}
+
+/* Async path: the copy stream fills staging buffer k%2 once the step that last
+ * read it has copied it out; the compute stream waits for the fill and copies
+ * staging into the model's fixed input buffer (a device-to-device copy of a
+ * few microseconds, which keeps the input address fixed for CUDA graphs). The
+ * host slot goes back once its copy has finished, checked one step later. */
+static void upload_async(Trainer *t, Loader *l, const Batch *b) {
+    int s = (int)(t->step & 1);
+    size_t per_sample = model_input_floats(&t->model) / t->batch;
+    cudaStream_t copy = t->gpu.copy, compute = t->gpu.compute;
+    if (b->n != t->batch) TC_FATAL("internal: partial training batch on the async path");
+    release_held(t, l);
+    CUDA_CHECK(cudaStreamWaitEvent(copy, t->consumed[s], 0));
+    CUDA_CHECK(cudaMemcpyAsync(t->staging_images[s], b->images, (size_t)b->n * per_sample * sizeof(float),
+                               cudaMemcpyHostToDevice, copy));
+    CUDA_CHECK(cudaMemcpyAsync(t->staging_labels[s], b->labels, b->n * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, copy));
+    CUDA_CHECK(cudaEventRecord(t->staged[s], copy));
+    CUDA_CHECK(cudaStreamWaitEvent(compute, t->staged[s], 0));
+    CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), t->staging_images[s],
+                               (size_t)b->n * per_sample * sizeof(float), cudaMemcpyDeviceToDevice, compute));
+    CUDA_CHECK(cudaMemcpyAsync(t->labels, t->staging_labels[s], b->n * sizeof(int32_t),
+                               cudaMemcpyDeviceToDevice, compute));
+    CUDA_CHECK(cudaEventRecord(t->consumed[s], compute));
+    t->held = *b;
+    t->held_staging = s;
+    t->held_slot_valid = 1;
+}
+
+/* ---- one step -------------------------------------------------------------- */
+
+static void train_step(Trainer *t) {
+    Model *m = &t->model;
+    nvtxRangePushA("forward");
+    model_forward(m);
+    if (t->use_gpu)
+        softmax_xent_cuda(model_logits(m), t->labels, t->batch, m->num_classes, 1.0f, t->loss,
+                          model_logits_grad(m), t->gpu.compute);
+    else
+        softmax_xent_cpu(model_logits(m), t->labels, t->batch, m->num_classes, 1.0f, t->loss,
+                         model_logits_grad(m));
+    nvtxRangePop();
+
+    nvtxRangePushA("backward");
+    model_zero_grads(m);
+    model_backward(m);
+    nvtxRangePop();
+
+    nvtxRangePushA("optimizer");
+    if (t->use_gpu)
+        sgd_step_cuda(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->sgd, t->gpu.compute);
+    else
+        sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->sgd);
+    nvtxRangePop();
+
+    if (t->use_gpu && t->sync_after_step) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+}
+
+static float read_loss(Trainer *t) {
+    float loss;
+    if (!t->use_gpu) return *t->loss;
+    CUDA_CHECK(cudaMemcpyAsync(&loss, t->loss, sizeof loss, cudaMemcpyDeviceToHost, t->gpu.compute));
+    CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+    return loss;
+}
+
+static void device_sync(Trainer *t) {
+    if (t->use_gpu) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+}
+
+/* ---- evaluation ------------------------------------------------------------ */
+
+static double evaluate(Trainer *t, int epoch) {
+    Model *m = &t->model;
+    int correct = 0;
+    Batch b;
+    nvtxRangePushA("evaluate");
+    if (t->use_gpu) CUDA_CHECK(cudaMemsetAsync(t->correct, 0, sizeof(int), t->gpu.compute));
+    loader_start_epoch(t->test_loader, epoch);
+    while (loader_next(t->test_loader, &b)) {
+        upload_sync(t, &b);
+        loader_release(t->test_loader, &b);
+        model_forward(m);
+        if (t->use_gpu)
+            accuracy_count_cuda(model_logits(m), t->labels, t->batch, m->num_classes, t->correct, t->gpu.compute);
+        else
+            correct += accuracy_count_cpu(model_logits(m), t->labels, t->batch, m->num_classes);
+    }
+    if (t->use_gpu) {
+        CUDA_CHECK(cudaMemcpyAsync(&correct, t->correct, sizeof(int), cudaMemcpyDeviceToHost, t->gpu.compute));
+        CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+    }
+    nvtxRangePop();
+    return (double)correct / t->test_set.n;
+}
+
+/* ---- the run --------------------------------------------------------------- */
+
+static void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
+    if (!t->metrics) return;
+    fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6f, \"samples_per_s\": %.1f, \"lr\": %g}\n",
+            t->step, epoch, loss, samples_per_s, t->lr);
+    fflush(t->metrics);
+}
+
+static void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) {
+    if (!t->metrics) return;
+    fprintf(t->metrics, "{\"epoch_end\": %d, \"step\": %ld, \"epoch_s\": %.3f, \"test_acc\": %.6f}\n",
+            epoch, t->step, epoch_s, test_acc);
+    fflush(t->metrics);
+}
+
+void train_run(const Config *cfg, TrainSummary *out) {
+    Trainer trainer = {0}, *t = &trainer;
+    memset(out, 0, sizeof *out);
+    read_settings(t, cfg);
+    snprintf(out->name, sizeof out->name, "%s", config_str(cfg, "run.name"));
+    snprintf(out->device, sizeof out->device, "%s", t->use_gpu ? "cuda" : "cpu");
+    out->gpu_util = -1;
+    out->test_acc = -1;
+
+    if (t->use_gpu) {
+        int devices = gpu_count();
+        int ordinal = (int)config_int(cfg, "run.gpu");
+        if (devices == 0) TC_FATAL("run.device = cuda but no GPU is visible (use --device cpu)");
+        require(ordinal >= 0 && ordinal < devices, "run.gpu", "names no visible GPU");
+        gpu_context_init(&t->gpu, ordinal);
+        snprintf(out->gpu_name, sizeof out->gpu_name, "%s", t->gpu.prop.name);
+        t->monitor = gpu_monitor_start(ordinal, 0.1);
+    }
+
+    nvtxRangePushA("load data");
+    load_split(cfg, &t->train_set, 1);
+    if (t->eval) load_split(cfg, &t->test_set, 0);
+    nvtxRangePop();
+    log_info("data: %d training images%s, %dx%d, %d classes", t->train_set.n,
+             t->eval ? "" : " (no evaluation)", t->train_set.h, t->train_set.w, t->train_set.num_classes);
+
+    char err[512];
+    if (model_build(&t->model, config_str(cfg, "model.name"), t->batch, t->image_size,
+                    (int)config_int(cfg, "model.num_classes"), err, sizeof err) != 0)
+        TC_FATAL("config: %s", err);
+    model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
+    alloc_aux(t);
+    log_info("model: %s, %zu parameters, %.1f MiB on %s", config_str(cfg, "model.name"),
+             t->model.n_params, model_bytes(&t->model) / 1048576.0, out->device);
+
+    t->train_loader = make_loader(t, cfg, &t->train_set, 1);
+    if (t->eval) t->test_loader = make_loader(t, cfg, &t->test_set, 0);
+    const char *metrics_path = config_str(cfg, "run.metrics_file");
+    if (metrics_path[0]) {
+        t->metrics = fopen(metrics_path, "a");
+        if (!t->metrics) TC_FATAL("run.metrics_file: cannot open %s for appending", metrics_path);
+    }
+
+    int steps_per_epoch = loader_batches_per_epoch(t->train_loader);
+    double timed_s = 0, timed_wait_s = 0, epoch_s_sum = 0;
+    long timed_samples = 0;
+    float loss = NAN;
+    int stop = 0;
+    for (int epoch = 0; epoch < t->epochs && !stop; epoch++) {
+        double epoch_start = now_seconds(), window_start = -1, window_wait_start = 0;
+        double log_start = now_seconds();
+        long log_start_step = t->step;
+        Batch b;
+        loader_start_epoch(t->train_loader, epoch);
+        for (;;) {
+            if (t->max_steps && t->step >= t->max_steps) { stop = 1; break; }
+            if (window_start < 0 && t->step >= t->warmup_steps) {
+                device_sync(t);
+                window_start = now_seconds();
+                window_wait_start = loader_wait_seconds(t->train_loader);
+                gpu_monitor_window_begin(t->monitor);
+            }
+            nvtxRangePushA("data");
+            int got = loader_next(t->train_loader, &b);
+            if (got) {
+                if (t->use_gpu && t->async_copy) upload_async(t, t->train_loader, &b);
+                else {
+                    upload_sync(t, &b);
+                    loader_release(t->train_loader, &b);
+                }
+            }
+            nvtxRangePop();
+            if (!got) break;
+
+            train_step(t);
+            t->step++;
+            if (window_start >= 0) timed_samples += t->batch;
+
+            int log_now = t->step % t->log_every == 0;
+            if (log_now || (t->read_loss_every && t->step % t->read_loss_every == 0)) loss = read_loss(t);
+            if (log_now) {
+                double now = now_seconds();
+                double rate = (t->step - log_start_step) * t->batch / (now - log_start);
+                log_info("epoch %d step %ld/%d loss %.4f %.1f samples/s", epoch + 1, t->step,
+                         steps_per_epoch * t->epochs, loss, rate);
+                write_metric_step(t, epoch, loss, rate);
+                log_start = now;
+                log_start_step = t->step;
+            }
+        }
+        if (t->use_gpu && t->held_slot_valid) release_held(t, t->train_loader);
+        device_sync(t);
+        double epoch_end = now_seconds();
+        if (window_start >= 0) {
+            timed_s += epoch_end - window_start;
+            timed_wait_s += loader_wait_seconds(t->train_loader) - window_wait_start;
+            gpu_monitor_window_end(t->monitor);
+        }
+        epoch_s_sum += epoch_end - epoch_start;
+        out->epochs = epoch + 1;
+        if (t->eval) {
+            out->test_acc = evaluate(t, epoch);
+            log_info("epoch %d: %.1f s, test accuracy %.2f%%", epoch + 1, epoch_end - epoch_start,
+                     100 * out->test_acc);
+        }
+        write_metric_epoch(t, epoch, epoch_end - epoch_start, out->test_acc);
+    }
+    if (t->step > 0) loss = read_loss(t);
+
+    out->steps = t->step;
+    out->timed_steps = timed_samples / t->batch;
+    out->samples_per_s = timed_s > 0 ? timed_samples / timed_s : 0;
+    out->step_ms = out->timed_steps ? 1000 * timed_s / out->timed_steps : 0;
+    out->epoch_s = out->epochs ? epoch_s_sum / out->epochs : 0;
+    out->data_wait_frac = timed_s > 0 ? timed_wait_s / timed_s : 0;
+    out->final_loss = loss;
+    out->peak_mem_bytes = t->model.arena.peak + t->aux.peak;
+    if (t->use_gpu) {
+        size_t free_b, total_b;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        out->driver_mem_bytes = total_b - free_b;
+        out->gpu_util = gpu_monitor_window_util(t->monitor);
+    }
+    if (timed_samples == 0)
+        log_warn("no step fell inside the timed window (run.warmup_steps = %d, %ld steps taken): "
+                 "samples_per_s is 0", t->warmup_steps, t->step);
+
+    if (t->metrics) fclose(t->metrics);
+    loader_destroy(t->train_loader);
+    if (t->test_loader) loader_destroy(t->test_loader);
+    model_destroy(&t->model);
+    if (t->use_gpu) {
+        for (int s = 0; s < 2; s++) {
+            CUDA_CHECK(cudaEventDestroy(t->staged[s]));
+            CUDA_CHECK(cudaEventDestroy(t->consumed[s]));
+        }
+    }
+    arena_free(&t->aux);
+    host_free(t->host_labels, 0);
+    dataset_free(&t->train_set);
+    dataset_free(&t->test_set);
+    if (t->use_gpu) {
+        gpu_monitor_stop(t->monitor);
+        gpu_context_destroy(&t->gpu);
+    }
+}
+
+static void json_number(FILE *f, const char *key, double v, int last) {
+    if (isfinite(v)) fprintf(f, "\"%s\": %.6g%s", key, v, last ? "" : ", ");
+    else fprintf(f, "\"%s\": null%s", key, last ? "" : ", ");
+}
+
+void train_summary_print_json(const TrainSummary *s, FILE *f) {
+    fprintf(f, "{\"name\": \"%s\", \"device\": \"%s\", \"gpu\": \"%s\", ", s->name, s->device, s->gpu_name);
+    fprintf(f, "\"steps\": %ld, \"timed_steps\": %ld, \"epochs\": %d, ", s->steps, s->timed_steps, s->epochs);
+    json_number(f, "samples_per_s", s->samples_per_s, 0);
+    json_number(f, "step_ms", s->step_ms, 0);
+    json_number(f, "epoch_s", s->epoch_s, 0);
+    json_number(f, "data_wait_frac", s->data_wait_frac, 0);
+    json_number(f, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN, 0);
+    json_number(f, "final_loss", s->final_loss, 0);
+    json_number(f, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN, 0);
+    fprintf(f, "\"peak_mem_bytes\": %zu, \"driver_mem_bytes\": %zu}\n", s->peak_mem_bytes, s->driver_mem_bytes);
+    fflush(f);
+}

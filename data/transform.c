@@ -1,0 +1,192 @@
+#include "data/transform.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/transform_plan.h"
+#include "runtime/check.h"
+
+void transform_spec_default(TransformSpec *t, int out_h, int out_w) {
+    static const float cifar10_mean[3] = {0.4914f, 0.4822f, 0.4465f};
+    static const float cifar10_std[3] = {0.2470f, 0.2435f, 0.2616f};
+    memset(t, 0, sizeof *t);
+    t->out_h = out_h;
+    t->out_w = out_w;
+    memcpy(t->mean, cifar10_mean, sizeof cifar10_mean);
+    memcpy(t->std, cifar10_std, sizeof cifar10_std);
+}
+
+uint64_t rng_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t rng_sample_seed(uint64_t seed, int epoch, int64_t sample) {
+    uint64_t state = seed;
+    uint64_t h = rng_splitmix64(&state);
+    state = h ^ (uint64_t)(int64_t)epoch;
+    h = rng_splitmix64(&state);
+    state = h ^ (uint64_t)sample;
+    return rng_splitmix64(&state);
+}
+
+/* Uniform in [0, bound) without modulo bias worth mentioning (bound < 2^32). */
+static uint32_t rng_below(uint64_t *state, uint32_t bound) {
+    return (uint32_t)(((rng_splitmix64(state) >> 32) * (uint64_t)bound) >> 32);
+}
+
+void shuffle_indices(int32_t *idx, int n, uint64_t seed, int epoch) {
+    /* A stream of its own, apart from the per-sample augmentation seeds. */
+    uint64_t state = rng_sample_seed(seed ^ 0x73687566666c65ULL, epoch, -1);
+    for (int i = 0; i < n; i++) idx[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)rng_below(&state, (uint32_t)i + 1);
+        int32_t t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* PyTorch's bilinear source index, align_corners = False, in float as its CPU kernel. */
+static void bilinear_taps(int in, int out, int *lo, int *hi, float *wlo, float *whi) {
+    float scale = (float)in / (float)out;
+    for (int i = 0; i < out; i++) {
+        float src = scale * ((float)i + 0.5f) - 0.5f;
+        if (src < 0.0f) src = 0.0f;
+        int i0 = (int)src;
+        if (i0 > in - 1) i0 = in - 1;
+        float frac = src - (float)i0;
+        if (frac > 1.0f) frac = 1.0f;
+        lo[i] = i0;
+        hi[i] = i0 + (i0 < in - 1 ? 1 : 0);
+        whi[i] = frac;
+        wlo[i] = 1.0f - frac;
+    }
+}
+
+void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h, int w) {
+    if (c < 1 || c > 3) TC_FATAL("transform: images need 1 to 3 channels, not %d", c);
+    if (h < 1 || w < 1) TC_FATAL("transform: bad image size %dx%d", h, w);
+    memset(p, 0, sizeof *p);
+    p->c = c;
+    p->h = h;
+    p->w = w;
+    p->out_h = t->out_h > 0 ? t->out_h : h;
+    p->out_w = t->out_w > 0 ? t->out_w : w;
+    p->flip = t->flip;
+    p->crop_pad = t->crop_pad > 0 ? t->crop_pad : 0;
+    p->identity = p->out_h == h && p->out_w == w;
+    for (int ch = 0; ch < c; ch++) {
+        if (!(t->std[ch] > 0.0f)) TC_FATAL("transform: std[%d] = %g must be > 0", ch, t->std[ch]);
+        for (int v = 0; v < 256; v++)
+            p->norm_lut[ch][v] = ((float)v / 255.0f - t->mean[ch]) / t->std[ch];
+    }
+    size_t taps = (size_t)p->out_w + (size_t)p->out_h;
+    int *ints = malloc(2 * taps * sizeof(int));
+    float *floats = malloc(2 * taps * sizeof(float));
+    if (!ints || !floats) TC_FATAL("transform: out of memory for the resize tables");
+    p->col_lo = ints;
+    p->col_hi = ints + p->out_w;
+    p->row_lo = ints + 2 * p->out_w;
+    p->row_hi = p->row_lo + p->out_h;
+    p->col_wlo = floats;
+    p->col_whi = floats + p->out_w;
+    p->row_wlo = floats + 2 * p->out_w;
+    p->row_whi = p->row_wlo + p->out_h;
+    bilinear_taps(w, p->out_w, p->col_lo, p->col_hi, p->col_wlo, p->col_whi);
+    bilinear_taps(h, p->out_h, p->row_lo, p->row_hi, p->row_wlo, p->row_whi);
+}
+
+void transform_plan_free(TransformPlan *p) {
+    free(p->col_lo);
+    free(p->col_wlo);
+    memset(p, 0, sizeof *p);
+}
+
+size_t transform_plan_scratch_floats(const TransformPlan *p) {
+    /* The cropped, flipped, normalised input, then the rows resized across. */
+    return (size_t)p->c * p->h * p->w + (size_t)p->c * p->h * p->out_w;
+}
+
+/* Crop (zero padding), flip and normalise into a float image of the input size.
+ * Normalising before the resize gives the same values as after it (the bilinear
+ * weights sum to 1) at a fraction of the cost. */
+static void gather_normalized(const TransformPlan *p, const uint8_t *src, int dy, int dx, int flip,
+                              float *out) {
+    int h = p->h, w = p->w;
+    for (int ch = 0; ch < p->c; ch++) {
+        const float *lut = p->norm_lut[ch];
+        const uint8_t *plane = src + (size_t)ch * h * w;
+        float *out_plane = out + (size_t)ch * h * w;
+        for (int y = 0; y < h; y++) {
+            float *out_row = out_plane + (size_t)y * w;
+            int sy = y + dy;
+            if (sy < 0 || sy >= h) {
+                for (int x = 0; x < w; x++) out_row[x] = lut[0];
+                continue;
+            }
+            const uint8_t *src_row = plane + (size_t)sy * w;
+            for (int x = 0; x < w; x++) {
+                int sx = (flip ? w - 1 - x : x) + dx;
+                out_row[x] = (sx >= 0 && sx < w) ? lut[src_row[sx]] : lut[0];
+            }
+        }
+    }
+}
+
+static void resize_bilinear(const TransformPlan *p, const float *in, float *across, float *dst) {
+    int h = p->h, w = p->w, out_h = p->out_h, out_w = p->out_w;
+    const int *col_lo = p->col_lo, *col_hi = p->col_hi;
+    const float *col_wlo = p->col_wlo, *col_whi = p->col_whi;
+    for (int r = 0; r < p->c * h; r++) {
+        const float *in_row = in + (size_t)r * w;
+        float *out_row = across + (size_t)r * out_w;
+        for (int x = 0; x < out_w; x++)
+            out_row[x] = col_wlo[x] * in_row[col_lo[x]] + col_whi[x] * in_row[col_hi[x]];
+    }
+    for (int ch = 0; ch < p->c; ch++) {
+        const float *plane = across + (size_t)ch * h * out_w;
+        float *out_plane = dst + (size_t)ch * out_h * out_w;
+        for (int y = 0; y < out_h; y++) {
+            const float *restrict a = plane + (size_t)p->row_lo[y] * out_w;
+            const float *restrict b = plane + (size_t)p->row_hi[y] * out_w;
+            float *restrict out_row = out_plane + (size_t)y * out_w;
+            float wa = p->row_wlo[y], wb = p->row_whi[y];
+            for (int x = 0; x < out_w; x++) out_row[x] = wa * a[x] + wb * b[x];
+        }
+    }
+}
+
+void transform_plan_apply(const TransformPlan *p, const uint8_t *src, uint64_t sample_seed,
+                          float *scratch, float *dst) {
+    /* The random draws, in this order: crop row offset, crop column offset, flip. */
+    uint64_t rng = sample_seed;
+    int dy = 0, dx = 0;
+    if (p->crop_pad > 0) {
+        uint32_t offsets = 2 * (uint32_t)p->crop_pad + 1;
+        dy = (int)rng_below(&rng, offsets) - p->crop_pad;
+        dx = (int)rng_below(&rng, offsets) - p->crop_pad;
+    }
+    int flip = p->flip && (rng_splitmix64(&rng) >> 63);
+    if (p->identity) {
+        gather_normalized(p, src, dy, dx, flip, dst);
+        return;
+    }
+    float *gathered = scratch;
+    float *across = scratch + (size_t)p->c * p->h * p->w;
+    gather_normalized(p, src, dy, dx, flip, gathered);
+    resize_bilinear(p, gathered, across, dst);
+}
+
+void transform_sample(const TransformSpec *t, const uint8_t *src, int c, int h, int w,
+                      uint64_t sample_seed, float *dst) {
+    TransformPlan plan;
+    transform_plan_init(&plan, t, c, h, w);
+    float *scratch = malloc(transform_plan_scratch_floats(&plan) * sizeof(float));
+    if (!scratch) TC_FATAL("transform: out of memory for scratch");
+    transform_plan_apply(&plan, src, sample_seed, scratch, dst);
+    free(scratch);
+    transform_plan_free(&plan);
+}

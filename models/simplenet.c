@@ -1,0 +1,17 @@
+/* SimpleNet, the lab's net: three blocks of conv3x3 (pad 1) + ReLU + 2x2
+ * max-pool with 64, 128 and 256 channels, then fc 256*(s/8)^2 -> 512, ReLU,
+ * fc 512 -> classes. At 224x224 fc1 has 200,704 inputs. */
+#include "models/model.h"
+
+void simplenet_build(Model *m, int image_size) {
+    static const int widths[3] = {64, 128, 256};
+    int x = model_input(m, 3, image_size, image_size);
+    for (int block = 0; block < 3; block++) {
+        x = model_conv(m, x, widths[block], 3, 1, 1);
+        x = model_relu(m, x);
+        x = model_maxpool2(m, x);
+    }
+    x = model_linear(m, x, 512);
+    x = model_relu(m, x);
+    model_linear(m, x, m->num_classes);
+}

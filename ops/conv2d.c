@@ -1,0 +1,144 @@
+/* Conv2d CPU reference: per image, im2col turns the input into a matrix
+ * col[c*R*S][P*Q] so the convolution becomes one GEMM with w[K][C*R*S].
+ *   forward:  y_n   = w * col             [K][PQ]
+ *   backward: dw   += dy_n * col^T        [K][CRS]
+ *             dcol  = w^T * dy_n          [CRS][PQ], scattered back by col2im */
+#include "ops/conv2d.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/gemm_cpu.h"
+#include "runtime/check.h"
+
+int conv2d_out_h(const Conv2dShape *s) { return (s->h + 2 * s->pad - s->r) / s->stride + 1; }
+int conv2d_out_w(const Conv2dShape *s) { return (s->w + 2 * s->pad - s->s) / s->stride + 1; }
+
+/* Output columns q whose input column q*stride - pad + kernel_col lies in [0, width). */
+static void valid_range(int width, int out_width, int stride, int pad, int kernel_col,
+                        int *lo, int *hi) {
+    int shift = kernel_col - pad; /* input column = q * stride + shift */
+    int first = shift >= 0 ? 0 : (-shift + stride - 1) / stride;
+    int last = width - 1 - shift < 0 ? -1 : (width - 1 - shift) / stride;
+    *lo = first;
+    *hi = last + 1 < out_width ? last + 1 : out_width;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* col[(c*R + r)*S + s][p*Q + q] = x[c][p*stride - pad + r][q*stride - pad + s], 0 outside. */
+static void im2col(const Conv2dShape *s, const float *x_image, float *col) {
+    int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
+    size_t plane = (size_t)out_h * out_w;
+    for (int c = 0; c < s->c; c++) {
+        const float *x_plane = x_image + (size_t)c * s->h * s->w;
+        for (int kr = 0; kr < s->r; kr++) {
+            for (int ks = 0; ks < s->s; ks++) {
+                float *col_row = col + ((size_t)(c * s->r + kr) * s->s + ks) * plane;
+                int q_lo, q_hi;
+                valid_range(s->w, out_w, s->stride, s->pad, ks, &q_lo, &q_hi);
+                for (int p = 0; p < out_h; p++) {
+                    float *dst = col_row + (size_t)p * out_w;
+                    int ih = p * s->stride - s->pad + kr;
+                    if (ih < 0 || ih >= s->h) {
+                        memset(dst, 0, sizeof(float) * out_w);
+                        continue;
+                    }
+                    const float *x_row = x_plane + (size_t)ih * s->w;
+                    int shift = ks - s->pad;
+                    for (int q = 0; q < q_lo; q++) dst[q] = 0.0f;
+                    if (s->stride == 1) {
+                        memcpy(dst + q_lo, x_row + q_lo + shift, sizeof(float) * (q_hi - q_lo));
+                    } else {
+                        for (int q = q_lo; q < q_hi; q++) dst[q] = x_row[q * s->stride + shift];
+                    }
+                    for (int q = q_hi; q < out_w; q++) dst[q] = 0.0f;
+                }
+            }
+        }
+    }
+}
+
+/* The adjoint of im2col: dx_image (zeroed by the caller) += scatter of dcol. */
+static void col2im_add(const Conv2dShape *s, const float *dcol, float *dx_image) {
+    int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
+    size_t plane = (size_t)out_h * out_w;
+    for (int c = 0; c < s->c; c++) {
+        float *dx_plane = dx_image + (size_t)c * s->h * s->w;
+        for (int kr = 0; kr < s->r; kr++) {
+            for (int ks = 0; ks < s->s; ks++) {
+                const float *col_row = dcol + ((size_t)(c * s->r + kr) * s->s + ks) * plane;
+                int q_lo, q_hi;
+                valid_range(s->w, out_w, s->stride, s->pad, ks, &q_lo, &q_hi);
+                for (int p = 0; p < out_h; p++) {
+                    int ih = p * s->stride - s->pad + kr;
+                    if (ih < 0 || ih >= s->h) continue;
+                    const float *src = col_row + (size_t)p * out_w;
+                    float *dx_row = dx_plane + (size_t)ih * s->w;
+                    int shift = ks - s->pad;
+                    for (int q = q_lo; q < q_hi; q++) dx_row[q * s->stride + shift] += src[q];
+                }
+            }
+        }
+    }
+}
+
+static float *alloc_col(const Conv2dShape *s) {
+    size_t count = (size_t)s->c * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
+    float *col = malloc(sizeof(float) * (count ? count : 1));
+    if (!col) TC_FATAL("conv2d: out of host memory for a %zu-float im2col buffer", count);
+    return col;
+}
+
+static void check_shape(const Conv2dShape *s) {
+    if (s->n < 0 || s->c <= 0 || s->k <= 0 || s->r <= 0 || s->s <= 0 || s->stride <= 0 ||
+        s->pad < 0 || conv2d_out_h(s) <= 0 || conv2d_out_w(s) <= 0)
+        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", s->n,
+                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride);
+}
+
+void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *b,
+                        float *y) {
+    check_shape(s);
+    int crs = s->c * s->r * s->s;
+    int pq = conv2d_out_h(s) * conv2d_out_w(s);
+    size_t x_image = (size_t)s->c * s->h * s->w, y_image = (size_t)s->k * pq;
+    float *col = alloc_col(s);
+    for (int n = 0; n < s->n; n++) {
+        float *y_n = y + n * y_image;
+        im2col(s, x + n * x_image, col);
+        cpu_sgemm(0, 0, s->k, pq, crs, 1.0f, w, crs, col, pq, 0.0f, y_n, pq);
+        for (int k = 0; k < s->k; k++) {
+            float *y_plane = y_n + (size_t)k * pq;
+            for (int i = 0; i < pq; i++) y_plane[i] += b[k];
+        }
+    }
+    free(col);
+}
+
+void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
+                         float *dx, float *dw, float *db) {
+    check_shape(s);
+    int crs = s->c * s->r * s->s;
+    int pq = conv2d_out_h(s) * conv2d_out_w(s);
+    size_t x_image = (size_t)s->c * s->h * s->w, y_image = (size_t)s->k * pq;
+    float *col = alloc_col(s);
+    for (int n = 0; n < s->n; n++) {
+        const float *dy_n = dy + n * y_image;
+        for (int k = 0; k < s->k; k++) {
+            const float *dy_plane = dy_n + (size_t)k * pq;
+            float sum = 0.0f;
+            for (int i = 0; i < pq; i++) sum += dy_plane[i];
+            db[k] += sum;
+        }
+        im2col(s, x + n * x_image, col);
+        cpu_sgemm(0, 1, s->k, crs, pq, 1.0f, dy_n, pq, col, pq, 1.0f, dw, crs);
+        if (dx) {
+            /* col is no longer needed for this image: reuse it for dcol. */
+            cpu_sgemm(1, 0, crs, pq, s->k, 1.0f, w, crs, dy_n, pq, 0.0f, col, pq);
+            float *dx_n = dx + n * x_image;
+            memset(dx_n, 0, sizeof(float) * x_image);
+            col2im_add(s, col, dx_n);
+        }
+    }
+    free(col);
+}

@@ -1,0 +1,169 @@
+/* Conv2d through cuDNN's legacy convolution API, float32 NCHW.
+ * The math type is CUDNN_FMA_MATH: with CUDNN_DEFAULT_MATH cuDNN may run fp32
+ * convolutions as TF32 on Ampere and later (H100 included), and the CUDA path is
+ * meant to match the fp32 CPU reference closely. Algorithms come from cuDNN's
+ * heuristics at init; deterministic ones are preferred, so two runs of the same
+ * step give the same bits. */
+#include "ops/conv2d.h"
+
+#include "runtime/check.h"
+
+static const float kOne = 1.0f, kZero = 0.0f;
+
+/* A heuristic result we can run: it succeeded, uses no tensor-core math, and is
+ * deterministic unless we are on the second, any-determinism pass. */
+static bool usable(cudnnStatus_t status, cudnnMathType_t math, cudnnDeterminism_t det,
+                   int any_determinism) {
+    if (status != CUDNN_STATUS_SUCCESS) return false;
+    if (math != CUDNN_FMA_MATH && math != CUDNN_DEFAULT_MATH) return false;
+    return any_determinism || det == CUDNN_DETERMINISTIC;
+}
+
+static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandle_t h,
+                                                 size_t limit, size_t *bytes) {
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int count = 0;
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c->x_desc, c->w_desc, c->conv_desc,
+                                                       c->y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                       &count, perf));
+    for (int any = 0; any < 2; any++) {
+        for (int i = 0; i < count; i++) {
+            if (!usable(perf[i].status, perf[i].mathType, perf[i].determinism, any)) continue;
+            size_t need = 0;
+            if (cudnnGetConvolutionForwardWorkspaceSize(h, c->x_desc, c->w_desc, c->conv_desc,
+                                                        c->y_desc, perf[i].algo, &need) !=
+                    CUDNN_STATUS_SUCCESS || need > limit)
+                continue;
+            *bytes = need;
+            return perf[i].algo;
+        }
+    }
+    TC_FATAL("conv2d: no cuDNN forward algorithm fits a %zu-byte workspace", limit);
+}
+
+static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, cudnnHandle_t h,
+                                                          size_t limit, size_t *bytes) {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int count = 0;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, c->w_desc, c->y_desc, c->conv_desc, c->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        &count, perf));
+    for (int any = 0; any < 2; any++) {
+        for (int i = 0; i < count; i++) {
+            if (!usable(perf[i].status, perf[i].mathType, perf[i].determinism, any)) continue;
+            size_t need = 0;
+            if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, c->w_desc, c->y_desc,
+                                                             c->conv_desc, c->x_desc,
+                                                             perf[i].algo, &need) !=
+                    CUDNN_STATUS_SUCCESS || need > limit)
+                continue;
+            *bytes = need;
+            return perf[i].algo;
+        }
+    }
+    TC_FATAL("conv2d: no cuDNN backward-data algorithm fits a %zu-byte workspace", limit);
+}
+
+static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *c,
+                                                              cudnnHandle_t h, size_t limit,
+                                                              size_t *bytes) {
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int count = 0;
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, c->x_desc, c->y_desc, c->conv_desc, c->w_desc,
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
+    for (int any = 0; any < 2; any++) {
+        for (int i = 0; i < count; i++) {
+            if (!usable(perf[i].status, perf[i].mathType, perf[i].determinism, any)) continue;
+            size_t need = 0;
+            if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c->x_desc, c->y_desc,
+                                                               c->conv_desc, c->w_desc,
+                                                               perf[i].algo, &need) !=
+                    CUDNN_STATUS_SUCCESS || need > limit)
+                continue;
+            *bytes = need;
+            return perf[i].algo;
+        }
+    }
+    TC_FATAL("conv2d: no cuDNN backward-filter algorithm fits a %zu-byte workspace", limit);
+}
+
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
+                      size_t workspace_limit) {
+    memset(c, 0, sizeof *c);
+    c->shape = *s;
+    int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
+    if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->r <= 0 || s->s <= 0 || s->stride <= 0 ||
+        s->pad < 0 || out_h <= 0 || out_w <= 0)
+        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", s->n,
+                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride);
+
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->x_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->y_desc));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->b_desc));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&c->w_desc));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c->conv_desc));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n,
+                                           s->c, s->h, s->w));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->k,
+                                           s->c, s->r, s->s));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c->conv_desc, s->pad, s->pad, s->stride,
+                                                s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c->conv_desc, CUDNN_FMA_MATH));
+
+    int dims[4];
+    CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(c->conv_desc, c->x_desc, c->w_desc,
+                                                      &dims[0], &dims[1], &dims[2], &dims[3]));
+    if (dims[0] != s->n || dims[1] != s->k || dims[2] != out_h || dims[3] != out_w)
+        TC_FATAL("conv2d: cuDNN output %dx%dx%dx%d, expected %dx%dx%dx%d", dims[0], dims[1],
+                 dims[2], dims[3], s->n, s->k, out_h, out_w);
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n,
+                                           s->k, out_h, out_w));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->b_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
+                                           s->k, 1, 1));
+
+    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
+    c->fwd_algo = choose_fwd_algo(c, h, workspace_limit, &fwd_bytes);
+    c->bwd_data_algo = choose_bwd_data_algo(c, h, workspace_limit, &data_bytes);
+    c->bwd_filter_algo = choose_bwd_filter_algo(c, h, workspace_limit, &filter_bytes);
+    c->workspace_bytes = fwd_bytes;
+    if (data_bytes > c->workspace_bytes) c->workspace_bytes = data_bytes;
+    if (filter_bytes > c->workspace_bytes) c->workspace_bytes = filter_bytes;
+}
+
+void conv2d_cuda_destroy(Conv2dCuda *c) {
+    if (c->conv_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->conv_desc));
+    if (c->w_desc) CUDNN_CHECK(cudnnDestroyFilterDescriptor(c->w_desc));
+    if (c->b_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(c->b_desc));
+    if (c->y_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(c->y_desc));
+    if (c->x_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(c->x_desc));
+    memset(c, 0, sizeof *c);
+}
+
+static void check_workspace(const Conv2dCuda *c, const void *workspace) {
+    if (c->workspace_bytes > 0 && !workspace)
+        TC_FATAL("conv2d: a %zu-byte workspace is needed but none was given", c->workspace_bytes);
+}
+
+void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
+                         const float *b, float *y, void *workspace) {
+    check_workspace(c, workspace);
+    CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, c->x_desc, x, c->w_desc, w, c->conv_desc,
+                                        c->fwd_algo, workspace, c->workspace_bytes, &kZero,
+                                        c->y_desc, y));
+    CUDNN_CHECK(cudnnAddTensor(h, &kOne, c->b_desc, b, &kOne, c->y_desc, y));
+}
+
+void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
+                          const float *dy, float *dx, float *dw, float *db, void *workspace) {
+    check_workspace(c, workspace);
+    if (dx)
+        CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, c->w_desc, w, c->y_desc, dy,
+                                                 c->conv_desc, c->bwd_data_algo, workspace,
+                                                 c->workspace_bytes, &kZero, c->x_desc, dx));
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, x, c->y_desc, dy,
+                                               c->conv_desc, c->bwd_filter_algo, workspace,
+                                               c->workspace_bytes, &kOne, c->w_desc, dw));
+    CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, c->y_desc, dy, &kOne, c->b_desc, db));
+}

@@ -1,0 +1,649 @@
+#include "runtime/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "runtime/check.h"
+
+#define MAX_INCLUDE_DEPTH 16
+/* Keys longer than this get no "did you mean" suggestion. */
+#define MAX_SUGGEST_LEN 128
+
+_Static_assert(sizeof(long long) == sizeof(int64_t), "strtoll must parse exactly int64");
+
+typedef struct {
+    char *text;   /* the value as written, trimmed: what config_print writes back */
+    char *origin; /* "default", "path:line" or "--set" */
+    int64_t i;    /* CFG_INT */
+    double f;     /* CFG_FLOAT */
+    int b;        /* CFG_BOOL */
+} CfgValue;
+
+struct Config {
+    const CfgKeySpec *schema;
+    int n_keys;
+    CfgValue *values; /* values[k] holds schema[k] */
+};
+
+/* ---------------------------------------------------------------- strings */
+
+static char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (!d) TC_FATAL("config: out of memory");
+    return memcpy(d, s, n);
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1])) end--;
+    *end = '\0';
+    return s;
+}
+
+/* '#' or ';' starts a comment at the start of a value or after whitespace,
+ * so "a#b" keeps its '#'. Returns the comment's first character or NULL. */
+static char *find_comment(char *s) {
+    for (char *p = s; *p; p++)
+        if ((*p == '#' || *p == ';') && (p == s || isspace((unsigned char)p[-1]))) return p;
+    return NULL;
+}
+
+/* Whether a trimmed value reads back unchanged from a config file, which is
+ * what config_print needs of every value it writes. */
+static int value_fits_in_file(const char *value) {
+    char *copy = xstrdup(value);
+    int fits = !strpbrk(copy, "\r\n") && !find_comment(copy) && strcmp(trim(copy), value) == 0;
+    free(copy);
+    return fits;
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static void append(char *buf, size_t size, const char *s) {
+    size_t used = strlen(buf);
+    if (used + 1 < size) snprintf(buf + used, size - used, "%s", s);
+}
+
+/* Levenshtein distance; INT_MAX when either string is too long to bother. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    if (na >= MAX_SUGGEST_LEN || nb >= MAX_SUGGEST_LEN) return INT_MAX;
+    int row[MAX_SUGGEST_LEN + 1];
+    for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+/* A typo, not a different word: at most 2 edits, and at most half the name. */
+static int is_close(int distance, size_t name_len) {
+    return distance <= 2 && (size_t)distance * 2 <= name_len + 1;
+}
+
+/* ------------------------------------------------------------------ schema */
+
+static const char *type_name(CfgType t) {
+    switch (t) {
+    case CFG_INT: return "int";
+    case CFG_FLOAT: return "float";
+    case CFG_BOOL: return "bool";
+    case CFG_STRING: return "string";
+    case CFG_ENUM: return "enum";
+    }
+    return "?";
+}
+
+static size_t section_len(const char *key) { return (size_t)(strchr(key, '.') - key); }
+
+static int key_in_section(const char *key, const char *section) {
+    size_t n = strlen(section);
+    return strncmp(key, section, n) == 0 && key[n] == '.';
+}
+
+static int same_section(const char *a, const char *b) {
+    size_t n = section_len(a);
+    return n == section_len(b) && strncmp(a, b, n) == 0;
+}
+
+static int section_exists(const Config *c, const char *section) {
+    for (int k = 0; k < c->n_keys; k++)
+        if (key_in_section(c->schema[k].key, section)) return 1;
+    return 0;
+}
+
+static int find_key(const Config *c, const char *section, const char *name) {
+    size_t n = strlen(section);
+    for (int k = 0; k < c->n_keys; k++) {
+        const char *key = c->schema[k].key;
+        if (key_in_section(key, section) && strcmp(key + n + 1, name) == 0) return k;
+    }
+    return -1;
+}
+
+static int find_full_key(const Config *c, const char *key) {
+    for (int k = 0; k < c->n_keys; k++)
+        if (strcmp(c->schema[k].key, key) == 0) return k;
+    return -1;
+}
+
+/* The schema key the user probably meant by section.name, or NULL. The same
+ * name under another section counts: "[train] workers" suggests data.workers. */
+static const char *closest_key(const Config *c, const char *section, const char *name) {
+    char wanted[MAX_SUGGEST_LEN];
+    int n = snprintf(wanted, sizeof wanted, "%s.%s", section, name);
+    const char *best = NULL;
+    int best_distance = INT_MAX;
+    for (int k = 0; n > 0 && n < (int)sizeof wanted && k < c->n_keys; k++) {
+        const char *key = c->schema[k].key;
+        int d = edit_distance(wanted, (size_t)n, key, strlen(key));
+        if (d < best_distance) best_distance = d, best = key;
+    }
+    if (best && is_close(best_distance, strlen(name))) return best;
+    for (int k = 0; k < c->n_keys; k++) {
+        const char *key = c->schema[k].key;
+        if (strcmp(key + section_len(key) + 1, name) == 0) return key;
+    }
+    return NULL;
+}
+
+/* The schema key whose section is closest to section (that section is its
+ * first *len characters), or NULL when nothing is close. */
+static const char *closest_section(const Config *c, const char *section, int *len) {
+    const char *best = NULL;
+    int best_distance = INT_MAX;
+    for (int k = 0; k < c->n_keys; k++) {
+        const char *key = c->schema[k].key;
+        int d = edit_distance(section, strlen(section), key, section_len(key));
+        if (d < best_distance) best_distance = d, best = key, *len = (int)section_len(key);
+    }
+    return best && is_close(best_distance, strlen(section)) ? best : NULL;
+}
+
+/* Finds section.name in the schema; -1 with an error when it is not there. */
+static int lookup_key(const Config *c, const char *section, const char *name, const char *where,
+                      char *err, size_t errlen) {
+    int k = find_key(c, section, name);
+    if (k >= 0) return k;
+    const char *hint = closest_key(c, section, name);
+    char did_you_mean[MAX_SUGGEST_LEN + 32] = "";
+    if (hint) snprintf(did_you_mean, sizeof did_you_mean, " (did you mean %s?)", hint);
+    if (!section_exists(c, section))
+        return fail(err, errlen, "%s: unknown section '%s' in key %s.%s%s", where, section, section, name,
+                    did_you_mean);
+    return fail(err, errlen, "%s: unknown key %s.%s%s", where, section, name, did_you_mean);
+}
+
+/* ------------------------------------------------------------------ values */
+
+static int parse_bool(const char *s, int *out) {
+    static const char *truths[] = {"on", "true", "yes", "1"};
+    static const char *falsehoods[] = {"off", "false", "no", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(s, truths[i]) == 0) return *out = 1, 0;
+        if (strcasecmp(s, falsehoods[i]) == 0) return *out = 0, 0;
+    }
+    return -1;
+}
+
+static int enum_has_choice(const char *choices, const char *s) {
+    size_t n = strlen(s);
+    for (const char *p = choices;;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && memcmp(p, s, n) == 0) return 1;
+        if (!bar) return 0;
+        p = bar + 1;
+    }
+}
+
+/* Parses a trimmed text as spec's type into v's typed field. On failure
+ * writes why, starting with the key, and returns -1. */
+static int parse_value(const CfgKeySpec *spec, const char *text, CfgValue *v, char *why, size_t whylen) {
+    const char *key = spec->key;
+    if (!*text) return fail(why, whylen, "%s: empty value", key);
+    char *end;
+    switch (spec->type) {
+    case CFG_INT:
+        errno = 0;
+        v->i = strtoll(text, &end, 10);
+        if (*end || isspace((unsigned char)text[0]))
+            return fail(why, whylen, "%s: '%s' is not a base-10 integer", key, text);
+        if (errno == ERANGE)
+            return fail(why, whylen, "%s: '%s' does not fit in a 64-bit integer", key, text);
+        return 0;
+    case CFG_FLOAT:
+        v->f = strtod(text, &end);
+        if (*end || isspace((unsigned char)text[0]))
+            return fail(why, whylen, "%s: '%s' is not a number", key, text);
+        if (!isfinite(v->f)) return fail(why, whylen, "%s: '%s' is not a finite number", key, text);
+        return 0;
+    case CFG_BOOL:
+        if (parse_bool(text, &v->b) != 0)
+            return fail(why, whylen, "%s: '%s' is not a boolean (on/off, true/false, yes/no, 1/0)", key, text);
+        return 0;
+    case CFG_STRING:
+        return 0;
+    case CFG_ENUM:
+        if (!enum_has_choice(spec->choices, text))
+            return fail(why, whylen, "%s: '%s' is not one of %s", key, text, spec->choices);
+        return 0;
+    }
+    return fail(why, whylen, "%s: bad type %d", key, (int)spec->type);
+}
+
+static void store_value(CfgValue *v, const CfgValue *parsed, const char *text, const char *origin) {
+    free(v->text);
+    free(v->origin);
+    *v = *parsed;
+    v->text = xstrdup(text);
+    v->origin = xstrdup(origin);
+}
+
+/* Parses text for key k and makes it the effective value; errors start with where. */
+static int set_value(Config *c, int k, const char *text, const char *origin, const char *where,
+                     char *err, size_t errlen) {
+    char why[512];
+    CfgValue parsed = {0};
+    if (parse_value(&c->schema[k], text, &parsed, why, sizeof why) != 0)
+        return fail(err, errlen, "%s: %s", where, why);
+    store_value(&c->values[k], &parsed, text, origin);
+    return 0;
+}
+
+static CfgValue *values_clone(const Config *c) {
+    CfgValue *copy = calloc((size_t)c->n_keys + 1, sizeof *copy);
+    if (!copy) TC_FATAL("config: out of memory");
+    for (int k = 0; k < c->n_keys; k++) {
+        copy[k] = c->values[k];
+        copy[k].text = xstrdup(c->values[k].text);
+        copy[k].origin = xstrdup(c->values[k].origin);
+    }
+    return copy;
+}
+
+static void values_free(CfgValue *values, int n_keys) {
+    for (int k = 0; k < n_keys; k++) {
+        free(values[k].text);
+        free(values[k].origin);
+    }
+    free(values);
+}
+
+/* ------------------------------------------------------------ config_new */
+
+static int is_name_char(char ch) { return isalnum((unsigned char)ch) || ch == '_' || ch == '-'; }
+
+/* "section.key", both parts non-empty names. */
+static int is_valid_key(const char *key) {
+    const char *dot = strchr(key, '.');
+    if (!dot || dot == key || !dot[1]) return 0;
+    for (const char *p = key; *p; p++)
+        if (p != dot && !is_name_char(*p)) return 0;
+    return 1;
+}
+
+/* Each choice non-empty and writable as a value: no whitespace, no leading '#' or ';'. */
+static int is_valid_choices(const char *choices) {
+    if (!choices || !*choices) return 0;
+    for (const char *p = choices; *p; p++) {
+        int starts_choice = p == choices || p[-1] == '|';
+        if (isspace((unsigned char)*p)) return 0;
+        if (starts_choice && (*p == '|' || *p == '#' || *p == ';')) return 0;
+    }
+    return choices[strlen(choices) - 1] != '|';
+}
+
+static void check_spec(const CfgKeySpec *schema, int k) {
+    const CfgKeySpec *spec = &schema[k];
+    const char *key = spec->key;
+    if (!key || !is_valid_key(key))
+        TC_FATAL("config schema: key %d '%s' is not section.key (letters, digits, '_', '-')", k,
+                 key ? key : "(null)");
+    if (strcmp(key + section_len(key) + 1, "include") == 0)
+        TC_FATAL("config schema: %s: 'include' is a directive, not a key name", key);
+    for (int j = 0; j < k; j++)
+        if (strcmp(schema[j].key, key) == 0) TC_FATAL("config schema: %s appears twice", key);
+    if (spec->type < CFG_INT || spec->type > CFG_ENUM)
+        TC_FATAL("config schema: %s: bad type %d", key, (int)spec->type);
+    if (spec->type == CFG_ENUM && !is_valid_choices(spec->choices))
+        TC_FATAL("config schema: %s: bad enum choices '%s'", key, spec->choices ? spec->choices : "(null)");
+    if (spec->help && strpbrk(spec->help, "\r\n"))
+        TC_FATAL("config schema: %s: help must be one line", key);
+    if (!spec->default_value) TC_FATAL("config schema: %s: no default value", key);
+    if (!value_fits_in_file(spec->default_value))
+        TC_FATAL("config schema: %s: default '%s' cannot be written in a config file "
+                 "(surrounding whitespace, a newline, or '#'/';' after whitespace)", key, spec->default_value);
+}
+
+Config *config_new(const CfgKeySpec *schema, int n_keys) {
+    if (n_keys < 0 || (n_keys > 0 && !schema)) TC_FATAL("config_new: no schema for %d keys", n_keys);
+    Config *c = calloc(1, sizeof *c);
+    CfgValue *values = calloc((size_t)n_keys + 1, sizeof *values);
+    if (!c || !values) TC_FATAL("config: out of memory");
+    c->schema = schema;
+    c->n_keys = n_keys;
+    c->values = values;
+    for (int k = 0; k < n_keys; k++) {
+        check_spec(schema, k);
+        char why[512];
+        if (set_value(c, k, schema[k].default_value, "default", "default", why, sizeof why) != 0)
+            TC_FATAL("config schema: bad %s", why);
+    }
+    return c;
+}
+
+void config_free(Config *c) {
+    if (!c) return;
+    values_free(c->values, c->n_keys);
+    free(c);
+}
+
+/* ------------------------------------------------------------- file loading */
+
+typedef struct {
+    Config *c;
+    char *err;
+    size_t errlen;
+    int depth; /* files being loaded: the top file and the includes it is inside */
+    char *real_paths[MAX_INCLUDE_DEPTH + 1];        /* to detect cycles */
+    const char *shown_paths[MAX_INCLUDE_DEPTH + 1]; /* as written, for messages */
+} Loader;
+
+typedef struct {
+    const char *path;    /* as shown in messages and origins */
+    int line;
+    const char *section; /* the current [section]; NULL before the first */
+    int *set_at_line;    /* per schema key: the line of this file that set it, or 0 */
+} FileCursor;
+
+static int load_file(Loader *L, const char *path, const char *include_site);
+
+/* The whole file, NUL-terminated; NULL with errno set on failure. */
+static char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got = 1; buf && got > 0;) {
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+        if (!buf) break;
+        got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+    }
+    if (!buf) TC_FATAL("config: out of memory reading %s", path);
+    int failed = ferror(f);
+    int saved_errno = errno;
+    fclose(f);
+    if (failed) {
+        free(buf);
+        errno = saved_errno ? saved_errno : EIO;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* name relative to the directory of the file that names it (absolute names stay). */
+static char *resolve_relative(const char *including_path, const char *name) {
+    const char *slash = strrchr(including_path, '/');
+    size_t dir_len = name[0] == '/' || !slash ? 0 : (size_t)(slash - including_path) + 1;
+    char *path = malloc(dir_len + strlen(name) + 1);
+    if (!path) TC_FATAL("config: out of memory");
+    memcpy(path, including_path, dir_len);
+    strcpy(path + dir_len, name);
+    return path;
+}
+
+static int parse_section_header(Loader *L, FileCursor *fc, char *line, const char *where) {
+    char *close = strchr(line, ']');
+    if (!close) return fail(L->err, L->errlen, "%s: unterminated section header '%s' (no ']')", where, line);
+    *close = '\0';
+    char *rest = trim(close + 1);
+    char *section = trim(line + 1);
+    if (*rest && *rest != '#' && *rest != ';')
+        return fail(L->err, L->errlen, "%s: malformed line: '%s' after [%s]", where, rest, section);
+    if (!*section) return fail(L->err, L->errlen, "%s: empty section name '[]'", where);
+    if (!section_exists(L->c, section)) {
+        int len = 0;
+        const char *hint = closest_section(L->c, section, &len);
+        if (hint)
+            return fail(L->err, L->errlen, "%s: unknown section [%s] (did you mean [%.*s]?)", where, section,
+                        len, hint);
+        return fail(L->err, L->errlen, "%s: unknown section [%s]", where, section);
+    }
+    fc->section = section; /* points into the file's text, which outlives the cursor */
+    return 0;
+}
+
+static int include_file(Loader *L, const FileCursor *fc, const char *name, const char *where) {
+    if (!*name) return fail(L->err, L->errlen, "%s: include: empty value", where);
+    char *path = resolve_relative(fc->path, name);
+    int rc = load_file(L, path, where);
+    free(path);
+    return rc;
+}
+
+static int parse_assignment(Loader *L, FileCursor *fc, char *line, const char *where) {
+    char *eq = strchr(line, '=');
+    if (!eq)
+        return fail(L->err, L->errlen, "%s: malformed line '%s' (expected key = value, [section] or a comment)",
+                    where, line);
+    *eq = '\0';
+    char *name = trim(line);
+    char *value = eq + 1;
+    char *comment = find_comment(value);
+    if (comment) *comment = '\0';
+    value = trim(value);
+    if (!*name) return fail(L->err, L->errlen, "%s: malformed line: no key before '='", where);
+    if (strcmp(name, "include") == 0) return include_file(L, fc, value, where);
+    if (!fc->section)
+        return fail(L->err, L->errlen, "%s: key '%s' is outside any section (add a [section] line above it)",
+                    where, name);
+    int k = lookup_key(L->c, fc->section, name, where, L->err, L->errlen);
+    if (k < 0) return -1;
+    if (fc->set_at_line[k])
+        return fail(L->err, L->errlen, "%s: %s is set twice in this file (lines %d and %d)", where,
+                    L->c->schema[k].key, fc->set_at_line[k], fc->line);
+    fc->set_at_line[k] = fc->line;
+    return set_value(L->c, k, value, where, where, L->err, L->errlen);
+}
+
+static int parse_line(Loader *L, FileCursor *fc, char *raw, size_t raw_len) {
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s:%d", fc->path, fc->line);
+    if (strlen(raw) != raw_len) return fail(L->err, L->errlen, "%s: malformed line: contains a NUL byte", where);
+    char *line = trim(raw);
+    if (*line == '\0' || *line == '#' || *line == ';') return 0;
+    if (*line == '[') return parse_section_header(L, fc, line, where);
+    return parse_assignment(L, fc, line, where);
+}
+
+static int parse_text(Loader *L, FileCursor *fc, char *text, size_t len) {
+    char *end = text + len;
+    for (char *line = text; line < end;) {
+        char *newline = memchr(line, '\n', (size_t)(end - line));
+        char *line_end = newline ? newline : end;
+        *line_end = '\0';
+        fc->line++;
+        if (parse_line(L, fc, line, (size_t)(line_end - line)) != 0) return -1;
+        line = line_end + 1;
+    }
+    return 0;
+}
+
+/* Refuses a file that is already being loaded or that nests too deep. */
+static int check_include_chain(Loader *L, const char *real, const char *path, const char *include_site) {
+    for (int d = 0; d < L->depth; d++) {
+        if (strcmp(L->real_paths[d], real) != 0) continue;
+        char chain[1024] = "";
+        for (int i = d; i < L->depth; i++) {
+            append(chain, sizeof chain, L->shown_paths[i]);
+            append(chain, sizeof chain, " -> ");
+        }
+        append(chain, sizeof chain, path);
+        return fail(L->err, L->errlen, "%s: include cycle: %s", include_site, chain);
+    }
+    if (L->depth > MAX_INCLUDE_DEPTH)
+        return fail(L->err, L->errlen, "%s: includes nested more than %d deep", include_site, MAX_INCLUDE_DEPTH);
+    return 0;
+}
+
+/* include_site is "file:line" of the include directive, NULL for the top file. */
+static int load_file(Loader *L, const char *path, const char *include_site) {
+    char *real = realpath(path, NULL);
+    size_t len = 0;
+    char *text = real ? read_text_file(path, &len) : NULL;
+    if (!text) {
+        int saved_errno = errno;
+        free(real);
+        if (include_site)
+            return fail(L->err, L->errlen, "%s: cannot open include '%s': %s", include_site, path,
+                        strerror(saved_errno));
+        return fail(L->err, L->errlen, "%s: cannot open: %s", path, strerror(saved_errno));
+    }
+    int rc = include_site ? check_include_chain(L, real, path, include_site) : 0;
+    if (rc == 0) {
+        L->real_paths[L->depth] = real;
+        L->shown_paths[L->depth] = path;
+        L->depth++;
+        FileCursor fc = {.path = path, .set_at_line = calloc((size_t)L->c->n_keys + 1, sizeof(int))};
+        if (!fc.set_at_line) TC_FATAL("config: out of memory");
+        rc = parse_text(L, &fc, text, len);
+        free(fc.set_at_line);
+        L->depth--;
+    }
+    free(real);
+    free(text);
+    return rc;
+}
+
+/* A file that fails leaves the config as it was. */
+int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
+    if (!c || !path) TC_FATAL("config_load_file: NULL %s", c ? "path" : "config");
+    CfgValue *before = values_clone(c);
+    Loader L = {.c = c, .err = err, .errlen = errlen};
+    int rc = load_file(&L, path, NULL);
+    if (rc != 0) {
+        CfgValue *partial = c->values;
+        c->values = before;
+        before = partial;
+    }
+    values_free(before, c->n_keys);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- --set */
+
+static int set_assignment(Config *c, char *assignment, const char *where, char *err, size_t errlen) {
+    char *eq = strchr(assignment, '=');
+    if (!eq) return fail(err, errlen, "%s: expected section.key=value", where);
+    *eq = '\0';
+    char *key = trim(assignment);
+    char *value = trim(eq + 1);
+    char *dot = strchr(key, '.');
+    if (!dot) {
+        const char *hint = closest_key(c, "", key);
+        return fail(err, errlen, "%s: key '%s' has no section (expected section.key=value%s%s)", where, key,
+                    hint ? ", e.g. " : "", hint ? hint : "");
+    }
+    *dot = '\0';
+    int k = lookup_key(c, key, dot + 1, where, err, errlen);
+    if (k < 0) return -1;
+    if (!value_fits_in_file(value))
+        return fail(err, errlen, "%s: %s: a value cannot hold a newline or a '#'/';' after whitespace "
+                    "(config files read that as a comment)", where, c->schema[k].key);
+    return set_value(c, k, value, "--set", where, err, errlen);
+}
+
+int config_set(Config *c, const char *assignment, char *err, size_t errlen) {
+    if (!c || !assignment) TC_FATAL("config_set: NULL %s", c ? "assignment" : "config");
+    char where[512];
+    snprintf(where, sizeof where, "--set %s", assignment);
+    char *copy = xstrdup(assignment);
+    int rc = set_assignment(c, copy, where, err, errlen);
+    free(copy);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- getters */
+
+static const CfgValue *typed_value(const Config *c, const char *key, CfgType want, const char *getter) {
+    if (!key) TC_FATAL("%s: NULL key", getter);
+    int k = find_full_key(c, key);
+    if (k < 0) TC_FATAL("%s(\"%s\"): no such config key", getter, key);
+    CfgType type = c->schema[k].type;
+    if (type != want && !(want == CFG_STRING && type == CFG_ENUM))
+        TC_FATAL("%s(\"%s\"): the key is a %s", getter, key, type_name(type));
+    return &c->values[k];
+}
+
+int64_t config_int(const Config *c, const char *key) { return typed_value(c, key, CFG_INT, "config_int")->i; }
+
+double config_float(const Config *c, const char *key) {
+    return typed_value(c, key, CFG_FLOAT, "config_float")->f;
+}
+
+int config_bool(const Config *c, const char *key) { return typed_value(c, key, CFG_BOOL, "config_bool")->b; }
+
+const char *config_str(const Config *c, const char *key) {
+    return typed_value(c, key, CFG_STRING, "config_str")->text;
+}
+
+const char *config_origin(const Config *c, const char *key) {
+    int k = key ? find_full_key(c, key) : -1;
+    if (k < 0) TC_FATAL("config_origin(\"%s\"): no such config key", key ? key : "(null)");
+    return c->values[k].origin;
+}
+
+/* ------------------------------------------------------------------ print */
+
+static void print_section(const Config *c, int first, FILE *f) {
+    const char *first_key = c->schema[first].key;
+    fprintf(f, "[%.*s]\n", (int)section_len(first_key), first_key);
+    for (int k = first; k < c->n_keys; k++) {
+        const CfgKeySpec *spec = &c->schema[k];
+        if (!same_section(spec->key, first_key)) continue;
+        if (spec->help) fprintf(f, "# %s\n", spec->help);
+        fprintf(f, "%s = %s  # %s\n", spec->key + section_len(spec->key) + 1, c->values[k].text,
+                c->values[k].origin);
+    }
+}
+
+/* Sections in the order the schema first names them. */
+void config_print(const Config *c, FILE *f) {
+    int printed = 0;
+    for (int k = 0; k < c->n_keys; k++) {
+        int seen = 0;
+        for (int j = 0; j < k && !seen; j++) seen = same_section(c->schema[j].key, c->schema[k].key);
+        if (seen) continue;
+        if (printed++) fputc('\n', f);
+        print_section(c, k, f);
+    }
+}

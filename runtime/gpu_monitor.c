@@ -1,0 +1,161 @@
+#include "runtime/gpu_monitor.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/check.h"
+#include "runtime/log.h"
+
+/* The few NVML types and entry points used, declared here so that building
+ * needs no NVML header; the ABI is stable across driver versions. */
+typedef void *nvmlDevice_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef int (*nvml_init_fn)(void);
+typedef int (*nvml_shutdown_fn)(void);
+typedef int (*nvml_by_pci_fn)(const char *, nvmlDevice_t *);
+typedef int (*nvml_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
+typedef int (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
+typedef int (*nvml_temp_fn)(nvmlDevice_t, int, unsigned int *);
+typedef int (*nvml_power_fn)(nvmlDevice_t, unsigned int *);
+
+struct GpuMonitor {
+    void *lib;
+    nvmlDevice_t device;
+    nvml_shutdown_fn shutdown;
+    nvml_util_fn get_util;
+    nvml_mem_fn get_mem;
+    nvml_temp_fn get_temp;
+    nvml_power_fn get_power;
+    double interval_s;
+
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    int stop;
+    int in_window;
+    double window_util_sum;
+    int window_samples;
+    GpuSample latest;
+};
+
+static void sample_once(GpuMonitor *g) {
+    GpuSample s = {-1, -1, -1, -1};
+    nvmlUtilization_t u;
+    nvmlMemory_t mem;
+    unsigned int temp, milliwatts;
+    if (g->get_util(g->device, &u) == 0) s.util_pct = u.gpu;
+    if (g->get_mem(g->device, &mem) == 0) s.mem_used_bytes = (double)mem.used;
+    if (g->get_temp && g->get_temp(g->device, 0, &temp) == 0) s.temp_c = temp;
+    if (g->get_power && g->get_power(g->device, &milliwatts) == 0) s.power_w = milliwatts / 1000.0;
+    pthread_mutex_lock(&g->lock);
+    g->latest = s;
+    if (g->in_window && s.util_pct >= 0) {
+        g->window_util_sum += s.util_pct;
+        g->window_samples++;
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+static void *sampler_main(void *arg) {
+    GpuMonitor *g = arg;
+    pthread_mutex_lock(&g->lock);
+    while (!g->stop) {
+        pthread_mutex_unlock(&g->lock);
+        sample_once(g);
+        pthread_mutex_lock(&g->lock);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        long ns = until.tv_nsec + (long)(g->interval_s * 1e9);
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        if (!g->stop) pthread_cond_timedwait(&g->wake, &g->lock, &until);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return NULL;
+}
+
+GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s) {
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        log_warn("NVML not found (libnvidia-ml.so.1): no GPU utilisation figures");
+        return NULL;
+    }
+    GpuMonitor *g = calloc(1, sizeof *g);
+    if (!g) TC_FATAL("out of host memory");
+    g->lib = lib;
+    nvml_init_fn init = (nvml_init_fn)dlsym(lib, "nvmlInit_v2");
+    nvml_by_pci_fn by_pci = (nvml_by_pci_fn)dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+    g->shutdown = (nvml_shutdown_fn)dlsym(lib, "nvmlShutdown");
+    g->get_util = (nvml_util_fn)dlsym(lib, "nvmlDeviceGetUtilizationRates");
+    g->get_mem = (nvml_mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
+    g->get_temp = (nvml_temp_fn)dlsym(lib, "nvmlDeviceGetTemperature");
+    g->get_power = (nvml_power_fn)dlsym(lib, "nvmlDeviceGetPowerUsage");
+    /* CUDA and NVML number GPUs differently; the PCI bus id is common ground. */
+    char bus_id[64];
+    int rc = -1;
+    if (init && by_pci && g->shutdown && g->get_util && g->get_mem && init() == 0) {
+        CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, cuda_device));
+        rc = by_pci(bus_id, &g->device);
+        if (rc != 0) g->shutdown();
+    }
+    if (rc != 0) {
+        log_warn("NVML could not open GPU %d: no GPU utilisation figures", cuda_device);
+        dlclose(lib);
+        free(g);
+        return NULL;
+    }
+    g->interval_s = interval_s;
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->wake, NULL);
+    if (pthread_create(&g->thread, NULL, sampler_main, g) != 0) TC_FATAL("pthread_create failed");
+    return g;
+}
+
+void gpu_monitor_window_begin(GpuMonitor *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->lock);
+    g->in_window = 1;
+    pthread_mutex_unlock(&g->lock);
+}
+
+void gpu_monitor_window_end(GpuMonitor *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->lock);
+    g->in_window = 0;
+    pthread_mutex_unlock(&g->lock);
+}
+
+double gpu_monitor_window_util(GpuMonitor *g) {
+    if (!g) return -1;
+    pthread_mutex_lock(&g->lock);
+    double mean = g->window_samples ? g->window_util_sum / g->window_samples : -1;
+    pthread_mutex_unlock(&g->lock);
+    return mean;
+}
+
+GpuSample gpu_monitor_latest(GpuMonitor *g) {
+    GpuSample s = {-1, -1, -1, -1};
+    if (!g) return s;
+    pthread_mutex_lock(&g->lock);
+    s = g->latest;
+    pthread_mutex_unlock(&g->lock);
+    return s;
+}
+
+void gpu_monitor_stop(GpuMonitor *g) {
+    if (!g) return;
+    pthread_mutex_lock(&g->lock);
+    g->stop = 1;
+    pthread_cond_signal(&g->wake);
+    pthread_mutex_unlock(&g->lock);
+    pthread_join(g->thread, NULL);
+    g->shutdown();
+    dlclose(g->lib);
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->wake);
+    free(g);
+}

@@ -1,0 +1,33 @@
+/* GPU utilisation, memory, temperature and power from NVML, sampled by a
+ * background thread. NVML is loaded at run time (dlopen), so trainc runs where
+ * it is absent; gpu_monitor_start then returns NULL. */
+#ifndef TRAINC_GPU_MONITOR_H
+#define TRAINC_GPU_MONITOR_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    double util_pct;      /* % of the sample period a kernel ran */
+    double mem_used_bytes;
+    double temp_c;
+    double power_w;
+} GpuSample;
+
+typedef struct GpuMonitor GpuMonitor;
+
+GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s);
+/* Samples taken between window_begin and window_end calls make up the window's
+ * mean; a window may be paused (end) and resumed (begin) any number of times. */
+void gpu_monitor_window_begin(GpuMonitor *g);
+void gpu_monitor_window_end(GpuMonitor *g);
+/* Mean utilisation over the window; -1 when no sample fell inside it. */
+double gpu_monitor_window_util(GpuMonitor *g);
+GpuSample gpu_monitor_latest(GpuMonitor *g);
+void gpu_monitor_stop(GpuMonitor *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

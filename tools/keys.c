@@ -1,0 +1,47 @@
+#include "tools/keys.h"
+
+const CfgKeySpec trainc_keys[] = {
+    {"run.name", CFG_STRING, "trainc", 0, "name of the run, written into the summary"},
+    {"run.device", CFG_ENUM, "cuda", "cuda|cpu", "train on the GPU or on the CPU"},
+    {"run.gpu", CFG_INT, "0", 0, "CUDA device ordinal"},
+    {"run.seed", CFG_INT, "0", 0, "seed of parameter initialisation, shuffling and augmentation"},
+    {"run.epochs", CFG_INT, "3", 0, "passes over the training set"},
+    {"run.max_steps", CFG_INT, "0", 0, "stop after this many optimizer steps (0: no limit)"},
+    {"run.warmup_steps", CFG_INT, "20", 0, "steps left out of the timed throughput window"},
+    {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps"},
+    {"run.metrics_file", CFG_STRING, "", 0, "JSON-lines metrics file (empty: none)"},
+    {"run.eval", CFG_BOOL, "on", 0, "evaluate top-1 accuracy on the test split after each epoch"},
+
+    {"data.source", CFG_ENUM, "image_folder", "image_folder|cifar_bin|synthetic",
+     "image_folder: root/{train,test}/<class>/*.jpg; cifar_bin: the CIFAR-10 binary batches; "
+     "synthetic: deterministic images from the seed"},
+    {"data.path", CFG_STRING, ".data/cifar10-jpg", 0, "data set root (image_folder, cifar_bin)"},
+    {"data.image_size", CFG_INT, "224", 0, "images are resized (bilinear) to this square size"},
+    {"data.train_limit", CFG_INT, "0", 0, "use only this many training images (0: all)"},
+    {"data.test_limit", CFG_INT, "0", 0, "use only this many test images (0: all)"},
+    {"data.synthetic_train", CFG_INT, "50000", 0, "training images of the synthetic source"},
+    {"data.synthetic_test", CFG_INT, "10000", 0, "test images of the synthetic source"},
+    {"data.workers", CFG_INT, "0", 0, "loader threads (0: load on the training thread)"},
+    {"data.prefetch", CFG_INT, "2", 0, "batches in the host ring, built ahead of the step"},
+    {"data.pinned", CFG_BOOL, "off", 0, "ring slots in pinned (page-locked) host memory"},
+    {"data.async_copy", CFG_BOOL, "off", 0,
+     "copy batches on a copy stream ordered by events; off: synchronous copy, then a device sync"},
+    {"data.shuffle", CFG_BOOL, "on", 0, "new order of the training set each epoch"},
+    {"data.flip", CFG_BOOL, "off", 0, "random horizontal flip"},
+    {"data.crop_pad", CFG_INT, "0", 0, "random crop after zero padding by this many pixels (0: off)"},
+
+    {"model.name", CFG_ENUM, "simplenet", "simplenet", "the net to train"},
+    {"model.num_classes", CFG_INT, "10", 0, "classes of the data set"},
+
+    {"optim.lr", CFG_FLOAT, "0.01", 0, "learning rate"},
+    {"optim.momentum", CFG_FLOAT, "0.9", 0, "SGD momentum"},
+    {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum"},
+    {"optim.weight_decay", CFG_FLOAT, "0", 0, "L2 weight decay"},
+
+    {"train.batch", CFG_INT, "32", 0, "samples per step"},
+    {"train.sync_after_step", CFG_BOOL, "on", 0, "wait for the device after every step (the lab's baseline)"},
+    {"train.read_loss_every", CFG_INT, "1", 0,
+     "copy the loss to the host every N steps (a host sync each time); 0: only when logging"},
+};
+
+const int trainc_n_keys = (int)(sizeof trainc_keys / sizeof trainc_keys[0]);

@@ -1,0 +1,33 @@
+/* One training run as a config describes it. */
+#ifndef TRAINC_TOOLS_TRAIN_H
+#define TRAINC_TOOLS_TRAIN_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "runtime/config.h"
+
+typedef struct {
+    char name[128];
+    char device[16];
+    char gpu_name[256];
+    long steps;             /* optimizer steps taken */
+    long timed_steps;       /* steps inside the throughput window */
+    int epochs;             /* epochs completed */
+    double samples_per_s;   /* over the timed steps */
+    double step_ms;         /* mean wall time of a timed step */
+    double epoch_s;         /* mean wall time of an epoch's training (evaluation excluded) */
+    double data_wait_frac;  /* share of the timed window spent waiting for the loader */
+    double gpu_util;        /* mean NVML utilisation over the timed window; < 0: unknown */
+    double final_loss;      /* loss of the last step */
+    double test_acc;        /* top-1 after the last epoch; < 0: not evaluated */
+    size_t peak_mem_bytes;  /* device memory the run allocated (arena high-water mark) */
+    size_t driver_mem_bytes;/* device memory in use as the driver saw it (context included) */
+} TrainSummary;
+
+/* Runs training; bad config values and data errors end the process with a
+ * message naming the key or file. */
+void train_run(const Config *cfg, TrainSummary *out);
+void train_summary_print_json(const TrainSummary *s, FILE *f);
+
+#endif

@@ -37,14 +37,16 @@ static void make_class_patterns(float *patterns, int num_classes, int c, int h, 
             float *plane = patterns + ((size_t)k * c + ch) * h * w;
             for (int y = 0; y < h; y++)
                 for (int x = 0; x < w; x++)
-                    plane[y * w + x] = base + 48.0f * sinf(two_pi * (fy * y / h + fx * x / w) + phase);
+                    plane[y * w + x] =
+                        base + 48.0f * sinf(two_pi * (fy * y / h + fx * x / w) + phase);
         }
     }
 }
 
 void synthetic_make(Dataset *d, int n, int c, int h, int w, int num_classes, uint64_t seed) {
     if (n < 1 || c < 1 || h < 1 || w < 1 || num_classes < 1 || num_classes > DATASET_MAX_CLASSES)
-        TC_FATAL("synthetic_make: bad shape n=%d c=%d h=%d w=%d classes=%d", n, c, h, w, num_classes);
+        TC_FATAL("synthetic_make: bad shape n=%d c=%d h=%d w=%d classes=%d", n, c, h, w,
+                 num_classes);
     memset(d, 0, sizeof *d);
     d->n = n;
     d->c = c;
@@ -55,7 +57,8 @@ void synthetic_make(Dataset *d, int n, int c, int h, int w, int num_classes, uin
     d->pixels = malloc((size_t)n * image_bytes);
     d->labels = malloc((size_t)n * sizeof(int32_t));
     float *patterns = malloc((size_t)num_classes * image_bytes * sizeof(float));
-    if (!d->pixels || !d->labels || !patterns) TC_FATAL("synthetic_make: out of memory for %d images", n);
+    if (!d->pixels || !d->labels || !patterns)
+        TC_FATAL("synthetic_make: out of memory for %d images", n);
 
     uint64_t rng = seed;
     make_class_patterns(patterns, num_classes, c, h, w, &rng);

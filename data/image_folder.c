@@ -16,6 +16,8 @@
 
 #include <stb_image.h>
 
+#include "runtime/check.h"
+
 #define DECODE_MAX_THREADS 8
 
 typedef struct {
@@ -27,6 +29,7 @@ static void names_push(NameList *l, const char *name) {
     if (l->count == l->capacity) {
         l->capacity = l->capacity ? 2 * l->capacity : 64;
         l->items = realloc(l->items, (size_t)l->capacity * sizeof *l->items);
+        if (!l->items) TC_FATAL("image folder: out of memory listing files");
     }
     l->items[l->count++] = strdup(name);
 }
@@ -44,6 +47,7 @@ static int compare_names(const void *a, const void *b) {
 static char *path_join(const char *a, const char *b) {
     size_t len = strlen(a) + 1 + strlen(b) + 1;
     char *p = malloc(len);
+    if (!p) TC_FATAL("image folder: out of memory");
     snprintf(p, len, "%s/%s", a, b);
     return p;
 }
@@ -70,10 +74,11 @@ static int list_dir(const char *dir, int want_dirs, NameList *out, char *err, si
         int is_dir = stat(full, &st) == 0 && S_ISDIR(st.st_mode);
         int is_file = !is_dir && S_ISREG(st.st_mode);
         free(full);
-        if (want_dirs ? is_dir : (is_file && has_image_extension(e->d_name))) names_push(out, e->d_name);
+        if (want_dirs ? is_dir : (is_file && has_image_extension(e->d_name)))
+            names_push(out, e->d_name);
     }
     closedir(dp);
-    qsort(out->items, (size_t)out->count, sizeof *out->items, compare_names);
+    if (out->count > 1) qsort(out->items, (size_t)out->count, sizeof *out->items, compare_names);
     return 0;
 }
 
@@ -82,11 +87,9 @@ static int list_dir(const char *dir, int want_dirs, NameList *out, char *err, si
 static void class_quotas(const int *available, int num_classes, int limit, int *take) {
     long total = 0;
     for (int k = 0; k < num_classes; k++) total += available[k];
-    if (limit <= 0 || limit >= total) {
-        memcpy(take, available, (size_t)num_classes * sizeof *take);
-        return;
-    }
-    memset(take, 0, (size_t)num_classes * sizeof *take);
+    int take_all = limit <= 0 || limit >= total;
+    for (int k = 0; k < num_classes; k++) take[k] = take_all ? available[k] : 0;
+    if (take_all) return;
     int left = limit;
     while (left > 0) {
         int open = 0;
@@ -128,6 +131,7 @@ static int read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, 
     if (size > *cap) {
         *cap = size;
         *buf = realloc(*buf, size);
+        if (!*buf) TC_FATAL("image folder: out of memory reading %s", path);
     }
     if (fread(*buf, 1, size, f) != size) {
         snprintf(err, errlen, "%s: read error", path);

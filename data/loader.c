@@ -149,10 +149,11 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
     }
     transform_plan_init(&l->plan, &spec, d->c, d->h, d->w);
     l->sample_floats = (size_t)d->c * l->plan.out_h * l->plan.out_w;
-    l->batches_per_epoch = cfg->drop_last ? d->n / cfg->batch : (d->n + cfg->batch - 1) / cfg->batch;
+    l->batches_per_epoch =
+        cfg->drop_last ? d->n / cfg->batch : (d->n + cfg->batch - 1) / cfg->batch;
     if (l->batches_per_epoch == 0)
-        log_warn("loader: %d samples make no full batch of %d with drop_last: epochs are empty", d->n,
-                 cfg->batch);
+        log_warn("loader: %d samples make no full batch of %d with drop_last: epochs are empty",
+                 d->n, cfg->batch);
     int splits = cfg->workers > 1 ? cfg->workers : 1;
     l->chunk_samples = (cfg->batch + splits - 1) / splits;
     l->chunks_per_batch = (cfg->batch + l->chunk_samples - 1) / l->chunk_samples;
@@ -235,8 +236,8 @@ int loader_next(Loader *l, Batch *out) {
     if (l->held >= l->cfg.prefetch)
         TC_FATAL("loader_next: %d batches held, the prefetch depth: release one first", l->held);
     if (s->state == SLOT_HELD)
-        TC_FATAL("loader_next: batch %d still holds ring slot %d that batch %d needs: release it first",
-                 s->batch, b % l->cfg.prefetch, b);
+        TC_FATAL("loader_next: batch %d still holds ring slot %d that batch %d needs: release it "
+                 "first", s->batch, b % l->cfg.prefetch, b);
     if (l->cfg.workers == 0) {
         s->state = SLOT_FILLING;
         pthread_mutex_unlock(&l->lock);

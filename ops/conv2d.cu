@@ -6,6 +6,8 @@
  * step give the same bits. */
 #include "ops/conv2d.h"
 
+#include <string.h>
+
 #include "runtime/check.h"
 
 static const float kOne = 1.0f, kZero = 0.0f;

@@ -162,7 +162,10 @@ static const char *closest_key(const Config *c, const char *section, const char 
     for (int k = 0; n > 0 && n < (int)sizeof wanted && k < c->n_keys; k++) {
         const char *key = c->schema[k].key;
         int d = edit_distance(wanted, (size_t)n, key, strlen(key));
-        if (d < best_distance) best_distance = d, best = key;
+        if (d < best_distance) {
+            best_distance = d;
+            best = key;
+        }
     }
     if (best && is_close(best_distance, strlen(name))) return best;
     for (int k = 0; k < c->n_keys; k++) {
@@ -180,7 +183,11 @@ static const char *closest_section(const Config *c, const char *section, int *le
     for (int k = 0; k < c->n_keys; k++) {
         const char *key = c->schema[k].key;
         int d = edit_distance(section, strlen(section), key, section_len(key));
-        if (d < best_distance) best_distance = d, best = key, *len = (int)section_len(key);
+        if (d < best_distance) {
+            best_distance = d;
+            best = key;
+            *len = (int)section_len(key);
+        }
     }
     return best && is_close(best_distance, strlen(section)) ? best : NULL;
 }
@@ -205,8 +212,14 @@ static int parse_bool(const char *s, int *out) {
     static const char *truths[] = {"on", "true", "yes", "1"};
     static const char *falsehoods[] = {"off", "false", "no", "0"};
     for (int i = 0; i < 4; i++) {
-        if (strcasecmp(s, truths[i]) == 0) return *out = 1, 0;
-        if (strcasecmp(s, falsehoods[i]) == 0) return *out = 0, 0;
+        if (strcasecmp(s, truths[i]) == 0) {
+            *out = 1;
+            return 0;
+        }
+        if (strcasecmp(s, falsehoods[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
     }
     return -1;
 }
@@ -223,24 +236,23 @@ static int enum_has_choice(const char *choices, const char *s) {
 }
 
 /* Parses a trimmed text as spec's type into v's typed field. On failure
- * writes why, starting with the key, and returns -1. */
+ * writes why, starting with the key, and returns -1. An empty string is a
+ * value ("metrics_file =" turns the file off); an empty number is a mistake. */
 static int parse_value(const CfgKeySpec *spec, const char *text, CfgValue *v, char *why, size_t whylen) {
     const char *key = spec->key;
-    if (!*text) return fail(why, whylen, "%s: empty value", key);
+    if (!*text && spec->type != CFG_STRING) return fail(why, whylen, "%s: empty value", key);
     char *end;
     switch (spec->type) {
     case CFG_INT:
         errno = 0;
         v->i = strtoll(text, &end, 10);
-        if (*end || isspace((unsigned char)text[0]))
-            return fail(why, whylen, "%s: '%s' is not a base-10 integer", key, text);
+        if (*end) return fail(why, whylen, "%s: '%s' is not a base-10 integer", key, text);
         if (errno == ERANGE)
             return fail(why, whylen, "%s: '%s' does not fit in a 64-bit integer", key, text);
         return 0;
     case CFG_FLOAT:
         v->f = strtod(text, &end);
-        if (*end || isspace((unsigned char)text[0]))
-            return fail(why, whylen, "%s: '%s' is not a number", key, text);
+        if (*end) return fail(why, whylen, "%s: '%s' is not a number", key, text);
         if (!isfinite(v->f)) return fail(why, whylen, "%s: '%s' is not a finite number", key, text);
         return 0;
     case CFG_BOOL:
@@ -390,11 +402,11 @@ static char *read_text_file(const char *path, size_t *len) {
     if (!f) return NULL;
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
-    for (size_t got = 1; buf && got > 0;) {
-        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
-        if (!buf) break;
-        got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
+    while (buf) {
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n + 1 < cap) break; /* a short read: end of file or an error */
+        cap *= 2;
+        buf = realloc(buf, cap);
     }
     if (!buf) TC_FATAL("config: out of memory reading %s", path);
     int failed = ferror(f);
@@ -438,7 +450,7 @@ static int parse_section_header(Loader *L, FileCursor *fc, char *line, const cha
                         len, hint);
         return fail(L->err, L->errlen, "%s: unknown section [%s]", where, section);
     }
-    fc->section = section; /* points into the file's text, which outlives the cursor */
+    fc->section = section; /* points into the file's text, which lives as long as the cursor */
     return 0;
 }
 
@@ -600,7 +612,7 @@ static const CfgValue *typed_value(const Config *c, const char *key, CfgType wan
     if (k < 0) TC_FATAL("%s(\"%s\"): no such config key", getter, key);
     CfgType type = c->schema[k].type;
     if (type != want && !(want == CFG_STRING && type == CFG_ENUM))
-        TC_FATAL("%s(\"%s\"): the key is a %s", getter, key, type_name(type));
+        TC_FATAL("%s(\"%s\"): the key has type %s", getter, key, type_name(type));
     return &c->values[k];
 }
 

@@ -13,7 +13,7 @@ extern "C" {
 
 typedef struct {
     int device_id;
-    cudaDeviceProp prop;
+    struct cudaDeviceProp prop;
     cudaStream_t compute; /* forward, backward, optimizer */
     cudaStream_t copy;    /* host-to-device batch copies */
     cudnnHandle_t cudnn;  /* bound to 'compute' */

@@ -65,7 +65,7 @@ double test_rel_error(const float *a, const float *b, size_t n) {
 const char *test_tmpdir(const char *name) {
     static char path[512];
     snprintf(path, sizeof path, "/tmp/trainc-test-%s-%d", name, (int)getpid());
-    char cmd[600];
+    char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", path, path);
     if (system(cmd) != 0) {
         fprintf(stderr, "cannot make %s\n", path);

@@ -328,7 +328,7 @@ void train_run(const Config *cfg, TrainSummary *out) {
         if (devices == 0) TC_FATAL("run.device = cuda but no GPU is visible (use --device cpu)");
         require(ordinal >= 0 && ordinal < devices, "run.gpu", "names no visible GPU");
         gpu_context_init(&t->gpu, ordinal);
-        snprintf(out->gpu_name, sizeof out->gpu_name, "%s", t->gpu.prop.name);
+        snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->gpu.prop.name);
         t->monitor = gpu_monitor_start(ordinal, 0.1);
     }
 

@@ -1,0 +1,67 @@
+/* Softmax cross-entropy in one kernel launch: a single block, each warp taking
+ * rows warp, warp + WARPS, ...; lanes stride over the classes. Every row's
+ * reduction and the final sum over warps run in a fixed order, so the loss is
+ * the same bits on every run. One block is plenty for a classifier's logits
+ * (batch x classes of a few thousand to a few million floats). */
+#include "ops/softmax_xent.h"
+
+#include <math.h>
+
+#include "runtime/check.h"
+
+#define XENT_THREADS 512
+#define XENT_WARPS (XENT_THREADS / 32)
+
+static __device__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset /= 2)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+static __device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+static __global__ void __launch_bounds__(XENT_THREADS)
+softmax_xent_kernel(const float *logits, const int32_t *labels, int n, int classes,
+                    float grad_scale, float *loss, float *dlogits) {
+    __shared__ double warp_loss[XENT_WARPS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float grad_factor = n > 0 ? grad_scale / n : 0.0f;
+    double loss_sum = 0.0; /* kept by lane 0 */
+    for (int i = warp; i < n; i += XENT_WARPS) {
+        const float *row = logits + (size_t)i * classes;
+        float *drow = dlogits + (size_t)i * classes;
+        float row_max = -INFINITY;
+        for (int j = lane; j < classes; j += 32) row_max = fmaxf(row_max, row[j]);
+        row_max = warp_max(row_max);
+        float exp_sum = 0.0f;
+        for (int j = lane; j < classes; j += 32) exp_sum += expf(row[j] - row_max);
+        exp_sum = warp_sum(exp_sum);
+        int label = labels[i];
+        bool label_ok = label >= 0 && label < classes;
+        for (int j = lane; j < classes; j += 32) {
+            float prob = expf(row[j] - row_max) / exp_sum;
+            drow[j] = (prob - (j == label ? 1.0f : 0.0f)) * grad_factor;
+        }
+        /* A label outside [0, classes) makes the loss NaN rather than reading out of bounds. */
+        if (lane == 0)
+            loss_sum += label_ok ? (double)row_max + log((double)exp_sum) - row[label] : NAN;
+    }
+    if (lane == 0) warp_loss[warp] = loss_sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int w = 0; w < XENT_WARPS; w++) total += warp_loss[w];
+        *loss = n > 0 ? (float)(total / n) : 0.0f;
+    }
+}
+
+void softmax_xent_cuda(const float *logits, const int32_t *labels, int n, int classes,
+                       float grad_scale, float *loss_device, float *dlogits,
+                       cudaStream_t stream) {
+    softmax_xent_kernel<<<1, XENT_THREADS, 0, stream>>>(logits, labels, n, classes, grad_scale,
+                                                        loss_device, dlogits);
+    CUDA_CHECK_LAUNCH();
+}

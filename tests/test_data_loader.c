@@ -1,0 +1,362 @@
+/* The batch loader: the same bytes for any worker count, every sample once per
+ * epoch, holding the whole ring, abandoning an epoch, stopping mid-epoch, and
+ * a stress loop (also run under ThreadSanitizer). TRAINC_DATA_BENCH=1 adds a
+ * throughput measurement of the 32 -> 224 resize. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data/loader.h"
+#include "runtime/log.h"
+#include "tests/harness.h"
+
+static LoaderConfig base_config(int batch, int workers, int prefetch) {
+    LoaderConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.batch = batch;
+    cfg.workers = workers;
+    cfg.prefetch = prefetch;
+    cfg.pinned = 0; /* pinned memory needs a GPU */
+    cfg.shuffle = 1;
+    cfg.augment = 1;
+    cfg.seed = 1234;
+    transform_spec_default(&cfg.transform, 0, 0);
+    return cfg;
+}
+
+/* Every byte of 'epochs' epochs, batch after batch. */
+typedef struct {
+    float *images;
+    int32_t *labels;
+    int *sizes;
+    int batches;
+} Recording;
+
+static Recording record_epochs(const Dataset *d, const LoaderConfig *cfg, int epochs) {
+    Loader *l = loader_create(d, cfg);
+    int per_epoch = loader_batches_per_epoch(l);
+    int out_h = cfg->transform.out_h > 0 ? cfg->transform.out_h : d->h;
+    int out_w = cfg->transform.out_w > 0 ? cfg->transform.out_w : d->w;
+    size_t sample = (size_t)d->c * out_h * out_w;
+    Recording r = {0};
+    r.images = malloc((size_t)epochs * d->n * sample * sizeof(float));
+    r.labels = malloc((size_t)epochs * d->n * sizeof(int32_t));
+    r.sizes = malloc((size_t)epochs * per_epoch * sizeof(int));
+    size_t at = 0;
+    for (int e = 0; e < epochs; e++) {
+        loader_start_epoch(l, e);
+        Batch b;
+        while (loader_next(l, &b)) {
+            memcpy(r.images + at * sample, b.images, (size_t)b.n * sample * sizeof(float));
+            memcpy(r.labels + at, b.labels, (size_t)b.n * sizeof(int32_t));
+            r.sizes[r.batches++] = b.n;
+            at += (size_t)b.n;
+            loader_release(l, &b);
+        }
+    }
+    loader_destroy(l);
+    return r;
+}
+
+static void recording_free(Recording *r) {
+    free(r->images);
+    free(r->labels);
+    free(r->sizes);
+}
+
+static void test_same_batches_any_worker_count(void) {
+    Dataset d;
+    synthetic_make(&d, 300, 3, 12, 12, 10, test_seed());
+    LoaderConfig cfg = base_config(32, 0, 3);
+    cfg.transform.out_h = 20;
+    cfg.transform.out_w = 18;
+    cfg.transform.flip = 1;
+    cfg.transform.crop_pad = 2;
+    Recording sync = record_epochs(&d, &cfg, 2);
+    CHECK(sync.batches == 2 * 10 && sync.sizes[9] == 300 - 9 * 32);
+    const int workers[] = {1, 8};
+    for (int k = 0; k < 2; k++) {
+        cfg.workers = workers[k];
+        Recording r = record_epochs(&d, &cfg, 2);
+        CHECK(r.batches == sync.batches);
+        CHECK(memcmp(r.sizes, sync.sizes, (size_t)sync.batches * sizeof(int)) == 0);
+        CHECK(memcmp(r.labels, sync.labels, 2 * 300 * sizeof(int32_t)) == 0);
+        CHECK_MSG(memcmp(r.images, sync.images, (size_t)2 * 300 * 3 * 20 * 18 * sizeof(float)) == 0,
+                  "workers=%d images differ from workers=0", workers[k]);
+        recording_free(&r);
+    }
+    /* Epochs differ (shuffle and augmentation), and augmentation does something. */
+    size_t epoch_floats = (size_t)300 * 3 * 20 * 18;
+    CHECK(memcmp(sync.images, sync.images + epoch_floats, epoch_floats * sizeof(float)) != 0);
+    cfg.workers = 2;
+    cfg.augment = 0;
+    cfg.shuffle = 0;
+    Recording plain = record_epochs(&d, &cfg, 2);
+    CHECK(memcmp(plain.images, plain.images + epoch_floats, epoch_floats * sizeof(float)) == 0);
+    recording_free(&plain);
+    recording_free(&sync);
+    dataset_free(&d);
+}
+
+/* A data set whose images say their own index: channel 0 holds i % 256, channel 1 i / 256. */
+static void make_indexed(Dataset *d, int n) {
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->c = 3;
+    d->h = 2;
+    d->w = 3;
+    d->num_classes = 7;
+    d->pixels = malloc((size_t)n * 18);
+    d->labels = malloc((size_t)n * sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        memset(d->pixels + (size_t)i * 18, i % 256, 6);
+        memset(d->pixels + (size_t)i * 18 + 6, i / 256, 6);
+        memset(d->pixels + (size_t)i * 18 + 12, 0, 6);
+        d->labels[i] = i % 7;
+    }
+}
+
+static int decode_index(const float *image, const TransformSpec *t) {
+    int lo = (int)lroundf((image[0] * t->std[0] + t->mean[0]) * 255.0f);
+    int hi = (int)lroundf((image[6] * t->std[1] + t->mean[1]) * 255.0f);
+    return hi * 256 + lo;
+}
+
+static void test_every_sample_once(void) {
+    Dataset d;
+    make_indexed(&d, 1000);
+    const int drop[2] = {0, 1};
+    for (int k = 0; k < 2; k++) {
+        LoaderConfig cfg = base_config(64, 3, 2);
+        cfg.augment = 0;
+        cfg.drop_last = drop[k];
+        Loader *l = loader_create(&d, &cfg);
+        int expected_batches = drop[k] ? 15 : 16;
+        CHECK(loader_batches_per_epoch(l) == expected_batches);
+        int *seen = calloc(1000, sizeof(int));
+        int first_order[8] = {0};
+        for (int e = 0; e < 2; e++) {
+            memset(seen, 0, 1000 * sizeof(int));
+            loader_start_epoch(l, e);
+            Batch b;
+            int batches = 0, samples = 0, bad = 0;
+            while (loader_next(l, &b)) {
+                CHECK(b.index == batches && b.slot == batches % 2);
+                CHECK(b.n == (batches == 15 ? 1000 - 15 * 64 : 64));
+                for (int i = 0; i < b.n; i++) {
+                    int idx = decode_index(b.images + (size_t)i * 18, &cfg.transform);
+                    if (idx < 0 || idx >= 1000 || b.labels[i] != idx % 7) {
+                        bad++;
+                        continue;
+                    }
+                    seen[idx]++;
+                    if (e == 0 && batches == 0 && i < 8) first_order[i] = idx;
+                }
+                samples += b.n;
+                batches++;
+                loader_release(l, &b);
+            }
+            CHECK(batches == expected_batches && bad == 0);
+            CHECK(samples == (drop[k] ? 960 : 1000));
+            int once = 0, twice = 0;
+            for (int i = 0; i < 1000; i++) once += seen[i] == 1, twice += seen[i] > 1;
+            CHECK_MSG(once == samples && twice == 0, "epoch %d: %d seen once, %d more", e, once,
+                      twice);
+            CHECK(loader_next(l, &b) == 0); /* stays over */
+        }
+        CHECK(!(first_order[0] == 0 && first_order[1] == 1 && first_order[2] == 2)); /* shuffled */
+        free(seen);
+        loader_destroy(l);
+    }
+    dataset_free(&d);
+}
+
+static void test_hold_whole_ring(void) {
+    Dataset d;
+    make_indexed(&d, 100);
+    for (int workers = 0; workers <= 4; workers += 4) {
+        LoaderConfig cfg = base_config(8, workers, 4);
+        cfg.shuffle = 0;
+        cfg.augment = 0;
+        Loader *l = loader_create(&d, &cfg);
+        loader_start_epoch(l, 0);
+        Batch held[4];
+        for (int i = 0; i < 4; i++) {
+            CHECK(loader_next(l, &held[i]) == 1);
+            CHECK(held[i].index == i && held[i].slot == i);
+            CHECK(decode_index(held[i].images, &cfg.transform) == i * 8);
+        }
+        /* All four stay intact while held. */
+        for (int i = 0; i < 4; i++)
+            CHECK(decode_index(held[i].images + 7 * 18, &cfg.transform) == i * 8 + 7);
+        for (int i = 0; i < 4; i++) loader_release(l, &held[i]);
+        Batch b;
+        int next = 4;
+        while (loader_next(l, &b)) {
+            CHECK(b.index == next && decode_index(b.images, &cfg.transform) == next * 8);
+            next++;
+            loader_release(l, &b);
+        }
+        CHECK(next == 13);
+        CHECK(loader_wait_seconds(l) >= 0.0);
+        loader_destroy(l);
+    }
+    dataset_free(&d);
+}
+
+static void test_destroy_mid_epoch(void) {
+    Dataset d;
+    synthetic_make(&d, 2000, 3, 32, 32, 10, 5);
+    LoaderConfig cfg = base_config(64, 8, 2);
+    cfg.transform.out_h = cfg.transform.out_w = 64;
+    const int taken[3] = {0, 1, 2};
+    for (int k = 0; k < 3; k++) {
+        Loader *l = loader_create(&d, &cfg);
+        loader_start_epoch(l, 0);
+        Batch b;
+        /* held, never released */
+        for (int i = 0; i < taken[k]; i++) CHECK(loader_next(l, &b) == 1);
+        double t0 = now_seconds();
+        loader_destroy(l);
+        double took = now_seconds() - t0;
+        CHECK_MSG(took < 2.0, "destroy took %.2f s", took);
+    }
+    /* And before any epoch began. */
+    Loader *l = loader_create(&d, &cfg);
+    loader_destroy(l);
+    CHECK(1);
+    dataset_free(&d);
+}
+
+static void test_restart_mid_epoch(void) {
+    Dataset d;
+    synthetic_make(&d, 500, 3, 16, 16, 10, 9);
+    LoaderConfig cfg = base_config(16, 4, 3);
+    cfg.transform.flip = 1;
+    cfg.transform.crop_pad = 4;
+    cfg.transform.out_h = cfg.transform.out_w = 24;
+    Recording fresh = record_epochs(&d, &cfg, 2); /* epochs 0 and 1 in full */
+    size_t sample = 3 * 24 * 24;
+    Loader *l = loader_create(&d, &cfg);
+    for (int round = 0; round < 3; round++) {
+        loader_start_epoch(l, 0);
+        Batch b;
+        for (int i = 0; i < 3 + round; i++) {
+            CHECK(loader_next(l, &b) == 1);
+            if (i < 1 + round) loader_release(l, &b); /* the last one stays held */
+        }
+        loader_start_epoch(l, 1); /* abandon epoch 0 with work in flight */
+        size_t at = 0;
+        int mismatches = 0;
+        while (loader_next(l, &b)) {
+            size_t off = (size_t)500 + at;
+            size_t image_bytes = (size_t)b.n * sample * sizeof(float);
+            if (memcmp(b.images, fresh.images + off * sample, image_bytes) ||
+                memcmp(b.labels, fresh.labels + off, (size_t)b.n * sizeof(int32_t)))
+                mismatches++;
+            at += (size_t)b.n;
+            loader_release(l, &b);
+        }
+        loader_release(l, &b); /* a second release is ignored */
+        CHECK(at == 500 && mismatches == 0);
+    }
+    loader_destroy(l);
+    recording_free(&fresh);
+    dataset_free(&d);
+}
+
+/* Many small batches through a shallow ring with many workers, abandoned
+ * epochs and held batches mixed in. */
+static void test_stress(int prefetch) {
+    Dataset d;
+    make_indexed(&d, 3000);
+    LoaderConfig cfg = base_config(3, 8, prefetch);
+    cfg.augment = 0;
+    Loader *l = loader_create(&d, &cfg);
+    int *seen = malloc(3000 * sizeof(int));
+    int full_epochs = 0, errors = 0;
+    uint64_t rng = test_seed();
+    for (int e = 0; e < 16; e++) {
+        memset(seen, 0, 3000 * sizeof(int));
+        loader_start_epoch(l, e);
+        int abandon_at = e % 4 == 3 ? (int)test_uniform(&rng, 0, 1000) : -1;
+        Batch b, held;
+        int holding = 0, count = 0;
+        while (count != abandon_at && loader_next(l, &b)) {
+            for (int i = 0; i < b.n; i++) {
+                int idx = decode_index(b.images + (size_t)i * 18, &cfg.transform);
+                if (idx < 0 || idx >= 3000 || b.labels[i] != idx % 7) errors++;
+                else seen[idx]++;
+            }
+            count++;
+            /* Sometimes keep a batch while taking the next. */
+            if (holding) {
+                loader_release(l, &held);
+                holding = 0;
+            }
+            if (prefetch > 1 && test_uniform(&rng, 0, 1) < 0.3f) {
+                held = b;
+                holding = 1;
+            } else {
+                loader_release(l, &b);
+            }
+        }
+        if (holding) loader_release(l, &held);
+        if (abandon_at < 0) {
+            int once = 0;
+            for (int i = 0; i < 3000; i++) once += seen[i] == 1;
+            full_epochs += once == 3000;
+        }
+    }
+    CHECK(errors == 0);
+    CHECK(full_epochs == 12);
+    loader_destroy(l);
+    free(seen);
+    dataset_free(&d);
+}
+
+static double samples_per_second(const Dataset *d, int workers, int prefetch, int batch,
+                                 int batches) {
+    LoaderConfig cfg = base_config(batch, workers, prefetch);
+    cfg.transform.out_h = cfg.transform.out_w = 224;
+    cfg.transform.flip = 1;
+    cfg.transform.crop_pad = 4;
+    Loader *l = loader_create(d, &cfg);
+    loader_start_epoch(l, 0);
+    Batch b;
+    double t0 = now_seconds();
+    int samples = 0;
+    for (int i = 0; i < batches && loader_next(l, &b); i++) {
+        samples += b.n;
+        loader_release(l, &b);
+    }
+    double rate = samples / (now_seconds() - t0);
+    loader_destroy(l);
+    return rate;
+}
+
+static void bench(void) {
+    Dataset d;
+    synthetic_make(&d, 8192, 3, 32, 32, 10, 1);
+    samples_per_second(&d, 2, 4, 64, 8); /* warm up the pages */
+    const int workers[] = {0, 1, 2, 8};
+    for (int k = 0; k < 4; k++)
+        printf("loader 32x32 -> 224x224, crop+flip, batch 128, prefetch 4, workers %d: "
+               "%.0f samples/s\n", workers[k], samples_per_second(&d, workers[k], 4, 128, 40));
+    dataset_free(&d);
+}
+
+int main(void) {
+    alarm(120); /* a hang fails the test instead of stalling CI */
+    test_same_batches_any_worker_count();
+    test_every_sample_once();
+    test_hold_whole_ring();
+    test_destroy_mid_epoch();
+    test_restart_mid_epoch();
+    test_stress(2);
+    test_stress(1);
+    const char *b = getenv("TRAINC_DATA_BENCH");
+    if (b && atoi(b)) bench();
+    return test_finish("test_data_loader");
+}

@@ -1,0 +1,275 @@
+/* Transforms against hand-computed values: identity resize, PyTorch bilinear
+ * (align_corners = False), flip, zero-padded crop, normalisation, shuffling. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/transform.h"
+#include "tests/harness.h"
+
+/* mean 0, std 1/255: the output is the pixel value itself, so expected values
+ * can be written as plain numbers. */
+static TransformSpec raw_spec(int out_h, int out_w) {
+    TransformSpec t;
+    memset(&t, 0, sizeof t);
+    t.out_h = out_h;
+    t.out_w = out_w;
+    for (int ch = 0; ch < 3; ch++) t.std[ch] = 1.0f / 255.0f;
+    return t;
+}
+
+static int near_all(const float *a, const float *b, int n, float tol) {
+    for (int i = 0; i < n; i++)
+        if (!(fabsf(a[i] - b[i]) <= tol)) return 0;
+    return 1;
+}
+
+static void test_identity_resize_is_exact(void) {
+    uint64_t rng = test_seed();
+    int c = 3, h = 7, w = 9;
+    uint8_t src[3 * 7 * 9];
+    for (int i = 0; i < c * h * w; i++) src[i] = (uint8_t)(test_uniform(&rng, 0, 256));
+    TransformSpec t;
+    transform_spec_default(&t, h, w);
+    float out[3 * 7 * 9], expected[3 * 7 * 9];
+    transform_sample(&t, src, c, h, w, 1234, out);
+    for (int ch = 0; ch < c; ch++)
+        for (int i = 0; i < h * w; i++) {
+            int p = ch * h * w + i;
+            expected[p] = ((float)src[p] / 255.0f - t.mean[ch]) / t.std[ch];
+        }
+    CHECK(memcmp(out, expected, sizeof out) == 0);
+    /* out size 0 means "keep the size" */
+    TransformSpec keep = t;
+    keep.out_h = keep.out_w = 0;
+    transform_sample(&keep, src, c, h, w, 1234, out);
+    CHECK(memcmp(out, expected, sizeof out) == 0);
+}
+
+static void test_bilinear_hand_values(void) {
+    /* F.interpolate(torch.tensor([[[[1.,2.],[3.,4.]]]]), size=(4,4), mode='bilinear',
+     * align_corners=False) */
+    const uint8_t src[4] = {1, 2, 3, 4};
+    const float expected[16] = {1.00f, 1.25f, 1.75f, 2.00f, 1.50f, 1.75f, 2.25f, 2.50f,
+                                2.50f, 2.75f, 3.25f, 3.50f, 3.00f, 3.25f, 3.75f, 4.00f};
+    TransformSpec t = raw_spec(4, 4);
+    float out[16];
+    transform_sample(&t, src, 1, 2, 2, 0, out);
+    CHECK(near_all(out, expected, 16, 1e-4f));
+
+    /* Down by 2: each output is the mean of a 2x2 block (source index 0.5, 2.5). */
+    const uint8_t big[16] = {0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150};
+    const float down[4] = {25.0f, 45.0f, 105.0f, 125.0f};
+    float out_down[4];
+    t = raw_spec(2, 2);
+    transform_sample(&t, big, 1, 4, 4, 0, out_down);
+    CHECK(near_all(out_down, down, 4, 1e-4f));
+
+    /* 3 -> 5 across: scale 0.6, source x = 0, 0.4, 1.0, 1.6, 2 (the last clamped). */
+    const uint8_t row[3] = {0, 100, 200};
+    const float across[5] = {0.0f, 40.0f, 100.0f, 160.0f, 200.0f};
+    float out_across[5];
+    t = raw_spec(1, 5);
+    transform_sample(&t, row, 1, 1, 3, 0, out_across);
+    CHECK(near_all(out_across, across, 5, 1e-3f));
+}
+
+/* PyTorch's formula per output pixel in double, as an independent reference. */
+static double reference_bilinear(const uint8_t *plane, int h, int w, int out_h, int out_w, int y,
+                                 int x) {
+    double sy = fmax((double)h / out_h * (y + 0.5) - 0.5, 0.0);
+    double sx = fmax((double)w / out_w * (x + 0.5) - 0.5, 0.0);
+    int y0 = (int)sy, x0 = (int)sx;
+    int y1 = y0 < h - 1 ? y0 + 1 : y0, x1 = x0 < w - 1 ? x0 + 1 : x0;
+    double fy = sy - y0, fx = sx - x0;
+    double top = (1 - fx) * plane[y0 * w + x0] + fx * plane[y0 * w + x1];
+    double bottom = (1 - fx) * plane[y1 * w + x0] + fx * plane[y1 * w + x1];
+    return (1 - fy) * top + fy * bottom;
+}
+
+static void test_bilinear_against_reference(void) {
+    uint64_t rng = test_seed() + 1;
+    const int sizes[][4] = {{32, 32, 224, 224}, {5, 7, 9, 3}, {8, 6, 8, 13}};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        int h = sizes[k][0], w = sizes[k][1], out_h = sizes[k][2], out_w = sizes[k][3];
+        uint8_t *src = malloc((size_t)3 * h * w);
+        float *out = malloc((size_t)3 * out_h * out_w * sizeof(float));
+        float *ref = malloc((size_t)3 * out_h * out_w * sizeof(float));
+        for (int i = 0; i < 3 * h * w; i++) src[i] = (uint8_t)test_uniform(&rng, 0, 256);
+        TransformSpec t;
+        transform_spec_default(&t, out_h, out_w);
+        transform_sample(&t, src, 3, h, w, 99, out);
+        for (int ch = 0; ch < 3; ch++)
+            for (int y = 0; y < out_h; y++)
+                for (int x = 0; x < out_w; x++) {
+                    double v = reference_bilinear(src + ch * h * w, h, w, out_h, out_w, y, x);
+                    ref[(ch * out_h + y) * out_w + x] =
+                        (float)((v / 255.0 - t.mean[ch]) / t.std[ch]);
+                }
+        double err = test_rel_error(out, ref, (size_t)3 * out_h * out_w);
+        CHECK_MSG(err < 1e-5, "%dx%d -> %dx%d: rel error %g", h, w, out_h, out_w, err);
+        free(src);
+        free(out);
+        free(ref);
+    }
+}
+
+/* 4x4, one channel, values 1..16 (none 0, so padding is told apart). */
+static const uint8_t grid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+static int find_seed_giving(const TransformSpec *t, const float *expected, uint64_t *seed_out) {
+    float out[16];
+    for (uint64_t seed = 0; seed < 4000; seed++) {
+        transform_sample(t, grid, 1, 4, 4, seed, out);
+        if (near_all(out, expected, 16, 1e-4f)) {
+            *seed_out = seed;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void test_flip(void) {
+    TransformSpec t = raw_spec(4, 4);
+    t.flip = 1;
+    const float flipped[16] = {4, 3, 2, 1, 8, 7, 6, 5, 12, 11, 10, 9, 16, 15, 14, 13};
+    const float same[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    uint64_t seed_flip, seed_same;
+    CHECK(find_seed_giving(&t, flipped, &seed_flip));
+    CHECK(find_seed_giving(&t, same, &seed_same));
+    /* The seed decides, nothing else. */
+    float again[16];
+    transform_sample(&t, grid, 1, 4, 4, seed_flip, again);
+    CHECK(near_all(again, flipped, 16, 1e-4f));
+    int flips = 0, trials = 2000;
+    for (int s = 0; s < trials; s++) {
+        transform_sample(&t, grid, 1, 4, 4, rng_sample_seed(7, 0, s), again);
+        flips += near_all(again, flipped, 16, 1e-4f);
+    }
+    CHECK_MSG(flips > trials * 0.44 && flips < trials * 0.56, "%d flips of %d", flips, trials);
+    /* flip off: never flips */
+    t.flip = 0;
+    transform_sample(&t, grid, 1, 4, 4, seed_flip, again);
+    CHECK(near_all(again, same, 16, 1e-4f));
+}
+
+static void test_crop(void) {
+    TransformSpec t = raw_spec(4, 4);
+    t.crop_pad = 2;
+    /* Offset one row down and one column left in the padded image:
+     * out(y, x) = src(y + 1, x - 1), zero outside. */
+    const float shifted[16] = {0, 5, 6, 7, 0, 9, 10, 11, 0, 13, 14, 15, 0, 0, 0, 0};
+    /* The same, then flipped. */
+    const float shifted_flipped[16] = {7, 6, 5, 0, 11, 10, 9, 0, 15, 14, 13, 0, 0, 0, 0, 0};
+    uint64_t seed;
+    CHECK(find_seed_giving(&t, shifted, &seed));
+    t.flip = 1;
+    CHECK(find_seed_giving(&t, shifted_flipped, &seed));
+
+    /* Every offset in [-pad, pad]^2 comes up, about equally often, and each
+     * output is exactly one zero-padded shift of the input. */
+    t.flip = 0;
+    int counts[5][5] = {{0}};
+    int trials = 5000, unmatched = 0;
+    for (int s = 0; s < trials; s++) {
+        float out[16];
+        transform_sample(&t, grid, 1, 4, 4, rng_sample_seed(3, 1, s), out);
+        int matches = 0;
+        for (int dy = -2; dy <= 2; dy++)
+            for (int dx = -2; dx <= 2; dx++) {
+                float expected[16];
+                for (int y = 0; y < 4; y++)
+                    for (int x = 0; x < 4; x++) {
+                        int sy = y + dy, sx = x + dx;
+                        expected[y * 4 + x] =
+                            (sy >= 0 && sy < 4 && sx >= 0 && sx < 4) ? grid[sy * 4 + sx] : 0.0f;
+                    }
+                if (near_all(out, expected, 16, 1e-4f)) {
+                    counts[dy + 2][dx + 2]++;
+                    matches++;
+                }
+            }
+        unmatched += matches != 1;
+    }
+    CHECK(unmatched == 0);
+    int lo = trials, hi = 0;
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++) {
+            lo = counts[i][j] < lo ? counts[i][j] : lo;
+            hi = counts[i][j] > hi ? counts[i][j] : hi;
+        }
+    CHECK_MSG(lo > 140 && hi < 270, "offset counts from %d to %d (expected about 200)", lo, hi);
+}
+
+static void test_normalization(void) {
+    TransformSpec t;
+    transform_spec_default(&t, 1, 1);
+    CHECK(t.flip == 0 && t.crop_pad == 0);
+    CHECK_NEAR(t.mean[0], 0.4914, 1e-7);
+    CHECK_NEAR(t.mean[1], 0.4822, 1e-7);
+    CHECK_NEAR(t.mean[2], 0.4465, 1e-7);
+    CHECK_NEAR(t.std[0], 0.2470, 1e-7);
+    CHECK_NEAR(t.std[1], 0.2435, 1e-7);
+    CHECK_NEAR(t.std[2], 0.2616, 1e-7);
+    const uint8_t values[3] = {0, 128, 255};
+    for (int k = 0; k < 3; k++) {
+        uint8_t px[3] = {values[k], values[k], values[k]};
+        float out[3];
+        transform_sample(&t, px, 3, 1, 1, 0, out);
+        for (int ch = 0; ch < 3; ch++)
+            CHECK_NEAR(out[ch], (values[k] / 255.0 - t.mean[ch]) / t.std[ch], 1e-5);
+    }
+    CHECK_NEAR(((float)0 / 255.0f - 0.4914f) / 0.2470f, -1.98947, 1e-4);
+}
+
+static int is_permutation(const int32_t *idx, int n) {
+    char *seen = calloc((size_t)n, 1);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        if (idx[i] < 0 || idx[i] >= n || seen[idx[i]]) ok = 0;
+        else seen[idx[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+static void test_shuffle(void) {
+    enum { N = 1000 };
+    static int32_t a[N], b[N], c[N], d[N];
+    shuffle_indices(a, N, 42, 0);
+    shuffle_indices(b, N, 42, 1);
+    shuffle_indices(c, N, 42, 0);
+    shuffle_indices(d, N, 43, 0);
+    CHECK(is_permutation(a, N));
+    CHECK(is_permutation(b, N));
+    CHECK(is_permutation(d, N));
+    CHECK(memcmp(a, b, sizeof a) != 0);
+    CHECK(memcmp(a, c, sizeof a) == 0);
+    CHECK(memcmp(a, d, sizeof a) != 0);
+    int fixed = 0;
+    for (int i = 0; i < N; i++) fixed += a[i] == i;
+    CHECK_MSG(fixed < 10, "%d fixed points", fixed); /* about 1 expected */
+    int32_t one = -1;
+    shuffle_indices(&one, 1, 5, 3);
+    CHECK(one == 0);
+
+    CHECK(rng_sample_seed(1, 0, 5) == rng_sample_seed(1, 0, 5));
+    CHECK(rng_sample_seed(1, 0, 5) != rng_sample_seed(1, 1, 5));
+    CHECK(rng_sample_seed(1, 0, 5) != rng_sample_seed(1, 0, 6));
+    CHECK(rng_sample_seed(1, 0, 5) != rng_sample_seed(2, 0, 5));
+    uint64_t s1 = 0, s2 = 0;
+    CHECK(rng_splitmix64(&s1) == 0xe220a8397b1dcdafULL); /* splitmix64's first output from 0 */
+    rng_splitmix64(&s2);
+    CHECK(s1 == s2 && s1 == 0x9e3779b97f4a7c15ULL);
+}
+
+int main(void) {
+    test_identity_resize_is_exact();
+    test_bilinear_hand_values();
+    test_bilinear_against_reference();
+    test_flip();
+    test_crop();
+    test_normalization();
+    test_shuffle();
+    return test_finish("test_data_transform");
+}

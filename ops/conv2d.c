@@ -20,7 +20,7 @@ static void valid_range(int width, int out_width, int stride, int pad, int kerne
     int shift = kernel_col - pad; /* input column = q * stride + shift */
     int first = shift >= 0 ? 0 : (-shift + stride - 1) / stride;
     int last = width - 1 - shift < 0 ? -1 : (width - 1 - shift) / stride;
-    *lo = first;
+    *lo = first < out_width ? first : out_width;
     *hi = last + 1 < out_width ? last + 1 : out_width;
     if (*hi < *lo) *hi = *lo;
 }

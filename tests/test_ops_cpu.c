@@ -386,6 +386,9 @@ static void test_conv(void) {
         {.n = 2, .c = 4, .h = 3, .w = 5, .k = 3, .r = 1, .s = 1, .pad = 0, .stride = 1},
         {.n = 1, .c = 1, .h = 4, .w = 4, .k = 2, .r = 5, .s = 5, .pad = 2, .stride = 1},
         {.n = 1, .c = 2, .h = 5, .w = 4, .k = 2, .r = 2, .s = 3, .pad = 2, .stride = 3},
+        /* the padding is wider than the image: whole kernel rows read only zeros */
+        {.n = 2, .c = 2, .h = 1, .w = 1, .k = 3, .r = 5, .s = 5, .pad = 2, .stride = 1},
+        {.n = 1, .c = 1, .h = 2, .w = 1, .k = 2, .r = 5, .s = 5, .pad = 3, .stride = 2},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         test_conv_gradients(&shapes[i]);

@@ -112,15 +112,17 @@ static void assign_grad_slots(Model *m) {
     for (int a = 0; a < m->n_acts; a++)
         if (consumers[a] > 1) TC_FATAL("activation %d feeds %d layers; fan-out needs a residual add", a, consumers[a]);
     m->acts[m->n_acts - 1].grad_slot = 0;
-    m->act_grad_floats = 0;
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const Layer *l = &m->layers[i];
         int dy_slot = m->acts[l->out].grad_slot;
         if (l->in == 0) continue; /* nothing needs d(loss)/d(input) */
         m->acts[l->in].grad_slot = l->kind == LAYER_RELU ? dy_slot : 1 - dy_slot;
     }
-    for (int a = 1; a < m->n_acts; a++)
-        if (act_floats(m, a) > m->act_grad_floats) m->act_grad_floats = act_floats(m, a);
+    m->act_grad_floats[0] = m->act_grad_floats[1] = 0;
+    for (int a = 1; a < m->n_acts; a++) {
+        int slot = m->acts[a].grad_slot;
+        if (slot >= 0 && act_floats(m, a) > m->act_grad_floats[slot]) m->act_grad_floats[slot] = act_floats(m, a);
+    }
 }
 
 static void choose_conv_algorithms(Model *m) {
@@ -149,7 +151,7 @@ static void carve_buffers(Model *m, Arena *a) {
                                            : arena_alloc(a, act_floats(m, id) * sizeof(float), "activations");
     }
     for (int s = 0; s < 2; s++)
-        m->act_grads[s] = arena_alloc(a, m->act_grad_floats * sizeof(float), "activation gradients");
+        m->act_grads[s] = arena_alloc(a, m->act_grad_floats[s] * sizeof(float), "activation gradients");
     m->workspace = m->workspace_bytes ? arena_alloc(a, m->workspace_bytes, "cuDNN workspace") : NULL;
 }
 

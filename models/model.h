@@ -70,8 +70,8 @@ typedef struct {
     float *params;        /* flat, n_params */
     float *grads;         /* flat, n_params; parameter gradients are accumulated into it */
     float *momentum;      /* flat, n_params */
-    float *act_grads[2];  /* ping-pong buffers for activation gradients, max activation size */
-    size_t act_grad_floats;
+    float *act_grads[2];  /* ping-pong buffers for activation gradients */
+    size_t act_grad_floats[2]; /* each sized for the largest gradient it holds */
     void *workspace;      /* cuDNN workspace shared by all convolutions */
     size_t workspace_bytes;
 

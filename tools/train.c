@@ -186,9 +186,11 @@ static void upload_sync(Trainer *t, const Batch *b) {
     memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
     for (int i = b->n; i < t->batch; i++) padded_labels[i] = -1; /* a partial batch's extra rows count for nothing */
     if (t->use_gpu) {
-        CUDA_CHECK(cudaMemcpy(model_input_buffer(&t->model), b->images, image_bytes, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(t->labels, padded_labels, t->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaDeviceSynchronize());
+        /* On the compute stream: the previous step may still be reading these buffers. */
+        cudaStream_t s = t->gpu.compute;
+        CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), b->images, image_bytes, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(t->labels, padded_labels, t->batch * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
     } else {
         memcpy(model_input_buffer(&t->model), b->images, image_bytes);
         memcpy(t->labels, padded_labels, t->batch * sizeof(int32_t));

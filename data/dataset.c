@@ -60,8 +60,11 @@ void synthetic_make(Dataset *d, int n, int c, int h, int w, int num_classes, uin
     if (!d->pixels || !d->labels || !patterns)
         TC_FATAL("synthetic_make: out of memory for %d images", n);
 
+    /* The class patterns are the same for every seed, so a training set and a
+     * test set made from two seeds share their classes. */
+    uint64_t pattern_rng = 0x7261696e63ULL;
+    make_class_patterns(patterns, num_classes, c, h, w, &pattern_rng);
     uint64_t rng = seed;
-    make_class_patterns(patterns, num_classes, c, h, w, &rng);
     for (int i = 0; i < n; i++) {
         int label = (int)((rng_splitmix64(&rng) >> 32) % (uint64_t)num_classes);
         d->labels[i] = label;

@@ -1,7 +1,8 @@
 /* Per-sample transforms on the CPU: random crop with zero padding, random
- * horizontal flip, bilinear resize, per-channel normalisation, from a uint8 CHW
- * image to a float32 CHW image of out_h x out_w. The random choices come from
- * a seed per sample, so the result does not depend on which thread ran it. */
+ * horizontal flip, bilinear resize, per-channel normalisation and cutout, from a
+ * uint8 CHW image to a float32 CHW image of out_h x out_w. The random choices
+ * come from a seed per sample, so the result does not depend on which thread ran
+ * it. data/gpu_transform.h does the same on the GPU from the drawn TransformParams. */
 #ifndef TRAINC_DATA_TRANSFORM_H
 #define TRAINC_DATA_TRANSFORM_H
 
@@ -17,7 +18,25 @@ typedef struct {
     int crop_pad;       /* > 0: pad by this many zero pixels, then crop back to the
                            stored size at a random offset, before the resize */
     float mean[3], std[3]; /* applied to pixel/255 */
+    int cutout;         /* > 0: a square of this side at a random centre (cy, cx) of
+                           the output, rows cy - cutout/2 .. cy - cutout/2 + cutout - 1
+                           (columns alike) clipped at the borders, is set to 0 after
+                           the normalisation (the mean colour), as DeVries & Taylor */
 } TransformSpec;
+
+/* One sample's random choices, drawn from its seed, in this order: crop row
+ * offset, crop column offset, flip, cutout centre row, cutout centre column
+ * (each only when its option is on). They say all there is to know about the
+ * augmentation of the sample, so the GPU kernel needs no crop_pad, flip or
+ * cutout setting of its own. A plain array of these is copied to the device as is. */
+typedef struct {
+    int32_t crop_dy, crop_dx; /* output pixel (y, x) of the crop reads stored pixel
+                                 (y + crop_dy, x + crop_dx), zero outside; in
+                                 [-crop_pad, crop_pad], 0 without a crop */
+    int32_t flip;             /* 1: mirrored left-right after the crop */
+    int32_t cutout_y0, cutout_y1, cutout_x0, cutout_x1; /* output rows [y0, y1) x
+                                 columns [x0, x1) set to 0; empty without cutout */
+} TransformParams;
 
 /* The CIFAR-10 channel means and standard deviations. */
 void transform_spec_default(TransformSpec *t, int out_h, int out_w);

@@ -11,7 +11,7 @@
 typedef struct {
     int c, h, w;         /* input image */
     int out_h, out_w;
-    int flip, crop_pad;
+    int flip, crop_pad, cutout;
     float norm_lut[3][256]; /* (v/255 - mean)/std for each channel and byte value */
     /* Bilinear taps: output column x reads input columns col_lo[x], col_hi[x]
      * with weights col_wlo[x], col_whi[x]; the same for rows. */
@@ -25,7 +25,12 @@ void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h,
 void transform_plan_free(TransformPlan *p);
 /* Floats of scratch memory transform_plan_apply needs (one buffer per thread). */
 size_t transform_plan_scratch_floats(const TransformPlan *p);
+/* transform_plan_draw, then transform_plan_apply_params. */
 void transform_plan_apply(const TransformPlan *p, const uint8_t *src, uint64_t sample_seed,
                           float *scratch, float *dst);
+/* The sample's random choices; the loader's raw mode hands these to the GPU. */
+void transform_plan_draw(const TransformPlan *p, uint64_t sample_seed, TransformParams *out);
+void transform_plan_apply_params(const TransformPlan *p, const uint8_t *src,
+                                 const TransformParams *tp, float *scratch, float *dst);
 
 #endif

@@ -60,6 +60,7 @@ typedef struct {
     GpuContext *gpu;      /* NULL on the CPU */
     int batch;
     int num_classes;
+    int allow_tf32;       /* set before model_finalize: TF32 tensor cores for fp32 convolutions */
 
     Layer layers[MODEL_MAX_LAYERS];
     int n_layers;

@@ -1,7 +1,7 @@
 /* Conv2d through cuDNN's legacy convolution API, float32 NCHW.
- * The math type is CUDNN_FMA_MATH: with CUDNN_DEFAULT_MATH cuDNN may run fp32
- * convolutions as TF32 on Ampere and later (H100 included), and the CUDA path is
- * meant to match the fp32 CPU reference closely. Algorithms come from cuDNN's
+ * The math type is CUDNN_FMA_MATH unless TF32 is allowed: with CUDNN_DEFAULT_MATH
+ * cuDNN may run fp32 convolutions as TF32 on Ampere and later (H100 included),
+ * which is fast but no longer matches the fp32 CPU reference closely. Algorithms come from cuDNN's
  * heuristics at init; deterministic ones are preferred, so two runs of the same
  * step give the same bits. */
 #include "ops/conv2d.h"
@@ -91,7 +91,7 @@ static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *
 }
 
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
-                      size_t workspace_limit) {
+                      size_t workspace_limit, int allow_tf32) {
     memset(c, 0, sizeof *c);
     c->shape = *s;
     int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
@@ -112,7 +112,7 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c->conv_desc, s->pad, s->pad, s->stride,
                                                 s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                 CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(c->conv_desc, CUDNN_FMA_MATH));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c->conv_desc, allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
 
     int dims[4];
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(c->conv_desc, c->x_desc, c->w_desc,

@@ -39,8 +39,11 @@ typedef struct {
     size_t workspace_bytes; /* the most any of the three algorithms needs */
 } Conv2dCuda;
 
-/* Chooses algorithms that need at most workspace_limit bytes of workspace. */
-void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, size_t workspace_limit);
+/* Chooses algorithms that need at most workspace_limit bytes of workspace.
+ * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
+ * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA. */
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, size_t workspace_limit,
+                      int allow_tf32);
 void conv2d_cuda_destroy(Conv2dCuda *c);
 void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
                          const float *b, float *y, void *workspace);

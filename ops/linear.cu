@@ -9,14 +9,18 @@
 #include "ops/cuda_launch.h"
 #include "runtime/check.h"
 
-/* Column-major C = alpha op(A) op(B) + beta C in full fp32. The pedantic compute
- * type holds whatever math mode the caller set on the handle (no TF32). */
+/* Column-major C = alpha op(A) op(B) + beta C in fp32: full fp32 (the pedantic
+ * compute type) unless the caller put the handle in CUBLAS_TF32_TENSOR_OP_MATH. */
 static void sgemm_fp32(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int m,
                        int n, int k, float alpha, const float *a, int lda, const float *b,
                        int ldb, float beta, float *c, int ldc) {
+    cublasMath_t mode;
+    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+    cublasComputeType_t compute = (mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == CUBLAS_TF32_TENSOR_OP_MATH
+                                      ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                      : CUBLAS_COMPUTE_32F_PEDANTIC;
     CUBLAS_CHECK(cublasGemmEx(h, op_a, op_b, m, n, k, &alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F,
-                              ldb, &beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_PEDANTIC,
-                              CUBLAS_GEMM_DEFAULT));
+                              ldb, &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 static __global__ void add_bias_kernel(float *y, const float *b, size_t rows, int cols) {

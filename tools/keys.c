@@ -29,6 +29,8 @@ const CfgKeySpec trainc_keys[] = {
     {"data.shuffle", CFG_BOOL, "on", 0, "new order of the training set each epoch"},
     {"data.flip", CFG_BOOL, "off", 0, "random horizontal flip"},
     {"data.crop_pad", CFG_INT, "0", 0, "random crop after zero padding by this many pixels (0: off)"},
+    {"data.resident", CFG_BOOL, "off", 0,
+     "train on one batch kept on the device: the step's throughput without the input pipeline"},
 
     {"model.name", CFG_ENUM, "simplenet", "simplenet", "the net to train"},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set"},
@@ -37,6 +39,9 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.momentum", CFG_FLOAT, "0.9", 0, "SGD momentum"},
     {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum"},
     {"optim.weight_decay", CFG_FLOAT, "0", 0, "L2 weight decay"},
+
+    {"precision.tf32", CFG_BOOL, "off", 0,
+     "let fp32 convolutions and matrix products use TF32 tensor cores (PyTorch's default for cuDNN)"},
 
     {"train.batch", CFG_INT, "32", 0, "samples per step"},
     {"train.sync_after_step", CFG_BOOL, "on", 0, "wait for the device after every step (the lab's baseline)"},

@@ -28,7 +28,7 @@ typedef struct {
     /* settings read once from the config */
     int use_gpu, batch, epochs, image_size, log_every, read_loss_every, warmup_steps;
     long max_steps;
-    int sync_after_step, async_copy, eval;
+    int sync_after_step, async_copy, eval, resident, tf32;
     SgdParams sgd;
     float lr;
 
@@ -76,6 +76,8 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->sync_after_step = config_bool(cfg, "train.sync_after_step");
     t->async_copy = config_bool(cfg, "data.async_copy");
     t->eval = config_bool(cfg, "run.eval");
+    t->resident = config_bool(cfg, "data.resident");
+    t->tf32 = config_bool(cfg, "precision.tf32");
     t->lr = (float)config_float(cfg, "optim.lr");
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
@@ -103,7 +105,7 @@ static void read_settings(Trainer *t, const Config *cfg) {
     require(config_int(cfg, "data.crop_pad") >= 0, "data.crop_pad", "must be 0 or positive");
 }
 
-static void load_split(const Config *cfg, Dataset *d, int train) {
+void train_load_dataset(const Config *cfg, Dataset *d, int train) {
     const char *source = config_str(cfg, "data.source");
     const char *path = config_str(cfg, "data.path");
     int limit = (int)config_int(cfg, train ? "data.train_limit" : "data.test_limit");
@@ -335,8 +337,8 @@ void train_run(const Config *cfg, TrainSummary *out) {
     }
 
     nvtxRangePushA("load data");
-    load_split(cfg, &t->train_set, 1);
-    if (t->eval) load_split(cfg, &t->test_set, 0);
+    train_load_dataset(cfg, &t->train_set, 1);
+    if (t->eval) train_load_dataset(cfg, &t->test_set, 0);
     nvtxRangePop();
     log_info("data: %d training images%s, %dx%d, %d classes", t->train_set.n,
              t->eval ? "" : " (no evaluation)", t->train_set.h, t->train_set.w, t->train_set.num_classes);
@@ -345,6 +347,8 @@ void train_run(const Config *cfg, TrainSummary *out) {
     if (model_build(&t->model, config_str(cfg, "model.name"), t->batch, t->image_size,
                     (int)config_int(cfg, "model.num_classes"), err, sizeof err) != 0)
         TC_FATAL("config: %s", err);
+    t->model.allow_tf32 = t->tf32;
+    if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);
     log_info("model: %s, %zu parameters, %.1f MiB on %s", config_str(cfg, "model.name"),
@@ -367,6 +371,7 @@ void train_run(const Config *cfg, TrainSummary *out) {
         double epoch_start = now_seconds(), window_start = -1, window_wait_start = 0;
         double log_start = now_seconds();
         long log_start_step = t->step;
+        long epoch_first_step = t->step;
         Batch b;
         loader_start_epoch(t->train_loader, epoch);
         for (;;) {
@@ -378,8 +383,15 @@ void train_run(const Config *cfg, TrainSummary *out) {
                 gpu_monitor_window_begin(t->monitor);
             }
             nvtxRangePushA("data");
-            int got = loader_next(t->train_loader, &b);
-            if (got) {
+            int got;
+            if (t->resident) {
+                /* The epoch's first batch stays in the model's input buffer all epoch. */
+                got = t->step - epoch_first_step < steps_per_epoch;
+                if (got && t->step == epoch_first_step && loader_next(t->train_loader, &b)) {
+                    upload_sync(t, &b);
+                    loader_release(t->train_loader, &b);
+                }
+            } else if ((got = loader_next(t->train_loader, &b))) {
                 if (t->use_gpu && t->async_copy) upload_async(t, t->train_loader, &b);
                 else {
                     upload_sync(t, &b);

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "data/dataset.h"
 #include "runtime/config.h"
 
 typedef struct {
@@ -29,5 +30,8 @@ typedef struct {
  * message naming the key or file. */
 void train_run(const Config *cfg, TrainSummary *out);
 void train_summary_print_json(const TrainSummary *s, FILE *f);
+
+/* Loads the training (train = 1) or test split that the data.* keys name. */
+void train_load_dataset(const Config *cfg, Dataset *d, int train);
 
 #endif

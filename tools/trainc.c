@@ -1,8 +1,9 @@
 /* trainc: train a net as a config file says.
  *
- *   trainc --config FILE [--set section.key=value]... [--device cpu|cuda]
+ *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
  *          [--print-config] [--quiet]
  *
+ * bench-loader measures the input pipeline alone (tools/bench_loader.c).
  * The last line of output is one JSON object summing up the run. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,13 +11,15 @@
 
 #include "runtime/config.h"
 #include "runtime/log.h"
+#include "tools/bench_loader.h"
 #include "tools/keys.h"
 #include "tools/train.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: trainc --config FILE [--set section.key=value]... [--device cpu|cuda]\n"
-            "              [--print-config] [--quiet]\n"
+            "usage: trainc [bench-loader] --config FILE [--set section.key=value]...\n"
+            "              [--device cpu|cuda] [--print-config] [--quiet]\n"
+            "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -33,8 +36,14 @@ static void fail_usage(const char *msg, const char *arg) {
 int main(int argc, char **argv) {
     Config *cfg = config_new(trainc_keys, trainc_n_keys);
     const char *config_path = NULL;
-    int print_config = 0;
+    int print_config = 0, bench_loader = 0;
     char err[1024];
+
+    if (argc > 1 && strcmp(argv[1], "bench-loader") == 0) {
+        bench_loader = 1;
+        argv++;
+        argc--;
+    }
 
     /* The config file first, then the overrides in command-line order. */
     for (int i = 1; i < argc; i++) {
@@ -79,6 +88,11 @@ int main(int argc, char **argv) {
     }
     if (!config_path) fail_usage("--config FILE is required", NULL);
 
+    if (bench_loader) {
+        int rc = bench_loader_main(cfg);
+        config_free(cfg);
+        return rc;
+    }
     TrainSummary summary;
     train_run(cfg, &summary);
     train_summary_print_json(&summary, stdout);

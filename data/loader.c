@@ -19,8 +19,11 @@
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
 
 typedef struct {
-    float *images;   /* batch * sample_floats, followed in the same allocation by */
-    int32_t *labels; /* batch labels */
+    void *memory;            /* one allocation holding the arrays below */
+    float *images;           /* batch * sample_floats; NULL in raw mode */
+    uint8_t *raw_images;     /* raw mode: batch * raw_image_bytes; else NULL */
+    TransformParams *params; /* raw mode: batch; else NULL */
+    int32_t *labels;         /* batch */
     int state;
     int batch;       /* FREE: the batch allowed in next; otherwise the batch it holds */
     int n;           /* samples of that batch */
@@ -38,6 +41,7 @@ struct Loader {
     LoaderConfig cfg;
     TransformPlan plan;
     size_t sample_floats;
+    size_t raw_image_bytes; /* one stored image */
     int batches_per_epoch;
     int chunk_samples;     /* samples per work unit */
     int chunks_per_batch;
@@ -72,7 +76,8 @@ static int batch_samples(const Loader *l, int b) {
 }
 
 /* Builds samples [from, to) of batch b into the slot; returns 0, or -1 when the
- * generation moved (the work was dropped). */
+ * generation moved (the work was dropped). Raw mode draws from the same seed as
+ * the float path, so the GPU makes the same images from the params. */
 static int build_samples(Loader *l, Slot *s, int b, int from, int to, int epoch, int generation,
                          float *scratch) {
     const Dataset *d = l->data;
@@ -80,8 +85,14 @@ static int build_samples(Loader *l, Slot *s, int b, int from, int to, int epoch,
         if (atomic_load_explicit(&l->generation, memory_order_relaxed) != generation) return -1;
         int index = l->order[b * l->cfg.batch + i];
         uint64_t seed = rng_sample_seed(l->cfg.seed, epoch, index);
-        transform_plan_apply(&l->plan, dataset_image(d, index), seed, scratch,
-                             s->images + (size_t)i * l->sample_floats);
+        if (l->cfg.raw) {
+            memcpy(s->raw_images + (size_t)i * l->raw_image_bytes, dataset_image(d, index),
+                   l->raw_image_bytes);
+            transform_plan_draw(&l->plan, seed, &s->params[i]);
+        } else {
+            transform_plan_apply(&l->plan, dataset_image(d, index), seed, scratch,
+                                 s->images + (size_t)i * l->sample_floats);
+        }
         s->labels[i] = d->labels[index];
     }
     return 0;
@@ -133,6 +144,35 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+static size_t round_up(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
+
+/* A slot's one allocation: the images, then (raw mode) the params, then the labels. */
+static void slot_alloc(Loader *l, Slot *s) {
+    int batch = l->cfg.batch;
+    size_t image_bytes = l->cfg.raw ? round_up((size_t)batch * l->raw_image_bytes, 64)
+                                    : (size_t)batch * l->sample_floats * sizeof(float);
+    size_t params_bytes = l->cfg.raw ? round_up((size_t)batch * sizeof(TransformParams), 64) : 0;
+    size_t label_bytes = (size_t)batch * sizeof(int32_t);
+    char *memory = host_alloc(image_bytes + params_bytes + label_bytes, l->cfg.pinned,
+                              "a loader batch slot");
+    s->memory = memory;
+    if (l->cfg.raw) {
+        s->raw_images = (uint8_t *)memory;
+        s->params = (TransformParams *)(memory + image_bytes);
+    } else {
+        s->images = (float *)memory;
+    }
+    s->labels = (int32_t *)(memory + image_bytes + params_bytes);
+}
+
+/* Per-thread scratch of the float path; raw mode needs none. */
+static float *scratch_alloc(const Loader *l) {
+    if (l->cfg.raw) return NULL;
+    float *scratch = malloc(transform_plan_scratch_floats(&l->plan) * sizeof(float));
+    if (!scratch) TC_FATAL("loader: out of memory");
+    return scratch;
+}
+
 Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
     if (cfg->batch < 1) TC_FATAL("loader: batch must be >= 1, not %d", cfg->batch);
     if (cfg->prefetch < 1) TC_FATAL("loader: prefetch must be >= 1, not %d", cfg->prefetch);
@@ -146,9 +186,11 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
     if (!cfg->augment) {
         spec.flip = 0;
         spec.crop_pad = 0;
+        spec.cutout = 0;
     }
     transform_plan_init(&l->plan, &spec, d->c, d->h, d->w);
     l->sample_floats = (size_t)d->c * l->plan.out_h * l->plan.out_w;
+    l->raw_image_bytes = dataset_image_bytes(d);
     l->batches_per_epoch =
         cfg->drop_last ? d->n / cfg->batch : (d->n + cfg->batch - 1) / cfg->batch;
     if (l->batches_per_epoch == 0)
@@ -161,12 +203,9 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
     l->pinned_ring = calloc((size_t)cfg->prefetch, sizeof *l->pinned_ring);
     l->order = malloc((size_t)d->n * sizeof *l->order);
     if (!l->pinned_ring || !l->order) TC_FATAL("loader: out of memory");
-    size_t image_bytes = (size_t)cfg->batch * l->sample_floats * sizeof(float);
-    size_t label_bytes = (size_t)cfg->batch * sizeof(int32_t);
     for (int i = 0; i < cfg->prefetch; i++) {
         Slot *s = &l->pinned_ring[i];
-        s->images = host_alloc(image_bytes + label_bytes, cfg->pinned, "a loader batch slot");
-        s->labels = (int32_t *)((char *)s->images + image_bytes);
+        slot_alloc(l, s);
         s->state = SLOT_FREE;
         s->batch = i;
     }
@@ -176,18 +215,15 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
     pthread_cond_init(&l->slot_changed, NULL);
     atomic_init(&l->generation, 0);
     l->epoch = -1;
-    size_t scratch_bytes = transform_plan_scratch_floats(&l->plan) * sizeof(float);
     if (cfg->workers == 0) {
-        l->caller_scratch = malloc(scratch_bytes);
-        if (!l->caller_scratch) TC_FATAL("loader: out of memory");
+        l->caller_scratch = scratch_alloc(l);
     } else {
         l->workers = calloc((size_t)cfg->workers, sizeof *l->workers);
         if (!l->workers) TC_FATAL("loader: out of memory");
         for (int i = 0; i < cfg->workers; i++) {
             Worker *w = &l->workers[i];
             w->loader = l;
-            w->scratch = malloc(scratch_bytes);
-            if (!w->scratch) TC_FATAL("loader: out of memory");
+            w->scratch = scratch_alloc(l);
             if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
                 TC_FATAL("loader: cannot start worker thread %d of %d", i + 1, cfg->workers);
         }
@@ -259,6 +295,8 @@ int loader_next(Loader *l, Batch *out) {
     out->n = s->n;
     out->index = b;
     out->slot = b % l->cfg.prefetch;
+    out->raw_images = s->raw_images;
+    out->params = s->params;
     return 1;
 }
 
@@ -291,7 +329,7 @@ void loader_destroy(Loader *l) {
     }
     free(l->workers);
     free(l->caller_scratch);
-    for (int i = 0; i < l->cfg.prefetch; i++) host_free(l->pinned_ring[i].images, l->cfg.pinned);
+    for (int i = 0; i < l->cfg.prefetch; i++) host_free(l->pinned_ring[i].memory, l->cfg.pinned);
     free(l->pinned_ring);
     free(l->order);
     transform_plan_free(&l->plan);

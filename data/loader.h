@@ -1,5 +1,7 @@
 /* The batch loader: worker threads decode, augment and collate batches into a
- * ring of slots in host memory (pinned or pageable) ahead of the trainer.
+ * ring of slots in host memory (pinned or pageable) ahead of the trainer. In raw
+ * mode they only gather the stored uint8 images and draw each sample's
+ * augmentation, and gpu_transform_batch makes the floats on the device.
  * workers = 0 builds each batch on the caller's thread when it is asked for
  * (the lab's baseline). Batches come out in order and are identical for a given
  * seed whatever the number of workers. */
@@ -22,17 +24,22 @@ typedef struct {
     int pinned;    /* slots in cudaHostAlloc memory */
     int shuffle;   /* per-epoch permutation from the seed */
     int drop_last; /* skip the last partial batch */
-    int augment;   /* apply TransformSpec flip and crop (off for evaluation) */
+    int augment;   /* apply TransformSpec flip, crop and cutout (off for evaluation) */
+    int raw;       /* 1: batches hold the stored uint8 images and each sample's
+                      TransformParams, for gpu_transform_batch, instead of floats */
     uint64_t seed;
     TransformSpec transform;
 } LoaderConfig;
 
 typedef struct {
-    float *images;   /* [n][c][out_h][out_w] float32 in a ring slot */
+    float *images;   /* [n][c][out_h][out_w] float32 in a ring slot; NULL in raw mode */
     int32_t *labels; /* [n] */
     int n;           /* samples in this batch (<= batch) */
     int index;       /* batch number within the epoch */
     int slot;
+    /* Raw mode only, else NULL; both in the ring slot (pinned when cfg.pinned). */
+    const uint8_t *raw_images;     /* [n][c][h][w] the data set's images, as stored */
+    const TransformParams *params; /* [n] the random choices the float path would make */
 } Batch;
 
 typedef struct Loader Loader;

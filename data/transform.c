@@ -81,6 +81,7 @@ void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h,
     p->out_w = t->out_w > 0 ? t->out_w : w;
     p->flip = t->flip;
     p->crop_pad = t->crop_pad > 0 ? t->crop_pad : 0;
+    p->cutout = t->cutout > 0 ? t->cutout : 0;
     p->identity = p->out_h == h && p->out_w == w;
     for (int ch = 0; ch < c; ch++) {
         if (!(t->std[ch] > 0.0f)) TC_FATAL("transform: std[%d] = %g must be > 0", ch, t->std[ch]);
@@ -183,25 +184,60 @@ static void resize_bilinear(const TransformPlan *p, const float *in, float *acro
 #endif
 }
 
-void transform_plan_apply(const TransformPlan *p, const uint8_t *src, uint64_t sample_seed,
-                          float *scratch, float *dst) {
-    /* The random draws, in this order: crop row offset, crop column offset, flip. */
+/* The half-open range [lo, hi) of a cutout side centred at 'centre', clipped to [0, size). */
+static void cutout_range(int centre, int side, int size, int32_t *lo, int32_t *hi) {
+    int first = centre - side / 2, last = first + side;
+    *lo = first < 0 ? 0 : first;
+    *hi = last > size ? size : last;
+}
+
+void transform_plan_draw(const TransformPlan *p, uint64_t sample_seed, TransformParams *out) {
+    /* The random draws, in this order: crop row offset, crop column offset,
+     * flip, cutout centre row, cutout centre column. */
     uint64_t rng = sample_seed;
-    int dy = 0, dx = 0;
+    memset(out, 0, sizeof *out);
     if (p->crop_pad > 0) {
         uint32_t offsets = 2 * (uint32_t)p->crop_pad + 1;
-        dy = (int)rng_below(&rng, offsets) - p->crop_pad;
-        dx = (int)rng_below(&rng, offsets) - p->crop_pad;
+        out->crop_dy = (int32_t)rng_below(&rng, offsets) - p->crop_pad;
+        out->crop_dx = (int32_t)rng_below(&rng, offsets) - p->crop_pad;
     }
-    int flip = p->flip && (rng_splitmix64(&rng) >> 63);
+    out->flip = p->flip && (rng_splitmix64(&rng) >> 63);
+    if (p->cutout > 0) {
+        int cy = (int)rng_below(&rng, (uint32_t)p->out_h);
+        int cx = (int)rng_below(&rng, (uint32_t)p->out_w);
+        cutout_range(cy, p->cutout, p->out_h, &out->cutout_y0, &out->cutout_y1);
+        cutout_range(cx, p->cutout, p->out_w, &out->cutout_x0, &out->cutout_x1);
+    }
+}
+
+static void apply_cutout(const TransformPlan *p, const TransformParams *tp, float *dst) {
+    int width = tp->cutout_x1 - tp->cutout_x0;
+    if (tp->cutout_y1 <= tp->cutout_y0 || width <= 0) return;
+    for (int ch = 0; ch < p->c; ch++)
+        for (int y = tp->cutout_y0; y < tp->cutout_y1; y++) {
+            float *row = dst + ((size_t)ch * p->out_h + y) * p->out_w;
+            memset(row + tp->cutout_x0, 0, (size_t)width * sizeof(float));
+        }
+}
+
+void transform_plan_apply_params(const TransformPlan *p, const uint8_t *src,
+                                 const TransformParams *tp, float *scratch, float *dst) {
     if (p->identity) {
-        gather_normalized(p, src, dy, dx, flip, dst);
-        return;
+        gather_normalized(p, src, tp->crop_dy, tp->crop_dx, tp->flip, dst);
+    } else {
+        float *gathered = scratch;
+        float *across = scratch + (size_t)p->c * p->h * p->w;
+        gather_normalized(p, src, tp->crop_dy, tp->crop_dx, tp->flip, gathered);
+        resize_bilinear(p, gathered, across, dst);
     }
-    float *gathered = scratch;
-    float *across = scratch + (size_t)p->c * p->h * p->w;
-    gather_normalized(p, src, dy, dx, flip, gathered);
-    resize_bilinear(p, gathered, across, dst);
+    apply_cutout(p, tp, dst);
+}
+
+void transform_plan_apply(const TransformPlan *p, const uint8_t *src, uint64_t sample_seed,
+                          float *scratch, float *dst) {
+    TransformParams tp;
+    transform_plan_draw(p, sample_seed, &tp);
+    transform_plan_apply_params(p, src, &tp, scratch, dst);
 }
 
 void transform_sample(const TransformSpec *t, const uint8_t *src, int c, int h, int w,

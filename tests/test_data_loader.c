@@ -1,12 +1,16 @@
 /* The batch loader: the same bytes for any worker count, every sample once per
  * epoch, holding the whole ring, abandoning an epoch, stopping mid-epoch, and
- * a stress loop (also run under ThreadSanitizer). TRAINC_DATA_BENCH=1 adds a
- * throughput measurement of the 32 -> 224 resize. */
+ * a stress loop (also run under ThreadSanitizer). Raw mode (for the GPU
+ * transform): the same params for any worker count, the stored images in the
+ * epoch's order, and the params giving the float path's images through the GPU
+ * kernel's CPU reference. TRAINC_DATA_BENCH=1 adds a throughput measurement of
+ * the 32 -> 224 resize and of raw mode. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "data/gpu_transform.h"
 #include "data/loader.h"
 #include "runtime/log.h"
 #include "tests/harness.h"
@@ -122,6 +126,8 @@ static int decode_index(const float *image, const TransformSpec *t) {
     int hi = (int)lroundf((image[6] * t->std[1] + t->mean[1]) * 255.0f);
     return hi * 256 + lo;
 }
+
+static int decode_raw_index(const uint8_t *image) { return image[6] * 256 + image[0]; }
 
 static void test_every_sample_once(void) {
     Dataset d;
@@ -266,13 +272,186 @@ static void test_restart_mid_epoch(void) {
     dataset_free(&d);
 }
 
+/* ---- raw mode ------------------------------------------------------------------ */
+
+/* Every raw batch of 'epochs' epochs: stored images, params, labels. */
+typedef struct {
+    uint8_t *images;
+    TransformParams *params;
+    int32_t *labels;
+    int samples;
+    int nonraw_fields; /* batches that had float images, or lacked raw ones */
+} RawRecording;
+
+static RawRecording record_raw_epochs(const Dataset *d, const LoaderConfig *cfg, int epochs) {
+    LoaderConfig raw_cfg = *cfg;
+    raw_cfg.raw = 1;
+    Loader *l = loader_create(d, &raw_cfg);
+    size_t image_bytes = dataset_image_bytes(d);
+    size_t most = (size_t)epochs * d->n;
+    RawRecording r = {0};
+    r.images = malloc(most * image_bytes);
+    r.params = malloc(most * sizeof(TransformParams));
+    r.labels = malloc(most * sizeof(int32_t));
+    for (int e = 0; e < epochs; e++) {
+        loader_start_epoch(l, e);
+        Batch b;
+        while (loader_next(l, &b)) {
+            r.nonraw_fields += b.images != NULL || !b.raw_images || !b.params;
+            memcpy(r.images + (size_t)r.samples * image_bytes, b.raw_images, b.n * image_bytes);
+            memcpy(r.params + r.samples, b.params, (size_t)b.n * sizeof(TransformParams));
+            memcpy(r.labels + r.samples, b.labels, (size_t)b.n * sizeof(int32_t));
+            r.samples += b.n;
+            loader_release(l, &b);
+        }
+    }
+    loader_destroy(l);
+    return r;
+}
+
+static void raw_recording_free(RawRecording *r) {
+    free(r->images);
+    free(r->params);
+    free(r->labels);
+}
+
+static LoaderConfig augmenting_config(int batch, int workers) {
+    LoaderConfig cfg = base_config(batch, workers, 3);
+    cfg.transform.out_h = 20;
+    cfg.transform.out_w = 18;
+    cfg.transform.flip = 1;
+    cfg.transform.crop_pad = 2;
+    cfg.transform.cutout = 5;
+    return cfg;
+}
+
+static void test_raw_same_any_worker_count(void) {
+    Dataset d;
+    synthetic_make(&d, 300, 3, 12, 12, 10, test_seed());
+    LoaderConfig cfg = augmenting_config(32, 0);
+    RawRecording sync = record_raw_epochs(&d, &cfg, 2);
+    CHECK(sync.samples == 600 && sync.nonraw_fields == 0);
+    const int workers[] = {1, 8};
+    for (int k = 0; k < 2; k++) {
+        cfg.workers = workers[k];
+        RawRecording r = record_raw_epochs(&d, &cfg, 2);
+        CHECK(r.samples == sync.samples && r.nonraw_fields == 0);
+        CHECK_MSG(memcmp(r.params, sync.params, 600 * sizeof(TransformParams)) == 0,
+                  "workers=%d params differ from workers=0", workers[k]);
+        CHECK(memcmp(r.images, sync.images, 600 * dataset_image_bytes(&d)) == 0);
+        CHECK(memcmp(r.labels, sync.labels, 600 * sizeof(int32_t)) == 0);
+        raw_recording_free(&r);
+    }
+    /* The stored images and labels, in the epoch's order. */
+    int32_t order[300];
+    int misplaced = 0;
+    for (int e = 0; e < 2; e++) {
+        shuffle_indices(order, 300, cfg.seed, e);
+        for (int i = 0; i < 300; i++) {
+            size_t at = (size_t)e * 300 + i;
+            misplaced += memcmp(sync.images + at * dataset_image_bytes(&d),
+                                dataset_image(&d, order[i]), dataset_image_bytes(&d)) != 0 ||
+                         sync.labels[at] != d.labels[order[i]];
+        }
+    }
+    CHECK(misplaced == 0);
+    /* The params are drawn within their ranges, and all kinds come up. */
+    int out_of_range = 0, flips = 0, shifted = 0, full_cutouts = 0;
+    for (int i = 0; i < 600; i++) {
+        const TransformParams *p = &sync.params[i];
+        out_of_range += p->crop_dy < -2 || p->crop_dy > 2 || p->crop_dx < -2 || p->crop_dx > 2 ||
+                        (p->flip != 0 && p->flip != 1) || p->cutout_y0 < 0 ||
+                        p->cutout_y1 > 20 || p->cutout_x0 < 0 || p->cutout_x1 > 18 ||
+                        p->cutout_y1 - p->cutout_y0 < 3 || p->cutout_y1 - p->cutout_y0 > 5 ||
+                        p->cutout_x1 - p->cutout_x0 < 3 || p->cutout_x1 - p->cutout_x0 > 5;
+        flips += p->flip;
+        shifted += p->crop_dy != 0 || p->crop_dx != 0;
+        full_cutouts += p->cutout_y1 - p->cutout_y0 == 5 && p->cutout_x1 - p->cutout_x0 == 5;
+    }
+    CHECK(out_of_range == 0);
+    CHECK(flips > 200 && flips < 400 && shifted > 400 && full_cutouts > 200);
+    /* augment = 0: nothing drawn. */
+    cfg.augment = 0;
+    RawRecording plain = record_raw_epochs(&d, &cfg, 1);
+    TransformParams none;
+    memset(&none, 0, sizeof none);
+    int augmented = 0;
+    for (int i = 0; i < plain.samples; i++)
+        augmented += memcmp(&plain.params[i], &none, sizeof none) != 0;
+    CHECK(plain.samples == 300 && augmented == 0);
+    raw_recording_free(&plain);
+    raw_recording_free(&sync);
+    dataset_free(&d);
+}
+
+/* The raw batches, through the GPU kernel's CPU reference, give the float
+ * loader's images: the GPU path makes the CPU path's images. */
+static double raw_vs_float_max_error(const Dataset *d, const LoaderConfig *cfg, int nhwc) {
+    Recording floats = record_epochs(d, cfg, 2);
+    RawRecording raw = record_raw_epochs(d, cfg, 2);
+    if (raw.samples != 2 * d->n) return INFINITY;
+    GpuTransformArgs a;
+    gpu_transform_args_init(&a, &cfg->transform, d->c, d->h, d->w);
+    size_t sample_floats = (size_t)d->c * a.out_h * a.out_w;
+    a.raw_images = raw.images;
+    a.params = raw.params;
+    a.n = raw.samples;
+    a.nhwc = nhwc;
+    a.out = malloc((size_t)raw.samples * sample_floats * sizeof(float));
+    gpu_transform_reference_cpu(&a);
+    double worst = 0;
+    for (int i = 0; i < raw.samples; i++)
+        for (int ch = 0; ch < d->c; ch++)
+            for (int y = 0; y < a.out_h; y++)
+                for (int x = 0; x < a.out_w; x++) {
+                    size_t plane = (size_t)a.out_h * a.out_w, pixel = (size_t)y * a.out_w + x;
+                    float want = floats.images[i * sample_floats + ch * plane + pixel];
+                    float got = nhwc ? a.out[(i * plane + pixel) * d->c + ch]
+                                     : a.out[i * sample_floats + ch * plane + pixel];
+                    double err = fabs((double)got - (double)want);
+                    if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+                }
+    free(a.out);
+    raw_recording_free(&raw);
+    recording_free(&floats);
+    return worst;
+}
+
+static void test_raw_params_reproduce_float_path(void) {
+    Dataset d;
+    synthetic_make(&d, 200, 3, 12, 12, 10, test_seed() + 1);
+    LoaderConfig cfg = augmenting_config(24, 2);
+    double err = raw_vs_float_max_error(&d, &cfg, 0);
+    CHECK_MSG(err < 1e-5, "12x12 -> 20x18, crop, flip, cutout: max error %g", err);
+    err = raw_vs_float_max_error(&d, &cfg, 1);
+    CHECK_MSG(err < 1e-5, "the same into NHWC: max error %g", err);
+    cfg.transform.out_h = cfg.transform.out_w = 0; /* the stored size: no resize */
+    err = raw_vs_float_max_error(&d, &cfg, 0);
+    CHECK_MSG(err < 1e-5, "12x12 kept, crop, flip, cutout: max error %g", err);
+    cfg.transform.out_h = cfg.transform.out_w = 5; /* down */
+    cfg.augment = 0;
+    err = raw_vs_float_max_error(&d, &cfg, 0);
+    CHECK_MSG(err < 1e-5, "12x12 -> 5x5, no augmentation: max error %g", err);
+    dataset_free(&d);
+
+    synthetic_make(&d, 64, 1, 7, 9, 4, test_seed() + 2); /* one channel, odd sizes */
+    cfg = augmenting_config(10, 3);
+    cfg.transform.out_h = 13;
+    cfg.transform.out_w = 4;
+    cfg.transform.cutout = 3;
+    err = raw_vs_float_max_error(&d, &cfg, 0);
+    CHECK_MSG(err < 1e-5, "1x7x9 -> 13x4: max error %g", err);
+    dataset_free(&d);
+}
+
 /* Many small batches through a shallow ring with many workers, abandoned
  * epochs and held batches mixed in. */
-static void test_stress(int prefetch) {
+static void test_stress(int prefetch, int raw) {
     Dataset d;
     make_indexed(&d, 3000);
     LoaderConfig cfg = base_config(3, 8, prefetch);
     cfg.augment = 0;
+    cfg.raw = raw;
     Loader *l = loader_create(&d, &cfg);
     int *seen = malloc(3000 * sizeof(int));
     int full_epochs = 0, errors = 0;
@@ -285,7 +464,8 @@ static void test_stress(int prefetch) {
         int holding = 0, count = 0;
         while (count != abandon_at && loader_next(l, &b)) {
             for (int i = 0; i < b.n; i++) {
-                int idx = decode_index(b.images + (size_t)i * 18, &cfg.transform);
+                int idx = raw ? decode_raw_index(b.raw_images + (size_t)i * 18)
+                              : decode_index(b.images + (size_t)i * 18, &cfg.transform);
                 if (idx < 0 || idx >= 3000 || b.labels[i] != idx % 7) errors++;
                 else seen[idx]++;
             }
@@ -317,8 +497,9 @@ static void test_stress(int prefetch) {
 }
 
 static double samples_per_second(const Dataset *d, int workers, int prefetch, int batch,
-                                 int batches) {
+                                 int batches, int raw) {
     LoaderConfig cfg = base_config(batch, workers, prefetch);
+    cfg.raw = raw;
     cfg.transform.out_h = cfg.transform.out_w = 224;
     cfg.transform.flip = 1;
     cfg.transform.crop_pad = 4;
@@ -339,11 +520,14 @@ static double samples_per_second(const Dataset *d, int workers, int prefetch, in
 static void bench(void) {
     Dataset d;
     synthetic_make(&d, 8192, 3, 32, 32, 10, 1);
-    samples_per_second(&d, 2, 4, 64, 8); /* warm up the pages */
+    samples_per_second(&d, 2, 4, 64, 8, 0); /* warm up the pages */
     const int workers[] = {0, 1, 2, 8};
     for (int k = 0; k < 4; k++)
         printf("loader 32x32 -> 224x224, crop+flip, batch 128, prefetch 4, workers %d: "
-               "%.0f samples/s\n", workers[k], samples_per_second(&d, workers[k], 4, 128, 40));
+               "%.0f samples/s\n", workers[k], samples_per_second(&d, workers[k], 4, 128, 40, 0));
+    for (int k = 0; k < 4; k++)
+        printf("loader raw (for the GPU transform), batch 256, prefetch 4, workers %d: "
+               "%.0f samples/s\n", workers[k], samples_per_second(&d, workers[k], 4, 256, 30, 1));
     dataset_free(&d);
 }
 
@@ -354,8 +538,12 @@ int main(void) {
     test_hold_whole_ring();
     test_destroy_mid_epoch();
     test_restart_mid_epoch();
-    test_stress(2);
-    test_stress(1);
+    test_stress(2, 0);
+    test_stress(1, 0);
+    test_raw_same_any_worker_count();
+    test_raw_params_reproduce_float_path();
+    test_stress(2, 1);
+    test_stress(1, 1);
     const char *b = getenv("TRAINC_DATA_BENCH");
     if (b && atoi(b)) bench();
     return test_finish("test_data_loader");

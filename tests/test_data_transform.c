@@ -1,5 +1,6 @@
 /* Transforms against hand-computed values: identity resize, PyTorch bilinear
- * (align_corners = False), flip, zero-padded crop, normalisation, shuffling. */
+ * (align_corners = False), flip, zero-padded crop, normalisation, cutout,
+ * shuffling; and with cutout off, the same bytes as before cutout existed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +223,180 @@ static void test_normalization(void) {
     CHECK_NEAR(((float)0 / 255.0f - 0.4914f) / 0.2470f, -1.98947, 1e-4);
 }
 
+/* ---- cutout ------------------------------------------------------------------ */
+
+/* FNV-1a over the bytes of transform_sample's outputs for 16 seeds, with crop and
+ * flip on: with cutout off the bytes are those of the code before cutout came
+ * (hashes taken from that code), so adding it changed no existing result. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static void test_cutout_off_changes_nothing(void) {
+    static const int cases[][6] = { /* c, h, w, out_h, out_w, crop_pad */
+        {3, 32, 32, 32, 32, 4}, {3, 32, 32, 224, 224, 4}, {2, 5, 7, 9, 3, 2}, {1, 8, 6, 8, 13, 0}};
+    static const uint64_t before[4] = {0xf9586e6e104cf87aULL, 0x9682c6553602ba2cULL,
+                                       0x78960c7a51a43bc6ULL, 0xb713a6b4f9486af9ULL};
+    for (int k = 0; k < 4; k++) {
+        int c = cases[k][0], h = cases[k][1], w = cases[k][2], out_h = cases[k][3],
+            out_w = cases[k][4];
+        uint8_t *src = malloc((size_t)c * h * w);
+        float *out = malloc((size_t)c * out_h * out_w * sizeof(float));
+        uint64_t pixel_rng = 42 + (uint64_t)k;
+        for (int i = 0; i < c * h * w; i++) src[i] = (uint8_t)(rng_splitmix64(&pixel_rng) >> 56);
+        TransformSpec t;
+        transform_spec_default(&t, out_h, out_w);
+        CHECK(t.cutout == 0);
+        t.flip = 1;
+        t.crop_pad = cases[k][5];
+        uint64_t hash = 0xcbf29ce484222325ULL;
+        for (int s = 0; s < 16; s++) {
+            transform_sample(&t, src, c, h, w, rng_sample_seed(7, 0, s), out);
+            hash = fnv1a(hash, out, (size_t)c * out_h * out_w * sizeof(float));
+        }
+        CHECK_MSG(hash == before[k], "case %d: outputs changed (hash %016llx)", k,
+                  (unsigned long long)hash);
+        free(src);
+        free(out);
+    }
+}
+
+/* The draws of transform.c written out again: crop row, crop column, flip,
+ * cutout centre row, cutout centre column. */
+static uint32_t draw_below(uint64_t *state, uint32_t bound) {
+    return (uint32_t)(((rng_splitmix64(state) >> 32) * (uint64_t)bound) >> 32);
+}
+
+static void test_cutout_hand_values(void) {
+    /* mean 0.5, std 1/255: out = pixel - 127.5, so the padding (pixel 0) is
+     * -127.5 and the cutout (normalised 0) is 0: the two are told apart. */
+    TransformSpec t = raw_spec(4, 4);
+    for (int ch = 0; ch < 3; ch++) t.mean[ch] = 0.5f;
+    t.cutout = 2;
+    const float z = 127.5f; /* grid values below are v - z */
+    /* Side 2 at centre (2, 2): rows 1..2, columns 1..2. */
+    const float centre[16] = {1 - z, 2 - z, 3 - z, 4 - z, 5 - z, 0, 0, 8 - z,
+                              9 - z, 0, 0, 12 - z, 13 - z, 14 - z, 15 - z, 16 - z};
+    /* At centre (0, 3): row -1 and column 4 fall off; one row, two columns stay. */
+    const float corner[16] = {1 - z, 2 - z, 0, 0, 5 - z, 6 - z, 7 - z, 8 - z,
+                              9 - z, 10 - z, 11 - z, 12 - z, 13 - z, 14 - z, 15 - z, 16 - z};
+    uint64_t seed;
+    CHECK(find_seed_giving(&t, centre, &seed));
+    CHECK(find_seed_giving(&t, corner, &seed));
+    /* Odd side 3 at centre (1, 1): rows and columns 0..2. */
+    t.cutout = 3;
+    const float odd[16] = {0, 0, 0, 4 - z, 0, 0, 0, 8 - z, 0, 0, 0, 12 - z, 13 - z, 14 - z, 15 - z, 16 - z};
+    CHECK(find_seed_giving(&t, odd, &seed));
+    /* Larger than the image: all of it. */
+    t.cutout = 9;
+    float out[16], zeros[16] = {0};
+    transform_sample(&t, grid, 1, 4, 4, 5, out);
+    CHECK(near_all(out, zeros, 16, 0.0f));
+
+    /* Crop, flip and cutout from one forced seed, the draws made by hand. */
+    t.cutout = 2;
+    t.crop_pad = 1;
+    t.flip = 1;
+    int checked = 0;
+    for (uint64_t s = 100; s < 140; s++) {
+        uint64_t rng = s;
+        int dy = (int)draw_below(&rng, 3) - 1, dx = (int)draw_below(&rng, 3) - 1;
+        int flip = (int)(rng_splitmix64(&rng) >> 63);
+        int cy = (int)draw_below(&rng, 4), cx = (int)draw_below(&rng, 4);
+        float expected[16];
+        for (int y = 0; y < 4; y++)
+            for (int x = 0; x < 4; x++) {
+                int sy = y + dy, sx = (flip ? 3 - x : x) + dx;
+                int v = (sy >= 0 && sy < 4 && sx >= 0 && sx < 4) ? grid[sy * 4 + sx] : 0;
+                int cut = y >= cy - 1 && y < cy + 1 && x >= cx - 1 && x < cx + 1;
+                expected[y * 4 + x] = cut ? 0.0f : (float)v - z;
+            }
+        transform_sample(&t, grid, 1, 4, 4, s, out);
+        CHECK_MSG(near_all(out, expected, 16, 1e-4f), "seed %llu", (unsigned long long)s);
+        checked++;
+    }
+    CHECK(checked == 40);
+}
+
+/* Side 1 on 4x4: every pixel is the centre about equally often. */
+static void test_cutout_centres_uniform(void) {
+    TransformSpec t = raw_spec(4, 4);
+    t.cutout = 1;
+    int counts[16] = {0}, bad = 0, trials = 3200;
+    for (int s = 0; s < trials; s++) {
+        float out[16];
+        transform_sample(&t, grid, 1, 4, 4, rng_sample_seed(11, 2, s), out);
+        int zeros = 0, at = -1;
+        for (int i = 0; i < 16; i++)
+            if (out[i] == 0.0f) zeros++, at = i;
+            else if (fabsf(out[i] - grid[i]) > 1e-4f) bad++;
+        if (zeros == 1) counts[at]++;
+        else bad++;
+    }
+    CHECK(bad == 0);
+    int lo = trials, hi = 0;
+    for (int i = 0; i < 16; i++) {
+        lo = counts[i] < lo ? counts[i] : lo;
+        hi = counts[i] > hi ? counts[i] : hi;
+    }
+    CHECK_MSG(lo > 140 && hi < 260, "centre counts from %d to %d (expected about 200)", lo, hi);
+}
+
+/* With a resize, crop and flip: cutout draws last, so the same seed gives the
+ * same image with one square (in output pixels, every channel) set to 0. */
+static void test_cutout_after_resize(void) {
+    uint64_t rng = test_seed() + 2;
+    enum { C = 3, H = 32, W = 32, OUT = 224, SIDE = 40 };
+    uint8_t *src = malloc(C * H * W);
+    float *plain = malloc((size_t)C * OUT * OUT * sizeof(float));
+    float *cut = malloc((size_t)C * OUT * OUT * sizeof(float));
+    for (int i = 0; i < C * H * W; i++) src[i] = (uint8_t)test_uniform(&rng, 1, 256);
+    TransformSpec t;
+    transform_spec_default(&t, OUT, OUT);
+    t.flip = 1;
+    t.crop_pad = 4;
+    int full_squares = 0, bad = 0;
+    for (int s = 0; s < 20; s++) {
+        uint64_t seed = rng_sample_seed(test_seed(), 0, s);
+        t.cutout = 0;
+        transform_sample(&t, src, C, H, W, seed, plain);
+        t.cutout = SIDE;
+        transform_sample(&t, src, C, H, W, seed, cut);
+        /* The zeroed pixels form one box, the same in every channel. */
+        int y0 = OUT, y1 = -1, x0 = OUT, x1 = -1, zeroed = 0;
+        for (int y = 0; y < OUT; y++)
+            for (int x = 0; x < OUT; x++) {
+                size_t i = (size_t)y * OUT + x;
+                if (cut[i] != plain[i]) {
+                    zeroed++;
+                    y0 = y < y0 ? y : y0, y1 = y > y1 ? y : y1;
+                    x0 = x < x0 ? x : x0, x1 = x > x1 ? x : x1;
+                }
+            }
+        for (int ch = 0; ch < C; ch++)
+            for (int y = 0; y < OUT; y++)
+                for (int x = 0; x < OUT; x++) {
+                    size_t i = ((size_t)ch * OUT + y) * OUT + x;
+                    int inside = y >= y0 && y <= y1 && x >= x0 && x <= x1;
+                    if (inside ? cut[i] != 0.0f : cut[i] != plain[i]) bad++;
+                }
+        if (zeroed == 0 || zeroed != (y1 - y0 + 1) * (x1 - x0 + 1) || y1 - y0 + 1 > SIDE ||
+            x1 - x0 + 1 > SIDE)
+            bad++;
+        full_squares += y1 - y0 + 1 == SIDE && x1 - x0 + 1 == SIDE;
+    }
+    CHECK(bad == 0);
+    CHECK(full_squares > 0); /* most centres lie 20 or more pixels from the borders */
+    free(src);
+    free(plain);
+    free(cut);
+}
+
 static int is_permutation(const int32_t *idx, int n) {
     char *seen = calloc((size_t)n, 1);
     int ok = 1;
@@ -270,6 +445,10 @@ int main(void) {
     test_flip();
     test_crop();
     test_normalization();
+    test_cutout_off_changes_nothing();
+    test_cutout_hand_values();
+    test_cutout_centres_uniform();
+    test_cutout_after_resize();
     test_shuffle();
     return test_finish("test_data_transform");
 }

@@ -29,6 +29,10 @@ const CfgKeySpec trainc_keys[] = {
     {"data.shuffle", CFG_BOOL, "on", 0, "new order of the training set each epoch"},
     {"data.flip", CFG_BOOL, "off", 0, "random horizontal flip"},
     {"data.crop_pad", CFG_INT, "0", 0, "random crop after zero padding by this many pixels (0: off)"},
+    {"data.cutout", CFG_INT, "0", 0, "cutout: zero a random square of this side (0: off)"},
+    {"data.transform_on", CFG_ENUM, "cpu", "cpu|gpu",
+     "cpu: workers resize and normalise, float batches cross the bus; gpu: uint8 batches of the "
+     "stored size cross the bus and one kernel resizes, augments and normalises"},
     {"data.resident", CFG_BOOL, "off", 0,
      "train on one batch kept on the device: the step's throughput without the input pipeline"},
 

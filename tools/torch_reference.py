@@ -15,7 +15,6 @@ augmentation done per batch there, no syncs: for accuracy runs.
 """
 import argparse
 import json
-import math
 import os
 import threading
 import time
@@ -156,14 +155,18 @@ def main():
     ap.add_argument("--pinned", action="store_true")
     ap.add_argument("--sync", action=argparse.BooleanOptionalAction, default=True,
                     help="synchronize after the copy and the step, loss.item() every step")
+    ap.add_argument("--tf32", action="store_true",
+                    help="TF32 for convolutions (PyTorch's default for cuDNN) and matrix products")
+    ap.add_argument("--resident", action="store_true",
+                    help="train on one batch kept on the GPU: the step alone")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="torch")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
     torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
     dev = torch.device("cuda")
     xtr, ytr = load_split(args.data, "train")
     xte, yte = load_split(args.data, "test")
@@ -191,6 +194,9 @@ def main():
         t_epoch, t_window = time.perf_counter(), None
         batches = (gpu_batches(xtr, ytr, args.batch, args.image_size, args.flip, args.crop_pad, True, True, gen)
                    if args.loader == "gpu" else train_loader)
+        if args.resident:
+            first = tuple(t.to(dev) for t in next(iter(batches)))
+            batches = [first] * (len(ytr) // args.batch)
         for images, labels in batches:
             if args.max_steps and step >= args.max_steps:
                 break

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "data/dataset.h"
+#include "data/gpu_transform.h"
 #include "data/loader.h"
 #include "models/model.h"
 #include "ops/accuracy.h"
@@ -28,7 +29,7 @@ typedef struct {
     /* settings read once from the config */
     int use_gpu, batch, epochs, image_size, log_every, read_loss_every, warmup_steps;
     long max_steps;
-    int sync_after_step, async_copy, eval, resident, tf32;
+    int sync_after_step, async_copy, eval, resident, tf32, transform_on_gpu;
     SgdParams sgd;
     float lr;
 
@@ -47,7 +48,10 @@ typedef struct {
     float *lr_buf;
     int *correct;
     int32_t *host_labels;     /* a batch of labels padded with -1 (host) */
-    float *staging_images[2];
+    float *staging_images[2];  /* async copies of float batches */
+    uint8_t *staging_raw[2];   /* transform on the GPU: stored-size uint8 batches ... */
+    TransformParams *staging_params[2]; /* ... and each sample's random choices */
+    GpuTransformArgs transform_args;
     int32_t *staging_labels[2];
     cudaEvent_t staged[2], consumed[2];
     int held_slot_valid;
@@ -78,6 +82,7 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->eval = config_bool(cfg, "run.eval");
     t->resident = config_bool(cfg, "data.resident");
     t->tf32 = config_bool(cfg, "precision.tf32");
+    t->transform_on_gpu = strcmp(config_str(cfg, "data.transform_on"), "gpu") == 0;
     t->lr = (float)config_float(cfg, "optim.lr");
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
@@ -103,6 +108,8 @@ static void read_settings(Trainer *t, const Config *cfg) {
             "must be at least 2 with data.async_copy = on");
     require(!config_bool(cfg, "data.pinned") || t->use_gpu, "data.pinned", "needs run.device = cuda");
     require(config_int(cfg, "data.crop_pad") >= 0, "data.crop_pad", "must be 0 or positive");
+    require(config_int(cfg, "data.cutout") >= 0, "data.cutout", "must be 0 or positive");
+    require(!t->transform_on_gpu || t->use_gpu, "data.transform_on", "= gpu needs run.device = cuda");
 }
 
 void train_load_dataset(const Config *cfg, Dataset *d, int train) {
@@ -143,6 +150,10 @@ static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int 
     transform_spec_default(&lc.transform, t->image_size, t->image_size);
     lc.transform.flip = config_bool(cfg, "data.flip");
     lc.transform.crop_pad = (int)config_int(cfg, "data.crop_pad");
+    lc.transform.cutout = (int)config_int(cfg, "data.cutout");
+    lc.raw = t->transform_on_gpu;
+    if (t->transform_on_gpu)
+        gpu_transform_args_init(&t->transform_args, &lc.transform, d->c, d->h, d->w);
     if (train && d->n < t->batch)
         TC_FATAL("train.batch = %d is larger than the %d training images", t->batch, d->n);
     return loader_create(d, &lc);
@@ -161,9 +172,16 @@ static void alloc_aux(Trainer *t) {
         t->loss = arena_alloc(a, sizeof(float), "loss");
         t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
         t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
-        for (int s = 0; s < 2 && t->async_copy; s++) {
-            t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
-            t->staging_labels[s] = arena_alloc(a, t->batch * sizeof(int32_t), "label staging");
+        for (int s = 0; s < 2; s++) {
+            if (t->async_copy && !t->transform_on_gpu)
+                t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
+            if (t->async_copy)
+                t->staging_labels[s] = arena_alloc(a, t->batch * sizeof(int32_t), "label staging");
+            if (t->transform_on_gpu) {
+                const Dataset *d = &t->train_set;
+                t->staging_raw[s] = arena_alloc(a, gpu_transform_raw_bytes(t->batch, d->c, d->h, d->w), "uint8 batch staging");
+                t->staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(t->batch), "transform parameters");
+            }
         }
     }
     t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
@@ -180,6 +198,25 @@ static void alloc_aux(Trainer *t) {
 
 /* ---- moving a batch to the model ---------------------------------------- */
 
+/* Transform on the GPU: the stored uint8 images and their params go to staging
+ * set s, and one kernel writes the model's input from them. */
+static void send_raw(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
+    const Dataset *d = &t->train_set;
+    CUDA_CHECK(cudaMemcpyAsync(t->staging_raw[s], b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w),
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(t->staging_params[s], b->params, gpu_transform_params_bytes(b->n),
+                               cudaMemcpyHostToDevice, stream));
+}
+
+static void run_gpu_transform(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
+    GpuTransformArgs a = t->transform_args;
+    a.raw_images = t->staging_raw[s];
+    a.params = t->staging_params[s];
+    a.out = model_input_buffer(&t->model);
+    a.n = b->n;
+    gpu_transform_batch(&a, stream);
+}
+
 /* Baseline path: a synchronous copy straight into the model's input, then a
  * device sync, and the slot goes back at once. On the CPU: a memcpy. */
 static void upload_sync(Trainer *t, const Batch *b) {
@@ -190,7 +227,12 @@ static void upload_sync(Trainer *t, const Batch *b) {
     if (t->use_gpu) {
         /* On the compute stream: the previous step may still be reading these buffers. */
         cudaStream_t s = t->gpu.compute;
-        CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), b->images, image_bytes, cudaMemcpyHostToDevice, s));
+        if (b->raw_images) {
+            send_raw(t, b, 0, s);
+            run_gpu_transform(t, b, 0, s);
+        } else {
+            CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), b->images, image_bytes, cudaMemcpyHostToDevice, s));
+        }
         CUDA_CHECK(cudaMemcpyAsync(t->labels, padded_labels, t->batch * sizeof(int32_t), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
     } else {
@@ -218,14 +260,20 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
     if (b->n != t->batch) TC_FATAL("internal: partial training batch on the async path");
     release_held(t, l);
     CUDA_CHECK(cudaStreamWaitEvent(copy, t->consumed[s], 0));
-    CUDA_CHECK(cudaMemcpyAsync(t->staging_images[s], b->images, (size_t)b->n * per_sample * sizeof(float),
-                               cudaMemcpyHostToDevice, copy));
+    if (b->raw_images)
+        send_raw(t, b, s, copy);
+    else
+        CUDA_CHECK(cudaMemcpyAsync(t->staging_images[s], b->images, (size_t)b->n * per_sample * sizeof(float),
+                                   cudaMemcpyHostToDevice, copy));
     CUDA_CHECK(cudaMemcpyAsync(t->staging_labels[s], b->labels, b->n * sizeof(int32_t),
                                cudaMemcpyHostToDevice, copy));
     CUDA_CHECK(cudaEventRecord(t->staged[s], copy));
     CUDA_CHECK(cudaStreamWaitEvent(compute, t->staged[s], 0));
-    CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), t->staging_images[s],
-                               (size_t)b->n * per_sample * sizeof(float), cudaMemcpyDeviceToDevice, compute));
+    if (b->raw_images)
+        run_gpu_transform(t, b, s, compute);
+    else
+        CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), t->staging_images[s],
+                                   (size_t)b->n * per_sample * sizeof(float), cudaMemcpyDeviceToDevice, compute));
     CUDA_CHECK(cudaMemcpyAsync(t->labels, t->staging_labels[s], b->n * sizeof(int32_t),
                                cudaMemcpyDeviceToDevice, compute));
     CUDA_CHECK(cudaEventRecord(t->consumed[s], compute));
@@ -340,6 +388,10 @@ void train_run(const Config *cfg, TrainSummary *out) {
     train_load_dataset(cfg, &t->train_set, 1);
     if (t->eval) train_load_dataset(cfg, &t->test_set, 0);
     nvtxRangePop();
+    if (t->eval && (t->test_set.c != t->train_set.c || t->test_set.h != t->train_set.h ||
+                    t->test_set.w != t->train_set.w))
+        TC_FATAL("%s: test images are %dx%dx%d, training images %dx%dx%d", config_str(cfg, "data.path"),
+                 t->test_set.c, t->test_set.h, t->test_set.w, t->train_set.c, t->train_set.h, t->train_set.w);
     log_info("data: %d training images%s, %dx%d, %d classes", t->train_set.n,
              t->eval ? "" : " (no evaluation)", t->train_set.h, t->train_set.w, t->train_set.num_classes);
 

@@ -130,7 +130,8 @@ static void choose_conv_algorithms(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) {
-            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, CONV_WORKSPACE_LIMIT, m->allow_tf32);
+            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, CONV_WORKSPACE_LIMIT, m->allow_tf32,
+                             m->deterministic);
             if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
                 m->workspace_bytes = l->conv_cuda.workspace_bytes;
         } else if (l->kind == LAYER_MAXPOOL) {

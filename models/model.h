@@ -61,6 +61,7 @@ typedef struct {
     int batch;
     int num_classes;
     int allow_tf32;       /* set before model_finalize: TF32 tensor cores for fp32 convolutions */
+    int deterministic;    /* set before model_finalize: deterministic convolution algorithms only */
 
     Layer layers[MODEL_MAX_LAYERS];
     int n_layers;

@@ -2,8 +2,8 @@
  * The math type is CUDNN_FMA_MATH unless TF32 is allowed: with CUDNN_DEFAULT_MATH
  * cuDNN may run fp32 convolutions as TF32 on Ampere and later (H100 included),
  * which is fast but no longer matches the fp32 CPU reference closely. Algorithms come from cuDNN's
- * heuristics at init; deterministic ones are preferred, so two runs of the same
- * step give the same bits. */
+ * heuristics at init, the fastest usable one; with 'deterministic' only those
+ * cuDNN calls deterministic, so two runs of the same step give the same bits. */
 #include "ops/conv2d.h"
 
 #include <string.h>
@@ -12,31 +12,33 @@
 
 static const float kOne = 1.0f, kZero = 0.0f;
 
-/* A heuristic result we can run: it succeeded, uses no tensor-core math, and is
- * deterministic unless we are on the second, any-determinism pass. */
-static bool usable(cudnnStatus_t status, cudnnMathType_t math, cudnnDeterminism_t det,
-                   int any_determinism) {
+/* A heuristic result we can run: it succeeded, uses tensor-core math only where
+ * TF32 is allowed, and is deterministic when asked to be. The heuristics list
+ * the fastest first. */
+static bool usable(const Conv2dCuda *c, cudnnStatus_t status, cudnnMathType_t math,
+                   cudnnDeterminism_t det) {
     if (status != CUDNN_STATUS_SUCCESS) return false;
-    if (math != CUDNN_FMA_MATH && math != CUDNN_DEFAULT_MATH) return false;
-    return any_determinism || det == CUDNN_DETERMINISTIC;
+    if (!c->allow_tf32 && math != CUDNN_FMA_MATH && math != CUDNN_DEFAULT_MATH) return false;
+    return !c->deterministic || det == CUDNN_DETERMINISTIC;
 }
 
 static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandle_t h,
-                                                 size_t limit, size_t *bytes) {
+                                                 size_t limit, size_t *bytes, cudnnMathType_t *math) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int count = 0;
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c->x_desc, c->w_desc, c->conv_desc,
                                                        c->y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                        &count, perf));
-    for (int any = 0; any < 2; any++) {
+    {
         for (int i = 0; i < count; i++) {
-            if (!usable(perf[i].status, perf[i].mathType, perf[i].determinism, any)) continue;
+            if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
             size_t need = 0;
             if (cudnnGetConvolutionForwardWorkspaceSize(h, c->x_desc, c->w_desc, c->conv_desc,
                                                         c->y_desc, perf[i].algo, &need) !=
                     CUDNN_STATUS_SUCCESS || need > limit)
                 continue;
             *bytes = need;
+            *math = perf[i].mathType;
             return perf[i].algo;
         }
     }
@@ -44,15 +46,16 @@ static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandl
 }
 
 static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, cudnnHandle_t h,
-                                                          size_t limit, size_t *bytes) {
+                                                          size_t limit, size_t *bytes,
+                                                          cudnnMathType_t *math) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int count = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         h, c->w_desc, c->y_desc, c->conv_desc, c->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &count, perf));
-    for (int any = 0; any < 2; any++) {
+    {
         for (int i = 0; i < count; i++) {
-            if (!usable(perf[i].status, perf[i].mathType, perf[i].determinism, any)) continue;
+            if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
             size_t need = 0;
             if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, c->w_desc, c->y_desc,
                                                              c->conv_desc, c->x_desc,
@@ -60,6 +63,7 @@ static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, c
                     CUDNN_STATUS_SUCCESS || need > limit)
                 continue;
             *bytes = need;
+            *math = perf[i].mathType;
             return perf[i].algo;
         }
     }
@@ -68,15 +72,15 @@ static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, c
 
 static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *c,
                                                               cudnnHandle_t h, size_t limit,
-                                                              size_t *bytes) {
+                                                              size_t *bytes, cudnnMathType_t *math) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int count = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         h, c->x_desc, c->y_desc, c->conv_desc, c->w_desc,
         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
-    for (int any = 0; any < 2; any++) {
+    {
         for (int i = 0; i < count; i++) {
-            if (!usable(perf[i].status, perf[i].mathType, perf[i].determinism, any)) continue;
+            if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
             size_t need = 0;
             if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c->x_desc, c->y_desc,
                                                                c->conv_desc, c->w_desc,
@@ -84,16 +88,28 @@ static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *
                     CUDNN_STATUS_SUCCESS || need > limit)
                 continue;
             *bytes = need;
+            *math = perf[i].mathType;
             return perf[i].algo;
         }
     }
     TC_FATAL("conv2d: no cuDNN backward-filter algorithm fits a %zu-byte workspace", limit);
 }
 
+static cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape *s, cudnnMathType_t math) {
+    cudnnConvolutionDescriptor_t d;
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, s->pad, s->pad, s->stride, s->stride, 1, 1,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
+    return d;
+}
+
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
-                      size_t workspace_limit, int allow_tf32) {
+                      size_t workspace_limit, int allow_tf32, int deterministic) {
     memset(c, 0, sizeof *c);
     c->shape = *s;
+    c->allow_tf32 = allow_tf32;
+    c->deterministic = deterministic;
     int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
     if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->r <= 0 || s->s <= 0 || s->stride <= 0 ||
         s->pad < 0 || out_h <= 0 || out_w <= 0)
@@ -104,15 +120,13 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->y_desc));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->b_desc));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&c->w_desc));
-    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c->conv_desc));
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n,
                                            s->c, s->h, s->w));
     CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->k,
                                            s->c, s->r, s->s));
-    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c->conv_desc, s->pad, s->pad, s->stride,
-                                                s->stride, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                CUDNN_DATA_FLOAT));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(c->conv_desc, allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    /* Heuristics are asked under the widest math allowed; each pass then runs
+     * under the math type of the algorithm it got. */
+    c->conv_desc = make_conv_desc(s, allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
 
     int dims[4];
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(c->conv_desc, c->x_desc, c->w_desc,
@@ -126,9 +140,13 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
                                            s->k, 1, 1));
 
     size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
-    c->fwd_algo = choose_fwd_algo(c, h, workspace_limit, &fwd_bytes);
-    c->bwd_data_algo = choose_bwd_data_algo(c, h, workspace_limit, &data_bytes);
-    c->bwd_filter_algo = choose_bwd_filter_algo(c, h, workspace_limit, &filter_bytes);
+    cudnnMathType_t fwd_math, data_math, filter_math;
+    c->fwd_algo = choose_fwd_algo(c, h, workspace_limit, &fwd_bytes, &fwd_math);
+    c->bwd_data_algo = choose_bwd_data_algo(c, h, workspace_limit, &data_bytes, &data_math);
+    c->bwd_filter_algo = choose_bwd_filter_algo(c, h, workspace_limit, &filter_bytes, &filter_math);
+    CUDNN_CHECK(cudnnSetConvolutionMathType(c->conv_desc, fwd_math));
+    c->bwd_data_desc = make_conv_desc(s, data_math);
+    c->bwd_filter_desc = make_conv_desc(s, filter_math);
     c->workspace_bytes = fwd_bytes;
     if (data_bytes > c->workspace_bytes) c->workspace_bytes = data_bytes;
     if (filter_bytes > c->workspace_bytes) c->workspace_bytes = filter_bytes;
@@ -136,6 +154,8 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
 
 void conv2d_cuda_destroy(Conv2dCuda *c) {
     if (c->conv_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->conv_desc));
+    if (c->bwd_data_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->bwd_data_desc));
+    if (c->bwd_filter_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->bwd_filter_desc));
     if (c->w_desc) CUDNN_CHECK(cudnnDestroyFilterDescriptor(c->w_desc));
     if (c->b_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(c->b_desc));
     if (c->y_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(c->y_desc));
@@ -162,10 +182,10 @@ void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, 
     check_workspace(c, workspace);
     if (dx)
         CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, c->w_desc, w, c->y_desc, dy,
-                                                 c->conv_desc, c->bwd_data_algo, workspace,
+                                                 c->bwd_data_desc, c->bwd_data_algo, workspace,
                                                  c->workspace_bytes, &kZero, c->x_desc, dx));
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, x, c->y_desc, dy,
-                                               c->conv_desc, c->bwd_filter_algo, workspace,
+                                               c->bwd_filter_desc, c->bwd_filter_algo, workspace,
                                                c->workspace_bytes, &kOne, c->w_desc, dw));
     CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, c->y_desc, dy, &kOne, c->b_desc, db));
 }

@@ -32,7 +32,10 @@ typedef struct {
     Conv2dShape shape;
     cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
     cudnnFilterDescriptor_t w_desc;
-    cudnnConvolutionDescriptor_t conv_desc;
+    cudnnConvolutionDescriptor_t conv_desc;       /* forward */
+    cudnnConvolutionDescriptor_t bwd_data_desc;   /* same convolution, each pass under */
+    cudnnConvolutionDescriptor_t bwd_filter_desc; /* the math type of its algorithm */
+    int allow_tf32, deterministic;
     cudnnConvolutionFwdAlgo_t fwd_algo;
     cudnnConvolutionBwdDataAlgo_t bwd_data_algo;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo;
@@ -41,9 +44,11 @@ typedef struct {
 
 /* Chooses algorithms that need at most workspace_limit bytes of workspace.
  * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
- * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA. */
+ * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA.
+ * deterministic takes only algorithms cuDNN calls deterministic (and fails if
+ * none fits); otherwise the fastest the heuristics name. */
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, size_t workspace_limit,
-                      int allow_tf32);
+                      int allow_tf32, int deterministic);
 void conv2d_cuda_destroy(Conv2dCuda *c);
 void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
                          const float *b, float *y, void *workspace);

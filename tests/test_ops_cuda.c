@@ -213,7 +213,7 @@ static void test_conv(Conv2dShape s) {
     conv2d_backward_cpu(&s, x, w, dy, dx, dw, db);
 
     Conv2dCuda c;
-    conv2d_cuda_init(&c, g.cudnn, &s, CONV_WORKSPACE_LIMIT, 0);
+    conv2d_cuda_init(&c, g.cudnn, &s, CONV_WORKSPACE_LIMIT, 0, 1);
     int deterministic = conv_algos_deterministic(&c);
     printf("conv %dx%dx%dx%d -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d "
            "bwd-filter %d (%s), workspace %zu bytes\n", s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad,
@@ -447,7 +447,7 @@ static void tiny_net_init(TinyNet *t) {
     t->conv = (Conv2dShape){.n = 4, .c = 3, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3, .pad = 1, .stride = 1};
     t->pool = (Pool2dShape){.n = 4, .c = 8, .h = 8, .w = 8};
     t->fc = (LinearShape){.n = 4, .in = 8 * 4 * 4, .out = 10};
-    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, CONV_WORKSPACE_LIMIT, 0);
+    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, CONV_WORKSPACE_LIMIT, 0, 1);
     maxpool2x2_cuda_init(&t->pool_cuda, &t->pool);
     t->conv_w = 0;
     t->conv_b = t->conv_w + 8 * 3 * 3 * 3;

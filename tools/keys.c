@@ -47,6 +47,9 @@ const CfgKeySpec trainc_keys[] = {
     {"precision.tf32", CFG_BOOL, "off", 0,
      "let fp32 convolutions and matrix products use TF32 tensor cores (PyTorch's default for cuDNN)"},
 
+    {"perf.deterministic", CFG_BOOL, "on", 0,
+     "only convolution algorithms that give the same bits every run; off: the fastest"},
+
     {"train.batch", CFG_INT, "32", 0, "samples per step"},
     {"train.sync_after_step", CFG_BOOL, "on", 0, "wait for the device after every step (the lab's baseline)"},
     {"train.read_loss_every", CFG_INT, "1", 0,

@@ -400,6 +400,7 @@ void train_run(const Config *cfg, TrainSummary *out) {
                     (int)config_int(cfg, "model.num_classes"), err, sizeof err) != 0)
         TC_FATAL("config: %s", err);
     t->model.allow_tf32 = t->tf32;
+    t->model.deterministic = config_bool(cfg, "perf.deterministic");
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);

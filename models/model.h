@@ -62,6 +62,7 @@ typedef struct {
     int num_classes;
     int allow_tf32;       /* set before model_finalize: TF32 tensor cores for fp32 convolutions */
     int deterministic;    /* set before model_finalize: deterministic convolution algorithms only */
+    size_t conv_workspace_limit; /* set before model_finalize: cuDNN scratch one convolution may use */
 
     Layer layers[MODEL_MAX_LAYERS];
     int n_layers;

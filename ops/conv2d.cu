@@ -42,7 +42,9 @@ static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandl
             return perf[i].algo;
         }
     }
-    TC_FATAL("conv2d: no cuDNN forward algorithm fits a %zu-byte workspace", limit);
+    TC_FATAL("conv2d: no%s cuDNN forward algorithm fits a %zu-byte workspace (raise "
+             "perf.conv_workspace_mb%s)", c->deterministic ? " deterministic" : "", limit,
+             c->deterministic ? " or set perf.deterministic = off" : "");
 }
 
 static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, cudnnHandle_t h,
@@ -67,7 +69,9 @@ static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, c
             return perf[i].algo;
         }
     }
-    TC_FATAL("conv2d: no cuDNN backward-data algorithm fits a %zu-byte workspace", limit);
+    TC_FATAL("conv2d: no%s cuDNN backward-data algorithm fits a %zu-byte workspace (raise "
+             "perf.conv_workspace_mb%s)", c->deterministic ? " deterministic" : "", limit,
+             c->deterministic ? " or set perf.deterministic = off" : "");
 }
 
 static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *c,
@@ -92,7 +96,9 @@ static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *
             return perf[i].algo;
         }
     }
-    TC_FATAL("conv2d: no cuDNN backward-filter algorithm fits a %zu-byte workspace", limit);
+    TC_FATAL("conv2d: no%s cuDNN backward-filter algorithm fits a %zu-byte workspace (raise "
+             "perf.conv_workspace_mb%s)", c->deterministic ? " deterministic" : "", limit,
+             c->deterministic ? " or set perf.deterministic = off" : "");
 }
 
 static cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape *s, cudnnMathType_t math) {

@@ -47,6 +47,8 @@ const CfgKeySpec trainc_keys[] = {
     {"precision.tf32", CFG_BOOL, "off", 0,
      "let fp32 convolutions and matrix products use TF32 tensor cores (PyTorch's default for cuDNN)"},
 
+    {"perf.conv_workspace_mb", CFG_INT, "256", 0,
+     "scratch memory a convolution's cuDNN algorithm may use (the fast ones at large batches need more)"},
     {"perf.deterministic", CFG_BOOL, "on", 0,
      "only convolution algorithms that give the same bits every run; off: the fastest"},
 

@@ -401,6 +401,8 @@ void train_run(const Config *cfg, TrainSummary *out) {
         TC_FATAL("config: %s", err);
     t->model.allow_tf32 = t->tf32;
     t->model.deterministic = config_bool(cfg, "perf.deterministic");
+    require(config_int(cfg, "perf.conv_workspace_mb") >= 0, "perf.conv_workspace_mb", "must be 0 or positive");
+    t->model.conv_workspace_limit = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);

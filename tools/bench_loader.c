@@ -114,19 +114,12 @@ int bench_loader_main(const Config *cfg) {
         for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++)
             for (size_t wi = 0; wi < sizeof workers / sizeof *workers; wi++)
                 for (int pinned = 0; pinned < 2; pinned++) {
-                    LoaderConfig lc = {0};
+                    LoaderConfig lc;
+                    train_loader_config(cfg, 1, &lc);
                     lc.batch = batches[bi];
                     lc.workers = workers[wi];
-                    lc.prefetch = 4;
                     lc.pinned = pinned;
-                    lc.shuffle = 1;
-                    lc.drop_last = 1;
-                    lc.augment = 1;
                     lc.raw = on_gpu;
-                    lc.seed = (uint64_t)config_int(cfg, "run.seed");
-                    transform_spec_default(&lc.transform, b.image_size, b.image_size);
-                    lc.transform.flip = config_bool(cfg, "data.flip");
-                    lc.transform.crop_pad = (int)config_int(cfg, "data.crop_pad");
                     double rate = bench_one(&b, &lc);
                     printf("%-9s %5d %7d %6s %12.0f\n", on_gpu ? "gpu" : "cpu", lc.batch, lc.workers,
                            pinned ? "on" : "off", rate);

@@ -137,21 +137,27 @@ void train_load_dataset(const Config *cfg, Dataset *d, int train) {
                  (long long)config_int(cfg, "model.num_classes"));
 }
 
+void train_loader_config(const Config *cfg, int train, LoaderConfig *lc) {
+    memset(lc, 0, sizeof *lc);
+    int image_size = (int)config_int(cfg, "data.image_size");
+    lc->batch = (int)config_int(cfg, "train.batch");
+    lc->workers = (int)config_int(cfg, "data.workers");
+    lc->prefetch = (int)config_int(cfg, "data.prefetch");
+    lc->pinned = config_bool(cfg, "data.pinned");
+    lc->shuffle = train && config_bool(cfg, "data.shuffle");
+    lc->drop_last = train; /* every training step sees a full batch */
+    lc->augment = train;
+    lc->raw = strcmp(config_str(cfg, "data.transform_on"), "gpu") == 0;
+    lc->seed = (uint64_t)config_int(cfg, "run.seed");
+    transform_spec_default(&lc->transform, image_size, image_size);
+    lc->transform.flip = config_bool(cfg, "data.flip");
+    lc->transform.crop_pad = (int)config_int(cfg, "data.crop_pad");
+    lc->transform.cutout = (int)config_int(cfg, "data.cutout");
+}
+
 static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int train) {
-    LoaderConfig lc = {0};
-    lc.batch = t->batch;
-    lc.workers = (int)config_int(cfg, "data.workers");
-    lc.prefetch = (int)config_int(cfg, "data.prefetch");
-    lc.pinned = config_bool(cfg, "data.pinned");
-    lc.shuffle = train && config_bool(cfg, "data.shuffle");
-    lc.drop_last = train; /* every training step sees a full batch */
-    lc.augment = train;
-    lc.seed = (uint64_t)config_int(cfg, "run.seed");
-    transform_spec_default(&lc.transform, t->image_size, t->image_size);
-    lc.transform.flip = config_bool(cfg, "data.flip");
-    lc.transform.crop_pad = (int)config_int(cfg, "data.crop_pad");
-    lc.transform.cutout = (int)config_int(cfg, "data.cutout");
-    lc.raw = t->transform_on_gpu;
+    LoaderConfig lc;
+    train_loader_config(cfg, train, &lc);
     if (t->transform_on_gpu)
         gpu_transform_args_init(&t->transform_args, &lc.transform, d->c, d->h, d->w);
     if (train && d->n < t->batch)
@@ -159,31 +165,33 @@ static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int 
     return loader_create(d, &lc);
 }
 
-static void alloc_aux(Trainer *t) {
+/* Runs twice, as the model's buffers do: on a counting arena, then the real one. */
+static void carve_aux(Trainer *t, Arena *a) {
     size_t image_floats = model_input_floats(&t->model);
-    for (int pass = 0; pass < 2; pass++) {
-        Arena *a = &t->aux;
-        if (pass == 0) arena_init_counting(a, t->use_gpu ? DEVICE_CUDA : DEVICE_CPU);
-        else {
-            size_t bytes = a->used;
-            arena_init(a, t->use_gpu ? DEVICE_CUDA : DEVICE_CPU, bytes);
-        }
-        t->labels = arena_alloc(a, t->batch * sizeof(int32_t), "labels");
-        t->loss = arena_alloc(a, sizeof(float), "loss");
-        t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
-        t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
-        for (int s = 0; s < 2; s++) {
-            if (t->async_copy && !t->transform_on_gpu)
-                t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
-            if (t->async_copy)
-                t->staging_labels[s] = arena_alloc(a, t->batch * sizeof(int32_t), "label staging");
-            if (t->transform_on_gpu) {
-                const Dataset *d = &t->train_set;
-                t->staging_raw[s] = arena_alloc(a, gpu_transform_raw_bytes(t->batch, d->c, d->h, d->w), "uint8 batch staging");
-                t->staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(t->batch), "transform parameters");
-            }
+    const Dataset *d = &t->train_set;
+    t->labels = arena_alloc(a, t->batch * sizeof(int32_t), "labels");
+    t->loss = arena_alloc(a, sizeof(float), "loss");
+    t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
+    t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
+    for (int s = 0; s < 2; s++) {
+        if (t->async_copy && !t->transform_on_gpu)
+            t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
+        if (t->async_copy)
+            t->staging_labels[s] = arena_alloc(a, t->batch * sizeof(int32_t), "label staging");
+        if (t->transform_on_gpu) {
+            t->staging_raw[s] = arena_alloc(a, gpu_transform_raw_bytes(t->batch, d->c, d->h, d->w), "uint8 batch staging");
+            t->staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(t->batch), "transform parameters");
         }
     }
+}
+
+static void alloc_aux(Trainer *t) {
+    DeviceKind where = t->use_gpu ? DEVICE_CUDA : DEVICE_CPU;
+    Arena sizing;
+    arena_init_counting(&sizing, where);
+    carve_aux(t, &sizing);
+    arena_init(&t->aux, where, sizing.used);
+    carve_aux(t, &t->aux);
     t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
     if (t->use_gpu) {
         CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
@@ -472,7 +480,7 @@ void train_run(const Config *cfg, TrainSummary *out) {
                 log_start_step = t->step;
             }
         }
-        if (t->use_gpu && t->held_slot_valid) release_held(t, t->train_loader);
+        if (t->use_gpu) release_held(t, t->train_loader);
         device_sync(t);
         double epoch_end = now_seconds();
         if (window_start >= 0) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "data/dataset.h"
+#include "data/loader.h"
 #include "runtime/config.h"
 
 typedef struct {
@@ -33,5 +34,8 @@ void train_summary_print_json(const TrainSummary *s, FILE *f);
 
 /* Loads the training (train = 1) or test split that the data.* keys name. */
 void train_load_dataset(const Config *cfg, Dataset *d, int train);
+/* The loader settings that the data.* and train.batch keys give, for the
+ * training (train = 1) or test split. */
+void train_loader_config(const Config *cfg, int train, LoaderConfig *lc);
 
 #endif

@@ -15,7 +15,7 @@ void model_init(Model *m, int batch, int num_classes) {
     memset(m, 0, sizeof *m);
     m->batch = batch;
     m->num_classes = num_classes;
-    m->conv_workspace_limit = (size_t)256 << 20;
+    m->conv_policy.workspace_limit = (size_t)256 << 20;
 }
 
 static int add_act(Model *m, int c, int h, int w) {
@@ -128,8 +128,7 @@ static void choose_conv_algorithms(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) {
-            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, m->conv_workspace_limit, m->allow_tf32,
-                             m->deterministic);
+            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, &m->conv_policy);
             if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
                 m->workspace_bytes = l->conv_cuda.workspace_bytes;
         } else if (l->kind == LAYER_MAXPOOL) {

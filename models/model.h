@@ -60,9 +60,8 @@ typedef struct {
     GpuContext *gpu;      /* NULL on the CPU */
     int batch;
     int num_classes;
-    int allow_tf32;       /* set before model_finalize: TF32 tensor cores for fp32 convolutions */
-    int deterministic;    /* set before model_finalize: deterministic convolution algorithms only */
-    size_t conv_workspace_limit; /* set before model_finalize: cuDNN scratch one convolution may use */
+    DType act_dtype;      /* set before model_finalize: activations and their gradients (F32, F16, BF16) */
+    ConvAlgoPolicy conv_policy; /* set before model_finalize (model_init: 256 MiB, strict fp32) */
 
     Layer layers[MODEL_MAX_LAYERS];
     int n_layers;

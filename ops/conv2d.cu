@@ -2,7 +2,8 @@
  * The math type is CUDNN_FMA_MATH unless TF32 is allowed: with CUDNN_DEFAULT_MATH
  * cuDNN may run fp32 convolutions as TF32 on Ampere and later (H100 included),
  * which is fast but no longer matches the fp32 CPU reference closely. Algorithms come from cuDNN's
- * heuristics at init, the fastest usable one; with 'deterministic' only those
+ * heuristics at init (or, with 'benchmark', from timing each on the device),
+ * the fastest usable one; with 'deterministic' only those
  * cuDNN calls deterministic, so two runs of the same step give the same bits. */
 #include "ops/conv2d.h"
 
@@ -18,17 +19,21 @@ static const float kOne = 1.0f, kZero = 0.0f;
 static bool usable(const Conv2dCuda *c, cudnnStatus_t status, cudnnMathType_t math,
                    cudnnDeterminism_t det) {
     if (status != CUDNN_STATUS_SUCCESS) return false;
-    if (!c->allow_tf32 && math != CUDNN_FMA_MATH && math != CUDNN_DEFAULT_MATH) return false;
-    return !c->deterministic || det == CUDNN_DETERMINISTIC;
+    if (!c->policy.allow_tf32 && math != CUDNN_FMA_MATH && math != CUDNN_DEFAULT_MATH) return false;
+    return !c->policy.deterministic || det == CUDNN_DETERMINISTIC;
 }
 
 static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandle_t h,
                                                  size_t limit, size_t *bytes, cudnnMathType_t *math) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int count = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c->x_desc, c->w_desc, c->conv_desc,
-                                                       c->y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                       &count, perf));
+    if (c->policy.benchmark)
+        CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, c->x_desc, c->w_desc, c->conv_desc, c->y_desc,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
+    else
+        CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c->x_desc, c->w_desc, c->conv_desc,
+                                                           c->y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                           &count, perf));
     {
         for (int i = 0; i < count; i++) {
             if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
@@ -43,8 +48,8 @@ static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandl
         }
     }
     TC_FATAL("conv2d: no%s cuDNN forward algorithm fits a %zu-byte workspace (raise "
-             "perf.conv_workspace_mb%s)", c->deterministic ? " deterministic" : "", limit,
-             c->deterministic ? " or set perf.deterministic = off" : "");
+             "perf.conv_workspace_mb%s)", c->policy.deterministic ? " deterministic" : "", limit,
+             c->policy.deterministic ? " or set perf.deterministic = off" : "");
 }
 
 static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, cudnnHandle_t h,
@@ -52,9 +57,14 @@ static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, c
                                                           cudnnMathType_t *math) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int count = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        h, c->w_desc, c->y_desc, c->conv_desc, c->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &count, perf));
+    if (c->policy.benchmark)
+        CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(
+            h, c->w_desc, c->y_desc, c->conv_desc, c->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+            &count, perf));
+    else
+        CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+            h, c->w_desc, c->y_desc, c->conv_desc, c->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+            &count, perf));
     {
         for (int i = 0; i < count; i++) {
             if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
@@ -70,8 +80,8 @@ static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, c
         }
     }
     TC_FATAL("conv2d: no%s cuDNN backward-data algorithm fits a %zu-byte workspace (raise "
-             "perf.conv_workspace_mb%s)", c->deterministic ? " deterministic" : "", limit,
-             c->deterministic ? " or set perf.deterministic = off" : "");
+             "perf.conv_workspace_mb%s)", c->policy.deterministic ? " deterministic" : "", limit,
+             c->policy.deterministic ? " or set perf.deterministic = off" : "");
 }
 
 static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *c,
@@ -79,9 +89,14 @@ static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *
                                                               size_t *bytes, cudnnMathType_t *math) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int count = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        h, c->x_desc, c->y_desc, c->conv_desc, c->w_desc,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
+    if (c->policy.benchmark)
+        CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(
+            h, c->x_desc, c->y_desc, c->conv_desc, c->w_desc,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
+    else
+        CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            h, c->x_desc, c->y_desc, c->conv_desc, c->w_desc,
+            CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
     {
         for (int i = 0; i < count; i++) {
             if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
@@ -97,8 +112,8 @@ static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *
         }
     }
     TC_FATAL("conv2d: no%s cuDNN backward-filter algorithm fits a %zu-byte workspace (raise "
-             "perf.conv_workspace_mb%s)", c->deterministic ? " deterministic" : "", limit,
-             c->deterministic ? " or set perf.deterministic = off" : "");
+             "perf.conv_workspace_mb%s)", c->policy.deterministic ? " deterministic" : "", limit,
+             c->policy.deterministic ? " or set perf.deterministic = off" : "");
 }
 
 static cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape *s, cudnnMathType_t math) {
@@ -111,11 +126,12 @@ static cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape *s, cudnnMa
 }
 
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
-                      size_t workspace_limit, int allow_tf32, int deterministic) {
+                      const ConvAlgoPolicy *policy) {
     memset(c, 0, sizeof *c);
     c->shape = *s;
-    c->allow_tf32 = allow_tf32;
-    c->deterministic = deterministic;
+    c->policy = *policy;
+    size_t workspace_limit = policy->workspace_limit;
+    int allow_tf32 = policy->allow_tf32;
     int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
     if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->r <= 0 || s->s <= 0 || s->stride <= 0 ||
         s->pad < 0 || out_h <= 0 || out_w <= 0)

@@ -27,6 +27,20 @@ void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, co
 void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                          float *dx, float *dw, float *db);
 
+/* How convolution algorithms are chosen, once per layer at init.
+ * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
+ * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA.
+ * deterministic takes only algorithms cuDNN calls deterministic (and fails if
+ * none fits); otherwise the fastest. benchmark times every algorithm on the
+ * device (cudnnFind*, which allocates its own buffers) instead of trusting
+ * cuDNN's heuristics. No algorithm may need more than workspace_limit bytes. */
+typedef struct {
+    size_t workspace_limit;
+    int allow_tf32;
+    int deterministic;
+    int benchmark;
+} ConvAlgoPolicy;
+
 /* CUDA path through cuDNN. Descriptors and algorithms are chosen once, at init. */
 typedef struct {
     Conv2dShape shape;
@@ -35,20 +49,15 @@ typedef struct {
     cudnnConvolutionDescriptor_t conv_desc;       /* forward */
     cudnnConvolutionDescriptor_t bwd_data_desc;   /* same convolution, each pass under */
     cudnnConvolutionDescriptor_t bwd_filter_desc; /* the math type of its algorithm */
-    int allow_tf32, deterministic;
+    ConvAlgoPolicy policy;
     cudnnConvolutionFwdAlgo_t fwd_algo;
     cudnnConvolutionBwdDataAlgo_t bwd_data_algo;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo;
     size_t workspace_bytes; /* the most any of the three algorithms needs */
 } Conv2dCuda;
 
-/* Chooses algorithms that need at most workspace_limit bytes of workspace.
- * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
- * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA.
- * deterministic takes only algorithms cuDNN calls deterministic (and fails if
- * none fits); otherwise the fastest the heuristics name. */
-void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, size_t workspace_limit,
-                      int allow_tf32, int deterministic);
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
+                      const ConvAlgoPolicy *policy);
 void conv2d_cuda_destroy(Conv2dCuda *c);
 void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
                          const float *b, float *y, void *workspace);

@@ -20,6 +20,8 @@
 #include "tests/harness.h"
 
 #define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
+/* Full fp32 and deterministic algorithms, so GPU and CPU agree closely and runs repeat. */
+static const ConvAlgoPolicy strict_fp32 = {CONV_WORKSPACE_LIMIT, 0, 1, 0};
 
 static uint64_t rng;
 static GpuContext g;
@@ -198,7 +200,7 @@ static int conv_algos_deterministic(const Conv2dCuda *c) {
     return deterministic;
 }
 
-static void test_conv(Conv2dShape s) {
+static void test_conv_with(Conv2dShape s, const ConvAlgoPolicy *policy) {
     int oh = conv2d_out_h(&s), ow = conv2d_out_w(&s);
     size_t nx = (size_t)s.n * s.c * s.h * s.w, nw = (size_t)s.k * s.c * s.r * s.s;
     size_t ny = (size_t)s.n * s.k * oh * ow;
@@ -213,7 +215,7 @@ static void test_conv(Conv2dShape s) {
     conv2d_backward_cpu(&s, x, w, dy, dx, dw, db);
 
     Conv2dCuda c;
-    conv2d_cuda_init(&c, g.cudnn, &s, CONV_WORKSPACE_LIMIT, 0, 1);
+    conv2d_cuda_init(&c, g.cudnn, &s, policy);
     int deterministic = conv_algos_deterministic(&c);
     printf("conv %dx%dx%dx%d -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d "
            "bwd-filter %d (%s), workspace %zu bytes\n", s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad,
@@ -263,6 +265,8 @@ static void test_conv(Conv2dShape s) {
     float *dev[] = {d_x, d_w, d_b, d_dy, d_y, d_dx, d_dw, d_db};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) CUDA_CHECK(cudaFree(dev[i]));
 }
+
+static void test_conv(Conv2dShape s) { test_conv_with(s, &strict_fp32); }
 
 /* ---- linear ------------------------------------------------------------------ */
 
@@ -447,7 +451,7 @@ static void tiny_net_init(TinyNet *t) {
     t->conv = (Conv2dShape){.n = 4, .c = 3, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3, .pad = 1, .stride = 1};
     t->pool = (Pool2dShape){.n = 4, .c = 8, .h = 8, .w = 8};
     t->fc = (LinearShape){.n = 4, .in = 8 * 4 * 4, .out = 10};
-    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, CONV_WORKSPACE_LIMIT, 0, 1);
+    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, &strict_fp32);
     maxpool2x2_cuda_init(&t->pool_cuda, &t->pool);
     t->conv_w = 0;
     t->conv_b = t->conv_w + 8 * 3 * 3 * 3;
@@ -592,6 +596,10 @@ int main(void) {
     test_conv((Conv2dShape){.n = 2, .c = 4, .h = 11, .w = 7, .k = 6, .r = 5, .s = 3, .pad = 2, .stride = 1});
     test_conv((Conv2dShape){.n = 2, .c = 3, .h = 224, .w = 224, .k = 64, .r = 3, .s = 3, .pad = 1, .stride = 1});
     test_conv((Conv2dShape){.n = 2, .c = 3, .h = 224, .w = 224, .k = 64, .r = 7, .s = 7, .pad = 3, .stride = 2});
+    /* Algorithms picked by timing them (cudnnFind), any determinism, still fp32. */
+    const ConvAlgoPolicy benchmarked = {CONV_WORKSPACE_LIMIT, 0, 0, 1};
+    test_conv_with((Conv2dShape){.n = 8, .c = 64, .h = 16, .w = 16, .k = 128, .r = 3, .s = 3, .pad = 1, .stride = 1}, &benchmarked);
+    test_conv_with((Conv2dShape){.n = 4, .c = 16, .h = 15, .w = 17, .k = 32, .r = 3, .s = 3, .pad = 1, .stride = 2}, &benchmarked);
 
     test_linear((LinearShape){.n = 64, .in = 4096, .out = 512});
     test_linear((LinearShape){.n = 512, .in = 512, .out = 10});

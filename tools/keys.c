@@ -49,6 +49,8 @@ const CfgKeySpec trainc_keys[] = {
 
     {"perf.conv_workspace_mb", CFG_INT, "256", 0,
      "scratch memory a convolution's cuDNN algorithm may use (the fast ones at large batches need more)"},
+    {"perf.conv_benchmark", CFG_BOOL, "off", 0,
+     "choose convolution algorithms by timing each once at start-up (cudnnFind) rather than by heuristics"},
     {"perf.deterministic", CFG_BOOL, "on", 0,
      "only convolution algorithms that give the same bits every run; off: the fastest"},
 

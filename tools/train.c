@@ -407,10 +407,11 @@ void train_run(const Config *cfg, TrainSummary *out) {
     if (model_build(&t->model, config_str(cfg, "model.name"), t->batch, t->image_size,
                     (int)config_int(cfg, "model.num_classes"), err, sizeof err) != 0)
         TC_FATAL("config: %s", err);
-    t->model.allow_tf32 = t->tf32;
-    t->model.deterministic = config_bool(cfg, "perf.deterministic");
     require(config_int(cfg, "perf.conv_workspace_mb") >= 0, "perf.conv_workspace_mb", "must be 0 or positive");
-    t->model.conv_workspace_limit = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;
+    t->model.conv_policy.workspace_limit = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;
+    t->model.conv_policy.allow_tf32 = t->tf32;
+    t->model.conv_policy.deterministic = config_bool(cfg, "perf.deterministic");
+    t->model.conv_policy.benchmark = config_bool(cfg, "perf.conv_benchmark");
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);

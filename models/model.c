@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <nvtx3/nvToolsExt.h>
+
+#include "ops/cast.h"
 #include "ops/relu.h"
 #include "runtime/check.h"
 #include "runtime/log.h"
@@ -13,6 +16,7 @@
 
 void model_init(Model *m, int batch, int num_classes) {
     memset(m, 0, sizeof *m);
+    m->open_block = -1;
     m->batch = batch;
     m->num_classes = num_classes;
     m->conv_policy.workspace_limit = (size_t)256 << 20;
@@ -24,6 +28,7 @@ static int add_act(Model *m, int c, int h, int w) {
     a->c = c; a->h = h; a->w = w;
     a->shares_with = -1;
     a->grad_slot = -1;
+    a->internal_to = m->open_block;
     return m->n_acts++;
 }
 
@@ -34,6 +39,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     memset(l, 0, sizeof *l);
     l->kind = kind;
     l->in = in;
+    l->block = m->open_block;
     return l;
 }
 
@@ -44,6 +50,19 @@ static void add_params(Model *m, Layer *l, size_t w_count, size_t b_count, size_
     l->b_count = b_count;
     l->fan_in = fan_in;
     m->n_params += w_count + b_count;
+}
+
+void model_block_begin(Model *m) {
+    if (m->open_block >= 0) TC_FATAL("model_block_begin inside block %d", m->open_block);
+    m->open_block = m->n_blocks++;
+}
+
+void model_block_end(Model *m) {
+    if (m->open_block < 0) TC_FATAL("model_block_end without model_block_begin");
+    if (m->n_layers == 0 || m->layers[m->n_layers - 1].block != m->open_block)
+        TC_FATAL("block %d has no layers", m->open_block);
+    m->acts[m->n_acts - 1].internal_to = -1; /* the block's output is kept */
+    m->open_block = -1;
 }
 
 int model_input(Model *m, int c, int h, int w) {
@@ -95,6 +114,11 @@ int model_linear(Model *m, int in, int out_features) {
 
 /* ---- finalizing ------------------------------------------------------- */
 
+/* Element i of a buffer of the activation dtype. */
+static void *element(const Model *m, void *base, size_t i) {
+    return (char *)base + i * dtype_size(m->act_dtype);
+}
+
 static size_t act_floats(const Model *m, int id) {
     const Activation *a = &m->acts[id];
     return (size_t)m->batch * a->c * a->h * a->w;
@@ -128,28 +152,53 @@ static void choose_conv_algorithms(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) {
-            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, &m->conv_policy);
+            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, m->act_dtype, &m->conv_policy);
             if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
                 m->workspace_bytes = l->conv_cuda.workspace_bytes;
         } else if (l->kind == LAYER_MAXPOOL) {
-            maxpool2x2_cuda_init(&l->pool_cuda, &l->pool);
+            maxpool2x2_cuda_init(&l->pool_cuda, &l->pool, m->act_dtype);
         }
     }
 }
 
+static int recomputed(const Model *m, int id) {
+    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0;
+}
+
+/* Under checkpointing the insides of all blocks take turns in one region, laid
+ * out block by block; returns its size in floats. */
+static size_t plan_recompute_region(Model *m) {
+    size_t region = 0;
+    for (int b = 0; b < m->n_blocks; b++) {
+        size_t offset = 0;
+        for (int id = 0; id < m->n_acts; id++) {
+            if (m->acts[id].internal_to != b || !recomputed(m, id)) continue;
+            m->acts[id].region_offset = offset;
+            offset += (act_floats(m, id) + 63) / 64 * 64;
+        }
+        if (offset > region) region = offset;
+    }
+    return region;
+}
+
 /* Runs twice: on a counting arena to size it, then on the real one. */
 static void carve_buffers(Model *m, Arena *a) {
-    size_t param_bytes = m->n_params * sizeof(float);
-    m->params = arena_alloc(a, param_bytes, "parameters");
-    m->grads = arena_alloc(a, param_bytes, "gradients");
-    m->momentum = arena_alloc(a, param_bytes, "momentum");
+    size_t esize = dtype_size(m->act_dtype), half = m->act_dtype != DTYPE_F32;
+    m->params = arena_alloc(a, m->n_params * sizeof(float), "parameters");
+    m->weights = half ? arena_alloc(a, m->n_params * esize, "half-precision weights") : m->params;
+    m->grads = arena_alloc(a, m->n_params * esize, "gradients");
+    m->momentum = arena_alloc(a, m->n_params * sizeof(float), "momentum");
+    m->input_f32 = half ? arena_alloc(a, act_floats(m, 0) * sizeof(float), "fp32 input batch") : NULL;
+    size_t region = plan_recompute_region(m);
+    m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
     for (int id = 0; id < m->n_acts; id++) {
         Activation *act = &m->acts[id];
-        act->value = act->shares_with >= 0 ? m->acts[act->shares_with].value
-                                           : arena_alloc(a, act_floats(m, id) * sizeof(float), "activations");
+        if (act->shares_with >= 0) act->value = m->acts[act->shares_with].value;
+        else if (recomputed(m, id)) act->value = element(m, m->recompute_region, act->region_offset);
+        else act->value = arena_alloc(a, act_floats(m, id) * esize, "activations");
     }
     for (int s = 0; s < 2; s++)
-        m->act_grads[s] = arena_alloc(a, m->act_grad_floats[s] * sizeof(float), "activation gradients");
+        m->act_grads[s] = arena_alloc(a, m->act_grad_floats[s] * esize, "activation gradients");
     m->workspace = m->workspace_bytes ? arena_alloc(a, m->workspace_bytes, "cuDNN workspace") : NULL;
 }
 
@@ -184,6 +233,8 @@ static void init_params(Model *m, uint64_t seed) {
 
 void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (m->n_layers == 0) TC_FATAL("model has no layers");
+    if (m->open_block >= 0) TC_FATAL("block %d was not ended", m->open_block);
+    if (!gpu && m->act_dtype != DTYPE_F32) TC_FATAL("the CPU path trains in fp32 only (precision.amp = off)");
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
     assign_grad_slots(m);
@@ -214,16 +265,16 @@ void model_destroy(Model *m) {
 
 /* ---- running ------------------------------------------------------------ */
 
-float *model_input_buffer(const Model *m) { return m->acts[0].value; }
+float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 : (float *)m->acts[0].value; }
 size_t model_input_floats(const Model *m) { return act_floats(m, 0); }
-float *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
-float *model_logits_grad(const Model *m) { return m->act_grads[m->acts[m->n_acts - 1].grad_slot]; }
+void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
+void *model_logits_grad(const Model *m) { return m->act_grads[m->acts[m->n_acts - 1].grad_slot]; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
 
 static void layer_forward(Model *m, Layer *l) {
-    const float *x = m->acts[l->in].value;
-    float *y = m->acts[l->out].value;
-    const float *w = m->params + l->w_off, *b = m->params + l->b_off;
+    const void *x = m->acts[l->in].value;
+    void *y = m->acts[l->out].value;
+    const void *w = element(m, m->weights, l->w_off), *b = element(m, m->weights, l->b_off);
     int gpu = m->device == DEVICE_CUDA;
     switch (l->kind) {
     case LAYER_CONV:
@@ -231,7 +282,7 @@ static void layer_forward(Model *m, Layer *l) {
         else conv2d_forward_cpu(&l->conv, x, w, b, y);
         break;
     case LAYER_RELU:
-        if (gpu) relu_forward_cuda(x, y, act_floats(m, l->out), m->gpu->compute);
+        if (gpu) relu_forward_cuda(m->act_dtype, x, y, act_floats(m, l->out), m->gpu->compute);
         else relu_forward_cpu(x, y, act_floats(m, l->out));
         break;
     case LAYER_MAXPOOL:
@@ -239,20 +290,20 @@ static void layer_forward(Model *m, Layer *l) {
         else maxpool2x2_forward_cpu(&l->pool, x, y);
         break;
     case LAYER_LINEAR:
-        if (gpu) linear_forward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, x, w, b, y);
+        if (gpu) linear_forward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, m->act_dtype, x, w, b, y);
         else linear_forward_cpu(&l->linear, x, w, b, y);
         break;
     }
 }
 
 static void layer_backward(Model *m, Layer *l) {
-    const float *x = m->acts[l->in].value;
-    const float *y = m->acts[l->out].value;
-    const float *dy = m->act_grads[m->acts[l->out].grad_slot];
+    const void *x = m->acts[l->in].value;
+    const void *y = m->acts[l->out].value;
+    const void *dy = m->act_grads[m->acts[l->out].grad_slot];
     int dx_slot = m->acts[l->in].grad_slot;
-    float *dx = dx_slot >= 0 ? m->act_grads[dx_slot] : NULL;
-    const float *w = m->params + l->w_off;
-    float *dw = m->grads + l->w_off, *db = m->grads + l->b_off;
+    void *dx = dx_slot >= 0 ? m->act_grads[dx_slot] : NULL;
+    const void *w = element(m, m->weights, l->w_off);
+    void *dw = element(m, m->grads, l->w_off), *db = element(m, m->grads, l->b_off);
     int gpu = m->device == DEVICE_CUDA;
     switch (l->kind) {
     case LAYER_CONV:
@@ -261,7 +312,7 @@ static void layer_backward(Model *m, Layer *l) {
         break;
     case LAYER_RELU:
         if (!dx) break;
-        if (gpu) relu_backward_cuda(y, dy, dx, act_floats(m, l->out), m->gpu->compute);
+        if (gpu) relu_backward_cuda(m->act_dtype, y, dy, dx, act_floats(m, l->out), m->gpu->compute);
         else relu_backward_cpu(y, dy, dx, act_floats(m, l->out));
         break;
     case LAYER_MAXPOOL:
@@ -270,22 +321,40 @@ static void layer_backward(Model *m, Layer *l) {
         else maxpool2x2_backward_cpu(&l->pool, x, y, dy, dx);
         break;
     case LAYER_LINEAR:
-        if (gpu) linear_backward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, x, w, dy, dx, dw, db);
+        if (gpu) linear_backward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, m->act_dtype, x, w, dy, dx, dw, db);
         else linear_backward_cpu(&l->linear, x, w, dy, dx, dw, db);
         break;
     }
 }
 
 void model_forward(Model *m) {
+    if (m->input_f32)
+        cast_from_f32_cuda(m->act_dtype, m->input_f32, m->acts[0].value, act_floats(m, 0), m->gpu->compute);
     for (int i = 0; i < m->n_layers; i++) layer_forward(m, &m->layers[i]);
 }
 
+/* Under checkpointing, reaching a block's last layer runs the block forward
+ * again from its kept input, refilling the inside that later blocks overwrote. */
+static void recompute_block(Model *m, int last) {
+    int first = last;
+    while (first > 0 && m->layers[first - 1].block == m->layers[last].block) first--;
+    nvtxRangePushA("recompute");
+    for (int i = first; i <= last; i++) layer_forward(m, &m->layers[i]);
+    nvtxRangePop();
+}
+
 void model_backward(Model *m) {
-    for (int i = m->n_layers - 1; i >= 0; i--) layer_backward(m, &m->layers[i]);
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        const Layer *l = &m->layers[i];
+        int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
+        /* The last block's inside is still in place from the forward pass. */
+        if (m->checkpoint && block_end && l->block != m->n_blocks - 1) recompute_block(m, i);
+        layer_backward(m, &m->layers[i]);
+    }
 }
 
 void model_zero_grads(Model *m) {
-    size_t bytes = m->n_params * sizeof(float);
+    size_t bytes = m->n_params * dtype_size(m->act_dtype);
     if (m->device == DEVICE_CUDA) CUDA_CHECK(cudaMemsetAsync(m->grads, 0, bytes, m->gpu->compute));
     else memset(m->grads, 0, bytes);
 }
@@ -304,6 +373,8 @@ void model_set_params(Model *m, const float *host) {
     size_t bytes = m->n_params * sizeof(float);
     if (m->device == DEVICE_CUDA) {
         CUDA_CHECK(cudaMemcpyAsync(m->params, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
+        if (m->weights != m->params)
+            cast_from_f32_cuda(m->act_dtype, m->params, m->weights, m->n_params, m->gpu->compute);
         CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
     } else {
         memcpy(m->params, host, bytes);

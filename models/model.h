@@ -46,13 +46,16 @@ typedef struct {
     Pool2dShape pool;
     MaxPoolCuda pool_cuda;
     LinearShape linear;
+    int block;            /* the checkpoint block it belongs to, or -1 */
 } Layer;
 
 typedef struct {
     int c, h, w;          /* per sample; a matrix activation is c features, h = w = 1 */
     int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU) */
     int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none */
-    float *value;         /* [batch][c][h][w] */
+    int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
+    size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */
+    void *value;          /* [batch][c][h][w] of the model's activation dtype */
 } Activation;
 
 typedef struct {
@@ -67,13 +70,18 @@ typedef struct {
     int n_layers;
     Activation acts[MODEL_MAX_ACTS];
     int n_acts;
+    int n_blocks, open_block;  /* blocks marked by model_block_begin/end; open_block -1 outside */
+    int checkpoint;       /* set before model_finalize: keep only block outputs, recompute inside */
+    void *recompute_region; /* shared by the insides of every block under checkpointing */
 
     size_t n_params;
-    float *params;        /* flat, n_params */
-    float *grads;         /* flat, n_params; parameter gradients are accumulated into it */
+    float *params;        /* flat, n_params: the fp32 master weights */
+    void *weights;        /* what the layers read: params itself in fp32, a rounded copy under AMP */
+    void *grads;          /* flat, n_params, activation dtype; parameter gradients are accumulated into it */
     float *momentum;      /* flat, n_params */
-    float *act_grads[2];  /* ping-pong buffers for activation gradients */
-    size_t act_grad_floats[2]; /* each sized for the largest gradient it holds */
+    float *input_f32;     /* under AMP: the fp32 batch, cast into the input activation by forward */
+    void *act_grads[2];   /* ping-pong buffers for activation gradients */
+    size_t act_grad_floats[2]; /* each sized (in elements) for the largest gradient it holds */
     void *workspace;      /* cuDNN workspace shared by all convolutions */
     size_t workspace_bytes;
 
@@ -88,6 +96,11 @@ int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stri
 int model_relu(Model *m, int in);
 int model_maxpool2(Model *m, int in);
 int model_linear(Model *m, int in, int out_features);
+/* A block: the layers between begin and end. Under checkpointing, forward keeps
+ * only the block's input and output; backward runs the block forward again to
+ * get its inside back. */
+void model_block_begin(Model *m);
+void model_block_end(Model *m);
 
 /* Allocates every buffer in one arena on the device (gpu != NULL) or the host,
  * picks the convolution algorithms and initialises the parameters like
@@ -95,9 +108,9 @@ int model_linear(Model *m, int in, int out_features);
 void model_finalize(Model *m, GpuContext *gpu, uint64_t seed);
 void model_destroy(Model *m);
 
-float *model_input_buffer(const Model *m);   /* [batch][c][h][w] */
-float *model_logits(const Model *m);         /* [batch][num_classes] */
-float *model_logits_grad(const Model *m);    /* where the loss writes d(loss)/d(logits) */
+float *model_input_buffer(const Model *m);   /* [batch][c][h][w] fp32, where batches land */
+void *model_logits(const Model *m);          /* [batch][num_classes], activation dtype */
+void *model_logits_grad(const Model *m);     /* where the loss writes d(loss)/d(logits) */
 size_t model_input_floats(const Model *m);
 
 void model_forward(Model *m);
@@ -106,7 +119,8 @@ void model_forward(Model *m);
 void model_backward(Model *m);
 void model_zero_grads(Model *m);
 
-/* Copies parameters between a model and host memory (n_params floats). */
+/* Copies the fp32 master parameters between a model and host memory
+ * (n_params floats); setting them refreshes the rounded copy under AMP. */
 void model_get_params(const Model *m, float *host);
 void model_set_params(Model *m, const float *host);
 

@@ -7,9 +7,11 @@ void simplenet_build(Model *m, int image_size) {
     static const int widths[3] = {64, 128, 256};
     int x = model_input(m, 3, image_size, image_size);
     for (int block = 0; block < 3; block++) {
+        model_block_begin(m);
         x = model_conv(m, x, widths[block], 3, 1, 1);
         x = model_relu(m, x);
         x = model_maxpool2(m, x);
+        model_block_end(m);
     }
     x = model_linear(m, x, 512);
     x = model_relu(m, x);

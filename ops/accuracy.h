@@ -1,19 +1,22 @@
 /* Top-1 accuracy: how many rows of logits [n][classes] have their largest value
  * (first one on ties) at the label. The CUDA path ADDS its count to a device
- * counter, so an evaluation pass reads back once at its end. */
+ * counter, so an evaluation pass reads back once at its end. Its logits are
+ * stored as dtype (f32, f16 or bf16), compared as their exact float values. */
 #ifndef TRAINC_OPS_ACCURACY_H
 #define TRAINC_OPS_ACCURACY_H
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "runtime/tensor.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 int accuracy_count_cpu(const float *logits, const int32_t *labels, int n, int classes);
-void accuracy_count_cuda(const float *logits, const int32_t *labels, int n, int classes,
-                         int *count_device, cudaStream_t stream);
+void accuracy_count_cuda(DType dtype, const void *logits, const int32_t *labels, int n,
+                         int classes, int *count_device, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

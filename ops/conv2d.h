@@ -1,12 +1,16 @@
-/* 2-D convolution with bias, NCHW, float32.
+/* 2-D convolution with bias, NCHW.
  * y[n,k,p,q] = b[k] + sum_{c,r,s} x[n,c,p*stride-pad+r,q*stride-pad+s] * w[k,c,r,s]
  * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
- * flat gradient buffer zeroed once per optimizer step accumulates micro-batches. */
+ * flat gradient buffer zeroed once per optimizer step accumulates micro-batches.
+ * The CPU path is float32. The CUDA path stores x, w, b, y, dy, dx, dw and db as
+ * the dtype given at init (f32, f16 or bf16) and accumulates in fp32. */
 #ifndef TRAINC_OPS_CONV2D_H
 #define TRAINC_OPS_CONV2D_H
 
 #include <cudnn.h>
 #include <stddef.h>
+
+#include "runtime/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +34,7 @@ void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, c
 /* How convolution algorithms are chosen, once per layer at init.
  * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
  * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA.
+ * It concerns float32 only: f16 and bf16 always may use tensor cores.
  * deterministic takes only algorithms cuDNN calls deterministic (and fails if
  * none fits); otherwise the fastest. benchmark times every algorithm on the
  * device (cudnnFind*, which allocates its own buffers) instead of trusting
@@ -44,6 +49,7 @@ typedef struct {
 /* CUDA path through cuDNN. Descriptors and algorithms are chosen once, at init. */
 typedef struct {
     Conv2dShape shape;
+    DType dtype; /* of x, w, b, y and their gradients */
     cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
     cudnnFilterDescriptor_t w_desc;
     cudnnConvolutionDescriptor_t conv_desc;       /* forward */
@@ -56,13 +62,14 @@ typedef struct {
     size_t workspace_bytes; /* the most any of the three algorithms needs */
 } Conv2dCuda;
 
-void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s,
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype,
                       const ConvAlgoPolicy *policy);
 void conv2d_cuda_destroy(Conv2dCuda *c);
-void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
-                         const float *b, float *y, void *workspace);
-void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const float *x, const float *w,
-                          const float *dy, float *dx, float *dw, float *db, void *workspace);
+/* On the handle's stream (the bias kernels of f16 and bf16 run there too). */
+void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
+                         const void *b, void *y, void *workspace);
+void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
+                          const void *dy, void *dx, void *dw, void *db, void *workspace);
 
 #ifdef __cplusplus
 }

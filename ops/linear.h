@@ -1,11 +1,16 @@
 /* Fully connected layer, row-major: x [n][in], w [out][in], b [out], y [n][out].
  * y = x w^T + b. Backward: dx = dy w is overwritten (skipped when NULL);
- * dw += dy^T x and db += sum_n dy are ADDED to (see conv2d.h). */
+ * dw += dy^T x and db += sum_n dy are ADDED to (see conv2d.h).
+ * The CPU path is float32. The CUDA path stores x, w, b, y, dy, dx, dw and db as
+ * dtype (f32, f16 or bf16); products and sums accumulate in fp32, and an
+ * accumulated dw or db is read, added to in fp32 and rounded once. */
 #ifndef TRAINC_OPS_LINEAR_H
 #define TRAINC_OPS_LINEAR_H
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+
+#include "runtime/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,10 +24,10 @@ void linear_backward_cpu(const LinearShape *s, const float *x, const float *w, c
                          float *dx, float *dw, float *db);
 /* cuBLAS on the handle's stream; the bias kernels run on 'stream' (the same one). */
 void linear_forward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShape *s,
-                         const float *x, const float *w, const float *b, float *y);
+                         DType dtype, const void *x, const void *w, const void *b, void *y);
 void linear_backward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShape *s,
-                          const float *x, const float *w, const float *dy, float *dx, float *dw,
-                          float *db);
+                          DType dtype, const void *x, const void *w, const void *dy, void *dx,
+                          void *dw, void *db);
 
 #ifdef __cplusplus
 }

@@ -1,10 +1,13 @@
-/* Max-pool 2x2, stride 2, NCHW float32 (h and w even). Backward routes each
- * output gradient to the first maximum of its window (the one cuDNN picks);
- * dx is overwritten. */
+/* Max-pool 2x2, stride 2, NCHW (h and w even). Backward routes each output
+ * gradient to the first maximum of its window (the one cuDNN picks); dx is
+ * overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
+ * as the dtype given at init (f32, f16 or bf16), which is exact: a selection. */
 #ifndef TRAINC_OPS_MAXPOOL_H
 #define TRAINC_OPS_MAXPOOL_H
 
 #include <cudnn.h>
+
+#include "runtime/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,15 +21,16 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
 
 typedef struct {
     Pool2dShape shape;
+    DType dtype;
     cudnnPoolingDescriptor_t pool_desc;
     cudnnTensorDescriptor_t x_desc, y_desc;
 } MaxPoolCuda;
 
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s);
+void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype);
 void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
-void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const float *x, float *y);
-void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const float *x,
-                              const float *y, const float *dy, float *dx);
+void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
+void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
+                              const void *y, const void *dy, void *dx);
 
 #ifdef __cplusplus
 }

@@ -11,3 +11,18 @@ void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *
         w[i] = w[i] - step * d;
     }
 }
+
+void sgd_step_mixed_cpu(float *master, const float *grad, float *momentum, size_t n,
+                        const float *lr, const LossScalerState *scaler, SgdParams p) {
+    if (scaler && scaler->found_inf) return;
+    float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f;
+    float step = *lr;
+    for (size_t i = 0; i < n; i++) {
+        float unscaled = grad[i] * inv_scale;
+        float g = unscaled + p.weight_decay * master[i];
+        float mom = p.momentum * momentum[i] + g;
+        float d = p.nesterov ? g + p.momentum * mom : mom;
+        momentum[i] = mom;
+        master[i] = master[i] - step * d;
+    }
+}

@@ -1,6 +1,7 @@
 #include "ops/sgd.h"
 
 #include "ops/cuda_launch.h"
+#include "ops/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 /* The same update as sgd_step_cpu (see sgd.h), one pass over the flat buffers. */
@@ -25,4 +26,72 @@ void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float 
     sgd_step_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
         w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov);
     CUDA_CHECK_LAUNCH();
+}
+
+/* sgd_step_mixed_cpu's update (see sgd.h). The whole grid leaves at once when
+ * the loss scaler found inf or NaN. The unscaled gradient is rounded on its
+ * own (__fmul_rn: never fused into the next add), as PyTorch's separate
+ * unscale pass rounds it. */
+template <typename TG, typename TW>
+static __global__ void sgd_step_mixed_kernel(float *master, const TG *grad, float *m,
+                                             TW *weights_half, size_t n, const float *lr_device,
+                                             const LossScalerState *scaler, float momentum,
+                                             float weight_decay, int nesterov) {
+    if (scaler && scaler->found_inf) return;
+    float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f;
+    float step = *lr_device;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float weight = master[i];
+        float unscaled = __fmul_rn(to_float(grad[i]), inv_scale);
+        float g = unscaled + weight_decay * weight;
+        float mom = momentum * m[i] + g;
+        float d = nesterov ? g + momentum * mom : mom;
+        m[i] = mom;
+        float updated = weight - step * d;
+        master[i] = updated;
+        if (weights_half) weights_half[i] = from_float<TW>(updated);
+    }
+}
+
+typedef struct {
+    float *master, *momentum;
+    const void *grad;
+    void *weights_half; /* NULL: no half copy */
+    DType weights_dtype;
+    size_t n;
+    const float *lr_device;
+    const LossScalerState *scaler_dev;
+    SgdParams p;
+    cudaStream_t stream;
+} SgdMixedArgs;
+
+template <typename TG, typename TW>
+static void launch_sgd_mixed(const SgdMixedArgs *a) {
+    sgd_step_mixed_kernel<TG, TW><<<elementwise_blocks(a->n), ELEMENTWISE_THREADS, 0, a->stream>>>(
+        a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
+        a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* Picks the half copy's type once the gradient's is known. */
+template <typename TG>
+static void launch_sgd_mixed_for_grad(const SgdMixedArgs *a) {
+    if (!a->weights_half) launch_sgd_mixed<TG, __half>(a); /* the type goes unused */
+    else if (a->weights_dtype == DTYPE_BF16) launch_sgd_mixed<TG, __nv_bfloat16>(a);
+    else launch_sgd_mixed<TG, __half>(a);
+}
+
+void sgd_step_mixed_cuda(float *master, const void *grad, DType grad_dtype, float *momentum,
+                         void *weights_half, DType weights_dtype, size_t n,
+                         const float *lr_device, const LossScalerState *scaler_dev, SgdParams p,
+                         cudaStream_t stream) {
+    check_float_dtype("sgd_step_mixed (gradients)", grad_dtype);
+    if (weights_half && weights_dtype != DTYPE_F16 && weights_dtype != DTYPE_BF16)
+        TC_FATAL("sgd_step_mixed: the weights' half copy must be f16 or bf16, not %s",
+                 dtype_name(weights_dtype));
+    if (n == 0) return;
+    SgdMixedArgs a = {master, momentum, grad, weights_half, weights_dtype, n, lr_device,
+                      scaler_dev, p, stream};
+    DISPATCH_FLOAT_DTYPE(grad_dtype, launch_sgd_mixed_for_grad, &a);
 }

@@ -12,6 +12,9 @@
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "ops/loss_scaler.h"
+#include "runtime/tensor.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,6 +29,23 @@ void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *
                   SgdParams p);
 void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float *lr_device,
                    SgdParams p, cudaStream_t stream);
+
+/* The mixed-precision step: the same update on the fp32 master weights and
+ * momentum, from gradients scaled by the loss scaler (see loss_scaler.h):
+ *   if scaler->found_inf: nothing at all (the step is skipped)
+ *   else: grad = grad * (1 / scaler->scale), rounded to fp32, then sgd_step's math
+ * scaler NULL means scale 1 and no skipping. The CUDA path reads the gradient as
+ * grad_dtype (f32, f16 or bf16), and writes the updated master, rounded, into
+ * weights_half (f16 or bf16) for the next forward pass; weights_half NULL skips
+ * that (fp32 training with a loss scaler). One fused kernel; the scaler state
+ * and lr are read on the device. The CPU reference takes float32 gradients and
+ * keeps no half copy. */
+void sgd_step_mixed_cpu(float *master, const float *grad, float *momentum, size_t n,
+                        const float *lr, const LossScalerState *scaler, SgdParams p);
+void sgd_step_mixed_cuda(float *master, const void *grad, DType grad_dtype, float *momentum,
+                         void *weights_half, DType weights_dtype, size_t n,
+                         const float *lr_device, const LossScalerState *scaler_dev, SgdParams p,
+                         cudaStream_t stream);
 
 #ifdef __cplusplus
 }

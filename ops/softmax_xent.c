@@ -6,9 +6,10 @@
 
 /* Double precision throughout: this is the reference the CUDA kernel is held to. */
 void softmax_xent_cpu(const float *logits, const int32_t *labels, int n, int classes,
-                      float grad_scale, float *loss, float *dlogits) {
+                      const float *grad_scale, float *loss, float *dlogits) {
     double loss_sum = 0.0;
-    double grad_factor = n > 0 ? (double)grad_scale / n : 0.0;
+    double scale = grad_scale ? *grad_scale : 1.0;
+    double grad_factor = n > 0 ? scale / n : 0.0;
     for (int i = 0; i < n; i++) {
         const float *row = logits + (size_t)i * classes;
         float *drow = dlogits + (size_t)i * classes;

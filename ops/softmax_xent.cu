@@ -7,6 +7,7 @@
 
 #include <math.h>
 
+#include "ops/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 #define XENT_THREADS 512
@@ -23,31 +24,34 @@ static __device__ float warp_sum(float v) {
     return v;
 }
 
+template <typename T>
 static __global__ void __launch_bounds__(XENT_THREADS)
-softmax_xent_kernel(const float *logits, const int32_t *labels, int n, int classes,
-                    float grad_scale, float *loss, float *dlogits) {
+softmax_xent_kernel(const T *logits, const int32_t *labels, int n, int classes,
+                    const float *grad_scale, float *loss, T *dlogits) {
     __shared__ double warp_loss[XENT_WARPS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float grad_factor = n > 0 ? grad_scale / n : 0.0f;
+    float scale = grad_scale ? *grad_scale : 1.0f;
+    float grad_factor = n > 0 ? scale / n : 0.0f;
     double loss_sum = 0.0; /* kept by lane 0 */
     for (int i = warp; i < n; i += XENT_WARPS) {
-        const float *row = logits + (size_t)i * classes;
-        float *drow = dlogits + (size_t)i * classes;
+        const T *row = logits + (size_t)i * classes;
+        T *drow = dlogits + (size_t)i * classes;
         float row_max = -INFINITY;
-        for (int j = lane; j < classes; j += 32) row_max = fmaxf(row_max, row[j]);
+        for (int j = lane; j < classes; j += 32) row_max = fmaxf(row_max, to_float(row[j]));
         row_max = warp_max(row_max);
         float exp_sum = 0.0f;
-        for (int j = lane; j < classes; j += 32) exp_sum += expf(row[j] - row_max);
+        for (int j = lane; j < classes; j += 32) exp_sum += expf(to_float(row[j]) - row_max);
         exp_sum = warp_sum(exp_sum);
         int label = labels[i];
         bool label_ok = label >= 0 && label < classes;
         for (int j = lane; j < classes; j += 32) {
-            float prob = expf(row[j] - row_max) / exp_sum;
-            drow[j] = (prob - (j == label ? 1.0f : 0.0f)) * grad_factor;
+            float prob = expf(to_float(row[j]) - row_max) / exp_sum;
+            drow[j] = from_float<T>((prob - (j == label ? 1.0f : 0.0f)) * grad_factor);
         }
         /* A label outside [0, classes) makes the loss NaN rather than reading out of bounds. */
         if (lane == 0)
-            loss_sum += label_ok ? (double)row_max + log((double)exp_sum) - row[label] : NAN;
+            loss_sum += label_ok ? (double)row_max + log((double)exp_sum) - to_float(row[label])
+                                 : NAN;
     }
     if (lane == 0) warp_loss[warp] = loss_sum;
     __syncthreads();
@@ -58,10 +62,19 @@ softmax_xent_kernel(const float *logits, const int32_t *labels, int n, int class
     }
 }
 
-void softmax_xent_cuda(const float *logits, const int32_t *labels, int n, int classes,
-                       float grad_scale, float *loss_device, float *dlogits,
-                       cudaStream_t stream) {
-    softmax_xent_kernel<<<1, XENT_THREADS, 0, stream>>>(logits, labels, n, classes, grad_scale,
-                                                        loss_device, dlogits);
+template <typename T>
+static void launch_softmax_xent(const void *logits, const int32_t *labels, int n, int classes,
+                                const float *grad_scale, float *loss_device, void *dlogits,
+                                cudaStream_t stream) {
+    softmax_xent_kernel<T><<<1, XENT_THREADS, 0, stream>>>(
+        (const T *)logits, labels, n, classes, grad_scale, loss_device, (T *)dlogits);
     CUDA_CHECK_LAUNCH();
+}
+
+void softmax_xent_cuda(DType dtype, const void *logits, const int32_t *labels, int n, int classes,
+                       const float *grad_scale, float *loss_device, void *dlogits,
+                       cudaStream_t stream) {
+    check_float_dtype("softmax_xent", dtype);
+    DISPATCH_FLOAT_DTYPE(dtype, launch_softmax_xent, logits, labels, n, classes, grad_scale,
+                         loss_device, dlogits, stream);
 }

@@ -1,23 +1,30 @@
 /* Softmax cross-entropy over logits [n][classes] with int32 labels.
  * loss = mean_n ( logsumexp(logits[n]) - logits[n][label[n]] )
  * dlogits[n][j] = (softmax(logits[n])[j] - (j == label[n])) * grad_scale / n
- * grad_scale is 1 in plain training (the loss scaler passes its scale later).
- * The CUDA path is one kernel that writes the loss to device memory (no host
- * sync) with a fixed reduction order, so the loss is deterministic. */
+ * grad_scale is read through a pointer, NULL meaning 1: in host memory for the
+ * CPU path, in device memory for the CUDA path, where the loss scaler passes
+ * &state->scale (see loss_scaler.h) so the scale changes without a host sync.
+ * The CUDA path is one kernel that writes the loss (fp32) to device memory (no
+ * host sync) with a fixed reduction order, so the loss is deterministic. Its
+ * logits and dlogits are stored as dtype (f32, f16 or bf16); the softmax and
+ * the loss are computed in fp32 and dlogits is rounded once. */
 #ifndef TRAINC_OPS_SOFTMAX_XENT_H
 #define TRAINC_OPS_SOFTMAX_XENT_H
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "runtime/tensor.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 void softmax_xent_cpu(const float *logits, const int32_t *labels, int n, int classes,
-                      float grad_scale, float *loss, float *dlogits);
-void softmax_xent_cuda(const float *logits, const int32_t *labels, int n, int classes,
-                       float grad_scale, float *loss_device, float *dlogits, cudaStream_t stream);
+                      const float *grad_scale, float *loss, float *dlogits);
+void softmax_xent_cuda(DType dtype, const void *logits, const int32_t *labels, int n, int classes,
+                       const float *grad_scale, float *loss_device, void *dlogits,
+                       cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,15 +1,18 @@
 /* CPU reference ops: forward against hand-computed values, backward against
- * central finite differences of a scalar loss, accumulate semantics, and the
- * PyTorch semantics of SGD. */
+ * central finite differences of a scalar loss, accumulate semantics, the
+ * PyTorch semantics of SGD, the loss scaler's state machine (GradScaler's), the
+ * mixed-precision SGD step and the float32 <-> f16/bf16 casts. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "ops/accuracy.h"
+#include "ops/cast.h"
 #include "ops/conv2d.h"
 #include "ops/gemm_cpu.h"
 #include "ops/linear.h"
+#include "ops/loss_scaler.h"
 #include "ops/maxpool.h"
 #include "ops/relu.h"
 #include "ops/sgd.h"
@@ -582,14 +585,14 @@ static void test_softmax_hand(void) {
     /* row 0 [1 2 3] label 2: loss = log(e + e^2 + e^3) - 3; row 1 uniform: log 3 */
     float logits[6] = {1, 2, 3, 0, 0, 0}, loss = NAN, dl[6];
     int32_t labels[2] = {2, 1};
-    softmax_xent_cpu(logits, labels, 2, 3, 1.0f, &loss, dl);
+    softmax_xent_cpu(logits, labels, 2, 3, NULL, &loss, dl);
     CHECK_NEAR(loss, (0.4076059644443806 + 1.0986122886681098) / 2, 1e-6);
     double want[6] = {0.09003057317038046 / 2, 0.24472847105479764 / 2,
                       (0.6652409557748218 - 1) / 2, 1.0 / 6, -1.0 / 3, 1.0 / 6};
     check_values("softmax dlogits", dl, want, 6, 1e-6);
     /* grad_scale multiplies the gradient only */
-    float loss8 = NAN, dl8[6];
-    softmax_xent_cpu(logits, labels, 2, 3, 8.0f, &loss8, dl8);
+    float loss8 = NAN, dl8[6], eight = 8.0f;
+    softmax_xent_cpu(logits, labels, 2, 3, &eight, &loss8, dl8);
     CHECK(loss8 == loss);
     for (int i = 0; i < 6; i++) want[i] *= 8;
     check_values("softmax dlogits (grad_scale 8)", dl8, want, 6, 1e-6);
@@ -597,7 +600,7 @@ static void test_softmax_hand(void) {
     /* numerically stable: logits of +-1000 */
     float big[6] = {1000, 0, -1000, 1000, 0, -1000}, dbig[6];
     int32_t big_labels[2] = {0, 1};
-    softmax_xent_cpu(big, big_labels, 2, 3, 1.0f, &loss, dbig);
+    softmax_xent_cpu(big, big_labels, 2, 3, NULL, &loss, dbig);
     CHECK_NEAR(loss, 500, 1e-4); /* (0 + 1000) / 2 */
     check_values("softmax dlogits (large logits)", dbig, (double[]){0, 0, 0, 0.5, -0.5, 0}, 6, 1e-6);
 }
@@ -611,7 +614,7 @@ typedef struct {
 static double xent_loss(void *ctx) {
     XentLoss *x = ctx;
     float loss;
-    softmax_xent_cpu(x->logits, x->labels, x->n, x->classes, 1.0f, &loss, x->dl);
+    softmax_xent_cpu(x->logits, x->labels, x->n, x->classes, NULL, &loss, x->dl);
     return loss;
 }
 
@@ -621,7 +624,7 @@ static void test_softmax_gradients(int n, int classes) {
                   classes};
     for (int i = 0; i < n; i++) x.labels[i] = (int32_t)(test_uniform(&rng, 0, 1) * classes) % classes;
     float *dl = floats(total), loss;
-    softmax_xent_cpu(x.logits, x.labels, n, classes, 1.0f, &loss, dl);
+    softmax_xent_cpu(x.logits, x.labels, n, classes, NULL, &loss, dl);
     double *num = malloc(sizeof(double) * total);
     numeric_gradient(x.logits, total, 1e-2f, xent_loss, &x, num);
     char what[80];
@@ -726,6 +729,213 @@ static void test_accuracy(void) {
     CHECK(accuracy_count_cpu(logits, labels, 0, 3) == 0);
 }
 
+/* ---- loss scaler ------------------------------------------------------------------ */
+
+static void scaler_step(LossScalerState *s, const float *grads, size_t n, int interval) {
+    loss_scaler_begin_step_cpu(s);
+    loss_scaler_check_cpu(grads, n, s);
+    loss_scaler_update_cpu(s, LOSS_SCALER_GROWTH, LOSS_SCALER_BACKOFF, interval);
+}
+
+static void test_loss_scaler_check(void) {
+    float grads[5] = {1, -2, 3e38f, -0.0f, 1e-45f};
+    LossScalerState s = loss_scaler_initial(LOSS_SCALER_INIT_SCALE);
+    CHECK(s.scale == 65536.0f && s.good_steps == 0 && s.found_inf == 0 && s.skipped_steps == 0);
+    loss_scaler_check_cpu(grads, 5, &s);
+    CHECK_MSG(s.found_inf == 0, "finite gradients (largest, subnormal, -0) flagged");
+    const float bad[3] = {INFINITY, -INFINITY, NAN};
+    for (int b = 0; b < 3; b++) {
+        for (int at = 0; at < 5; at++) {
+            float g[5];
+            memcpy(g, grads, sizeof g);
+            g[at] = bad[b];
+            loss_scaler_begin_step_cpu(&s);
+            loss_scaler_check_cpu(g, 5, &s);
+            CHECK_MSG(s.found_inf == 1, "%g at %d not found", bad[b], at);
+        }
+    }
+    /* a later finite buffer of the same step does not clear the flag; begin_step does */
+    loss_scaler_check_cpu(grads, 5, &s);
+    CHECK(s.found_inf == 1);
+    loss_scaler_begin_step_cpu(&s);
+    CHECK(s.found_inf == 0 && s.scale == 65536.0f && s.good_steps == 0 && s.skipped_steps == 0);
+}
+
+static void test_loss_scaler_state_machine(void) {
+    const int interval = 3;
+    float good[4] = {1, 2, 3, 4}, inf_grads[4] = {1, INFINITY, 3, 4}, nan_grads[4] = {NAN, 2, 3, 4};
+    LossScalerState s = loss_scaler_initial(1024.0f);
+    /* interval - 1 good steps: counting, no growth */
+    for (int i = 1; i < interval; i++) {
+        scaler_step(&s, good, 4, interval);
+        CHECK(s.scale == 1024.0f && s.good_steps == i && s.found_inf == 0);
+    }
+    /* the interval-th grows the scale and restarts the count */
+    scaler_step(&s, good, 4, interval);
+    CHECK_MSG(s.scale == 2048.0f && s.good_steps == 0, "scale %g good_steps %d", s.scale,
+              s.good_steps);
+    /* two good, then inf: backoff, count reset, one skipped; the flag stays up until begin */
+    scaler_step(&s, good, 4, interval);
+    scaler_step(&s, good, 4, interval);
+    CHECK(s.good_steps == 2);
+    scaler_step(&s, inf_grads, 4, interval);
+    CHECK_MSG(s.scale == 1024.0f && s.good_steps == 0 && s.skipped_steps == 1 && s.found_inf == 1,
+              "after inf: scale %g good %d skipped %d found %d", s.scale, s.good_steps,
+              s.skipped_steps, s.found_inf);
+    /* NaN counts as inf */
+    scaler_step(&s, nan_grads, 4, interval);
+    CHECK(s.scale == 512.0f && s.good_steps == 0 && s.skipped_steps == 2);
+    /* growth needs interval good steps counted from the backoff, not from before it */
+    scaler_step(&s, good, 4, interval);
+    scaler_step(&s, good, 4, interval);
+    CHECK(s.scale == 512.0f && s.good_steps == 2);
+    scaler_step(&s, good, 4, interval);
+    CHECK(s.scale == 1024.0f && s.good_steps == 0 && s.skipped_steps == 2 && s.found_inf == 0);
+
+    /* GradScaler's defaults: 65536, x2 after 2000 good steps, not after 1999 */
+    LossScalerState d = loss_scaler_initial(LOSS_SCALER_INIT_SCALE);
+    for (int i = 0; i < LOSS_SCALER_INTERVAL - 1; i++) scaler_step(&d, good, 4, LOSS_SCALER_INTERVAL);
+    CHECK(d.scale == 65536.0f && d.good_steps == LOSS_SCALER_INTERVAL - 1);
+    scaler_step(&d, good, 4, LOSS_SCALER_INTERVAL);
+    CHECK(d.scale == 131072.0f && d.good_steps == 0);
+    /* repeated overflow keeps halving, each step skipped */
+    for (int i = 0; i < 20; i++) scaler_step(&d, inf_grads, 4, LOSS_SCALER_INTERVAL);
+    CHECK_MSG(d.scale == 131072.0f / (1 << 20) && d.skipped_steps == 20, "scale %g skipped %d",
+              d.scale, d.skipped_steps);
+}
+
+/* ---- mixed-precision sgd ------------------------------------------------------------ */
+
+static void test_sgd_mixed(SgdParams p) {
+    size_t n = 1001;
+    float lr = 0.05f;
+    float *w = random_floats(n, -1, 1), *m = random_floats(n, -0.1f, 0.1f);
+    float *g = random_floats(n, -1, 1);
+    float *w_plain = copy_floats(w, n), *m_plain = copy_floats(m, n);
+    float *w_mixed = copy_floats(w, n), *m_mixed = copy_floats(m, n);
+
+    /* no scaler, and scale 1: exactly sgd_step_cpu */
+    sgd_step_cpu(w_plain, g, m_plain, n, &lr, p);
+    sgd_step_mixed_cpu(w_mixed, g, m_mixed, n, &lr, NULL, p);
+    CHECK_MSG(same_bits(w_mixed, w_plain, n) && same_bits(m_mixed, m_plain, n),
+              "sgd_step_mixed_cpu without a scaler differs from sgd_step_cpu");
+    LossScalerState one = loss_scaler_initial(1.0f);
+    memcpy(w_mixed, w, n * sizeof(float));
+    memcpy(m_mixed, m, n * sizeof(float));
+    sgd_step_mixed_cpu(w_mixed, g, m_mixed, n, &lr, &one, p);
+    CHECK_MSG(same_bits(w_mixed, w_plain, n) && same_bits(m_mixed, m_plain, n),
+              "sgd_step_mixed_cpu at scale 1 differs from sgd_step_cpu");
+
+    /* scale 2^k: gradients scaled by it come out unscaled exactly */
+    LossScalerState scaled = loss_scaler_initial(65536.0f);
+    float *g_scaled = floats(n);
+    for (size_t i = 0; i < n; i++) g_scaled[i] = g[i] * 65536.0f;
+    memcpy(w_mixed, w, n * sizeof(float));
+    memcpy(m_mixed, m, n * sizeof(float));
+    sgd_step_mixed_cpu(w_mixed, g_scaled, m_mixed, n, &lr, &scaled, p);
+    CHECK_MSG(same_bits(w_mixed, w_plain, n) && same_bits(m_mixed, m_plain, n),
+              "sgd_step_mixed_cpu at scale 65536 does not unscale exactly");
+
+    /* found_inf: the step is skipped, weights and momentum untouched */
+    scaled.found_inf = 1;
+    memcpy(w_mixed, w, n * sizeof(float));
+    memcpy(m_mixed, m, n * sizeof(float));
+    g_scaled[n / 2] = INFINITY;
+    sgd_step_mixed_cpu(w_mixed, g_scaled, m_mixed, n, &lr, &scaled, p);
+    CHECK_MSG(same_bits(w_mixed, w, n) && same_bits(m_mixed, m, n),
+              "sgd_step_mixed_cpu moved weights or momentum on a skipped step");
+    free(w), free(m), free(g), free(w_plain), free(m_plain), free(w_mixed), free(m_mixed);
+    free(g_scaled);
+}
+
+static void test_softmax_scale_pointer(void) {
+    float logits[6] = {1, 2, 3, 0.5f, -1, 2}, one = 1.0f, dl_null[6], dl_one[6], loss_a, loss_b;
+    int32_t labels[2] = {0, 2};
+    softmax_xent_cpu(logits, labels, 2, 3, NULL, &loss_a, dl_null);
+    softmax_xent_cpu(logits, labels, 2, 3, &one, &loss_b, dl_one);
+    CHECK_MSG(same_bits(dl_null, dl_one, 6) && loss_a == loss_b, "grad_scale NULL is not 1");
+}
+
+/* ---- casts ------------------------------------------------------------------ */
+
+static uint16_t half_bits_of(DType dt, float f) {
+    uint16_t h;
+    cast_from_f32_cpu(dt, &f, &h, 1);
+    return h;
+}
+
+static float float_of(DType dt, uint16_t h) {
+    float f;
+    cast_to_f32_cpu(dt, &h, &f, 1);
+    return f;
+}
+
+static void test_cast_values(void) {
+    const DType F16 = DTYPE_F16, BF16 = DTYPE_BF16;
+    float tiny = ldexpf(1, -24), small = ldexpf(1, -25);
+    struct { DType dt; float in; uint16_t want; } cases[] = {
+        {F16, 1.0f, 0x3c00}, {F16, -2.0f, 0xc000}, {F16, 0.1f, 0x2e66}, {F16, 65504.0f, 0x7bff},
+        {F16, 65519.99f, 0x7bff}, {F16, 65520.0f, 0x7c00}, {F16, 1e6f, 0x7c00},
+        {F16, -INFINITY, 0xfc00}, {F16, 0.0f, 0x0000}, {F16, -0.0f, 0x8000},
+        {F16, ldexpf(1, -14), 0x0400}, {F16, tiny, 0x0001}, {F16, small, 0x0000},
+        {F16, small * 1.0001f, 0x0001}, {F16, 3 * small, 0x0002}, {F16, 5 * small, 0x0002},
+        {F16, 1.0f + ldexpf(1, -11), 0x3c00}, {F16, 1.0f + 3 * ldexpf(1, -11), 0x3c02},
+        {F16, ldexpf(1, -14) - tiny / 4, 0x0400}, {F16, 1e-10f, 0x0000},
+        {BF16, 1.0f, 0x3f80}, {BF16, -2.0f, 0xc000}, {BF16, 1.0f + ldexpf(1, -8), 0x3f80},
+        {BF16, 1.0f + 3 * ldexpf(1, -8), 0x3f82}, {BF16, 3.4028235e38f, 0x7f80},
+        {BF16, INFINITY, 0x7f80}, {BF16, 1e-40f, 0x0001}, {BF16, -0.0f, 0x8000},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        uint16_t got = half_bits_of(cases[i].dt, cases[i].in);
+        CHECK_MSG(got == cases[i].want, "%s(%.9g) = 0x%04x, want 0x%04x", dtype_name(cases[i].dt),
+                  cases[i].in, got, cases[i].want);
+    }
+    CHECK(isnan(float_of(F16, half_bits_of(F16, NAN))));
+    CHECK(isnan(float_of(BF16, half_bits_of(BF16, NAN))));
+    CHECK(float_of(F16, 0x0001) == tiny && float_of(F16, 0x7bff) == 65504.0f);
+    CHECK(float_of(F16, 0x8400) == -ldexpf(1, -14) && isinf(float_of(F16, 0x7c00)));
+    CHECK(float_of(BF16, 0x3f80) == 1.0f && float_of(BF16, 0xc000) == -2.0f);
+}
+
+/* Every non-NaN f16 and bf16 value survives the trip through float32, and a
+ * float between two neighbours rounds to the nearer one (ties to even). */
+static void test_cast_round_trips(void) {
+    const DType types[2] = {DTYPE_F16, DTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        int bad = 0, bad_mid = 0;
+        for (uint32_t b = 0; b < 0x10000; b++) {
+            float f = float_of(types[t], (uint16_t)b);
+            if (isnan(f)) continue;
+            bad += half_bits_of(types[t], f) != b;
+            /* b and b + 1 are neighbours of one sign when neither is inf or NaN */
+            float next = float_of(types[t], (uint16_t)(b + 1));
+            if ((b & 0x7fff) == 0x7fff || isinf(f) || isinf(next) || isnan(next)) continue;
+            double mid = ((double)f + next) / 2;
+            float below = nextafterf((float)mid, f), above = nextafterf((float)mid, next);
+            uint16_t want_mid = (b & 1) ? (uint16_t)(b + 1) : (uint16_t)b;
+            bad_mid += half_bits_of(types[t], below) != b ||
+                       half_bits_of(types[t], above) != (uint16_t)(b + 1) ||
+                       ((double)(float)mid == mid && half_bits_of(types[t], (float)mid) != want_mid);
+        }
+        CHECK_MSG(bad == 0, "%s: %d values change on a round trip", dtype_name(types[t]), bad);
+        CHECK_MSG(bad_mid == 0, "%s: %d midpoints round wrongly", dtype_name(types[t]), bad_mid);
+    }
+    float src[3] = {1.5f, -3.25f, 7.0f}, back[3];
+    cast_from_f32_cpu(DTYPE_F32, src, back, 3);
+    CHECK(same_bits(src, back, 3));
+}
+
+static void test_amp_cpu(void) {
+    test_loss_scaler_check();
+    test_loss_scaler_state_machine();
+    test_sgd_mixed((SgdParams){.momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = 1});
+    test_sgd_mixed((SgdParams){.momentum = 0.9f, .weight_decay = 0.0f, .nesterov = 0});
+    test_sgd_mixed((SgdParams){.momentum = 0.0f, .weight_decay = 1e-2f, .nesterov = 0});
+    test_softmax_scale_pointer();
+    test_cast_values();
+    test_cast_round_trips();
+}
+
 /* ---- speed: SimpleNet's convolutions, batch 32 at 32x32, forward and backward ---- */
 
 static void report_conv_speed(void) {
@@ -760,6 +970,7 @@ int main(void) {
     test_softmax();
     test_sgd();
     test_accuracy();
+    test_amp_cpu();
     report_conv_speed();
     return test_finish("test_ops_cpu");
 }

@@ -112,16 +112,16 @@ static void test_relu(size_t n) {
     float *d_dx = dev_floats(n);
     poison(d_y, n);
     poison(d_dx, n);
-    relu_forward_cuda(d_x, d_y, n, g.compute);
-    relu_backward_cuda(d_y, d_dy, d_dx, n, g.compute);
+    relu_forward_cuda(DTYPE_F32, d_x, d_y, n, g.compute);
+    relu_backward_cuda(DTYPE_F32, d_y, d_dy, d_dx, n, g.compute);
     float *gy = download_floats(d_y, n), *gdx = download_floats(d_dx, n);
     /* a selection, no arithmetic: identical to the CPU */
     check_rel("relu y", gy, y, n, 0);
     check_rel("relu dx", gdx, dx, n, 0);
 
     /* in place, as the model runs it: x == y, then dx == dy */
-    relu_forward_cuda(d_x, d_x, n, g.compute);
-    relu_backward_cuda(d_x, d_dy, d_dy, n, g.compute);
+    relu_forward_cuda(DTYPE_F32, d_x, d_x, n, g.compute);
+    relu_backward_cuda(DTYPE_F32, d_x, d_dy, d_dy, n, g.compute);
     float *gy2 = download_floats(d_x, n), *gdx2 = download_floats(d_dy, n);
     check_rel("relu y (in place)", gy2, y, n, 0);
     check_rel("relu dx (dx == dy)", gdx2, dx, n, 0);
@@ -148,7 +148,7 @@ static void test_maxpool(Pool2dShape s, int ties) {
     maxpool2x2_backward_cpu(&s, x, y, dy, dx);
 
     MaxPoolCuda p;
-    maxpool2x2_cuda_init(&p, &s);
+    maxpool2x2_cuda_init(&p, &s, DTYPE_F32);
     float *d_x = dev_copy(x, nx), *d_y = dev_floats(ny), *d_dy = dev_copy(dy, ny);
     float *d_dx = dev_floats(nx);
     poison(d_y, ny);
@@ -215,7 +215,7 @@ static void test_conv_with(Conv2dShape s, const ConvAlgoPolicy *policy) {
     conv2d_backward_cpu(&s, x, w, dy, dx, dw, db);
 
     Conv2dCuda c;
-    conv2d_cuda_init(&c, g.cudnn, &s, policy);
+    conv2d_cuda_init(&c, g.cudnn, &s, DTYPE_F32, policy);
     int deterministic = conv_algos_deterministic(&c);
     printf("conv %dx%dx%dx%d -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d "
            "bwd-filter %d (%s), workspace %zu bytes\n", s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad,
@@ -288,8 +288,8 @@ static void test_linear(LinearShape s) {
     float *d_dw = dev_copy(dw0, nw), *d_db = dev_copy(db0, s.out);
     poison(d_y, ny);
     poison(d_dx, nx);
-    linear_forward_cuda(g.cublas, g.compute, &s, d_x, d_w, d_b, d_y);
-    linear_backward_cuda(g.cublas, g.compute, &s, d_x, d_w, d_dy, d_dx, d_dw, d_db);
+    linear_forward_cuda(g.cublas, g.compute, &s, DTYPE_F32, d_x, d_w, d_b, d_y);
+    linear_backward_cuda(g.cublas, g.compute, &s, DTYPE_F32, d_x, d_w, d_dy, d_dx, d_dw, d_db);
     float *gy = download_floats(d_y, ny), *gdx = download_floats(d_dx, nx);
     float *gdw = download_floats(d_dw, nw), *gdb = download_floats(d_db, s.out);
     /* full fp32 on both sides, only the summation order differs */
@@ -301,7 +301,7 @@ static void test_linear(LinearShape s) {
     /* dx == NULL: dw and db come out the same */
     upload(d_dw, dw0, nw * sizeof(float));
     upload(d_db, db0, s.out * sizeof(float));
-    linear_backward_cuda(g.cublas, g.compute, &s, d_x, d_w, d_dy, NULL, d_dw, d_db);
+    linear_backward_cuda(g.cublas, g.compute, &s, DTYPE_F32, d_x, d_w, d_dy, NULL, d_dw, d_db);
     float *gdw2 = download_floats(d_dw, nw), *gdb2 = download_floats(d_db, s.out);
     check_rel("linear dw (dx == NULL)", gdw2, gdw, nw, 1e-6);
     CHECK_MSG(same_bits(gdb, gdb2, s.out), "linear db is not reproducible");
@@ -330,14 +330,15 @@ static void test_softmax(int n, int classes, float grad_scale, float spread) {
     float *logits = random_floats(total, -spread, spread);
     int32_t *labels = random_labels(n, classes);
     float loss = 0, *dl = host_floats(total);
-    softmax_xent_cpu(logits, labels, n, classes, grad_scale, &loss, dl);
+    softmax_xent_cpu(logits, labels, n, classes, &grad_scale, &loss, dl);
 
     float *d_logits = dev_copy(logits, total), *d_dl = dev_floats(total), *d_loss = dev_floats(1);
+    float *d_scale = dev_copy(&grad_scale, 1);
     int32_t *d_labels = dev_bytes(sizeof(int32_t) * n);
     upload(d_labels, labels, sizeof(int32_t) * n);
     poison(d_dl, total);
     poison(d_loss, 1); /* written, not accumulated */
-    softmax_xent_cuda(d_logits, d_labels, n, classes, grad_scale, d_loss, d_dl, g.compute);
+    softmax_xent_cuda(DTYPE_F32, d_logits, d_labels, n, classes, d_scale, d_loss, d_dl, g.compute);
     float gloss, *gdl = download_floats(d_dl, total);
     download(&gloss, d_loss, sizeof gloss);
     printf("  loss gpu %.9g cpu %.9g\n", gloss, loss);
@@ -347,7 +348,7 @@ static void test_softmax(int n, int classes, float grad_scale, float spread) {
 
     /* deterministic: a second run gives the same bits */
     poison(d_loss, 1);
-    softmax_xent_cuda(d_logits, d_labels, n, classes, grad_scale, d_loss, d_dl, g.compute);
+    softmax_xent_cuda(DTYPE_F32, d_logits, d_labels, n, classes, d_scale, d_loss, d_dl, g.compute);
     float gloss2, *gdl2 = download_floats(d_dl, total);
     download(&gloss2, d_loss, sizeof gloss2);
     CHECK_MSG(same_bits(&gloss, &gloss2, 1) && same_bits(gdl, gdl2, total),
@@ -357,6 +358,7 @@ static void test_softmax(int n, int classes, float grad_scale, float spread) {
     CUDA_CHECK(cudaFree(d_logits));
     CUDA_CHECK(cudaFree(d_dl));
     CUDA_CHECK(cudaFree(d_loss));
+    CUDA_CHECK(cudaFree(d_scale));
     CUDA_CHECK(cudaFree(d_labels));
 }
 
@@ -411,11 +413,11 @@ static void test_accuracy(int n, int classes, int ties) {
     upload(d_labels, labels, sizeof(int32_t) * n);
     int start = 5;
     upload(d_count, &start, sizeof start);
-    accuracy_count_cuda(d_logits, d_labels, n, classes, d_count, g.compute);
+    accuracy_count_cuda(DTYPE_F32, d_logits, d_labels, n, classes, d_count, g.compute);
     int got = 0;
     download(&got, d_count, sizeof got);
     CHECK_MSG(got == start + want, "accuracy: counter %d, want %d + %d", got, start, want);
-    accuracy_count_cuda(d_logits, d_labels, n, classes, d_count, g.compute);
+    accuracy_count_cuda(DTYPE_F32, d_logits, d_labels, n, classes, d_count, g.compute);
     download(&got, d_count, sizeof got);
     CHECK_MSG(got == start + 2 * want, "accuracy (second pass): counter %d, want %d", got,
               start + 2 * want);
@@ -451,8 +453,8 @@ static void tiny_net_init(TinyNet *t) {
     t->conv = (Conv2dShape){.n = 4, .c = 3, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3, .pad = 1, .stride = 1};
     t->pool = (Pool2dShape){.n = 4, .c = 8, .h = 8, .w = 8};
     t->fc = (LinearShape){.n = 4, .in = 8 * 4 * 4, .out = 10};
-    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, &strict_fp32);
-    maxpool2x2_cuda_init(&t->pool_cuda, &t->pool);
+    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, DTYPE_F32, &strict_fp32);
+    maxpool2x2_cuda_init(&t->pool_cuda, &t->pool, DTYPE_F32);
     t->conv_w = 0;
     t->conv_b = t->conv_w + 8 * 3 * 3 * 3;
     t->fc_w = t->conv_b + 8;
@@ -494,17 +496,18 @@ static void tiny_net_step(TinyNet *t) {
     CUDA_CHECK(cudaMemsetAsync(gr, 0, t->n_params * sizeof(float), g.compute));
     conv2d_forward_cuda(&t->conv_cuda, g.cudnn, t->x, p + t->conv_w, p + t->conv_b, t->conv_y,
                         t->workspace);
-    relu_forward_cuda(t->conv_y, t->conv_y, conv_y, g.compute);
+    relu_forward_cuda(DTYPE_F32, t->conv_y, t->conv_y, conv_y, g.compute);
     maxpool2x2_forward_cuda(&t->pool_cuda, g.cudnn, t->conv_y, t->pool_y);
-    linear_forward_cuda(g.cublas, g.compute, &t->fc, t->pool_y, p + t->fc_w, p + t->fc_b,
-                        t->logits);
-    accuracy_count_cuda(t->logits, t->labels, 4, 10, t->correct, g.compute);
-    softmax_xent_cuda(t->logits, t->labels, 4, 10, 1.0f, t->loss, t->d_logits, g.compute);
-    linear_backward_cuda(g.cublas, g.compute, &t->fc, t->pool_y, p + t->fc_w, t->d_logits,
-                         t->d_pool_y, gr + t->fc_w, gr + t->fc_b);
+    linear_forward_cuda(g.cublas, g.compute, &t->fc, DTYPE_F32, t->pool_y, p + t->fc_w,
+                        p + t->fc_b, t->logits);
+    accuracy_count_cuda(DTYPE_F32, t->logits, t->labels, 4, 10, t->correct, g.compute);
+    softmax_xent_cuda(DTYPE_F32, t->logits, t->labels, 4, 10, NULL, t->loss, t->d_logits,
+                      g.compute);
+    linear_backward_cuda(g.cublas, g.compute, &t->fc, DTYPE_F32, t->pool_y, p + t->fc_w,
+                         t->d_logits, t->d_pool_y, gr + t->fc_w, gr + t->fc_b);
     maxpool2x2_backward_cuda(&t->pool_cuda, g.cudnn, t->conv_y, t->pool_y, t->d_pool_y,
                              t->d_conv_y);
-    relu_backward_cuda(t->conv_y, t->d_conv_y, t->d_conv_y, conv_y, g.compute);
+    relu_backward_cuda(DTYPE_F32, t->conv_y, t->d_conv_y, t->d_conv_y, conv_y, g.compute);
     conv2d_backward_cuda(&t->conv_cuda, g.cudnn, t->x, p + t->conv_w, t->d_conv_y, t->d_x,
                          gr + t->conv_w, gr + t->conv_b, t->workspace);
     SgdParams sgd = {.momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = 1};

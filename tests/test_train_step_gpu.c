@@ -54,12 +54,12 @@ int main(void) {
     for (int step = 0; step < 2; step++) {
         float loss_cpu, loss_gpu;
         model_forward(&cpu);
-        softmax_xent_cpu(model_logits(&cpu), labels, BATCH, CLASSES, 1.f, &loss_cpu, model_logits_grad(&cpu));
+        softmax_xent_cpu(model_logits(&cpu), labels, BATCH, CLASSES, NULL, &loss_cpu, model_logits_grad(&cpu));
         model_zero_grads(&cpu);
         model_backward(&cpu);
 
         model_forward(&dev);
-        softmax_xent_cuda(model_logits(&dev), labels_dev, BATCH, CLASSES, 1.f, loss_dev,
+        softmax_xent_cuda(DTYPE_F32, model_logits(&dev), labels_dev, BATCH, CLASSES, NULL, loss_dev,
                           model_logits_grad(&dev), gpu.compute);
         model_zero_grads(&dev);
         model_backward(&dev);

@@ -47,6 +47,14 @@ const CfgKeySpec trainc_keys[] = {
     {"precision.tf32", CFG_BOOL, "off", 0,
      "let fp32 convolutions and matrix products use TF32 tensor cores (PyTorch's default for cuDNN)"},
 
+    {"precision.amp", CFG_ENUM, "off", "off|fp16|bf16",
+     "activations, convolutions and matrix products in half precision with fp32 accumulation; "
+     "fp32 master weights and optimizer state"},
+    {"precision.loss_scale", CFG_FLOAT, "65536", 0, "initial scale of the dynamic loss scaler (AMP)"},
+    {"precision.loss_scale_growth", CFG_FLOAT, "2", 0, "scale factor after loss_scale_interval good steps"},
+    {"precision.loss_scale_backoff", CFG_FLOAT, "0.5", 0, "scale factor on a step with inf/NaN gradients (skipped)"},
+    {"precision.loss_scale_interval", CFG_INT, "2000", 0, "good steps before the scale grows"},
+
     {"perf.conv_workspace_mb", CFG_INT, "256", 0,
      "scratch memory a convolution's cuDNN algorithm may use (the fast ones at large batches need more)"},
     {"perf.conv_benchmark", CFG_BOOL, "off", 0,
@@ -54,7 +62,15 @@ const CfgKeySpec trainc_keys[] = {
     {"perf.deterministic", CFG_BOOL, "on", 0,
      "only convolution algorithms that give the same bits every run; off: the fastest"},
 
-    {"train.batch", CFG_INT, "32", 0, "samples per step"},
+    {"memory.accumulate", CFG_INT, "1", 0,
+     "micro-batches of train.batch per optimizer step (gradients as for one batch k times as large)"},
+    {"memory.checkpoint", CFG_ENUM, "off", "off|blocks",
+     "blocks: forward keeps only block inputs and outputs, backward recomputes the rest"},
+
+    {"perf.cuda_graph", CFG_BOOL, "off", 0,
+     "capture the step (forward, loss, backward, optimizer) once as a CUDA graph and replay it"},
+
+    {"train.batch", CFG_INT, "32", 0, "samples per micro-batch (train.batch x memory.accumulate per step)"},
     {"train.sync_after_step", CFG_BOOL, "on", 0, "wait for the device after every step (the lab's baseline)"},
     {"train.read_loss_every", CFG_INT, "1", 0,
      "copy the loss to the host every N steps (a host sync each time); 0: only when logging"},

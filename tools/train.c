@@ -17,6 +17,7 @@
 #include "data/loader.h"
 #include "models/model.h"
 #include "ops/accuracy.h"
+#include "ops/loss_scaler.h"
 #include "ops/sgd.h"
 #include "ops/softmax_xent.h"
 #include "runtime/arena.h"
@@ -30,6 +31,12 @@ typedef struct {
     int use_gpu, batch, epochs, image_size, log_every, read_loss_every, warmup_steps;
     long max_steps;
     int sync_after_step, async_copy, eval, resident, tf32, transform_on_gpu;
+    int accumulate, checkpoint, cuda_graph;
+    DType amp;                /* F32: off */
+    float scale_init, scale_growth, scale_backoff;
+    int scale_interval;
+    LossScalerState *scaler;  /* device; NULL without AMP */
+    cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
     SgdParams sgd;
     float lr;
 
@@ -83,6 +90,22 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->resident = config_bool(cfg, "data.resident");
     t->tf32 = config_bool(cfg, "precision.tf32");
     t->transform_on_gpu = strcmp(config_str(cfg, "data.transform_on"), "gpu") == 0;
+    t->accumulate = (int)config_int(cfg, "memory.accumulate");
+    t->checkpoint = strcmp(config_str(cfg, "memory.checkpoint"), "blocks") == 0;
+    t->cuda_graph = config_bool(cfg, "perf.cuda_graph");
+    const char *amp = config_str(cfg, "precision.amp");
+    t->amp = strcmp(amp, "fp16") == 0 ? DTYPE_F16 : strcmp(amp, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
+    t->scale_init = (float)config_float(cfg, "precision.loss_scale");
+    t->scale_growth = (float)config_float(cfg, "precision.loss_scale_growth");
+    t->scale_backoff = (float)config_float(cfg, "precision.loss_scale_backoff");
+    t->scale_interval = (int)config_int(cfg, "precision.loss_scale_interval");
+    require(t->amp == DTYPE_F32 || t->use_gpu, "precision.amp", "needs run.device = cuda (the CPU trains in fp32)");
+    require(t->scale_init > 0 && isfinite(t->scale_init), "precision.loss_scale", "must be a positive number");
+    require(t->scale_growth >= 1, "precision.loss_scale_growth", "must be at least 1");
+    require(t->scale_backoff > 0 && t->scale_backoff <= 1, "precision.loss_scale_backoff", "must be in (0, 1]");
+    require(t->scale_interval >= 1, "precision.loss_scale_interval", "must be at least 1");
+    require(t->accumulate >= 1 && t->accumulate <= 4096, "memory.accumulate", "must be between 1 and 4096");
+    require(!t->cuda_graph || t->use_gpu, "perf.cuda_graph", "= on needs run.device = cuda");
     t->lr = (float)config_float(cfg, "optim.lr");
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
@@ -110,6 +133,12 @@ static void read_settings(Trainer *t, const Config *cfg) {
     require(config_int(cfg, "data.crop_pad") >= 0, "data.crop_pad", "must be 0 or positive");
     require(config_int(cfg, "data.cutout") >= 0, "data.cutout", "must be 0 or positive");
     require(!t->transform_on_gpu || t->use_gpu, "data.transform_on", "= gpu needs run.device = cuda");
+    /* k micro-batches each add the gradient of their own mean loss, so the
+     * buffer holds k times the mean gradient of the whole batch. SGD on k*g
+     * with lr/k, weight decay k*wd and momentum as usual takes exactly the step
+     * of SGD on g with lr and wd (the momentum buffer holds k times its value). */
+    t->lr /= (float)t->accumulate;
+    t->sgd.weight_decay *= (float)t->accumulate;
 }
 
 void train_load_dataset(const Config *cfg, Dataset *d, int train) {
@@ -173,6 +202,7 @@ static void carve_aux(Trainer *t, Arena *a) {
     t->loss = arena_alloc(a, sizeof(float), "loss");
     t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
     t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
+    t->scaler = t->amp != DTYPE_F32 ? arena_alloc(a, sizeof(LossScalerState), "loss scaler") : NULL;
     for (int s = 0; s < 2; s++) {
         if (t->async_copy && !t->transform_on_gpu)
             t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
@@ -195,6 +225,10 @@ static void alloc_aux(Trainer *t) {
     t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
     if (t->use_gpu) {
         CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
+        if (t->scaler) {
+            LossScalerState initial = loss_scaler_initial(t->scale_init);
+            CUDA_CHECK(cudaMemcpy(t->scaler, &initial, sizeof initial, cudaMemcpyHostToDevice));
+        }
         for (int s = 0; s < 2; s++) {
             CUDA_CHECK(cudaEventCreateWithFlags(&t->staged[s], cudaEventDisableTiming));
             CUDA_CHECK(cudaEventCreateWithFlags(&t->consumed[s], cudaEventDisableTiming));
@@ -292,31 +326,70 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
 
 /* ---- one step -------------------------------------------------------------- */
 
-static void train_step(Trainer *t) {
+/* Forward, loss and backward of one micro-batch; the first micro-batch of an
+ * optimizer step zeroes the gradients, the others add to them. */
+static void micro_step(Trainer *t, int first) {
     Model *m = &t->model;
+    if (first && t->scaler) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
     nvtxRangePushA("forward");
     model_forward(m);
     if (t->use_gpu)
-        softmax_xent_cuda(model_logits(m), t->labels, t->batch, m->num_classes, 1.0f, t->loss,
-                          model_logits_grad(m), t->gpu.compute);
+        softmax_xent_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes,
+                          t->scaler ? &t->scaler->scale : NULL, t->loss, model_logits_grad(m), t->gpu.compute);
     else
-        softmax_xent_cpu(model_logits(m), t->labels, t->batch, m->num_classes, 1.0f, t->loss,
+        softmax_xent_cpu(model_logits(m), t->labels, t->batch, m->num_classes, NULL, t->loss,
                          model_logits_grad(m));
     nvtxRangePop();
 
     nvtxRangePushA("backward");
-    model_zero_grads(m);
+    if (first) model_zero_grads(m);
     model_backward(m);
     nvtxRangePop();
+}
 
+static void optimizer_step(Trainer *t) {
+    Model *m = &t->model;
     nvtxRangePushA("optimizer");
-    if (t->use_gpu)
+    if (t->scaler) {
+        /* All on the device: a step whose gradients hold an inf or NaN is skipped
+         * and the scale backs off, with no host sync (CUDA graphs need that). */
+        loss_scaler_check_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, t->gpu.compute);
+        sgd_step_mixed_cuda(m->params, m->grads, m->act_dtype, m->momentum,
+                            m->weights == m->params ? NULL : m->weights, m->act_dtype, m->n_params,
+                            t->lr_buf, t->scaler, t->sgd, t->gpu.compute);
+        loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
+    } else if (t->use_gpu)
         sgd_step_cuda(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->sgd, t->gpu.compute);
     else
         sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->sgd);
     nvtxRangePop();
+}
 
-    if (t->use_gpu && t->sync_after_step) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+/* One micro-batch of device work, and the optimizer after the last one: run
+ * eagerly, or (perf.cuda_graph) replayed from the CUDA graph captured for this
+ * (first, last) pair the first time it came up after the eager warm-up step.
+ * The graph holds no host work, so the host only launches it. */
+static void run_micro_batch(Trainer *t, int first, int last) {
+    if (!t->cuda_graph || t->step == 0) {
+        micro_step(t, first);
+        if (last) optimizer_step(t);
+        return;
+    }
+    cudaGraphExec_t *exec = &t->graphs[first][last];
+    if (!*exec) {
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(t->gpu.compute, cudaStreamCaptureModeThreadLocal));
+        micro_step(t, first);
+        if (last) optimizer_step(t);
+        CUDA_CHECK(cudaStreamEndCapture(t->gpu.compute, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        log_info("captured the %s%s micro-batch as a CUDA graph", first ? "first" : "next",
+                 last ? " and last" : "");
+    }
+    nvtxRangePushA("graph");
+    CUDA_CHECK(cudaGraphLaunch(*exec, t->gpu.compute));
+    nvtxRangePop();
 }
 
 static float read_loss(Trainer *t) {
@@ -345,7 +418,7 @@ static double evaluate(Trainer *t, int epoch) {
         loader_release(t->test_loader, &b);
         model_forward(m);
         if (t->use_gpu)
-            accuracy_count_cuda(model_logits(m), t->labels, t->batch, m->num_classes, t->correct, t->gpu.compute);
+            accuracy_count_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes, t->correct, t->gpu.compute);
         else
             correct += accuracy_count_cpu(model_logits(m), t->labels, t->batch, m->num_classes);
     }
@@ -362,7 +435,7 @@ static double evaluate(Trainer *t, int epoch) {
 static void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
     if (!t->metrics) return;
     fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6f, \"samples_per_s\": %.1f, \"lr\": %g}\n",
-            t->step, epoch, loss, samples_per_s, t->lr);
+            t->step, epoch, loss, samples_per_s, t->lr * t->accumulate);
     fflush(t->metrics);
 }
 
@@ -373,7 +446,9 @@ static void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double tes
     fflush(t->metrics);
 }
 
-void train_run(const Config *cfg, TrainSummary *out) {
+void train_run(const Config *cfg, TrainSummary *out) { train_run_keep_params(cfg, out, NULL); }
+
+void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out) {
     Trainer trainer = {0}, *t = &trainer;
     memset(out, 0, sizeof *out);
     read_settings(t, cfg);
@@ -412,6 +487,8 @@ void train_run(const Config *cfg, TrainSummary *out) {
     t->model.conv_policy.allow_tf32 = t->tf32;
     t->model.conv_policy.deterministic = config_bool(cfg, "perf.deterministic");
     t->model.conv_policy.benchmark = config_bool(cfg, "perf.conv_benchmark");
+    t->model.checkpoint = t->checkpoint;
+    t->model.act_dtype = t->amp;
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);
@@ -426,7 +503,10 @@ void train_run(const Config *cfg, TrainSummary *out) {
         if (!t->metrics) TC_FATAL("run.metrics_file: cannot open %s for appending", metrics_path);
     }
 
-    int steps_per_epoch = loader_batches_per_epoch(t->train_loader);
+    int steps_per_epoch = loader_batches_per_epoch(t->train_loader) / t->accumulate;
+    if (steps_per_epoch == 0)
+        TC_FATAL("memory.accumulate = %d micro-batches of train.batch = %d is more than an epoch of %d images",
+                 t->accumulate, t->batch, t->train_set.n);
     double timed_s = 0, timed_wait_s = 0, epoch_s_sum = 0;
     long timed_samples = 0;
     float loss = NAN;
@@ -435,12 +515,14 @@ void train_run(const Config *cfg, TrainSummary *out) {
         double epoch_start = now_seconds(), window_start = -1, window_wait_start = 0;
         double log_start = now_seconds();
         long log_start_step = t->step;
-        long epoch_first_step = t->step;
+        int micro = 0;          /* micro-batch within the optimizer step */
+        long epoch_micro = 0;   /* micro-batches taken this epoch */
         Batch b;
         loader_start_epoch(t->train_loader, epoch);
         for (;;) {
             if (t->max_steps && t->step >= t->max_steps) { stop = 1; break; }
-            if (window_start < 0 && t->step >= t->warmup_steps) {
+            if (epoch_micro == (long)steps_per_epoch * t->accumulate) break;
+            if (micro == 0 && window_start < 0 && t->step >= t->warmup_steps) {
                 device_sync(t);
                 window_start = now_seconds();
                 window_wait_start = loader_wait_seconds(t->train_loader);
@@ -450,8 +532,8 @@ void train_run(const Config *cfg, TrainSummary *out) {
             int got;
             if (t->resident) {
                 /* The epoch's first batch stays in the model's input buffer all epoch. */
-                got = t->step - epoch_first_step < steps_per_epoch;
-                if (got && t->step == epoch_first_step && loader_next(t->train_loader, &b)) {
+                got = 1;
+                if (epoch_micro == 0 && loader_next(t->train_loader, &b)) {
                     upload_sync(t, &b);
                     loader_release(t->train_loader, &b);
                 }
@@ -465,15 +547,19 @@ void train_run(const Config *cfg, TrainSummary *out) {
             nvtxRangePop();
             if (!got) break;
 
-            train_step(t);
+            run_micro_batch(t, micro == 0, micro == t->accumulate - 1);
+            epoch_micro++;
+            if (++micro < t->accumulate) continue;
+            micro = 0;
             t->step++;
-            if (window_start >= 0) timed_samples += t->batch;
+            if (t->use_gpu && t->sync_after_step) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+            if (window_start >= 0) timed_samples += (long)t->batch * t->accumulate;
 
             int log_now = t->step % t->log_every == 0;
             if (log_now || (t->read_loss_every && t->step % t->read_loss_every == 0)) loss = read_loss(t);
             if (log_now) {
                 double now = now_seconds();
-                double rate = (t->step - log_start_step) * t->batch / (now - log_start);
+                double rate = (t->step - log_start_step) * t->batch * t->accumulate / (now - log_start);
                 log_info("epoch %d step %ld/%d loss %.4f %.1f samples/s", epoch + 1, t->step,
                          steps_per_epoch * t->epochs, loss, rate);
                 write_metric_step(t, epoch, loss, rate);
@@ -501,12 +587,21 @@ void train_run(const Config *cfg, TrainSummary *out) {
     if (t->step > 0) loss = read_loss(t);
 
     out->steps = t->step;
-    out->timed_steps = timed_samples / t->batch;
+    out->timed_steps = timed_samples / ((long)t->batch * t->accumulate);
     out->samples_per_s = timed_s > 0 ? timed_samples / timed_s : 0;
     out->step_ms = out->timed_steps ? 1000 * timed_s / out->timed_steps : 0;
     out->epoch_s = out->epochs ? epoch_s_sum / out->epochs : 0;
     out->data_wait_frac = timed_s > 0 ? timed_wait_s / timed_s : 0;
     out->final_loss = loss;
+    out->loss_scale = NAN;
+    if (t->scaler) {
+        LossScalerState s;
+        CUDA_CHECK(cudaMemcpy(&s, t->scaler, sizeof s, cudaMemcpyDeviceToHost));
+        out->loss_scale = s.scale;
+        out->skipped_steps = s.skipped_steps;
+        if (s.skipped_steps) log_info("loss scaler: %d steps skipped for inf/NaN gradients, scale now %g",
+                                      s.skipped_steps, s.scale);
+    }
     out->peak_mem_bytes = t->model.arena.peak + t->aux.peak;
     if (t->use_gpu) {
         size_t free_b, total_b;
@@ -518,6 +613,14 @@ void train_run(const Config *cfg, TrainSummary *out) {
         log_warn("no step fell inside the timed window (run.warmup_steps = %d, %ld steps taken): "
                  "samples_per_s is 0", t->warmup_steps, t->step);
 
+    if (params_out) {
+        *params_out = malloc(t->model.n_params * sizeof(float));
+        if (!*params_out) TC_FATAL("out of host memory copying %zu parameters", t->model.n_params);
+        model_get_params(&t->model, *params_out);
+    }
+    for (int first = 0; first < 2; first++)
+        for (int last = 0; last < 2; last++)
+            if (t->graphs[first][last]) CUDA_CHECK(cudaGraphExecDestroy(t->graphs[first][last]));
     if (t->metrics) fclose(t->metrics);
     loader_destroy(t->train_loader);
     if (t->test_loader) loader_destroy(t->test_loader);
@@ -553,6 +656,8 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_number(f, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN, 0);
     json_number(f, "final_loss", s->final_loss, 0);
     json_number(f, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN, 0);
+    json_number(f, "loss_scale", s->loss_scale, 0);
+    fprintf(f, "\"skipped_steps\": %ld, ", s->skipped_steps);
     fprintf(f, "\"peak_mem_bytes\": %zu, \"driver_mem_bytes\": %zu}\n", s->peak_mem_bytes, s->driver_mem_bytes);
     fflush(f);
 }

@@ -22,6 +22,8 @@ typedef struct {
     double data_wait_frac;  /* share of the timed window spent waiting for the loader */
     double gpu_util;        /* mean NVML utilisation over the timed window; < 0: unknown */
     double final_loss;      /* loss of the last step */
+    double loss_scale;      /* the loss scaler's scale at the end; NaN without AMP */
+    long skipped_steps;     /* steps the loss scaler skipped for inf/NaN gradients */
     double test_acc;        /* top-1 after the last epoch; < 0: not evaluated */
     size_t peak_mem_bytes;  /* device memory the run allocated (arena high-water mark) */
     size_t driver_mem_bytes;/* device memory in use as the driver saw it (context included) */
@@ -30,6 +32,8 @@ typedef struct {
 /* Runs training; bad config values and data errors end the process with a
  * message naming the key or file. */
 void train_run(const Config *cfg, TrainSummary *out);
+/* The same, and *params_out gets a malloc'ed copy of the final parameters. */
+void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out);
 void train_summary_print_json(const TrainSummary *s, FILE *f);
 
 /* Loads the training (train = 1) or test split that the data.* keys name. */

@@ -1,0 +1,29 @@
+/* Conversion of n elements between float32 and dtype (f32, f16 or bf16):
+ * float32 -> f16/bf16 rounds to nearest even (too large goes to inf, NaN stays
+ * NaN), f16/bf16 -> float32 is exact; f32 <-> f32 is a copy. Used for the half
+ * copy of the fp32 master weights, the input batch and reading results back.
+ * The CPU path does on the host, bit for bit, what the CUDA path does on the
+ * device (NaN payloads aside). */
+#ifndef TRAINC_OPS_CAST_H
+#define TRAINC_OPS_CAST_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void cast_from_f32_cpu(DType dst_dtype, const float *src, void *dst, size_t n);
+void cast_to_f32_cpu(DType src_dtype, const void *src, float *dst, size_t n);
+void cast_from_f32_cuda(DType dst_dtype, const float *src, void *dst, size_t n,
+                        cudaStream_t stream);
+void cast_to_f32_cuda(DType src_dtype, const void *src, float *dst, size_t n,
+                      cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -74,8 +74,9 @@ int main(void) {
         for (int i = 0; i < cpu.n_layers; i++) {
             const Layer *l = &cpu.layers[i];
             if (!l->w_count) continue;
-            double ew = test_rel_error(grads + l->w_off, cpu.grads + l->w_off, l->w_count);
-            double eb = test_rel_error(grads + l->b_off, cpu.grads + l->b_off, l->b_count);
+            const float *cpu_grads = cpu.grads;
+            double ew = test_rel_error(grads + l->w_off, cpu_grads + l->w_off, l->w_count);
+            double eb = test_rel_error(grads + l->b_off, cpu_grads + l->b_off, l->b_count);
             CHECK_MSG(ew < 1e-3 && eb < 1e-3, "step %d layer %d grad rel errors w %.3g b %.3g", step, i, ew, eb);
         }
 

@@ -14,8 +14,9 @@
 
 /* ---- building ---------------------------------------------------------- */
 
-void model_init(Model *m, int batch, int num_classes) {
+void model_init(Model *m, int batch, int num_classes, int nhwc) {
     memset(m, 0, sizeof *m);
+    m->nhwc = nhwc;
     m->open_block = -1;
     m->batch = batch;
     m->num_classes = num_classes;
@@ -26,6 +27,7 @@ static int add_act(Model *m, int c, int h, int w) {
     if (m->n_acts >= MODEL_MAX_ACTS) TC_FATAL("model has more than %d activations", MODEL_MAX_ACTS);
     Activation *a = &m->acts[m->n_acts];
     a->c = c; a->h = h; a->w = w;
+    a->c_real = c;
     a->shares_with = -1;
     a->grad_slot = -1;
     a->internal_to = m->open_block;
@@ -67,7 +69,10 @@ void model_block_end(Model *m) {
 
 int model_input(Model *m, int c, int h, int w) {
     if (m->n_acts != 0) TC_FATAL("model_input must be the first activation");
-    return add_act(m, c, h, w);
+    /* Tensor-core convolutions want channels in multiples of 8. */
+    int id = add_act(m, m->nhwc ? (c + 7) / 8 * 8 : c, h, w);
+    m->acts[id].c_real = c;
+    return id;
 }
 
 int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
@@ -80,7 +85,7 @@ int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stri
                  kernel, x->h, x->w);
     l->conv = s;
     add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, (size_t)out_channels,
-               (size_t)x->c * kernel * kernel);
+               (size_t)x->c_real * kernel * kernel);
     return l->out = add_act(m, out_channels, oh, ow);
 }
 
@@ -152,11 +157,12 @@ static void choose_conv_algorithms(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) {
-            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, m->act_dtype, &m->conv_policy);
+            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, m->act_dtype, m->nhwc,
+                             &m->conv_policy);
             if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
                 m->workspace_bytes = l->conv_cuda.workspace_bytes;
         } else if (l->kind == LAYER_MAXPOOL) {
-            maxpool2x2_cuda_init(&l->pool_cuda, &l->pool, m->act_dtype);
+            maxpool2x2_cuda_init(&l->pool_cuda, &l->pool, m->act_dtype, m->nhwc);
         }
     }
 }
@@ -188,7 +194,7 @@ static void carve_buffers(Model *m, Arena *a) {
     m->weights = half ? arena_alloc(a, m->n_params * esize, "half-precision weights") : m->params;
     m->grads = arena_alloc(a, m->n_params * esize, "gradients");
     m->momentum = arena_alloc(a, m->n_params * sizeof(float), "momentum");
-    m->input_f32 = half ? arena_alloc(a, act_floats(m, 0) * sizeof(float), "fp32 input batch") : NULL;
+    m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
     size_t region = plan_recompute_region(m);
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
     for (int id = 0; id < m->n_acts; id++) {
@@ -216,15 +222,39 @@ static float uniform(uint64_t *state, float bound) {
 
 /* PyTorch's default for conv and linear: weights and biases uniform in
  * +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5)). */
+/* Where weight j of a layer, counted in NCHW order over the real input
+ * channels, lives in this model's layout: conv weights [k][c][r][s] become
+ * [k][r][s][c_padded]; a linear layer after a channels-last image sees its
+ * inputs in (h, w, c) order. So the NCHW and NHWC models start from the same
+ * function. */
+static size_t weight_index(const Model *m, const Layer *l, size_t j) {
+    const Activation *x = &m->acts[l->in];
+    if (!m->nhwc) return j;
+    if (l->kind == LAYER_CONV) {
+        int rs = l->conv.r * l->conv.s, cr = x->c_real;
+        size_t k = j / ((size_t)cr * rs), c = j / rs % cr, pos = j % rs;
+        return (k * rs + pos) * x->c + c;
+    }
+    if (l->kind == LAYER_LINEAR && x->h * x->w > 1) {
+        size_t in = (size_t)x->c * x->h * x->w, hw = (size_t)x->h * x->w;
+        size_t row = j / in, col = j % in, c = col / hw, pos = col % hw;
+        return row * in + pos * x->c + c;
+    }
+    return j;
+}
+
 static void init_params(Model *m, uint64_t seed) {
-    float *host = malloc(m->n_params * sizeof(float));
+    float *host = calloc(m->n_params, sizeof(float)); /* padded input channels keep 0 */
     if (!host) TC_FATAL("out of host memory initialising %zu parameters", m->n_params);
     uint64_t state = seed * 0x2545F4914F6CDD1DULL + 1;
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         if (!l->w_count) continue;
+        const Activation *x = &m->acts[l->in];
+        size_t real_w = l->w_count / x->c * x->c_real; /* conv: padded channels get none */
+        if (l->kind == LAYER_LINEAR) real_w = l->w_count;
         float bound = 1.0f / sqrtf((float)l->fan_in);
-        for (size_t j = 0; j < l->w_count; j++) host[l->w_off + j] = uniform(&state, bound);
+        for (size_t j = 0; j < real_w; j++) host[l->w_off + weight_index(m, l, j)] = uniform(&state, bound);
         for (size_t j = 0; j < l->b_count; j++) host[l->b_off + j] = uniform(&state, bound);
     }
     model_set_params(m, host);
@@ -235,6 +265,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (m->n_layers == 0) TC_FATAL("model has no layers");
     if (m->open_block >= 0) TC_FATAL("block %d was not ended", m->open_block);
     if (!gpu && m->act_dtype != DTYPE_F32) TC_FATAL("the CPU path trains in fp32 only (precision.amp = off)");
+    if (!gpu && m->nhwc) TC_FATAL("the CPU path trains in NCHW only (model.layout = nchw)");
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
     assign_grad_slots(m);
@@ -266,7 +297,7 @@ void model_destroy(Model *m) {
 /* ---- running ------------------------------------------------------------ */
 
 float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 : (float *)m->acts[0].value; }
-size_t model_input_floats(const Model *m) { return act_floats(m, 0); }
+size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
 void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
 void *model_logits_grad(const Model *m) { return m->act_grads[m->acts[m->n_acts - 1].grad_slot]; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
@@ -328,8 +359,12 @@ static void layer_backward(Model *m, Layer *l) {
 }
 
 void model_forward(Model *m) {
-    if (m->input_f32)
-        cast_from_f32_cuda(m->act_dtype, m->input_f32, m->acts[0].value, act_floats(m, 0), m->gpu->compute);
+    const Activation *in = &m->acts[0];
+    if (m->nhwc)
+        cast_nchw_to_nhwc_cuda(m->act_dtype, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c,
+                               m->gpu->compute);
+    else if (m->input_f32)
+        cast_from_f32_cuda(m->act_dtype, m->input_f32, in->value, act_floats(m, 0), m->gpu->compute);
     for (int i = 0; i < m->n_layers; i++) layer_forward(m, &m->layers[i]);
 }
 
@@ -381,7 +416,7 @@ void model_set_params(Model *m, const float *host) {
     }
 }
 
-int model_build(Model *m, const char *name, int batch, int image_size, int num_classes,
+int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen) {
     if (strcmp(name, "simplenet") != 0) {
         snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet)", name);
@@ -396,7 +431,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
         snprintf(err, errlen, "train.batch must be >= 1 and model.num_classes >= 2");
         return -1;
     }
-    model_init(m, batch, num_classes);
+    model_init(m, batch, num_classes, nhwc);
     simplenet_build(m, image_size);
     return 0;
 }

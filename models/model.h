@@ -51,6 +51,7 @@ typedef struct {
 
 typedef struct {
     int c, h, w;          /* per sample; a matrix activation is c features, h = w = 1 */
+    int c_real;           /* channels that carry data (the input's c is padded under NHWC) */
     int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU) */
     int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
@@ -63,6 +64,7 @@ typedef struct {
     GpuContext *gpu;      /* NULL on the CPU */
     int batch;
     int num_classes;
+    int nhwc;             /* channels-last layout (set by model_init) */
     DType act_dtype;      /* set before model_finalize: activations and their gradients (F32, F16, BF16) */
     ConvAlgoPolicy conv_policy; /* set before model_finalize (model_init: 256 MiB, strict fp32) */
 
@@ -90,7 +92,9 @@ typedef struct {
 
 /* Builder. model_input must come first; shapes are inferred as layers are added
  * and impossible ones (a pool over an odd size, say) fail naming the layer. */
-void model_init(Model *m, int batch, int num_classes);
+/* nhwc: activations channels-last ([n][h][w][c]), conv weights [k][r][s][c],
+ * and the input's channels padded to 8 for the tensor cores (GPU only). */
+void model_init(Model *m, int batch, int num_classes, int nhwc);
 int model_input(Model *m, int c, int h, int w);
 int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride);
 int model_relu(Model *m, int in);
@@ -129,7 +133,7 @@ size_t model_bytes(const Model *m);
 
 /* Builds a named model ("simplenet"); returns 0, or -1 with a message for an
  * unknown name or an impossible input size. */
-int model_build(Model *m, const char *name, int batch, int image_size, int num_classes,
+int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen);
 /* SimpleNet: 3 x (conv3x3 + ReLU + maxpool2), fc 256*(s/8)^2 -> 512, ReLU, fc -> classes. */
 void simplenet_build(Model *m, int image_size);

@@ -79,3 +79,25 @@ void cast_to_f32_cpu(DType src_dtype, const void *src, float *dst, size_t n) {
     for (size_t i = 0; i < n; i++)
         dst[i] = src_dtype == DTYPE_F16 ? half_bits_to_float(in[i]) : bf16_bits_to_float(in[i]);
 }
+
+/* dst[i] = v rounded to dt. */
+static void store_rounded(DType dt, void *dst, size_t i, float v) {
+    if (dt == DTYPE_F32)
+        ((float *)dst)[i] = v;
+    else
+        ((uint16_t *)dst)[i] = dt == DTYPE_F16 ? float_to_half_bits(v) : float_to_bf16_bits(v);
+}
+
+void cast_nchw_to_nhwc_cpu(DType dst_dtype, const float *src_nchw, void *dst_nhwc, int n, int c,
+                           int h, int w, int c_padded) {
+    check_dtype(dst_dtype);
+    if (n < 0 || c <= 0 || h < 0 || w < 0 || c_padded < c)
+        TC_FATAL("cast nchw -> nhwc: bad shape n=%d c=%d h=%d w=%d c_padded=%d", n, c, h, w,
+                 c_padded);
+    size_t plane = (size_t)h * w;
+    for (size_t p = 0; p < (size_t)n * plane; p++) {
+        const float *in = src_nchw + (p / plane) * c * plane + p % plane;
+        for (int ch = 0; ch < c_padded; ch++)
+            store_rounded(dst_dtype, dst_nhwc, p * c_padded + ch, ch < c ? in[ch * plane] : 0.0f);
+    }
+}

@@ -23,6 +23,15 @@ void cast_from_f32_cuda(DType dst_dtype, const float *src, void *dst, size_t n,
 void cast_to_f32_cuda(DType src_dtype, const void *src, float *dst, size_t n,
                       cudaStream_t stream);
 
+/* A float32 NCHW batch [n][c][h][w] to dst_dtype in NHWC [n][h][w][c_padded],
+ * rounded as above; channels c..c_padded-1 are zero. c_padded >= c; padding
+ * the 3 channels of an image to 4 or 8 lets cuDNN run the first convolution on
+ * tensor cores. */
+void cast_nchw_to_nhwc_cpu(DType dst_dtype, const float *src_nchw, void *dst_nhwc, int n, int c,
+                           int h, int w, int c_padded);
+void cast_nchw_to_nhwc_cuda(DType dst_dtype, const float *src_nchw, void *dst_nhwc, int n, int c,
+                            int h, int w, int c_padded, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,4 +1,4 @@
-/* Conv2d through cuDNN's legacy convolution API, NCHW, float32, f16 or bf16 data
+/* Conv2d through cuDNN's legacy convolution API, NCHW or NHWC, float32, f16 or bf16 data
  * with fp32 accumulation (the convolution's compute type is always FLOAT: cuDNN's
  * PSEUDO_HALF and PSEUDO_BFLOAT16 configurations for the half types).
  * For float32 the math type is CUDNN_FMA_MATH unless TF32 is allowed: with CUDNN_DEFAULT_MATH
@@ -11,6 +11,7 @@
  * cuDNN calls deterministic, so two runs of the same step give the same bits. */
 #include "ops/conv2d.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "ops/cuda_launch.h"
@@ -143,18 +144,23 @@ static cudnnMathType_t widest_math(const Conv2dCuda *c) {
     return c->policy.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
-void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype,
+/* Our own bias kernels everywhere but NCHW float32 (see add_bias). */
+static bool own_bias_kernels(const Conv2dCuda *c) { return c->dtype != DTYPE_F32 || c->nhwc; }
+
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype, int nhwc,
                       const ConvAlgoPolicy *policy) {
     memset(c, 0, sizeof *c);
     check_float_dtype("conv2d", dtype);
     c->shape = *s;
     c->dtype = dtype;
+    c->nhwc = nhwc != 0;
+    cudnnTensorFormat_t format = c->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     c->policy = *policy;
     cudnnDataType_t data_type = dtype_cudnn(dtype);
     size_t workspace_limit = policy->workspace_limit;
     int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
-    if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->r <= 0 || s->s <= 0 || s->stride <= 0 ||
-        s->pad < 0 || out_h <= 0 || out_w <= 0)
+    if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->k > 65535 || s->r <= 0 || s->s <= 0 ||
+        s->stride <= 0 || s->pad < 0 || out_h <= 0 || out_w <= 0)
         TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", s->n,
                  s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride);
 
@@ -162,10 +168,9 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->y_desc));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->b_desc));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&c->w_desc));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->x_desc, CUDNN_TENSOR_NCHW, data_type, s->n,
-                                           s->c, s->h, s->w));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, data_type, CUDNN_TENSOR_NCHW, s->k,
-                                           s->c, s->r, s->s));
+    /* Dimensions are given as NCHW in either format; the format says how they lie in memory. */
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->x_desc, format, data_type, s->n, s->c, s->h, s->w));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, data_type, format, s->k, s->c, s->r, s->s));
     /* Heuristics are asked under the widest math allowed; each pass then runs
      * under the math type of the algorithm it got. */
     c->conv_desc = make_conv_desc(s, widest_math(c));
@@ -176,8 +181,7 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     if (dims[0] != s->n || dims[1] != s->k || dims[2] != out_h || dims[3] != out_w)
         TC_FATAL("conv2d: cuDNN output %dx%dx%dx%d, expected %dx%dx%dx%d", dims[0], dims[1],
                  dims[2], dims[3], s->n, s->k, out_h, out_w);
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->y_desc, CUDNN_TENSOR_NCHW, data_type, s->n,
-                                           s->k, out_h, out_w));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->y_desc, format, data_type, s->n, s->k, out_h, out_w));
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->b_desc, CUDNN_TENSOR_NCHW, data_type, 1,
                                            s->k, 1, 1));
 
@@ -192,6 +196,11 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     c->workspace_bytes = fwd_bytes;
     if (data_bytes > c->workspace_bytes) c->workspace_bytes = data_bytes;
     if (filter_bytes > c->workspace_bytes) c->workspace_bytes = filter_bytes;
+    /* The bias gradient's partial sums use the workspace after the filter gradient is done. */
+    size_t bias_bytes = own_bias_kernels(c)
+                            ? conv2d_bias_grad_workspace_bytes(s->n, s->k, out_h, out_w, c->nhwc)
+                            : 0;
+    if (bias_bytes > c->workspace_bytes) c->workspace_bytes = bias_bytes;
 }
 
 void conv2d_cuda_destroy(Conv2dCuda *c) {
@@ -205,63 +214,251 @@ void conv2d_cuda_destroy(Conv2dCuda *c) {
     memset(c, 0, sizeof *c);
 }
 
-/* The bias of the half types runs in our own kernels rather than cudnnAddTensor
- * and cudnnConvolutionBackwardBias, whose legacy paths need not take bf16 nor
- * sum in fp32. float32 keeps the cuDNN calls, and so its exact bits. */
+/* The bias runs in our own kernels except for NCHW float32: cuDNN's legacy
+ * cudnnAddTensor and cudnnConvolutionBackwardBias need not take bf16 nor sum in
+ * fp32, and NHWC float32 takes ours too rather than lean on those legacy calls'
+ * channels-last support. NCHW float32 keeps the cuDNN calls, and so its exact
+ * bits.
+ *
+ * The kernels move 16 bytes (VEC elements) at a time where the tensor allows:
+ * a vector must not span two channels, so the run of elements one channel owns
+ * (the plane in NCHW, the channels of a pixel in NHWC) must be a multiple of
+ * VEC, and the pointer 16-byte aligned. Otherwise VEC is 1. */
 
-/* y[n][k][pq] += b[k], rounded once. */
-template <typename T>
-static __global__ void conv_add_bias_kernel(T *y, const T *b, size_t total, int channels,
-                                            size_t plane) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        int k = (int)((i / plane) % channels);
-        y[i] = from_float<T>(to_float(y[i]) + to_float(b[k]));
-    }
-}
-
-/* db[k] += sum over n and pq of dy[n][k][pq]: one block per channel, each thread
- * summing every CONV_BIAS_GRAD_THREADS-th element of the channel in fp32, then
- * a tree in shared memory. A fixed order, so deterministic. */
-#define CONV_BIAS_GRAD_THREADS 256
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
 
 template <typename T>
-static __global__ void __launch_bounds__(CONV_BIAS_GRAD_THREADS)
-conv_bias_grad_kernel(const T *dy, T *db, int images, int channels, size_t plane) {
-    __shared__ float partial[CONV_BIAS_GRAD_THREADS];
-    int k = blockIdx.x;
-    size_t count = (size_t)images * plane;
-    float sum = 0.0f;
-    for (size_t j = threadIdx.x; j < count; j += CONV_BIAS_GRAD_THREADS) {
-        size_t n = j / plane, pq = j % plane;
-        sum += to_float(dy[(n * channels + k) * plane + pq]);
-    }
-    partial[threadIdx.x] = sum;
-    __syncthreads();
-    for (int half = CONV_BIAS_GRAD_THREADS / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) db[k] = from_float<T>(to_float(db[k]) + partial[0]);
+static constexpr int wide_vec() { return (int)(16 / sizeof(T)); }
+
+/* The widest vector for a tensor at p whose channel runs are 'run' elements. */
+template <typename T>
+static int vector_width(const void *p, size_t run) {
+    return (uintptr_t)p % 16 == 0 && run % wide_vec<T>() == 0 ? wide_vec<T>() : 1;
 }
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 static size_t out_plane(const Conv2dShape *s) { return (size_t)conv2d_out_h(s) * conv2d_out_w(s); }
 
-template <typename T>
-static void launch_conv_add_bias(const Conv2dShape *s, const void *b, void *y,
-                                 cudaStream_t stream) {
-    size_t total = (size_t)s->n * s->k * out_plane(s);
-    conv_add_bias_kernel<T><<<elementwise_blocks(total), ELEMENTWISE_THREADS, 0, stream>>>(
-        (T *)y, (const T *)b, total, s->k, out_plane(s));
+/* y += b per channel, rounded once. y is 'vectors' packs; 'run' is the channel
+ * run in packs: in NCHW pack i lies in plane i / run, whose channel is that
+ * modulo the channel count; in NHWC it starts at channel (i % run) * VEC. */
+template <typename T, int VEC>
+static __global__ void conv_add_bias_kernel(T *y, const T *b, size_t vectors, size_t run,
+                                            int channels, int nhwc) {
+    Pack<T, VEC> *yv = (Pack<T, VEC> *)y;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < vectors;
+         i += (size_t)gridDim.x * blockDim.x) {
+        Pack<T, VEC> p = yv[i];
+        if (nhwc) {
+            int k0 = (int)(i % run) * VEC;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                p.v[e] = from_float<T>(to_float(p.v[e]) + to_float(b[k0 + e]));
+        } else {
+            float bias = to_float(b[(i / run) % channels]);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) p.v[e] = from_float<T>(to_float(p.v[e]) + bias);
+        }
+        yv[i] = p;
+    }
+}
+
+template <typename T, int VEC>
+static void launch_add_bias_vec(int nhwc, int n, int k, size_t plane, const void *b, void *y,
+                                cudaStream_t stream) {
+    size_t vectors = (size_t)n * k * plane / VEC, run = (nhwc ? (size_t)k : plane) / VEC;
+    conv_add_bias_kernel<T, VEC><<<elementwise_blocks(vectors), ELEMENTWISE_THREADS, 0, stream>>>(
+        (T *)y, (const T *)b, vectors, run, k, nhwc);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-static void launch_conv_bias_grad(const Conv2dShape *s, const void *dy, void *db,
-                                  cudaStream_t stream) {
-    conv_bias_grad_kernel<T><<<(unsigned)s->k, CONV_BIAS_GRAD_THREADS, 0, stream>>>(
-        (const T *)dy, (T *)db, s->n, s->k, out_plane(s));
+static void launch_conv_add_bias(int nhwc, int n, int k, size_t plane, const void *b, void *y,
+                                 cudaStream_t stream) {
+    if (vector_width<T>(y, nhwc ? (size_t)k : plane) > 1)
+        launch_add_bias_vec<T, wide_vec<T>()>(nhwc, n, k, plane, b, y, stream);
+    else
+        launch_add_bias_vec<T, 1>(nhwc, n, k, plane, b, y, stream);
+}
+
+/* db[k] += the sum of dy over channel k, in two passes. The first writes
+ * partial sums partials[row][k], row = blockIdx.x, each block summing a fixed
+ * share of the tensor in a fixed order; the second adds each channel's rows up,
+ * again in a fixed order. So the result is deterministic without atomics, and
+ * the first pass has enough blocks to read at memory bandwidth. */
+#define BIAS_GRAD_THREADS 256
+/* At most this many blocks in the first pass: about five waves on an H100 or
+ * H200 (132 SMs), so the last, partial wave costs little... */
+#define BIAS_GRAD_MAX_BLOCKS 4096
+/* ...each with at least this many elements, so small tensors take few blocks. */
+#define BIAS_GRAD_MIN_BLOCK_ELEMS 8192
+/* Loads each thread issues before adding: bytes in flight to cover latency. */
+#define BIAS_GRAD_UNROLL 4
+
+/* Rows of partial sums, the first pass's grid x. Its grid y is k blocks in NCHW
+ * and at most ceil(k / BIAS_GRAD_THREADS) in NHWC. */
+static unsigned bias_grad_partial_rows(int n, int k, size_t plane, int nhwc) {
+    size_t blocks_per_row = nhwc ? ceil_div((size_t)k, BIAS_GRAD_THREADS) : (size_t)k;
+    size_t elems = (size_t)n * plane * k;
+    size_t rows = ceil_div(ceil_div(elems, BIAS_GRAD_MIN_BLOCK_ELEMS), blocks_per_row);
+    size_t most = BIAS_GRAD_MAX_BLOCKS / blocks_per_row;
+    if (rows > most) rows = most;
+    return rows ? (unsigned)rows : 1;
+}
+
+/* The block's sum of v, a tree in shared memory (a fixed order); every thread
+ * gets it. Once per kernel. */
+static __device__ float block_sum(float v) {
+    __shared__ float partial[BIAS_GRAD_THREADS];
+    partial[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = BIAS_GRAD_THREADS / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        __syncthreads();
+    }
+    return partial[0];
+}
+
+/* NCHW: block (x, k) sums channel k, whose n planes of plane_vecs packs it
+ * takes as one sequence, strided over the gridDim.x blocks of the channel.
+ * A thread tracks its (image, pack) position instead of dividing each step. */
+template <typename T, int VEC>
+static __global__ void __launch_bounds__(BIAS_GRAD_THREADS)
+bias_grad_nchw_partials(const T *__restrict__ dy, float *__restrict__ partials, int images,
+                        int channels, size_t plane_vecs) {
+    int k = blockIdx.y;
+    const Pack<T, VEC> *channel = (const Pack<T, VEC> *)dy + (size_t)k * plane_vecs;
+    size_t image_stride = (size_t)channels * plane_vecs, count = (size_t)images * plane_vecs;
+    size_t stride = (size_t)gridDim.x * BIAS_GRAD_THREADS;
+    size_t j = (size_t)blockIdx.x * BIAS_GRAD_THREADS + threadIdx.x;
+    size_t n = j / plane_vecs, pq = j % plane_vecs;
+    size_t step_n = stride / plane_vecs, step_pq = stride % plane_vecs;
+    float sum = 0.0f;
+    for (; j < count; j += BIAS_GRAD_UNROLL * stride) {
+        Pack<T, VEC> v[BIAS_GRAD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BIAS_GRAD_UNROLL; u++) {
+            if (j + u * stride < count) v[u] = channel[n * image_stride + pq];
+            n += step_n;
+            pq += step_pq;
+            if (pq >= plane_vecs) {
+                pq -= plane_vecs;
+                n++;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BIAS_GRAD_UNROLL; u++)
+            if (j + u * stride < count)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) sum += to_float(v[u].v[e]);
+    }
+    float total = block_sum(sum);
+    if (threadIdx.x == 0) partials[(size_t)blockIdx.x * channels + k] = total;
+}
+
+/* NHWC: dy is a [rows][cols] matrix of packs (cols = channels / VEC). Block
+ * (x, y) takes columns from y * BIAS_GRAD_THREADS, 'width' of them, with
+ * 'height' threads per column, each summing every (gridDim.x * height)-th row.
+ * Then one thread per channel adds its column's threads up in order. */
+template <typename T, int VEC>
+static __global__ void __launch_bounds__(BIAS_GRAD_THREADS)
+bias_grad_nhwc_partials(const T *__restrict__ dy, float *__restrict__ partials, size_t rows,
+                        int channels) {
+    __shared__ float column_sums[BIAS_GRAD_THREADS * VEC];
+    int cols = channels / VEC, col0 = blockIdx.y * BIAS_GRAD_THREADS;
+    int width = min(cols - col0, BIAS_GRAD_THREADS), height = BIAS_GRAD_THREADS / width;
+    int col = threadIdx.x % width, lane_row = threadIdx.x / width;
+    float sum[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) sum[e] = 0.0f;
+    if (lane_row < height) {
+        const Pack<T, VEC> *p = (const Pack<T, VEC> *)dy + col0 + col;
+        size_t stride = (size_t)gridDim.x * height;
+        for (size_t r = (size_t)blockIdx.x * height + lane_row; r < rows;
+             r += BIAS_GRAD_UNROLL * stride) {
+            Pack<T, VEC> v[BIAS_GRAD_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BIAS_GRAD_UNROLL; u++)
+                if (r + u * stride < rows) v[u] = p[(r + u * stride) * cols];
+#pragma unroll
+            for (int u = 0; u < BIAS_GRAD_UNROLL; u++)
+                if (r + u * stride < rows)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) sum[e] += to_float(v[u].v[e]);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) column_sums[threadIdx.x * VEC + e] = sum[e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < width * VEC; i += BIAS_GRAD_THREADS) {
+        int c = i / VEC, e = i % VEC;
+        float total = 0.0f;
+        for (int lr = 0; lr < height; lr++) total += column_sums[(lr * width + c) * VEC + e];
+        partials[(size_t)blockIdx.x * channels + (size_t)(col0 + c) * VEC + e] = total;
+    }
+}
+
+/* Block k: db[k] += the sum of partials[0..rows)[k]. */
+template <typename T>
+static __global__ void __launch_bounds__(BIAS_GRAD_THREADS)
+bias_grad_finish(const float *__restrict__ partials, int rows, int channels, T *db) {
+    int k = blockIdx.x;
+    float sum = 0.0f;
+    for (int r = threadIdx.x; r < rows; r += BIAS_GRAD_THREADS)
+        sum += partials[(size_t)r * channels + k];
+    float total = block_sum(sum);
+    if (threadIdx.x == 0) db[k] = from_float<T>(to_float(db[k]) + total);
+}
+
+template <typename T, int VEC>
+static void launch_bias_grad_partials(int nhwc, int n, int k, size_t plane, const void *dy,
+                                      float *partials, unsigned rows, cudaStream_t stream) {
+    if (nhwc) {
+        dim3 grid(rows, (unsigned)ceil_div((size_t)k / VEC, BIAS_GRAD_THREADS));
+        bias_grad_nhwc_partials<T, VEC><<<grid, BIAS_GRAD_THREADS, 0, stream>>>(
+            (const T *)dy, partials, (size_t)n * plane, k);
+    } else {
+        dim3 grid(rows, (unsigned)k);
+        bias_grad_nchw_partials<T, VEC><<<grid, BIAS_GRAD_THREADS, 0, stream>>>(
+            (const T *)dy, partials, n, k, plane / VEC);
+    }
     CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+static void launch_conv_bias_grad(int nhwc, int n, int k, size_t plane, const void *dy, void *db,
+                                  float *partials, cudaStream_t stream) {
+    unsigned rows = bias_grad_partial_rows(n, k, plane, nhwc);
+    if (vector_width<T>(dy, nhwc ? (size_t)k : plane) > 1)
+        launch_bias_grad_partials<T, wide_vec<T>()>(nhwc, n, k, plane, dy, partials, rows, stream);
+    else
+        launch_bias_grad_partials<T, 1>(nhwc, n, k, plane, dy, partials, rows, stream);
+    bias_grad_finish<T><<<(unsigned)k, BIAS_GRAD_THREADS, 0, stream>>>(partials, (int)rows, k,
+                                                                      (T *)db);
+    CUDA_CHECK_LAUNCH();
+}
+
+static void check_bias_shape(int n, int k, int out_h, int out_w) {
+    if (n <= 0 || k <= 0 || k > 65535 || out_h <= 0 || out_w <= 0)
+        TC_FATAL("conv2d bias gradient: bad shape n=%d k=%d out %dx%d", n, k, out_h, out_w);
+}
+
+size_t conv2d_bias_grad_workspace_bytes(int n, int k, int out_h, int out_w, int nhwc) {
+    check_bias_shape(n, k, out_h, out_w);
+    return (size_t)bias_grad_partial_rows(n, k, (size_t)out_h * out_w, nhwc) * k * sizeof(float);
+}
+
+void conv2d_bias_grad_cuda(DType dtype, int nhwc, int n, int k, int out_h, int out_w,
+                           const void *dy, void *db, void *workspace, cudaStream_t stream) {
+    check_float_dtype("conv2d bias gradient", dtype);
+    check_bias_shape(n, k, out_h, out_w);
+    if (!workspace) TC_FATAL("conv2d bias gradient: no workspace for the partial sums");
+    DISPATCH_FLOAT_DTYPE(dtype, launch_conv_bias_grad, nhwc != 0, n, k, (size_t)out_h * out_w, dy,
+                         db, (float *)workspace, stream);
 }
 
 static cudaStream_t handle_stream(cudnnHandle_t h) {
@@ -271,17 +468,21 @@ static cudaStream_t handle_stream(cudnnHandle_t h) {
 }
 
 static void add_bias(const Conv2dCuda *c, cudnnHandle_t h, const void *b, void *y) {
-    if (c->dtype == DTYPE_F32)
+    if (!own_bias_kernels(c))
         CUDNN_CHECK(cudnnAddTensor(h, &kOne, c->b_desc, b, &kOne, c->y_desc, y));
     else
-        DISPATCH_FLOAT_DTYPE(c->dtype, launch_conv_add_bias, &c->shape, b, y, handle_stream(h));
+        DISPATCH_FLOAT_DTYPE(c->dtype, launch_conv_add_bias, c->nhwc, c->shape.n, c->shape.k,
+                             out_plane(&c->shape), b, y, handle_stream(h));
 }
 
-static void accumulate_bias_grad(const Conv2dCuda *c, cudnnHandle_t h, const void *dy, void *db) {
-    if (c->dtype == DTYPE_F32)
+static void accumulate_bias_grad(const Conv2dCuda *c, cudnnHandle_t h, const void *dy, void *db,
+                                 void *workspace) {
+    const Conv2dShape *s = &c->shape;
+    if (!own_bias_kernels(c))
         CUDNN_CHECK(cudnnConvolutionBackwardBias(h, &kOne, c->y_desc, dy, &kOne, c->b_desc, db));
     else
-        DISPATCH_FLOAT_DTYPE(c->dtype, launch_conv_bias_grad, &c->shape, dy, db, handle_stream(h));
+        conv2d_bias_grad_cuda(c->dtype, c->nhwc, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), dy,
+                              db, workspace, handle_stream(h));
 }
 
 static void check_workspace(const Conv2dCuda *c, const void *workspace) {
@@ -308,5 +509,5 @@ void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, c
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, x, c->y_desc, dy,
                                                c->bwd_filter_desc, c->bwd_filter_algo, workspace,
                                                c->workspace_bytes, &kOne, c->w_desc, dw));
-    accumulate_bias_grad(c, h, dy, db);
+    accumulate_bias_grad(c, h, dy, db, workspace);
 }

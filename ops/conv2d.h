@@ -1,12 +1,16 @@
-/* 2-D convolution with bias, NCHW.
+/* 2-D convolution with bias.
  * y[n,k,p,q] = b[k] + sum_{c,r,s} x[n,c,p*stride-pad+r,q*stride-pad+s] * w[k,c,r,s]
  * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
  * flat gradient buffer zeroed once per optimizer step accumulates micro-batches.
- * The CPU path is float32. The CUDA path stores x, w, b, y, dy, dx, dw and db as
- * the dtype given at init (f32, f16 or bf16) and accumulates in fp32. */
+ * The CPU path is float32, NCHW. The CUDA path stores x, w, b, y, dy, dx, dw and
+ * db as the dtype given at init (f32, f16 or bf16) and accumulates in fp32; its
+ * layout is NCHW (x [n][c][h][w], w [k][c][r][s]) or, with nhwc, channels-last
+ * (x, y and their gradients [n][h][w][c], w and dw [k][r][s][c]); b is k values
+ * either way. */
 #ifndef TRAINC_OPS_CONV2D_H
 #define TRAINC_OPS_CONV2D_H
 
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <stddef.h>
 
@@ -50,6 +54,7 @@ typedef struct {
 typedef struct {
     Conv2dShape shape;
     DType dtype; /* of x, w, b, y and their gradients */
+    int nhwc;    /* channels-last tensors and filters */
     cudnnTensorDescriptor_t x_desc, y_desc, b_desc;
     cudnnFilterDescriptor_t w_desc;
     cudnnConvolutionDescriptor_t conv_desc;       /* forward */
@@ -59,10 +64,13 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t fwd_algo;
     cudnnConvolutionBwdDataAlgo_t bwd_data_algo;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo;
-    size_t workspace_bytes; /* the most any of the three algorithms needs */
+    size_t workspace_bytes; /* the most any algorithm or the bias gradient needs */
 } Conv2dCuda;
 
-void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype,
+/* nhwc picks the layout above. Half types in NHWC run on tensor cores where
+ * cuDNN has a kernel for the shape: c a multiple of 8 (pad the input's channels
+ * with zeros, see cast_nchw_to_nhwc_cuda) and k a multiple of 8. */
+void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype, int nhwc,
                       const ConvAlgoPolicy *policy);
 void conv2d_cuda_destroy(Conv2dCuda *c);
 /* On the handle's stream (the bias kernels of f16 and bf16 run there too). */
@@ -70,6 +78,16 @@ void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, co
                          const void *b, void *y, void *workspace);
 void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                           const void *dy, void *dx, void *dw, void *db, void *workspace);
+
+/* The bias gradient as conv2d_backward_cuda runs it for every case but NCHW
+ * float32 (which keeps cudnnConvolutionBackwardBias): db[k] += the sum of dy
+ * over channel k, dy [n][k][out_h][out_w] or, with nhwc, [n][out_h][out_w][k].
+ * Summed in fp32 in a fixed order (deterministic, no atomics), in two passes
+ * through per-block partial sums kept in workspace, which must hold
+ * conv2d_bias_grad_workspace_bytes. */
+size_t conv2d_bias_grad_workspace_bytes(int n, int k, int out_h, int out_w, int nhwc);
+void conv2d_bias_grad_cuda(DType dtype, int nhwc, int n, int k, int out_h, int out_w,
+                           const void *dy, void *db, void *workspace, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* Max-pool 2x2 stride 2 through cuDNN pooling, in the tensors' own type. */
+/* Max-pool 2x2 stride 2 through cuDNN pooling, in the tensors' own type and layout. */
 #include "ops/maxpool.h"
 
 #include <string.h>
@@ -8,7 +8,7 @@
 
 static const float kOne = 1.0f, kZero = 0.0f;
 
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype) {
+void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc) {
     memset(p, 0, sizeof *p);
     check_float_dtype("maxpool2x2", dtype);
     if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 || s->h % 2 || s->w % 2)
@@ -16,16 +16,17 @@ void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype) {
                  s->h, s->w);
     p->shape = *s;
     p->dtype = dtype;
+    p->nhwc = nhwc != 0;
     cudnnDataType_t data_type = dtype_cudnn(dtype);
+    cudnnTensorFormat_t format = p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     CUDNN_CHECK(cudnnCreatePoolingDescriptor(&p->pool_desc));
     CUDNN_CHECK(cudnnSetPooling2dDescriptor(p->pool_desc, CUDNN_POOLING_MAX,
                                             CUDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x_desc));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y_desc));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x_desc, CUDNN_TENSOR_NCHW, data_type, s->n,
-                                           s->c, s->h, s->w));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y_desc, CUDNN_TENSOR_NCHW, data_type, s->n,
-                                           s->c, s->h / 2, s->w / 2));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x_desc, format, data_type, s->n, s->c, s->h, s->w));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y_desc, format, data_type, s->n, s->c, s->h / 2,
+                                           s->w / 2));
 }
 
 void maxpool2x2_cuda_destroy(MaxPoolCuda *p) {

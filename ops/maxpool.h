@@ -1,4 +1,4 @@
-/* Max-pool 2x2, stride 2, NCHW (h and w even). Backward routes each output
+/* Max-pool 2x2, stride 2 (h and w even), NCHW; the CUDA path also NHWC. Backward routes each output
  * gradient to the first maximum of its window (the one cuDNN picks); dx is
  * overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
  * as the dtype given at init (f32, f16 or bf16), which is exact: a selection. */
@@ -22,11 +22,12 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
 typedef struct {
     Pool2dShape shape;
     DType dtype;
+    int nhwc; /* x, y and their gradients are [n][h][w][c] */
     cudnnPoolingDescriptor_t pool_desc;
     cudnnTensorDescriptor_t x_desc, y_desc;
 } MaxPoolCuda;
 
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype);
+void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc);
 void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
 void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
 void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,

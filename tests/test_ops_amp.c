@@ -274,7 +274,7 @@ static void test_maxpool(DType dt, Pool2dShape s, int ties) {
     maxpool2x2_backward_cpu(&s, x, y, dy, dx);
 
     MaxPoolCuda p;
-    maxpool2x2_cuda_init(&p, &s, dt);
+    maxpool2x2_cuda_init(&p, &s, dt, 0);
     CHECK(p.dtype == dt);
     void *d_x = dev_values(dt, x, nx), *d_y = dev_elements(dt, ny), *d_dy = dev_values(dt, dy, ny);
     void *d_dx = dev_elements(dt, nx);
@@ -333,7 +333,7 @@ static void test_conv_with(DType dt, Conv2dShape s, const ConvAlgoPolicy *policy
     round_to(dt, db, s.k);
 
     Conv2dCuda c;
-    conv2d_cuda_init(&c, g.cudnn, &s, dt, policy);
+    conv2d_cuda_init(&c, g.cudnn, &s, dt, 0, policy);
     CHECK(c.dtype == dt);
     printf("conv %s %dx%dx%dx%d -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d "
            "bwd-filter %d, workspace %zu bytes%s\n", dtype_name(dt), s.n, s.c, s.h, s.w, s.k, s.r,
@@ -785,8 +785,8 @@ static void amp_net_init(AmpNet *t, DType dt) {
     t->conv = (Conv2dShape){.n = AMP_BATCH, .c = 3, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3, .pad = 1, .stride = 1};
     t->pool = (Pool2dShape){.n = AMP_BATCH, .c = 8, .h = 8, .w = 8};
     t->fc = (LinearShape){.n = AMP_BATCH, .in = 8 * 4 * 4, .out = 10};
-    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, dt, &deterministic_policy);
-    maxpool2x2_cuda_init(&t->pool_cuda, &t->pool, dt);
+    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, dt, 0, &deterministic_policy);
+    maxpool2x2_cuda_init(&t->pool_cuda, &t->pool, dt, 0);
     t->conv_w = 0;
     t->conv_b = t->conv_w + 8 * 3 * 3 * 3;
     t->fc_w = t->conv_b + 8;

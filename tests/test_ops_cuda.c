@@ -148,7 +148,7 @@ static void test_maxpool(Pool2dShape s, int ties) {
     maxpool2x2_backward_cpu(&s, x, y, dy, dx);
 
     MaxPoolCuda p;
-    maxpool2x2_cuda_init(&p, &s, DTYPE_F32);
+    maxpool2x2_cuda_init(&p, &s, DTYPE_F32, 0);
     float *d_x = dev_copy(x, nx), *d_y = dev_floats(ny), *d_dy = dev_copy(dy, ny);
     float *d_dx = dev_floats(nx);
     poison(d_y, ny);
@@ -215,7 +215,7 @@ static void test_conv_with(Conv2dShape s, const ConvAlgoPolicy *policy) {
     conv2d_backward_cpu(&s, x, w, dy, dx, dw, db);
 
     Conv2dCuda c;
-    conv2d_cuda_init(&c, g.cudnn, &s, DTYPE_F32, policy);
+    conv2d_cuda_init(&c, g.cudnn, &s, DTYPE_F32, 0, policy);
     int deterministic = conv_algos_deterministic(&c);
     printf("conv %dx%dx%dx%d -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d "
            "bwd-filter %d (%s), workspace %zu bytes\n", s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.pad,
@@ -453,8 +453,8 @@ static void tiny_net_init(TinyNet *t) {
     t->conv = (Conv2dShape){.n = 4, .c = 3, .h = 8, .w = 8, .k = 8, .r = 3, .s = 3, .pad = 1, .stride = 1};
     t->pool = (Pool2dShape){.n = 4, .c = 8, .h = 8, .w = 8};
     t->fc = (LinearShape){.n = 4, .in = 8 * 4 * 4, .out = 10};
-    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, DTYPE_F32, &strict_fp32);
-    maxpool2x2_cuda_init(&t->pool_cuda, &t->pool, DTYPE_F32);
+    conv2d_cuda_init(&t->conv_cuda, g.cudnn, &t->conv, DTYPE_F32, 0, &strict_fp32);
+    maxpool2x2_cuda_init(&t->pool_cuda, &t->pool, DTYPE_F32, 0);
     t->conv_w = 0;
     t->conv_b = t->conv_w + 8 * 3 * 3 * 3;
     t->fc_w = t->conv_b + 8;

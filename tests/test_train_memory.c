@@ -22,7 +22,7 @@ static float *gradients(int checkpoint, GpuContext *gpu, const float *x, const i
                         size_t *bytes_out, size_t *n_out) {
     Model m;
     char err[256];
-    CHECK(model_build(&m, "simplenet", BATCH, SIZE, CLASSES, err, sizeof err) == 0);
+    CHECK(model_build(&m, "simplenet", BATCH, SIZE, CLASSES, 0, err, sizeof err) == 0);
     m.checkpoint = checkpoint;
     m.conv_policy.deterministic = 1;
     model_finalize(&m, gpu, 7);
@@ -104,7 +104,7 @@ static float *run_params(Config *c, size_t *n) {
 static size_t simplenet32_params(void) {
     Model m;
     char err[128];
-    model_build(&m, "simplenet", 1, SIZE, CLASSES, err, sizeof err);
+    model_build(&m, "simplenet", 1, SIZE, CLASSES, 0, err, sizeof err);
     size_t n = 0;
     for (int i = 0; i < m.n_layers; i++) n += m.layers[i].w_count + m.layers[i].b_count;
     return n;
@@ -149,6 +149,25 @@ static void check_cuda_graph(const char *amp) {
     free(fp32);
 }
 
+/* The same run in NCHW and NHWC starts from the same function (the weights are
+ * laid out for each), so it follows the same losses. */
+static void check_layouts(const char *amp, double tol) {
+    char err[256], line[64];
+    double loss[2];
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        Config *c = small_run("cuda", 16, 1);
+        snprintf(line, sizeof line, "precision.amp=%s", amp);
+        CHECK(config_set(c, line, err, sizeof err) == 0);
+        CHECK(config_set(c, nhwc ? "model.layout=nhwc" : "model.layout=nchw", err, sizeof err) == 0);
+        TrainSummary s;
+        train_run(c, &s);
+        loss[nhwc] = s.final_loss;
+        config_free(c);
+    }
+    CHECK_MSG(isfinite(loss[0]) && fabs(loss[1] - loss[0]) <= tol * fabs(loss[0]),
+              "amp %s: loss after 4 steps NCHW %.6f NHWC %.6f", amp, loss[0], loss[1]);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     size_t in_n = (size_t)BATCH * 3 * SIZE * SIZE;
@@ -167,6 +186,8 @@ int main(void) {
         check_cuda_graph("off");
         check_cuda_graph("fp16");
         check_cuda_graph("bf16");
+        check_layouts("off", 1e-4);
+        check_layouts("fp16", 2e-2);
     } else {
         printf("no GPU: GPU checks skipped\n");
     }

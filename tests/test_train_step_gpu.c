@@ -26,8 +26,8 @@ int main(void) {
 
     Model cpu, dev;
     char err[256];
-    CHECK(model_build(&cpu, "simplenet", BATCH, SIZE, CLASSES, err, sizeof err) == 0);
-    CHECK(model_build(&dev, "simplenet", BATCH, SIZE, CLASSES, err, sizeof err) == 0);
+    CHECK(model_build(&cpu, "simplenet", BATCH, SIZE, CLASSES, 0, err, sizeof err) == 0);
+    CHECK(model_build(&dev, "simplenet", BATCH, SIZE, CLASSES, 0, err, sizeof err) == 0);
     uint64_t init_seed = rng % 1000;
     model_finalize(&cpu, NULL, init_seed);
     model_finalize(&dev, &gpu, init_seed);

@@ -38,6 +38,8 @@ const CfgKeySpec trainc_keys[] = {
 
     {"model.name", CFG_ENUM, "simplenet", "simplenet", "the net to train"},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set"},
+    {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
+     "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions"},
 
     {"optim.lr", CFG_FLOAT, "0.01", 0, "learning rate"},
     {"optim.momentum", CFG_FLOAT, "0.9", 0, "SGD momentum"},

@@ -157,6 +157,9 @@ def main():
                     help="synchronize after the copy and the step, loss.item() every step")
     ap.add_argument("--tf32", action="store_true",
                     help="TF32 for convolutions (PyTorch's default for cuDNN) and matrix products")
+    ap.add_argument("--amp", choices=["off", "fp16", "bf16"], default="off",
+                    help="autocast with a GradScaler (fp16) or plain autocast (bf16)")
+    ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--resident", action="store_true",
                     help="train on one batch kept on the GPU: the step alone")
     ap.add_argument("--seed", type=int, default=0)
@@ -171,6 +174,10 @@ def main():
     xtr, ytr = load_split(args.data, "train")
     xte, yte = load_split(args.data, "test")
     model = SimpleNet(args.image_size).to(dev)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    amp_dtype = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}[args.amp]
+    scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "fp16")
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                           weight_decay=args.weight_decay)
     sampler = UtilSampler(torch.cuda.current_device())
@@ -204,14 +211,16 @@ def main():
                 torch.cuda.synchronize()
                 t_window = time.perf_counter()
                 sampler.recording = True
-            images = images.to(dev, non_blocking=not args.sync)
+            images = images.to(dev, non_blocking=not args.sync).contiguous(memory_format=memory_format)
             labels = labels.to(dev, non_blocking=not args.sync)
             if args.sync:
                 torch.cuda.synchronize()
-            loss = F.cross_entropy(model(images), labels)
+            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(model(images), labels)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
             if args.sync:
                 loss_value = loss.item()
                 torch.cuda.synchronize()
@@ -230,8 +239,10 @@ def main():
             batches = (gpu_batches(xte, yte, args.batch, args.image_size, False, 0, False, False, gen)
                        if args.loader == "gpu" else test_loader)
             for images, labels in batches:
-                images, labels = images.to(dev), labels.to(dev)
-                correct += (model(images).argmax(1) == labels).sum().item()
+                images = images.to(dev).contiguous(memory_format=memory_format)
+                labels = labels.to(dev)
+                with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
+                    correct += (model(images).argmax(1) == labels).sum().item()
         acc = correct / len(yte)
         print(f"epoch {epoch + 1}: {epoch_times[-1]:.1f} s, test accuracy {100 * acc:.2f}%", flush=True)
         if args.max_steps and step >= args.max_steps:

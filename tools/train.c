@@ -479,8 +479,10 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
              t->eval ? "" : " (no evaluation)", t->train_set.h, t->train_set.w, t->train_set.num_classes);
 
     char err[512];
+    int nhwc = strcmp(config_str(cfg, "model.layout"), "nhwc") == 0;
+    require(!nhwc || t->use_gpu, "model.layout", "= nhwc needs run.device = cuda");
     if (model_build(&t->model, config_str(cfg, "model.name"), t->batch, t->image_size,
-                    (int)config_int(cfg, "model.num_classes"), err, sizeof err) != 0)
+                    (int)config_int(cfg, "model.num_classes"), nhwc, err, sizeof err) != 0)
         TC_FATAL("config: %s", err);
     require(config_int(cfg, "perf.conv_workspace_mb") >= 0, "perf.conv_workspace_mb", "must be 0 or positive");
     t->model.conv_policy.workspace_limit = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;

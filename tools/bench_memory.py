@@ -28,12 +28,13 @@ def main():
     ap.add_argument("--config", default="configs/dataloader.ini")
     ap.add_argument("--batches", default="32,64,128,256")
     ap.add_argument("--precisions", default="off,fp16")
+    ap.add_argument("--set", action="append", default=[], help="applied to every run")
     args = ap.parse_args()
     print(f"{'batch':>5} {'amp':>5} {'checkpoint':>10} {'peak GiB':>9} {'samples/s':>10}")
     for batch in [int(b) for b in args.batches.split(",")]:
         for amp in args.precisions.split(","):
             for ckpt in ("off", "blocks"):
-                sets = [f"train.batch={batch}", f"precision.amp={amp}", f"memory.checkpoint={ckpt}"]
+                sets = args.set + [f"train.batch={batch}", f"precision.amp={amp}", f"memory.checkpoint={ckpt}"]
                 s, err = run(args.trainc, args.config, sets)
                 if s is None:
                     print(f"{batch:>5} {amp:>5} {ckpt:>10}  failed: {err}")

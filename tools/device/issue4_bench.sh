@@ -16,7 +16,7 @@ for ws in 4096 1024 256; do
 done
 echo "trainc dataloader bench: $(build/trainc --config configs/dataloader.ini --set run.epochs=1 --set perf.conv_benchmark=on 2>&1 | tail -1)"
 echo "torch dataloader: $(python3 tools/torch_reference.py --image-size 224 --batch 256 --epochs 1 --tf32 --no-sync --loader lab --workers 8 --pinned --name torch_dataloader 2>&1 | tail -1)"
-python3 tools/bench_memory.py --precisions off,fp16 > "$OUT/bench_memory.txt" 2>&1; cat "$OUT/bench_memory.txt"
+python3 tools/bench_memory.py --precisions off,fp16 --set perf.conv_benchmark=on > "$OUT/bench_memory.txt" 2>&1; cat "$OUT/bench_memory.txt"
 for amp in off fp16 bf16; do for seed in 0 1; do
   echo "simplenet32 amp=$amp seed=$seed: $(build/trainc --config configs/simplenet32.ini --set precision.amp=$amp --set run.seed=$seed --quiet 2>&1 | tail -1)"
 done; done

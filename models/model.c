@@ -7,6 +7,7 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "ops/bias_relu.h"
 #include "ops/cast.h"
 #include "ops/relu.h"
 #include "runtime/check.h"
@@ -152,6 +153,15 @@ static void assign_grad_slots(Model *m) {
     }
 }
 
+/* A ReLU right after a convolution, reading nothing else, folds into it. */
+static void mark_fusions(Model *m) {
+    for (int i = 0; i + 1 < m->n_layers; i++) {
+        Layer *conv = &m->layers[i], *relu = &m->layers[i + 1];
+        if (conv->kind == LAYER_CONV && relu->kind == LAYER_RELU && relu->in == conv->out)
+            conv->fused = relu->fused = 1;
+    }
+}
+
 static void choose_conv_algorithms(Model *m) {
     m->workspace_bytes = 0;
     for (int i = 0; i < m->n_layers; i++) {
@@ -161,6 +171,9 @@ static void choose_conv_algorithms(Model *m) {
                              &m->conv_policy);
             if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
                 m->workspace_bytes = l->conv_cuda.workspace_bytes;
+            size_t bias_grad = conv2d_bias_grad_workspace_bytes(l->conv.n, l->conv.k, conv2d_out_h(&l->conv),
+                                                                conv2d_out_w(&l->conv), m->nhwc);
+            if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_MAXPOOL) {
             maxpool2x2_cuda_init(&l->pool_cuda, &l->pool, m->act_dtype, m->nhwc);
         }
@@ -269,6 +282,8 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
     assign_grad_slots(m);
+    if (m->fuse && !gpu) TC_FATAL("fused layers run on the GPU only (model.fuse = off on the CPU)");
+    if (m->fuse) mark_fusions(m);
     if (gpu) choose_conv_algorithms(m);
 
     Arena sizing;
@@ -309,10 +324,15 @@ static void layer_forward(Model *m, Layer *l) {
     int gpu = m->device == DEVICE_CUDA;
     switch (l->kind) {
     case LAYER_CONV:
-        if (gpu) conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, b, y, m->workspace);
+        if (l->fused) {
+            conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, NULL, y, m->workspace);
+            bias_relu_forward_cuda(m->act_dtype, m->nhwc, b, y, l->conv.n, l->conv.k,
+                                   conv2d_out_h(&l->conv) * conv2d_out_w(&l->conv), m->gpu->compute);
+        } else if (gpu) conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, b, y, m->workspace);
         else conv2d_forward_cpu(&l->conv, x, w, b, y);
         break;
     case LAYER_RELU:
+        if (l->fused) break;
         if (gpu) relu_forward_cuda(m->act_dtype, x, y, act_floats(m, l->out), m->gpu->compute);
         else relu_forward_cpu(x, y, act_floats(m, l->out));
         break;
@@ -338,11 +358,18 @@ static void layer_backward(Model *m, Layer *l) {
     int gpu = m->device == DEVICE_CUDA;
     switch (l->kind) {
     case LAYER_CONV:
-        if (gpu) conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace);
+        if (l->fused) {
+            /* The fused ReLU's backward, in place, then the bias and the convolution. */
+            const Conv2dShape *s = &l->conv;
+            int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+            relu_backward_cuda(m->act_dtype, y, dy, (void *)dy, act_floats(m, l->out), m->gpu->compute);
+            conv2d_bias_grad_cuda(m->act_dtype, m->nhwc, s->n, s->k, oh, ow, dy, db, m->workspace, m->gpu->compute);
+            conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, NULL, m->workspace);
+        } else if (gpu) conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace);
         else conv2d_backward_cpu(&l->conv, x, w, dy, dx, dw, db);
         break;
     case LAYER_RELU:
-        if (!dx) break;
+        if (!dx || l->fused) break;
         if (gpu) relu_backward_cuda(m->act_dtype, y, dy, dx, act_floats(m, l->out), m->gpu->compute);
         else relu_backward_cpu(y, dy, dx, act_floats(m, l->out));
         break;

@@ -47,6 +47,7 @@ typedef struct {
     MaxPoolCuda pool_cuda;
     LinearShape linear;
     int block;            /* the checkpoint block it belongs to, or -1 */
+    int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv */
 } Layer;
 
 typedef struct {
@@ -74,6 +75,7 @@ typedef struct {
     int n_acts;
     int n_blocks, open_block;  /* blocks marked by model_block_begin/end; open_block -1 outside */
     int checkpoint;       /* set before model_finalize: keep only block outputs, recompute inside */
+    int fuse;             /* set before model_finalize: conv + bias + ReLU as one conv and one pass (GPU) */
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
     size_t n_params;

@@ -496,7 +496,7 @@ void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, co
     CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, c->x_desc, x, c->w_desc, w, c->conv_desc,
                                         c->fwd_algo, workspace, c->workspace_bytes, &kZero,
                                         c->y_desc, y));
-    add_bias(c, h, b, y);
+    if (b) add_bias(c, h, b, y);
 }
 
 void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
@@ -509,5 +509,5 @@ void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, c
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, x, c->y_desc, dy,
                                                c->bwd_filter_desc, c->bwd_filter_algo, workspace,
                                                c->workspace_bytes, &kOne, c->w_desc, dw));
-    accumulate_bias_grad(c, h, dy, db, workspace);
+    if (db) accumulate_bias_grad(c, h, dy, db, workspace);
 }

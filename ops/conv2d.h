@@ -1,5 +1,7 @@
 /* 2-D convolution with bias.
  * y[n,k,p,q] = b[k] + sum_{c,r,s} x[n,c,p*stride-pad+r,q*stride-pad+s] * w[k,c,r,s]
+ * A NULL b (forward) or db (backward) skips the bias: a fused bias+ReLU
+ * (ops/bias_relu.h) does it instead.
  * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
  * flat gradient buffer zeroed once per optimizer step accumulates micro-batches.
  * The CPU path is float32, NCHW. The CUDA path stores x, w, b, y, dy, dx, dw and

@@ -168,6 +168,27 @@ static void check_layouts(const char *amp, double tol) {
               "amp %s: loss after 4 steps NCHW %.6f NHWC %.6f", amp, loss[0], loss[1]);
 }
 
+/* Fused conv + bias + ReLU computes the unfused function: the same losses,
+ * up to the order of the bias-gradient sums. */
+static void check_fusion(const char *amp, const char *layout, double tol) {
+    char err[256], line[64];
+    double loss[2];
+    for (int fuse = 0; fuse < 2; fuse++) {
+        Config *c = small_run("cuda", 16, 1);
+        snprintf(line, sizeof line, "precision.amp=%s", amp);
+        CHECK(config_set(c, line, err, sizeof err) == 0);
+        snprintf(line, sizeof line, "model.layout=%s", layout);
+        CHECK(config_set(c, line, err, sizeof err) == 0);
+        CHECK(config_set(c, fuse ? "model.fuse=on" : "model.fuse=off", err, sizeof err) == 0);
+        TrainSummary s;
+        train_run(c, &s);
+        loss[fuse] = s.final_loss;
+        config_free(c);
+    }
+    CHECK_MSG(isfinite(loss[0]) && fabs(loss[1] - loss[0]) <= tol * fabs(loss[0]),
+              "amp %s %s: loss after 4 steps unfused %.6f fused %.6f", amp, layout, loss[0], loss[1]);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     size_t in_n = (size_t)BATCH * 3 * SIZE * SIZE;
@@ -188,6 +209,9 @@ int main(void) {
         check_cuda_graph("bf16");
         check_layouts("off", 1e-4);
         check_layouts("fp16", 2e-2);
+        check_fusion("off", "nchw", 1e-4);
+        check_fusion("off", "nhwc", 1e-4);
+        check_fusion("fp16", "nhwc", 2e-2);
     } else {
         printf("no GPU: GPU checks skipped\n");
     }

@@ -490,6 +490,8 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     t->model.conv_policy.deterministic = config_bool(cfg, "perf.deterministic");
     t->model.conv_policy.benchmark = config_bool(cfg, "perf.conv_benchmark");
     t->model.checkpoint = t->checkpoint;
+    t->model.fuse = config_bool(cfg, "model.fuse");
+    require(!t->model.fuse || t->use_gpu, "model.fuse", "= on needs run.device = cuda");
     t->model.act_dtype = t->amp;
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));

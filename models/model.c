@@ -443,6 +443,26 @@ void model_set_params(Model *m, const float *host) {
     }
 }
 
+void model_get_momentum(const Model *m, float *host) {
+    size_t bytes = m->n_params * sizeof(float);
+    if (m->device == DEVICE_CUDA) {
+        CUDA_CHECK(cudaMemcpyAsync(host, m->momentum, bytes, cudaMemcpyDeviceToHost, m->gpu->compute));
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+    } else {
+        memcpy(host, m->momentum, bytes);
+    }
+}
+
+void model_set_momentum(Model *m, const float *host) {
+    size_t bytes = m->n_params * sizeof(float);
+    if (m->device == DEVICE_CUDA) {
+        CUDA_CHECK(cudaMemcpyAsync(m->momentum, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+    } else {
+        memcpy(m->momentum, host, bytes);
+    }
+}
+
 int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen) {
     if (strcmp(name, "simplenet") != 0) {

@@ -130,6 +130,10 @@ void model_zero_grads(Model *m);
 void model_get_params(const Model *m, float *host);
 void model_set_params(Model *m, const float *host);
 
+/* The same for the optimizer's momentum buffer (n_params floats, fp32). */
+void model_get_momentum(const Model *m, float *host);
+void model_set_momentum(Model *m, const float *host);
+
 /* Bytes of the arena: what the model holds on its device. */
 size_t model_bytes(const Model *m);
 

@@ -11,6 +11,19 @@ const CfgKeySpec trainc_keys[] = {
     {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps"},
     {"run.metrics_file", CFG_STRING, "", 0, "JSON-lines metrics file (empty: none)"},
     {"run.eval", CFG_BOOL, "on", 0, "evaluate top-1 accuracy on the test split after each epoch"},
+    {"run.checkpoint_every", CFG_INT, "0", 0,
+     "write a checkpoint (weights, momentum, loss scaler, data position) every N steps (0: off; "
+     "SIGINT/SIGTERM still write one)"},
+    {"run.checkpoint_dir", CFG_STRING, "checkpoints", 0, "where checkpoints go: ckpt-<step>.trc"},
+    {"run.keep_checkpoints", CFG_INT, "3", 0, "keep the newest N checkpoints, delete older ones (0: keep all)"},
+    {"run.resume", CFG_STRING, "", 0,
+     "continue from this checkpoint file, or latest (the newest valid one in run.checkpoint_dir); "
+     "trainc --resume sets it"},
+    {"run.max_bad_steps", CFG_INT, "20", 0,
+     "stop (with a checkpoint) after this many steps in a row skipped for a non-finite loss or gradient "
+     "(0: never)"},
+    {"run.inject_nan_step", CFG_INT, "0", 0,
+     "for tests: make the loss gradient of this step (1-based) NaN, so the step is skipped (0: off)"},
 
     {"data.source", CFG_ENUM, "image_folder", "image_folder|cifar_bin|synthetic",
      "image_folder: root/{train,test}/<class>/*.jpg; cifar_bin: the CIFAR-10 binary batches; "

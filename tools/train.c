@@ -7,10 +7,16 @@
  * are the lab's baseline habits, kept so that their cost can be measured. */
 #include "tools/train.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <nvtx3/nvToolsExt.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "data/dataset.h"
 #include "data/gpu_transform.h"
@@ -22,6 +28,7 @@
 #include "ops/softmax_xent.h"
 #include "runtime/arena.h"
 #include "runtime/check.h"
+#include "runtime/checkpoint.h"
 #include "runtime/gpu.h"
 #include "runtime/gpu_monitor.h"
 #include "runtime/log.h"
@@ -35,7 +42,10 @@ typedef struct {
     DType amp;                /* F32: off */
     float scale_init, scale_growth, scale_backoff;
     int scale_interval;
-    LossScalerState *scaler;  /* device; NULL without AMP */
+    /* Every run has a loss scaler (fp32: scale 1, never grows or backs off),
+     * so a step with a non-finite loss or gradient is skipped on the device. */
+    LossScalerState *scaler;  /* device (host memory on the CPU) */
+    LossScalerState scaler_seen; /* as last read back with the loss */
     cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
     SgdParams sgd;
     float lr;
@@ -65,9 +75,22 @@ typedef struct {
     Batch held;               /* the batch whose copy may still be in flight */
     int held_staging;
 
+    /* Checkpoints, stopping, bad steps (run.*). */
+    long checkpoint_every, inject_nan_step;
+    int keep_checkpoints, max_bad_steps;
+    const char *checkpoint_dir;
+    char last_checkpoint[4200]; /* written (or resumed from) at step last_checkpoint_step */
+    long last_checkpoint_step;
+    long seen_step;           /* the step at the last read-back of the scaler state */
+    long seen_bad_total;      /* skipped_steps at that read-back */
+    long bad_run;             /* bad steps in a row, as far as the read-backs tell */
+
     FILE *metrics;
     long step;
+    long first_step;          /* 0, or the step a resumed run starts from */
 } Trainer;
+
+typedef enum { RUN_ON, STOP_MAX_STEPS, STOP_SIGNAL, STOP_BAD_STEPS } StopReason;
 
 /* ---- set-up --------------------------------------------------------------- */
 
@@ -106,6 +129,25 @@ static void read_settings(Trainer *t, const Config *cfg) {
     require(t->scale_interval >= 1, "precision.loss_scale_interval", "must be at least 1");
     require(t->accumulate >= 1 && t->accumulate <= 4096, "memory.accumulate", "must be between 1 and 4096");
     require(!t->cuda_graph || t->use_gpu, "perf.cuda_graph", "= on needs run.device = cuda");
+    if (t->amp == DTYPE_F32) {
+        /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */
+        t->scale_init = 1;
+        t->scale_growth = 1;
+        t->scale_backoff = 1;
+        t->scale_interval = INT_MAX;
+    }
+    t->checkpoint_every = (long)config_int(cfg, "run.checkpoint_every");
+    t->keep_checkpoints = (int)config_int(cfg, "run.keep_checkpoints");
+    t->checkpoint_dir = config_str(cfg, "run.checkpoint_dir");
+    t->max_bad_steps = (int)config_int(cfg, "run.max_bad_steps");
+    t->inject_nan_step = (long)config_int(cfg, "run.inject_nan_step");
+    require(t->checkpoint_every >= 0, "run.checkpoint_every", "must be 0 (off) or positive");
+    require(t->keep_checkpoints >= 0, "run.keep_checkpoints", "must be 0 (keep all) or positive");
+    require(t->checkpoint_dir[0] != 0, "run.checkpoint_dir", "must not be empty");
+    require(t->max_bad_steps >= 0, "run.max_bad_steps", "must be 0 (never stop) or positive");
+    require(t->inject_nan_step >= 0, "run.inject_nan_step", "must be 0 (off) or positive");
+    require(!t->inject_nan_step || !t->cuda_graph, "run.inject_nan_step",
+            "needs perf.cuda_graph = off (the graph replays the step as captured)");
     t->lr = (float)config_float(cfg, "optim.lr");
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
@@ -202,7 +244,7 @@ static void carve_aux(Trainer *t, Arena *a) {
     t->loss = arena_alloc(a, sizeof(float), "loss");
     t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
     t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
-    t->scaler = t->amp != DTYPE_F32 ? arena_alloc(a, sizeof(LossScalerState), "loss scaler") : NULL;
+    t->scaler = arena_alloc(a, sizeof(LossScalerState), "loss scaler");
     for (int s = 0; s < 2; s++) {
         if (t->async_copy && !t->transform_on_gpu)
             t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
@@ -223,18 +265,17 @@ static void alloc_aux(Trainer *t) {
     arena_init(&t->aux, where, sizing.used);
     carve_aux(t, &t->aux);
     t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
+    t->scaler_seen = loss_scaler_initial(t->scale_init);
     if (t->use_gpu) {
         CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
-        if (t->scaler) {
-            LossScalerState initial = loss_scaler_initial(t->scale_init);
-            CUDA_CHECK(cudaMemcpy(t->scaler, &initial, sizeof initial, cudaMemcpyHostToDevice));
-        }
+        CUDA_CHECK(cudaMemcpy(t->scaler, &t->scaler_seen, sizeof t->scaler_seen, cudaMemcpyHostToDevice));
         for (int s = 0; s < 2; s++) {
             CUDA_CHECK(cudaEventCreateWithFlags(&t->staged[s], cudaEventDisableTiming));
             CUDA_CHECK(cudaEventCreateWithFlags(&t->consumed[s], cudaEventDisableTiming));
         }
     } else {
         *t->lr_buf = t->lr;
+        *t->scaler = t->scaler_seen;
     }
 }
 
@@ -330,15 +371,27 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
  * optimizer step zeroes the gradients, the others add to them. */
 static void micro_step(Trainer *t, int first) {
     Model *m = &t->model;
-    if (first && t->scaler) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
+    if (first && t->use_gpu) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
+    else if (first) loss_scaler_begin_step_cpu(t->scaler);
     nvtxRangePushA("forward");
     model_forward(m);
-    if (t->use_gpu)
+    /* The loss gradient is scaled under AMP only; fp32's scale is 1. A
+     * non-finite loss marks the step bad as a non-finite gradient does. */
+    if (t->use_gpu) {
         softmax_xent_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes,
-                          t->scaler ? &t->scaler->scale : NULL, t->loss, model_logits_grad(m), t->gpu.compute);
-    else
+                          t->amp != DTYPE_F32 ? &t->scaler->scale : NULL, t->loss, model_logits_grad(m),
+                          t->gpu.compute);
+        loss_scaler_check_cuda(t->loss, DTYPE_F32, 1, t->scaler, t->gpu.compute);
+    } else {
         softmax_xent_cpu(model_logits(m), t->labels, t->batch, m->num_classes, NULL, t->loss,
                          model_logits_grad(m));
+        loss_scaler_check_cpu(t->loss, 1, t->scaler);
+    }
+    /* run.inject_nan_step (tests): poison the first element of the loss gradient. */
+    if (t->inject_nan_step && t->step + 1 == t->inject_nan_step) {
+        if (t->use_gpu) CUDA_CHECK(cudaMemsetAsync(model_logits_grad(m), 0xFF, dtype_size(m->act_dtype), t->gpu.compute));
+        else ((float *)model_logits_grad(m))[0] = NAN;
+    }
     nvtxRangePop();
 
     nvtxRangePushA("backward");
@@ -350,18 +403,21 @@ static void micro_step(Trainer *t, int first) {
 static void optimizer_step(Trainer *t) {
     Model *m = &t->model;
     nvtxRangePushA("optimizer");
-    if (t->scaler) {
-        /* All on the device: a step whose gradients hold an inf or NaN is skipped
-         * and the scale backs off, with no host sync (CUDA graphs need that). */
+    /* All on the device: a step whose loss or gradients hold an inf or NaN is
+     * skipped (and under AMP the scale backs off), with no host sync (CUDA
+     * graphs need that). In fp32 the scale is 1, and the unscaling multiplies
+     * by exactly 1: sgd_step's math. */
+    if (t->use_gpu) {
         loss_scaler_check_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, t->gpu.compute);
         sgd_step_mixed_cuda(m->params, m->grads, m->act_dtype, m->momentum,
                             m->weights == m->params ? NULL : m->weights, m->act_dtype, m->n_params,
                             t->lr_buf, t->scaler, t->sgd, t->gpu.compute);
         loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
-    } else if (t->use_gpu)
-        sgd_step_cuda(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->sgd, t->gpu.compute);
-    else
-        sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->sgd);
+    } else {
+        loss_scaler_check_cpu(m->grads, m->n_params, t->scaler);
+        sgd_step_mixed_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->scaler, t->sgd);
+        loss_scaler_update_cpu(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval);
+    }
     nvtxRangePop();
 }
 
@@ -370,7 +426,7 @@ static void optimizer_step(Trainer *t) {
  * (first, last) pair the first time it came up after the eager warm-up step.
  * The graph holds no host work, so the host only launches it. */
 static void run_micro_batch(Trainer *t, int first, int last) {
-    if (!t->cuda_graph || t->step == 0) {
+    if (!t->cuda_graph || t->step == t->first_step) {
         micro_step(t, first);
         if (last) optimizer_step(t);
         return;
@@ -392,10 +448,16 @@ static void run_micro_batch(Trainer *t, int first, int last) {
     nvtxRangePop();
 }
 
+/* The loss, and with it (the same sync) the loss scaler's state. */
 static float read_loss(Trainer *t) {
     float loss;
-    if (!t->use_gpu) return *t->loss;
+    if (!t->use_gpu) {
+        t->scaler_seen = *t->scaler;
+        return *t->loss;
+    }
     CUDA_CHECK(cudaMemcpyAsync(&loss, t->loss, sizeof loss, cudaMemcpyDeviceToHost, t->gpu.compute));
+    CUDA_CHECK(cudaMemcpyAsync(&t->scaler_seen, t->scaler, sizeof t->scaler_seen, cudaMemcpyDeviceToHost,
+                               t->gpu.compute));
     CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
     return loss;
 }
@@ -430,6 +492,355 @@ static double evaluate(Trainer *t, int epoch) {
     return (double)correct / t->test_set.n;
 }
 
+/* ---- checkpoints ------------------------------------------------------------- */
+
+/* A checkpoint (runtime/checkpoint.h) holds these sections:
+ *   model        CkptModel: which net, so another one is refused
+ *   position     CkptPosition: where in the data order the next step starts
+ *   data         CkptData: what the data order was made from (a change only warns)
+ *   params       n_params fp32 master weights
+ *   momentum     n_params fp32
+ *   loss_scaler  LossScalerState
+ * The loader draws every order and augmentation from run.seed, the epoch and
+ * the sample's index, so the position is all of the RNG state there is. */
+typedef struct {
+    char name[32];
+    int64_t n_params;
+    uint64_t shape_fingerprint;
+    int64_t act_dtype, nhwc, num_classes, accumulate;
+} CkptModel;
+
+typedef struct {
+    int64_t step, epoch, epoch_micro; /* micro-batches of that epoch already taken */
+} CkptPosition;
+
+typedef struct {
+    int64_t seed, batch, train_images, shuffle;
+} CkptData;
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Every layer's kind, parameter counts and the per-sample shapes it maps. */
+static uint64_t shape_fingerprint(const Model *m) {
+    uint64_t h = 14695981039346656037ull;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        const Activation *in = &m->acts[l->in], *out = &m->acts[l->out];
+        int64_t v[] = {l->kind, (int64_t)l->w_count, (int64_t)l->b_count, in->c, in->h, in->w, out->c, out->h, out->w};
+        h = fnv1a(h, v, sizeof v);
+    }
+    return h;
+}
+
+static CkptModel ckpt_model_of(const Trainer *t, const char *name) {
+    CkptModel cm;
+    memset(&cm, 0, sizeof cm);
+    snprintf(cm.name, sizeof cm.name, "%s", name);
+    cm.n_params = (int64_t)t->model.n_params;
+    cm.shape_fingerprint = shape_fingerprint(&t->model);
+    cm.act_dtype = t->amp;
+    cm.nhwc = t->model.nhwc;
+    cm.num_classes = t->model.num_classes;
+    cm.accumulate = t->accumulate;
+    return cm;
+}
+
+static int mkdir_p(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Steps of the checkpoints (ckpt-<step>.trc) in dir, newest first; -1 when the
+ * directory cannot be read. *steps is malloc'ed. */
+static int list_checkpoints(const char *dir, long **steps) {
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        /* "ckpt-" at least 8 digits ".trc", as checkpoint_path writes them */
+        const char *digits = e->d_name + 5, *end = digits;
+        while (*end >= '0' && *end <= '9') end++;
+        if (strncmp(e->d_name, "ckpt-", 5) != 0 || end - digits < 8 || end - digits > 18 || strcmp(end, ".trc") != 0)
+            continue;
+        long step = strtol(digits, NULL, 10);
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *grown = realloc(*steps, cap * sizeof(long));
+            if (!grown) TC_FATAL("out of host memory listing %s", dir);
+            *steps = grown;
+        }
+        (*steps)[n++] = step;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* newest first */
+        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
+            long tmp = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = tmp;
+        }
+    return n;
+}
+
+static void checkpoint_path(char *out, size_t n, const char *dir, long step) {
+    snprintf(out, n, "%s/ckpt-%08ld.trc", dir, step);
+}
+
+/* run.keep_checkpoints: delete all but the newest K, never the one just written. */
+static void rotate_checkpoints(Trainer *t) {
+    long *steps;
+    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    for (int i = t->keep_checkpoints; t->keep_checkpoints > 0 && i < n; i++) {
+        char path[4200];
+        if (steps[i] == t->last_checkpoint_step) continue;
+        checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
+        if (unlink(path) != 0) log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+/* Writes the state after t->step optimizer steps into run.checkpoint_dir;
+ * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
+static int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) {
+    char path[4200], err[4400];
+    if (t->last_checkpoint_step == t->step && t->last_checkpoint[0]) return 0; /* this state is saved */
+    if (mkdir_p(t->checkpoint_dir) != 0) {
+        log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->checkpoint_dir,
+                 strerror(errno), t->step);
+        return -1;
+    }
+    checkpoint_path(path, sizeof path, t->checkpoint_dir, t->step);
+    if (access(path, F_OK) == 0) {
+        log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
+        return -1;
+    }
+    nvtxRangePushA("checkpoint");
+    double start = now_seconds();
+    Model *m = &t->model;
+    CkptModel cm = ckpt_model_of(t, config_str(cfg, "model.name"));
+    CkptPosition pos = {t->step, epoch, epoch_micro};
+    CkptData data = {config_int(cfg, "run.seed"), t->batch, t->train_set.n, config_bool(cfg, "data.shuffle")};
+    LossScalerState scaler;
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
+    if (t->use_gpu) {
+        CUDA_CHECK(cudaMemcpyAsync(&scaler, t->scaler, sizeof scaler, cudaMemcpyDeviceToHost, t->gpu.compute));
+        CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+    } else {
+        scaler = *t->scaler;
+    }
+    int rc = -1;
+    CkptWriter *w = ckpt_write_begin(path, 6, err, sizeof err);
+    if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, sizeof err) == 0 &&
+        ckpt_write_section(w, "position", &pos, sizeof pos, err, sizeof err) == 0 &&
+        ckpt_write_section(w, "data", &data, sizeof data, err, sizeof err) == 0 &&
+        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) == 0) {
+        model_get_params(m, host);
+        if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
+            model_get_momentum(m, host);
+            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
+                rc = ckpt_write_commit(w, err, sizeof err);
+                w = NULL;
+            }
+        }
+    }
+    if (w) ckpt_write_abort(w);
+    free(host);
+    nvtxRangePop();
+    if (rc != 0) {
+        log_warn("checkpoint at step %ld not written: %s", t->step, err);
+        return -1;
+    }
+    snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
+    t->last_checkpoint_step = t->step;
+    log_info("checkpoint: %s (%.2f s)", path, now_seconds() - start);
+    rotate_checkpoints(t);
+    return 0;
+}
+
+/* run.resume: a file, or "latest" (the newest checkpoint in run.checkpoint_dir
+ * that opens and checks out). Fails naming the file and what is wrong. */
+static CkptFile *open_resume(const Trainer *t, const char *resume) {
+    char err[4400];
+    if (strcmp(resume, "latest") != 0) {
+        CkptFile *f = ckpt_open(resume, err, sizeof err);
+        if (!f) TC_FATAL("run.resume: %s", err);
+        return f;
+    }
+    long *steps;
+    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    if (n <= 0) TC_FATAL("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s", t->checkpoint_dir);
+    CkptFile *f = NULL;
+    for (int i = 0; i < n && !f; i++) {
+        char path[4200];
+        checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
+        f = ckpt_open(path, err, sizeof err);
+        if (!f) log_warn("run.resume = latest: skipping %s", err);
+    }
+    free(steps);
+    if (!f) TC_FATAL("run.resume = latest: no valid checkpoint in %s (see the warnings above)", t->checkpoint_dir);
+    return f;
+}
+
+/* A fresh run writing checkpoints must not mix them with another run's, and a
+ * resumed one must not write over checkpoints newer than its start. */
+static void check_checkpoint_dir(const Trainer *t, long resume_step) {
+    long *steps;
+    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    if (n > 0 && resume_step < 0)
+        TC_FATAL("run.checkpoint_dir = %s already holds checkpoints (newest ckpt-%08ld.trc): resume with "
+                 "--resume latest, or set another run.checkpoint_dir", t->checkpoint_dir, steps[0]);
+    if (n > 0 && steps[0] > resume_step)
+        TC_FATAL("run.checkpoint_dir = %s holds ckpt-%08ld.trc, newer than the resumed step %ld: move it "
+                 "away or set another run.checkpoint_dir (trainc never overwrites checkpoints)",
+                 t->checkpoint_dir, steps[0], resume_step);
+    free(steps);
+}
+
+/* Loads a checkpoint into the built model; returns where the data order goes on. */
+static CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
+    char err[4400];
+    const char *path = ckpt_path(f);
+    CkptModel have, want = ckpt_model_of(t, config_str(cfg, "model.name"));
+    CkptPosition pos;
+    CkptData data;
+    LossScalerState scaler;
+    if (ckpt_read_section(f, "model", &have, sizeof have, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "position", &pos, sizeof pos, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "data", &data, sizeof data, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
+        TC_FATAL("run.resume: %s", err);
+    have.name[sizeof have.name - 1] = 0;
+    if (strcmp(have.name, want.name) != 0 || have.n_params != want.n_params ||
+        have.shape_fingerprint != want.shape_fingerprint || have.num_classes != want.num_classes)
+        TC_FATAL("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
+                 "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
+                 path, have.name, (long long)have.n_params, (unsigned long long)have.shape_fingerprint, want.name,
+                 (long long)want.n_params, (unsigned long long)want.shape_fingerprint);
+    if (have.act_dtype != want.act_dtype || have.nhwc != want.nhwc)
+        TC_FATAL("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
+                 "and %s", path, dtype_name((DType)have.act_dtype), have.nhwc ? "nhwc" : "nchw",
+                 dtype_name(t->amp), t->model.nhwc ? "nhwc" : "nchw");
+    if (have.accumulate != want.accumulate)
+        TC_FATAL("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
+                 "buffer holds k times its value)", path, (long long)have.accumulate, t->accumulate);
+    if (data.seed != config_int(cfg, "run.seed") || data.batch != t->batch || data.train_images != t->train_set.n ||
+        data.shuffle != config_bool(cfg, "data.shuffle"))
+        log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
+                 "data.shuffle = %s; the data order from here on differs from that run's", path,
+                 (long long)data.seed, (long long)data.batch, (long long)data.train_images,
+                 data.shuffle ? "on" : "off");
+    if (pos.step < 0 || pos.epoch < 0 || pos.epoch_micro < 0)
+        TC_FATAL("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos.step,
+                 (long long)pos.epoch);
+
+    float *host = malloc(t->model.n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
+    if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
+        TC_FATAL("run.resume: %s", err);
+    model_set_params(&t->model, host);
+    if (ckpt_read_section(f, "momentum", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
+        TC_FATAL("run.resume: %s", err);
+    model_set_momentum(&t->model, host);
+    free(host);
+    if (t->amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
+    t->scaler_seen = scaler;
+    if (t->use_gpu) CUDA_CHECK(cudaMemcpy(t->scaler, &scaler, sizeof scaler, cudaMemcpyHostToDevice));
+    else *t->scaler = scaler;
+    t->step = t->first_step = t->seen_step = (long)pos.step;
+    t->seen_bad_total = scaler.skipped_steps;
+    snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
+    t->last_checkpoint_step = t->step;
+    log_info("resumed from %s: step %ld, epoch %lld, %lld micro-batches into it", path, t->step,
+             (long long)pos.epoch + 1, (long long)pos.epoch_micro);
+    return pos;
+}
+
+/* A resumed epoch starts where the checkpoint left it: the batches already
+ * taken are drawn and dropped (a resident batch is the epoch's first). */
+static long skip_batches(Trainer *t, long n) {
+    Batch b;
+    for (long i = 0; i < n; i++) {
+        if (t->resident && i > 0) continue;
+        if (!loader_next(t->train_loader, &b)) return i;
+        if (t->resident) upload_sync(t, &b);
+        loader_release(t->train_loader, &b);
+    }
+    return n;
+}
+
+/* ---- stopping: signals and bad steps --------------------------------------- */
+
+static volatile sig_atomic_t stop_signal;
+
+/* SIGINT, SIGTERM: the first asks the loop to stop after the current step, a
+ * second ends the process at once. */
+static void on_stop_signal(int signo) {
+    if (stop_signal) {
+        static const char msg[] = "trainc: second signal: exiting now\n";
+        ssize_t unused = write(2, msg, sizeof msg - 1);
+        (void)unused;
+        _exit(128 + signo);
+    }
+    stop_signal = signo;
+}
+
+static void install_stop_handlers(struct sigaction old[2]) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+}
+
+static void restore_stop_handlers(const struct sigaction old[2]) {
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGTERM, &old[1], NULL);
+}
+
+/* After a read-back: the steps skipped since the last one (a non-finite loss or
+ * gradient), logged; bad_run counts them in a row as far as the read-backs
+ * tell (exactly with train.read_loss_every = 1). */
+static void count_bad_steps(Trainer *t, int epoch) {
+    long bad = t->scaler_seen.skipped_steps - (t->seen_bad_total), elapsed = t->step - t->seen_step;
+    t->seen_bad_total = t->scaler_seen.skipped_steps;
+    t->seen_step = t->step;
+    if (bad <= 0) {
+        t->bad_run = 0;
+        return;
+    }
+    if (!t->scaler_seen.found_inf) t->bad_run = 0;  /* the last step was good */
+    else if (bad == elapsed) t->bad_run += bad;     /* every step since the last look was bad */
+    else t->bad_run = 1;                            /* at least the last one */
+    log_warn("step %ld: %ld of the last %ld steps skipped for a non-finite loss or gradient (%d in all%s)", t->step,
+             bad, elapsed, t->scaler_seen.skipped_steps, t->amp != DTYPE_F32 ? ", loss scale backed off" : "");
+    if (t->metrics) {
+        fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"skipped_steps\": %d, \"bad_in_a_row\": %ld}\n", t->step,
+                epoch, t->scaler_seen.skipped_steps, t->bad_run);
+        fflush(t->metrics);
+    }
+}
+
+static FILE *fatal_metrics; /* flushed by the fatal hook */
+static void flush_on_fatal(void) {
+    if (fatal_metrics) fflush(fatal_metrics);
+}
+
 /* ---- the run --------------------------------------------------------------- */
 
 static void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
@@ -452,6 +863,16 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     Trainer trainer = {0}, *t = &trainer;
     memset(out, 0, sizeof *out);
     read_settings(t, cfg);
+    struct sigaction old_handlers[2];
+    install_stop_handlers(old_handlers);
+    static int hook_registered;
+    if (!hook_registered) tc_on_fatal(flush_on_fatal);
+    hook_registered = 1;
+
+    /* run.resume: the file is checked end to end before anything is loaded. */
+    CkptFile *resume = NULL;
+    const char *resume_arg = config_str(cfg, "run.resume");
+    if (resume_arg[0]) resume = open_resume(t, resume_arg);
     snprintf(out->name, sizeof out->name, "%s", config_str(cfg, "run.name"));
     snprintf(out->device, sizeof out->device, "%s", t->use_gpu ? "cuda" : "cpu");
     out->gpu_util = -1;
@@ -498,6 +919,12 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     alloc_aux(t);
     log_info("model: %s, %zu parameters, %.1f MiB on %s", config_str(cfg, "model.name"),
              t->model.n_params, model_bytes(&t->model) / 1048576.0, out->device);
+    CkptPosition start = {0, 0, 0};
+    if (resume) {
+        start = load_checkpoint(t, cfg, resume);
+        ckpt_close(resume);
+    }
+    if (t->checkpoint_every) check_checkpoint_dir(t, resume ? t->step : -1);
 
     t->train_loader = make_loader(t, cfg, &t->train_set, 1);
     if (t->eval) t->test_loader = make_loader(t, cfg, &t->test_set, 0);
@@ -505,6 +932,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     if (metrics_path[0]) {
         t->metrics = fopen(metrics_path, "a");
         if (!t->metrics) TC_FATAL("run.metrics_file: cannot open %s for appending", metrics_path);
+        fatal_metrics = t->metrics;
     }
 
     int steps_per_epoch = loader_batches_per_epoch(t->train_loader) / t->accumulate;
@@ -514,8 +942,9 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     double timed_s = 0, timed_wait_s = 0, epoch_s_sum = 0;
     long timed_samples = 0;
     float loss = NAN;
-    int stop = 0;
-    for (int epoch = 0; epoch < t->epochs && !stop; epoch++) {
+    StopReason why = RUN_ON;
+    int epoch = (int)start.epoch;
+    for (; epoch < t->epochs && why == RUN_ON; epoch++) {
         double epoch_start = now_seconds(), window_start = -1, window_wait_start = 0;
         double log_start = now_seconds();
         long log_start_step = t->step;
@@ -523,8 +952,10 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         long epoch_micro = 0;   /* micro-batches taken this epoch */
         Batch b;
         loader_start_epoch(t->train_loader, epoch);
+        if (epoch == start.epoch && start.epoch_micro) epoch_micro = skip_batches(t, (long)start.epoch_micro);
         for (;;) {
-            if (t->max_steps && t->step >= t->max_steps) { stop = 1; break; }
+            if (stop_signal) { why = STOP_SIGNAL; break; } /* here micro is 0: between optimizer steps */
+            if (t->max_steps && t->step >= t->max_steps) { why = STOP_MAX_STEPS; break; }
             if (epoch_micro == (long)steps_per_epoch * t->accumulate) break;
             if (micro == 0 && window_start < 0 && t->step >= t->warmup_steps) {
                 device_sync(t);
@@ -560,7 +991,10 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
             if (window_start >= 0) timed_samples += (long)t->batch * t->accumulate;
 
             int log_now = t->step % t->log_every == 0;
-            if (log_now || (t->read_loss_every && t->step % t->read_loss_every == 0)) loss = read_loss(t);
+            if (log_now || (t->read_loss_every && t->step % t->read_loss_every == 0)) {
+                loss = read_loss(t);
+                count_bad_steps(t, epoch);
+            }
             if (log_now) {
                 double now = now_seconds();
                 double rate = (t->step - log_start_step) * t->batch * t->accumulate / (now - log_start);
@@ -570,6 +1004,8 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
                 log_start = now;
                 log_start_step = t->step;
             }
+            if (t->max_bad_steps && t->bad_run >= t->max_bad_steps) { why = STOP_BAD_STEPS; break; }
+            if (t->checkpoint_every && t->step % t->checkpoint_every == 0) save_checkpoint(t, cfg, epoch, epoch_micro);
         }
         if (t->use_gpu) release_held(t, t->train_loader);
         device_sync(t);
@@ -578,6 +1014,11 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
             timed_s += epoch_end - window_start;
             timed_wait_s += loader_wait_seconds(t->train_loader) - window_wait_start;
             gpu_monitor_window_end(t->monitor);
+        }
+        if (why == STOP_SIGNAL || why == STOP_BAD_STEPS) {
+            /* The state after the last finished step, where the data order stands. */
+            save_checkpoint(t, cfg, epoch, epoch_micro);
+            break;
         }
         epoch_s_sum += epoch_end - epoch_start;
         out->epochs = epoch + 1;
@@ -588,7 +1029,31 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         }
         write_metric_epoch(t, epoch, epoch_end - epoch_start, out->test_acc);
     }
-    if (t->step > 0) loss = read_loss(t);
+    if (why == RUN_ON && stop_signal) {
+        /* The signal came after the last step (during the last evaluation). */
+        why = STOP_SIGNAL;
+        save_checkpoint(t, cfg, t->epochs - 1, (long)steps_per_epoch * t->accumulate);
+    }
+    if (t->step > t->first_step) {
+        loss = read_loss(t);
+        if (why != STOP_BAD_STEPS) count_bad_steps(t, epoch);
+    }
+    if (why == STOP_SIGNAL) {
+        out->stopped = 1;
+        out->exit_status = 128 + stop_signal;
+        snprintf(out->stop_signal, sizeof out->stop_signal, "%s", stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    } else if (why == STOP_BAD_STEPS) {
+        out->stopped = 1;
+        out->exit_status = 1;
+        fflush(stdout);
+        fprintf(stderr, "trainc: error: run.max_bad_steps = %d: %ld steps in a row had a non-finite loss or "
+                "gradient and were skipped; stopped at step %ld with the parameters of step %ld%s%s\n",
+                t->max_bad_steps, t->bad_run, t->step, t->step - t->bad_run,
+                t->last_checkpoint_step == t->step ? ", saved in " : " (no checkpoint written)",
+                t->last_checkpoint_step == t->step ? t->last_checkpoint : "");
+    }
+    _Static_assert(sizeof out->checkpoint == sizeof t->last_checkpoint, "checkpoint path sizes");
+    memcpy(out->checkpoint, t->last_checkpoint, sizeof out->checkpoint);
 
     out->steps = t->step;
     out->timed_steps = timed_samples / ((long)t->batch * t->accumulate);
@@ -598,13 +1063,16 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     out->data_wait_frac = timed_s > 0 ? timed_wait_s / timed_s : 0;
     out->final_loss = loss;
     out->loss_scale = NAN;
-    if (t->scaler) {
+    {
         LossScalerState s;
-        CUDA_CHECK(cudaMemcpy(&s, t->scaler, sizeof s, cudaMemcpyDeviceToHost));
-        out->loss_scale = s.scale;
+        if (t->use_gpu) CUDA_CHECK(cudaMemcpy(&s, t->scaler, sizeof s, cudaMemcpyDeviceToHost));
+        else s = *t->scaler;
+        if (t->amp != DTYPE_F32) out->loss_scale = s.scale;
         out->skipped_steps = s.skipped_steps;
-        if (s.skipped_steps) log_info("loss scaler: %d steps skipped for inf/NaN gradients, scale now %g",
-                                      s.skipped_steps, s.scale);
+        if (s.skipped_steps && t->amp != DTYPE_F32)
+            log_info("%d steps skipped for an inf/NaN loss or gradients, loss scale now %g", s.skipped_steps, s.scale);
+        else if (s.skipped_steps)
+            log_info("%d steps skipped for an inf/NaN loss or gradients", s.skipped_steps);
     }
     out->peak_mem_bytes = t->model.arena.peak + t->aux.peak;
     if (t->use_gpu) {
@@ -617,15 +1085,19 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         log_warn("no step fell inside the timed window (run.warmup_steps = %d, %ld steps taken): "
                  "samples_per_s is 0", t->warmup_steps, t->step);
 
-    if (params_out) {
-        *params_out = malloc(t->model.n_params * sizeof(float));
-        if (!*params_out) TC_FATAL("out of host memory copying %zu parameters", t->model.n_params);
-        model_get_params(&t->model, *params_out);
+    {
+        float *params = malloc(t->model.n_params * sizeof(float));
+        if (!params) TC_FATAL("out of host memory copying %zu parameters", t->model.n_params);
+        model_get_params(&t->model, params);
+        out->params_crc = ckpt_crc32(0, params, t->model.n_params * sizeof(float));
+        if (params_out) *params_out = params;
+        else free(params);
     }
     for (int first = 0; first < 2; first++)
         for (int last = 0; last < 2; last++)
             if (t->graphs[first][last]) CUDA_CHECK(cudaGraphExecDestroy(t->graphs[first][last]));
     if (t->metrics) fclose(t->metrics);
+    fatal_metrics = NULL;
     loader_destroy(t->train_loader);
     if (t->test_loader) loader_destroy(t->test_loader);
     model_destroy(&t->model);
@@ -643,11 +1115,21 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         gpu_monitor_stop(t->monitor);
         gpu_context_destroy(&t->gpu);
     }
+    restore_stop_handlers(old_handlers);
 }
 
 static void json_number(FILE *f, const char *key, double v, int last) {
     if (isfinite(v)) fprintf(f, "\"%s\": %.6g%s", key, v, last ? "" : ", ");
     else fprintf(f, "\"%s\": null%s", key, last ? "" : ", ");
+}
+
+static void json_string(FILE *f, const char *v) {
+    fputc('"', f);
+    for (; *v; v++) {
+        if (*v == '"' || *v == '\\') fputc('\\', f);
+        if ((unsigned char)*v >= 0x20) fputc(*v, f);
+    }
+    fputc('"', f);
 }
 
 void train_summary_print_json(const TrainSummary *s, FILE *f) {
@@ -661,7 +1143,10 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_number(f, "final_loss", s->final_loss, 0);
     json_number(f, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN, 0);
     json_number(f, "loss_scale", s->loss_scale, 0);
-    fprintf(f, "\"skipped_steps\": %ld, ", s->skipped_steps);
+    fprintf(f, "\"skipped_steps\": %ld, \"stopped\": %s, \"params_crc\": %u, \"checkpoint\": ", s->skipped_steps,
+            s->stopped ? "true" : "false", (unsigned)s->params_crc);
+    json_string(f, s->checkpoint);
+    fprintf(f, ", ");
     fprintf(f, "\"peak_mem_bytes\": %zu, \"driver_mem_bytes\": %zu}\n", s->peak_mem_bytes, s->driver_mem_bytes);
     fflush(f);
 }

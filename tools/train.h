@@ -3,6 +3,7 @@
 #define TRAINC_TOOLS_TRAIN_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "data/dataset.h"
@@ -23,14 +24,21 @@ typedef struct {
     double gpu_util;        /* mean NVML utilisation over the timed window; < 0: unknown */
     double final_loss;      /* loss of the last step */
     double loss_scale;      /* the loss scaler's scale at the end; NaN without AMP */
-    long skipped_steps;     /* steps the loss scaler skipped for inf/NaN gradients */
+    long skipped_steps;     /* steps skipped for an inf/NaN loss or gradients (fp32 too) */
     double test_acc;        /* top-1 after the last epoch; < 0: not evaluated */
     size_t peak_mem_bytes;  /* device memory the run allocated (arena high-water mark) */
     size_t driver_mem_bytes;/* device memory in use as the driver saw it (context included) */
+    uint32_t params_crc;    /* CRC-32 of the final fp32 parameters: equal runs have equal ones */
+    int stopped;            /* stopped early: by a signal, or by run.max_bad_steps */
+    char stop_signal[16];   /* "SIGTERM", "SIGINT" or "" */
+    int exit_status;        /* what trainc exits with: 0, 128 + signal, or 1 (run.max_bad_steps) */
+    char checkpoint[4200];  /* the last checkpoint written or resumed from; "" if none */
 } TrainSummary;
 
-/* Runs training; bad config values and data errors end the process with a
- * message naming the key or file. */
+/* Runs training; bad config values, data errors and a corrupt or mismatched
+ * run.resume checkpoint end the process with a message naming the key or file.
+ * SIGINT and SIGTERM stop it after the current step with a checkpoint
+ * (summary: stopped, exit_status 128 + signal); a second signal exits at once. */
 void train_run(const Config *cfg, TrainSummary *out);
 /* The same, and *params_out gets a malloc'ed copy of the final parameters. */
 void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out);

@@ -1,10 +1,12 @@
 /* trainc: train a net as a config file says.
  *
  *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
- *          [--print-config] [--quiet]
+ *          [--resume FILE|latest] [--print-config] [--quiet]
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c).
- * The last line of output is one JSON object summing up the run. */
+ * The last line of output is one JSON object summing up the run. SIGINT or
+ * SIGTERM stops a run after its current step with a checkpoint, exit status
+ * 128 + signal and a line saying how to resume. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,11 +20,13 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: trainc [bench-loader] --config FILE [--set section.key=value]...\n"
-            "              [--device cpu|cuda] [--print-config] [--quiet]\n"
+            "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
+            "  --resume F        continue from checkpoint F, or latest in run.checkpoint_dir\n"
+            "                    (shorthand for --set run.resume=F)\n"
             "  --print-config    print the effective config and exit\n"
             "  --quiet           only warnings, errors and the summary\n");
 }
@@ -31,6 +35,46 @@ static void fail_usage(const char *msg, const char *arg) {
     fprintf(stderr, "trainc: error: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
     usage(stderr);
     exit(2);
+}
+
+/* Writes a shell word, quoted when it needs it. */
+static void print_word(FILE *f, const char *w) {
+    if (w[0] && strspn(w, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-+=.,/:@%") == strlen(w)) {
+        fputs(w, f);
+        return;
+    }
+    fputc('\'', f);
+    for (; *w; w++) {
+        if (*w == '\'') fputs("'\\''", f);
+        else fputc(*w, f);
+    }
+    fputc('\'', f);
+}
+
+/* "stopped by SIGTERM at step N; resume with: trainc <the same arguments> --resume FILE" */
+static void print_stopped(const TrainSummary *s, int argc, char **argv) {
+    fflush(stdout);
+    if (!s->checkpoint[0]) {
+        fprintf(stderr, "trainc: stopped by %s at step %ld; no checkpoint could be written (see the warnings "
+                "above)\n", s->stop_signal, s->steps);
+        return;
+    }
+    fprintf(stderr, "trainc: stopped by %s at step %ld; resume with: trainc", s->stop_signal, s->steps);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--resume") == 0) {
+            i++;
+            continue;
+        }
+        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && strncmp(argv[i + 1], "run.resume=", 11) == 0) {
+            i++;
+            continue;
+        }
+        fputc(' ', stderr);
+        print_word(stderr, argv[i]);
+    }
+    fputs(" --resume ", stderr);
+    print_word(stderr, s->checkpoint);
+    fputc('\n', stderr);
 }
 
 int main(int argc, char **argv) {
@@ -64,10 +108,11 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (strcmp(a, "--config") == 0) {
             i++;
-        } else if (strcmp(a, "--set") == 0 || strcmp(a, "--device") == 0) {
+        } else if (strcmp(a, "--set") == 0 || strcmp(a, "--device") == 0 || strcmp(a, "--resume") == 0) {
             if (i + 1 >= argc) fail_usage("missing value after", a);
-            char assignment[1024];
+            char assignment[4200];
             if (strcmp(a, "--device") == 0) snprintf(assignment, sizeof assignment, "run.device=%s", argv[++i]);
+            else if (strcmp(a, "--resume") == 0) snprintf(assignment, sizeof assignment, "run.resume=%s", argv[++i]);
             else snprintf(assignment, sizeof assignment, "%s", argv[++i]);
             if (config_set(cfg, assignment, err, sizeof err) != 0) {
                 fprintf(stderr, "trainc: error: %s\n", err);
@@ -95,7 +140,8 @@ int main(int argc, char **argv) {
     }
     TrainSummary summary;
     train_run(cfg, &summary);
+    if (summary.stop_signal[0]) print_stopped(&summary, argc, argv);
     train_summary_print_json(&summary, stdout);
     config_free(cfg);
-    return 0;
+    return summary.exit_status;
 }

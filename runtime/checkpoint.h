@@ -1,0 +1,68 @@
+/* A checkpoint file: named binary sections, versioned and checksummed, written
+ * atomically. runtime/ knows nothing of what the sections mean; the trainer
+ * names them ("params", "momentum", ...).
+ *
+ * Layout (integers little-endian, as the host writes them on x86-64 and ARM):
+ *
+ *   magic     8 bytes  "TRAINCK\n"
+ *   version   u32      CKPT_VERSION
+ *   sections  u32      how many follow
+ *   per section:
+ *     name    32 bytes NUL-padded
+ *     size    u64      bytes of data
+ *     data    size bytes
+ *     crc     u32      CRC-32 (zlib's) of the data
+ *   end       8 bytes  "TRCKEND\n"
+ *   crc       u32      CRC-32 of every byte before it
+ *
+ * Writing goes to "<path>.tmp.<pid>" in the same directory, then fflush, fsync,
+ * rename to path and fsync of the directory: a reader sees the old file or the
+ * whole new one, never a part. Opening reads the file once end to end and
+ * checks magic, version, every size against the file's length, every section's
+ * CRC and the file's CRC, so a truncated or bit-flipped file is refused before
+ * anything is read from it. Errors name the file and what is wrong. */
+#ifndef TRAINC_CHECKPOINT_H
+#define TRAINC_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKPT_VERSION 1
+#define CKPT_NAME_LEN 32
+#define CKPT_MAX_SECTIONS 64
+
+typedef struct CkptWriter CkptWriter;
+typedef struct CkptFile CkptFile;
+
+/* Starts a file of n_sections sections; NULL with a message in err when the
+ * temporary file cannot be made. */
+CkptWriter *ckpt_write_begin(const char *path, int n_sections, char *err, size_t errlen);
+/* Sections are written in call order; names are unique, shorter than 32 bytes. */
+int ckpt_write_section(CkptWriter *w, const char *name, const void *data, size_t bytes, char *err,
+                       size_t errlen);
+/* Finishes, syncs and renames into place; frees w. On failure the temporary
+ * file is removed and the file at path (if any) is untouched. */
+int ckpt_write_commit(CkptWriter *w, char *err, size_t errlen);
+/* Removes the temporary file and frees w. */
+void ckpt_write_abort(CkptWriter *w);
+
+/* Opens and verifies a whole file; NULL with "FILE: what is wrong" in err. */
+CkptFile *ckpt_open(const char *path, char *err, size_t errlen);
+/* Bytes of a section, or -1 when there is none of that name. */
+int64_t ckpt_section_size(const CkptFile *f, const char *name);
+/* Reads a section whose size must be exactly 'bytes' (checks its CRC again). */
+int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, char *err, size_t errlen);
+const char *ckpt_path(const CkptFile *f);
+void ckpt_close(CkptFile *f);
+
+/* CRC-32 (the polynomial of zlib and PNG); crc starts at 0. */
+uint32_t ckpt_crc32(uint32_t crc, const void *data, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -25,6 +25,7 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
+#include "tests/op_buffers.h"
 
 #define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* Deterministic algorithms, so two runs repeat; allow_tf32 plays no part for half types. */
@@ -35,6 +36,9 @@ static const DType half_types[2] = {DTYPE_F16, DTYPE_BF16};
 static uint64_t rng;
 static GpuContext g;
 
+static void upload(void *dst, const void *src, size_t bytes) { upload_on(g.compute, dst, src, bytes); }
+static void download(void *dst, const void *src, size_t bytes) { download_on(g.compute, dst, src, bytes); }
+
 /* Relative L2 bounds for results that went through fp32 accumulation in another
  * order (or another algorithm) and one or two roundings to the half type:
  * f16 has an 11-bit significand (rounding error <= 4.9e-4), bf16 an 8-bit one
@@ -43,55 +47,12 @@ static double tol_for(DType dt, double f16, double bf16) { return dt == DTYPE_F1
 
 /* ---- host and device buffers -------------------------------------------------- */
 
-static void *host_bytes(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static float *host_floats(size_t n) { return host_bytes(n * sizeof(float)); }
-
-static float *copy_floats(const float *src, size_t n) {
-    float *p = host_floats(n);
-    memcpy(p, src, n * sizeof(float));
-    return p;
-}
-
-/* Rounds x in place to the nearest value of type dt. */
-static void round_to(DType dt, float *x, size_t n) {
-    void *bits = host_bytes(n * dtype_size(dt));
-    cast_from_f32_cpu(dt, x, bits, n);
-    cast_to_f32_cpu(dt, bits, x, n);
-    free(bits);
-}
-
 /* Uniform in [lo, hi), already rounded to dt. */
 static float *random_values(DType dt, size_t n, float lo, float hi) {
     float *p = host_floats(n);
     test_fill_uniform(p, n, &rng, lo, hi);
     round_to(dt, p, n);
     return p;
-}
-
-static void *dev_bytes(size_t bytes) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-
-/* The compute stream does not synchronize with the legacy default stream, so
- * every copy goes through it and waits. */
-static void upload(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.compute));
-    CUDA_CHECK(cudaStreamSynchronize(g.compute));
-}
-
-static void download(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.compute));
-    CUDA_CHECK(cudaStreamSynchronize(g.compute));
 }
 
 /* A device buffer of n elements of dt holding host's values (rounded to dt). */

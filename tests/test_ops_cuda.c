@@ -18,6 +18,7 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
+#include "tests/op_buffers.h"
 
 #define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* Full fp32 and deterministic algorithms, so GPU and CPU agree closely and runs repeat. */
@@ -26,18 +27,10 @@ static const ConvAlgoPolicy strict_fp32 = {CONV_WORKSPACE_LIMIT, 0, 1, 0};
 static uint64_t rng;
 static GpuContext g;
 
+static void upload(void *dst, const void *src, size_t bytes) { upload_on(g.compute, dst, src, bytes); }
+static void download(void *dst, const void *src, size_t bytes) { download_on(g.compute, dst, src, bytes); }
+
 /* ---- host and device buffers -------------------------------------------------- */
-
-static void *host_bytes(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static float *host_floats(size_t n) { return host_bytes(n * sizeof(float)); }
 
 static float *random_floats(size_t n, float lo, float hi) {
     float *p = host_floats(n);
@@ -45,31 +38,7 @@ static float *random_floats(size_t n, float lo, float hi) {
     return p;
 }
 
-static float *copy_floats(const float *src, size_t n) {
-    float *p = host_floats(n);
-    memcpy(p, src, n * sizeof(float));
-    return p;
-}
-
-static void *dev_bytes(size_t bytes) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-
 static float *dev_floats(size_t n) { return dev_bytes(n * sizeof(float)); }
-
-/* The compute stream does not synchronize with the legacy default stream, so
- * every copy goes through it and waits. */
-static void upload(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.compute));
-    CUDA_CHECK(cudaStreamSynchronize(g.compute));
-}
-
-static void download(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.compute));
-    CUDA_CHECK(cudaStreamSynchronize(g.compute));
-}
 
 static float *dev_copy(const float *host, size_t n) {
     float *p = dev_floats(n);

@@ -18,6 +18,7 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
+#include "tests/op_buffers.h"
 
 #define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* Full fp32 and deterministic algorithms, as the other op tests. */
@@ -28,6 +29,9 @@ static const DType all_types[3] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
 static uint64_t rng;
 static GpuContext g;
 
+static void upload(void *dst, const void *src, size_t bytes) { upload_on(g.compute, dst, src, bytes); }
+static void download(void *dst, const void *src, size_t bytes) { download_on(g.compute, dst, src, bytes); }
+
 /* Relative L2 bounds: fp32 as in test_ops_cuda.c, f16 and bf16 as in test_ops_amp.c. */
 static double tol_for(DType dt, double f32, double f16, double bf16) {
     return dt == DTYPE_F32 ? f32 : dt == DTYPE_F16 ? f16 : bf16;
@@ -35,55 +39,12 @@ static double tol_for(DType dt, double f32, double f16, double bf16) {
 
 /* ---- host and device buffers -------------------------------------------------- */
 
-static void *host_bytes(size_t bytes) {
-    void *p = calloc(bytes ? bytes : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static float *host_floats(size_t n) { return host_bytes(n * sizeof(float)); }
-
-static float *copy_floats(const float *src, size_t n) {
-    float *p = host_floats(n);
-    memcpy(p, src, n * sizeof(float));
-    return p;
-}
-
-/* Rounds x in place to the nearest value of type dt. */
-static void round_to(DType dt, float *x, size_t n) {
-    void *bits = host_bytes(n * dtype_size(dt));
-    cast_from_f32_cpu(dt, x, bits, n);
-    cast_to_f32_cpu(dt, bits, x, n);
-    free(bits);
-}
-
 /* Uniform in [lo, hi), already rounded to dt. */
 static float *random_values(DType dt, size_t n, float lo, float hi) {
     float *p = host_floats(n);
     test_fill_uniform(p, n, &rng, lo, hi);
     round_to(dt, p, n);
     return p;
-}
-
-static void *dev_bytes(size_t bytes) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
-    return p;
-}
-
-/* The compute stream does not synchronize with the legacy default stream, so
- * every copy goes through it and waits. */
-static void upload(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.compute));
-    CUDA_CHECK(cudaStreamSynchronize(g.compute));
-}
-
-static void download(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.compute));
-    CUDA_CHECK(cudaStreamSynchronize(g.compute));
 }
 
 /* host's n values as dt, into dev. */

@@ -1,0 +1,48 @@
+#include "tests/op_buffers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/cast.h"
+#include "runtime/check.h"
+
+void *host_bytes(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+float *host_floats(size_t n) { return host_bytes(n * sizeof(float)); }
+
+float *copy_floats(const float *src, size_t n) {
+    float *p = host_floats(n);
+    memcpy(p, src, n * sizeof(float));
+    return p;
+}
+
+void round_to(DType dt, float *x, size_t n) {
+    void *bits = host_bytes(n * dtype_size(dt));
+    cast_from_f32_cpu(dt, x, bits, n);
+    cast_to_f32_cpu(dt, bits, x, n);
+    free(bits);
+}
+
+void *dev_bytes(size_t bytes) {
+    void *p = NULL;
+    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    return p;
+}
+
+void upload_on(cudaStream_t s, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void download_on(cudaStream_t s, void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}

@@ -1,0 +1,20 @@
+/* Host and device buffers for the ops' GPU tests. Copies go through the given
+ * stream and wait for it: the compute stream does not synchronize with the
+ * legacy default stream. */
+#ifndef TRAINC_TESTS_OP_BUFFERS_H
+#define TRAINC_TESTS_OP_BUFFERS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#include "runtime/tensor.h"
+
+void *host_bytes(size_t bytes);              /* zeroed; exits when out of memory */
+float *host_floats(size_t n);
+float *copy_floats(const float *src, size_t n);
+void round_to(DType dt, float *x, size_t n); /* in place, to the nearest value of dt */
+void *dev_bytes(size_t bytes);
+void upload_on(cudaStream_t s, void *dst, const void *src, size_t bytes);
+void download_on(cudaStream_t s, void *dst, const void *src, size_t bytes);
+
+#endif

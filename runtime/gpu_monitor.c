@@ -1,6 +1,7 @@
 #include "runtime/gpu_monitor.h"
 
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +41,26 @@ struct GpuMonitor {
     double window_util_sum;
     int window_samples;
     GpuSample latest;
+    FILE *record;         /* gpu_monitor_record_to: where samples go, or NULL */
+    double record_every_s, record_t0, record_last;
 };
+
+static void json_value(char *out, size_t n, double v, const char *fmt) {
+    if (v < 0 || !isfinite(v)) snprintf(out, n, "null");
+    else snprintf(out, n, fmt, v);
+}
+
+/* One JSON line, written with one fprintf. */
+static void record_sample(FILE *f, double t, const GpuSample *s) {
+    char util[32], mem[32], temp[32], power[32];
+    json_value(util, sizeof util, s->util_pct, "%.0f");
+    json_value(mem, sizeof mem, s->mem_used_bytes, "%.0f");
+    json_value(temp, sizeof temp, s->temp_c, "%.0f");
+    json_value(power, sizeof power, s->power_w, "%.1f");
+    fprintf(f, "{\"gpu_sample\": %.3f, \"util\": %s, \"mem_bytes\": %s, \"temp_c\": %s, \"power_w\": %s}\n", t,
+            util, mem, temp, power);
+    fflush(f);
+}
 
 static void sample_once(GpuMonitor *g) {
     GpuSample s = {-1, -1, -1, -1};
@@ -56,6 +76,11 @@ static void sample_once(GpuMonitor *g) {
     if (g->in_window && s.util_pct >= 0) {
         g->window_util_sum += s.util_pct;
         g->window_samples++;
+    }
+    double now = now_seconds();
+    if (g->record && now - g->record_last >= g->record_every_s) {
+        record_sample(g->record, now - g->record_t0, &s);
+        g->record_last = now;
     }
     pthread_mutex_unlock(&g->lock);
 }
@@ -144,6 +169,16 @@ GpuSample gpu_monitor_latest(GpuMonitor *g) {
     s = g->latest;
     pthread_mutex_unlock(&g->lock);
     return s;
+}
+
+void gpu_monitor_record_to(GpuMonitor *g, FILE *f, double every_s, double t0) {
+    if (!g) return;
+    pthread_mutex_lock(&g->lock);
+    g->record = f;
+    g->record_every_s = every_s;
+    g->record_t0 = t0;
+    g->record_last = -1e300;
+    pthread_mutex_unlock(&g->lock);
 }
 
 void gpu_monitor_stop(GpuMonitor *g) {

@@ -4,6 +4,8 @@
 #ifndef TRAINC_GPU_MONITOR_H
 #define TRAINC_GPU_MONITOR_H
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -25,6 +27,13 @@ void gpu_monitor_window_end(GpuMonitor *g);
 /* Mean utilisation over the window; -1 when no sample fell inside it. */
 double gpu_monitor_window_util(GpuMonitor *g);
 GpuSample gpu_monitor_latest(GpuMonitor *g);
+/* From now on the sampler thread appends a JSON line
+ *   {"gpu_sample": T, "util": .., "mem_bytes": .., "temp_c": .., "power_w": ..}
+ * to f every every_s seconds (T: seconds on now_seconds() minus t0; a value
+ * NVML did not give is null). Each line is one fprintf, so lines that other
+ * threads write to f stay whole. f = NULL stops it; once that call returns the
+ * thread no longer touches the old f. */
+void gpu_monitor_record_to(GpuMonitor *g, FILE *f, double every_s, double t0);
 void gpu_monitor_stop(GpuMonitor *g);
 
 #ifdef __cplusplus

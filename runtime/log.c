@@ -5,9 +5,11 @@
 #include <time.h>
 
 static int quiet;
+static int progress_shown; /* a progress line is on the terminal, without a newline */
 static double t_start = -1.0;
 
 void log_set_quiet(int q) { quiet = q; }
+int log_is_quiet(void) { return quiet; }
 
 double now_seconds(void) {
     struct timespec ts;
@@ -15,8 +17,15 @@ double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static void clear_progress(void) {
+    if (!progress_shown) return;
+    fputs("\r\033[K", stderr);
+    progress_shown = 0;
+}
+
 static void vlog(const char *level, const char *fmt, va_list ap) {
     if (t_start < 0) t_start = now_seconds();
+    clear_progress();
     fprintf(stderr, "[%8.2f] %s", now_seconds() - t_start, level);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
@@ -35,4 +44,21 @@ void log_warn(const char *fmt, ...) {
     va_start(ap, fmt);
     vlog("warning: ", fmt, ap);
     va_end(ap);
+}
+
+void log_progress(const char *fmt, ...) {
+    if (quiet) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("\r\033[K", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fflush(stderr);
+    progress_shown = 1;
+}
+
+void log_progress_end(void) {
+    if (!progress_shown) return;
+    fputc('\n', stderr);
+    progress_shown = 0;
 }

@@ -1,4 +1,6 @@
-/* Logging to stderr with the elapsed time; log_info is silenced by --quiet. */
+/* Logging to stderr with the elapsed time; log_info is silenced by --quiet.
+ * A progress line (log_progress) is redrawn in place with \r; a log line
+ * printed while one shows clears it first, and the next update redraws it. */
 #ifndef TRAINC_LOG_H
 #define TRAINC_LOG_H
 
@@ -7,8 +9,13 @@ extern "C" {
 #endif
 
 void log_set_quiet(int quiet);
+int log_is_quiet(void);
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Redraws the progress line (no newline); silenced by --quiet. */
+void log_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Ends a progress line that shows, leaving it on screen (a newline). */
+void log_progress_end(void);
 /* Seconds on a monotonic clock. */
 double now_seconds(void);
 

@@ -24,6 +24,15 @@ const CfgKeySpec trainc_keys[] = {
      "(0: never)"},
     {"run.inject_nan_step", CFG_INT, "0", 0,
      "for tests: make the loss gradient of this step (1-based) NaN, so the step is skipped (0: off)"},
+    {"run.profile_steps", CFG_STRING, "", 0,
+     "a:b: bracket optimizer steps a to b (1-based, inclusive) with cudaProfilerStart/Stop, for "
+     "nsys profile --capture-range=cudaProfilerApi (empty: off; GPU)"},
+
+    {"monitor.sample_every_s", CFG_FLOAT, "1", 0,
+     "append the NVML sample (GPU util, memory, temperature, power) to run.metrics_file as a gpu_sample "
+     "line every N seconds (0: off; GPU)"},
+    {"monitor.prometheus_port", CFG_INT, "0", 0,
+     "serve Prometheus gauges (throughput, loss, GPU) at http://127.0.0.1:PORT/metrics (0: off)"},
 
     {"data.source", CFG_ENUM, "image_folder", "image_folder|cifar_bin|synthetic",
      "image_folder: root/{train,test}/<class>/*.jpg; cifar_bin: the CIFAR-10 binary batches; "

@@ -7,6 +7,7 @@
  * are the lab's baseline habits, kept so that their cost can be measured. */
 #include "tools/train.h"
 
+#include <cuda_profiler_api.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -32,6 +33,36 @@
 #include "runtime/gpu.h"
 #include "runtime/gpu_monitor.h"
 #include "runtime/log.h"
+#include "runtime/prometheus.h"
+
+/* Phase timing: each micro-batch's marks go into one set of a small ring: an
+ * event on the compute stream per mark (a host time on the CPU). A phase runs
+ * from its mark to the next one taken. Sets are read back only at log points,
+ * at the end, or when the ring comes round to a set still unread (then its
+ * last event, PHASE_RING micro-batches old, is waited for): never a sync
+ * inside a step. */
+enum { PH_INPUT, PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER, PH_GRAPH, PH_END, PH_MARKS };
+#define PHASE_RING 16
+
+typedef struct {
+    cudaEvent_t ev[PH_MARKS];
+    double host[PH_MARKS];
+    unsigned marked;          /* bit m: mark m was taken */
+    int pending, timed;       /* taken and not read back yet; inside the timed window */
+} PhaseSet;
+
+typedef struct {
+    PhaseSet ring[PHASE_RING];
+    int open;                 /* the set being marked, -1: none */
+    int next;
+    double timed_ms[PH_END];  /* each phase's sum over the timed window */
+} Phases;
+
+/* The last log point, to rate the interval since. */
+typedef struct {
+    double start, wait_start;
+    long start_step;
+} LogWindow;
 
 typedef struct {
     /* settings read once from the config */
@@ -88,6 +119,20 @@ typedef struct {
     FILE *metrics;
     long step;
     long first_step;          /* 0, or the step a resumed run starts from */
+
+    /* Watching the run: run.profile_steps, monitor.*, the progress line. */
+    long profile_first, profile_last; /* 0: off */
+    int profiling, profiled;
+    double sample_every_s;
+    int prometheus_port;
+    PromServer *prom;
+    int progress;             /* a progress line on the terminal instead of the step log lines */
+    double progress_drawn;    /* when it was last drawn */
+    long progress_step;       /* at that time */
+    double progress_rate;     /* steps per second between the last two draws */
+    long total_steps;
+    float last_loss;          /* as last read back */
+    Phases phases;
 } Trainer;
 
 typedef enum { RUN_ON, STOP_MAX_STEPS, STOP_SIGNAL, STOP_BAD_STEPS } StopReason;
@@ -96,6 +141,20 @@ typedef enum { RUN_ON, STOP_MAX_STEPS, STOP_SIGNAL, STOP_BAD_STEPS } StopReason;
 
 static void require(int ok, const char *key, const char *what) {
     if (!ok) TC_FATAL("config: %s %s", key, what);
+}
+
+/* run.profile_steps = "a:b"; 0, or -1 when it is not two step numbers 1 <= a <= b. */
+static int parse_profile_steps(const char *v, long *first, long *last) {
+    char *end;
+    errno = 0;
+    long a = strtol(v, &end, 10);
+    if (end == v || *end != ':' || errno) return -1;
+    const char *second = end + 1;
+    long b = strtol(second, &end, 10);
+    if (end == second || *end || errno || a < 1 || b < a) return -1;
+    *first = a;
+    *last = b;
+    return 0;
 }
 
 static void read_settings(Trainer *t, const Config *cfg) {
@@ -148,6 +207,16 @@ static void read_settings(Trainer *t, const Config *cfg) {
     require(t->inject_nan_step >= 0, "run.inject_nan_step", "must be 0 (off) or positive");
     require(!t->inject_nan_step || !t->cuda_graph, "run.inject_nan_step",
             "needs perf.cuda_graph = off (the graph replays the step as captured)");
+    const char *profile = config_str(cfg, "run.profile_steps");
+    if (profile[0] && parse_profile_steps(profile, &t->profile_first, &t->profile_last) != 0)
+        TC_FATAL("config: run.profile_steps = \"%s\": must be a:b, optimizer steps with 1 <= a <= b "
+                 "(e.g. 100:120), or empty (off)", profile);
+    t->sample_every_s = config_float(cfg, "monitor.sample_every_s");
+    require(t->sample_every_s >= 0 && isfinite(t->sample_every_s), "monitor.sample_every_s",
+            "must be 0 (off) or a positive number of seconds");
+    t->prometheus_port = (int)config_int(cfg, "monitor.prometheus_port");
+    require(config_int(cfg, "monitor.prometheus_port") >= 0 && config_int(cfg, "monitor.prometheus_port") <= 65535,
+            "monitor.prometheus_port", "must be 0 (off) or a TCP port (1-65535)");
     t->lr = (float)config_float(cfg, "optim.lr");
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
@@ -234,6 +303,30 @@ static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int 
     if (train && d->n < t->batch)
         TC_FATAL("train.batch = %d is larger than the %d training images", t->batch, d->n);
     return loader_create(d, &lc);
+}
+
+/* cuDNN describes a tensor of at most 2^31 elements. A batch that makes one
+ * activation larger fails here, before cuDNN is asked: as out of GPU memory
+ * (the arena's words) when that activation alone is more than the GPU holds,
+ * else naming the limit. */
+static void check_activation_sizes(const Trainer *t) {
+    const Model *m = &t->model;
+    for (int i = 0; i < m->n_acts; i++) {
+        const Activation *a = &m->acts[i];
+        size_t elems = (size_t)m->batch * (size_t)a->c * (size_t)a->h * (size_t)a->w;
+        if (elems <= (size_t)INT_MAX) continue;
+        double bytes = (double)elems * (double)dtype_size(t->amp);
+        size_t free_b = 0, total_b = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        if (bytes > (double)total_b)
+            TC_FATAL("out of GPU memory: train.batch = %d needs %.1f MiB for one %dx%dx%d activation alone; "
+                     "%.1f MiB free of %.1f MiB. Try a smaller train.batch, precision.amp = fp16, "
+                     "memory.checkpoint = blocks or memory.accumulate = k", m->batch, bytes / 1048576.0, a->c, a->h,
+                     a->w, free_b / 1048576.0, total_b / 1048576.0);
+        TC_FATAL("train.batch = %d makes the %dx%dx%d activation %zu elements, more than the 2^31 a cuDNN tensor "
+                 "may hold: use a smaller train.batch (with memory.accumulate = k for the same step)", m->batch,
+                 a->c, a->h, a->w, elems);
+    }
 }
 
 /* Runs twice, as the model's buffers do: on a counting arena, then the real one. */
@@ -365,12 +458,100 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
     t->held_slot_valid = 1;
 }
 
+/* ---- phase timing ------------------------------------------------------------ */
+
+static void phases_init(Trainer *t) {
+    Phases *p = &t->phases;
+    memset(p, 0, sizeof *p);
+    p->open = -1;
+    if (!t->use_gpu) return;
+    for (int i = 0; i < PHASE_RING; i++)
+        for (int m = 0; m < PH_MARKS; m++) CUDA_CHECK(cudaEventCreate(&p->ring[i].ev[m]));
+}
+
+static void phases_destroy(Trainer *t) {
+    if (!t->use_gpu) return;
+    for (int i = 0; i < PHASE_RING; i++)
+        for (int m = 0; m < PH_MARKS; m++) CUDA_CHECK(cudaEventDestroy(t->phases.ring[i].ev[m]));
+}
+
+/* Adds a finished set's phases to the sums (when it was timed). */
+static void collect_set(Trainer *t, PhaseSet *s) {
+    int prev = -1;
+    for (int m = 0; m < PH_MARKS; m++) {
+        if (!(s->marked & (1u << m))) continue;
+        if (prev >= 0 && s->timed) {
+            float ms;
+            if (t->use_gpu) CUDA_CHECK(cudaEventElapsedTime(&ms, s->ev[prev], s->ev[m]));
+            else ms = (float)(1000 * (s->host[m] - s->host[prev]));
+            t->phases.timed_ms[prev] += ms;
+        }
+        prev = m;
+    }
+    s->pending = 0;
+}
+
+/* Reads back the sets whose last event has completed; wait: all of them. */
+static void phases_collect(Trainer *t, int wait) {
+    for (int i = 0; i < PHASE_RING; i++) {
+        PhaseSet *s = &t->phases.ring[i];
+        if (!s->pending) continue;
+        if (t->use_gpu && wait) {
+            CUDA_CHECK(cudaEventSynchronize(s->ev[PH_END]));
+        } else if (t->use_gpu) {
+            cudaError_t e = cudaEventQuery(s->ev[PH_END]);
+            if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError(); /* not an error: not there yet */
+                continue;
+            }
+            CUDA_CHECK(e);
+        }
+        collect_set(t, s);
+    }
+}
+
+/* The start of phase m of this micro-batch (the first mark opens a set). */
+static void phase_mark(Trainer *t, int m) {
+    Phases *p = &t->phases;
+    if (p->open < 0) {
+        PhaseSet *s = &p->ring[p->next];
+        if (s->pending) {
+            if (t->use_gpu) CUDA_CHECK(cudaEventSynchronize(s->ev[PH_END]));
+            collect_set(t, s);
+        }
+        s->marked = 0;
+        p->open = p->next;
+        p->next = (p->next + 1) % PHASE_RING;
+    }
+    PhaseSet *s = &p->ring[p->open];
+    if (t->use_gpu) CUDA_CHECK(cudaEventRecord(s->ev[m], t->gpu.compute));
+    else s->host[m] = now_seconds();
+    s->marked |= 1u << m;
+}
+
+/* The end of the micro-batch's last phase. */
+static void phase_close(Trainer *t, int timed) {
+    Phases *p = &t->phases;
+    if (p->open < 0) return;
+    phase_mark(t, PH_END);
+    p->ring[p->open].timed = timed;
+    p->ring[p->open].pending = 1;
+    p->open = -1;
+}
+
+/* Forward, backward and optimizer are timed one by one only when run eagerly:
+ * under perf.cuda_graph they are inside the graph (PH_GRAPH times it whole). */
+static void eager_mark(Trainer *t, int m) {
+    if (!t->cuda_graph) phase_mark(t, m);
+}
+
 /* ---- one step -------------------------------------------------------------- */
 
 /* Forward, loss and backward of one micro-batch; the first micro-batch of an
  * optimizer step zeroes the gradients, the others add to them. */
 static void micro_step(Trainer *t, int first) {
     Model *m = &t->model;
+    eager_mark(t, PH_FORWARD);
     if (first && t->use_gpu) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
     else if (first) loss_scaler_begin_step_cpu(t->scaler);
     nvtxRangePushA("forward");
@@ -394,6 +575,7 @@ static void micro_step(Trainer *t, int first) {
     }
     nvtxRangePop();
 
+    eager_mark(t, PH_BACKWARD);
     nvtxRangePushA("backward");
     if (first) model_zero_grads(m);
     model_backward(m);
@@ -402,6 +584,7 @@ static void micro_step(Trainer *t, int first) {
 
 static void optimizer_step(Trainer *t) {
     Model *m = &t->model;
+    eager_mark(t, PH_OPTIMIZER);
     nvtxRangePushA("optimizer");
     /* All on the device: a step whose loss or gradients hold an inf or NaN is
      * skipped (and under AMP the scale backs off), with no host sync (CUDA
@@ -426,6 +609,7 @@ static void optimizer_step(Trainer *t) {
  * (first, last) pair the first time it came up after the eager warm-up step.
  * The graph holds no host work, so the host only launches it. */
 static void run_micro_batch(Trainer *t, int first, int last) {
+    if (t->cuda_graph) phase_mark(t, PH_GRAPH); /* before any capture: the mark is no node of the graph */
     if (!t->cuda_graph || t->step == t->first_step) {
         micro_step(t, first);
         if (last) optimizer_step(t);
@@ -453,12 +637,13 @@ static float read_loss(Trainer *t) {
     float loss;
     if (!t->use_gpu) {
         t->scaler_seen = *t->scaler;
-        return *t->loss;
+        return t->last_loss = *t->loss;
     }
     CUDA_CHECK(cudaMemcpyAsync(&loss, t->loss, sizeof loss, cudaMemcpyDeviceToHost, t->gpu.compute));
     CUDA_CHECK(cudaMemcpyAsync(&t->scaler_seen, t->scaler, sizeof t->scaler_seen, cudaMemcpyDeviceToHost,
                                t->gpu.compute));
     CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+    t->last_loss = loss;
     return loss;
 }
 
@@ -838,10 +1023,11 @@ static void count_bad_steps(Trainer *t, int epoch) {
 
 static FILE *fatal_metrics; /* flushed by the fatal hook */
 static void flush_on_fatal(void) {
+    log_progress_end(); /* the error goes on a line of its own */
     if (fatal_metrics) fflush(fatal_metrics);
 }
 
-/* ---- the run --------------------------------------------------------------- */
+/* ---- the metrics file (run.metrics_file) ------------------------------------ */
 
 static void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
     if (!t->metrics) return;
@@ -857,12 +1043,184 @@ static void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double tes
     fflush(t->metrics);
 }
 
+/* ---- watching the run: profiler range, log points, progress line, Prometheus -- */
+
+/* run.profile_steps = a:b: cudaProfilerStart before step a, Stop after step b. */
+static void profile_step_begin(Trainer *t) {
+    long next = t->step + 1;
+    if (!t->use_gpu || !t->profile_first || t->profiling || t->profiled || next < t->profile_first) return;
+    device_sync(t); /* the range holds this step's work only */
+    CUDA_CHECK(cudaProfilerStart());
+    t->profiling = 1;
+    log_info("run.profile_steps: cudaProfilerStart before step %ld", next);
+}
+
+static void profile_finish(Trainer *t) {
+    if (!t->profiling) return;
+    device_sync(t);
+    CUDA_CHECK(cudaProfilerStop());
+    t->profiling = 0;
+    t->profiled = 1;
+    log_info("run.profile_steps: cudaProfilerStop after step %ld", t->step);
+}
+
+static void profile_step_end(Trainer *t) {
+    if (t->profiling && t->step >= t->profile_last) profile_finish(t);
+}
+
+enum { G_SAMPLES, G_LOSS, G_SCALE, G_SKIPPED, G_WAIT, G_STEP, G_UTIL, G_MEM, G_TEMP, G_POWER, G_COUNT };
+static const char *const gauges[G_COUNT][2] = {
+    {"trainc_samples_per_second", "Training samples per second over the last log interval."},
+    {"trainc_loss", "Training loss as last read back from the device."},
+    {"trainc_loss_scale", "Scale of the dynamic loss scaler (1 without AMP)."},
+    {"trainc_skipped_steps_total", "Steps skipped for a non-finite loss or gradient."},
+    {"trainc_data_wait_fraction", "Share of the last log interval the training thread waited for the loader."},
+    {"trainc_step", "Optimizer steps taken."},
+    {"trainc_gpu_utilization_ratio", "NVML GPU utilisation, 0 to 1 (NaN without NVML)."},
+    {"trainc_gpu_memory_used_bytes", "NVML device memory in use, bytes."},
+    {"trainc_gpu_temperature_celsius", "NVML GPU temperature, degrees Celsius."},
+    {"trainc_gpu_power_watts", "NVML board power draw, watts."},
+};
+
+static void gauge(Trainer *t, int g, double v) { prom_gauge(t->prom, gauges[g][0], gauges[g][1], v); }
+
+/* monitor.prometheus_port: every gauge is listed (NaN) from the start. */
+static void prometheus_start(Trainer *t) {
+    char err[512];
+    if (!t->prometheus_port) return;
+    t->prom = prom_start(t->prometheus_port, err, sizeof err);
+    if (!t->prom) TC_FATAL("monitor.prometheus_port = %d: %s", t->prometheus_port, err);
+    for (int g = 0; g < G_COUNT; g++) gauge(t, g, NAN);
+    log_info("monitor.prometheus_port: serving http://127.0.0.1:%d/metrics", prom_port(t->prom));
+}
+
+static double known(double v, double scale) { return v >= 0 ? v * scale : NAN; }
+
+static void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss) {
+    if (!t->prom) return;
+    GpuSample g = gpu_monitor_latest(t->monitor);
+    gauge(t, G_SAMPLES, samples_per_s);
+    gauge(t, G_LOSS, loss);
+    gauge(t, G_SCALE, t->scaler_seen.scale);
+    gauge(t, G_SKIPPED, t->scaler_seen.skipped_steps);
+    gauge(t, G_WAIT, wait_frac);
+    gauge(t, G_STEP, (double)t->step);
+    gauge(t, G_UTIL, known(g.util_pct, 0.01));
+    gauge(t, G_MEM, known(g.mem_used_bytes, 1));
+    gauge(t, G_TEMP, known(g.temp_c, 1));
+    gauge(t, G_POWER, known(g.power_w, 1));
+}
+
+/* Every run.log_every steps: the log line (unless the progress line shows),
+ * the metrics line, the Prometheus gauges, and the phase sets done so far. */
+static void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
+    double now = now_seconds(), wait = loader_wait_seconds(t->train_loader);
+    double rate = (t->step - lw->start_step) * t->batch * t->accumulate / (now - lw->start);
+    if (!t->progress)
+        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->total_steps, loss, rate);
+    write_metric_step(t, epoch, loss, rate);
+    prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);
+    phases_collect(t, 0);
+    lw->start = now;
+    lw->wait_start = wait;
+    lw->start_step = t->step;
+}
+
+/* On a terminal: "epoch 1/3  step 120/4686  loss 2.1034  1350 samples/s  ETA 3:21",
+ * redrawn at most 4 times a second (force: now). */
+static void progress_draw(Trainer *t, int epoch, int force) {
+    double now = now_seconds(), dt = now - t->progress_drawn;
+    if (!force && dt < 0.25) return;
+    if (t->step > t->progress_step && dt > 0) t->progress_rate = (t->step - t->progress_step) / dt;
+    t->progress_drawn = now;
+    t->progress_step = t->step;
+    if (t->progress_rate <= 0) return;
+    char loss[32] = "-", eta[32];
+    if (isfinite(t->last_loss)) snprintf(loss, sizeof loss, "%.4f", t->last_loss);
+    long left = (long)((t->total_steps - t->step) / t->progress_rate + 0.5);
+    if (left >= 3600) snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
+    else snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
+    log_progress("epoch %d/%d  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->epochs, t->step,
+                 t->total_steps, loss, t->progress_rate * t->batch * t->accumulate, eta);
+}
+
+/* ---- the run --------------------------------------------------------------- */
+
+/* The next micro-batch into the model's input: the wait for the loader (host
+ * time in loader_next: data_wait), then its copy (and transform), the input
+ * phase. 0 at the end of the epoch. */
+static int take_batch(Trainer *t, long epoch_micro) {
+    Batch b;
+    int got;
+    nvtxRangePushA("data");
+    if (t->resident) {
+        /* The epoch's first batch stays in the model's input buffer all epoch. */
+        got = 1;
+        if (epoch_micro == 0 && loader_next(t->train_loader, &b)) {
+            phase_mark(t, PH_INPUT);
+            upload_sync(t, &b);
+            loader_release(t->train_loader, &b);
+        }
+    } else if ((got = loader_next(t->train_loader, &b))) {
+        phase_mark(t, PH_INPUT);
+        if (t->use_gpu && t->async_copy) upload_async(t, t->train_loader, &b);
+        else {
+            upload_sync(t, &b);
+            loader_release(t->train_loader, &b);
+        }
+    }
+    nvtxRangePop();
+    return got;
+}
+
+/* phase_ms of the summary: each phase's sum over the timed window per timed step. */
+static void summarize_phases(Trainer *t, TrainSummary *out, double timed_wait_s) {
+    phases_collect(t, 1);
+    double n = (double)out->timed_steps, *ms = t->phases.timed_ms;
+    out->phase_data_wait_ms = out->phase_input_ms = out->phase_forward_ms = NAN;
+    out->phase_backward_ms = out->phase_optimizer_ms = out->phase_graph_ms = NAN;
+    if (n <= 0) return;
+    out->phase_data_wait_ms = 1000 * timed_wait_s / n;
+    out->phase_input_ms = ms[PH_INPUT] / n;
+    if (t->cuda_graph) {
+        out->phase_graph_ms = ms[PH_GRAPH] / n;
+    } else {
+        out->phase_forward_ms = ms[PH_FORWARD] / n;
+        out->phase_backward_ms = ms[PH_BACKWARD] / n;
+        out->phase_optimizer_ms = ms[PH_OPTIMIZER] / n;
+    }
+}
+
+static void log_phases(const Trainer *t, const TrainSummary *s) {
+    const char *clock = t->use_gpu ? "device time between events on the compute stream" : "host time";
+    if (t->cuda_graph) {
+        double sum = s->phase_data_wait_ms + s->phase_input_ms + s->phase_graph_ms;
+        log_info("phases, ms per timed step: data wait %.3f (host time in loader_next), input %.3f (copy and "
+                 "transform into the model's input), graph %.3f (forward, backward and optimizer replayed as one "
+                 "CUDA graph: perf.cuda_graph = on times them only as a whole); sum %.3f of the %.3f ms step "
+                 "(%.1f%%; %s)", s->phase_data_wait_ms, s->phase_input_ms, s->phase_graph_ms, sum, s->step_ms,
+                 100 * sum / s->step_ms, clock);
+        return;
+    }
+    double sum = s->phase_data_wait_ms + s->phase_input_ms + s->phase_forward_ms + s->phase_backward_ms +
+                 s->phase_optimizer_ms;
+    log_info("phases, ms per timed step: data wait %.3f (host time in loader_next), input %.3f (copy and "
+             "transform into the model's input), forward %.3f (loss scaler reset, forward, loss), backward %.3f "
+             "(zero gradients, backward), optimizer %.3f (gradient check, SGD, loss scaler update); sum %.3f of "
+             "the %.3f ms step (%.1f%%; %s)", s->phase_data_wait_ms, s->phase_input_ms, s->phase_forward_ms,
+             s->phase_backward_ms, s->phase_optimizer_ms, sum, s->step_ms, 100 * sum / s->step_ms, clock);
+}
+
 void train_run(const Config *cfg, TrainSummary *out) { train_run_keep_params(cfg, out, NULL); }
 
 void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out) {
     Trainer trainer = {0}, *t = &trainer;
+    double run_start = now_seconds();
     memset(out, 0, sizeof *out);
     read_settings(t, cfg);
+    if (t->profile_first && !t->use_gpu)
+        log_warn("run.profile_steps: the CPU path has no CUDA profiler range; ignored");
+    prometheus_start(t);
     struct sigaction old_handlers[2];
     install_stop_handlers(old_handlers);
     static int hook_registered;
@@ -915,6 +1273,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     require(!t->model.fuse || t->use_gpu, "model.fuse", "= on needs run.device = cuda");
     t->model.act_dtype = t->amp;
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
+    if (t->use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);
     log_info("model: %s, %zu parameters, %.1f MiB on %s", config_str(cfg, "model.name"),
@@ -934,23 +1293,30 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         if (!t->metrics) TC_FATAL("run.metrics_file: cannot open %s for appending", metrics_path);
         fatal_metrics = t->metrics;
     }
+    if (t->metrics && t->monitor && t->sample_every_s > 0)
+        gpu_monitor_record_to(t->monitor, t->metrics, t->sample_every_s, run_start);
 
     int steps_per_epoch = loader_batches_per_epoch(t->train_loader) / t->accumulate;
     if (steps_per_epoch == 0)
         TC_FATAL("memory.accumulate = %d micro-batches of train.batch = %d is more than an epoch of %d images",
                  t->accumulate, t->batch, t->train_set.n);
+    t->total_steps = (long)steps_per_epoch * t->epochs;
+    if (t->max_steps && t->max_steps < t->total_steps) t->total_steps = t->max_steps;
+    phases_init(t);
+    t->progress = isatty(2) && !log_is_quiet();
     double timed_s = 0, timed_wait_s = 0, epoch_s_sum = 0;
     long timed_samples = 0;
     float loss = NAN;
+    t->last_loss = NAN;
     StopReason why = RUN_ON;
     int epoch = (int)start.epoch;
     for (; epoch < t->epochs && why == RUN_ON; epoch++) {
         double epoch_start = now_seconds(), window_start = -1, window_wait_start = 0;
-        double log_start = now_seconds();
-        long log_start_step = t->step;
+        LogWindow lw = {now_seconds(), loader_wait_seconds(t->train_loader), t->step};
+        t->progress_drawn = lw.start; /* the rate leaves out the evaluation */
+        t->progress_step = t->step;
         int micro = 0;          /* micro-batch within the optimizer step */
         long epoch_micro = 0;   /* micro-batches taken this epoch */
-        Batch b;
         loader_start_epoch(t->train_loader, epoch);
         if (epoch == start.epoch && start.epoch_micro) epoch_micro = skip_batches(t, (long)start.epoch_micro);
         for (;;) {
@@ -963,31 +1329,17 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
                 window_wait_start = loader_wait_seconds(t->train_loader);
                 gpu_monitor_window_begin(t->monitor);
             }
-            nvtxRangePushA("data");
-            int got;
-            if (t->resident) {
-                /* The epoch's first batch stays in the model's input buffer all epoch. */
-                got = 1;
-                if (epoch_micro == 0 && loader_next(t->train_loader, &b)) {
-                    upload_sync(t, &b);
-                    loader_release(t->train_loader, &b);
-                }
-            } else if ((got = loader_next(t->train_loader, &b))) {
-                if (t->use_gpu && t->async_copy) upload_async(t, t->train_loader, &b);
-                else {
-                    upload_sync(t, &b);
-                    loader_release(t->train_loader, &b);
-                }
-            }
-            nvtxRangePop();
-            if (!got) break;
+            if (micro == 0) profile_step_begin(t);
+            if (!take_batch(t, epoch_micro)) break;
 
             run_micro_batch(t, micro == 0, micro == t->accumulate - 1);
+            phase_close(t, window_start >= 0);
             epoch_micro++;
             if (++micro < t->accumulate) continue;
             micro = 0;
             t->step++;
             if (t->use_gpu && t->sync_after_step) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+            profile_step_end(t);
             if (window_start >= 0) timed_samples += (long)t->batch * t->accumulate;
 
             int log_now = t->step % t->log_every == 0;
@@ -995,15 +1347,8 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
                 loss = read_loss(t);
                 count_bad_steps(t, epoch);
             }
-            if (log_now) {
-                double now = now_seconds();
-                double rate = (t->step - log_start_step) * t->batch * t->accumulate / (now - log_start);
-                log_info("epoch %d step %ld/%d loss %.4f %.1f samples/s", epoch + 1, t->step,
-                         steps_per_epoch * t->epochs, loss, rate);
-                write_metric_step(t, epoch, loss, rate);
-                log_start = now;
-                log_start_step = t->step;
-            }
+            if (log_now) log_point(t, epoch, loss, &lw);
+            if (t->progress) progress_draw(t, epoch, 0);
             if (t->max_bad_steps && t->bad_run >= t->max_bad_steps) { why = STOP_BAD_STEPS; break; }
             if (t->checkpoint_every && t->step % t->checkpoint_every == 0) save_checkpoint(t, cfg, epoch, epoch_micro);
         }
@@ -1015,6 +1360,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
             timed_wait_s += loader_wait_seconds(t->train_loader) - window_wait_start;
             gpu_monitor_window_end(t->monitor);
         }
+        if (t->progress) progress_draw(t, epoch, 1);
         if (why == STOP_SIGNAL || why == STOP_BAD_STEPS) {
             /* The state after the last finished step, where the data order stands. */
             save_checkpoint(t, cfg, epoch, epoch_micro);
@@ -1029,6 +1375,8 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         }
         write_metric_epoch(t, epoch, epoch_end - epoch_start, out->test_acc);
     }
+    log_progress_end();
+    profile_finish(t);
     if (why == RUN_ON && stop_signal) {
         /* The signal came after the last step (during the last evaluation). */
         why = STOP_SIGNAL;
@@ -1061,6 +1409,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     out->step_ms = out->timed_steps ? 1000 * timed_s / out->timed_steps : 0;
     out->epoch_s = out->epochs ? epoch_s_sum / out->epochs : 0;
     out->data_wait_frac = timed_s > 0 ? timed_wait_s / timed_s : 0;
+    summarize_phases(t, out, timed_wait_s);
     out->final_loss = loss;
     out->loss_scale = NAN;
     {
@@ -1084,6 +1433,9 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     if (timed_samples == 0)
         log_warn("no step fell inside the timed window (run.warmup_steps = %d, %ld steps taken): "
                  "samples_per_s is 0", t->warmup_steps, t->step);
+    else
+        log_phases(t, out);
+    if (t->step > t->first_step) prometheus_update(t, out->samples_per_s, out->data_wait_frac, loss);
 
     {
         float *params = malloc(t->model.n_params * sizeof(float));
@@ -1096,8 +1448,11 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     for (int first = 0; first < 2; first++)
         for (int last = 0; last < 2; last++)
             if (t->graphs[first][last]) CUDA_CHECK(cudaGraphExecDestroy(t->graphs[first][last]));
+    gpu_monitor_record_to(t->monitor, NULL, 0, 0);
     if (t->metrics) fclose(t->metrics);
     fatal_metrics = NULL;
+    prom_stop(t->prom);
+    phases_destroy(t);
     loader_destroy(t->train_loader);
     if (t->test_loader) loader_destroy(t->test_loader);
     model_destroy(&t->model);
@@ -1147,6 +1502,15 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
             s->stopped ? "true" : "false", (unsigned)s->params_crc);
     json_string(f, s->checkpoint);
     fprintf(f, ", ");
-    fprintf(f, "\"peak_mem_bytes\": %zu, \"driver_mem_bytes\": %zu}\n", s->peak_mem_bytes, s->driver_mem_bytes);
+    fprintf(f, "\"peak_mem_bytes\": %zu, \"driver_mem_bytes\": %zu, \"phase_ms\": {", s->peak_mem_bytes,
+            s->driver_mem_bytes);
+    json_number(f, "data_wait", s->phase_data_wait_ms, 0);
+    json_number(f, "input", s->phase_input_ms, 0);
+    json_number(f, "forward", s->phase_forward_ms, 0);
+    json_number(f, "backward", s->phase_backward_ms, 0);
+    json_number(f, "optimizer", s->phase_optimizer_ms, 0);
+    json_number(f, "graph", s->phase_graph_ms, 0);
+    json_number(f, "step", s->timed_steps ? s->step_ms : NAN, 1);
+    fprintf(f, "}}\n");
     fflush(f);
 }

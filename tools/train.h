@@ -33,6 +33,16 @@ typedef struct {
     char stop_signal[16];   /* "SIGTERM", "SIGINT" or "" */
     int exit_status;        /* what trainc exits with: 0, 128 + signal, or 1 (run.max_bad_steps) */
     char checkpoint[4200];  /* the last checkpoint written or resumed from; "" if none */
+    /* Where a timed step's time went, ms per step (the summary's phase_ms); NaN
+     * where not measured. data_wait: host time in loader_next. The others are
+     * device time between events on the compute stream (host time on the CPU):
+     * input: the batch's copy (and GPU transform) into the model's input;
+     * forward: loss scaler reset, forward and loss; backward: zeroing the
+     * gradients and backward; optimizer: the gradient check, SGD and the loss
+     * scaler update. With perf.cuda_graph forward, backward and optimizer run
+     * inside one graph and only graph (its launch to its end) is timed. */
+    double phase_data_wait_ms, phase_input_ms, phase_forward_ms, phase_backward_ms, phase_optimizer_ms,
+        phase_graph_ms;
 } TrainSummary;
 
 /* Runs training; bad config values, data errors and a corrupt or mismatched

@@ -2,8 +2,11 @@
  *
  *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
  *          [--resume FILE|latest] [--print-config] [--quiet]
+ *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
  *
- * bench-loader measures the input pipeline alone (tools/bench_loader.c).
+ * bench-loader measures the input pipeline alone (tools/bench_loader.c);
+ * find-batch doubles train.batch over child runs to find the fastest size
+ * (tools/find_batch.c).
  * The last line of output is one JSON object summing up the run. SIGINT or
  * SIGTERM stops a run after its current step with a checkpoint, exit status
  * 128 + signal and a line saying how to resume. */
@@ -14,6 +17,7 @@
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "tools/bench_loader.h"
+#include "tools/find_batch.h"
 #include "tools/keys.h"
 #include "tools/train.h"
 
@@ -21,7 +25,10 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: trainc [bench-loader] --config FILE [--set section.key=value]...\n"
             "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
+            "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
+            "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
+            "                    up to --max-batch (65536); prints the table and the best batch\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -83,6 +90,10 @@ int main(int argc, char **argv) {
     int print_config = 0, bench_loader = 0;
     char err[1024];
 
+    if (argc > 1 && strcmp(argv[1], "find-batch") == 0) {
+        config_free(cfg);
+        return find_batch_main(argc - 1, argv + 1);
+    }
     if (argc > 1 && strcmp(argv[1], "bench-loader") == 0) {
         bench_loader = 1;
         argv++;

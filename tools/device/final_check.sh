@@ -7,11 +7,15 @@ OUT=${OUT:-out}
 bash tools/device/prepare.sh > /dev/null || exit 1
 ctest --test-dir build -E train_cpu --output-on-failure > "$OUT/ctest.log" 2>&1
 grep -E "CHECK failed|error:|tests passed|Failed" "$OUT/ctest.log" | head -20
-build/trainc --config configs/dataloader.ini --quiet --set run.max_steps=60 --set run.eval=off --set run.log_every=20 \
-  --set run.metrics_file=$OUT/metrics.jsonl 2>&1 | tail -1 | grep -o '"phase_ms".*' | cut -c1-300
-build/trainc --config configs/dataloader.ini --quiet --set run.max_steps=60 --set run.eval=off 2>&1 | tail -1 | grep -oE '"step_ms": [0-9.]*'
+for c in baseline dataloader final; do
+  build/trainc --config configs/$c.ini --set run.max_steps=120 --set run.eval=off --set run.log_every=40 \
+    --set run.metrics_file=$OUT/metrics_$c.jsonl 2>&1 | grep -E "phases" | tail -1
+done
+python3 tools/plot_run.py $OUT/metrics_dataloader.jsonl -o $OUT/run_plot.svg && grep -c gpu_sample $OUT/metrics_dataloader.jsonl
+build/trainc --config configs/dataloader.ini --quiet --set run.max_steps=400 --set run.eval=off --set monitor.prometheus_port=9400 > /dev/null 2>&1 & pp=$!
+sleep 8; python3 -c "import urllib.request;print(''.join(l for l in urllib.request.urlopen('http://127.0.0.1:9400/metrics',timeout=3).read().decode().splitlines(True) if l.startswith('trainc_')))"; kill -TERM $pp; wait $pp
 build/trainc find-batch --config configs/final.ini --set train.batch=64 --max-batch 2048 2>&1 | tail -12
-build/trainc --config configs/baseline.ini --quiet --set train.batch=1000000 --set run.eval=off 2>&1 | tail -2; echo "exit $?"
+build/trainc --config configs/baseline.ini --quiet --set train.batch=1000000 --set run.eval=off 2>&1 | tail -2; echo "exit ${PIPESTATUS[0]}"
 echo "memory ws2048: $(build/trainc --config configs/memory.ini --quiet --set data.resident=on --set run.eval=off --set run.max_steps=40 --set run.warmup_steps=10 --set perf.conv_workspace_mb=2048 2>&1 | tail -1 | grep -oE '"(samples_per_s|peak_mem_bytes)": [0-9.e+]*' | tr '\n' ' ')"
 python3 -c "
 import torch,time

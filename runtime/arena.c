@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/check.h"
 
@@ -26,6 +27,12 @@ void arena_init(Arena *a, DeviceKind device, size_t capacity) {
         cudaError_t e = cudaMalloc((void **)&a->base, a->capacity);
         if (e != cudaSuccess) fail_device_oom(a->capacity, "the device arena", e);
     } else {
+        /* Where the kernel overcommits, a huge malloc succeeds and the process is
+         * killed later, when the pages are touched: refuse what RAM cannot hold. */
+        double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        if (ram > 0 && (double)a->capacity > ram)
+            TC_FATAL("out of host memory: the host arena needs %.1f MiB, more than the %.1f MiB of RAM. "
+                     "Try a smaller train.batch or memory.accumulate = k", a->capacity / 1048576.0, ram / 1048576.0);
         a->base = aligned_alloc(ARENA_ALIGN, a->capacity);
         if (!a->base) TC_FATAL("out of host memory: allocating %.1f MiB for the host arena failed",
                                a->capacity / 1048576.0);

@@ -1,0 +1,286 @@
+/* Checkpoints of a training run: writing them (run.checkpoint_every, on a stop
+ * signal), keeping the last run.keep_checkpoints, and resuming (run.resume). */
+#include "tools/trainer.h"
+
+/* A checkpoint (runtime/checkpoint.h) holds these sections:
+ *   model        CkptModel: which net, so another one is refused
+ *   position     CkptPosition: where in the data order the next step starts
+ *   data         CkptData: what the data order was made from (a change only warns)
+ *   params       n_params fp32 master weights
+ *   momentum     n_params fp32
+ *   loss_scaler  LossScalerState
+ * The loader draws every order and augmentation from run.seed, the epoch and
+ * the sample's index, so the position is all of the RNG state there is. */
+typedef struct {
+    char name[32];
+    int64_t n_params;
+    uint64_t shape_fingerprint;
+    int64_t act_dtype, nhwc, num_classes, accumulate;
+} CkptModel;
+
+typedef struct {
+    int64_t seed, batch, train_images, shuffle;
+} CkptData;
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Every layer's kind, parameter counts and the per-sample shapes it maps. */
+static uint64_t shape_fingerprint(const Model *m) {
+    uint64_t h = 14695981039346656037ull;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        const Activation *in = &m->acts[l->in], *out = &m->acts[l->out];
+        int64_t v[] = {l->kind, (int64_t)l->w_count, (int64_t)l->b_count, in->c, in->h, in->w, out->c, out->h, out->w};
+        h = fnv1a(h, v, sizeof v);
+    }
+    return h;
+}
+
+static CkptModel ckpt_model_of(const Trainer *t, const char *name) {
+    CkptModel cm;
+    memset(&cm, 0, sizeof cm);
+    snprintf(cm.name, sizeof cm.name, "%s", name);
+    cm.n_params = (int64_t)t->model.n_params;
+    cm.shape_fingerprint = shape_fingerprint(&t->model);
+    cm.act_dtype = t->amp;
+    cm.nhwc = t->model.nhwc;
+    cm.num_classes = t->model.num_classes;
+    cm.accumulate = t->accumulate;
+    return cm;
+}
+
+static int mkdir_p(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Steps of the checkpoints (ckpt-<step>.trc) in dir, newest first; -1 when the
+ * directory cannot be read. *steps is malloc'ed. */
+static int list_checkpoints(const char *dir, long **steps) {
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        /* "ckpt-" at least 8 digits ".trc", as checkpoint_path writes them */
+        const char *digits = e->d_name + 5, *end = digits;
+        while (*end >= '0' && *end <= '9') end++;
+        if (strncmp(e->d_name, "ckpt-", 5) != 0 || end - digits < 8 || end - digits > 18 || strcmp(end, ".trc") != 0)
+            continue;
+        long step = strtol(digits, NULL, 10);
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            long *grown = realloc(*steps, cap * sizeof(long));
+            if (!grown) TC_FATAL("out of host memory listing %s", dir);
+            *steps = grown;
+        }
+        (*steps)[n++] = step;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* newest first */
+        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
+            long tmp = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = tmp;
+        }
+    return n;
+}
+
+static void checkpoint_path(char *out, size_t n, const char *dir, long step) {
+    snprintf(out, n, "%s/ckpt-%08ld.trc", dir, step);
+}
+
+/* run.keep_checkpoints: delete all but the newest K, never the one just written. */
+static void rotate_checkpoints(Trainer *t) {
+    long *steps;
+    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    for (int i = t->keep_checkpoints; t->keep_checkpoints > 0 && i < n; i++) {
+        char path[4200];
+        if (steps[i] == t->last_checkpoint_step) continue;
+        checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
+        if (unlink(path) != 0) log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+/* Writes the state after t->step optimizer steps into run.checkpoint_dir;
+ * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
+int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) {
+    char path[4200], err[4400];
+    if (t->last_checkpoint_step == t->step && t->last_checkpoint[0]) return 0; /* this state is saved */
+    if (mkdir_p(t->checkpoint_dir) != 0) {
+        log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->checkpoint_dir,
+                 strerror(errno), t->step);
+        return -1;
+    }
+    checkpoint_path(path, sizeof path, t->checkpoint_dir, t->step);
+    if (access(path, F_OK) == 0) {
+        log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
+        return -1;
+    }
+    nvtxRangePushA("checkpoint");
+    double start = now_seconds();
+    Model *m = &t->model;
+    CkptModel cm = ckpt_model_of(t, config_str(cfg, "model.name"));
+    CkptPosition pos = {t->step, epoch, epoch_micro};
+    CkptData data = {config_int(cfg, "run.seed"), t->batch, t->train_set.n, config_bool(cfg, "data.shuffle")};
+    LossScalerState scaler;
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
+    if (t->use_gpu) {
+        CUDA_CHECK(cudaMemcpyAsync(&scaler, t->scaler, sizeof scaler, cudaMemcpyDeviceToHost, t->gpu.compute));
+        CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+    } else {
+        scaler = *t->scaler;
+    }
+    int rc = -1;
+    CkptWriter *w = ckpt_write_begin(path, 6, err, sizeof err);
+    if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, sizeof err) == 0 &&
+        ckpt_write_section(w, "position", &pos, sizeof pos, err, sizeof err) == 0 &&
+        ckpt_write_section(w, "data", &data, sizeof data, err, sizeof err) == 0 &&
+        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) == 0) {
+        model_get_params(m, host);
+        if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
+            model_get_momentum(m, host);
+            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
+                rc = ckpt_write_commit(w, err, sizeof err);
+                w = NULL;
+            }
+        }
+    }
+    if (w) ckpt_write_abort(w);
+    free(host);
+    nvtxRangePop();
+    if (rc != 0) {
+        log_warn("checkpoint at step %ld not written: %s", t->step, err);
+        return -1;
+    }
+    snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
+    t->last_checkpoint_step = t->step;
+    log_info("checkpoint: %s (%.2f s)", path, now_seconds() - start);
+    rotate_checkpoints(t);
+    return 0;
+}
+
+/* run.resume: a file, or "latest" (the newest checkpoint in run.checkpoint_dir
+ * that opens and checks out). Fails naming the file and what is wrong. */
+CkptFile *open_resume(const Trainer *t, const char *resume) {
+    char err[4400];
+    if (strcmp(resume, "latest") != 0) {
+        CkptFile *f = ckpt_open(resume, err, sizeof err);
+        if (!f) TC_FATAL("run.resume: %s", err);
+        return f;
+    }
+    long *steps;
+    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    if (n <= 0) TC_FATAL("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s", t->checkpoint_dir);
+    CkptFile *f = NULL;
+    for (int i = 0; i < n && !f; i++) {
+        char path[4200];
+        checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
+        f = ckpt_open(path, err, sizeof err);
+        if (!f) log_warn("run.resume = latest: skipping %s", err);
+    }
+    free(steps);
+    if (!f) TC_FATAL("run.resume = latest: no valid checkpoint in %s (see the warnings above)", t->checkpoint_dir);
+    return f;
+}
+
+/* A fresh run writing checkpoints must not mix them with another run's, and a
+ * resumed one must not write over checkpoints newer than its start. */
+void check_checkpoint_dir(const Trainer *t, long resume_step) {
+    long *steps;
+    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    if (n > 0 && resume_step < 0)
+        TC_FATAL("run.checkpoint_dir = %s already holds checkpoints (newest ckpt-%08ld.trc): resume with "
+                 "--resume latest, or set another run.checkpoint_dir", t->checkpoint_dir, steps[0]);
+    if (n > 0 && steps[0] > resume_step)
+        TC_FATAL("run.checkpoint_dir = %s holds ckpt-%08ld.trc, newer than the resumed step %ld: move it "
+                 "away or set another run.checkpoint_dir (trainc never overwrites checkpoints)",
+                 t->checkpoint_dir, steps[0], resume_step);
+    free(steps);
+}
+
+/* Loads a checkpoint into the built model; returns where the data order goes on. */
+CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
+    char err[4400];
+    const char *path = ckpt_path(f);
+    CkptModel have, want = ckpt_model_of(t, config_str(cfg, "model.name"));
+    CkptPosition pos;
+    CkptData data;
+    LossScalerState scaler;
+    if (ckpt_read_section(f, "model", &have, sizeof have, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "position", &pos, sizeof pos, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "data", &data, sizeof data, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
+        TC_FATAL("run.resume: %s", err);
+    have.name[sizeof have.name - 1] = 0;
+    if (strcmp(have.name, want.name) != 0 || have.n_params != want.n_params ||
+        have.shape_fingerprint != want.shape_fingerprint || have.num_classes != want.num_classes)
+        TC_FATAL("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
+                 "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
+                 path, have.name, (long long)have.n_params, (unsigned long long)have.shape_fingerprint, want.name,
+                 (long long)want.n_params, (unsigned long long)want.shape_fingerprint);
+    if (have.act_dtype != want.act_dtype || have.nhwc != want.nhwc)
+        TC_FATAL("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
+                 "and %s", path, dtype_name((DType)have.act_dtype), have.nhwc ? "nhwc" : "nchw",
+                 dtype_name(t->amp), t->model.nhwc ? "nhwc" : "nchw");
+    if (have.accumulate != want.accumulate)
+        TC_FATAL("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
+                 "buffer holds k times its value)", path, (long long)have.accumulate, t->accumulate);
+    if (data.seed != config_int(cfg, "run.seed") || data.batch != t->batch || data.train_images != t->train_set.n ||
+        data.shuffle != config_bool(cfg, "data.shuffle"))
+        log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
+                 "data.shuffle = %s; the data order from here on differs from that run's", path,
+                 (long long)data.seed, (long long)data.batch, (long long)data.train_images,
+                 data.shuffle ? "on" : "off");
+    if (pos.step < 0 || pos.epoch < 0 || pos.epoch_micro < 0)
+        TC_FATAL("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos.step,
+                 (long long)pos.epoch);
+
+    float *host = malloc(t->model.n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
+    if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
+        TC_FATAL("run.resume: %s", err);
+    model_set_params(&t->model, host);
+    if (ckpt_read_section(f, "momentum", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
+        TC_FATAL("run.resume: %s", err);
+    model_set_momentum(&t->model, host);
+    free(host);
+    if (t->amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
+    t->scaler_seen = scaler;
+    if (t->use_gpu) CUDA_CHECK(cudaMemcpy(t->scaler, &scaler, sizeof scaler, cudaMemcpyHostToDevice));
+    else *t->scaler = scaler;
+    t->step = t->first_step = t->seen_step = (long)pos.step;
+    t->seen_bad_total = scaler.skipped_steps;
+    snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
+    t->last_checkpoint_step = t->step;
+    log_info("resumed from %s: step %ld, epoch %lld, %lld micro-batches into it", path, t->step,
+             (long long)pos.epoch + 1, (long long)pos.epoch_micro);
+    return pos;
+}
+
+/* A resumed epoch starts where the checkpoint left it: the batches already
+ * taken are drawn and dropped (a resident batch is the epoch's first). */
+long skip_batches(Trainer *t, long n) {
+    Batch b;
+    for (long i = 0; i < n; i++) {
+        if (t->resident && i > 0) continue;
+        if (!loader_next(t->train_loader, &b)) return i;
+        if (t->resident) upload_sync(t, &b);
+        loader_release(t->train_loader, &b);
+    }
+    return n;
+}

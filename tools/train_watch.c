@@ -1,0 +1,208 @@
+/* Watching a training run: phase timing from events on the compute stream,
+ * the metrics file (run.metrics_file), the profiler range (run.profile_steps),
+ * log points, the progress line and the Prometheus gauges (monitor.*). */
+#include "tools/trainer.h"
+
+/* ---- phase timing ------------------------------------------------------------ */
+
+void phases_init(Trainer *t) {
+    Phases *p = &t->phases;
+    memset(p, 0, sizeof *p);
+    p->open = -1;
+    if (!t->use_gpu) return;
+    for (int i = 0; i < PHASE_RING; i++)
+        for (int m = 0; m < PH_MARKS; m++) CUDA_CHECK(cudaEventCreate(&p->ring[i].ev[m]));
+}
+
+void phases_destroy(Trainer *t) {
+    if (!t->use_gpu) return;
+    for (int i = 0; i < PHASE_RING; i++)
+        for (int m = 0; m < PH_MARKS; m++) CUDA_CHECK(cudaEventDestroy(t->phases.ring[i].ev[m]));
+}
+
+/* Adds a finished set's phases to the sums (when it was timed). */
+static void collect_set(Trainer *t, PhaseSet *s) {
+    int prev = -1;
+    for (int m = 0; m < PH_MARKS; m++) {
+        if (!(s->marked & (1u << m))) continue;
+        if (prev >= 0 && s->timed) {
+            float ms;
+            if (t->use_gpu) CUDA_CHECK(cudaEventElapsedTime(&ms, s->ev[prev], s->ev[m]));
+            else ms = (float)(1000 * (s->host[m] - s->host[prev]));
+            t->phases.timed_ms[prev] += ms;
+        }
+        prev = m;
+    }
+    s->pending = 0;
+}
+
+/* Reads back the sets whose last event has completed; wait: all of them. */
+void phases_collect(Trainer *t, int wait) {
+    for (int i = 0; i < PHASE_RING; i++) {
+        PhaseSet *s = &t->phases.ring[i];
+        if (!s->pending) continue;
+        if (t->use_gpu && wait) {
+            CUDA_CHECK(cudaEventSynchronize(s->ev[PH_END]));
+        } else if (t->use_gpu) {
+            cudaError_t e = cudaEventQuery(s->ev[PH_END]);
+            if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError(); /* not an error: not there yet */
+                continue;
+            }
+            CUDA_CHECK(e);
+        }
+        collect_set(t, s);
+    }
+}
+
+/* The start of phase m of this micro-batch (the first mark opens a set). */
+void phase_mark(Trainer *t, int m) {
+    Phases *p = &t->phases;
+    if (p->open < 0) {
+        PhaseSet *s = &p->ring[p->next];
+        if (s->pending) {
+            if (t->use_gpu) CUDA_CHECK(cudaEventSynchronize(s->ev[PH_END]));
+            collect_set(t, s);
+        }
+        s->marked = 0;
+        p->open = p->next;
+        p->next = (p->next + 1) % PHASE_RING;
+    }
+    PhaseSet *s = &p->ring[p->open];
+    if (t->use_gpu) CUDA_CHECK(cudaEventRecord(s->ev[m], t->gpu.compute));
+    else s->host[m] = now_seconds();
+    s->marked |= 1u << m;
+}
+
+/* The end of the micro-batch's last phase. */
+void phase_close(Trainer *t, int timed) {
+    Phases *p = &t->phases;
+    if (p->open < 0) return;
+    phase_mark(t, PH_END);
+    p->ring[p->open].timed = timed;
+    p->ring[p->open].pending = 1;
+    p->open = -1;
+}
+
+/* Forward, backward and optimizer are timed one by one only when run eagerly:
+ * under perf.cuda_graph they are inside the graph (PH_GRAPH times it whole). */
+void eager_mark(Trainer *t, int m) {
+    if (!t->cuda_graph) phase_mark(t, m);
+}
+
+/* ---- the metrics file (run.metrics_file) ------------------------------------ */
+
+void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
+    if (!t->metrics) return;
+    fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6f, \"samples_per_s\": %.1f, \"lr\": %g}\n",
+            t->step, epoch, loss, samples_per_s, t->lr * t->accumulate);
+    fflush(t->metrics);
+}
+
+void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) {
+    if (!t->metrics) return;
+    fprintf(t->metrics, "{\"epoch_end\": %d, \"step\": %ld, \"epoch_s\": %.3f, \"test_acc\": %.6f}\n",
+            epoch, t->step, epoch_s, test_acc);
+    fflush(t->metrics);
+}
+
+/* ---- watching the run: profiler range, log points, progress line, Prometheus -- */
+
+/* run.profile_steps = a:b: cudaProfilerStart before step a, Stop after step b. */
+void profile_step_begin(Trainer *t) {
+    long next = t->step + 1;
+    if (!t->use_gpu || !t->profile_first || t->profiling || t->profiled || next < t->profile_first) return;
+    device_sync(t); /* the range holds this step's work only */
+    CUDA_CHECK(cudaProfilerStart());
+    t->profiling = 1;
+    log_info("run.profile_steps: cudaProfilerStart before step %ld", next);
+}
+
+void profile_finish(Trainer *t) {
+    if (!t->profiling) return;
+    device_sync(t);
+    CUDA_CHECK(cudaProfilerStop());
+    t->profiling = 0;
+    t->profiled = 1;
+    log_info("run.profile_steps: cudaProfilerStop after step %ld", t->step);
+}
+
+void profile_step_end(Trainer *t) {
+    if (t->profiling && t->step >= t->profile_last) profile_finish(t);
+}
+
+enum { G_SAMPLES, G_LOSS, G_SCALE, G_SKIPPED, G_WAIT, G_STEP, G_UTIL, G_MEM, G_TEMP, G_POWER, G_COUNT };
+static const char *const gauges[G_COUNT][2] = {
+    {"trainc_samples_per_second", "Training samples per second over the last log interval."},
+    {"trainc_loss", "Training loss as last read back from the device."},
+    {"trainc_loss_scale", "Scale of the dynamic loss scaler (1 without AMP)."},
+    {"trainc_skipped_steps_total", "Steps skipped for a non-finite loss or gradient."},
+    {"trainc_data_wait_fraction", "Share of the last log interval the training thread waited for the loader."},
+    {"trainc_step", "Optimizer steps taken."},
+    {"trainc_gpu_utilization_ratio", "NVML GPU utilisation, 0 to 1 (NaN without NVML)."},
+    {"trainc_gpu_memory_used_bytes", "NVML device memory in use, bytes."},
+    {"trainc_gpu_temperature_celsius", "NVML GPU temperature, degrees Celsius."},
+    {"trainc_gpu_power_watts", "NVML board power draw, watts."},
+};
+
+static void gauge(Trainer *t, int g, double v) { prom_gauge(t->prom, gauges[g][0], gauges[g][1], v); }
+
+/* monitor.prometheus_port: every gauge is listed (NaN) from the start. */
+void prometheus_start(Trainer *t) {
+    char err[512];
+    if (!t->prometheus_port) return;
+    t->prom = prom_start(t->prometheus_port, err, sizeof err);
+    if (!t->prom) TC_FATAL("monitor.prometheus_port = %d: %s", t->prometheus_port, err);
+    for (int g = 0; g < G_COUNT; g++) gauge(t, g, NAN);
+    log_info("monitor.prometheus_port: serving http://127.0.0.1:%d/metrics", prom_port(t->prom));
+}
+
+static double known(double v, double scale) { return v >= 0 ? v * scale : NAN; }
+
+void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss) {
+    if (!t->prom) return;
+    GpuSample g = gpu_monitor_latest(t->monitor);
+    gauge(t, G_SAMPLES, samples_per_s);
+    gauge(t, G_LOSS, loss);
+    gauge(t, G_SCALE, t->scaler_seen.scale);
+    gauge(t, G_SKIPPED, t->scaler_seen.skipped_steps);
+    gauge(t, G_WAIT, wait_frac);
+    gauge(t, G_STEP, (double)t->step);
+    gauge(t, G_UTIL, known(g.util_pct, 0.01));
+    gauge(t, G_MEM, known(g.mem_used_bytes, 1));
+    gauge(t, G_TEMP, known(g.temp_c, 1));
+    gauge(t, G_POWER, known(g.power_w, 1));
+}
+
+/* Every run.log_every steps: the log line (unless the progress line shows),
+ * the metrics line, the Prometheus gauges, and the phase sets done so far. */
+void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
+    double now = now_seconds(), wait = loader_wait_seconds(t->train_loader);
+    double rate = (t->step - lw->start_step) * t->batch * t->accumulate / (now - lw->start);
+    if (!t->progress)
+        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->total_steps, loss, rate);
+    write_metric_step(t, epoch, loss, rate);
+    prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);
+    phases_collect(t, 0);
+    lw->start = now;
+    lw->wait_start = wait;
+    lw->start_step = t->step;
+}
+
+/* On a terminal: "epoch 1/3  step 120/4686  loss 2.1034  1350 samples/s  ETA 3:21",
+ * redrawn at most 4 times a second (force: now). */
+void progress_draw(Trainer *t, int epoch, int force) {
+    double now = now_seconds(), dt = now - t->progress_drawn;
+    if (!force && dt < 0.25) return;
+    if (t->step > t->progress_step && dt > 0) t->progress_rate = (t->step - t->progress_step) / dt;
+    t->progress_drawn = now;
+    t->progress_step = t->step;
+    if (t->progress_rate <= 0) return;
+    char loss[32] = "-", eta[32];
+    if (isfinite(t->last_loss)) snprintf(loss, sizeof loss, "%.4f", t->last_loss);
+    long left = (long)((t->total_steps - t->step) / t->progress_rate + 0.5);
+    if (left >= 3600) snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
+    else snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
+    log_progress("epoch %d/%d  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->epochs, t->step,
+                 t->total_steps, loss, t->progress_rate * t->batch * t->accumulate, eta);
+}

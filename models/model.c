@@ -159,6 +159,11 @@ static void mark_fusions(Model *m) {
         Layer *conv = &m->layers[i], *relu = &m->layers[i + 1];
         if (conv->kind == LAYER_CONV && relu->kind == LAYER_RELU && relu->in == conv->out)
             conv->fused = relu->fused = 1;
+        else
+            continue;
+        Layer *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
+        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && !m->nhwc)
+            pool->fused = conv->relu_grad_by_pool = 1;
     }
 }
 
@@ -362,7 +367,8 @@ static void layer_backward(Model *m, Layer *l) {
             /* The fused ReLU's backward, in place, then the bias and the convolution. */
             const Conv2dShape *s = &l->conv;
             int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
-            relu_backward_cuda(m->act_dtype, y, dy, (void *)dy, act_floats(m, l->out), m->gpu->compute);
+            if (!l->relu_grad_by_pool)
+                relu_backward_cuda(m->act_dtype, y, dy, (void *)dy, act_floats(m, l->out), m->gpu->compute);
             conv2d_bias_grad_cuda(m->act_dtype, m->nhwc, s->n, s->k, oh, ow, dy, db, m->workspace, m->gpu->compute);
             conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, NULL, m->workspace);
         } else if (gpu) conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace);
@@ -375,7 +381,8 @@ static void layer_backward(Model *m, Layer *l) {
         break;
     case LAYER_MAXPOOL:
         if (!dx) break;
-        if (gpu) maxpool2x2_backward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y, dy, dx);
+        if (l->fused) maxpool2x2_relu_backward_cuda(m->act_dtype, &l->pool, x, dy, dx, m->gpu->compute);
+        else if (gpu) maxpool2x2_backward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y, dy, dx);
         else maxpool2x2_backward_cpu(&l->pool, x, y, dy, dx);
         break;
     case LAYER_LINEAR:

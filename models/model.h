@@ -47,7 +47,9 @@ typedef struct {
     MaxPoolCuda pool_cuda;
     LinearShape linear;
     int block;            /* the checkpoint block it belongs to, or -1 */
-    int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv */
+    int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv;
+                             maxpool (NCHW): its backward applies that ReLU's backward too */
+    int relu_grad_by_pool;/* conv: the max-pool after its ReLU did the ReLU's backward */
 } Layer;
 
 typedef struct {

@@ -61,7 +61,8 @@ const CfgKeySpec trainc_keys[] = {
     {"model.name", CFG_ENUM, "simplenet", "simplenet", "the net to train"},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set"},
     {"model.fuse", CFG_BOOL, "off", 0,
-     "each convolution adds its bias and the ReLU after it in one pass over its output (GPU)"},
+     "each convolution adds its bias and the ReLU after it in one pass over its output, and a max-pool "
+     "after that ReLU does the ReLU's backward in its own (GPU)"},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions"},
 

@@ -42,12 +42,14 @@ struct Loader {
     TransformPlan plan;
     size_t sample_floats;
     size_t raw_image_bytes; /* one stored image */
+    int samples;           /* per epoch: the data set, or this rank's shard of it */
     int batches_per_epoch;
     int chunk_samples;     /* samples per work unit */
     int chunks_per_batch;
 
     Slot *pinned_ring;     /* cfg.prefetch slots, pinned when cfg.pinned */
-    int32_t *order;        /* dataset index of each position in the epoch */
+    int32_t *order;        /* dataset index of each position in the epoch (this rank's) */
+    int32_t *global_order; /* world > 1: the permutation all ranks share; else NULL */
     Worker *workers;
     float *caller_scratch; /* workers = 0 */
 
@@ -71,7 +73,7 @@ struct Loader {
 
 static int batch_samples(const Loader *l, int b) {
     int first = b * l->cfg.batch;
-    int left = l->data->n - first;
+    int left = l->samples - first;
     return left < l->cfg.batch ? left : l->cfg.batch;
 }
 
@@ -144,6 +146,17 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* Samples per epoch for this rank: the data set when not distributed; else its
+ * shard, of the permutation cut to a multiple of world with drop_last, or of
+ * all of it without (ranks below n % world then get one more). */
+static int shard_samples(int n, const LoaderConfig *cfg) {
+    if (cfg->world <= 1) return n;
+    if (cfg->rank < 0 || cfg->rank >= cfg->world)
+        TC_FATAL("loader: rank %d is not in 0..%d", cfg->rank, cfg->world - 1);
+    if (cfg->drop_last) return n / cfg->world;
+    return (n - cfg->rank + cfg->world - 1) / cfg->world;
+}
+
 static size_t round_up(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
 
 /* A slot's one allocation: the images, then (raw mode) the params, then the labels. */
@@ -191,18 +204,24 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
     transform_plan_init(&l->plan, &spec, d->c, d->h, d->w);
     l->sample_floats = (size_t)d->c * l->plan.out_h * l->plan.out_w;
     l->raw_image_bytes = dataset_image_bytes(d);
+    l->samples = shard_samples(d->n, cfg);
     l->batches_per_epoch =
-        cfg->drop_last ? d->n / cfg->batch : (d->n + cfg->batch - 1) / cfg->batch;
-    if (l->batches_per_epoch == 0)
+        cfg->drop_last ? l->samples / cfg->batch : (l->samples + cfg->batch - 1) / cfg->batch;
+    if (l->samples == 0)
+        log_warn("loader: rank %d of %d gets none of the %d samples: epochs are empty", cfg->rank,
+                 cfg->world, d->n);
+    else if (l->batches_per_epoch == 0)
         log_warn("loader: %d samples make no full batch of %d with drop_last: epochs are empty",
-                 d->n, cfg->batch);
+                 l->samples, cfg->batch);
     int splits = cfg->workers > 1 ? cfg->workers : 1;
     l->chunk_samples = (cfg->batch + splits - 1) / splits;
     l->chunks_per_batch = (cfg->batch + l->chunk_samples - 1) / l->chunk_samples;
 
     l->pinned_ring = calloc((size_t)cfg->prefetch, sizeof *l->pinned_ring);
     l->order = malloc((size_t)d->n * sizeof *l->order);
-    if (!l->pinned_ring || !l->order) TC_FATAL("loader: out of memory");
+    if (cfg->world > 1) l->global_order = malloc((size_t)d->n * sizeof *l->global_order);
+    if (!l->pinned_ring || !l->order || (cfg->world > 1 && !l->global_order))
+        TC_FATAL("loader: out of memory");
     for (int i = 0; i < cfg->prefetch; i++) {
         Slot *s = &l->pinned_ring[i];
         slot_alloc(l, s);
@@ -233,6 +252,18 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
 
 int loader_batches_per_epoch(const Loader *l) { return l->batches_per_epoch; }
 
+/* The epoch's permutation from the seed (the same on every rank); with world > 1
+ * this rank keeps every world-th position of it, starting at its rank. */
+static void epoch_order(Loader *l, int epoch) {
+    int n = l->data->n;
+    int world = l->cfg.world > 1 ? l->cfg.world : 1;
+    int32_t *all = world > 1 ? l->global_order : l->order;
+    if (l->cfg.shuffle) shuffle_indices(all, n, l->cfg.seed, epoch);
+    else for (int i = 0; i < n; i++) all[i] = i;
+    for (int i = 0; world > 1 && i < l->samples; i++)
+        l->order[i] = all[l->cfg.rank + (size_t)i * world];
+}
+
 void loader_start_epoch(Loader *l, int epoch) {
     pthread_mutex_lock(&l->lock);
     /* Drop the old epoch: nothing more to claim, fills in flight stop, and the
@@ -243,8 +274,7 @@ void loader_start_epoch(Loader *l, int epoch) {
     pthread_cond_broadcast(&l->work_changed);
     while (l->workers_filling > 0) pthread_cond_wait(&l->slot_changed, &l->lock);
 
-    if (l->cfg.shuffle) shuffle_indices(l->order, l->data->n, l->cfg.seed, epoch);
-    else for (int i = 0; i < l->data->n; i++) l->order[i] = i;
+    epoch_order(l, epoch);
     for (int i = 0; i < l->cfg.prefetch; i++) {
         l->pinned_ring[i].state = SLOT_FREE;
         l->pinned_ring[i].batch = i;
@@ -332,6 +362,7 @@ void loader_destroy(Loader *l) {
     for (int i = 0; i < l->cfg.prefetch; i++) host_free(l->pinned_ring[i].memory, l->cfg.pinned);
     free(l->pinned_ring);
     free(l->order);
+    free(l->global_order);
     transform_plan_free(&l->plan);
     pthread_cond_destroy(&l->work_changed);
     pthread_cond_destroy(&l->slot_changed);

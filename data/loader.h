@@ -29,6 +29,13 @@ typedef struct {
                       TransformParams, for gpu_transform_batch, instead of floats */
     uint64_t seed;
     TransformSpec transform;
+    /* Distributed sampler (world > 1; 0 and 1 mean the whole data set): every
+     * rank draws the same permutation for the epoch and takes positions rank,
+     * rank + world, rank + 2 world, ... of it. With drop_last the permutation is
+     * first cut to a multiple of world, so all ranks get the same number of
+     * samples and batches; without it every sample is taken exactly once over
+     * the ranks, and a rank may get one sample (and so one batch) fewer. */
+    int rank, world;
 } LoaderConfig;
 
 typedef struct {
@@ -45,6 +52,7 @@ typedef struct {
 typedef struct Loader Loader;
 
 Loader *loader_create(const Dataset *d, const LoaderConfig *cfg);
+/* Batches of this rank's shard of an epoch (the whole epoch when world <= 1). */
 int loader_batches_per_epoch(const Loader *l);
 /* Starts producing the batches of this epoch (0-based); the previous epoch
  * must have been consumed or be abandoned (its pending work is dropped). */

@@ -7,6 +7,8 @@
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "ops/add.h"
+#include "ops/avgpool.h"
 #include "ops/bias_relu.h"
 #include "ops/cast.h"
 #include "ops/relu.h"
@@ -22,6 +24,9 @@ void model_init(Model *m, int batch, int num_classes, int nhwc) {
     m->batch = batch;
     m->num_classes = num_classes;
     m->conv_policy.workspace_limit = (size_t)256 << 20;
+    m->training = 1;
+    m->bn_momentum = 0.1f;
+    m->bn_eps = 1e-5f;
 }
 
 static int add_act(Model *m, int c, int h, int w) {
@@ -42,6 +47,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     memset(l, 0, sizeof *l);
     l->kind = kind;
     l->in = in;
+    l->in2 = -1;
     l->block = m->open_block;
     return l;
 }
@@ -64,7 +70,8 @@ void model_block_end(Model *m) {
     if (m->open_block < 0) TC_FATAL("model_block_end without model_block_begin");
     if (m->n_layers == 0 || m->layers[m->n_layers - 1].block != m->open_block)
         TC_FATAL("block %d has no layers", m->open_block);
-    m->acts[m->n_acts - 1].internal_to = -1; /* the block's output is kept */
+    /* The block's output is kept, and so is the storage it shares (a ReLU's input). */
+    for (int id = m->n_acts - 1; id >= 0; id = m->acts[id].shares_with) m->acts[id].internal_to = -1;
     m->open_block = -1;
 }
 
@@ -76,7 +83,7 @@ int model_input(Model *m, int c, int h, int w) {
     return id;
 }
 
-int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
+static int add_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride, int bias) {
     Layer *l = add_layer(m, LAYER_CONV, in);
     const Activation *x = &m->acts[in];
     Conv2dShape s = {m->batch, x->c, x->h, x->w, out_channels, kernel, kernel, pad, stride};
@@ -85,9 +92,44 @@ int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stri
         TC_FATAL("layer %d: a %dx%d convolution does not fit a %dx%d input", m->n_layers - 1, kernel,
                  kernel, x->h, x->w);
     l->conv = s;
-    add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, (size_t)out_channels,
+    add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, bias ? (size_t)out_channels : 0,
                (size_t)x->c_real * kernel * kernel);
     return l->out = add_act(m, out_channels, oh, ow);
+}
+
+int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
+    return add_conv(m, in, out_channels, kernel, pad, stride, 1);
+}
+
+/* A convolution followed by batch norm needs no bias: the norm's beta is one. */
+int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
+    return add_conv(m, in, out_channels, kernel, pad, stride, 0);
+}
+
+int model_batchnorm(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_BATCHNORM, in);
+    const Activation *x = &m->acts[in];
+    l->bn = (BatchNormShape){m->batch, x->c, x->h, x->w};
+    l->stat_off = m->n_bn_stats;
+    m->n_bn_stats += 2 * (size_t)x->c;
+    add_params(m, l, (size_t)x->c, (size_t)x->c, 1);
+    return l->out = add_act(m, x->c, x->h, x->w);
+}
+
+int model_add(Model *m, int a, int b) {
+    Layer *l = add_layer(m, LAYER_ADD, a);
+    if (b < 0 || b >= m->n_acts || b == a) TC_FATAL("layer %d: add needs two distinct inputs", m->n_layers - 1);
+    const Activation *x = &m->acts[a], *y = &m->acts[b];
+    if (x->c != y->c || x->h != y->h || x->w != y->w)
+        TC_FATAL("layer %d: add of %dx%dx%d and %dx%dx%d", m->n_layers - 1, x->c, x->h, x->w, y->c, y->h, y->w);
+    l->in2 = b;
+    return l->out = add_act(m, x->c, x->h, x->w);
+}
+
+int model_avgpool(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_AVGPOOL, in);
+    const Activation *x = &m->acts[in];
+    return l->out = add_act(m, x->c, 1, 1);
 }
 
 int model_relu(Model *m, int in) {
@@ -99,15 +141,20 @@ int model_relu(Model *m, int in) {
     return l->out;
 }
 
-int model_maxpool2(Model *m, int in) {
+int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     Layer *l = add_layer(m, LAYER_MAXPOOL, in);
     const Activation *x = &m->acts[in];
-    if (x->h % 2 || x->w % 2)
+    l->pool = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
+    if (kernel == 2 && stride == 2 && !pad && (x->h % 2 || x->w % 2))
         TC_FATAL("layer %d: 2x2 max-pool needs an even input size, got %dx%d", m->n_layers - 1,
                  x->h, x->w);
-    l->pool = (Pool2dShape){m->batch, x->c, x->h, x->w};
-    return l->out = add_act(m, x->c, x->h / 2, x->w / 2);
+    if (pad < 0 || pad >= kernel || pool2d_out_h(&l->pool) < 1 || pool2d_out_w(&l->pool) < 1)
+        TC_FATAL("layer %d: a %dx%d max-pool (pad %d) does not fit a %dx%d input", m->n_layers - 1, kernel,
+                 kernel, pad, x->h, x->w);
+    return l->out = add_act(m, x->c, pool2d_out_h(&l->pool), pool2d_out_w(&l->pool));
 }
+
+int model_maxpool2(Model *m, int in) { return model_maxpool(m, in, 2, 2, 0); }
 
 int model_linear(Model *m, int in, int out_features) {
     Layer *l = add_layer(m, LAYER_LINEAR, in);
@@ -130,39 +177,160 @@ static size_t act_floats(const Model *m, int id) {
     return (size_t)m->batch * a->c * a->h * a->w;
 }
 
-/* Backward walks the layers in reverse; each gradient lands in the buffer its
- * producer did not read from, so two buffers serve the whole net. A ReLU works
- * in place. Every activation may feed one layer only: branching nets need the
- * gradient sum that a residual add brings. */
-static void assign_grad_slots(Model *m) {
-    int consumers[MODEL_MAX_ACTS] = {0};
-    for (int i = 0; i < m->n_layers; i++) consumers[m->layers[i].in]++;
-    for (int a = 0; a < m->n_acts; a++)
-        if (consumers[a] > 1) TC_FATAL("activation %d feeds %d layers; fan-out needs a residual add", a, consumers[a]);
-    m->acts[m->n_acts - 1].grad_slot = 0;
-    for (int i = m->n_layers - 1; i >= 0; i--) {
-        const Layer *l = &m->layers[i];
-        int dy_slot = m->acts[l->out].grad_slot;
-        if (l->in == 0) continue; /* nothing needs d(loss)/d(input) */
-        m->acts[l->in].grad_slot = l->kind == LAYER_RELU ? dy_slot : 1 - dy_slot;
+/* ---- gradient buffers ----------------------------------------------------- */
+
+static int group_of(int *parent, int a) {
+    while (parent[a] != a) a = parent[a] = parent[parent[a]];
+    return a;
+}
+
+static void join_groups(int *parent, int a, int b) { parent[group_of(parent, a)] = group_of(parent, b); }
+
+/* An activation that feeds several layers gets the sum of their gradients:
+ * backward meets its consumers latest first; the first writes the gradient,
+ * the others add to it. Only the input image (activation 0) needs none. */
+static void plan_accumulation(Model *m) {
+    int written[MODEL_MAX_ACTS] = {0};
+    for (int a = 0; a < m->n_acts; a++) m->acts[a].consumers = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        m->acts[m->layers[i].in].consumers++;
+        if (m->layers[i].in2 >= 0) m->acts[m->layers[i].in2].consumers++;
     }
-    m->act_grad_floats[0] = m->act_grad_floats[1] = 0;
-    for (int a = 1; a < m->n_acts; a++) {
-        int slot = m->acts[a].grad_slot;
-        if (slot >= 0 && act_floats(m, a) > m->act_grad_floats[slot]) m->act_grad_floats[slot] = act_floats(m, a);
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        Layer *l = &m->layers[i];
+        int ins[2] = {l->in, l->in2};
+        for (int k = 0; k < 2; k++) {
+            l->dx_accumulate[k] = l->dx_alias[k] = 0;
+            if (ins[k] <= 0) continue;
+            l->dx_accumulate[k] = written[ins[k]];
+            written[ins[k]] = 1;
+            if (l->dx_accumulate[k] && l->kind != LAYER_CONV && l->kind != LAYER_BATCHNORM &&
+                l->kind != LAYER_AVGPOOL && l->kind != LAYER_ADD)
+                TC_FATAL("layer %d: its input feeds several layers, and this kind of layer cannot add its "
+                         "gradient to theirs", i);
+        }
+        if (l->kind == LAYER_RELU && m->acts[l->in].consumers > 1)
+            TC_FATAL("layer %d: a ReLU works in place, so its input may feed no other layer", i);
     }
 }
 
-/* A ReLU right after a convolution, reading nothing else, folds into it. */
+/* The last layer reading activation a, and its producer. */
+static int last_consumer_other_than(const Model *m, int a, int skip) {
+    for (int i = m->n_layers - 1; i >= 0; i--)
+        if (i != skip && (m->layers[i].in == a || m->layers[i].in2 == a)) return i;
+    return -1;
+}
+
+static int producer(const Model *m, int a) {
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].out == a) return i;
+    return -1;
+}
+
+/* An add's backward passes dy on unchanged, so an input whose gradient the add
+ * writes first can use dy's buffer itself. Of the two, only one may feed
+ * other layers too (they add into that buffer afterwards), and only once the
+ * other input's producer has read its gradient from it. */
+static void plan_add_aliases(Model *m, int i, int *parent) {
+    Layer *l = &m->layers[i];
+    int ins[2] = {l->in, l->in2};
+    int shared = -1; /* the aliased input that feeds other layers */
+    for (int k = 0; k < 2; k++) {
+        if (ins[k] <= 0 || l->dx_accumulate[k]) continue;
+        int fan_out = m->acts[ins[k]].consumers > 1;
+        if (fan_out && shared >= 0) continue;
+        if (fan_out) {
+            int other = ins[1 - k], later = last_consumer_other_than(m, ins[k], i);
+            if (other > 0 && !l->dx_accumulate[1 - k] && producer(m, other) < later) continue;
+            shared = k;
+        }
+        l->dx_alias[k] = 1;
+        join_groups(parent, ins[k], l->out);
+    }
+}
+
+/* Backward time of layer i: the last layer runs first. The loss writes the
+ * logits' gradient before (time -1). */
+static void touch(int *first, int *last, int group, int time) {
+    if (time < first[group]) first[group] = time;
+    if (time > last[group]) last[group] = time;
+}
+
+/* Every activation's gradient gets one of a few shared buffers: gradients
+ * joined in place (a ReLU's, an add's passed-on dy) form one group, and two
+ * groups share a buffer when the backward times that touch them do not
+ * overlap. Each buffer is sized for the largest gradient it holds. */
+static void plan_grad_slots(Model *m) {
+    int parent[MODEL_MAX_ACTS], first[MODEL_MAX_ACTS], last[MODEL_MAX_ACTS], slot_of[MODEL_MAX_ACTS];
+    plan_accumulation(m);
+    for (int a = 0; a < m->n_acts; a++) {
+        parent[a] = a;
+        first[a] = INT32_MAX;
+        last[a] = INT32_MIN;
+        slot_of[a] = -1;
+    }
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_RELU && l->in > 0) join_groups(parent, l->in, l->out);
+        if (l->kind == LAYER_ADD) plan_add_aliases(m, i, parent);
+    }
+    touch(first, last, group_of(parent, m->n_acts - 1), -1);
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        int time = m->n_layers - 1 - i;
+        touch(first, last, group_of(parent, l->out), time);
+        if (l->in > 0) touch(first, last, group_of(parent, l->in), time);
+        if (l->in2 > 0) touch(first, last, group_of(parent, l->in2), time);
+    }
+    size_t need[MODEL_MAX_ACTS] = {0};
+    for (int a = 1; a < m->n_acts; a++) {
+        int g = group_of(parent, a);
+        if (act_floats(m, a) > need[g]) need[g] = act_floats(m, a);
+    }
+    /* Groups in order of their first touch; each takes the free buffer closest
+     * above its size (else the largest free one, which grows), or a new one. */
+    int slot_free_after[MODEL_MAX_GRAD_SLOTS];
+    m->n_grad_slots = 0;
+    for (int time = -1; time < m->n_layers; time++) {
+        for (int g = 1; g < m->n_acts; g++) {
+            if (group_of(parent, g) != g || first[g] != time) continue;
+            int best = -1;
+            for (int s = 0; s < m->n_grad_slots; s++) {
+                if (slot_free_after[s] >= time) continue;
+                size_t have = m->act_grad_floats[s], best_have = best >= 0 ? m->act_grad_floats[best] : 0;
+                int fits = have >= need[g], best_fits = best >= 0 && best_have >= need[g];
+                if (best < 0 || (fits && (!best_fits || have < best_have)) || (!fits && !best_fits && have > best_have))
+                    best = s;
+            }
+            if (best < 0) {
+                if (m->n_grad_slots == MODEL_MAX_GRAD_SLOTS)
+                    TC_FATAL("model needs more than %d activation-gradient buffers", MODEL_MAX_GRAD_SLOTS);
+                best = m->n_grad_slots++;
+                m->act_grad_floats[best] = 0;
+            }
+            if (need[g] > m->act_grad_floats[best]) m->act_grad_floats[best] = need[g];
+            slot_free_after[best] = last[g];
+            slot_of[g] = best;
+        }
+    }
+    m->acts[0].grad_slot = -1;
+    for (int a = 1; a < m->n_acts; a++) m->acts[a].grad_slot = slot_of[group_of(parent, a)];
+}
+
+/* A ReLU right after a convolution with a bias, a batch norm or an add,
+ * reading nothing else, folds into it. */
 static void mark_fusions(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
-        Layer *conv = &m->layers[i], *relu = &m->layers[i + 1];
-        if (conv->kind == LAYER_CONV && relu->kind == LAYER_RELU && relu->in == conv->out)
-            conv->fused = relu->fused = 1;
-        else
-            continue;
+        Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
+        if (relu->kind != LAYER_RELU || relu->in != l->out || m->acts[l->out].consumers != 1) continue;
+        if (l->kind == LAYER_BATCHNORM || l->kind == LAYER_ADD) l->fused = relu->fused = 1;
+        /* conv + bias + ReLU has no CPU path */
+        if (l->kind != LAYER_CONV || !l->b_count || m->device == DEVICE_CPU) continue;
+        Layer *conv = l;
+        conv->fused = relu->fused = 1;
         Layer *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
-        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && !m->nhwc)
+        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && !m->nhwc &&
+            pool2d_window(&pool->pool) == 2 && pool2d_stride(&pool->pool) == 2 && !pool->pool.pad)
             pool->fused = conv->relu_grad_by_pool = 1;
     }
 }
@@ -181,6 +349,9 @@ static void choose_conv_algorithms(Model *m) {
             if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_MAXPOOL) {
             maxpool2x2_cuda_init(&l->pool_cuda, &l->pool, m->act_dtype, m->nhwc);
+        } else if (l->kind == LAYER_BATCHNORM) {
+            size_t scratch = batchnorm_cuda_scratch_bytes(&l->bn, m->nhwc);
+            if (scratch > m->bn_scratch_bytes) m->bn_scratch_bytes = scratch;
         }
     }
 }
@@ -212,6 +383,9 @@ static void carve_buffers(Model *m, Arena *a) {
     m->weights = half ? arena_alloc(a, m->n_params * esize, "half-precision weights") : m->params;
     m->grads = arena_alloc(a, m->n_params * esize, "gradients");
     m->momentum = arena_alloc(a, m->n_params * sizeof(float), "momentum");
+    m->decay_mask = m->no_decay_bn_bias ? arena_alloc(a, m->n_params, "weight-decay mask") : NULL;
+    m->bn_running = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm running statistics") : NULL;
+    m->bn_saved = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm batch statistics") : NULL;
     m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
     size_t region = plan_recompute_region(m);
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
@@ -221,9 +395,10 @@ static void carve_buffers(Model *m, Arena *a) {
         else if (recomputed(m, id)) act->value = element(m, m->recompute_region, act->region_offset);
         else act->value = arena_alloc(a, act_floats(m, id) * esize, "activations");
     }
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < m->n_grad_slots; s++)
         m->act_grads[s] = arena_alloc(a, m->act_grad_floats[s] * esize, "activation gradients");
     m->workspace = m->workspace_bytes ? arena_alloc(a, m->workspace_bytes, "cuDNN workspace") : NULL;
+    m->bn_scratch = m->bn_scratch_bytes ? arena_alloc(a, m->bn_scratch_bytes, "batch-norm scratch") : NULL;
 }
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -261,13 +436,25 @@ static size_t weight_index(const Model *m, const Layer *l, size_t j) {
     return j;
 }
 
+/* Batch norm starts as the identity: gamma 1, beta 0, running mean 0 and
+ * variance 1. Under optim.decay_bn_bias = off, weight decay skips biases and
+ * batch-norm parameters. */
 static void init_params(Model *m, uint64_t seed) {
     float *host = calloc(m->n_params, sizeof(float)); /* padded input channels keep 0 */
-    if (!host) TC_FATAL("out of host memory initialising %zu parameters", m->n_params);
+    uint8_t *mask = m->decay_mask ? malloc(m->n_params) : NULL;
+    if (!host || (m->decay_mask && !mask)) TC_FATAL("out of host memory initialising %zu parameters", m->n_params);
     uint64_t state = seed * 0x2545F4914F6CDD1DULL + 1;
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         if (!l->w_count) continue;
+        if (mask) {
+            memset(mask + l->w_off, l->kind != LAYER_BATCHNORM, l->w_count);
+            memset(mask + l->b_off, 0, l->b_count);
+        }
+        if (l->kind == LAYER_BATCHNORM) {
+            for (size_t j = 0; j < l->w_count; j++) host[l->w_off + j] = 1.0f;
+            continue;
+        }
         const Activation *x = &m->acts[l->in];
         size_t real_w = l->w_count / x->c * x->c_real; /* conv: padded channels get none */
         if (l->kind == LAYER_LINEAR) real_w = l->w_count;
@@ -277,6 +464,28 @@ static void init_params(Model *m, uint64_t seed) {
     }
     model_set_params(m, host);
     free(host);
+    if (mask) {
+        if (m->device == DEVICE_CUDA) {
+            CUDA_CHECK(cudaMemcpy(m->decay_mask, mask, m->n_params, cudaMemcpyHostToDevice));
+        } else {
+            memcpy(m->decay_mask, mask, m->n_params);
+        }
+        free(mask);
+    }
+    if (m->n_bn_stats) {
+        float *stats = malloc(m->n_bn_stats * sizeof(float));
+        if (!stats) TC_FATAL("out of host memory initialising batch-norm statistics");
+        for (int i = 0; i < m->n_layers; i++) {
+            const Layer *l = &m->layers[i];
+            if (l->kind != LAYER_BATCHNORM) continue;
+            for (int c = 0; c < l->bn.c; c++) {
+                stats[l->stat_off + c] = 0.0f;
+                stats[l->stat_off + l->bn.c + c] = 1.0f;
+            }
+        }
+        model_set_bn_stats(m, stats);
+        free(stats);
+    }
 }
 
 void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
@@ -286,8 +495,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (!gpu && m->nhwc) TC_FATAL("the CPU path trains in NCHW only (model.layout = nchw)");
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
-    assign_grad_slots(m);
-    if (m->fuse && !gpu) TC_FATAL("fused layers run on the GPU only (model.fuse = off on the CPU)");
+    plan_grad_slots(m);
     if (m->fuse) mark_fusions(m);
     if (gpu) choose_conv_algorithms(m);
 
@@ -297,6 +505,14 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     arena_init(&m->arena, m->device, sizing.used);
     carve_buffers(m, &m->arena);
 
+    /* The batch norms run one after another on one stream: one scratch serves all. */
+    if (m->bn_scratch) {
+        CUDA_CHECK(cudaMemset(m->bn_scratch, 0, m->bn_scratch_bytes));
+        for (int i = 0; i < m->n_layers; i++)
+            if (m->layers[i].kind == LAYER_BATCHNORM)
+                batchnorm_cuda_init_scratch(&m->layers[i].bn_cuda, &m->layers[i].bn, m->act_dtype, m->nhwc,
+                                            m->bn_scratch);
+    }
     init_params(m, seed);
     if (gpu) CUDA_CHECK(cudaMemsetAsync(m->momentum, 0, m->n_params * sizeof(float), gpu->compute));
     else memset(m->momentum, 0, m->n_params * sizeof(float));
@@ -309,6 +525,7 @@ void model_destroy(Model *m) {
         for (int i = 0; i < m->n_layers; i++) {
             if (m->layers[i].kind == LAYER_CONV) conv2d_cuda_destroy(&m->layers[i].conv_cuda);
             if (m->layers[i].kind == LAYER_MAXPOOL) maxpool2x2_cuda_destroy(&m->layers[i].pool_cuda);
+            if (m->layers[i].kind == LAYER_BATCHNORM) batchnorm_cuda_destroy(&m->layers[i].bn_cuda);
         }
     }
     arena_free(&m->arena);
@@ -320,12 +537,50 @@ float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 :
 size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
 void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
 void *model_logits_grad(const Model *m) { return m->act_grads[m->acts[m->n_acts - 1].grad_slot]; }
+void model_set_training(Model *m, int training) { m->training = training; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
+
+static void batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
+    const float *gamma = m->params + l->w_off, *beta = m->params + l->b_off;
+    float *mean = m->bn_running + l->stat_off, *var = mean + l->bn.c;
+    float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.c;
+    /* A checkpointed block's second forward must not count its batch twice. */
+    float momentum = m->recomputing ? 0.0f : m->bn_momentum;
+    if (m->device == DEVICE_CPU && l->fused) {
+        if (m->training)
+            batchnorm_relu_forward_train_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
+                                             saved_invstd, y);
+        else
+            batchnorm_relu_forward_eval_cpu(&l->bn, x, gamma, beta, mean, var, m->bn_eps, y);
+        return;
+    }
+    if (m->device == DEVICE_CPU) {
+        if (m->training)
+            batchnorm_forward_train_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
+                                        saved_invstd, y);
+        else
+            batchnorm_forward_eval_cpu(&l->bn, x, gamma, beta, mean, var, m->bn_eps, y);
+        return;
+    }
+    cudnnHandle_t h = m->gpu->cudnn;
+    cudaStream_t stream = m->gpu->compute;
+    if (!m->training) {
+        if (l->fused) batchnorm_relu_forward_eval_cuda(&l->bn_cuda, h, x, gamma, beta, mean, var, m->bn_eps, y, stream);
+        else batchnorm_forward_eval_cuda(&l->bn_cuda, h, x, gamma, beta, mean, var, m->bn_eps, y, stream);
+    } else if (l->fused) {
+        batchnorm_relu_forward_train_cuda(&l->bn_cuda, h, x, gamma, beta, momentum, m->bn_eps, mean, var,
+                                          saved_mean, saved_invstd, y, stream);
+    } else {
+        batchnorm_forward_train_cuda(&l->bn_cuda, h, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
+                                     saved_invstd, y, stream);
+    }
+}
 
 static void layer_forward(Model *m, Layer *l) {
     const void *x = m->acts[l->in].value;
     void *y = m->acts[l->out].value;
-    const void *w = element(m, m->weights, l->w_off), *b = element(m, m->weights, l->b_off);
+    const void *w = element(m, m->weights, l->w_off);
+    const void *b = l->b_count ? element(m, m->weights, l->b_off) : NULL;
     int gpu = m->device == DEVICE_CUDA;
     switch (l->kind) {
     case LAYER_CONV:
@@ -349,6 +604,66 @@ static void layer_forward(Model *m, Layer *l) {
         if (gpu) linear_forward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, m->act_dtype, x, w, b, y);
         else linear_forward_cpu(&l->linear, x, w, b, y);
         break;
+    case LAYER_BATCHNORM:
+        batchnorm_forward(m, l, x, y);
+        break;
+    case LAYER_ADD: {
+        const void *x2 = m->acts[l->in2].value;
+        size_t n = act_floats(m, l->out);
+        if (l->fused && gpu) add_relu_forward_cuda(m->act_dtype, x, x2, y, n, m->gpu->compute);
+        else if (l->fused) add_relu_forward_cpu(x, x2, y, n);
+        else if (gpu) add_forward_cuda(m->act_dtype, x, x2, y, n, m->gpu->compute);
+        else add_forward_cpu(x, x2, y, n);
+        break;
+    }
+    case LAYER_AVGPOOL: {
+        const Activation *a = &m->acts[l->in];
+        if (gpu) avgpool_forward_cuda(m->act_dtype, m->nhwc, x, y, m->batch, a->c, a->h * a->w, m->gpu->compute);
+        else avgpool_forward_cpu(x, y, m->batch, a->c, a->h * a->w);
+        break;
+    }
+    }
+}
+
+static void *grad_of(const Model *m, int id) {
+    return id > 0 && m->acts[id].grad_slot >= 0 ? m->act_grads[m->acts[id].grad_slot] : NULL;
+}
+
+static void batchnorm_backward(Model *m, Layer *l, const void *x, const void *y, const void *dy, void *dx) {
+    const float *gamma = m->params + l->w_off;
+    const float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.c;
+    void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
+    int acc = l->dx_accumulate[0];
+    if (m->device == DEVICE_CPU && l->fused)
+        batchnorm_relu_backward_cpu(&l->bn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
+    else if (m->device == DEVICE_CPU)
+        batchnorm_backward_cpu(&l->bn, x, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
+    else if (l->fused)
+        batchnorm_relu_backward_cuda(&l->bn_cuda, m->gpu->cudnn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc,
+                                     dgamma, dbeta, m->act_dtype, m->gpu->compute);
+    else
+        batchnorm_backward_cuda(&l->bn_cuda, m->gpu->cudnn, x, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma,
+                                dbeta, m->act_dtype, m->gpu->compute);
+}
+
+/* An add passes dy to each input: as the input's own buffer (alias), copied,
+ * or added to what another layer wrote there. */
+static void add_backward(Model *m, Layer *l, const void *dy) {
+    int ins[2] = {l->in, l->in2};
+    size_t n = act_floats(m, l->out), bytes = n * dtype_size(m->act_dtype);
+    /* The fused ReLU's backward first, in place: y is the ReLU's output. */
+    if (l->fused && m->device == DEVICE_CUDA)
+        relu_backward_cuda(m->act_dtype, m->acts[l->out].value, dy, (void *)dy, n, m->gpu->compute);
+    else if (l->fused)
+        relu_backward_cpu(m->acts[l->out].value, dy, (void *)dy, n);
+    for (int k = 0; k < 2; k++) {
+        void *dx = grad_of(m, ins[k]);
+        if (!dx || l->dx_alias[k]) continue;
+        int gpu = m->device == DEVICE_CUDA;
+        if (l->dx_accumulate[k] && gpu) add_accumulate_cuda(m->act_dtype, dx, dy, n, m->gpu->compute);
+        else if (l->dx_accumulate[k]) add_accumulate_cpu(dx, dy, n);
+        else if (gpu) CUDA_CHECK(cudaMemcpyAsync(dx, dy, bytes, cudaMemcpyDeviceToDevice, m->gpu->compute));
+        else memcpy(dx, dy, bytes);
     }
 }
 
@@ -356,11 +671,11 @@ static void layer_backward(Model *m, Layer *l) {
     const void *x = m->acts[l->in].value;
     const void *y = m->acts[l->out].value;
     const void *dy = m->act_grads[m->acts[l->out].grad_slot];
-    int dx_slot = m->acts[l->in].grad_slot;
-    void *dx = dx_slot >= 0 ? m->act_grads[dx_slot] : NULL;
+    void *dx = grad_of(m, l->in);
     const void *w = element(m, m->weights, l->w_off);
-    void *dw = element(m, m->grads, l->w_off), *db = element(m, m->grads, l->b_off);
-    int gpu = m->device == DEVICE_CUDA;
+    void *dw = element(m, m->grads, l->w_off);
+    void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
+    int gpu = m->device == DEVICE_CUDA, acc = l->dx_accumulate[0];
     switch (l->kind) {
     case LAYER_CONV:
         if (l->fused) {
@@ -370,9 +685,9 @@ static void layer_backward(Model *m, Layer *l) {
             if (!l->relu_grad_by_pool)
                 relu_backward_cuda(m->act_dtype, y, dy, (void *)dy, act_floats(m, l->out), m->gpu->compute);
             conv2d_bias_grad_cuda(m->act_dtype, m->nhwc, s->n, s->k, oh, ow, dy, db, m->workspace, m->gpu->compute);
-            conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, NULL, m->workspace);
-        } else if (gpu) conv2d_backward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace);
-        else conv2d_backward_cpu(&l->conv, x, w, dy, dx, dw, db);
+            conv2d_backward_ex_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, NULL, m->workspace, acc);
+        } else if (gpu) conv2d_backward_ex_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace, acc);
+        else conv2d_backward_ex_cpu(&l->conv, x, w, dy, dx, dw, db, acc);
         break;
     case LAYER_RELU:
         if (!dx || l->fused) break;
@@ -389,6 +704,19 @@ static void layer_backward(Model *m, Layer *l) {
         if (gpu) linear_backward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, m->act_dtype, x, w, dy, dx, dw, db);
         else linear_backward_cpu(&l->linear, x, w, dy, dx, dw, db);
         break;
+    case LAYER_BATCHNORM:
+        batchnorm_backward(m, l, x, y, dy, dx);
+        break;
+    case LAYER_ADD:
+        add_backward(m, l, dy);
+        break;
+    case LAYER_AVGPOOL: {
+        const Activation *a = &m->acts[l->in];
+        if (!dx) break;
+        if (gpu) avgpool_backward_cuda(m->act_dtype, m->nhwc, dy, dx, acc, m->batch, a->c, a->h * a->w, m->gpu->compute);
+        else avgpool_backward_cpu(dy, dx, acc, m->batch, a->c, a->h * a->w);
+        break;
+    }
     }
 }
 
@@ -408,7 +736,9 @@ static void recompute_block(Model *m, int last) {
     int first = last;
     while (first > 0 && m->layers[first - 1].block == m->layers[last].block) first--;
     nvtxRangePushA("recompute");
+    m->recomputing = 1;
     for (int i = first; i <= last; i++) layer_forward(m, &m->layers[i]);
+    m->recomputing = 0;
     nvtxRangePop();
 }
 
@@ -419,6 +749,7 @@ void model_backward(Model *m) {
         /* The last block's inside is still in place from the forward pass. */
         if (m->checkpoint && block_end && l->block != m->n_blocks - 1) recompute_block(m, i);
         layer_backward(m, &m->layers[i]);
+        if (m->grads_ready && l->w_count) m->grads_ready(m->grads_ready_ctx, l->w_off);
     }
 }
 
@@ -470,15 +801,46 @@ void model_set_momentum(Model *m, const float *host) {
     }
 }
 
+void model_get_bn_stats(const Model *m, float *host) {
+    size_t bytes = m->n_bn_stats * sizeof(float);
+    if (!bytes) return;
+    if (m->device == DEVICE_CUDA) {
+        CUDA_CHECK(cudaMemcpyAsync(host, m->bn_running, bytes, cudaMemcpyDeviceToHost, m->gpu->compute));
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+    } else {
+        memcpy(host, m->bn_running, bytes);
+    }
+}
+
+void model_set_bn_stats(Model *m, const float *host) {
+    size_t bytes = m->n_bn_stats * sizeof(float);
+    if (!bytes) return;
+    if (m->device == DEVICE_CUDA) {
+        CUDA_CHECK(cudaMemcpyAsync(m->bn_running, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
+        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+    } else {
+        memcpy(m->bn_running, host, bytes);
+    }
+}
+
+/* The stem follows the image: CIFAR's for small images, ImageNet's from 128. */
 int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen) {
-    if (strcmp(name, "simplenet") != 0) {
-        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet)", name);
+    int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
+              : strcmp(name, "resnet50") == 0 ? 50 : 0;
+    int imagenet_stem = image_size >= 128;
+    if (!depth && strcmp(name, "simplenet") != 0) {
+        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet, resnet18, resnet34, resnet50)", name);
         return -1;
     }
-    if (image_size < 8 || image_size % 8) {
+    if (!depth && (image_size < 8 || image_size % 8)) {
         snprintf(err, errlen, "data.image_size = %d: SimpleNet needs a size divisible by 8 (32, 224, ...)",
                  image_size);
+        return -1;
+    }
+    if (depth && (image_size < 8 || image_size % (imagenet_stem ? 32 : 8))) {
+        snprintf(err, errlen, "data.image_size = %d: %s needs a size divisible by 8 below 128 (CIFAR stem) "
+                 "and by 32 from 128 on (ImageNet stem): 32, 224, ...", image_size, name);
         return -1;
     }
     if (batch < 1 || num_classes < 2) {
@@ -486,6 +848,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
         return -1;
     }
     model_init(m, batch, num_classes, nhwc);
-    simplenet_build(m, image_size);
+    if (depth) resnet_build(m, depth, image_size, imagenet_stem);
+    else simplenet_build(m, image_size);
     return 0;
 }

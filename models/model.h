@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/batchnorm.h"
 #include "ops/conv2d.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
@@ -30,14 +31,18 @@
 extern "C" {
 #endif
 
-#define MODEL_MAX_LAYERS 256
-#define MODEL_MAX_ACTS 257
+#define MODEL_MAX_LAYERS 512
+#define MODEL_MAX_ACTS 513
+#define MODEL_MAX_GRAD_SLOTS 16
 
-typedef enum { LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR } LayerKind;
+typedef enum {
+    LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR, LAYER_BATCHNORM, LAYER_ADD, LAYER_AVGPOOL
+} LayerKind;
 
 typedef struct {
     LayerKind kind;
     int in, out;          /* activation ids */
+    int in2;              /* add: the second input; -1 for every other layer */
     size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer */
     size_t w_count, b_count;
     size_t fan_in;        /* for initialisation */
@@ -46,10 +51,19 @@ typedef struct {
     Pool2dShape pool;
     MaxPoolCuda pool_cuda;
     LinearShape linear;
+    BatchNormShape bn;    /* batch norm: gamma at w_off, beta at b_off (c each) */
+    BatchNormCuda bn_cuda;
+    size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
+                             the batch's mean and 1/std for backward at bn_saved + stat_off */
     int block;            /* the checkpoint block it belongs to, or -1 */
     int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv;
                              maxpool (NCHW): its backward applies that ReLU's backward too */
     int relu_grad_by_pool;/* conv: the max-pool after its ReLU did the ReLU's backward */
+    /* Backward, per input (in, in2): 1 when another layer reading the same
+     * activation has already written its gradient, so this one adds to it.
+     * An add whose input gradient is dy itself (alias) writes nothing. */
+    int dx_accumulate[2];
+    int dx_alias[2];
 } Layer;
 
 typedef struct {
@@ -57,6 +71,7 @@ typedef struct {
     int c_real;           /* channels that carry data (the input's c is padded under NHWC) */
     int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU) */
     int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none */
+    int consumers;        /* layers that read it */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */
     void *value;          /* [batch][c][h][w] of the model's activation dtype */
@@ -77,7 +92,13 @@ typedef struct {
     int n_acts;
     int n_blocks, open_block;  /* blocks marked by model_block_begin/end; open_block -1 outside */
     int checkpoint;       /* set before model_finalize: keep only block outputs, recompute inside */
-    int fuse;             /* set before model_finalize: conv + bias + ReLU as one conv and one pass (GPU) */
+    int fuse;             /* set before model_finalize: conv + bias + ReLU, batch norm + ReLU and add + ReLU
+                             each in one pass (GPU) */
+    int no_decay_bn_bias; /* set before model_finalize: decay_mask leaves out biases and batch-norm parameters */
+    int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
+                             and updates the running ones; 0: evaluation, with the running ones */
+    int recomputing;      /* inside a checkpointed block's second forward: running statistics stay put */
+    float bn_momentum, bn_eps; /* PyTorch's 0.1 and 1e-5 (model_init) */
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
     size_t n_params;
@@ -85,11 +106,24 @@ typedef struct {
     void *weights;        /* what the layers read: params itself in fp32, a rounded copy under AMP */
     void *grads;          /* flat, n_params, activation dtype; parameter gradients are accumulated into it */
     float *momentum;      /* flat, n_params */
+    uint8_t *decay_mask;  /* n_params, 1 where weight decay applies; NULL: everywhere */
+    size_t n_bn_stats;    /* floats of running statistics: 2 per batch-norm channel */
+    float *bn_running;    /* running mean and variance of every batch norm (model state, not parameters) */
+    float *bn_saved;      /* the last training batch's mean and 1/std, for backward */
     float *input_f32;     /* under AMP: the fp32 batch, cast into the input activation by forward */
-    void *act_grads[2];   /* ping-pong buffers for activation gradients */
-    size_t act_grad_floats[2]; /* each sized (in elements) for the largest gradient it holds */
+    /* Activation gradients share a few buffers: two share one when their
+     * lifetimes in backward do not overlap (see plan_grad_slots). */
+    int n_grad_slots;
+    void *act_grads[MODEL_MAX_GRAD_SLOTS];
+    size_t act_grad_floats[MODEL_MAX_GRAD_SLOTS]; /* each sized (in elements) for the largest gradient it holds */
+    /* Called by model_backward after each layer with parameters: every
+     * gradient at index >= first_ready is final (data-parallel all-reduce). */
+    void (*grads_ready)(void *ctx, size_t first_ready);
+    void *grads_ready_ctx;
     void *workspace;      /* cuDNN workspace shared by all convolutions */
     size_t workspace_bytes;
+    void *bn_scratch;     /* shared by the batch norms' reductions */
+    size_t bn_scratch_bytes;
 
     Arena arena;          /* owns every buffer above */
 } Model;
@@ -101,9 +135,14 @@ typedef struct {
 void model_init(Model *m, int batch, int num_classes, int nhwc);
 int model_input(Model *m, int c, int h, int w);
 int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride);
+int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, int stride);
 int model_relu(Model *m, int in);
 int model_maxpool2(Model *m, int in);
+int model_maxpool(Model *m, int in, int kernel, int stride, int pad);
 int model_linear(Model *m, int in, int out_features);
+int model_batchnorm(Model *m, int in);
+int model_add(Model *m, int a, int b);     /* a + b, same shapes: a residual connection */
+int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 1 */
 /* A block: the layers between begin and end. Under checkpointing, forward keeps
  * only the block's input and output; backward runs the block forward again to
  * get its inside back. */
@@ -127,6 +166,13 @@ void model_forward(Model *m);
 void model_backward(Model *m);
 void model_zero_grads(Model *m);
 
+/* Training (batch statistics) or evaluation (running statistics) mode. */
+void model_set_training(Model *m, int training);
+
+/* The running statistics of the batch norms (n_bn_stats floats), host memory. */
+void model_get_bn_stats(const Model *m, float *host);
+void model_set_bn_stats(Model *m, const float *host);
+
 /* Copies the fp32 master parameters between a model and host memory
  * (n_params floats); setting them refreshes the rounded copy under AMP. */
 void model_get_params(const Model *m, float *host);
@@ -139,12 +185,17 @@ void model_set_momentum(Model *m, const float *host);
 /* Bytes of the arena: what the model holds on its device. */
 size_t model_bytes(const Model *m);
 
-/* Builds a named model ("simplenet"); returns 0, or -1 with a message for an
- * unknown name or an impossible input size. */
+/* Builds a named model (simplenet, resnet18, resnet34, resnet50); returns 0,
+ * or -1 with a message for an unknown name or an impossible input size. */
 int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen);
 /* SimpleNet: 3 x (conv3x3 + ReLU + maxpool2), fc 256*(s/8)^2 -> 512, ReLU, fc -> classes. */
 void simplenet_build(Model *m, int image_size);
+/* ResNet-18/34 (basic blocks) and -50 (bottlenecks), torchvision's layout:
+ * the CIFAR stem (3x3 conv, no max-pool) when imagenet_stem is 0, else the
+ * ImageNet stem (7x7 stride 2, 3x3 stride-2 max-pool). Each residual block is
+ * a checkpoint block. depth is 18, 34 or 50. */
+void resnet_build(Model *m, int depth, int image_size, int imagenet_stem);
 
 #ifdef __cplusplus
 }

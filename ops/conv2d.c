@@ -107,7 +107,7 @@ void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, co
         float *y_n = y + n * y_image;
         im2col(s, x + n * x_image, col);
         cpu_sgemm(0, 0, s->k, pq, crs, 1.0f, w, crs, col, pq, 0.0f, y_n, pq);
-        for (int k = 0; k < s->k; k++) {
+        for (int k = 0; b && k < s->k; k++) {
             float *y_plane = y_n + (size_t)k * pq;
             for (int i = 0; i < pq; i++) y_plane[i] += b[k];
         }
@@ -117,6 +117,11 @@ void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, co
 
 void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                          float *dx, float *dw, float *db) {
+    conv2d_backward_ex_cpu(s, x, w, dy, dx, dw, db, 0);
+}
+
+void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
+                            float *dx, float *dw, float *db, int accumulate_dx) {
     check_shape(s);
     int crs = s->c * s->r * s->s;
     int pq = conv2d_out_h(s) * conv2d_out_w(s);
@@ -124,7 +129,7 @@ void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, c
     float *col = alloc_col(s);
     for (int n = 0; n < s->n; n++) {
         const float *dy_n = dy + n * y_image;
-        for (int k = 0; k < s->k; k++) {
+        for (int k = 0; db && k < s->k; k++) {
             const float *dy_plane = dy_n + (size_t)k * pq;
             float sum = 0.0f;
             for (int i = 0; i < pq; i++) sum += dy_plane[i];
@@ -136,7 +141,7 @@ void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, c
             /* col is no longer needed for this image: reuse it for dcol. */
             cpu_sgemm(1, 0, crs, pq, s->k, 1.0f, w, crs, dy_n, pq, 0.0f, col, pq);
             float *dx_n = dx + n * x_image;
-            memset(dx_n, 0, sizeof(float) * x_image);
+            if (!accumulate_dx) memset(dx_n, 0, sizeof(float) * x_image);
             col2im_add(s, col, dx_n);
         }
     }

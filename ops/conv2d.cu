@@ -501,11 +501,19 @@ void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, co
 
 void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                           const void *dy, void *dx, void *dw, void *db, void *workspace) {
+    conv2d_backward_ex_cuda(c, h, x, w, dy, dx, dw, db, workspace, 0);
+}
+
+/* accumulate_dx is cuDNN's beta for the data gradient: dx = dgrad + beta * dx. */
+void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
+                             const void *dy, void *dx, void *dw, void *db, void *workspace,
+                             int accumulate_dx) {
     check_workspace(c, workspace);
     if (dx)
         CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, c->w_desc, w, c->y_desc, dy,
                                                  c->bwd_data_desc, c->bwd_data_algo, workspace,
-                                                 c->workspace_bytes, &kZero, c->x_desc, dx));
+                                                 c->workspace_bytes, accumulate_dx ? &kOne : &kZero,
+                                                 c->x_desc, dx));
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, x, c->y_desc, dy,
                                                c->bwd_filter_desc, c->bwd_filter_algo, workspace,
                                                c->workspace_bytes, &kOne, c->w_desc, dw));

@@ -4,6 +4,9 @@
  * (ops/bias_relu.h) does it instead.
  * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
  * flat gradient buffer zeroed once per optimizer step accumulates micro-batches.
+ * The _ex versions take accumulate_dx: 1 adds the input gradient into dx
+ * instead (a tensor feeding two layers, such as a residual block's input, sums
+ * the gradients of both); the plain versions are the _ex ones with 0.
  * The CPU path is float32, NCHW. The CUDA path stores x, w, b, y, dy, dx, dw and
  * db as the dtype given at init (f32, f16 or bf16) and accumulates in fp32; its
  * layout is NCHW (x [n][c][h][w], w [k][c][r][s]) or, with nhwc, channels-last
@@ -36,6 +39,8 @@ void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, co
                         float *y);
 void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                          float *dx, float *dw, float *db);
+void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
+                            float *dx, float *dw, float *db, int accumulate_dx);
 
 /* How convolution algorithms are chosen, once per layer at init.
  * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
@@ -80,6 +85,9 @@ void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, co
                          const void *b, void *y, void *workspace);
 void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                           const void *dy, void *dx, void *dw, void *db, void *workspace);
+void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
+                             const void *dy, void *dx, void *dw, void *db, void *workspace,
+                             int accumulate_dx);
 
 /* The bias gradient as conv2d_backward_cuda runs it for every case but NCHW
  * float32 (which keeps cudnnConvolutionBackwardBias): db[k] += the sum of dy

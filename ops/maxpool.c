@@ -2,33 +2,46 @@
 
 #include <string.h>
 
-/* Offset (within the plane) of the largest element of the 2x2 window at output
- * (p, q): the first one in row-major window order on ties, as cuDNN picks. */
-static size_t window_argmax(const float *plane, int width, int p, int q) {
-    size_t top = (size_t)(2 * p) * width + 2 * q, bottom = top + width;
-    size_t candidates[4] = {top, top + 1, bottom, bottom + 1};
-    size_t best = candidates[0];
-    for (int i = 1; i < 4; i++)
-        if (plane[candidates[i]] > plane[best]) best = candidates[i];
+int pool2d_window(const Pool2dShape *s) { return s->k ? s->k : 2; }
+int pool2d_stride(const Pool2dShape *s) { return s->stride ? s->stride : pool2d_window(s); }
+int pool2d_out_h(const Pool2dShape *s) { return (s->h + 2 * s->pad - pool2d_window(s)) / pool2d_stride(s) + 1; }
+int pool2d_out_w(const Pool2dShape *s) { return (s->w + 2 * s->pad - pool2d_window(s)) / pool2d_stride(s) + 1; }
+
+/* Offset (within the plane) of the largest element of the window at output
+ * (p, q): the first one in row-major window order on ties, as cuDNN picks;
+ * padding is outside the plane and never picked. */
+static size_t window_argmax(const Pool2dShape *s, const float *plane, int p, int q) {
+    int k = pool2d_window(s), stride = pool2d_stride(s);
+    size_t best = (size_t)-1;
+    for (int r = 0; r < k; r++) {
+        int i = p * stride - s->pad + r;
+        if (i < 0 || i >= s->h) continue;
+        for (int c = 0; c < k; c++) {
+            int j = q * stride - s->pad + c;
+            if (j < 0 || j >= s->w) continue;
+            size_t at = (size_t)i * s->w + j;
+            if (best == (size_t)-1 || plane[at] > plane[best]) best = at;
+        }
+    }
     return best;
 }
 
 void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y) {
-    int out_h = s->h / 2, out_w = s->w / 2;
+    int out_h = pool2d_out_h(s), out_w = pool2d_out_w(s);
     size_t planes = (size_t)s->n * s->c;
     for (size_t pl = 0; pl < planes; pl++) {
         const float *x_plane = x + pl * s->h * s->w;
         float *y_plane = y + pl * out_h * out_w;
         for (int p = 0; p < out_h; p++)
             for (int q = 0; q < out_w; q++)
-                y_plane[p * out_w + q] = x_plane[window_argmax(x_plane, s->w, p, q)];
+                y_plane[p * out_w + q] = x_plane[window_argmax(s, x_plane, p, q)];
     }
 }
 
 /* Routes each output gradient by the argmax of x; y is not needed for that. */
 void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
                              const float *dy, float *dx) {
-    int out_h = s->h / 2, out_w = s->w / 2;
+    int out_h = pool2d_out_h(s), out_w = pool2d_out_w(s);
     size_t planes = (size_t)s->n * s->c;
     memset(dx, 0, sizeof(float) * planes * s->h * s->w);
     for (size_t pl = 0; pl < planes; pl++) {
@@ -37,7 +50,7 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
         float *dx_plane = dx + pl * s->h * s->w;
         for (int p = 0; p < out_h; p++)
             for (int q = 0; q < out_w; q++)
-                dx_plane[window_argmax(x_plane, s->w, p, q)] = dy_plane[p * out_w + q];
+                dx_plane[window_argmax(s, x_plane, p, q)] += dy_plane[p * out_w + q];
     }
 }
 

@@ -1,4 +1,4 @@
-/* Max-pool 2x2 stride 2 through cuDNN pooling, in the tensors' own type and layout. */
+/* Max-pool through cuDNN pooling, in the tensors' own type and layout. */
 #include "ops/maxpool.h"
 
 #include <string.h>
@@ -12,9 +12,12 @@ static const float kOne = 1.0f, kZero = 0.0f;
 void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc) {
     memset(p, 0, sizeof *p);
     check_float_dtype("maxpool2x2", dtype);
-    if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 || s->h % 2 || s->w % 2)
-        TC_FATAL("maxpool2x2: bad shape n=%d c=%d h=%d w=%d (h and w must be even)", s->n, s->c,
-                 s->h, s->w);
+    int k = pool2d_window(s), stride = pool2d_stride(s);
+    int plain = k == 2 && stride == 2 && s->pad == 0;
+    if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 || (plain && (s->h % 2 || s->w % 2)) ||
+        s->pad < 0 || s->pad >= k || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
+        TC_FATAL("maxpool: bad shape n=%d c=%d h=%d w=%d window %d stride %d pad %d", s->n, s->c,
+                 s->h, s->w, k, stride, s->pad);
     p->shape = *s;
     p->dtype = dtype;
     p->nhwc = nhwc != 0;
@@ -22,12 +25,13 @@ void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int
     cudnnTensorFormat_t format = p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     CUDNN_CHECK(cudnnCreatePoolingDescriptor(&p->pool_desc));
     CUDNN_CHECK(cudnnSetPooling2dDescriptor(p->pool_desc, CUDNN_POOLING_MAX,
-                                            CUDNN_NOT_PROPAGATE_NAN, 2, 2, 0, 0, 2, 2));
+                                            CUDNN_NOT_PROPAGATE_NAN, k, k, s->pad, s->pad, stride,
+                                            stride));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->x_desc));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&p->y_desc));
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x_desc, format, data_type, s->n, s->c, s->h, s->w));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y_desc, format, data_type, s->n, s->c, s->h / 2,
-                                           s->w / 2));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y_desc, format, data_type, s->n, s->c, pool2d_out_h(s),
+                                           pool2d_out_w(s)));
 }
 
 void maxpool2x2_cuda_destroy(MaxPoolCuda *p) {
@@ -84,7 +88,9 @@ static void launch_maxpool_relu_backward(const Pool2dShape *s, const void *x, co
 void maxpool2x2_relu_backward_cuda(DType dtype, const Pool2dShape *s, const void *x, const void *dy,
                                    void *dx, cudaStream_t stream) {
     check_float_dtype("maxpool_relu_backward", dtype);
-    if (s->h % 2 || s->w % 2) TC_FATAL("maxpool_relu_backward: odd input %dx%d", s->h, s->w);
+    if (s->h % 2 || s->w % 2 || pool2d_window(s) != 2 || pool2d_stride(s) != 2 || s->pad)
+        TC_FATAL("maxpool_relu_backward: 2x2 stride-2 windows over an even size only (got %dx%d, window %d)",
+                 s->h, s->w, pool2d_window(s));
     if ((size_t)s->n * s->c * s->h * s->w == 0) return;
     DISPATCH_FLOAT_DTYPE(dtype, launch_maxpool_relu_backward, s, x, dy, dx, stream);
 }

@@ -1,6 +1,8 @@
-/* Max-pool 2x2, stride 2 (h and w even), NCHW; the CUDA path also NHWC. Backward routes each output
- * gradient to the first maximum of its window (the one cuDNN picks); dx is
- * overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
+/* Max-pool, NCHW; the CUDA path also NHWC. 2x2 stride 2 (h and w even) unless
+ * the shape names another window (k x k, stride, zero padding that never wins:
+ * ResNet's 3x3 stride-2 pad-1 stem pool). Backward routes each output
+ * gradient to the first maximum of its window (the one cuDNN picks), adding
+ * where windows overlap; dx is overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
  * as the dtype given at init (f32, f16 or bf16), which is exact: a selection. */
 #ifndef TRAINC_OPS_MAXPOOL_H
 #define TRAINC_OPS_MAXPOOL_H
@@ -14,7 +16,12 @@
 extern "C" {
 #endif
 
-typedef struct { int n, c, h, w; } Pool2dShape; /* input; output is h/2 x w/2 */
+/* The input; k, stride and pad 0 mean 2, k and 0. */
+typedef struct { int n, c, h, w; int k, stride, pad; } Pool2dShape;
+int pool2d_window(const Pool2dShape *s);
+int pool2d_stride(const Pool2dShape *s);
+int pool2d_out_h(const Pool2dShape *s);
+int pool2d_out_w(const Pool2dShape *s);
 
 void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y);
 void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,

@@ -4,7 +4,8 @@ void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *
                   SgdParams p) {
     float step = *lr;
     for (size_t i = 0; i < n; i++) {
-        float g = grad[i] + p.weight_decay * w[i];
+        float decay = p.decay_mask && !p.decay_mask[i] ? 0.0f : p.weight_decay;
+        float g = grad[i] + decay * w[i];
         float mom = p.momentum * m[i] + g;
         float d = p.nesterov ? g + p.momentum * mom : mom;
         m[i] = mom;
@@ -19,7 +20,8 @@ void sgd_step_mixed_cpu(float *master, const float *grad, float *momentum, size_
     float step = *lr;
     for (size_t i = 0; i < n; i++) {
         float unscaled = grad[i] * inv_scale;
-        float g = unscaled + p.weight_decay * master[i];
+        float decay = p.decay_mask && !p.decay_mask[i] ? 0.0f : p.weight_decay;
+        float g = unscaled + decay * master[i];
         float mom = p.momentum * momentum[i] + g;
         float d = p.nesterov ? g + p.momentum * mom : mom;
         momentum[i] = mom;

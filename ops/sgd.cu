@@ -4,15 +4,23 @@
 #include "ops/dtype_cuda.cuh"
 #include "runtime/check.h"
 
+/* The weight decay of parameter i. MASKED is a template argument so that the
+ * unmasked kernels read no mask at all. */
+template <bool MASKED>
+static __device__ __forceinline__ float decay_at(const uint8_t *mask, size_t i, float weight_decay) {
+    return MASKED && !mask[i] ? 0.0f : weight_decay;
+}
+
 /* The same update as sgd_step_cpu (see sgd.h), one pass over the flat buffers. */
+template <bool MASKED>
 static __global__ void sgd_step_kernel(float *w, const float *grad, float *m, size_t n,
                                        const float *lr_device, float momentum,
-                                       float weight_decay, int nesterov) {
+                                       float weight_decay, int nesterov, const uint8_t *mask) {
     float step = *lr_device;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float weight = w[i];
-        float g = grad[i] + weight_decay * weight;
+        float g = grad[i] + decay_at<MASKED>(mask, i, weight_decay) * weight;
         float mom = momentum * m[i] + g;
         float d = nesterov ? g + momentum * mom : mom;
         m[i] = mom;
@@ -23,8 +31,12 @@ static __global__ void sgd_step_kernel(float *w, const float *grad, float *m, si
 void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float *lr_device,
                    SgdParams p, cudaStream_t stream) {
     if (n == 0) return;
-    sgd_step_kernel<<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
-        w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov);
+    if (p.decay_mask)
+        sgd_step_kernel<true><<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
+            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, p.decay_mask);
+    else
+        sgd_step_kernel<false><<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
+            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, NULL);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -32,11 +44,11 @@ void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float 
  * the loss scaler found inf or NaN. The unscaled gradient is rounded on its
  * own (__fmul_rn: never fused into the next add), as PyTorch's separate
  * unscale pass rounds it. */
-template <typename TG, typename TW>
+template <typename TG, typename TW, bool MASKED>
 static __global__ void sgd_step_mixed_kernel(float *master, const TG *grad, float *m,
                                              TW *weights_half, size_t n, const float *lr_device,
                                              const LossScalerState *scaler, float momentum,
-                                             float weight_decay, int nesterov) {
+                                             float weight_decay, int nesterov, const uint8_t *mask) {
     if (scaler && scaler->found_inf) return;
     float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f;
     float step = *lr_device;
@@ -44,7 +56,7 @@ static __global__ void sgd_step_mixed_kernel(float *master, const TG *grad, floa
          i += (size_t)gridDim.x * blockDim.x) {
         float weight = master[i];
         float unscaled = __fmul_rn(to_float(grad[i]), inv_scale);
-        float g = unscaled + weight_decay * weight;
+        float g = unscaled + decay_at<MASKED>(mask, i, weight_decay) * weight;
         float mom = momentum * m[i] + g;
         float d = nesterov ? g + momentum * mom : mom;
         m[i] = mom;
@@ -68,9 +80,15 @@ typedef struct {
 
 template <typename TG, typename TW>
 static void launch_sgd_mixed(const SgdMixedArgs *a) {
-    sgd_step_mixed_kernel<TG, TW><<<elementwise_blocks(a->n), ELEMENTWISE_THREADS, 0, a->stream>>>(
-        a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
-        a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov);
+    unsigned blocks = elementwise_blocks(a->n);
+    if (a->p.decay_mask)
+        sgd_step_mixed_kernel<TG, TW, true><<<blocks, ELEMENTWISE_THREADS, 0, a->stream>>>(
+            a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
+            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, a->p.decay_mask);
+    else
+        sgd_step_mixed_kernel<TG, TW, false><<<blocks, ELEMENTWISE_THREADS, 0, a->stream>>>(
+            a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
+            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, NULL);
     CUDA_CHECK_LAUNCH();
 }
 

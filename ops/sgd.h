@@ -5,12 +5,18 @@
  *   d = nesterov ? g + momentum * m : m
  *   w = w - lr * d
  * lr is read through a pointer (host memory for the CPU path, device memory for
- * the CUDA path) so a schedule can change it without re-recording a CUDA graph. */
+ * the CUDA path) so a schedule can change it without re-recording a CUDA graph.
+ * decay_mask (last, so initializers that omit it leave it NULL) limits the
+ * weight decay: NULL decays every parameter; otherwise parameter i decays only
+ * where decay_mask[i] != 0 and elsewhere steps as with weight_decay 0 (biases
+ * and batch-norm scales and shifts, say). It is n bytes in host memory for the
+ * CPU path, in device memory for the CUDA path. */
 #ifndef TRAINC_OPS_SGD_H
 #define TRAINC_OPS_SGD_H
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "ops/loss_scaler.h"
 #include "runtime/tensor.h"
@@ -23,6 +29,7 @@ typedef struct {
     float momentum;
     float weight_decay;
     int nesterov;
+    const uint8_t *decay_mask;
 } SgdParams;
 
 void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *lr,

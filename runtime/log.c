@@ -7,9 +7,14 @@
 static int quiet;
 static int progress_shown; /* a progress line is on the terminal, without a newline */
 static double t_start = -1.0;
+static char line_prefix[32];
 
 void log_set_quiet(int q) { quiet = q; }
 int log_is_quiet(void) { return quiet; }
+
+void log_set_prefix(const char *prefix) {
+    snprintf(line_prefix, sizeof line_prefix, "%s", prefix ? prefix : "");
+}
 
 double now_seconds(void) {
     struct timespec ts;
@@ -26,7 +31,7 @@ static void clear_progress(void) {
 static void vlog(const char *level, const char *fmt, va_list ap) {
     if (t_start < 0) t_start = now_seconds();
     clear_progress();
-    fprintf(stderr, "[%8.2f] %s", now_seconds() - t_start, level);
+    fprintf(stderr, "[%8.2f] %s%s", now_seconds() - t_start, line_prefix, level);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }

@@ -10,6 +10,9 @@ extern "C" {
 
 void log_set_quiet(int quiet);
 int log_is_quiet(void);
+/* Text put before every log line (after the time), e.g. "rank 1: "; NULL or ""
+ * for none. Copied; at most 31 characters are kept. */
+void log_set_prefix(const char *prefix);
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Redraws the progress line (no newline); silenced by --quiet. */

@@ -19,6 +19,8 @@ void test_require_gpu(void) {
     }
 }
 
+int test_have_gpu(void) { return gpu_count() > 0; }
+
 int test_finish(const char *name) {
     if (test_checks == 0) {
         fprintf(stderr, "%s: no checks ran\n", name);

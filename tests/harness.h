@@ -22,6 +22,8 @@ extern int test_checks;
             __FILE__, __LINE__, #a, a_, #b, b_, (double)(tol)); } } while (0)
 
 void test_require_gpu(void);
+/* Whether a GPU is usable, for a test whose CPU part runs either way. */
+int test_have_gpu(void);
 int test_finish(const char *name);
 
 /* Fresh random data each run unless TRAINC_TEST_SEED is set; the seed is printed. */

@@ -444,6 +444,146 @@ static void test_raw_params_reproduce_float_path(void) {
     dataset_free(&d);
 }
 
+/* ---- distributed sampler ------------------------------------------------------- */
+
+/* The data set indices one rank's loader yields in an epoch, in order; returns how many. */
+static int shard_indices(const Dataset *d, LoaderConfig cfg, int rank, int world, int epoch,
+                         int32_t *out, int *batches) {
+    cfg.rank = rank;
+    cfg.world = world;
+    Loader *l = loader_create(d, &cfg);
+    *batches = loader_batches_per_epoch(l);
+    loader_start_epoch(l, epoch);
+    Batch b;
+    int at = 0, counted = 0;
+    while (loader_next(l, &b)) {
+        for (int i = 0; i < b.n; i++) out[at++] = decode_index(b.images + (size_t)i * 18, &cfg.transform);
+        counted++;
+        loader_release(l, &b);
+    }
+    CHECK(counted == *batches);
+    loader_destroy(l);
+    return at;
+}
+
+/* For world 2, 3 and 4: the shards of an epoch are disjoint, are positions
+ * rank, rank + world, ... of the world-1 permutation (so interleaved by rank
+ * they give its prefix), cover the data set cut to a multiple of world (all of
+ * it without drop_last), and change with the epoch. */
+static void test_distributed_shards(void) {
+    const int n = 1001; /* not a multiple of 2, 3 or 4 */
+    Dataset d;
+    make_indexed(&d, n);
+    int32_t *whole = malloc(n * sizeof(int32_t));
+    int32_t *interleaved = malloc(n * sizeof(int32_t));
+    int32_t *shard = malloc(n * sizeof(int32_t));
+    int32_t *first_epoch_rank0 = malloc(n * sizeof(int32_t));
+    int *seen = malloc(n * sizeof(int));
+    const int batches_of[2] = {1, 7};
+    for (int drop_last = 0; drop_last < 2; drop_last++)
+        for (int bk = 0; bk < 2; bk++)
+            for (int world = 2; world <= 4; world++) {
+                int batch = batches_of[bk];
+                LoaderConfig cfg = base_config(batch, world == 3 ? 0 : 3, 2);
+                cfg.augment = 0;
+                cfg.drop_last = drop_last;
+                int cut = drop_last ? n - n % world : n;
+                int first_len = 0, misplaced = 0, unequal_batches = 0;
+                for (int epoch = 0; epoch < 2; epoch++) {
+                    int whole_batches;
+                    int whole_n = shard_indices(&d, cfg, 0, 1, epoch, whole, &whole_batches);
+                    CHECK(whole_n == (drop_last ? n / batch * batch : n));
+                    memset(seen, 0, n * sizeof(int));
+                    int covered = 0, batches0 = -1;
+                    for (int rank = 0; rank < world; rank++) {
+                        int batches;
+                        int got = shard_indices(&d, cfg, rank, world, epoch, shard, &batches);
+                        int mine = (cut - rank + world - 1) / world;
+                        int want = drop_last ? mine / batch * batch : mine;
+                        CHECK_MSG(got == want, "world %d rank %d drop_last %d batch %d: %d samples, "
+                                  "not %d", world, rank, drop_last, batch, got, want);
+                        if (batches0 < 0) batches0 = batches;
+                        unequal_batches += drop_last && batches != batches0;
+                        for (int i = 0; i < got; i++) {
+                            int pos = rank + i * world;
+                            if (shard[i] < 0 || shard[i] >= n || pos >= n) { misplaced++; continue; }
+                            seen[shard[i]]++;
+                            interleaved[pos] = shard[i];
+                        }
+                        covered += got;
+                        if (epoch == 0 && rank == 0) {
+                            memcpy(first_epoch_rank0, shard, (size_t)got * sizeof(int32_t));
+                            first_len = got;
+                        } else if (rank == 0) {
+                            CHECK_MSG(memcmp(first_epoch_rank0, shard, (size_t)got * sizeof(int32_t)),
+                                      "world %d: epoch 1 repeats epoch 0's shard", world);
+                            CHECK(got == first_len);
+                        }
+                    }
+                    int twice = 0;
+                    for (int i = 0; i < n; i++) twice += seen[i] > 1;
+                    CHECK_MSG(twice == 0, "world %d: %d samples on more than one rank", world, twice);
+                    /* With batch 1 nothing is dropped but the cut: the shards cover it exactly,
+                     * and interleaved they are the world-1 permutation's prefix. */
+                    if (batch == 1) {
+                        CHECK_MSG(covered == cut, "world %d drop_last %d: %d covered, not %d", world,
+                                  drop_last, covered, cut);
+                        misplaced += memcmp(interleaved, whole, (size_t)cut * sizeof(int32_t)) != 0;
+                    } else {
+                        for (int rank = 0; rank < world; rank++) {
+                            int batches;
+                            int got = shard_indices(&d, cfg, rank, world, epoch, shard, &batches);
+                            for (int i = 0; i < got; i++) misplaced += shard[i] != whole[rank + i * world];
+                        }
+                    }
+                }
+                CHECK_MSG(misplaced == 0, "world %d drop_last %d batch %d: %d misplaced", world,
+                          drop_last, batch, misplaced);
+                CHECK(unequal_batches == 0);
+            }
+    free(whole);
+    free(interleaved);
+    free(shard);
+    free(first_epoch_rank0);
+    free(seen);
+    dataset_free(&d);
+}
+
+/* A rank's images are the world-1 images of the same samples, augmentation
+ * included (it is drawn from the sample's index); world 0 and 1 are the same. */
+static void test_distributed_same_augmentation(void) {
+    Dataset d;
+    synthetic_make(&d, 90, 3, 12, 12, 10, test_seed());
+    LoaderConfig cfg = augmenting_config(10, 2);
+    size_t sample = (size_t)3 * 20 * 18;
+    Recording whole = record_epochs(&d, &cfg, 1);
+    cfg.world = 1;
+    Recording one = record_epochs(&d, &cfg, 1);
+    CHECK(one.batches == whole.batches &&
+          memcmp(one.images, whole.images, (size_t)90 * sample * sizeof(float)) == 0);
+    recording_free(&one);
+    const int world = 4;
+    int mismatched = 0;
+    for (int rank = 0; rank < world; rank++) {
+        cfg.rank = rank;
+        cfg.world = world;
+        Recording r = record_epochs(&d, &cfg, 1);
+        int samples = 0;
+        for (int b = 0; b < r.batches; b++) samples += r.sizes[b];
+        CHECK(samples == (90 - rank + world - 1) / world);
+        for (int i = 0; i < samples; i++) {
+            size_t pos = (size_t)rank + (size_t)i * world;
+            mismatched += memcmp(r.images + i * sample, whole.images + pos * sample,
+                                 sample * sizeof(float)) != 0 ||
+                          r.labels[i] != whole.labels[pos];
+        }
+        recording_free(&r);
+    }
+    CHECK(mismatched == 0);
+    recording_free(&whole);
+    dataset_free(&d);
+}
+
 /* Many small batches through a shallow ring with many workers, abandoned
  * epochs and held batches mixed in. */
 static void test_stress(int prefetch, int raw) {
@@ -538,6 +678,8 @@ int main(void) {
     test_hold_whole_ring();
     test_destroy_mid_epoch();
     test_restart_mid_epoch();
+    test_distributed_shards();
+    test_distributed_same_augmentation();
     test_stress(2, 0);
     test_stress(1, 0);
     test_raw_same_any_worker_count();

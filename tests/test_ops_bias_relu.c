@@ -29,7 +29,7 @@ static void check_cpu_by_hand(void) {
  * window's first maximum (the 3 at column 1) takes dy; the second window's
  * maximum is 0, which the ReLU passes no gradient through. */
 static void check_pool_relu_by_hand(void) {
-    Pool2dShape s = {1, 1, 2, 4};
+    Pool2dShape s = {.n = 1, .c = 1, .h = 2, .w = 4};
     const float x[8] = {1, 3, 0, -1, 3, 2, -2, -3}, dy[2] = {5, 7};
     const float want[8] = {0, 5, 0, 0, 0, 0, 0, 0};
     float dx[8];
@@ -39,7 +39,7 @@ static void check_pool_relu_by_hand(void) {
 
 /* Values from a small set, so windows tie and hold zeros and negatives. */
 static void check_pool_relu_gpu(DType dt, int n, int c, int h, int w, uint64_t *rng, cudaStream_t s) {
-    Pool2dShape shape = {n, c, h, w};
+    Pool2dShape shape = {.n = n, .c = c, .h = h, .w = w};
     size_t nx = (size_t)n * c * h * w, ny = nx / 4, esize = dtype_size(dt);
     float *x = malloc(nx * sizeof(float)), *dy = malloc(ny * sizeof(float));
     float *want = malloc(nx * sizeof(float)), *got = malloc(nx * sizeof(float));

@@ -487,11 +487,11 @@ typedef struct {
 static double pool_loss(void *ctx) {
     PoolLoss *p = ctx;
     maxpool2x2_forward_cpu(p->s, p->x, p->y);
-    return weighted_sum(p->y, p->r, (size_t)p->s->n * p->s->c * (p->s->h / 2) * (p->s->w / 2));
+    return weighted_sum(p->y, p->r, (size_t)p->s->n * p->s->c * pool2d_out_h(p->s) * pool2d_out_w(p->s));
 }
 
 static void test_maxpool_gradients(const Pool2dShape *s) {
-    size_t nx = (size_t)s->n * s->c * s->h * s->w, ny = nx / 4;
+    size_t nx = (size_t)s->n * s->c * s->h * s->w, ny = (size_t)s->n * s->c * pool2d_out_h(s) * pool2d_out_w(s);
     /* distinct values 0.05 apart: the perturbation (0.01) never changes an argmax */
     PoolLoss p = {s, shuffled_distinct(nx, 0.05f), floats(ny), random_floats(ny, -1, 1)};
     float *dx = floats(nx);
@@ -501,7 +501,8 @@ static void test_maxpool_gradients(const Pool2dShape *s) {
     double *num = malloc(sizeof(double) * nx);
     numeric_gradient(p.x, nx, 1e-2f, pool_loss, &p, num);
     char what[120];
-    snprintf(what, sizeof what, "maxpool %dx%dx%dx%d dx", s->n, s->c, s->h, s->w);
+    snprintf(what, sizeof what, "maxpool %dx%dx%dx%d window %d stride %d pad %d dx", s->n, s->c, s->h, s->w,
+             pool2d_window(s), pool2d_stride(s), s->pad);
     check_gradient(what, dx, num, nx);
     free(p.x), free(p.y), free(p.r), free(dx), free(num);
 }
@@ -509,8 +510,11 @@ static void test_maxpool_gradients(const Pool2dShape *s) {
 static void test_maxpool(void) {
     test_maxpool_hand();
     Pool2dShape a = {.n = 2, .c = 3, .h = 6, .w = 8}, b = {.n = 1, .c = 2, .h = 10, .w = 4};
+    /* ResNet's ImageNet stem: 3x3 windows, stride 2, padding 1, overlapping */
+    Pool2dShape c = {.n = 2, .c = 2, .h = 7, .w = 8, .k = 3, .stride = 2, .pad = 1};
     test_maxpool_gradients(&a);
     test_maxpool_gradients(&b);
+    test_maxpool_gradients(&c);
 }
 
 /* ---- linear ------------------------------------------------------------------ */

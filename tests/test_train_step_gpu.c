@@ -48,7 +48,7 @@ int main(void) {
     CUDA_CHECK(cudaMemcpy(lr_dev, &lr, sizeof lr, cudaMemcpyHostToDevice));
     memcpy(model_input_buffer(&cpu), x, in_n * sizeof(float));
     CUDA_CHECK(cudaMemcpy(model_input_buffer(&dev), x, in_n * sizeof(float), cudaMemcpyHostToDevice));
-    SgdParams sgd = {0.9f, 5e-4f, 1};
+    SgdParams sgd = {.momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = 1};
 
     /* Two steps, so momentum is exercised too. */
     for (int step = 0; step < 2; step++) {

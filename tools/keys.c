@@ -58,18 +58,31 @@ const CfgKeySpec trainc_keys[] = {
     {"data.resident", CFG_BOOL, "off", 0,
      "train on one batch kept on the device: the step's throughput without the input pipeline"},
 
-    {"model.name", CFG_ENUM, "simplenet", "simplenet", "the net to train"},
+    {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50",
+     "the net to train; a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
+     "stem (7x7 stride 2, 3x3 max-pool) from 128 on"},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set"},
     {"model.fuse", CFG_BOOL, "off", 0,
      "each convolution adds its bias and the ReLU after it in one pass over its output, and a max-pool "
-     "after that ReLU does the ReLU's backward in its own (GPU)"},
+     "after that ReLU does the ReLU's backward in its own; a ReLU after batch norm or a residual add runs "
+     "in their pass (GPU)"},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions"},
 
-    {"optim.lr", CFG_FLOAT, "0.01", 0, "learning rate"},
+    {"optim.lr", CFG_FLOAT, "0.01", 0,
+     "learning rate of the global batch (train.batch x memory.accumulate x ranks); never rescaled by trainc"},
     {"optim.momentum", CFG_FLOAT, "0.9", 0, "SGD momentum"},
     {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum"},
     {"optim.weight_decay", CFG_FLOAT, "0", 0, "L2 weight decay"},
+    {"optim.decay_bn_bias", CFG_BOOL, "on", 0, "off: weight decay leaves out biases and batch-norm parameters"},
+    {"optim.schedule", CFG_ENUM, "constant", "constant|cosine|onecycle",
+     "learning rate per optimizer step, computed on the device: constant; cosine from optim.lr to "
+     "optim.final_lr after a linear warm-up; onecycle as PyTorch's OneCycleLR (warm-up = its pct_start)"},
+    {"optim.warmup_epochs", CFG_FLOAT, "0", 0,
+     "linear learning-rate warm-up from optim.lr x 0.1 over this many epochs (cosine, onecycle)"},
+    {"optim.final_lr", CFG_FLOAT, "0", 0, "where the cosine schedule ends"},
+    {"optim.label_smoothing", CFG_FLOAT, "0", 0,
+     "cross-entropy against (1 - e) x one-hot + e / classes (PyTorch's label_smoothing)"},
 
     {"precision.tf32", CFG_BOOL, "off", 0,
      "let fp32 convolutions and matrix products use TF32 tensor cores (PyTorch's default for cuDNN)"},
@@ -97,7 +110,13 @@ const CfgKeySpec trainc_keys[] = {
     {"perf.cuda_graph", CFG_BOOL, "off", 0,
      "capture the step (forward, loss, backward, optimizer) once as a CUDA graph and replay it"},
 
-    {"train.batch", CFG_INT, "32", 0, "samples per micro-batch (train.batch x memory.accumulate per step)"},
+    {"dist.bucket_mb", CFG_INT, "25", 0,
+     "data-parallel (mpirun): gradients are all-reduced in buckets of this many MiB, each as soon as backward "
+     "has finished it (0: one bucket after backward)"},
+    {"dist.allreduce_dtype", CFG_ENUM, "auto", "auto|fp32|fp16|bf16",
+     "data-parallel: the type gradients travel in; auto: their own (fp32, or precision.amp's half type)"},
+
+    {"train.batch", CFG_INT, "32", 0, "samples per micro-batch and rank (train.batch x memory.accumulate x ranks per step)"},
     {"train.sync_after_step", CFG_BOOL, "on", 0, "wait for the device after every step (the lab's baseline)"},
     {"train.read_loss_every", CFG_INT, "1", 0,
      "copy the loss to the host every N steps (a host sync each time); 0: only when logging"},

@@ -91,6 +91,18 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
     t->sgd.nesterov = config_bool(cfg, "optim.nesterov");
+    const char *schedule = config_str(cfg, "optim.schedule");
+    t->schedule.kind = strcmp(schedule, "cosine") == 0 ? LR_COSINE : strcmp(schedule, "onecycle") == 0 ? LR_ONECYCLE
+                     : LR_CONSTANT;
+    t->warmup_epochs = (float)config_float(cfg, "optim.warmup_epochs");
+    t->schedule.final_lr = (float)config_float(cfg, "optim.final_lr");
+    t->label_smoothing = (float)config_float(cfg, "optim.label_smoothing");
+    require(t->warmup_epochs >= 0 && t->warmup_epochs <= t->epochs, "optim.warmup_epochs",
+            "must be between 0 and run.epochs");
+    require(t->schedule.final_lr >= 0, "optim.final_lr", "must be 0 or positive");
+    require(t->label_smoothing >= 0 && t->label_smoothing < 1, "optim.label_smoothing", "must be in [0, 1)");
+    require(t->schedule.kind != LR_CONSTANT || t->warmup_epochs == 0, "optim.warmup_epochs",
+            "needs optim.schedule = cosine or onecycle");
 
     require(t->batch >= 1 && t->batch <= 1 << 20, "train.batch", "must be between 1 and 1048576");
     require(t->epochs >= 1, "run.epochs", "must be at least 1");
@@ -119,7 +131,17 @@ static void read_settings(Trainer *t, const Config *cfg) {
      * with lr/k, weight decay k*wd and momentum as usual takes exactly the step
      * of SGD on g with lr and wd (the momentum buffer holds k times its value). */
     t->lr /= (float)t->accumulate;
+    t->schedule.final_lr /= (float)t->accumulate;
     t->sgd.weight_decay *= (float)t->accumulate;
+}
+
+/* The schedule in optimizer steps, once the epoch's length is known. */
+static void plan_schedule(Trainer *t, long steps_per_epoch) {
+    t->schedule.base_lr = t->lr;
+    t->schedule.total_steps = steps_per_epoch * t->epochs;
+    t->schedule.warmup_steps = (long)llround(t->warmup_epochs * (double)steps_per_epoch);
+    t->schedule.warmup_start_factor = 0.1f;
+    lr_schedule_check(&t->schedule);
 }
 
 void train_load_dataset(const Config *cfg, Dataset *d, int train) {
@@ -168,10 +190,13 @@ void train_loader_config(const Config *cfg, int train, LoaderConfig *lc) {
 static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int train) {
     LoaderConfig lc;
     train_loader_config(cfg, train, &lc);
+    lc.rank = t->dist->rank; /* each rank its shard of the same shuffle */
+    lc.world = t->dist->world;
     if (t->transform_on_gpu)
         gpu_transform_args_init(&t->transform_args, &lc.transform, d->c, d->h, d->w);
-    if (train && d->n < t->batch)
-        TC_FATAL("train.batch = %d is larger than the %d training images", t->batch, d->n);
+    if (train && d->n / t->dist->world < t->batch)
+        TC_FATAL("train.batch = %d is larger than the %d training images%s", t->batch, d->n / t->dist->world,
+                 t->dist->world > 1 ? " of this rank's shard" : "");
     return loader_create(d, &lc);
 }
 
@@ -206,6 +231,7 @@ static void carve_aux(Trainer *t, Arena *a) {
     t->labels = arena_alloc(a, t->batch * sizeof(int32_t), "labels");
     t->loss = arena_alloc(a, sizeof(float), "loss");
     t->lr_buf = arena_alloc(a, sizeof(float), "learning rate");
+    t->lr_step = arena_alloc(a, sizeof(int64_t), "learning-rate step");
     t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
     t->scaler = arena_alloc(a, sizeof(LossScalerState), "loss scaler");
     for (int s = 0; s < 2; s++) {
@@ -231,6 +257,7 @@ static void alloc_aux(Trainer *t) {
     t->scaler_seen = loss_scaler_initial(t->scale_init);
     if (t->use_gpu) {
         CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(t->lr_step, 0, sizeof(int64_t)));
         CUDA_CHECK(cudaMemcpy(t->scaler, &t->scaler_seen, sizeof t->scaler_seen, cudaMemcpyHostToDevice));
         for (int s = 0; s < 2; s++) {
             CUDA_CHECK(cudaEventCreateWithFlags(&t->staged[s], cudaEventDisableTiming));
@@ -238,6 +265,7 @@ static void alloc_aux(Trainer *t) {
         }
     } else {
         *t->lr_buf = t->lr;
+        *t->lr_step = 0;
         *t->scaler = t->scaler_seen;
     }
 }
@@ -330,9 +358,17 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
 
 /* ---- one step -------------------------------------------------------------- */
 
+/* Data-parallel: backward reports each layer's finished gradients, and every
+ * bucket they complete starts its all-reduce at once, under the rest of backward. */
+static void on_grads_ready(void *ctx, size_t first_ready) {
+    Trainer *t = ctx;
+    grad_buckets_ready(&t->buckets, first_ready, t->use_gpu ? t->gpu.compute : NULL);
+}
+
 /* Forward, loss and backward of one micro-batch; the first micro-batch of an
- * optimizer step zeroes the gradients, the others add to them. */
-static void micro_step(Trainer *t, int first) {
+ * optimizer step zeroes the gradients, the others add to them; the last one's
+ * backward starts the all-reduce (data-parallel). */
+static void micro_step(Trainer *t, int first, int last) {
     Model *m = &t->model;
     eager_mark(t, PH_FORWARD);
     if (first && t->use_gpu) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
@@ -342,13 +378,13 @@ static void micro_step(Trainer *t, int first) {
     /* The loss gradient is scaled under AMP only; fp32's scale is 1. A
      * non-finite loss marks the step bad as a non-finite gradient does. */
     if (t->use_gpu) {
-        softmax_xent_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes,
-                          t->amp != DTYPE_F32 ? &t->scaler->scale : NULL, t->loss, model_logits_grad(m),
-                          t->gpu.compute);
+        softmax_xent_smooth_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes,
+                                 t->label_smoothing, t->amp != DTYPE_F32 ? &t->scaler->scale : NULL, t->loss,
+                                 model_logits_grad(m), t->gpu.compute);
         loss_scaler_check_cuda(t->loss, DTYPE_F32, 1, t->scaler, t->gpu.compute);
     } else {
-        softmax_xent_cpu(model_logits(m), t->labels, t->batch, m->num_classes, NULL, t->loss,
-                         model_logits_grad(m));
+        softmax_xent_smooth_cpu(model_logits(m), t->labels, t->batch, m->num_classes, t->label_smoothing, NULL,
+                                t->loss, model_logits_grad(m));
         loss_scaler_check_cpu(t->loss, 1, t->scaler);
     }
     /* run.inject_nan_step (tests): poison the first element of the loss gradient. */
@@ -361,7 +397,14 @@ static void micro_step(Trainer *t, int first) {
     eager_mark(t, PH_BACKWARD);
     nvtxRangePushA("backward");
     if (first) model_zero_grads(m);
+    int all_reduce = last && t->dist->world > 1;
+    if (all_reduce) {
+        grad_buckets_begin(&t->buckets);
+        m->grads_ready = on_grads_ready;
+        m->grads_ready_ctx = t;
+    }
     model_backward(m);
+    m->grads_ready = NULL;
     nvtxRangePop();
 }
 
@@ -373,14 +416,25 @@ static void optimizer_step(Trainer *t) {
      * skipped (and under AMP the scale backs off), with no host sync (CUDA
      * graphs need that). In fp32 the scale is 1, and the unscaling multiplies
      * by exactly 1: sgd_step's math. */
+    if (t->dist->world > 1) {
+        nvtxRangePushA("allreduce");
+        grad_buckets_finish(&t->buckets, t->use_gpu ? t->gpu.compute : NULL);
+        nvtxRangePop();
+    }
+    /* Every rank sees the same averaged gradients; a non-finite loss on one
+     * rank must make all of them skip the step too. */
     if (t->use_gpu) {
+        if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
         loss_scaler_check_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, t->gpu.compute);
+        dist_allreduce_max_int32_device(t->dist, &t->scaler->found_inf, t->gpu.compute);
         sgd_step_mixed_cuda(m->params, m->grads, m->act_dtype, m->momentum,
                             m->weights == m->params ? NULL : m->weights, m->act_dtype, m->n_params,
                             t->lr_buf, t->scaler, t->sgd, t->gpu.compute);
         loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
     } else {
+        if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cpu(&t->schedule, t->lr_step, t->lr_buf);
         loss_scaler_check_cpu(m->grads, m->n_params, t->scaler);
+        t->scaler->found_inf = dist_any_host(t->dist, t->scaler->found_inf);
         sgd_step_mixed_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->scaler, t->sgd);
         loss_scaler_update_cpu(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval);
     }
@@ -394,7 +448,7 @@ static void optimizer_step(Trainer *t) {
 static void run_micro_batch(Trainer *t, int first, int last) {
     if (t->cuda_graph) phase_mark(t, PH_GRAPH); /* before any capture: the mark is no node of the graph */
     if (!t->cuda_graph || t->step == t->first_step) {
-        micro_step(t, first);
+        micro_step(t, first, last);
         if (last) optimizer_step(t);
         return;
     }
@@ -402,7 +456,7 @@ static void run_micro_batch(Trainer *t, int first, int last) {
     if (!*exec) {
         cudaGraph_t graph;
         CUDA_CHECK(cudaStreamBeginCapture(t->gpu.compute, cudaStreamCaptureModeThreadLocal));
-        micro_step(t, first);
+        micro_step(t, first, last);
         if (last) optimizer_step(t);
         CUDA_CHECK(cudaStreamEndCapture(t->gpu.compute, &graph));
         CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
@@ -436,12 +490,28 @@ void device_sync(Trainer *t) {
 
 /* ---- evaluation ------------------------------------------------------------ */
 
+/* Data-parallel: every rank evaluates with rank 0's batch-norm statistics
+ * (PyTorch's DDP broadcasts them too). */
+static void share_bn_stats(Trainer *t) {
+    Model *m = &t->model;
+    if (t->dist->world == 1 || !m->n_bn_stats) return;
+    float *stats = malloc(m->n_bn_stats * sizeof(float));
+    if (!stats) TC_FATAL("out of host memory: batch-norm statistics");
+    model_get_bn_stats(m, stats);
+    dist_bcast_host(t->dist, stats, m->n_bn_stats * sizeof(float), 0);
+    model_set_bn_stats(m, stats);
+    free(stats);
+}
+
+/* Each rank counts its shard of the test set; the counts are summed. */
 static double evaluate(Trainer *t, int epoch) {
     Model *m = &t->model;
     int correct = 0;
+    share_bn_stats(t);
     Batch b;
     nvtxRangePushA("evaluate");
     if (t->use_gpu) CUDA_CHECK(cudaMemsetAsync(t->correct, 0, sizeof(int), t->gpu.compute));
+    model_set_training(m, 0);
     loader_start_epoch(t->test_loader, epoch);
     while (loader_next(t->test_loader, &b)) {
         upload_sync(t, &b);
@@ -452,12 +522,15 @@ static double evaluate(Trainer *t, int epoch) {
         else
             correct += accuracy_count_cpu(model_logits(m), t->labels, t->batch, m->num_classes);
     }
+    model_set_training(m, 1);
     if (t->use_gpu) {
         CUDA_CHECK(cudaMemcpyAsync(&correct, t->correct, sizeof(int), cudaMemcpyDeviceToHost, t->gpu.compute));
         CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
     }
+    double total = correct;
+    dist_allreduce_sum_host_double(t->dist, &total, 1);
     nvtxRangePop();
-    return (double)correct / t->test_set.n;
+    return total / t->test_set.n;
 }
 
 /* ---- stopping: signals and bad steps --------------------------------------- */
@@ -474,6 +547,14 @@ static void on_stop_signal(int signo) {
         _exit(128 + signo);
     }
     stop_signal = signo;
+}
+
+/* A signal on any rank stops every rank at the same step (a collective, so
+ * every rank asks at the same points). */
+static int stop_requested(Trainer *t) {
+    int any = dist_any_host(t->dist, stop_signal != 0);
+    if (any && !stop_signal) stop_signal = SIGTERM;
+    return any;
 }
 
 static void install_stop_handlers(struct sigaction old[2]) {
@@ -591,13 +672,29 @@ static void log_phases(const Trainer *t, const TrainSummary *s) {
 void train_run(const Config *cfg, TrainSummary *out) { train_run_keep_params(cfg, out, NULL); }
 
 void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out) {
+    Dist solo;
+    dist_init_solo(&solo);
+    train_run_dist(cfg, out, params_out, &solo);
+}
+
+/* dist.allreduce_dtype: what the gradients travel as. */
+static DType allreduce_dtype(const Trainer *t, const Config *cfg) {
+    const char *v = config_str(cfg, "dist.allreduce_dtype");
+    DType d = strcmp(v, "fp32") == 0 ? DTYPE_F32 : strcmp(v, "fp16") == 0 ? DTYPE_F16
+            : strcmp(v, "bf16") == 0 ? DTYPE_BF16 : t->amp;
+    require(t->use_gpu || d == DTYPE_F32, "dist.allreduce_dtype", "must be auto or fp32 on the CPU");
+    return d;
+}
+
+void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
     Trainer trainer = {0}, *t = &trainer;
+    t->dist = dist;
     double run_start = now_seconds();
     memset(out, 0, sizeof *out);
     read_settings(t, cfg);
     if (t->profile_first && !t->use_gpu)
         log_warn("run.profile_steps: the CPU path has no CUDA profiler range; ignored");
-    prometheus_start(t);
+    if (dist->rank == 0) prometheus_start(t);
     struct sigaction old_handlers[2];
     install_stop_handlers(old_handlers);
     static int hook_registered;
@@ -609,6 +706,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     const char *resume_arg = config_str(cfg, "run.resume");
     if (resume_arg[0]) resume = open_resume(t, resume_arg);
     snprintf(out->name, sizeof out->name, "%s", config_str(cfg, "run.name"));
+    out->world = dist->world;
     snprintf(out->device, sizeof out->device, "%s", t->use_gpu ? "cuda" : "cpu");
     out->gpu_util = -1;
     out->test_acc = -1;
@@ -617,8 +715,10 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         int devices = gpu_count();
         int ordinal = (int)config_int(cfg, "run.gpu");
         if (devices == 0) TC_FATAL("run.device = cuda but no GPU is visible (use --device cpu)");
+        if (dist->world > 1) ordinal = dist->local_rank; /* one GPU per rank of this host */
         require(ordinal >= 0 && ordinal < devices, "run.gpu", "names no visible GPU");
         gpu_context_init(&t->gpu, ordinal);
+        if (dist->world > 1 && !dist->nccl) dist_init_nccl(dist, ordinal);
         snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->gpu.prop.name);
         t->monitor = gpu_monitor_start(ordinal, 0.1);
     }
@@ -649,10 +749,19 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     t->model.fuse = config_bool(cfg, "model.fuse");
     require(!t->model.fuse || t->use_gpu, "model.fuse", "= on needs run.device = cuda");
     t->model.act_dtype = t->amp;
+    t->model.no_decay_bn_bias = !config_bool(cfg, "optim.decay_bn_bias");
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     if (t->use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);
+    t->sgd.decay_mask = t->model.decay_mask;
+    if (dist->world > 1) {
+        require(config_int(cfg, "dist.bucket_mb") >= 0, "dist.bucket_mb", "must be 0 (one bucket) or positive");
+        grad_buckets_init(&t->buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
+                          (size_t)config_int(cfg, "dist.bucket_mb") << 20, allreduce_dtype(t, cfg));
+        log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d",
+                 dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate);
+    }
     log_info("model: %s, %zu parameters, %.1f MiB on %s", config_str(cfg, "model.name"),
              t->model.n_params, model_bytes(&t->model) / 1048576.0, out->device);
     CkptPosition start = {0, 0, 0};
@@ -665,7 +774,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     t->train_loader = make_loader(t, cfg, &t->train_set, 1);
     if (t->eval) t->test_loader = make_loader(t, cfg, &t->test_set, 0);
     const char *metrics_path = config_str(cfg, "run.metrics_file");
-    if (metrics_path[0]) {
+    if (metrics_path[0] && dist->rank == 0) {
         t->metrics = fopen(metrics_path, "a");
         if (!t->metrics) TC_FATAL("run.metrics_file: cannot open %s for appending", metrics_path);
         fatal_metrics = t->metrics;
@@ -677,6 +786,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     if (steps_per_epoch == 0)
         TC_FATAL("memory.accumulate = %d micro-batches of train.batch = %d is more than an epoch of %d images",
                  t->accumulate, t->batch, t->train_set.n);
+    plan_schedule(t, steps_per_epoch);
     t->total_steps = (long)steps_per_epoch * t->epochs;
     if (t->max_steps && t->max_steps < t->total_steps) t->total_steps = t->max_steps;
     phases_init(t);
@@ -697,7 +807,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
         loader_start_epoch(t->train_loader, epoch);
         if (epoch == start.epoch && start.epoch_micro) epoch_micro = skip_batches(t, (long)start.epoch_micro);
         for (;;) {
-            if (stop_signal) { why = STOP_SIGNAL; break; } /* here micro is 0: between optimizer steps */
+            if (micro == 0 && stop_requested(t)) { why = STOP_SIGNAL; break; } /* between optimizer steps */
             if (t->max_steps && t->step >= t->max_steps) { why = STOP_MAX_STEPS; break; }
             if (epoch_micro == (long)steps_per_epoch * t->accumulate) break;
             if (micro == 0 && window_start < 0 && t->step >= t->warmup_steps) {
@@ -783,6 +893,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     out->steps = t->step;
     out->timed_steps = timed_samples / ((long)t->batch * t->accumulate);
     out->samples_per_s = timed_s > 0 ? timed_samples / timed_s : 0;
+    dist_allreduce_sum_host_double(dist, &out->samples_per_s, 1); /* every rank's, together */
     out->step_ms = out->timed_steps ? 1000 * timed_s / out->timed_steps : 0;
     out->epoch_s = out->epochs ? epoch_s_sum / out->epochs : 0;
     out->data_wait_frac = timed_s > 0 ? timed_wait_s / timed_s : 0;
@@ -825,6 +936,7 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     for (int first = 0; first < 2; first++)
         for (int last = 0; last < 2; last++)
             if (t->graphs[first][last]) CUDA_CHECK(cudaGraphExecDestroy(t->graphs[first][last]));
+    if (dist->world > 1) grad_buckets_free(&t->buckets);
     gpu_monitor_record_to(t->monitor, NULL, 0, 0);
     if (t->metrics) fclose(t->metrics);
     fatal_metrics = NULL;
@@ -865,7 +977,8 @@ static void json_string(FILE *f, const char *v) {
 }
 
 void train_summary_print_json(const TrainSummary *s, FILE *f) {
-    fprintf(f, "{\"name\": \"%s\", \"device\": \"%s\", \"gpu\": \"%s\", ", s->name, s->device, s->gpu_name);
+    fprintf(f, "{\"name\": \"%s\", \"device\": \"%s\", \"gpu\": \"%s\", \"world\": %d, ", s->name, s->device,
+            s->gpu_name, s->world);
     fprintf(f, "\"steps\": %ld, \"timed_steps\": %ld, \"epochs\": %d, ", s->steps, s->timed_steps, s->epochs);
     json_number(f, "samples_per_s", s->samples_per_s, 0);
     json_number(f, "step_ms", s->step_ms, 0);

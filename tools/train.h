@@ -8,16 +8,18 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "dist/dist.h"
 #include "runtime/config.h"
 
 typedef struct {
     char name[128];
+    int world;              /* data-parallel ranks (1: one process) */
     char device[16];
     char gpu_name[256];
     long steps;             /* optimizer steps taken */
     long timed_steps;       /* steps inside the throughput window */
     int epochs;             /* epochs completed */
-    double samples_per_s;   /* over the timed steps */
+    double samples_per_s;   /* over the timed steps, all ranks together */
     double step_ms;         /* mean wall time of a timed step */
     double epoch_s;         /* mean wall time of an epoch's training (evaluation excluded) */
     double data_wait_frac;  /* share of the timed window spent waiting for the loader */
@@ -52,6 +54,10 @@ typedef struct {
 void train_run(const Config *cfg, TrainSummary *out);
 /* The same, and *params_out gets a malloc'ed copy of the final parameters. */
 void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out);
+/* One rank of a data-parallel run (dist from dist_init; world 1 is a plain
+ * run). Every rank returns the same summary; only rank 0 writes checkpoints
+ * and the metrics file. */
+void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist);
 void train_summary_print_json(const TrainSummary *s, FILE *f);
 
 /* Loads the training (train = 1) or test split that the data.* keys name. */

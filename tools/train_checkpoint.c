@@ -9,6 +9,7 @@
  *   params       n_params fp32 master weights
  *   momentum     n_params fp32
  *   loss_scaler  LossScalerState
+ *   bn_stats     n_bn_stats fp32: batch norms' running statistics (nets that have them)
  * The loader draws every order and augmentation from run.seed, the epoch and
  * the sample's index, so the position is all of the RNG state there is. */
 typedef struct {
@@ -120,6 +121,12 @@ static void rotate_checkpoints(Trainer *t) {
 int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) {
     char path[4200], err[4400];
     if (t->last_checkpoint_step == t->step && t->last_checkpoint[0]) return 0; /* this state is saved */
+    if (t->dist->rank != 0) {
+        /* Rank 0 writes; every rank holds the same weights. */
+        checkpoint_path(t->last_checkpoint, sizeof t->last_checkpoint, t->checkpoint_dir, t->step);
+        t->last_checkpoint_step = t->step;
+        return 0;
+    }
     if (mkdir_p(t->checkpoint_dir) != 0) {
         log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->checkpoint_dir,
                  strerror(errno), t->step);
@@ -146,11 +153,16 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
         scaler = *t->scaler;
     }
     int rc = -1;
-    CkptWriter *w = ckpt_write_begin(path, 6, err, sizeof err);
+    size_t stat_bytes = m->n_bn_stats * sizeof(float);
+    float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
+    if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
+    model_get_bn_stats(m, stats);
+    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 7 : 6, err, sizeof err);
     if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, sizeof err) == 0 &&
         ckpt_write_section(w, "position", &pos, sizeof pos, err, sizeof err) == 0 &&
         ckpt_write_section(w, "data", &data, sizeof data, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) == 0) {
+        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) == 0 &&
+        (!stat_bytes || ckpt_write_section(w, "bn_stats", stats, stat_bytes, err, sizeof err) == 0)) {
         model_get_params(m, host);
         if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
             model_get_momentum(m, host);
@@ -162,6 +174,7 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
     }
     if (w) ckpt_write_abort(w);
     free(host);
+    free(stats);
     nvtxRangePop();
     if (rc != 0) {
         log_warn("checkpoint at step %ld not written: %s", t->step, err);
@@ -259,11 +272,22 @@ CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
         TC_FATAL("run.resume: %s", err);
     model_set_momentum(&t->model, host);
     free(host);
+    if (t->model.n_bn_stats) {
+        size_t stat_bytes = t->model.n_bn_stats * sizeof(float);
+        float *stats = malloc(stat_bytes);
+        if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
+        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0) TC_FATAL("run.resume: %s", err);
+        model_set_bn_stats(&t->model, stats);
+        free(stats);
+    }
     if (t->amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
     t->scaler_seen = scaler;
     if (t->use_gpu) CUDA_CHECK(cudaMemcpy(t->scaler, &scaler, sizeof scaler, cudaMemcpyHostToDevice));
     else *t->scaler = scaler;
     t->step = t->first_step = t->seen_step = (long)pos.step;
+    int64_t lr_step = pos.step; /* the schedule goes on from the checkpoint's step */
+    if (t->use_gpu) CUDA_CHECK(cudaMemcpy(t->lr_step, &lr_step, sizeof lr_step, cudaMemcpyHostToDevice));
+    else *t->lr_step = lr_step;
     t->seen_bad_total = scaler.skipped_steps;
     snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
     t->last_checkpoint_step = t->step;

@@ -7,6 +7,9 @@
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
  * find-batch doubles train.batch over child runs to find the fastest size
  * (tools/find_batch.c).
+ * Under mpirun (or srun) each process is one rank of a data-parallel run on
+ * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
+ * the summary.
  * The last line of output is one JSON object summing up the run. SIGINT or
  * SIGTERM stops a run after its current step with a checkpoint, exit status
  * 128 + signal and a line saying how to resume. */
@@ -14,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/dist.h"
+#include "runtime/check.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "tools/bench_loader.h"
@@ -85,11 +90,15 @@ static void print_stopped(const TrainSummary *s, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    Dist dist;
+    dist_init(&dist); /* first: its fatal hook must run after every other */
     Config *cfg = config_new(trainc_keys, trainc_n_keys);
     const char *config_path = NULL;
     int print_config = 0, bench_loader = 0;
     char err[1024];
 
+    if (dist.world > 1 && argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0))
+        TC_FATAL("%s runs in one process, not under mpirun", argv[1]);
     if (argc > 1 && strcmp(argv[1], "find-batch") == 0) {
         config_free(cfg);
         return find_batch_main(argc - 1, argv + 1);
@@ -149,10 +158,14 @@ int main(int argc, char **argv) {
         config_free(cfg);
         return rc;
     }
+    if (dist.rank != 0) log_set_quiet(1); /* rank 0 tells the story; the others warn and fail */
     TrainSummary summary;
-    train_run(cfg, &summary);
-    if (summary.stop_signal[0]) print_stopped(&summary, argc, argv);
-    train_summary_print_json(&summary, stdout);
+    train_run_dist(cfg, &summary, NULL, &dist);
+    if (dist.rank == 0) {
+        if (summary.stop_signal[0]) print_stopped(&summary, argc, argv);
+        train_summary_print_json(&summary, stdout);
+    }
     config_free(cfg);
+    dist_finalize(&dist);
     return summary.exit_status;
 }

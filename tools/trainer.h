@@ -19,9 +19,12 @@
 #include "data/dataset.h"
 #include "data/gpu_transform.h"
 #include "data/loader.h"
+#include "dist/dist.h"
+#include "dist/grad_buckets.h"
 #include "models/model.h"
 #include "ops/accuracy.h"
 #include "ops/loss_scaler.h"
+#include "ops/lr_schedule.h"
 #include "ops/sgd.h"
 #include "ops/softmax_xent.h"
 #include "runtime/arena.h"
@@ -78,9 +81,13 @@ typedef struct {
     cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
     SgdParams sgd;
     float lr;
+    LrSchedule schedule;      /* kind LR_CONSTANT: lr_buf keeps optim.lr */
+    float warmup_epochs, label_smoothing;
 
     GpuContext gpu;
     GpuMonitor *monitor;
+    Dist *dist;               /* world 1: a plain run */
+    GradBuckets buckets;      /* world > 1: the gradient all-reduce */
     Model model;
     Dataset train_set, test_set;
     Loader *train_loader, *test_loader;
@@ -92,6 +99,7 @@ typedef struct {
     int32_t *labels;
     float *loss;
     float *lr_buf;
+    int64_t *lr_step;         /* the schedule's step counter, on the device beside lr_buf */
     int *correct;
     int32_t *host_labels;     /* a batch of labels padded with -1 (host) */
     float *staging_images[2];  /* async copies of float batches */

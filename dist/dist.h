@@ -1,0 +1,63 @@
+/* The process group of a data-parallel run: one process per GPU, started by
+ * mpirun or srun. MPI carries the set-up and the small host collectives
+ * (metrics, stop flags); NCCL carries the gradients. A plain run (no launcher
+ * in the environment) is world 1 and touches neither: every collective is then
+ * a no-op. dist/ takes plain pointers, counts and dtypes; it knows nothing of
+ * models or configs. */
+#ifndef TRAINC_DIST_H
+#define TRAINC_DIST_H
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int rank, world;             /* in the whole job */
+    int local_rank, local_world; /* among the processes of this host */
+    int mpi;                     /* MPI was initialised by us (and is finalised by us) */
+    int device;                  /* the GPU of dist_init_nccl; -1 before it */
+    ncclComm_t nccl;             /* NULL while world == 1 or before dist_init_nccl */
+    cudaStream_t comm_stream;    /* highest priority, non-blocking; NULL without NCCL */
+} Dist;
+
+/* Detects a launch by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK) or srun
+ * (SLURM_NTASKS > 1 with SLURM_PROCID) and then initialises MPI; otherwise world
+ * is 1 and MPI is never touched. With world > 1 a fatal error on any rank
+ * (tc_fatal) makes every rank exit, and log lines start with the rank. Call it
+ * first in main, before other tc_on_fatal hooks are registered: hooks run in
+ * reverse order, so theirs then run before the job is aborted. */
+void dist_init(Dist *d);
+/* World 1 without looking at the environment: a run inside another program. */
+void dist_init_solo(Dist *d);
+/* Binds this process to 'device' (usually d->local_rank) and, with world > 1,
+ * makes the NCCL communicator (rank 0's unique id broadcast over MPI) and the
+ * comm stream. */
+void dist_init_nccl(Dist *d, int device);
+/* Destroys the communicator and stream; finalises MPI when dist_init started it. */
+void dist_finalize(Dist *d);
+/* Makes every rank exit with 'code' (MPI_Abort); without MPI just this one. */
+void dist_abort(Dist *d, int code) __attribute__((noreturn));
+
+/* Host collectives over MPI; all ranks must call them in the same order. */
+void dist_allreduce_sum_host_double(Dist *d, double *vals, int n);
+void dist_bcast_host(Dist *d, void *buf, size_t bytes, int root);
+void dist_barrier(Dist *d);
+/* Logical OR of flag over the ranks: a stop asked for on one rank stops all
+ * ranks at the same step. */
+int dist_any_host(Dist *d, int flag);
+
+/* In place, the maximum over the ranks of one float on the device (the loss
+ * scaler's found-inf flag), ordered on 'stream'. No host sync and no
+ * allocation, so it may be captured in a CUDA graph. */
+void dist_allreduce_max_float_device(Dist *d, float *dev, cudaStream_t stream);
+void dist_allreduce_max_int32_device(Dist *d, int32_t *dev, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,198 @@
+#include "dist/grad_buckets.h"
+
+#include <mpi.h>
+#include <nvtx3/nvToolsExt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/dist_check.h"
+#include "dist/grad_cast.h"
+#include "runtime/check.h"
+#include "runtime/log.h"
+
+/* Buckets hold a multiple of this many elements (the last one cut, at the start of
+ * the buffer, may hold fewer). */
+#define BUCKET_ALIGN_ELEMENTS 256
+
+static int is_float_dtype(DType t) { return t == DTYPE_F32 || t == DTYPE_F16 || t == DTYPE_BF16; }
+
+static ncclDataType_t nccl_dtype(DType t) {
+    switch (t) {
+    case DTYPE_F16: return ncclFloat16;
+    case DTYPE_BF16: return ncclBfloat16;
+    default: return ncclFloat32;
+    }
+}
+
+static void check_arguments(const GradBuckets *b) {
+    if (!is_float_dtype(b->dtype) || !is_float_dtype(b->comm_dtype))
+        TC_FATAL("grad buckets: gradients %s sent as %s: both must be f32, f16 or bf16",
+                 dtype_name(b->dtype), dtype_name(b->comm_dtype));
+    if (b->n > 0 && !b->grads) TC_FATAL("grad buckets: %zu gradients but no buffer", b->n);
+    if (!b->on_device && (b->dtype != DTYPE_F32 || b->comm_dtype != DTYPE_F32))
+        TC_FATAL("grad buckets: on the host (no NCCL communicator) gradients must be f32 and sent "
+                 "as f32, not %s sent as %s", dtype_name(b->dtype), dtype_name(b->comm_dtype));
+    if (b->on_device && b->n > 0) {
+        struct cudaPointerAttributes attr;
+        CUDA_CHECK(cudaPointerGetAttributes(&attr, b->grads));
+        if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+            TC_FATAL("rank %d: grad buckets: with NCCL the gradients must be in device memory",
+                     b->dist->rank);
+    }
+}
+
+/* From the end of the buffer backwards, the order in which backward finishes them. */
+static void cut_buckets(GradBuckets *b, size_t bucket_bytes) {
+    size_t per = bucket_bytes / dtype_size(b->comm_dtype);
+    per = (per + BUCKET_ALIGN_ELEMENTS - 1) / BUCKET_ALIGN_ELEMENTS * BUCKET_ALIGN_ELEMENTS;
+    if (per == 0) per = BUCKET_ALIGN_ELEMENTS;
+    if (bucket_bytes == 0 || per > b->n) per = b->n;
+    b->n_buckets = b->n == 0 ? 0 : (int)((b->n + per - 1) / per);
+    b->buckets = calloc(b->n_buckets > 0 ? (size_t)b->n_buckets : 1, sizeof *b->buckets);
+    if (!b->buckets) TC_FATAL("grad buckets: out of memory");
+    size_t end = b->n;
+    for (int i = 0; i < b->n_buckets; i++) {
+        size_t count = end < per ? end : per;
+        b->buckets[i].first = end - count;
+        b->buckets[i].count = count;
+        end -= count;
+    }
+}
+
+static double mib(double bytes) { return bytes / 1048576.0; }
+
+static void log_volume(const GradBuckets *b) {
+    if (b->dist->rank != 0) return;
+    size_t largest = b->n_buckets > 0 ? b->buckets[0].count * dtype_size(b->comm_dtype) : 0;
+    log_info("grad buckets: %zu %s gradients sent as %s in %d buckets of up to %.3f MiB: "
+             "%.3f MiB all-reduced per step, %.3f MiB sent by each of %d ranks (ring)",
+             b->n, dtype_name(b->dtype), dtype_name(b->comm_dtype), b->n_buckets, mib(largest),
+             mib(b->step_bytes), mib(grad_buckets_wire_bytes(b)), b->dist->world);
+}
+
+void grad_buckets_init(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
+                       size_t bucket_bytes, DType comm_dtype) {
+    memset(b, 0, sizeof *b);
+    b->dist = d;
+    b->grads = grads;
+    b->dtype = dtype;
+    b->comm_dtype = comm_dtype;
+    b->n = n;
+    if (d->world == 1) return;
+    b->on_device = d->nccl != NULL;
+    check_arguments(b);
+    cut_buckets(b, bucket_bytes);
+    b->step_bytes = n * dtype_size(comm_dtype);
+    if (b->on_device) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&b->grads_ready, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&b->comm_done, cudaEventDisableTiming));
+        if (comm_dtype != dtype && n > 0)
+            CUDA_CHECK(cudaMalloc(&b->comm_buffer, n * dtype_size(comm_dtype)));
+    }
+    log_volume(b);
+}
+
+void grad_buckets_begin(GradBuckets *b) {
+    b->launched = 0;
+    b->pass_bytes = 0;
+    b->in_pass = 1;
+}
+
+static void *element(void *base, DType t, size_t i) { return (char *)base + i * dtype_size(t); }
+
+/* Buckets [from, to) on the device: fork the comm stream off compute, cast in,
+ * one NCCL group of averages, cast back. */
+static void launch_device(GradBuckets *b, int from, int to, cudaStream_t compute) {
+    Dist *d = b->dist;
+    cudaStream_t comm = d->comm_stream;
+    CUDA_CHECK(cudaEventRecord(b->grads_ready, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(comm, b->grads_ready, 0));
+    int cast = b->comm_buffer != NULL;
+    void *sent = cast ? b->comm_buffer : b->grads;
+    for (int i = from; i < to && cast; i++) {
+        const GradBucket *k = &b->buckets[i];
+        grad_cast_cuda(b->dtype, element(b->grads, b->dtype, k->first), b->comm_dtype,
+                       element(sent, b->comm_dtype, k->first), k->count, comm);
+    }
+    /* Grouped, the NCCL calls run as one launch after ncclGroupEnd: casts back
+     * must come after the group, not inside it. */
+    NCCL_CHECK(ncclGroupStart());
+    for (int i = from; i < to; i++) {
+        void *buf = element(sent, b->comm_dtype, b->buckets[i].first);
+        NCCL_CHECK(ncclAllReduce(buf, buf, b->buckets[i].count, nccl_dtype(b->comm_dtype),
+                                 ncclAvg, d->nccl, comm));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    for (int i = from; i < to && cast; i++) {
+        const GradBucket *k = &b->buckets[i];
+        grad_cast_cuda(b->comm_dtype, element(sent, b->comm_dtype, k->first), b->dtype,
+                       element(b->grads, b->dtype, k->first), k->count, comm);
+    }
+}
+
+/* Buckets [from, to) on the host, at once: sum over the ranks, divided by the world. */
+static void reduce_host(GradBuckets *b, int from, int to) {
+    const size_t piece = (size_t)1 << 30; /* MPI counts are ints */
+    float world = (float)b->dist->world;
+    for (int i = from; i < to; i++) {
+        float *g = (float *)b->grads + b->buckets[i].first;
+        size_t count = b->buckets[i].count;
+        for (size_t at = 0; at < count; at += piece) {
+            int n = (int)(count - at < piece ? count - at : piece);
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, g + at, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+        }
+        for (size_t j = 0; j < count; j++) g[j] /= world;
+    }
+}
+
+static void launch(GradBuckets *b, int to, cudaStream_t compute) {
+    int from = b->launched;
+    if (to <= from) return;
+    nvtxRangePushA("allreduce");
+    if (b->on_device) launch_device(b, from, to, compute);
+    else reduce_host(b, from, to);
+    nvtxRangePop();
+    for (int i = from; i < to; i++) b->pass_bytes += b->buckets[i].count * dtype_size(b->comm_dtype);
+    b->launched = to;
+}
+
+static void check_in_pass(const GradBuckets *b, const char *call) {
+    if (!b->in_pass)
+        TC_FATAL("rank %d: %s outside a backward pass: call grad_buckets_begin first", b->dist->rank,
+                 call);
+}
+
+void grad_buckets_ready(GradBuckets *b, size_t first_ready, cudaStream_t compute) {
+    if (b->dist->world == 1) return;
+    check_in_pass(b, "grad_buckets_ready");
+    if (first_ready > b->n)
+        TC_FATAL("rank %d: grad_buckets_ready(%zu) past the %zu gradients", b->dist->rank,
+                 first_ready, b->n);
+    int to = b->launched;
+    while (to < b->n_buckets && b->buckets[to].first >= first_ready) to++;
+    launch(b, to, compute);
+}
+
+void grad_buckets_finish(GradBuckets *b, cudaStream_t compute) {
+    if (b->dist->world == 1) return;
+    check_in_pass(b, "grad_buckets_finish");
+    launch(b, b->n_buckets, compute);
+    b->in_pass = 0;
+    if (b->on_device && b->n_buckets > 0) {
+        CUDA_CHECK(cudaEventRecord(b->comm_done, b->dist->comm_stream));
+        CUDA_CHECK(cudaStreamWaitEvent(compute, b->comm_done, 0));
+    }
+}
+
+void grad_buckets_free(GradBuckets *b) {
+    if (b->comm_buffer) CUDA_CHECK(cudaFree(b->comm_buffer));
+    if (b->grads_ready) CUDA_CHECK(cudaEventDestroy(b->grads_ready));
+    if (b->comm_done) CUDA_CHECK(cudaEventDestroy(b->comm_done));
+    free(b->buckets);
+    memset(b, 0, sizeof *b);
+}
+
+double grad_buckets_wire_bytes(const GradBuckets *b) {
+    int world = b->dist ? b->dist->world : 1;
+    return 2.0 * (world - 1) / world * (double)b->step_bytes;
+}

@@ -1,0 +1,84 @@
+/* The gradient all-reduce of data-parallel training, in buckets that overlap
+ * backward. The model keeps every parameter gradient in one flat buffer, and
+ * backward makes them from the end of the buffer toward the start (layers in
+ * reverse order). Buckets are contiguous ranges cut from the end backwards;
+ * once backward says that everything from some index on is final, each bucket
+ * lying wholly in that final part is averaged over the ranks on the comm
+ * stream while backward goes on with the earlier layers.
+ *
+ * GPU path (dist_init_nccl made a communicator): grads on the device, f32, f16
+ * or bf16; ncclAvg on Dist.comm_stream, forked from and joined back to the
+ * compute stream with events. All of begin / ready / finish may be captured in
+ * a CUDA graph on the compute stream: no host sync, no allocation after init.
+ * With comm_dtype != dtype each bucket is cast into a comm buffer (allocated at
+ * init, n elements of comm_dtype), averaged there and cast back: f32 grads sent
+ * as f16/bf16 halve the traffic; half grads sent as f32 keep the sum exact.
+ *
+ * CPU path (no communicator): grads are host floats (dtype and comm_dtype f32),
+ * averaged with MPI_Allreduce synchronously inside ready and finish.
+ *
+ * Every rank must make the same calls with the same first_ready values, so
+ * that the ranks launch the same buckets in the same order. The tests capture
+ * a pass only after eager ones have run (NCCL connects lazily).
+ *
+ * World 1: everything is a no-op. */
+#ifndef TRAINC_DIST_GRAD_BUCKETS_H
+#define TRAINC_DIST_GRAD_BUCKETS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+
+#include "dist/dist.h"
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    size_t first; /* index of its first gradient */
+    size_t count; /* gradients in it */
+} GradBucket;
+
+typedef struct {
+    Dist *dist;
+    void *grads;
+    DType dtype, comm_dtype;
+    size_t n;
+    int on_device;          /* NCCL over device grads; else MPI over host floats */
+    GradBucket *buckets;    /* buckets[0] ends at n and goes first; each next one ends
+                               where the one before starts; none when world is 1 */
+    int n_buckets;
+    int launched;           /* buckets[0 .. launched-1] are launched in this pass */
+    int in_pass;            /* between begin and finish */
+    void *comm_buffer;      /* device, n elements of comm_dtype; NULL when no cast */
+    cudaEvent_t grads_ready;/* recorded on compute, waited for on the comm stream */
+    cudaEvent_t comm_done;  /* recorded on the comm stream, waited for on compute */
+    size_t step_bytes;      /* all-reduced per step, in comm_dtype (0 in world 1) */
+    size_t pass_bytes;      /* launched so far in this pass */
+} GradBuckets;
+
+/* Cuts grads (n elements of dtype) into buckets of about bucket_bytes of
+ * comm_dtype each (0: one bucket); makes the comm buffer and events. Logs the
+ * per-step volume on rank 0. Needs dist_init_nccl first for the GPU path. */
+void grad_buckets_init(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
+                       size_t bucket_bytes, DType comm_dtype);
+/* A backward pass starts: nothing of it is launched yet. */
+void grad_buckets_begin(GradBuckets *b);
+/* Every gradient at index >= first_ready is final (ordered on 'compute'):
+ * launches each bucket lying wholly in [first_ready, n) not launched yet, all
+ * in one NCCL group. */
+void grad_buckets_ready(GradBuckets *b, size_t first_ready, cudaStream_t compute);
+/* Launches what is left, then makes 'compute' wait for the comm stream: after
+ * it, work on 'compute' sees the averaged gradients. */
+void grad_buckets_finish(GradBuckets *b, cudaStream_t compute);
+void grad_buckets_free(GradBuckets *b);
+
+/* Bytes each rank sends per step by a ring all-reduce: 2 (world - 1) / world
+ * of step_bytes. */
+double grad_buckets_wire_bytes(const GradBuckets *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

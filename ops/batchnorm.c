@@ -1,0 +1,132 @@
+#include "ops/batchnorm.h"
+
+#include <math.h>
+
+#include "runtime/check.h"
+
+static size_t plane_of(const BatchNormShape *s) {
+    if (s->n <= 0 || s->c <= 0 || s->h <= 0 || s->w <= 0)
+        TC_FATAL("batchnorm: bad shape n=%d c=%d h=%d w=%d", s->n, s->c, s->h, s->w);
+    return (size_t)s->h * s->w;
+}
+
+/* Element p of image i in channel c: NCHW. */
+#define AT(base, i, c, p) (base)[((size_t)(i) * s->c + (c)) * plane + (p)]
+
+static void forward_train(const BatchNormShape *s, const float *x, const float *gamma,
+                          const float *beta, float momentum, float eps, float *running_mean,
+                          float *running_var, float *save_mean, float *save_invstd, float *y,
+                          int relu) {
+    size_t plane = plane_of(s);
+    double m = (double)s->n * plane;
+    if (m < 2) TC_FATAL("batchnorm: training needs more than one value per channel");
+    for (int c = 0; c < s->c; c++) {
+        double sum = 0.0;
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++) sum += AT(x, i, c, p);
+        double mean = sum / m, sq = 0.0;
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++) {
+                double d = AT(x, i, c, p) - mean;
+                sq += d * d;
+            }
+        double var = sq / m, invstd = 1.0 / sqrt(var + eps);
+        if (save_mean) save_mean[c] = (float)mean;
+        if (save_invstd) save_invstd[c] = (float)invstd;
+        if (momentum != 0.0f && running_mean)
+            running_mean[c] = (float)((1.0 - momentum) * running_mean[c] + (double)momentum * mean);
+        if (momentum != 0.0f && running_var)
+            running_var[c] = (float)((1.0 - momentum) * running_var[c] +
+                                     (double)momentum * var * m / (m - 1.0));
+        double scale = invstd * gamma[c];
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++) {
+                float v = (float)((AT(x, i, c, p) - mean) * scale + beta[c]);
+                AT(y, i, c, p) = relu && v < 0.0f ? 0.0f : v;
+            }
+    }
+}
+
+static void forward_eval(const BatchNormShape *s, const float *x, const float *gamma,
+                         const float *beta, const float *running_mean, const float *running_var,
+                         float eps, float *y, int relu) {
+    size_t plane = plane_of(s);
+    for (int c = 0; c < s->c; c++) {
+        double scale = gamma[c] / sqrt((double)running_var[c] + eps);
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++) {
+                float v = (float)((AT(x, i, c, p) - (double)running_mean[c]) * scale + beta[c]);
+                AT(y, i, c, p) = relu && v < 0.0f ? 0.0f : v;
+            }
+    }
+}
+
+/* y NULL: no ReLU mask. */
+static void backward(const BatchNormShape *s, const float *x, const float *y, const float *dy,
+                     const float *gamma, const float *save_mean, const float *save_invstd,
+                     float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
+    size_t plane = plane_of(s);
+    double m = (double)s->n * plane;
+    for (int c = 0; c < s->c; c++) {
+        double mean = save_mean[c], invstd = save_invstd[c];
+        double sum_dy = 0.0, sum_dy_xhat = 0.0;
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++) {
+                double g = y && !(AT(y, i, c, p) > 0.0f) ? 0.0 : AT(dy, i, c, p);
+                sum_dy += g;
+                sum_dy_xhat += g * (AT(x, i, c, p) - mean) * invstd;
+            }
+        if (dbeta) dbeta[c] += (float)sum_dy;
+        if (dgamma) dgamma[c] += (float)sum_dy_xhat;
+        if (!dx) continue;
+        double factor = gamma[c] * invstd / m;
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++) {
+                double g = y && !(AT(y, i, c, p) > 0.0f) ? 0.0 : AT(dy, i, c, p);
+                double xhat = (AT(x, i, c, p) - mean) * invstd;
+                float v = (float)(factor * (m * g - sum_dy - xhat * sum_dy_xhat));
+                AT(dx, i, c, p) = accumulate_dx ? AT(dx, i, c, p) + v : v;
+            }
+    }
+}
+
+void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                 const float *beta, float momentum, float eps, float *running_mean,
+                                 float *running_var, float *save_mean, float *save_invstd,
+                                 float *y) {
+    forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                  save_invstd, y, 0);
+}
+
+void batchnorm_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                const float *beta, const float *running_mean,
+                                const float *running_var, float eps, float *y) {
+    forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, 0);
+}
+
+void batchnorm_backward_cpu(const BatchNormShape *s, const float *x, const float *dy,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
+    backward(s, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta);
+}
+
+void batchnorm_relu_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                      const float *beta, float momentum, float eps,
+                                      float *running_mean, float *running_var, float *save_mean,
+                                      float *save_invstd, float *y) {
+    forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                  save_invstd, y, 1);
+}
+
+void batchnorm_relu_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                     const float *beta, const float *running_mean,
+                                     const float *running_var, float eps, float *y) {
+    forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, 1);
+}
+
+void batchnorm_relu_backward_cpu(const BatchNormShape *s, const float *x, const float *y,
+                                 const float *dy, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dx, int accumulate_dx,
+                                 float *dgamma, float *dbeta) {
+    backward(s, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta);
+}

@@ -1,0 +1,715 @@
+/* Batch normalization on the GPU with our own kernels (why not cuDNN's: see
+ * batchnorm.h). Three kernels a call, all but the middle one memory-bound:
+ *
+ *   reduce:   grid (rows, channel groups). NCHW: block (r, c) sums its share of
+ *             channel c (the channel's n*h*w values taken as one sequence of
+ *             vectors, cut into 'rows' contiguous chunks). NHWC: the tensor is a
+ *             [n*h*w][c] matrix; block (r, g) takes chunk r of its rows and a
+ *             tile of up to 256 column vectors, 'height' threads per column, so
+ *             a warp reads contiguous memory. Each block writes its partial sums
+ *             of every channel it touched to the scratch.
+ *   finalize: a block per channel adds that channel's partial sums in a fixed
+ *             order, in double, and derives the statistics and four per-channel
+ *             coefficients (and adds dgamma, dbeta).
+ *   apply:    the reduce's grid, its chunks taken in reverse order so that the
+ *             first blocks find what the reduce read last still in L2; each
+ *             thread's channel (NCHW: the block's; NHWC: its column's) is
+ *             fixed, so its coefficients sit in registers:
+ *               forward   y  = (x - mean) * scale + shift           [relu]
+ *               backward  dx = a * dy' + b * (x - mean) + d  [+ dx]  (dy' = dy masked by y > 0 for relu)
+ *             with scale = gamma * invstd, shift = beta and
+ *               a = gamma * invstd, b = -gamma * invstd^3 * sum(dy' (x - mean)) / m,
+ *               d = -gamma * invstd * sum(dy') / m,
+ *             which is batchnorm.h's dx rearranged; x - mean is kept as such so
+ *             that a large mean does not cancel.
+ * Threads sum in fp32, each over a few dozen vectors, in a fixed order. The
+ * partial sums are 2 x rows x channels floats: NCHW takes many blocks per
+ * channel; NHWC, where every block touches every channel, few enough that each
+ * covers at least 64 rows and 16 per thread, so that the partials stay a small
+ * fraction of the tensor (1/16 of an f16 one at most, 1/128 at c = 64). */
+#include "ops/batchnorm.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "ops/dtype_cuda.cuh"
+#include "runtime/check.h"
+
+#define BN_THREADS 256
+/* Blocks of one reduction at most: several waves of 256-thread blocks on an
+ * H100 or H200 (132 SMs)... */
+#define BN_MAX_BLOCKS 2048
+/* ...each with at least this many elements (NCHW), so small tensors take few blocks. */
+#define BN_MIN_BLOCK_ELEMS 8192
+/* NHWC: each block takes at least this many rows of the [n*h*w][c] matrix, and
+ * at least BN_NHWC_ROWS_PER_THREAD per thread: the partial sums (two rows of c
+ * per block) stay small, and a thread's coefficients are loaded once for many
+ * vectors. */
+#define BN_NHWC_MIN_ROWS 64
+#define BN_NHWC_ROWS_PER_THREAD 16
+/* Vectors each thread loads before using them: bytes in flight. */
+#define BN_UNROLL 4
+/* n*h*w at most: per-channel indices stay 32-bit (fast division). */
+#define BN_MAX_COUNT (1u << 30)
+
+enum { BN_FWD, BN_BWD, BN_BWD_RELU };                   /* reductions */
+enum { BN_APPLY_FWD, BN_APPLY_FWD_RELU, BN_APPLY_BWD, BN_APPLY_BWD_RELU }; /* apply passes */
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) BnPack {
+    T v[N];
+};
+
+/* Everything a kernel may need, passed by value. */
+struct BnArgs {
+    const void *x, *y, *dy; /* y: the fused forward's output, for the ReLU mask */
+    void *out;              /* y (forward) or dx (backward) */
+    unsigned images, channels, plane, count; /* n, c, h*w, n*h*w */
+    unsigned rows;          /* partial sums per channel */
+    float *partials;        /* [2][rows][channels] */
+    float4 *coef;           /* [channels]: mean, then scale/shift/- or a/b/d */
+    /* forward statistics */
+    const float *gamma, *beta;
+    float momentum, eps;
+    float *running_mean, *running_var, *save_mean, *save_invstd;
+    /* eval */
+    const float *eval_mean, *eval_var;
+    /* backward */
+    const float *mean_in, *invstd_in;
+    void *dgamma, *dbeta;
+    int grad_dtype;
+    int accumulate;
+};
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* Blocks along a channel group: the reductions' grid x, fixed at init for the
+ * shape (the scratch holds rows x c partial sums). NHWC sizes it for the
+ * 16-byte vectors the aligned case runs with. */
+static unsigned bn_rows(const BatchNormShape *s, DType dtype, int nhwc) {
+    size_t count = (size_t)s->n * s->h * s->w, rows;
+    if (nhwc) {
+        size_t wide = 16 / dtype_size(dtype), vec = s->c % wide == 0 ? wide : 1;
+        size_t cols = s->c / vec, groups = ceil_div(cols, BN_THREADS);
+        size_t width = cols < BN_THREADS ? cols : BN_THREADS, height = BN_THREADS / width;
+        size_t per_block = height * BN_NHWC_ROWS_PER_THREAD;
+        if (per_block < BN_NHWC_MIN_ROWS) per_block = BN_NHWC_MIN_ROWS;
+        rows = ceil_div(count, per_block);
+        if (rows > BN_MAX_BLOCKS / groups) rows = BN_MAX_BLOCKS / groups;
+    } else {
+        size_t blocks = ceil_div(count * s->c, BN_MIN_BLOCK_ELEMS);
+        if (blocks > BN_MAX_BLOCKS) blocks = BN_MAX_BLOCKS;
+        rows = ceil_div(blocks, (size_t)s->c);
+        if (rows > count) rows = count;
+    }
+    return rows ? (unsigned)rows : 1;
+}
+
+/* ---- device helpers ---------------------------------------------------------- */
+
+static __device__ __forceinline__ float relu_f(float v) { return v < 0.0f ? 0.0f : v; }
+
+static __device__ __forceinline__ void add_grad(void *buf, int dtype, int c, float v) {
+    switch (dtype) {
+    case DTYPE_F16: {
+        __half *p = (__half *)buf + c;
+        *p = from_float<__half>(to_float(*p) + v);
+        break;
+    }
+    case DTYPE_BF16: {
+        __nv_bfloat16 *p = (__nv_bfloat16 *)buf + c;
+        *p = from_float<__nv_bfloat16>(to_float(*p) + v);
+        break;
+    }
+    default: ((float *)buf)[c] += v; break;
+    }
+}
+
+/* Block c: channel c's partial sums, thread t taking rows t, t + 256, ...,
+ * then a tree in shared memory (fixed order), in double; thread 0 derives the
+ * statistics and coefficients. */
+template <typename T, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_finalize(BnArgs a, int nhwc) {
+    __shared__ double sums1[BN_THREADS], sums2[BN_THREADS];
+    unsigned c = blockIdx.x, C = a.channels;
+    double s1 = 0.0, s2 = 0.0;
+    for (unsigned r = threadIdx.x; r < a.rows; r += BN_THREADS) {
+        s1 += a.partials[(size_t)r * C + c];
+        s2 += a.partials[((size_t)a.rows + r) * C + c];
+    }
+    sums1[threadIdx.x] = s1;
+    sums2[threadIdx.x] = s2;
+    __syncthreads();
+    for (int half = BN_THREADS / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) {
+            sums1[threadIdx.x] += sums1[threadIdx.x + half];
+            sums2[threadIdx.x] += sums2[threadIdx.x + half];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    s1 = sums1[0];
+    s2 = sums2[0];
+    double m = a.count;
+    if (MODE == BN_FWD) {
+        const T *x = (const T *)a.x;
+        double k = to_float(x[nhwc ? (size_t)c : (size_t)c * a.plane]);
+        double d = s1 / m, mean = k + d, var = s2 / m - d * d;
+        if (var < 0.0) var = 0.0;
+        double invstd = 1.0 / sqrt(var + (double)a.eps);
+        if (a.save_mean) a.save_mean[c] = (float)mean;
+        if (a.save_invstd) a.save_invstd[c] = (float)invstd;
+        if (a.momentum != 0.0f) {
+            double mom = a.momentum;
+            if (a.running_mean)
+                a.running_mean[c] = (float)((1.0 - mom) * a.running_mean[c] + mom * mean);
+            if (a.running_var)
+                a.running_var[c] = (float)((1.0 - mom) * a.running_var[c] + mom * var * m / (m - 1.0));
+        }
+        a.coef[c] = make_float4((float)mean, (float)(invstd * a.gamma[c]), a.beta[c], 0.0f);
+    } else {
+        double invstd = a.invstd_in[c], g = a.gamma[c];
+        if (a.dbeta) add_grad(a.dbeta, a.grad_dtype, c, (float)s1);
+        if (a.dgamma) add_grad(a.dgamma, a.grad_dtype, c, (float)(s2 * invstd));
+        a.coef[c] = make_float4(a.mean_in[c], (float)(g * invstd),
+                                (float)(-g * invstd * invstd * invstd * s2 / m),
+                                (float)(-g * invstd * s1 / m));
+    }
+}
+
+/* What one element adds to the two sums. k: the forward's shift, or the mean. */
+template <int MODE>
+static __device__ __forceinline__ void accumulate_element(float x, float dy, float y, float k,
+                                                          float &s1, float &s2) {
+    if (MODE == BN_FWD) {
+        float d = x - k;
+        s1 += d;
+        s2 += d * d;
+    } else {
+        float g = MODE == BN_BWD_RELU && !(y > 0.0f) ? 0.0f : dy;
+        s1 += g;
+        s2 += g * (x - k);
+    }
+}
+
+/* One element of the apply pass; coef = mean, then three per mode. */
+template <int MODE>
+static __device__ __forceinline__ float apply_element(float x, float dy, float y, float old,
+                                                      float mean, float p, float q, float r,
+                                                      int accumulate) {
+    if (MODE == BN_APPLY_FWD || MODE == BN_APPLY_FWD_RELU) {
+        float v = (x - mean) * p + q;
+        return MODE == BN_APPLY_FWD_RELU ? relu_f(v) : v;
+    }
+    float g = MODE == BN_APPLY_BWD_RELU && !(y > 0.0f) ? 0.0f : dy;
+    float v = p * g + q * (x - mean) + r;
+    return accumulate ? old + v : v;
+}
+
+/* ---- NCHW ------------------------------------------------------------------------- */
+
+/* Vector j of channel c's sequence (image j / plane_v, position j % plane_v). */
+static __device__ __forceinline__ size_t nchw_vector(unsigned j, unsigned plane_v, unsigned c,
+                                                     unsigned channels) {
+    unsigned image = j / plane_v;
+    return ((size_t)image * channels + c) * plane_v + (j - image * plane_v);
+}
+
+template <typename T, int VEC, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
+    using P = BnPack<T, VEC>;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    unsigned c = blockIdx.y, plane_v = a.plane / VEC, total = a.images * plane_v;
+    unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
+    unsigned lo = min(total, blockIdx.x * chunk), hi = min(total, lo + chunk);
+    float k = MODE == BN_FWD ? to_float(((const T *)a.x)[(size_t)c * a.plane]) : a.mean_in[c];
+    float s1 = 0.0f, s2 = 0.0f;
+    for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
+        P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            unsigned j = j0 + u * BN_THREADS;
+            if (j < hi) {
+                size_t at = nchw_vector(j, plane_v, c, a.channels);
+                xv[u] = x[at];
+                if (MODE != BN_FWD) gv[u] = dy[at];
+                if (MODE == BN_BWD_RELU) yv[u] = y[at];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++)
+            if (j0 + u * BN_THREADS < hi)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    accumulate_element<MODE>(to_float(xv[u].v[e]),
+                                             MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
+                                             MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
+                                             k, s1, s2);
+    }
+    /* block sum: warps by shuffles, then the warps in order */
+    __shared__ float warp_s1[BN_THREADS / 32], warp_s2[BN_THREADS / 32];
+    for (int offset = 16; offset > 0; offset /= 2) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, offset);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, offset);
+    }
+    if (threadIdx.x % 32 == 0) {
+        warp_s1[threadIdx.x / 32] = s1;
+        warp_s2[threadIdx.x / 32] = s2;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t1 = 0.0f, t2 = 0.0f;
+        for (int w = 0; w < BN_THREADS / 32; w++) {
+            t1 += warp_s1[w];
+            t2 += warp_s2[w];
+        }
+        a.partials[(size_t)blockIdx.x * a.channels + c] = t1;
+        a.partials[((size_t)gridDim.x + blockIdx.x) * a.channels + c] = t2;
+    }
+}
+
+template <typename T, int VEC, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
+    using P = BnPack<T, VEC>;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    P *out = (P *)a.out;
+    constexpr bool BWD = MODE == BN_APPLY_BWD || MODE == BN_APPLY_BWD_RELU;
+    unsigned c = blockIdx.y, C = a.channels, plane_v = a.plane / VEC, total = a.images * plane_v;
+    unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
+    unsigned lo = min(total, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(total, lo + chunk);
+    float4 k = a.coef[c];
+    float mean = k.x, p = k.y, q = k.z, r = k.w;
+    for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
+        P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL], ov[BN_UNROLL];
+        size_t at[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            unsigned j = j0 + u * BN_THREADS;
+            if (j < hi) {
+                at[u] = nchw_vector(j, plane_v, c, C);
+                xv[u] = x[at[u]];
+                if (BWD) gv[u] = dy[at[u]];
+                if (MODE == BN_APPLY_BWD_RELU) yv[u] = y[at[u]];
+                if (BWD && a.accumulate) ov[u] = out[at[u]];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            if (j0 + u * BN_THREADS >= hi) continue;
+            P res;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                res.v[e] = from_float<T>(apply_element<MODE>(
+                    to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
+                    MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, a.accumulate));
+            out[at[u]] = res;
+        }
+    }
+}
+
+/* ---- NHWC ------------------------------------------------------------------------- */
+
+/* The block's tile: 'width' column vectors from col0, 'height' threads each. */
+struct NhwcTile {
+    unsigned col0, width, height, col, lane_row;
+};
+
+static __device__ __forceinline__ NhwcTile nhwc_tile(unsigned cols) {
+    NhwcTile t;
+    t.col0 = blockIdx.y * BN_THREADS;
+    t.width = min(cols - t.col0, (unsigned)BN_THREADS);
+    t.height = BN_THREADS / t.width;
+    t.col = threadIdx.x % t.width;
+    t.lane_row = threadIdx.x / t.width;
+    return t;
+}
+
+template <typename T, int VEC, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
+    using P = BnPack<T, VEC>;
+    __shared__ float sums1[BN_THREADS * VEC], sums2[BN_THREADS * VEC];
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    unsigned cols = a.channels / VEC, rows = a.count;
+    NhwcTile t = nhwc_tile(cols);
+    unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
+    unsigned lo = min(rows, blockIdx.x * chunk), hi = min(rows, lo + chunk);
+    float s1[VEC], s2[VEC], k[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) s1[e] = s2[e] = 0.0f;
+    if (t.lane_row < t.height) {
+        unsigned col = t.col0 + t.col;
+        if (MODE == BN_FWD) {
+            P first = x[col];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) k[e] = to_float(first.v[e]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; e++) k[e] = a.mean_in[col * VEC + e];
+        }
+        unsigned step = t.height;
+        for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
+            P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                unsigned r = r0 + u * step;
+                if (r < hi) {
+                    size_t at = (size_t)r * cols + col;
+                    xv[u] = x[at];
+                    if (MODE != BN_FWD) gv[u] = dy[at];
+                    if (MODE == BN_BWD_RELU) yv[u] = y[at];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++)
+                if (r0 + u * step < hi)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++)
+                        accumulate_element<MODE>(to_float(xv[u].v[e]),
+                                                 MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
+                                                 MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
+                                                 k[e], s1[e], s2[e]);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        sums1[threadIdx.x * VEC + e] = s1[e];
+        sums2[threadIdx.x * VEC + e] = s2[e];
+    }
+    __syncthreads();
+    /* (lane_row, col, e) sits at (lane_row * width + col) * VEC + e = lane_row * width * VEC + i,
+     * i = col * VEC + e, the tile's i-th channel. */
+    unsigned tile_channels = t.width * VEC;
+    for (unsigned i = threadIdx.x; i < tile_channels; i += BN_THREADS) {
+        float t1 = 0.0f, t2 = 0.0f;
+        for (unsigned lr = 0; lr < t.height; lr++) {
+            t1 += sums1[lr * tile_channels + i];
+            t2 += sums2[lr * tile_channels + i];
+        }
+        size_t c = (size_t)t.col0 * VEC + i;
+        a.partials[(size_t)blockIdx.x * a.channels + c] = t1;
+        a.partials[((size_t)gridDim.x + blockIdx.x) * a.channels + c] = t2;
+    }
+}
+
+template <typename T, int VEC, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nhwc(BnArgs a) {
+    using P = BnPack<T, VEC>;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    P *out = (P *)a.out;
+    constexpr bool BWD = MODE == BN_APPLY_BWD || MODE == BN_APPLY_BWD_RELU;
+    unsigned C = a.channels, cols = C / VEC, rows = a.count;
+    NhwcTile t = nhwc_tile(cols);
+    if (t.lane_row >= t.height) return;
+    unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
+    unsigned lo = min(rows, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(rows, lo + chunk);
+    unsigned col = t.col0 + t.col;
+    float mean[VEC], p[VEC], q[VEC], r[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        float4 k = a.coef[col * VEC + e];
+        mean[e] = k.x, p[e] = k.y, q[e] = k.z, r[e] = k.w;
+    }
+    unsigned step = t.height;
+    for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
+        P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL], ov[BN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            unsigned row = r0 + u * step;
+            if (row < hi) {
+                size_t at = (size_t)row * cols + col;
+                xv[u] = x[at];
+                if (BWD) gv[u] = dy[at];
+                if (MODE == BN_APPLY_BWD_RELU) yv[u] = y[at];
+                if (BWD && a.accumulate) ov[u] = out[at];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BN_UNROLL; u++) {
+            unsigned row = r0 + u * step;
+            if (row >= hi) continue;
+            P res;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                res.v[e] = from_float<T>(apply_element<MODE>(
+                    to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
+                    MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e],
+                    a.accumulate));
+            out[(size_t)row * cols + col] = res;
+        }
+    }
+}
+
+/* Eval: the coefficients from the running statistics. */
+static __global__ void bn_eval_coef(BnArgs a) {
+    unsigned C = a.channels;
+    for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        double invstd = 1.0 / sqrt((double)a.eval_var[c] + (double)a.eps);
+        a.coef[c] = make_float4(a.eval_mean[c], (float)(invstd * a.gamma[c]), a.beta[c], 0.0f);
+    }
+}
+
+/* ---- host ------------------------------------------------------------------------- */
+
+static void check_shape(const BatchNormShape *s) {
+    size_t count = (size_t)s->n * s->h * s->w;
+    if (s->n <= 0 || s->c <= 0 || s->c > 65535 || s->h <= 0 || s->w <= 0 || count > BN_MAX_COUNT)
+        TC_FATAL("batchnorm: bad shape n=%d c=%d h=%d w=%d (c at most 65535, n*h*w at most 2^30)",
+                 s->n, s->c, s->h, s->w);
+}
+
+/* Scratch: the partial sums [2][rows][c], then the coefficients [c] (float4). */
+static size_t coef_offset(const BatchNormShape *s, unsigned rows) {
+    return ceil_div(2 * (size_t)rows * s->c * sizeof(float), 256) * 256;
+}
+
+static size_t scratch_bytes_for(const BatchNormShape *s, DType dtype, int nhwc) {
+    return coef_offset(s, bn_rows(s, dtype, nhwc)) + (size_t)s->c * sizeof(float4);
+}
+
+/* Enough for every dtype: NHWC's rows depend on the vector width (4 or 8 elements). */
+size_t batchnorm_cuda_scratch_bytes(const BatchNormShape *s, int nhwc) {
+    check_shape(s);
+    size_t f32 = scratch_bytes_for(s, DTYPE_F32, nhwc != 0);
+    size_t half = scratch_bytes_for(s, DTYPE_F16, nhwc != 0);
+    return f32 > half ? f32 : half;
+}
+
+void batchnorm_cuda_init_scratch(BatchNormCuda *bn, const BatchNormShape *s, DType dtype, int nhwc,
+                                 void *scratch) {
+    memset(bn, 0, sizeof *bn);
+    check_float_dtype("batchnorm", dtype);
+    check_shape(s);
+    if (!scratch) TC_FATAL("batchnorm: no scratch given");
+    if ((uintptr_t)scratch % 16 != 0) TC_FATAL("batchnorm: scratch must be 16-byte aligned");
+    bn->shape = *s;
+    bn->dtype = dtype;
+    bn->nhwc = nhwc != 0;
+    bn->rows = (int)bn_rows(s, dtype, bn->nhwc);
+    bn->scratch_bytes = scratch_bytes_for(s, dtype, bn->nhwc);
+    bn->scratch = scratch;
+}
+
+void batchnorm_cuda_init(BatchNormCuda *bn, cudnnHandle_t h, const BatchNormShape *s, DType dtype,
+                         int nhwc) {
+    (void)h;
+    check_float_dtype("batchnorm", dtype);
+    check_shape(s);
+    size_t bytes = scratch_bytes_for(s, dtype, nhwc != 0);
+    void *scratch = NULL;
+    CUDA_CHECK(cudaMalloc(&scratch, bytes));
+    batchnorm_cuda_init_scratch(bn, s, dtype, nhwc, scratch);
+    bn->owns_scratch = 1;
+}
+
+void batchnorm_cuda_destroy(BatchNormCuda *bn) {
+    if (bn->owns_scratch && bn->scratch) CUDA_CHECK(cudaFree(bn->scratch));
+    memset(bn, 0, sizeof *bn);
+}
+
+static cudaStream_t pick_stream(cudnnHandle_t h, cudaStream_t stream) {
+    if (stream || !h) return stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    return stream;
+}
+
+static BnArgs base_args(const BatchNormCuda *bn) {
+    if (!bn->scratch) TC_FATAL("batchnorm: used before batchnorm_cuda_init");
+    BnArgs a;
+    memset(&a, 0, sizeof a);
+    const BatchNormShape *s = &bn->shape;
+    a.images = (unsigned)s->n;
+    a.channels = (unsigned)s->c;
+    a.plane = (unsigned)(s->h * s->w);
+    a.count = a.images * a.plane;
+    a.rows = (unsigned)bn->rows;
+    char *base = (char *)bn->scratch;
+    a.partials = (float *)base;
+    a.coef = (float4 *)(base + coef_offset(s, a.rows));
+    return a;
+}
+
+static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
+
+/* Whether the 16-byte kernels fit: every data pointer aligned, and no vector
+ * crossing a channel (NCHW: the plane, NHWC: the channels, a whole number of
+ * vectors). NULL pointers do not count. */
+template <typename T>
+static bool wide_fits(const BatchNormCuda *bn, const BnArgs &a) {
+    constexpr unsigned WIDE = 16 / sizeof(T);
+    unsigned run = bn->nhwc ? a.channels : a.plane;
+    const void *ptrs[4] = {a.x, a.y, a.dy, a.out};
+    for (int i = 0; i < 4; i++)
+        if (ptrs[i] && !aligned16(ptrs[i])) return false;
+    return run % WIDE == 0;
+}
+
+template <typename T, int VEC, int MODE>
+static void launch_reduce_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
+    if (bn->nhwc) {
+        dim3 grid(a.rows, (unsigned)ceil_div(a.channels / VEC, BN_THREADS));
+        bn_reduce_nhwc<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+    } else {
+        dim3 grid(a.rows, a.channels);
+        bn_reduce_nchw<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int VEC, int MODE>
+static void launch_apply_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
+    if (bn->nhwc) {
+        dim3 grid(a.rows, (unsigned)ceil_div(a.channels / VEC, BN_THREADS));
+        bn_apply_nhwc<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+    } else {
+        dim3 grid(a.rows, a.channels);
+        bn_apply_nchw<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+/* The sums, then the per-channel statistics and coefficients. */
+template <typename T, int MODE>
+static void launch_reduce(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
+    if (wide_fits<T>(bn, a)) launch_reduce_vec<T, 16 / sizeof(T), MODE>(bn, a, stream);
+    else launch_reduce_vec<T, 1, MODE>(bn, a, stream);
+    bn_finalize<T, MODE><<<a.channels, BN_THREADS, 0, stream>>>(a, bn->nhwc);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int MODE>
+static void launch_apply(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
+    if (wide_fits<T>(bn, a)) launch_apply_vec<T, 16 / sizeof(T), MODE>(bn, a, stream);
+    else launch_apply_vec<T, 1, MODE>(bn, a, stream);
+}
+
+template <typename T>
+static void run_forward_train(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream) {
+    BnArgs stats = a;
+    stats.out = NULL; /* the reduction reads x alone; y's alignment must not narrow it */
+    launch_reduce<T, BN_FWD>(bn, stats, stream);
+    if (relu) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
+    else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
+}
+
+template <typename T>
+static void run_forward_eval(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream) {
+    bn_eval_coef<<<(unsigned)ceil_div(a.channels, BN_THREADS), BN_THREADS, 0, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+    if (relu) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
+    else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
+}
+
+template <typename T>
+static void run_backward(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream) {
+    BnArgs sums = a;
+    sums.out = NULL;
+    if (relu) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream);
+    else launch_reduce<T, BN_BWD>(bn, sums, stream);
+    if (!a.out) return;
+    if (relu) launch_apply<T, BN_APPLY_BWD_RELU>(bn, a, stream);
+    else launch_apply<T, BN_APPLY_BWD>(bn, a, stream);
+}
+
+static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                          const float *gamma, const float *beta, float momentum, float eps,
+                          float *running_mean, float *running_var, float *save_mean,
+                          float *save_invstd, void *y, cudaStream_t stream, bool relu) {
+    BnArgs a = base_args(bn);
+    if (a.count < 2) TC_FATAL("batchnorm: training needs more than one value per channel");
+    a.x = x;
+    a.out = y;
+    a.gamma = gamma;
+    a.beta = beta;
+    a.momentum = momentum;
+    a.eps = eps;
+    a.running_mean = running_mean;
+    a.running_var = running_var;
+    a.save_mean = save_mean;
+    a.save_invstd = save_invstd;
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_train, bn, a, relu, pick_stream(h, stream));
+}
+
+static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                         const float *gamma, const float *beta, const float *running_mean,
+                         const float *running_var, float eps, void *y, cudaStream_t stream,
+                         bool relu) {
+    BnArgs a = base_args(bn);
+    a.x = x;
+    a.out = y;
+    a.gamma = gamma;
+    a.beta = beta;
+    a.eval_mean = running_mean;
+    a.eval_var = running_var;
+    a.eps = eps;
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_eval, bn, a, relu, pick_stream(h, stream));
+}
+
+static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *y,
+                     const void *dy, const float *gamma, const float *save_mean,
+                     const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
+                     void *dbeta, DType grad_dtype, cudaStream_t stream, bool relu) {
+    if (dgamma || dbeta) check_float_dtype("batchnorm (parameter gradients)", grad_dtype);
+    if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
+    BnArgs a = base_args(bn);
+    a.x = x;
+    a.y = relu ? y : NULL;
+    a.dy = dy;
+    a.out = dx;
+    a.gamma = gamma;
+    a.mean_in = save_mean;
+    a.invstd_in = save_invstd;
+    a.dgamma = dgamma;
+    a.dbeta = dbeta;
+    a.grad_dtype = (int)grad_dtype;
+    a.accumulate = accumulate_dx != 0;
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_backward, bn, a, relu, pick_stream(h, stream));
+}
+
+void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                  const float *gamma, const float *beta, float momentum, float eps,
+                                  float *running_mean, float *running_var, float *save_mean,
+                                  float *save_invstd, void *y, cudaStream_t stream) {
+    forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                  save_invstd, y, stream, false);
+}
+
+void batchnorm_relu_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                       const float *gamma, const float *beta, float momentum,
+                                       float eps, float *running_mean, float *running_var,
+                                       float *save_mean, float *save_invstd, void *y,
+                                       cudaStream_t stream) {
+    forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                  save_invstd, y, stream, true);
+}
+
+void batchnorm_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                 const float *gamma, const float *beta, const float *running_mean,
+                                 const float *running_var, float eps, void *y, cudaStream_t stream) {
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, false);
+}
+
+void batchnorm_relu_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                      const float *gamma, const float *beta,
+                                      const float *running_mean, const float *running_var,
+                                      float eps, void *y, cudaStream_t stream) {
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, true);
+}
+
+void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                             const void *dy, const float *gamma, const float *save_mean,
+                             const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
+                             void *dbeta, DType grad_dtype, cudaStream_t stream) {
+    backward(bn, h, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+             grad_dtype, stream, false);
+}
+
+void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                  const void *y, const void *dy, const float *gamma,
+                                  const float *save_mean, const float *save_invstd, void *dx,
+                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
+                                  cudaStream_t stream) {
+    backward(bn, h, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+             grad_dtype, stream, true);
+}

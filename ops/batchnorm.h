@@ -1,0 +1,143 @@
+/* Spatial batch normalization, per channel c of x [n][c][h][w] (or, on the CUDA
+ * path with nhwc, channels-last [n][h][w][c]), PyTorch's BatchNorm2d:
+ *   training:  mean, var = the batch mean and BIASED variance of channel c over
+ *              its n*h*w values; invstd = 1 / sqrt(var + eps)
+ *              y = (x - mean) * invstd * gamma[c] + beta[c]
+ *              running_mean = (1 - momentum) * running_mean + momentum * mean
+ *              running_var  = (1 - momentum) * running_var  + momentum * var * m / (m - 1)
+ *              (the UNBIASED variance, m = n*h*w; momentum 0 leaves both untouched,
+ *              as when a checkpointed block is recomputed; NULL running buffers
+ *              are skipped). save_mean and save_invstd [c] keep mean and invstd
+ *              for the backward pass. m must be at least 2.
+ *   eval:      y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta
+ *   backward:  with xhat = (x - save_mean) * save_invstd,
+ *              dbeta  += sum dy,  dgamma += sum dy * xhat   (over the channel)
+ *              dx = gamma * invstd / m * (m * dy - sum dy - xhat * sum dy * xhat)
+ *              dx is overwritten (accumulate_dx = 0) or added to (1: a tensor
+ *              feeding two layers sums their gradients) and skipped when NULL;
+ *              dgamma and dbeta are always ADDED to (flat gradient buffers
+ *              accumulate micro-batches) and skipped when NULL. With
+ *              accumulate_dx = 0, dx may alias dy.
+ *   batchnorm_relu_*: the same followed by ReLU, y = relu(bn(x)) (NaN passes, as
+ *              in relu.h); its backward takes that y and masks dy by y > 0
+ *              before the batch-norm backward.
+ * The CPU reference is float32 NCHW and computes in double.
+ *
+ * The CUDA path stores x, y, dy and dx as the dtype given at init (f32, f16 or
+ * bf16); gamma, beta, the running and saved statistics are fp32; dgamma and
+ * dbeta are added into buffers of grad_dtype (f32, f16 or bf16: the model's
+ * flat gradient buffer) after summing in fp32. It runs its own kernels rather
+ * than cuDNN's batch-norm calls, which cuDNN 9 marks deprecated and which can
+ * neither add dgamma/dbeta into a half buffer nor add into dx. Per call:
+ *   forward:  a reduction pass (per-channel sums of x - k and (x - k)^2, k the
+ *             channel's first value, so the variance does not cancel when
+ *             |mean| >> std), then a pass writing y;
+ *   backward: a reduction pass (sums of dy and dy * (x - mean)), then a pass
+ *             writing dx (none when dx is NULL).
+ * Each reduction writes per-block partial sums (each over a fixed share of a
+ * channel, in a fixed order) and a small kernel adds each channel's partials
+ * in a fixed order, in double: results are the same bits on every run, with no
+ * atomics. Loads and stores are 16 bytes where the layout allows (NCHW: h*w a
+ * multiple of 8 elements for f16/bf16, of 4 for f32; NHWC: c such a multiple;
+ * every pointer 16-byte aligned), else one element a thread. Everything runs
+ * on 'stream' (NULL: the stream of h), with no host sync and no allocation,
+ * so calls can be captured in a CUDA graph. h is otherwise unused and may be
+ * NULL when a stream is given. */
+#ifndef TRAINC_OPS_BATCHNORM_H
+#define TRAINC_OPS_BATCHNORM_H
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <stddef.h>
+
+#include "runtime/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int n, c, h, w;
+} BatchNormShape;
+
+/* ---- CPU reference (float32, NCHW) ---- */
+void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                 const float *beta, float momentum, float eps, float *running_mean,
+                                 float *running_var, float *save_mean, float *save_invstd,
+                                 float *y);
+void batchnorm_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                const float *beta, const float *running_mean,
+                                const float *running_var, float eps, float *y);
+void batchnorm_backward_cpu(const BatchNormShape *s, const float *x, const float *dy,
+                            const float *gamma, const float *save_mean, const float *save_invstd,
+                            float *dx, int accumulate_dx, float *dgamma, float *dbeta);
+
+void batchnorm_relu_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                      const float *beta, float momentum, float eps,
+                                      float *running_mean, float *running_var, float *save_mean,
+                                      float *save_invstd, float *y);
+void batchnorm_relu_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                     const float *beta, const float *running_mean,
+                                     const float *running_var, float eps, float *y);
+void batchnorm_relu_backward_cpu(const BatchNormShape *s, const float *x, const float *y,
+                                 const float *dy, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dx, int accumulate_dx,
+                                 float *dgamma, float *dbeta);
+
+/* ---- CUDA ---- */
+typedef struct {
+    BatchNormShape shape;
+    DType dtype; /* of x, y, dy, dx */
+    int nhwc;
+    int rows;    /* partial sums per channel: the reductions' grid x */
+    void *scratch;
+    size_t scratch_bytes;
+    int owns_scratch;
+} BatchNormCuda;
+
+/* The scratch one layer of this shape needs, in any dtype: partial sums and
+ * per-channel coefficients, a few kB in NCHW, in NHWC at most 1/16 of an f16
+ * tensor (1/128 at c = 64). */
+size_t batchnorm_cuda_scratch_bytes(const BatchNormShape *s, int nhwc);
+/* Allocates the layer's scratch (cudaMalloc); destroy frees it. */
+void batchnorm_cuda_init(BatchNormCuda *bn, cudnnHandle_t h, const BatchNormShape *s, DType dtype,
+                         int nhwc);
+/* Uses the caller's scratch instead (an arena's, say), 16-byte aligned and of
+ * at least batchnorm_cuda_scratch_bytes; its contents need no initial value.
+ * Scratch holds nothing from one call to the next, so layers whose calls run
+ * one after another on one stream may share one buffer of the largest size. */
+void batchnorm_cuda_init_scratch(BatchNormCuda *bn, const BatchNormShape *s, DType dtype, int nhwc,
+                                 void *scratch);
+void batchnorm_cuda_destroy(BatchNormCuda *bn);
+
+void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                  const float *gamma, const float *beta, float momentum, float eps,
+                                  float *running_mean, float *running_var, float *save_mean,
+                                  float *save_invstd, void *y, cudaStream_t stream);
+void batchnorm_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                 const float *gamma, const float *beta, const float *running_mean,
+                                 const float *running_var, float eps, void *y, cudaStream_t stream);
+void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                             const void *dy, const float *gamma, const float *save_mean,
+                             const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
+                             void *dbeta, DType grad_dtype, cudaStream_t stream);
+
+void batchnorm_relu_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                       const float *gamma, const float *beta, float momentum,
+                                       float eps, float *running_mean, float *running_var,
+                                       float *save_mean, float *save_invstd, void *y,
+                                       cudaStream_t stream);
+void batchnorm_relu_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                      const float *gamma, const float *beta,
+                                      const float *running_mean, const float *running_var,
+                                      float eps, void *y, cudaStream_t stream);
+void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                  const void *y, const void *dy, const float *gamma,
+                                  const float *save_mean, const float *save_invstd, void *dx,
+                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
+                                  cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

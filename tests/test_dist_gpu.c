@@ -1,0 +1,289 @@
+/* The NCCL path, one GPU per MPI rank (ctest starts 2 under mpirun; every rank
+ * skips, exit 77, when any host has fewer GPUs than ranks): grad_buckets in
+ * f32, f16 and bf16, sent as themselves and cast (f32 as f16 or bf16, halves
+ * as f32), give the average computed on the host, the same bits on every rank;
+ * begin / ready / finish captured in a CUDA graph on the compute stream give it
+ * again on fresh data at each replay; dist_allreduce_max_float_device, eager
+ * and captured. Backward is simulated on the compute stream: the gradient
+ * buffer starts as NaN and each layer's range is copied in after a short host
+ * delay, so an all-reduce that ran before its layer was final would show. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist/dist.h"
+#include "dist/grad_buckets.h"
+#include "runtime/check.h"
+#include "runtime/gpu.h"
+#include "tests/harness.h"
+
+static Dist d;
+static cudaStream_t compute;
+
+/* ---- host conversions, round to nearest even (the device casts round so too) ---- */
+
+static uint16_t half_from_float(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t mag = x & 0x7fffffff;
+    if (mag > 0x7f800000) return sign | 0x7e00;      /* NaN */
+    if (mag >= 0x477ff000) return sign | 0x7c00;     /* rounds past 65504: inf */
+    if (mag < 0x38800000) {                          /* below 2^-14: subnormal */
+        float v;
+        memcpy(&v, &mag, 4);
+        return sign | (uint16_t)lrintf(v * 16777216.0f); /* units of 2^-24 */
+    }
+    uint32_t rounded = mag + 0xfff + ((mag >> 13) & 1);
+    return sign | (uint16_t)((rounded - 0x38000000) >> 13);
+}
+
+static float half_to_float(uint16_t h) {
+    int exponent = (h >> 10) & 0x1f;
+    uint32_t mantissa = h & 0x3ff;
+    float v = exponent == 0    ? ldexpf((float)mantissa, -24)
+              : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                               : ldexpf((float)(mantissa | 0x400), exponent - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+static uint16_t bf16_from_float(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+static float bf16_to_float(uint16_t b) {
+    uint32_t x = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static void store_as(DType t, const float *src, void *dst, size_t n) {
+    uint16_t *h = dst;
+    for (size_t i = 0; i < n; i++) {
+        if (t == DTYPE_F32) ((float *)dst)[i] = src[i];
+        else h[i] = t == DTYPE_F16 ? half_from_float(src[i]) : bf16_from_float(src[i]);
+    }
+}
+
+static void load_from(DType t, const void *src, float *dst, size_t n) {
+    const uint16_t *h = src;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = t == DTYPE_F32 ? ((const float *)src)[i]
+                 : t == DTYPE_F16 ? half_to_float(h[i]) : bf16_to_float(h[i]);
+}
+
+/* Half the spacing of numbers near 1 in the coarser of the two types. */
+static double rounding_of(DType t) {
+    return t == DTYPE_F32 ? ldexp(1, -24) : t == DTYPE_F16 ? ldexp(1, -11) : ldexp(1, -8);
+}
+
+/* ---- set-up ------------------------------------------------------------------- */
+
+static void skip_unless_a_gpu_per_rank(void) {
+    int gpus = gpu_count();
+    if (dist_any_host(&d, gpus < d.local_world)) {
+        if (d.rank == 0)
+            printf("%d ranks on this host but %d GPUs visible: skipped\n", d.local_world, gpus);
+        dist_finalize(&d);
+        exit(77);
+    }
+}
+
+/* ---- grad_buckets ---------------------------------------------------------------- */
+
+typedef struct {
+    DType dtype, comm_dtype;
+    size_t n;
+    void *grads;        /* device */
+    void *source;       /* device: this rank's gradients, copied in layer by layer */
+    size_t *layer_first;/* layers from the end of the buffer: first index of each */
+    int layers;
+    float *host;        /* n */
+    void *host_stored;  /* n elements of dtype */
+    double *average;    /* n */
+} BucketCase;
+
+/* Every rank's gradients for this round, so that each rank can average them. */
+static void make_round(BucketCase *c, uint64_t seed, int round) {
+    size_t esize = dtype_size(c->dtype);
+    for (size_t j = 0; j < c->n; j++) c->average[j] = 0;
+    float *rank_floats = malloc(c->n * sizeof(float));
+    for (int r = 0; r < d.world; r++) {
+        uint64_t state = seed + 1000003ULL * (uint64_t)round + 7919ULL * (uint64_t)r;
+        test_fill_uniform(c->host, c->n, &state, -1.0f, 1.0f);
+        store_as(c->dtype, c->host, c->host_stored, c->n);
+        load_from(c->dtype, c->host_stored, rank_floats, c->n); /* as stored */
+        for (size_t j = 0; j < c->n; j++) c->average[j] += rank_floats[j] / (double)d.world;
+        if (r == d.rank)
+            CUDA_CHECK(cudaMemcpy(c->source, c->host_stored, c->n * esize, cudaMemcpyHostToDevice));
+    }
+    free(rank_floats);
+}
+
+static void short_delay(void *arg) {
+    (void)arg;
+    usleep(200);
+}
+
+/* One backward pass on the compute stream: NaN, then layer by layer from the end. */
+static void backward_pass(BucketCase *c, GradBuckets *b) {
+    size_t esize = dtype_size(c->dtype);
+    CUDA_CHECK(cudaMemsetAsync(c->grads, 0xff, c->n * esize, compute)); /* NaN in every dtype */
+    grad_buckets_begin(b);
+    size_t end = c->n;
+    for (int i = 0; i < c->layers; i++) {
+        size_t first = c->layer_first[i];
+        CUDA_CHECK(cudaLaunchHostFunc(compute, short_delay, NULL));
+        CUDA_CHECK(cudaMemcpyAsync((char *)c->grads + first * esize, (char *)c->source + first * esize,
+                                   (end - first) * esize, cudaMemcpyDeviceToDevice, compute));
+        grad_buckets_ready(b, first, compute);
+        end = first;
+    }
+    grad_buckets_finish(b, compute);
+}
+
+/* Compares the gradients with the average; the bits must match rank 0's. */
+static void check_average(BucketCase *c, const char *when) {
+    size_t esize = dtype_size(c->dtype);
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    CUDA_CHECK(cudaMemcpy(c->host_stored, c->grads, c->n * esize, cudaMemcpyDeviceToHost));
+    load_from(c->dtype, c->host_stored, c->host, c->n);
+    double tol = 4 * (rounding_of(c->dtype) > rounding_of(c->comm_dtype) ? rounding_of(c->dtype)
+                                                                        : rounding_of(c->comm_dtype));
+    double worst = 0;
+    for (size_t j = 0; j < c->n; j++) {
+        double err = fabs(c->host[j] - c->average[j]);
+        if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+    }
+    CHECK_MSG(worst <= tol, "%s grads sent as %s, %s: worst error %g > %g", dtype_name(c->dtype),
+              dtype_name(c->comm_dtype), when, worst, tol);
+    void *rank0 = malloc(c->n * esize);
+    memcpy(rank0, c->host_stored, c->n * esize);
+    dist_bcast_host(&d, rank0, c->n * esize, 0);
+    CHECK_MSG(memcmp(rank0, c->host_stored, c->n * esize) == 0,
+              "%s grads sent as %s, %s: ranks differ", dtype_name(c->dtype),
+              dtype_name(c->comm_dtype), when);
+    free(rank0);
+}
+
+static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed) {
+    BucketCase c = {.dtype = dtype, .comm_dtype = comm_dtype, .n = ((size_t)1 << 20) + 12345};
+    size_t esize = dtype_size(dtype);
+    CUDA_CHECK(cudaMalloc(&c.grads, c.n * esize));
+    CUDA_CHECK(cudaMalloc(&c.source, c.n * esize));
+    c.host = malloc(c.n * sizeof(float));
+    c.host_stored = malloc(c.n * esize);
+    c.average = malloc(c.n * sizeof(double));
+    c.layer_first = malloc(64 * sizeof(size_t));
+    uint64_t layer_rng = seed ^ 0x1a7e5ULL; /* the same layers on every rank */
+    for (size_t end = c.n; end > 0 && c.layers < 63;) {
+        size_t size = 1 + (size_t)test_uniform(&layer_rng, 0, (float)(c.n / 12));
+        end = size < end && c.layers < 62 ? end - size : 0;
+        c.layer_first[c.layers++] = end;
+    }
+
+    GradBuckets b;
+    grad_buckets_init(&b, &d, c.grads, dtype, c.n, 256 << 10, comm_dtype);
+    if (d.world > 1) CHECK(b.n_buckets > 4);
+    for (int round = 0; round < 2; round++) {
+        make_round(&c, seed, round);
+        backward_pass(&c, &b);
+        check_average(&c, round == 0 ? "first pass" : "second pass");
+        CHECK(d.world == 1 || (b.launched == b.n_buckets && b.pass_bytes == b.step_bytes));
+    }
+
+    /* The same pass captured once, replayed on fresh data. */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeGlobal));
+    backward_pass(&c, &b);
+    CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; replay++) {
+        make_round(&c, seed, 10 + replay);
+        CUDA_CHECK(cudaGraphLaunch(exec, compute));
+        check_average(&c, replay == 0 ? "first graph replay" : "second graph replay");
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+
+    grad_buckets_free(&b);
+    CUDA_CHECK(cudaFree(c.grads));
+    CUDA_CHECK(cudaFree(c.source));
+    free(c.host);
+    free(c.host_stored);
+    free(c.average);
+    free(c.layer_first);
+}
+
+/* ---- dist_allreduce_max_float_device ------------------------------------------- */
+
+static float max_over_ranks(float *dev, float mine) {
+    CUDA_CHECK(cudaMemcpy(dev, &mine, sizeof mine, cudaMemcpyHostToDevice));
+    dist_allreduce_max_float_device(&d, dev, compute);
+    float out = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&out, dev, sizeof out, cudaMemcpyDeviceToHost, compute));
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    return out;
+}
+
+static void test_max_float(void) {
+    float *dev;
+    CUDA_CHECK(cudaMalloc((void **)&dev, sizeof(float)));
+    CHECK(max_over_ranks(dev, 1.5f * d.rank - 0.25f) == 1.5f * (d.world - 1) - 0.25f);
+    float found_inf = max_over_ranks(dev, d.rank == d.world - 1 ? 1.0f : 0.0f);
+    CHECK(found_inf == 1.0f);
+    CHECK(max_over_ranks(dev, 0.0f) == 0.0f);
+
+    /* Captured: the loss scaler's flag inside the step's graph. */
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeGlobal));
+    dist_allreduce_max_float_device(&d, dev, compute);
+    CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 2; replay++) {
+        float mine = d.rank == replay % d.world ? 7.0f + replay : -(float)d.rank;
+        CUDA_CHECK(cudaMemcpy(dev, &mine, sizeof mine, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaGraphLaunch(exec, compute));
+        float out = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&out, dev, sizeof out, cudaMemcpyDeviceToHost, compute));
+        CUDA_CHECK(cudaStreamSynchronize(compute));
+        CHECK_MSG(out == 7.0f + replay, "replay %d: max %g", replay, out);
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaFree(dev));
+}
+
+int main(void) {
+    alarm(240); /* a hang fails the test instead of stalling CI */
+    dist_init(&d);
+    skip_unless_a_gpu_per_rank();
+    dist_init_nccl(&d, d.local_rank);
+    CHECK(d.device == d.local_rank);
+    CHECK((d.world > 1) == (d.nccl != NULL && d.comm_stream != NULL));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+
+    uint64_t seed = test_seed();
+    dist_bcast_host(&d, &seed, sizeof seed, 0); /* one data set for all ranks */
+    const DType pairs[][2] = {{DTYPE_F32, DTYPE_F32},  {DTYPE_F16, DTYPE_F16},
+                              {DTYPE_BF16, DTYPE_BF16}, {DTYPE_F32, DTYPE_F16},
+                              {DTYPE_F32, DTYPE_BF16},  {DTYPE_F16, DTYPE_F32},
+                              {DTYPE_BF16, DTYPE_F32}};
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+        test_grad_buckets(pairs[i][0], pairs[i][1], seed + i);
+    test_max_float();
+
+    CUDA_CHECK(cudaStreamDestroy(compute));
+    int failed = dist_any_host(&d, test_failures > 0);
+    int status = test_finish("test_dist_gpu");
+    dist_finalize(&d);
+    return failed ? 1 : status;
+}

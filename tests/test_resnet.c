@@ -1,0 +1,306 @@
+/* ResNet as a composition of ops: a residual net's gradients against finite
+ * differences (CPU), checkpointed and plain gradients bitwise equal, ResNet-18's
+ * step on the GPU against the CPU, evaluation with running statistics, and
+ * every speed switch giving the same training run (GPU). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/model.h"
+#include "ops/softmax_xent.h"
+#include "runtime/check.h"
+#include "tests/harness.h"
+#include "tools/keys.h"
+#include "tools/train.h"
+
+enum { SMALL_BATCH = 6, SMALL_SIZE = 8, SMALL_CLASSES = 5 };
+
+/* Stem, an identity block and a projection block (stride 2). */
+static void build_small(Model *m, int checkpoint) {
+    model_init(m, SMALL_BATCH, SMALL_CLASSES, 0);
+    m->checkpoint = checkpoint;
+    m->conv_policy.deterministic = 1;
+    int x = model_input(m, 4, SMALL_SIZE, SMALL_SIZE);
+    x = model_relu(m, model_batchnorm(m, model_conv_no_bias(m, x, 8, 3, 1, 1)));
+    for (int stage = 0; stage < 2; stage++) {
+        int c = 8 << stage, stride = stage ? 2 : 1;
+        model_block_begin(m);
+        int y = model_relu(m, model_batchnorm(m, model_conv_no_bias(m, x, c, 3, 1, stride)));
+        y = model_batchnorm(m, model_conv_no_bias(m, y, c, 3, 1, 1));
+        int shortcut = stage ? model_batchnorm(m, model_conv_no_bias(m, x, c, 1, 0, 2)) : x;
+        x = model_relu(m, model_add(m, y, shortcut));
+        model_block_end(m);
+    }
+    model_linear(m, model_avgpool(m, x), SMALL_CLASSES);
+}
+
+static float loss_of(Model *m, const float *x, const int32_t *labels) {
+    float loss;
+    memcpy(model_input_buffer(m), x, model_input_floats(m) * sizeof(float));
+    model_forward(m);
+    softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));
+    return loss;
+}
+
+static void check_finite_differences(const float *x, const int32_t *labels, uint64_t *rng) {
+    Model m;
+    build_small(&m, 0);
+    model_finalize(&m, NULL, 3);
+    loss_of(&m, x, labels);
+    model_zero_grads(&m);
+    model_backward(&m);
+    float *analytic = malloc(m.n_params * sizeof(float));
+    memcpy(analytic, m.grads, m.n_params * sizeof(float));
+    /* Central differences in float through ReLU kinks and batch statistics
+     * are noisy: a few parameters may miss the bound, the vector as a whole
+     * must not. A missing residual gradient is off by far more. */
+    const float h = 1e-3f;
+    int checked = 0, nonzero = 0, within = 0;
+    double diff2 = 0, fd2 = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        size_t i = (size_t)test_uniform(rng, 0, (float)m.n_params - 0.01f);
+        float saved = m.params[i];
+        m.params[i] = saved + h;
+        double up = loss_of(&m, x, labels);
+        m.params[i] = saved - h;
+        double down = loss_of(&m, x, labels);
+        m.params[i] = saved;
+        double fd = (up - down) / (2.0 * h), err = fabs(fd - analytic[i]);
+        if (err <= 1e-3 + 5e-2 * fabs(fd)) within++;
+        else printf("parameter %zu: analytic %.6g, finite differences %.6g\n", i, analytic[i], fd);
+        diff2 += err * err;
+        fd2 += fd * fd;
+        checked++;
+        nonzero += fabs(fd) > 1e-4;
+    }
+    double rel = sqrt(diff2 / fd2);
+    CHECK_MSG(within >= checked * 9 / 10, "only %d of %d parameters agree with finite differences", within, checked);
+    CHECK_MSG(rel < 0.1, "gradient against finite differences: relative error %.3g", rel);
+    CHECK(nonzero > checked / 3); /* gradients that are all 0 would pass the bound */
+    printf("residual net: %d of %d parameters within the bound of finite differences, relative error %.3g\n",
+           within, checked, rel);
+    free(analytic);
+    model_destroy(&m);
+}
+
+/* Parameter gradients of one forward/backward (host copy) and the logits. */
+static float *gradients(Model *m, GpuContext *gpu, const float *x, const int32_t *labels, float **logits_out) {
+    size_t in_bytes = model_input_floats(m) * sizeof(float), out_n = (size_t)m->batch * m->num_classes;
+    float *grads = malloc(m->n_params * sizeof(float)), *logits = malloc(out_n * sizeof(float));
+    if (gpu) {
+        int32_t *d_labels;
+        float *d_loss;
+        CUDA_CHECK(cudaMalloc((void **)&d_labels, m->batch * sizeof(int32_t)));
+        CUDA_CHECK(cudaMalloc((void **)&d_loss, sizeof(float)));
+        CUDA_CHECK(cudaMemcpy(d_labels, labels, m->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(model_input_buffer(m), x, in_bytes, cudaMemcpyHostToDevice));
+        model_forward(m);
+        softmax_xent_cuda(m->act_dtype, model_logits(m), d_labels, m->batch, m->num_classes, NULL, d_loss,
+                          model_logits_grad(m), gpu->compute);
+        model_backward(m);
+        CUDA_CHECK(cudaStreamSynchronize(gpu->compute));
+        CUDA_CHECK(cudaMemcpy(grads, m->grads, m->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(logits, model_logits(m), out_n * sizeof(float), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaFree(d_labels));
+        CUDA_CHECK(cudaFree(d_loss));
+    } else {
+        loss_of(m, x, labels);
+        model_backward(m);
+        memcpy(grads, m->grads, m->n_params * sizeof(float));
+        memcpy(logits, model_logits(m), out_n * sizeof(float));
+    }
+    if (logits_out) *logits_out = logits;
+    else free(logits);
+    return grads;
+}
+
+static float *resnet18_gradients(int checkpoint, GpuContext *gpu, int batch, const float *x, const int32_t *labels,
+                                 size_t *n, size_t *bytes, float **logits) {
+    Model m;
+    char err[256];
+    CHECK(model_build(&m, "resnet18", batch, 32, 10, 0, err, sizeof err) == 0);
+    m.checkpoint = checkpoint & 1;
+    m.fuse = checkpoint >> 1; /* 2: fused batch norm + ReLU and add + ReLU */
+    m.conv_policy.deterministic = 1;
+    model_finalize(&m, gpu, 11);
+    float *g = gradients(&m, gpu, x, labels, logits);
+    *n = m.n_params;
+    *bytes = model_bytes(&m);
+    model_destroy(&m);
+    return g;
+}
+
+static void check_checkpointing(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
+    size_t n, n2, plain_bytes, ckpt_bytes;
+    float *plain = resnet18_gradients(0, gpu, batch, x, labels, &n, &plain_bytes, NULL);
+    float *ckpt = resnet18_gradients(1, gpu, batch, x, labels, &n2, &ckpt_bytes, NULL);
+    CHECK(n == n2 && n > 11000000); /* ResNet-18 for 10 classes: 11.17 M parameters */
+    CHECK_MSG(memcmp(plain, ckpt, n * sizeof(float)) == 0, "%s: checkpointed ResNet-18 gradients differ (rel %.3g)",
+              gpu ? "gpu" : "cpu", test_rel_error(ckpt, plain, n));
+    CHECK_MSG(ckpt_bytes < plain_bytes, "checkpointing %zu bytes, plain %zu", ckpt_bytes, plain_bytes);
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) norm += fabs(plain[i]);
+    CHECK(norm > 0);
+    printf("%s resnet18: checkpointed gradients bitwise equal, %zu bytes against %zu\n", gpu ? "gpu" : "cpu",
+           ckpt_bytes, plain_bytes);
+    free(plain);
+    free(ckpt);
+}
+
+/* The error of each parameter layer's gradients, where it is large. */
+static void report_layers(const float *got, const float *want, int batch) {
+    Model m;
+    char err[256];
+    model_build(&m, "resnet18", batch, 32, 10, 0, err, sizeof err);
+    for (int i = 0; i < m.n_layers; i++) {
+        const Layer *l = &m.layers[i];
+        size_t n = l->w_count + l->b_count;
+        if (!n) continue;
+        double e = test_rel_error(got + l->w_off, want + l->w_off, n);
+        if (e > 1e-3) printf("  layer %d (kind %d): gradient relative error %.3g\n", i, l->kind, e);
+    }
+}
+
+/* fuse: the GPU's fused kernels against the CPU's fused references. */
+static void check_gpu_against_cpu(GpuContext *gpu, int batch, const float *x, const int32_t *labels, int fuse) {
+    size_t n, n2, bytes;
+    float *cpu_logits, *gpu_logits;
+    float *cpu = resnet18_gradients(fuse ? 2 : 0, NULL, batch, x, labels, &n, &bytes, &cpu_logits);
+    float *dev = resnet18_gradients(fuse ? 2 : 0, gpu, batch, x, labels, &n2, &bytes, &gpu_logits);
+    CHECK(n == n2);
+    double e_grad = test_rel_error(dev, cpu, n), e_logits = test_rel_error(gpu_logits, cpu_logits, (size_t)batch * 10);
+    CHECK_MSG(e_grad < 1e-3, "resnet18%s gradients GPU vs CPU: relative error %.3g", fuse ? " fused" : "", e_grad);
+    CHECK_MSG(e_logits < 1e-4, "resnet18%s logits GPU vs CPU: relative error %.3g", fuse ? " fused" : "", e_logits);
+    if (e_grad >= 1e-3) report_layers(dev, cpu, batch);
+    printf("resnet18%s one step, GPU against CPU (fp32): gradients %.3g, logits %.3g relative\n", fuse ? " fused" : "",
+           e_grad, e_logits);
+    free(cpu);
+    free(dev);
+    free(cpu_logits);
+    free(gpu_logits);
+}
+
+/* In evaluation a sample's logits depend on it alone (running statistics); in
+ * training on its batch too. */
+static void check_eval_mode(const float *x, const int32_t *labels, uint64_t *rng) {
+    Model m;
+    build_small(&m, 0);
+    model_finalize(&m, NULL, 5);
+    for (int i = 0; i < 3; i++) loss_of(&m, x, labels); /* move the running statistics off their start */
+    size_t per_sample = model_input_floats(&m) / SMALL_BATCH, in_n = model_input_floats(&m);
+    float *other = malloc(in_n * sizeof(float));
+    memcpy(other, x, per_sample * sizeof(float));
+    test_fill_uniform(other + per_sample, in_n - per_sample, rng, -2, 2);
+    float first[2][SMALL_CLASSES];
+    for (int training = 0; training < 2; training++) {
+        model_set_training(&m, training);
+        float *logits = model_logits(&m);
+        m.bn_momentum = 0; /* the two training forwards see the same running statistics */
+        loss_of(&m, x, labels);
+        memcpy(first[0], logits, sizeof first[0]);
+        loss_of(&m, other, labels);
+        memcpy(first[1], logits, sizeof first[1]);
+        int same = memcmp(first[0], first[1], sizeof first[0]) == 0;
+        CHECK_MSG(same == !training, "%s: sample 0's logits %s when the rest of the batch changed",
+                  training ? "training" : "evaluation", same ? "stayed" : "changed");
+    }
+    free(other);
+    model_destroy(&m);
+}
+
+static Config *resnet_run(const char *device, int steps) {
+    char err[256];
+    Config *c = config_new(trainc_keys, trainc_n_keys);
+    const char *lines[] = {"model.name=resnet18", "data.source=synthetic", "data.image_size=32",
+                           "data.synthetic_train=512", "data.synthetic_test=64", "train.batch=32",
+                           "run.epochs=1", "run.warmup_steps=0", "optim.lr=0.05", "optim.weight_decay=5e-4",
+                           "optim.decay_bn_bias=off", "optim.nesterov=on", "optim.schedule=cosine",
+                           "optim.warmup_epochs=0.5", "optim.label_smoothing=0.1", "train.sync_after_step=off",
+                           "train.read_loss_every=0", "perf.deterministic=on"};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) CHECK(config_set(c, lines[i], err, sizeof err) == 0);
+    char line[64];
+    snprintf(line, sizeof line, "run.device=%s", device);
+    CHECK(config_set(c, line, err, sizeof err) == 0);
+    snprintf(line, sizeof line, "run.max_steps=%d", steps);
+    CHECK(config_set(c, line, err, sizeof err) == 0);
+    return c;
+}
+
+/* A short CPU run of the ResNet recipe: it learns, and evaluation runs. */
+static void check_cpu_run(void) {
+    Config *c = resnet_run("cpu", 16);
+    TrainSummary s;
+    train_run(c, &s);
+    CHECK_MSG(isfinite(s.final_loss) && s.final_loss < 2.2, "resnet18 CPU loss after 16 steps %.4f", s.final_loss);
+    CHECK(s.test_acc >= 0);
+    printf("resnet18 cpu: loss %.4f after 16 steps, test acc %.3f\n", s.final_loss, s.test_acc);
+    config_free(c);
+}
+
+/* Every switch computes the same training run: losses after 12 steps. */
+static void check_switches(void) {
+    const char *variants[][4] = {
+        {"precision.amp=off", "model.layout=nchw", "model.fuse=off", "perf.cuda_graph=off"},
+        {"precision.amp=off", "model.layout=nchw", "model.fuse=on", "perf.cuda_graph=off"},
+        {"precision.amp=off", "model.layout=nhwc", "model.fuse=on", "memory.checkpoint=blocks"},
+        {"precision.amp=off", "model.layout=nchw", "model.fuse=on", "perf.cuda_graph=on"},
+        {"precision.amp=fp16", "model.layout=nhwc", "model.fuse=on", "perf.cuda_graph=on"},
+        {"precision.amp=bf16", "model.layout=nhwc", "model.fuse=on", "memory.checkpoint=blocks"},
+    };
+    double tol[] = {0, 1e-3, 1e-3, 1e-3, 3e-2, 5e-2};
+    double ref = NAN;
+    for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
+        char err[256];
+        Config *c = resnet_run("cuda", 12);
+        for (int k = 0; k < 4; k++) CHECK(config_set(c, variants[v][k], err, sizeof err) == 0);
+        TrainSummary s;
+        train_run(c, &s);
+        if (v == 0) ref = s.final_loss;
+        CHECK_MSG(isfinite(s.final_loss) && fabs(s.final_loss - ref) <= tol[v] * fabs(ref) + 1e-6,
+                  "%s %s %s %s: loss after 12 steps %.6f, plain fp32 %.6f", variants[v][0], variants[v][1],
+                  variants[v][2], variants[v][3], s.final_loss, ref);
+        printf("resnet18 %s %s %s %s: loss %.6f, test acc %.3f\n", variants[v][0], variants[v][1], variants[v][2],
+               variants[v][3], s.final_loss, s.test_acc);
+        config_free(c);
+    }
+}
+
+int main(void) {
+    uint64_t rng = test_seed();
+    size_t small_n = (size_t)SMALL_BATCH * 4 * SMALL_SIZE * SMALL_SIZE;
+    float *x = malloc(small_n * sizeof(float));
+    test_fill_uniform(x, small_n, &rng, -2, 2);
+    int32_t labels[16];
+    for (int i = 0; i < 16; i++) labels[i] = (int32_t)test_uniform(&rng, 0, 9.99f) % SMALL_CLASSES;
+    check_finite_differences(x, labels, &rng);
+    check_eval_mode(x, labels, &rng);
+
+    enum { BATCH = 4 };
+    size_t big_n = (size_t)BATCH * 3 * 32 * 32;
+    float *big = malloc(big_n * sizeof(float));
+    test_fill_uniform(big, big_n, &rng, -2, 2);
+    check_checkpointing(NULL, BATCH, big, labels);
+    size_t n32 = (size_t)32 * 3 * 32 * 32;
+    float *big32 = malloc(n32 * sizeof(float));
+    test_fill_uniform(big32, n32, &rng, -2, 2);
+    int32_t labels32[32];
+    for (int i = 0; i < 32; i++) labels32[i] = i % 10;
+    check_cpu_run();
+    if (gpu_count() > 0) {
+        GpuContext gpu;
+        gpu_context_init(&gpu, 0);
+        check_checkpointing(&gpu, BATCH, big, labels);
+        check_gpu_against_cpu(&gpu, BATCH, big, labels, 0);
+        check_gpu_against_cpu(&gpu, BATCH, big, labels, 1);
+        check_gpu_against_cpu(&gpu, 32, big32, labels32, 1);
+        gpu_context_destroy(&gpu);
+        check_switches();
+    } else {
+        printf("no GPU: GPU checks skipped\n");
+    }
+    free(x);
+    free(big);
+    free(big32);
+    return test_finish("test_resnet");
+}

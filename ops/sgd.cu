@@ -15,12 +15,15 @@ static __device__ __forceinline__ float decay_at(const uint8_t *mask, size_t i, 
 template <bool MASKED>
 static __global__ void sgd_step_kernel(float *w, const float *grad, float *m, size_t n,
                                        const float *lr_device, float momentum,
-                                       float weight_decay, int nesterov, const uint8_t *mask) {
+                                       float weight_decay, int nesterov, const uint8_t *mask,
+                                       const float *grad_mult) {
     float step = *lr_device;
+    float mult = grad_mult ? *grad_mult : 1.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float weight = w[i];
-        float g = grad[i] + decay_at<MASKED>(mask, i, weight_decay) * weight;
+        float clipped = __fmul_rn(grad[i], mult); /* exact when mult is 1 */
+        float g = clipped + decay_at<MASKED>(mask, i, weight_decay) * weight;
         float mom = momentum * m[i] + g;
         float d = nesterov ? g + momentum * mom : mom;
         m[i] = mom;
@@ -33,30 +36,34 @@ void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float 
     if (n == 0) return;
     if (p.decay_mask)
         sgd_step_kernel<true><<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
-            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, p.decay_mask);
+            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, p.decay_mask,
+            p.grad_mult);
     else
         sgd_step_kernel<false><<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
-            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, NULL);
+            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, NULL, p.grad_mult);
     CUDA_CHECK_LAUNCH();
 }
 
 /* sgd_step_mixed_cpu's update (see sgd.h). The whole grid leaves at once when
- * the loss scaler found inf or NaN. The unscaled gradient is rounded on its
- * own (__fmul_rn: never fused into the next add), as PyTorch's separate
- * unscale pass rounds it. */
+ * the loss scaler found inf or NaN. The unscaled and the clipped gradient are
+ * each rounded on their own (__fmul_rn: never fused into the next add), as
+ * PyTorch's separate unscale and clip passes round them. */
 template <typename TG, typename TW, bool MASKED>
 static __global__ void sgd_step_mixed_kernel(float *master, const TG *grad, float *m,
                                              TW *weights_half, size_t n, const float *lr_device,
                                              const LossScalerState *scaler, float momentum,
-                                             float weight_decay, int nesterov, const uint8_t *mask) {
+                                             float weight_decay, int nesterov, const uint8_t *mask,
+                                             const float *grad_mult) {
     if (scaler && scaler->found_inf) return;
     float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f;
     float step = *lr_device;
+    float mult = grad_mult ? *grad_mult : 1.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float weight = master[i];
         float unscaled = __fmul_rn(to_float(grad[i]), inv_scale);
-        float g = unscaled + decay_at<MASKED>(mask, i, weight_decay) * weight;
+        float clipped = __fmul_rn(unscaled, mult); /* exact when mult is 1 */
+        float g = clipped + decay_at<MASKED>(mask, i, weight_decay) * weight;
         float mom = momentum * m[i] + g;
         float d = nesterov ? g + momentum * mom : mom;
         m[i] = mom;
@@ -84,11 +91,12 @@ static void launch_sgd_mixed(const SgdMixedArgs *a) {
     if (a->p.decay_mask)
         sgd_step_mixed_kernel<TG, TW, true><<<blocks, ELEMENTWISE_THREADS, 0, a->stream>>>(
             a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
-            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, a->p.decay_mask);
+            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, a->p.decay_mask,
+            a->p.grad_mult);
     else
         sgd_step_mixed_kernel<TG, TW, false><<<blocks, ELEMENTWISE_THREADS, 0, a->stream>>>(
             a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
-            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, NULL);
+            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, NULL, a->p.grad_mult);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -10,7 +10,11 @@
  * weight decay: NULL decays every parameter; otherwise parameter i decays only
  * where decay_mask[i] != 0 and elsewhere steps as with weight_decay 0 (biases
  * and batch-norm scales and shifts, say). It is n bytes in host memory for the
- * CPU path, in device memory for the CUDA path. */
+ * CPU path, in device memory for the CUDA path.
+ * grad_mult (after it, for the same reason) multiplies the (unscaled) gradient
+ * before the weight decay is added, as torch.nn.utils.clip_grad_norm_ does
+ * before optimizer.step: NULL is 1; else one float read at each step, on the
+ * host for the CPU path, on the device for the CUDA path (grad_norm.h's factor). */
 #ifndef TRAINC_OPS_SGD_H
 #define TRAINC_OPS_SGD_H
 
@@ -30,6 +34,7 @@ typedef struct {
     float weight_decay;
     int nesterov;
     const uint8_t *decay_mask;
+    const float *grad_mult;
 } SgdParams;
 
 void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *lr,
@@ -40,7 +45,8 @@ void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float 
 /* The mixed-precision step: the same update on the fp32 master weights and
  * momentum, from gradients scaled by the loss scaler (see loss_scaler.h):
  *   if scaler->found_inf: nothing at all (the step is skipped)
- *   else: grad = grad * (1 / scaler->scale), rounded to fp32, then sgd_step's math
+ *   else: grad = grad * (1 / scaler->scale), rounded to fp32, times *p.grad_mult
+ *         (rounded again) when given, then sgd_step's math
  * scaler NULL means scale 1 and no skipping. The CUDA path reads the gradient as
  * grad_dtype (f32, f16 or bf16), and writes the updated master, rounded, into
  * weights_half (f16 or bf16) for the next forward pass; weights_half NULL skips

@@ -83,6 +83,8 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.final_lr", CFG_FLOAT, "0", 0, "where the cosine schedule ends"},
     {"optim.label_smoothing", CFG_FLOAT, "0", 0,
      "cross-entropy against (1 - e) x one-hot + e / classes (PyTorch's label_smoothing)"},
+    {"optim.clip_norm", CFG_FLOAT, "0", 0,
+     "clip the gradient's global L2 norm (after loss-scale unscaling) to this value, on the device (0: off)"},
 
     {"precision.tf32", CFG_BOOL, "off", 0,
      "let fp32 convolutions and matrix products use TF32 tensor cores (PyTorch's default for cuDNN)"},

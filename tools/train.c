@@ -97,10 +97,12 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->warmup_epochs = (float)config_float(cfg, "optim.warmup_epochs");
     t->schedule.final_lr = (float)config_float(cfg, "optim.final_lr");
     t->label_smoothing = (float)config_float(cfg, "optim.label_smoothing");
+    t->clip_norm = (float)config_float(cfg, "optim.clip_norm");
     require(t->warmup_epochs >= 0 && t->warmup_epochs <= t->epochs, "optim.warmup_epochs",
             "must be between 0 and run.epochs");
     require(t->schedule.final_lr >= 0, "optim.final_lr", "must be 0 or positive");
     require(t->label_smoothing >= 0 && t->label_smoothing < 1, "optim.label_smoothing", "must be in [0, 1)");
+    require(t->clip_norm >= 0 && isfinite(t->clip_norm), "optim.clip_norm", "must be 0 (off) or a positive number");
     require(t->schedule.kind != LR_CONSTANT || t->warmup_epochs == 0, "optim.warmup_epochs",
             "needs optim.schedule = cosine or onecycle");
 
@@ -234,6 +236,12 @@ static void carve_aux(Trainer *t, Arena *a) {
     t->lr_step = arena_alloc(a, sizeof(int64_t), "learning-rate step");
     t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
     t->scaler = arena_alloc(a, sizeof(LossScalerState), "loss scaler");
+    if (t->clip_norm > 0) {
+        t->grad_norm = arena_alloc(a, sizeof(float), "gradient norm");
+        t->clip_factor = arena_alloc(a, sizeof(float), "gradient clip factor");
+        if (t->use_gpu)
+            t->grad_norm_scratch = arena_alloc(a, grad_norm_scratch_bytes(t->model.n_params), "gradient norm scratch");
+    }
     for (int s = 0; s < 2; s++) {
         if (t->async_copy && !t->transform_on_gpu)
             t->staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
@@ -255,6 +263,7 @@ static void alloc_aux(Trainer *t) {
     carve_aux(t, &t->aux);
     t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
     t->scaler_seen = loss_scaler_initial(t->scale_init);
+    t->grad_norm_seen = NAN;
     if (t->use_gpu) {
         CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemset(t->lr_step, 0, sizeof(int64_t)));
@@ -422,11 +431,16 @@ static void optimizer_step(Trainer *t) {
         nvtxRangePop();
     }
     /* Every rank sees the same averaged gradients; a non-finite loss on one
-     * rank must make all of them skip the step too. */
+     * rank must make all of them skip the step too. optim.clip_norm: the clip
+     * factor of the true gradient, grads / (scale x accumulate) (see
+     * read_settings), becomes the SGD step's grad_mult (set in train_run_dist). */
     if (t->use_gpu) {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
         loss_scaler_check_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, t->gpu.compute);
         dist_allreduce_max_int32_device(t->dist, &t->scaler->found_inf, t->gpu.compute);
+        if (t->clip_norm > 0)
+            grad_clip_factor_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, 1.0f / (float)t->accumulate,
+                                  t->clip_norm, t->grad_norm_scratch, t->grad_norm, t->clip_factor, t->gpu.compute);
         sgd_step_mixed_cuda(m->params, m->grads, m->act_dtype, m->momentum,
                             m->weights == m->params ? NULL : m->weights, m->act_dtype, m->n_params,
                             t->lr_buf, t->scaler, t->sgd, t->gpu.compute);
@@ -435,6 +449,9 @@ static void optimizer_step(Trainer *t) {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cpu(&t->schedule, t->lr_step, t->lr_buf);
         loss_scaler_check_cpu(m->grads, m->n_params, t->scaler);
         t->scaler->found_inf = dist_any_host(t->dist, t->scaler->found_inf);
+        if (t->clip_norm > 0)
+            grad_clip_factor_cpu(m->grads, m->n_params, 1.0f / (t->scaler->scale * (float)t->accumulate), t->clip_norm,
+                                 t->grad_norm, t->clip_factor);
         sgd_step_mixed_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->scaler, t->sgd);
         loss_scaler_update_cpu(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval);
     }
@@ -469,16 +486,21 @@ static void run_micro_batch(Trainer *t, int first, int last) {
     nvtxRangePop();
 }
 
-/* The loss, and with it (the same sync) the loss scaler's state. */
+/* The loss, and with it (the same sync) the loss scaler's state and the
+ * gradient norm (optim.clip_norm). */
 static float read_loss(Trainer *t) {
     float loss;
     if (!t->use_gpu) {
         t->scaler_seen = *t->scaler;
+        if (t->grad_norm) t->grad_norm_seen = *t->grad_norm;
         return t->last_loss = *t->loss;
     }
     CUDA_CHECK(cudaMemcpyAsync(&loss, t->loss, sizeof loss, cudaMemcpyDeviceToHost, t->gpu.compute));
     CUDA_CHECK(cudaMemcpyAsync(&t->scaler_seen, t->scaler, sizeof t->scaler_seen, cudaMemcpyDeviceToHost,
                                t->gpu.compute));
+    if (t->grad_norm)
+        CUDA_CHECK(cudaMemcpyAsync(&t->grad_norm_seen, t->grad_norm, sizeof t->grad_norm_seen,
+                                   cudaMemcpyDeviceToHost, t->gpu.compute));
     CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
     t->last_loss = loss;
     return loss;
@@ -755,6 +777,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);
     t->sgd.decay_mask = t->model.decay_mask;
+    t->sgd.grad_mult = t->clip_factor; /* NULL: no clipping */
     if (dist->world > 1) {
         require(config_int(cfg, "dist.bucket_mb") >= 0, "dist.bucket_mb", "must be 0 (one bucket) or positive");
         grad_buckets_init(&t->buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,

@@ -94,8 +94,12 @@ void eager_mark(Trainer *t, int m) {
 
 void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
     if (!t->metrics) return;
-    fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6f, \"samples_per_s\": %.1f, \"lr\": %g}\n",
+    fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6f, \"samples_per_s\": %.1f, \"lr\": %g",
             t->step, epoch, loss, samples_per_s, t->lr * t->accumulate);
+    /* before clipping, as clip_grad_norm_ returns it; null when not finite */
+    if (t->grad_norm && isfinite(t->grad_norm_seen)) fprintf(t->metrics, ", \"grad_norm\": %g", t->grad_norm_seen);
+    else if (t->grad_norm) fprintf(t->metrics, ", \"grad_norm\": null");
+    fprintf(t->metrics, "}\n");
     fflush(t->metrics);
 }
 
@@ -179,7 +183,10 @@ void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
     double now = now_seconds(), wait = loader_wait_seconds(t->train_loader);
     double rate = (t->step - lw->start_step) * t->batch * t->accumulate / (now - lw->start);
-    if (!t->progress)
+    if (!t->progress && t->grad_norm)
+        log_info("epoch %d step %ld/%ld loss %.4f grad norm %.4g %.1f samples/s", epoch + 1, t->step, t->total_steps,
+                 loss, t->grad_norm_seen, rate);
+    else if (!t->progress)
         log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->total_steps, loss, rate);
     write_metric_step(t, epoch, loss, rate);
     prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);

@@ -23,6 +23,7 @@
 #include "dist/grad_buckets.h"
 #include "models/model.h"
 #include "ops/accuracy.h"
+#include "ops/grad_norm.h"
 #include "ops/loss_scaler.h"
 #include "ops/lr_schedule.h"
 #include "ops/sgd.h"
@@ -83,6 +84,7 @@ typedef struct {
     float lr;
     LrSchedule schedule;      /* kind LR_CONSTANT: lr_buf keeps optim.lr */
     float warmup_epochs, label_smoothing;
+    float clip_norm;          /* optim.clip_norm; 0: off */
 
     GpuContext gpu;
     GpuMonitor *monitor;
@@ -107,6 +109,11 @@ typedef struct {
     TransformParams *staging_params[2]; /* ... and each sample's random choices */
     GpuTransformArgs transform_args;
     int32_t *staging_labels[2];
+    /* optim.clip_norm > 0: the gradient's norm and clip factor (SgdParams.grad_mult),
+     * made on the device each step, and the norm's scratch; NULL when off. */
+    float *grad_norm, *clip_factor;
+    void *grad_norm_scratch;
+    float grad_norm_seen;     /* as last read back with the loss; NaN before that, or when off */
     cudaEvent_t staged[2], consumed[2];
     int held_slot_valid;
     Batch held;               /* the batch whose copy may still be in flight */

@@ -194,3 +194,9 @@ void dist_allreduce_max_float_device(Dist *d, float *dev, cudaStream_t stream) {
     if (!d->nccl) TC_FATAL("rank %d: dist_allreduce_max_float_device before dist_init_nccl", d->rank);
     NCCL_CHECK(ncclAllReduce(dev, dev, 1, ncclFloat32, ncclMax, d->nccl, stream));
 }
+
+void dist_allreduce_sum_double_device(Dist *d, double *dev, int n, cudaStream_t stream) {
+    if (d->world == 1 || n == 0) return;
+    if (!d->nccl) TC_FATAL("rank %d: dist_allreduce_sum_double_device before dist_init_nccl", d->rank);
+    NCCL_CHECK(ncclAllReduce(dev, dev, (size_t)n, ncclFloat64, ncclSum, d->nccl, stream));
+}

@@ -56,6 +56,9 @@ int dist_any_host(Dist *d, int flag);
  * allocation, so it may be captured in a CUDA graph. */
 void dist_allreduce_max_float_device(Dist *d, float *dev, cudaStream_t stream);
 void dist_allreduce_max_int32_device(Dist *d, int32_t *dev, cudaStream_t stream);
+/* In place, the sum over the ranks of n doubles on the device (synchronized
+ * batch norm's sums), ordered on 'stream'; capturable as the two above. */
+void dist_allreduce_sum_double_device(Dist *d, double *dev, int n, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -546,6 +546,16 @@ static void batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
     float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.c;
     /* A checkpointed block's second forward must not count its batch twice. */
     float momentum = m->recomputing ? 0.0f : m->bn_momentum;
+    if (m->training && m->bn_allreduce) {
+        if (m->device == DEVICE_CPU)
+            batchnorm_forward_train_sync_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
+                                             saved_invstd, y, m->bn_allreduce, m->bn_allreduce_ctx, l->fused);
+        else
+            batchnorm_forward_train_sync_cuda(&l->bn_cuda, m->gpu->cudnn, x, gamma, beta, momentum, m->bn_eps, mean,
+                                              var, saved_mean, saved_invstd, y, m->gpu->compute, m->bn_allreduce,
+                                              m->bn_allreduce_ctx, l->fused);
+        return;
+    }
     if (m->device == DEVICE_CPU && l->fused) {
         if (m->training)
             batchnorm_relu_forward_train_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
@@ -634,7 +644,15 @@ static void batchnorm_backward(Model *m, Layer *l, const void *x, const void *y,
     const float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.c;
     void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
     int acc = l->dx_accumulate[0];
-    if (m->device == DEVICE_CPU && l->fused)
+    int sync = m->training && m->bn_allreduce;
+    if (sync && m->device == DEVICE_CPU)
+        batchnorm_backward_sync_cpu(&l->bn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta,
+                                    m->bn_allreduce, m->bn_allreduce_ctx, l->fused);
+    else if (sync)
+        batchnorm_backward_sync_cuda(&l->bn_cuda, m->gpu->cudnn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc,
+                                     dgamma, dbeta, m->act_dtype, m->gpu->compute, m->bn_allreduce,
+                                     m->bn_allreduce_ctx, l->fused);
+    else if (m->device == DEVICE_CPU && l->fused)
         batchnorm_relu_backward_cpu(&l->bn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
     else if (m->device == DEVICE_CPU)
         batchnorm_backward_cpu(&l->bn, x, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);

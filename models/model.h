@@ -120,6 +120,11 @@ typedef struct {
      * gradient at index >= first_ready is final (data-parallel all-reduce). */
     void (*grads_ready)(void *ctx, size_t first_ready);
     void *grads_ready_ctx;
+    /* Synchronized batch norm (data-parallel): in training, every batch norm
+     * adds its per-channel sums over the ranks with this (see batchnorm.h's
+     * BnAllreduce); NULL: each rank's own statistics. */
+    BnAllreduce bn_allreduce;
+    void *bn_allreduce_ctx;
     void *workspace;      /* cuDNN workspace shared by all convolutions */
     size_t workspace_bytes;
     void *bn_scratch;     /* shared by the batch norms' reductions */

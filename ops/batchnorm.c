@@ -1,6 +1,7 @@
 #include "ops/batchnorm.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "runtime/check.h"
 
@@ -13,24 +14,59 @@ static size_t plane_of(const BatchNormShape *s) {
 /* Element p of image i in channel c: NCHW. */
 #define AT(base, i, c, p) (base)[((size_t)(i) * s->c + (c)) * plane + (p)]
 
+/* Channel c's mean and sum of squares about it, in double. */
+static void channel_moments(const BatchNormShape *s, const float *x, int c, double *mean,
+                            double *sq) {
+    size_t plane = plane_of(s);
+    double m = (double)s->n * plane, sum = 0.0;
+    for (int i = 0; i < s->n; i++)
+        for (size_t p = 0; p < plane; p++) sum += AT(x, i, c, p);
+    *mean = sum / m;
+    *sq = 0.0;
+    for (int i = 0; i < s->n; i++)
+        for (size_t p = 0; p < plane; p++) {
+            double d = AT(x, i, c, p) - *mean;
+            *sq += d * d;
+        }
+}
+
+/* Synchronized: sums[3][c] of x, x^2 (from the squares about the local mean,
+ * so that |mean| >> std does not cancel) and the count, added over the
+ * processes. */
+static double *global_forward_sums(const BatchNormShape *s, const float *x, BnAllreduce reduce,
+                                   void *ctx) {
+    double m = (double)s->n * plane_of(s), *sums = malloc(3 * (size_t)s->c * sizeof(double));
+    if (!sums) TC_FATAL("batchnorm: out of host memory");
+    for (int c = 0; c < s->c; c++) {
+        double mean, sq;
+        channel_moments(s, x, c, &mean, &sq);
+        sums[c] = m * mean;
+        sums[s->c + c] = sq + m * mean * mean;
+        sums[2 * s->c + c] = m;
+    }
+    reduce(ctx, sums, 3 * s->c, NULL);
+    return sums;
+}
+
 static void forward_train(const BatchNormShape *s, const float *x, const float *gamma,
                           const float *beta, float momentum, float eps, float *running_mean,
                           float *running_var, float *save_mean, float *save_invstd, float *y,
-                          int relu) {
+                          int relu, BnAllreduce reduce, void *ctx) {
     size_t plane = plane_of(s);
-    double m = (double)s->n * plane;
-    if (m < 2) TC_FATAL("batchnorm: training needs more than one value per channel");
+    double *sums = reduce ? global_forward_sums(s, x, reduce, ctx) : NULL;
     for (int c = 0; c < s->c; c++) {
-        double sum = 0.0;
-        for (int i = 0; i < s->n; i++)
-            for (size_t p = 0; p < plane; p++) sum += AT(x, i, c, p);
-        double mean = sum / m, sq = 0.0;
-        for (int i = 0; i < s->n; i++)
-            for (size_t p = 0; p < plane; p++) {
-                double d = AT(x, i, c, p) - mean;
-                sq += d * d;
-            }
-        double var = sq / m, invstd = 1.0 / sqrt(var + eps);
+        double m = (double)s->n * plane, mean, var;
+        if (sums) {
+            m = sums[2 * s->c + c];
+            mean = sums[c] / m;
+            var = sums[s->c + c] / m - mean * mean;
+            if (var < 0.0) var = 0.0;
+        } else {
+            channel_moments(s, x, c, &mean, &var);
+            var /= m;
+        }
+        if (m < 2) TC_FATAL("batchnorm: training needs more than one value per channel");
+        double invstd = 1.0 / sqrt(var + eps);
         if (save_mean) save_mean[c] = (float)mean;
         if (save_invstd) save_invstd[c] = (float)invstd;
         if (momentum != 0.0f && running_mean)
@@ -45,6 +81,7 @@ static void forward_train(const BatchNormShape *s, const float *x, const float *
                 AT(y, i, c, p) = relu && v < 0.0f ? 0.0f : v;
             }
     }
+    free(sums);
 }
 
 static void forward_eval(const BatchNormShape *s, const float *x, const float *gamma,
@@ -61,12 +98,33 @@ static void forward_eval(const BatchNormShape *s, const float *x, const float *g
     }
 }
 
-/* y NULL: no ReLU mask. */
+/* Channel c's dx from the sums of dy and dy * xhat over m values; y NULL: no ReLU mask. */
+static void channel_dx(const BatchNormShape *s, int c, const float *x, const float *y,
+                       const float *dy, double gamma, double mean, double invstd, double m,
+                       double sum_dy, double sum_dy_xhat, float *dx, int accumulate_dx) {
+    size_t plane = plane_of(s);
+    double factor = gamma * invstd / m;
+    for (int i = 0; i < s->n; i++)
+        for (size_t p = 0; p < plane; p++) {
+            double g = y && !(AT(y, i, c, p) > 0.0f) ? 0.0 : AT(dy, i, c, p);
+            double xhat = (AT(x, i, c, p) - mean) * invstd;
+            float v = (float)(factor * (m * g - sum_dy - xhat * sum_dy_xhat));
+            AT(dx, i, c, p) = accumulate_dx ? AT(dx, i, c, p) + v : v;
+        }
+}
+
+/* y NULL: no ReLU mask. Synchronized (reduce set and dx wanted): dx from the
+ * sums[3][c] of dy, dy * xhat and the count, added over the processes. */
 static void backward(const BatchNormShape *s, const float *x, const float *y, const float *dy,
                      const float *gamma, const float *save_mean, const float *save_invstd,
-                     float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
+                     float *dx, int accumulate_dx, float *dgamma, float *dbeta,
+                     BnAllreduce reduce, void *ctx) {
     size_t plane = plane_of(s);
-    double m = (double)s->n * plane;
+    double m = (double)s->n * plane, *sums = NULL;
+    if (dx && reduce) {
+        sums = malloc(3 * (size_t)s->c * sizeof(double));
+        if (!sums) TC_FATAL("batchnorm: out of host memory");
+    }
     for (int c = 0; c < s->c; c++) {
         double mean = save_mean[c], invstd = save_invstd[c];
         double sum_dy = 0.0, sum_dy_xhat = 0.0;
@@ -78,16 +136,21 @@ static void backward(const BatchNormShape *s, const float *x, const float *y, co
             }
         if (dbeta) dbeta[c] += (float)sum_dy;
         if (dgamma) dgamma[c] += (float)sum_dy_xhat;
-        if (!dx) continue;
-        double factor = gamma[c] * invstd / m;
-        for (int i = 0; i < s->n; i++)
-            for (size_t p = 0; p < plane; p++) {
-                double g = y && !(AT(y, i, c, p) > 0.0f) ? 0.0 : AT(dy, i, c, p);
-                double xhat = (AT(x, i, c, p) - mean) * invstd;
-                float v = (float)(factor * (m * g - sum_dy - xhat * sum_dy_xhat));
-                AT(dx, i, c, p) = accumulate_dx ? AT(dx, i, c, p) + v : v;
-            }
+        if (sums) {
+            sums[c] = sum_dy;
+            sums[s->c + c] = sum_dy_xhat;
+            sums[2 * s->c + c] = m;
+        } else if (dx) {
+            channel_dx(s, c, x, y, dy, gamma[c], mean, invstd, m, sum_dy, sum_dy_xhat, dx,
+                       accumulate_dx);
+        }
     }
+    if (!sums) return;
+    reduce(ctx, sums, 3 * s->c, NULL);
+    for (int c = 0; c < s->c; c++)
+        channel_dx(s, c, x, y, dy, gamma[c], save_mean[c], save_invstd[c], sums[2 * s->c + c],
+                   sums[c], sums[s->c + c], dx, accumulate_dx);
+    free(sums);
 }
 
 void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
@@ -95,7 +158,7 @@ void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const 
                                  float *running_var, float *save_mean, float *save_invstd,
                                  float *y) {
     forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, 0);
+                  save_invstd, y, 0, NULL, NULL);
 }
 
 void batchnorm_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
@@ -107,7 +170,8 @@ void batchnorm_forward_eval_cpu(const BatchNormShape *s, const float *x, const f
 void batchnorm_backward_cpu(const BatchNormShape *s, const float *x, const float *dy,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
-    backward(s, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta);
+    backward(s, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL,
+             NULL);
 }
 
 void batchnorm_relu_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
@@ -115,7 +179,7 @@ void batchnorm_relu_forward_train_cpu(const BatchNormShape *s, const float *x, c
                                       float *running_mean, float *running_var, float *save_mean,
                                       float *save_invstd, float *y) {
     forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, 1);
+                  save_invstd, y, 1, NULL, NULL);
 }
 
 void batchnorm_relu_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
@@ -128,5 +192,25 @@ void batchnorm_relu_backward_cpu(const BatchNormShape *s, const float *x, const 
                                  const float *dy, const float *gamma, const float *save_mean,
                                  const float *save_invstd, float *dx, int accumulate_dx,
                                  float *dgamma, float *dbeta) {
-    backward(s, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta);
+    backward(s, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL,
+             NULL);
+}
+
+void batchnorm_forward_train_sync_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                      const float *beta, float momentum, float eps,
+                                      float *running_mean, float *running_var, float *save_mean,
+                                      float *save_invstd, float *y, BnAllreduce reduce, void *ctx,
+                                      int relu) {
+    forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                  save_invstd, y, relu, reduce, ctx);
+}
+
+void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const float *y,
+                                 const float *dy, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dx, int accumulate_dx,
+                                 float *dgamma, float *dbeta, BnAllreduce reduce, void *ctx,
+                                 int relu) {
+    if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
+    backward(s, x, relu ? y : NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+             dbeta, reduce, ctx);
 }

@@ -22,6 +22,14 @@
  *               d = -gamma * invstd * sum(dy') / m,
  *             which is batchnorm.h's dx rearranged; x - mean is kept as such so
  *             that a large mean does not cancel.
+ * Synchronized (several processes share the batch), the finalize is split in
+ * two: one kernel writes each channel's local sums and count (double) to the
+ * scratch, the caller's reduce adds them over the processes on the stream,
+ * and a second kernel derives the statistics and coefficients from the global
+ * sums. Backward, the first also adds dgamma and dbeta (local sums). Forward,
+ * each process shifts by its own first value, which the others do not know:
+ * the first kernel turns its shifted sums into sums of x and x^2 in double,
+ * where |mean| >> std no longer cancels.
  * Threads sum in fp32, each over a few dozen vectors, in a fixed order. The
  * partial sums are 2 x rows x channels floats: NCHW takes many blocks per
  * channel; NHWC, where every block touches every channel, few enough that each
@@ -79,6 +87,7 @@ struct BnArgs {
     void *dgamma, *dbeta;
     int grad_dtype;
     int accumulate;
+    double *sums;           /* synchronized: [3][channels], the two sums and the count */
 };
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -125,14 +134,13 @@ static __device__ __forceinline__ void add_grad(void *buf, int dtype, int c, flo
     }
 }
 
-/* Block c: channel c's partial sums, thread t taking rows t, t + 256, ...,
- * then a tree in shared memory (fixed order), in double; thread 0 derives the
- * statistics and coefficients. */
-template <typename T, int MODE>
-static __global__ void __launch_bounds__(BN_THREADS) bn_finalize(BnArgs a, int nhwc) {
+/* Block c adds channel c's partial sums, thread t taking rows t, t + 256, ...,
+ * then a tree in shared memory (fixed order), in double; thread 0 gets the
+ * channel's two sums. */
+static __device__ void channel_sums(const BnArgs &a, unsigned c, double &s1, double &s2) {
     __shared__ double sums1[BN_THREADS], sums2[BN_THREADS];
-    unsigned c = blockIdx.x, C = a.channels;
-    double s1 = 0.0, s2 = 0.0;
+    unsigned C = a.channels;
+    s1 = 0.0, s2 = 0.0;
     for (unsigned r = threadIdx.x; r < a.rows; r += BN_THREADS) {
         s1 += a.partials[(size_t)r * C + c];
         s2 += a.partials[((size_t)a.rows + r) * C + c];
@@ -147,33 +155,92 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_finalize(BnArgs a, int n
         }
         __syncthreads();
     }
-    if (threadIdx.x != 0) return;
     s1 = sums1[0];
     s2 = sums2[0];
-    double m = a.count;
+}
+
+/* Forward: from the sums of x - k and (x - k)^2 over m values, the statistics
+ * (saved, running) and the coefficients. */
+static __device__ void forward_stats(const BnArgs &a, unsigned c, double k, double s1, double s2,
+                                     double m) {
+    double d = s1 / m, mean = k + d, var = s2 / m - d * d;
+    if (var < 0.0) var = 0.0;
+    double invstd = 1.0 / sqrt(var + (double)a.eps);
+    if (a.save_mean) a.save_mean[c] = (float)mean;
+    if (a.save_invstd) a.save_invstd[c] = (float)invstd;
+    if (a.momentum != 0.0f) {
+        double mom = a.momentum;
+        if (a.running_mean)
+            a.running_mean[c] = (float)((1.0 - mom) * a.running_mean[c] + mom * mean);
+        if (a.running_var)
+            a.running_var[c] = (float)((1.0 - mom) * a.running_var[c] + mom * var * m / (m - 1.0));
+    }
+    a.coef[c] = make_float4((float)mean, (float)(invstd * a.gamma[c]), a.beta[c], 0.0f);
+}
+
+/* Backward, from the sums of dy' and dy' * (x - mean). */
+static __device__ void add_param_grads(const BnArgs &a, unsigned c, double s1, double s2) {
+    if (a.dbeta) add_grad(a.dbeta, a.grad_dtype, c, (float)s1);
+    if (a.dgamma) add_grad(a.dgamma, a.grad_dtype, c, (float)(s2 * a.invstd_in[c]));
+}
+
+static __device__ void backward_coef(const BnArgs &a, unsigned c, double s1, double s2, double m) {
+    double invstd = a.invstd_in[c], g = a.gamma[c];
+    a.coef[c] = make_float4(a.mean_in[c], (float)(g * invstd),
+                            (float)(-g * invstd * invstd * invstd * s2 / m),
+                            (float)(-g * invstd * s1 / m));
+}
+
+/* The forward reduction's shift: channel c's first value. */
+template <typename T>
+static __device__ __forceinline__ double first_value(const BnArgs &a, unsigned c, int nhwc) {
+    return to_float(((const T *)a.x)[nhwc ? (size_t)c : (size_t)c * a.plane]);
+}
+
+/* Block c: channel c's statistics and coefficients (and dgamma, dbeta). */
+template <typename T, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_finalize(BnArgs a, int nhwc) {
+    unsigned c = blockIdx.x;
+    double s1, s2;
+    channel_sums(a, c, s1, s2);
+    if (threadIdx.x != 0) return;
     if (MODE == BN_FWD) {
-        const T *x = (const T *)a.x;
-        double k = to_float(x[nhwc ? (size_t)c : (size_t)c * a.plane]);
-        double d = s1 / m, mean = k + d, var = s2 / m - d * d;
-        if (var < 0.0) var = 0.0;
-        double invstd = 1.0 / sqrt(var + (double)a.eps);
-        if (a.save_mean) a.save_mean[c] = (float)mean;
-        if (a.save_invstd) a.save_invstd[c] = (float)invstd;
-        if (a.momentum != 0.0f) {
-            double mom = a.momentum;
-            if (a.running_mean)
-                a.running_mean[c] = (float)((1.0 - mom) * a.running_mean[c] + mom * mean);
-            if (a.running_var)
-                a.running_var[c] = (float)((1.0 - mom) * a.running_var[c] + mom * var * m / (m - 1.0));
-        }
-        a.coef[c] = make_float4((float)mean, (float)(invstd * a.gamma[c]), a.beta[c], 0.0f);
+        forward_stats(a, c, first_value<T>(a, c, nhwc), s1, s2, a.count);
     } else {
-        double invstd = a.invstd_in[c], g = a.gamma[c];
-        if (a.dbeta) add_grad(a.dbeta, a.grad_dtype, c, (float)s1);
-        if (a.dgamma) add_grad(a.dgamma, a.grad_dtype, c, (float)(s2 * invstd));
-        a.coef[c] = make_float4(a.mean_in[c], (float)(g * invstd),
-                                (float)(-g * invstd * invstd * invstd * s2 / m),
-                                (float)(-g * invstd * s1 / m));
+        add_param_grads(a, c, s1, s2);
+        backward_coef(a, c, s1, s2, a.count);
+    }
+}
+
+/* Synchronized, block c: channel c's local sums and count to a.sums.
+ * Forward: sums of x and x^2, from those of x - k and (x - k)^2; backward:
+ * dgamma and dbeta added from the local sums. */
+template <typename T, int MODE>
+static __global__ void __launch_bounds__(BN_THREADS) bn_finalize_local(BnArgs a, int nhwc) {
+    unsigned c = blockIdx.x, C = a.channels;
+    double s1, s2, m = a.count;
+    channel_sums(a, c, s1, s2);
+    if (threadIdx.x != 0) return;
+    if (MODE == BN_FWD) {
+        double k = first_value<T>(a, c, nhwc);
+        s2 += (2.0 * s1 + m * k) * k;
+        s1 += m * k;
+    } else {
+        add_param_grads(a, c, s1, s2);
+    }
+    a.sums[c] = s1;
+    a.sums[C + c] = s2;
+    a.sums[2 * C + c] = m;
+}
+
+/* Synchronized: the statistics and coefficients from the global sums. */
+template <int MODE>
+static __global__ void bn_sync_coef(BnArgs a) {
+    unsigned C = a.channels;
+    for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        double s1 = a.sums[c], s2 = a.sums[C + c], m = a.sums[2 * C + c];
+        if (MODE == BN_FWD) forward_stats(a, c, 0.0, s1, s2, m);
+        else backward_coef(a, c, s1, s2, m);
     }
 }
 
@@ -459,13 +526,18 @@ static void check_shape(const BatchNormShape *s) {
                  s->n, s->c, s->h, s->w);
 }
 
-/* Scratch: the partial sums [2][rows][c], then the coefficients [c] (float4). */
+/* Scratch: the partial sums [2][rows][c], then the coefficients [c] (float4),
+ * then the synchronized calls' sums [3][c] (double). */
 static size_t coef_offset(const BatchNormShape *s, unsigned rows) {
     return ceil_div(2 * (size_t)rows * s->c * sizeof(float), 256) * 256;
 }
 
+static size_t sums_offset(const BatchNormShape *s, unsigned rows) {
+    return coef_offset(s, rows) + ceil_div((size_t)s->c * sizeof(float4), 256) * 256;
+}
+
 static size_t scratch_bytes_for(const BatchNormShape *s, DType dtype, int nhwc) {
-    return coef_offset(s, bn_rows(s, dtype, nhwc)) + (size_t)s->c * sizeof(float4);
+    return sums_offset(s, bn_rows(s, dtype, nhwc)) + 3 * (size_t)s->c * sizeof(double);
 }
 
 /* Enough for every dtype: NHWC's rows depend on the vector width (4 or 8 elements). */
@@ -527,6 +599,7 @@ static BnArgs base_args(const BatchNormCuda *bn) {
     char *base = (char *)bn->scratch;
     a.partials = (float *)base;
     a.coef = (float4 *)(base + coef_offset(s, a.rows));
+    a.sums = (double *)(base + sums_offset(s, a.rows));
     return a;
 }
 
@@ -569,12 +642,22 @@ static void launch_apply_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStrea
     CUDA_CHECK_LAUNCH();
 }
 
-/* The sums, then the per-channel statistics and coefficients. */
+/* The sums, then the per-channel statistics and coefficients; with 'reduce'
+ * (synchronized) from the sums over every process. */
 template <typename T, int MODE>
-static void launch_reduce(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
+static void launch_reduce(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream,
+                          BnAllreduce reduce, void *ctx) {
     if (wide_fits<T>(bn, a)) launch_reduce_vec<T, 16 / sizeof(T), MODE>(bn, a, stream);
     else launch_reduce_vec<T, 1, MODE>(bn, a, stream);
-    bn_finalize<T, MODE><<<a.channels, BN_THREADS, 0, stream>>>(a, bn->nhwc);
+    if (!reduce) {
+        bn_finalize<T, MODE><<<a.channels, BN_THREADS, 0, stream>>>(a, bn->nhwc);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    bn_finalize_local<T, MODE><<<a.channels, BN_THREADS, 0, stream>>>(a, bn->nhwc);
+    CUDA_CHECK_LAUNCH();
+    reduce(ctx, a.sums, 3 * (int)a.channels, stream);
+    bn_sync_coef<MODE><<<(unsigned)ceil_div(a.channels, BN_THREADS), BN_THREADS, 0, stream>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -585,10 +668,11 @@ static void launch_apply(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t 
 }
 
 template <typename T>
-static void run_forward_train(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream) {
+static void run_forward_train(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream,
+                              BnAllreduce reduce, void *ctx) {
     BnArgs stats = a;
     stats.out = NULL; /* the reduction reads x alone; y's alignment must not narrow it */
-    launch_reduce<T, BN_FWD>(bn, stats, stream);
+    launch_reduce<T, BN_FWD>(bn, stats, stream, reduce, ctx);
     if (relu) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
     else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
 }
@@ -602,11 +686,13 @@ static void run_forward_eval(const BatchNormCuda *bn, BnArgs a, bool relu, cudaS
 }
 
 template <typename T>
-static void run_backward(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream) {
+static void run_backward(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream,
+                         BnAllreduce reduce, void *ctx) {
     BnArgs sums = a;
     sums.out = NULL;
-    if (relu) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream);
-    else launch_reduce<T, BN_BWD>(bn, sums, stream);
+    if (!a.out) reduce = NULL; /* no dx: dgamma and dbeta need only the local sums */
+    if (relu) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
+    else launch_reduce<T, BN_BWD>(bn, sums, stream, reduce, ctx);
     if (!a.out) return;
     if (relu) launch_apply<T, BN_APPLY_BWD_RELU>(bn, a, stream);
     else launch_apply<T, BN_APPLY_BWD>(bn, a, stream);
@@ -615,9 +701,11 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStrea
 static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                           const float *gamma, const float *beta, float momentum, float eps,
                           float *running_mean, float *running_var, float *save_mean,
-                          float *save_invstd, void *y, cudaStream_t stream, bool relu) {
+                          float *save_invstd, void *y, cudaStream_t stream, bool relu,
+                          BnAllreduce reduce, void *ctx) {
     BnArgs a = base_args(bn);
-    if (a.count < 2) TC_FATAL("batchnorm: training needs more than one value per channel");
+    /* Synchronized, the global count must be 2 or more; only the device knows it. */
+    if (a.count < 2 && !reduce) TC_FATAL("batchnorm: training needs more than one value per channel");
     a.x = x;
     a.out = y;
     a.gamma = gamma;
@@ -628,7 +716,7 @@ static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *
     a.running_var = running_var;
     a.save_mean = save_mean;
     a.save_invstd = save_invstd;
-    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_train, bn, a, relu, pick_stream(h, stream));
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_train, bn, a, relu, pick_stream(h, stream), reduce, ctx);
 }
 
 static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -649,7 +737,8 @@ static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x
 static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *y,
                      const void *dy, const float *gamma, const float *save_mean,
                      const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
-                     void *dbeta, DType grad_dtype, cudaStream_t stream, bool relu) {
+                     void *dbeta, DType grad_dtype, cudaStream_t stream, bool relu,
+                     BnAllreduce reduce, void *ctx) {
     if (dgamma || dbeta) check_float_dtype("batchnorm (parameter gradients)", grad_dtype);
     if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
     BnArgs a = base_args(bn);
@@ -664,7 +753,7 @@ static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, co
     a.dbeta = dbeta;
     a.grad_dtype = (int)grad_dtype;
     a.accumulate = accumulate_dx != 0;
-    DISPATCH_FLOAT_DTYPE(bn->dtype, run_backward, bn, a, relu, pick_stream(h, stream));
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_backward, bn, a, relu, pick_stream(h, stream), reduce, ctx);
 }
 
 void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -672,7 +761,7 @@ void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   float *running_mean, float *running_var, float *save_mean,
                                   float *save_invstd, void *y, cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, false);
+                  save_invstd, y, stream, false, NULL, NULL);
 }
 
 void batchnorm_relu_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -681,7 +770,7 @@ void batchnorm_relu_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        float *save_mean, float *save_invstd, void *y,
                                        cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, true);
+                  save_invstd, y, stream, true, NULL, NULL);
 }
 
 void batchnorm_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -702,7 +791,7 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream) {
     backward(bn, h, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, false);
+             grad_dtype, stream, false, NULL, NULL);
 }
 
 void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -711,5 +800,26 @@ void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
                                   cudaStream_t stream) {
     backward(bn, h, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, true);
+             grad_dtype, stream, true, NULL, NULL);
+}
+
+void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                       const float *gamma, const float *beta, float momentum,
+                                       float eps, float *running_mean, float *running_var,
+                                       float *save_mean, float *save_invstd, void *y,
+                                       cudaStream_t stream, BnAllreduce reduce, void *ctx,
+                                       int relu) {
+    if (!reduce) TC_FATAL("batchnorm sync forward: no reduce given");
+    forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                  save_invstd, y, stream, relu != 0, reduce, ctx);
+}
+
+void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                  const void *y, const void *dy, const float *gamma,
+                                  const float *save_mean, const float *save_invstd, void *dx,
+                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
+                                  cudaStream_t stream, BnAllreduce reduce, void *ctx, int relu) {
+    if (!reduce) TC_FATAL("batchnorm sync backward: no reduce given");
+    backward(bn, h, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+             grad_dtype, stream, relu != 0, reduce, ctx);
 }

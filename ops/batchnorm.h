@@ -42,7 +42,25 @@
  * every pointer 16-byte aligned), else one element a thread. Everything runs
  * on 'stream' (NULL: the stream of h), with no host sync and no allocation,
  * so calls can be captured in a CUDA graph. h is otherwise unused and may be
- * NULL when a stream is given. */
+ * NULL when a stream is given.
+ *
+ * Synchronized (the *_sync_* calls, PyTorch's SyncBatchNorm): the training
+ * forward and the backward of one layer spread over several processes, each
+ * holding part of the batch. Each call makes per-channel sums over its own
+ * values and hands them to 'reduce', which must add them over all processes
+ * in place; the statistics (forward) and dx (backward) then come from the
+ * sums of the global batch, m its count:
+ *   forward:  sums of x and x^2 in double, each process's made from sums
+ *             about its own shift (fp32 sums of x^2 would cancel where
+ *             |mean| >> std). The running statistics take the global mean
+ *             and unbiased variance: they stay the same on every process;
+ *   backward: sums of dy and dy * (x - mean), dy masked for relu. dgamma and
+ *             dbeta get the LOCAL sums (a data-parallel gradient all-reduce
+ *             averages them afterwards); dx NULL needs no global sums and
+ *             calls no reduce.
+ * The global count must be at least 2. Every process must make the same calls
+ * in the same order. With a reduce that leaves the sums alone (one process)
+ * the results are those of the plain calls, up to rounding. */
 #ifndef TRAINC_OPS_BATCHNORM_H
 #define TRAINC_OPS_BATCHNORM_H
 
@@ -59,6 +77,11 @@ extern "C" {
 typedef struct {
     int n, c, h, w;
 } BatchNormShape;
+
+/* Adds sums[0..n) over the processes, in place: host memory on the CPU path
+ * (stream NULL), device memory on the CUDA path, ordered on 'stream' (no host
+ * sync there, so that a CUDA graph can capture it). */
+typedef void (*BnAllreduce)(void *ctx, double *sums, int n, cudaStream_t stream);
 
 /* ---- CPU reference (float32, NCHW) ---- */
 void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
@@ -84,6 +107,19 @@ void batchnorm_relu_backward_cpu(const BatchNormShape *s, const float *x, const 
                                  const float *save_invstd, float *dx, int accumulate_dx,
                                  float *dgamma, float *dbeta);
 
+/* Synchronized; relu: the fused variant (its backward reads y for the mask,
+ * otherwise y may be NULL there). */
+void batchnorm_forward_train_sync_cpu(const BatchNormShape *s, const float *x, const float *gamma,
+                                      const float *beta, float momentum, float eps,
+                                      float *running_mean, float *running_var, float *save_mean,
+                                      float *save_invstd, float *y, BnAllreduce reduce, void *ctx,
+                                      int relu);
+void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const float *y,
+                                 const float *dy, const float *gamma, const float *save_mean,
+                                 const float *save_invstd, float *dx, int accumulate_dx,
+                                 float *dgamma, float *dbeta, BnAllreduce reduce, void *ctx,
+                                 int relu);
+
 /* ---- CUDA ---- */
 typedef struct {
     BatchNormShape shape;
@@ -95,9 +131,9 @@ typedef struct {
     int owns_scratch;
 } BatchNormCuda;
 
-/* The scratch one layer of this shape needs, in any dtype: partial sums and
- * per-channel coefficients, a few kB in NCHW, in NHWC at most 1/16 of an f16
- * tensor (1/128 at c = 64). */
+/* The scratch one layer of this shape needs, in any dtype: partial sums,
+ * per-channel coefficients and the synchronized calls' sums (3 x c doubles),
+ * a few kB in NCHW, in NHWC at most 1/16 of an f16 tensor (1/128 at c = 64). */
 size_t batchnorm_cuda_scratch_bytes(const BatchNormShape *s, int nhwc);
 /* Allocates the layer's scratch (cudaMalloc); destroy frees it. */
 void batchnorm_cuda_init(BatchNormCuda *bn, cudnnHandle_t h, const BatchNormShape *s, DType dtype,
@@ -136,6 +172,20 @@ void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   const float *save_mean, const float *save_invstd, void *dx,
                                   int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
                                   cudaStream_t stream);
+
+/* Synchronized: 'reduce' gets the 3 x c sums in the layer's scratch, on the
+ * call's stream. */
+void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                       const float *gamma, const float *beta, float momentum,
+                                       float eps, float *running_mean, float *running_var,
+                                       float *save_mean, float *save_invstd, void *y,
+                                       cudaStream_t stream, BnAllreduce reduce, void *ctx,
+                                       int relu);
+void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                                  const void *y, const void *dy, const float *gamma,
+                                  const float *save_mean, const float *save_invstd, void *dx,
+                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
+                                  cudaStream_t stream, BnAllreduce reduce, void *ctx, int relu);
 
 #ifdef __cplusplus
 }

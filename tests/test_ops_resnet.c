@@ -1,6 +1,7 @@
-/* The ops ResNet adds: batch norm (plain and fused with ReLU), residual add,
- * global average pooling, the conv2d dx accumulation, label smoothing, masked
- * weight decay and the device-side learning-rate schedule.
+/* The ops ResNet adds: batch norm (plain and fused with ReLU; synchronized
+ * over ranks, two simulated in one process), residual add, global average
+ * pooling, the conv2d dx accumulation, label smoothing, masked weight decay
+ * and the device-side learning-rate schedule.
  *
  * The CPU part always runs: forward values against hand computation or an
  * independent formula, backward against central finite differences of a
@@ -369,6 +370,195 @@ static void test_bn_relu_cpu_forward(BatchNormShape s) {
     CHECK_MSG(zeros > 0 && zeros < nx, "bn+relu: %zu zeros of %zu", zeros, nx);
     CHECK(same_bits(rm, rm2, s.c) && same_bits(rv, rv2, s.c));
     void *p[] = {x, gamma, beta, y, yr, want, rm, rv, rm2, rv2};
+    free_all(p, COUNT(p));
+}
+
+/* ---- CPU: synchronized batch norm ------------------------------------------------- */
+
+/* Two ranks simulated in one process, each holding half of a batch. A
+ * synchronized call runs twice on each half: pass 0 records the half's local
+ * sums (and doubles them, as if the other half were the same: its outputs are
+ * then reset or overwritten), pass 1 adds the other half's, as an all-reduce
+ * over two ranks would (a + b on one, b + a on the other: the same bits).
+ * device: the sums are in device memory. */
+typedef struct {
+    double *recorded[2];
+    int n, rank, pass, device;
+} FakeRanks;
+
+static void fake_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
+    FakeRanks *f = ctx;
+    size_t bytes = (size_t)n * sizeof(double);
+    CHECK(n == f->n);
+    double *host = f->device ? host_doubles(n) : sums;
+    if (f->device) download_on(stream, host, sums, bytes);
+    if (f->pass == 0) memcpy(f->recorded[f->rank], host, bytes);
+    const double *other = f->recorded[f->pass == 0 ? f->rank : 1 - f->rank];
+    for (int i = 0; i < n; i++) host[i] += other[i];
+    if (f->device) {
+        upload_on(stream, sums, host, bytes);
+        free(host);
+    }
+}
+
+/* One process: the sums stay as they are. ctx counts the calls. */
+static void solo_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
+    (void)sums, (void)n, (void)stream;
+    ++*(int *)ctx;
+}
+
+/* What one batch-norm layer's forward and backward give. */
+typedef struct {
+    float *y, *mean, *invstd, *rmean, *rvar, *dx, *dgamma, *dbeta;
+} BnOut;
+
+static BnOut bn_out_new(size_t nx, int c, const float *rmean0, const float *rvar0) {
+    BnOut o = {host_floats(nx), host_floats(c), host_floats(c), copy_floats(rmean0, c),
+               copy_floats(rvar0, c), host_floats(nx), host_floats(c), host_floats(c)};
+    return o;
+}
+
+static void bn_out_free(BnOut *o) {
+    void *p[] = {o->y, o->mean, o->invstd, o->rmean, o->rvar, o->dx, o->dgamma, o->dbeta};
+    free_all(p, COUNT(p));
+}
+
+/* [a | b]: two halves back to back (images are outermost, NCHW and NHWC alike). */
+static float *joined(const float *a, const float *b, size_t half) {
+    float *p = host_floats(2 * half);
+    memcpy(p, a, half * sizeof(float));
+    memcpy(p + half, b, half * sizeof(float));
+    return p;
+}
+
+/* Training forward with momentum 0.1 (running statistics skipped unless
+ * 'running'); synchronized with reduce, else plain. */
+static void cpu_bn_forward(const BatchNormShape *s, const float *x, const float *gamma,
+                           const float *beta, int running, int relu, BnAllreduce reduce, void *ctx,
+                           BnOut *o) {
+    float *rm = running ? o->rmean : NULL, *rv = running ? o->rvar : NULL;
+    if (reduce)
+        batchnorm_forward_train_sync_cpu(s, x, gamma, beta, 0.1f, BN_EPS, rm, rv, o->mean, o->invstd,
+                                         o->y, reduce, ctx, relu);
+    else if (relu)
+        batchnorm_relu_forward_train_cpu(s, x, gamma, beta, 0.1f, BN_EPS, rm, rv, o->mean, o->invstd,
+                                         o->y);
+    else
+        batchnorm_forward_train_cpu(s, x, gamma, beta, 0.1f, BN_EPS, rm, rv, o->mean, o->invstd, o->y);
+}
+
+/* Backward from o's saved statistics into o's dx, dgamma, dbeta; mask: the
+ * ReLU's y (relu). */
+static void cpu_bn_backward(const BatchNormShape *s, const float *x, const float *mask,
+                            const float *dy, const float *gamma, int relu, BnAllreduce reduce,
+                            void *ctx, BnOut *o) {
+    if (reduce)
+        batchnorm_backward_sync_cpu(s, x, mask, dy, gamma, o->mean, o->invstd, o->dx, 0, o->dgamma,
+                                    o->dbeta, reduce, ctx, relu);
+    else if (relu)
+        batchnorm_relu_backward_cpu(s, x, mask, dy, gamma, o->mean, o->invstd, o->dx, 0, o->dgamma,
+                                    o->dbeta);
+    else
+        batchnorm_backward_cpu(s, x, dy, gamma, o->mean, o->invstd, o->dx, 0, o->dgamma, o->dbeta);
+}
+
+/* dist.sync_bn's arithmetic. One process (sums left alone): the plain
+ * results, the backward to the bit. Two ranks (FakeRanks), each with half of
+ * the batch: together they give the whole batch's plain results. A rank's loss
+ * is the mean over its half, so its dy is 2x the whole batch's for the same
+ * samples: its dx is 2x the whole's, and the parameter gradients averaged over
+ * the ranks (DDP) are the whole's. Per-rank (plain) statistics give other y:
+ * the check can fail. offset: the channels' means, in std units roughly. */
+static void test_bn_sync_cpu(BatchNormShape s, int relu, float offset, int running) {
+    printf("batchnorm%s cpu synchronized %dx%dx%dx%d (offset %g%s)\n", relu ? "+relu" : "", s.n,
+           s.c, s.h, s.w, offset, running ? "" : ", no running statistics");
+    const char *tag = relu ? "sync bn+relu" : "sync bn";
+    char what[96];
+    BatchNormShape h = s;
+    h.n = s.n / 2;
+    size_t nx = bn_numel(&s), nh = bn_numel(&h);
+    float *x = bn_input(&s, offset, 1.0f), *dy = random_floats(nx, -1, 1);
+    float *gamma = random_floats(s.c, 0.5f, 1.5f), *beta = random_floats(s.c, -1, 1);
+    float *rmean0 = random_floats(s.c, -1, 1), *rvar0 = random_floats(s.c, 0.5f, 2);
+    float *dy2 = host_floats(nx);
+    for (size_t i = 0; i < nx; i++) dy2[i] = 2.0f * dy[i];
+
+    BnOut whole = bn_out_new(nx, s.c, rmean0, rvar0);
+    cpu_bn_forward(&s, x, gamma, beta, running, relu, NULL, NULL, &whole);
+    cpu_bn_backward(&s, x, whole.y, dy, gamma, relu, NULL, NULL, &whole);
+
+    /* one process: forward within rounding, backward (same saved statistics) to the bit */
+    int calls = 0;
+    BnOut solo = bn_out_new(nx, s.c, rmean0, rvar0);
+    cpu_bn_forward(&s, x, gamma, beta, running, relu, solo_allreduce, &calls, &solo);
+    snprintf(what, sizeof what, "%s, one process: y", tag);
+    check_rel(what, solo.y, whole.y, nx, 1e-6);
+    check_rel("  save_mean", solo.mean, whole.mean, s.c, 1e-6);
+    check_rel("  save_invstd", solo.invstd, whole.invstd, s.c, 1e-6);
+    if (running) {
+        check_rel("  running_mean", solo.rmean, whole.rmean, s.c, 1e-6);
+        check_rel("  running_var", solo.rvar, whole.rvar, s.c, 1e-6);
+    }
+    memcpy(solo.mean, whole.mean, s.c * sizeof(float));
+    memcpy(solo.invstd, whole.invstd, s.c * sizeof(float));
+    cpu_bn_backward(&s, x, whole.y, dy, gamma, relu, solo_allreduce, &calls, &solo);
+    CHECK_MSG(same_bits(solo.dx, whole.dx, nx) && same_bits(solo.dgamma, whole.dgamma, s.c) &&
+                  same_bits(solo.dbeta, whole.dbeta, s.c),
+              "%s, one process: backward differs from the plain one", tag);
+    float *scratch_dg = host_floats(s.c), *scratch_db = host_floats(s.c);
+    cpu_bn_backward(&s, x, whole.y, dy, gamma, relu, solo_allreduce, &calls, &(BnOut){
+        .mean = whole.mean, .invstd = whole.invstd, .dgamma = scratch_dg, .dbeta = scratch_db});
+    CHECK_MSG(calls == 2, "%s: %d reduce calls, want 2 (dx NULL needs none)", tag, calls);
+
+    /* two ranks */
+    BnOut half[2] = {bn_out_new(nh, s.c, rmean0, rvar0), bn_out_new(nh, s.c, rmean0, rvar0)};
+    FakeRanks f = {{host_doubles(3 * s.c), host_doubles(3 * s.c)}, 3 * s.c, 0, 0, 0};
+    for (f.pass = 0; f.pass < 2; f.pass++)
+        for (f.rank = 0; f.rank < 2; f.rank++) {
+            memcpy(half[f.rank].rmean, rmean0, s.c * sizeof(float));
+            memcpy(half[f.rank].rvar, rvar0, s.c * sizeof(float));
+            cpu_bn_forward(&h, x + f.rank * nh, gamma, beta, running, relu, fake_allreduce, &f, &half[f.rank]);
+        }
+    for (f.pass = 0; f.pass < 2; f.pass++)
+        for (f.rank = 0; f.rank < 2; f.rank++) {
+            memset(half[f.rank].dgamma, 0, s.c * sizeof(float));
+            memset(half[f.rank].dbeta, 0, s.c * sizeof(float));
+            cpu_bn_backward(&h, x + f.rank * nh, whole.y + f.rank * nh, dy2 + f.rank * nh, gamma, relu,
+                            fake_allreduce, &f, &half[f.rank]);
+        }
+    float *y2 = joined(half[0].y, half[1].y, nh), *dx2 = joined(half[0].dx, half[1].dx, nh);
+    float *dgamma2 = host_floats(s.c), *dbeta2 = host_floats(s.c);
+    for (size_t i = 0; i < nx; i++) dx2[i] /= 2;
+    for (int c = 0; c < s.c; c++) {
+        dgamma2[c] = (half[0].dgamma[c] + half[1].dgamma[c]) / 2;
+        dbeta2[c] = (half[0].dbeta[c] + half[1].dbeta[c]) / 2;
+    }
+    snprintf(what, sizeof what, "%s, two ranks: y against the whole batch's", tag);
+    check_rel(what, y2, whole.y, nx, 1e-6);
+    check_rel("  save_mean", half[0].mean, whole.mean, s.c, 1e-6);
+    check_rel("  save_invstd", half[0].invstd, whole.invstd, s.c, 1e-6);
+    if (running) {
+        check_rel("  running_mean", half[0].rmean, whole.rmean, s.c, 1e-6);
+        check_rel("  running_var (unbiased over the global count)", half[0].rvar, whole.rvar, s.c, 1e-6);
+    }
+    check_rel("  dx / 2", dx2, whole.dx, nx, 1e-6);
+    check_rel("  dgamma averaged over the ranks", dgamma2, whole.dgamma, s.c, 1e-6);
+    check_rel("  dbeta averaged over the ranks", dbeta2, whole.dbeta, s.c, 1e-6);
+    CHECK_MSG(same_bits(half[0].mean, half[1].mean, s.c) && same_bits(half[0].invstd, half[1].invstd, s.c) &&
+                  same_bits(half[0].rmean, half[1].rmean, s.c) && same_bits(half[0].rvar, half[1].rvar, s.c),
+              "%s: the two ranks' statistics differ", tag);
+
+    /* each rank on its own (where it can be): other statistics, other y */
+    BnOut own = bn_out_new(nh, s.c, rmean0, rvar0);
+    if (h.n * h.h * h.w >= 2) {
+        cpu_bn_forward(&h, x, gamma, beta, running, relu, NULL, NULL, &own);
+        double err = test_rel_error(own.y, whole.y, nh);
+        CHECK_MSG(err > 1e-3, "%s: per-rank statistics give y within %.3g of the whole batch's", tag, err);
+    }
+
+    bn_out_free(&whole), bn_out_free(&solo), bn_out_free(&half[0]), bn_out_free(&half[1]), bn_out_free(&own);
+    void *p[] = {x, dy, dy2, gamma, beta, rmean0, rvar0, scratch_dg, scratch_db, f.recorded[0], f.recorded[1],
+                 y2, dx2, dgamma2, dbeta2};
     free_all(p, COUNT(p));
 }
 
@@ -1086,6 +1276,220 @@ static void test_bn_gpu_scratch_and_graph(DType dt, int nhwc) {
     cuda_free_all(d, COUNT(d));
 }
 
+/* ---- GPU: synchronized batch norm ------------------------------------------------- */
+
+/* One rank's device buffers for one layer: x, the ReLU mask and dy in the
+ * data type and layout under test; the gradients of the parameters in it too. */
+typedef struct {
+    void *x, *y, *mask, *dy, *dx, *dgamma, *dbeta;
+    float *mean, *invstd, *rmean, *rvar;
+} BnDev;
+
+static BnDev bn_dev_new(DType dt, int nhwc, const BatchNormShape *s, const float *x, const float *mask,
+                        const float *dy) {
+    size_t nx = bn_numel(s);
+    BnDev d = {dev_tensor(dt, nhwc, x, s), dev_elements(dt, nx), dev_tensor(dt, nhwc, mask, s),
+               dev_tensor(dt, nhwc, dy, s), dev_elements(dt, nx), dev_elements(dt, s->c),
+               dev_elements(dt, s->c), dev_bytes(s->c * sizeof(float)), dev_bytes(s->c * sizeof(float)),
+               dev_bytes(s->c * sizeof(float)), dev_bytes(s->c * sizeof(float))};
+    return d;
+}
+
+static void bn_dev_free(BnDev *d) {
+    void *p[] = {d->x, d->y, d->mask, d->dy, d->dx, d->dgamma, d->dbeta, d->mean, d->invstd, d->rmean, d->rvar};
+    cuda_free_all(p, COUNT(p));
+}
+
+/* Running statistics back to their start, outputs poisoned, gradients zeroed. */
+static void bn_dev_reset(BnDev *d, DType dt, const BatchNormShape *s, const float *rmean0, const float *rvar0) {
+    upload(d->rmean, rmean0, s->c * sizeof(float));
+    upload(d->rvar, rvar0, s->c * sizeof(float));
+    poison(d->y, dt, bn_numel(s)), poison(d->dx, dt, bn_numel(s));
+    CUDA_CHECK(cudaMemsetAsync(d->dgamma, 0, s->c * dtype_size(dt), g.compute));
+    CUDA_CHECK(cudaMemsetAsync(d->dbeta, 0, s->c * dtype_size(dt), g.compute));
+}
+
+static void gpu_bn_forward(const BatchNormCuda *bn, const float *gamma, const float *beta, int relu,
+                           BnAllreduce reduce, void *ctx, BnDev *d) {
+    if (reduce)
+        batchnorm_forward_train_sync_cuda(bn, g.cudnn, d->x, gamma, beta, 0.1f, BN_EPS, d->rmean, d->rvar,
+                                          d->mean, d->invstd, d->y, g.compute, reduce, ctx, relu);
+    else if (relu)
+        batchnorm_relu_forward_train_cuda(bn, g.cudnn, d->x, gamma, beta, 0.1f, BN_EPS, d->rmean, d->rvar,
+                                          d->mean, d->invstd, d->y, g.compute);
+    else
+        batchnorm_forward_train_cuda(bn, g.cudnn, d->x, gamma, beta, 0.1f, BN_EPS, d->rmean, d->rvar, d->mean,
+                                     d->invstd, d->y, g.compute);
+}
+
+static void gpu_bn_backward(const BatchNormCuda *bn, const float *gamma, int relu, BnAllreduce reduce,
+                            void *ctx, BnDev *d) {
+    if (reduce)
+        batchnorm_backward_sync_cuda(bn, g.cudnn, d->x, d->mask, d->dy, gamma, d->mean, d->invstd, d->dx, 0,
+                                     d->dgamma, d->dbeta, bn->dtype, g.compute, reduce, ctx, relu);
+    else if (relu)
+        batchnorm_relu_backward_cuda(bn, g.cudnn, d->x, d->mask, d->dy, gamma, d->mean, d->invstd, d->dx, 0,
+                                     d->dgamma, d->dbeta, bn->dtype, g.compute);
+    else
+        batchnorm_backward_cuda(bn, g.cudnn, d->x, d->dy, gamma, d->mean, d->invstd, d->dx, 0, d->dgamma,
+                                d->dbeta, bn->dtype, g.compute);
+}
+
+/* Everything a layer's forward and backward wrote, downloaded (NCHW). */
+static BnOut bn_dev_download(DType dt, int nhwc, const BatchNormShape *s, const BnDev *d) {
+    BnOut o = {download_tensor(dt, nhwc, d->y, s), download_floats(d->mean, s->c),
+               download_floats(d->invstd, s->c), download_floats(d->rmean, s->c), download_floats(d->rvar, s->c),
+               download_tensor(dt, nhwc, d->dx, s), download_values(dt, d->dgamma, s->c),
+               download_values(dt, d->dbeta, s->c)};
+    return o;
+}
+
+static int bn_out_same_bits(const BnOut *a, const BnOut *b, size_t nx, int c) {
+    return same_bits(a->y, b->y, nx) && same_bits(a->mean, b->mean, c) && same_bits(a->invstd, b->invstd, c) &&
+           same_bits(a->rmean, b->rmean, c) && same_bits(a->rvar, b->rvar, c) && same_bits(a->dx, b->dx, nx) &&
+           same_bits(a->dgamma, b->dgamma, c) && same_bits(a->dbeta, b->dbeta, c);
+}
+
+/* A reduce a CUDA graph can capture: the sums go to a side buffer and back on
+ * the stream, poisoned in between. */
+static void round_trip_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
+    size_t bytes = (size_t)n * sizeof(double);
+    CUDA_CHECK(cudaMemcpyAsync(ctx, sums, bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_CHECK(cudaMemsetAsync(sums, 0xff, bytes, stream));
+    CUDA_CHECK(cudaMemcpyAsync(sums, ctx, bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+/* test_bn_sync_cpu's checks on the device: two ranks (FakeRanks on device
+ * sums), each with half of the batch, against the CPU's plain run on the whole
+ * batch; one process against the plain CUDA calls (backward to the bit, from
+ * the same saved statistics). Then a forward and backward captured as a CUDA
+ * graph, with a reduce working on the stream, give the bits of the eager calls. */
+static void test_bn_sync_gpu(DType dt, int nhwc, BatchNormShape s, float offset) {
+    printf("batchnorm %s %s synchronized %dx%dx%dx%d (offset %g)\n", dtype_name(dt), nhwc ? "nhwc" : "nchw", s.n,
+           s.c, s.h, s.w, offset);
+    BatchNormShape h = s;
+    h.n = s.n / 2;
+    size_t nx = bn_numel(&s), nh = bn_numel(&h);
+    float *x = bn_input(&s, offset, 1.0f), *dy = random_values(dt, nx, -1, 1), *dy2 = host_floats(nx);
+    round_to(dt, x, nx);
+    for (size_t i = 0; i < nx; i++) dy2[i] = 2.0f * dy[i]; /* exact in every type */
+    float *gamma = random_floats(s.c, 0.5f, 1.5f), *beta = random_floats(s.c, -1, 1);
+    float *rmean0 = random_floats(s.c, -1, 1), *rvar0 = random_floats(s.c, 0.5f, 2);
+    float *d_gamma = dev_floats_from(gamma, s.c), *d_beta = dev_floats_from(beta, s.c);
+    double *d_side = dev_bytes(3 * s.c * sizeof(double));
+    BatchNormCuda bn_half, bn_whole;
+    batchnorm_cuda_init(&bn_half, g.cudnn, &h, dt, nhwc);
+    batchnorm_cuda_init(&bn_whole, g.cudnn, &s, dt, nhwc);
+    char what[96];
+
+    for (int relu = 0; relu < 2; relu++) {
+        const char *tag = relu ? "sync bn+relu" : "sync bn";
+        /* the CPU on the whole batch; the mask is the CPU's y in the type, on both sides */
+        BnOut whole = bn_out_new(nx, s.c, rmean0, rvar0);
+        cpu_bn_forward(&s, x, gamma, beta, 1, relu, NULL, NULL, &whole);
+        float *mask = copy_floats(whole.y, nx);
+        round_to(dt, mask, nx);
+        cpu_bn_backward(&s, x, mask, dy, gamma, relu, NULL, NULL, &whole);
+
+        /* two ranks */
+        BnDev r[2];
+        for (int k = 0; k < 2; k++) r[k] = bn_dev_new(dt, nhwc, &h, x + k * nh, mask + k * nh, dy2 + k * nh);
+        FakeRanks f = {{host_doubles(3 * s.c), host_doubles(3 * s.c)}, 3 * s.c, 0, 0, 1};
+        for (f.pass = 0; f.pass < 2; f.pass++)
+            for (f.rank = 0; f.rank < 2; f.rank++) {
+                bn_dev_reset(&r[f.rank], dt, &h, rmean0, rvar0);
+                gpu_bn_forward(&bn_half, d_gamma, d_beta, relu, fake_allreduce, &f, &r[f.rank]);
+            }
+        for (f.pass = 0; f.pass < 2; f.pass++)
+            for (f.rank = 0; f.rank < 2; f.rank++) {
+                CUDA_CHECK(cudaMemsetAsync(r[f.rank].dgamma, 0, s.c * dtype_size(dt), g.compute));
+                CUDA_CHECK(cudaMemsetAsync(r[f.rank].dbeta, 0, s.c * dtype_size(dt), g.compute));
+                gpu_bn_backward(&bn_half, d_gamma, relu, fake_allreduce, &f, &r[f.rank]);
+            }
+        BnOut got[2] = {bn_dev_download(dt, nhwc, &h, &r[0]), bn_dev_download(dt, nhwc, &h, &r[1])};
+        float *y2 = joined(got[0].y, got[1].y, nh), *dx2 = joined(got[0].dx, got[1].dx, nh);
+        float *dgamma2 = host_floats(s.c), *dbeta2 = host_floats(s.c);
+        for (size_t i = 0; i < nx; i++) dx2[i] /= 2;
+        for (int c = 0; c < s.c; c++) {
+            dgamma2[c] = (got[0].dgamma[c] + got[1].dgamma[c]) / 2;
+            dbeta2[c] = (got[0].dbeta[c] + got[1].dbeta[c]) / 2;
+        }
+        snprintf(what, sizeof what, "%s, two ranks: y against the CPU's whole batch", tag);
+        check_rel_dt(what, dt, y2, whole.y, nx, tol_for(dt, 1e-5));
+        check_rel_dt("  save_mean", dt, got[0].mean, whole.mean, s.c, 1e-5);
+        check_rel_dt("  save_invstd", dt, got[0].invstd, whole.invstd, s.c, 1e-5);
+        check_rel_dt("  running_mean", dt, got[0].rmean, whole.rmean, s.c, 1e-5);
+        check_rel_dt("  running_var", dt, got[0].rvar, whole.rvar, s.c, 1e-5);
+        check_rel_dt("  dx / 2", dt, dx2, whole.dx, nx, tol_for(dt, 2e-5));
+        check_rel_dt("  dgamma averaged over the ranks", dt, dgamma2, whole.dgamma, s.c, tol_for(dt, 1e-5));
+        check_rel_dt("  dbeta averaged over the ranks", dt, dbeta2, whole.dbeta, s.c, tol_for(dt, 1e-5));
+        CHECK_MSG(same_bits(got[0].mean, got[1].mean, s.c) && same_bits(got[0].invstd, got[1].invstd, s.c) &&
+                      same_bits(got[0].rmean, got[1].rmean, s.c) && same_bits(got[0].rvar, got[1].rvar, s.c),
+                  "%s %s: the two ranks' statistics differ", dtype_name(dt), tag);
+
+        /* one process: the plain calls, then the synchronized ones from the plain forward's saved statistics */
+        BnDev plain = bn_dev_new(dt, nhwc, &s, x, mask, dy), solo = bn_dev_new(dt, nhwc, &s, x, mask, dy);
+        int calls = 0;
+        bn_dev_reset(&plain, dt, &s, rmean0, rvar0);
+        bn_dev_reset(&solo, dt, &s, rmean0, rvar0);
+        gpu_bn_forward(&bn_whole, d_gamma, d_beta, relu, NULL, NULL, &plain);
+        gpu_bn_forward(&bn_whole, d_gamma, d_beta, relu, solo_allreduce, &calls, &solo);
+        BnOut fwd = bn_dev_download(dt, nhwc, &s, &solo);
+        CUDA_CHECK(cudaMemcpyAsync(solo.mean, plain.mean, s.c * sizeof(float), cudaMemcpyDeviceToDevice, g.compute));
+        CUDA_CHECK(cudaMemcpyAsync(solo.invstd, plain.invstd, s.c * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   g.compute));
+        gpu_bn_backward(&bn_whole, d_gamma, relu, NULL, NULL, &plain);
+        gpu_bn_backward(&bn_whole, d_gamma, relu, solo_allreduce, &calls, &solo);
+        BnOut want = bn_dev_download(dt, nhwc, &s, &plain), one = bn_dev_download(dt, nhwc, &s, &solo);
+        snprintf(what, sizeof what, "%s, one process: y against the plain call", tag);
+        check_rel_dt(what, dt, fwd.y, want.y, nx, tol_for(dt, 1e-5));
+        check_rel_dt("  save_mean", dt, fwd.mean, want.mean, s.c, 1e-5);
+        check_rel_dt("  save_invstd", dt, fwd.invstd, want.invstd, s.c, 1e-5);
+        check_rel_dt("  running_var", dt, fwd.rvar, want.rvar, s.c, 1e-5);
+        CHECK_MSG(same_bits(one.dx, want.dx, nx) && same_bits(one.dgamma, want.dgamma, s.c) &&
+                      same_bits(one.dbeta, want.dbeta, s.c),
+                  "%s %s %s, one process: backward differs from the plain one", dtype_name(dt),
+                  nhwc ? "nhwc" : "nchw", tag);
+        CHECK_MSG(calls == 2, "%s: %d reduce calls, want 2", tag, calls);
+
+        /* eager, then the same from a CUDA graph */
+        BnOut run[2];
+        for (int graph = 0; graph < 2; graph++) {
+            cudaGraph_t gr = NULL;
+            cudaGraphExec_t exec = NULL;
+            bn_dev_reset(&solo, dt, &s, rmean0, rvar0);
+            if (graph) CUDA_CHECK(cudaStreamBeginCapture(g.compute, cudaStreamCaptureModeGlobal));
+            gpu_bn_forward(&bn_whole, d_gamma, d_beta, relu, round_trip_allreduce, d_side, &solo);
+            gpu_bn_backward(&bn_whole, d_gamma, relu, round_trip_allreduce, d_side, &solo);
+            if (graph) {
+                CUDA_CHECK(cudaStreamEndCapture(g.compute, &gr));
+                CUDA_CHECK(cudaGraphInstantiate(&exec, gr, 0));
+                CUDA_CHECK(cudaGraphLaunch(exec, g.compute));
+            }
+            run[graph] = bn_dev_download(dt, nhwc, &s, &solo);
+            if (graph) {
+                CUDA_CHECK(cudaGraphExecDestroy(exec));
+                CUDA_CHECK(cudaGraphDestroy(gr));
+            }
+        }
+        CHECK_MSG(test_rel_error(run[0].y, run[0].y, nx) == 0 && test_rel_error(run[0].dx, run[0].dx, nx) == 0,
+                  "%s %s: NaN in y or dx (not written)", dtype_name(dt), tag);
+        CHECK_MSG(bn_out_same_bits(&run[1], &run[0], nx, s.c), "%s %s %s: a CUDA graph gives other bits",
+                  dtype_name(dt), nhwc ? "nhwc" : "nchw", tag);
+
+        BnOut *outs[] = {&whole, &got[0], &got[1], &fwd, &want, &one, &run[0], &run[1]};
+        for (size_t i = 0; i < COUNT(outs); i++) bn_out_free(outs[i]);
+        bn_dev_free(&r[0]), bn_dev_free(&r[1]), bn_dev_free(&plain), bn_dev_free(&solo);
+        void *p[] = {mask, f.recorded[0], f.recorded[1], y2, dx2, dgamma2, dbeta2};
+        free_all(p, COUNT(p));
+    }
+    batchnorm_cuda_destroy(&bn_half), batchnorm_cuda_destroy(&bn_whole);
+    void *p[] = {x, dy, dy2, gamma, beta, rmean0, rvar0};
+    free_all(p, COUNT(p));
+    void *d[] = {d_gamma, d_beta, d_side};
+    cuda_free_all(d, COUNT(d));
+}
+
 /* Bandwidth of forward (train) and backward at a ResNet size, not asserted:
  * the bytes each pass must move over the time, on an H100 ~3.3 TB/s at most. */
 static void report_bn_speed(DType dt, int nhwc, BatchNormShape s) {
@@ -1411,6 +1815,10 @@ static void run_cpu_tests(void) {
     test_bn_cpu_gradients((BatchNormShape){5, 2, 1, 1}, 0);
     test_bn_cpu_gradients((BatchNormShape){2, 3, 4, 4}, 1);
     test_bn_relu_cpu_forward((BatchNormShape){4, 6, 5, 5});
+    test_bn_sync_cpu((BatchNormShape){4, 3, 5, 6}, 0, 2.0f, 1);
+    test_bn_sync_cpu((BatchNormShape){6, 5, 3, 3}, 1, 1.0f, 1);
+    test_bn_sync_cpu((BatchNormShape){2, 4, 2, 3}, 0, 20.0f, 0); /* |mean| >> std; one image a rank */
+    test_bn_sync_cpu((BatchNormShape){2, 4, 1, 1}, 1, 1.0f, 1);  /* one value a rank: only the global count is 2 */
     test_add_cpu();
     test_avgpool_cpu();
     /* ResNet's projection shortcut (1x1, stride 2, no padding) and its stem (7x7, stride 2, pad 3) */
@@ -1439,6 +1847,12 @@ static void run_gpu_tests(void) {
         test_bn_gpu_grad_f32(DTYPE_BF16, nhwc, (BatchNormShape){8, 32, 8, 8});
         test_bn_gpu_grad_f32(DTYPE_F16, nhwc, (BatchNormShape){8, 32, 8, 8});
         for (int t = 0; t < 3; t++) test_bn_gpu_scratch_and_graph(all_types[t], nhwc);
+    }
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        for (int t = 0; t < 3; t++) test_bn_sync_gpu(all_types[t], nhwc, (BatchNormShape){8, 24, 7, 7}, 2.0f);
+        test_bn_sync_gpu(DTYPE_F16, nhwc, (BatchNormShape){4, 32, 8, 8}, 1.0f);    /* 16-byte vectors */
+        test_bn_sync_gpu(DTYPE_F32, nhwc, (BatchNormShape){16, 8, 12, 12}, 20.0f); /* |mean| >> std */
+        test_bn_sync_gpu(DTYPE_F32, nhwc, (BatchNormShape){2, 16, 1, 1}, 1.0f);    /* one value a rank */
     }
 
     for (int t = 0; t < 3; t++) {

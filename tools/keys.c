@@ -117,6 +117,9 @@ const CfgKeySpec trainc_keys[] = {
      "has finished it (0: one bucket after backward)"},
     {"dist.allreduce_dtype", CFG_ENUM, "auto", "auto|fp32|fp16|bf16",
      "data-parallel: the type gradients travel in; auto: their own (fp32, or precision.amp's half type)"},
+    {"dist.sync_bn", CFG_BOOL, "off", 0,
+     "data-parallel: batch norm normalises with the statistics of the global batch (all ranks), as PyTorch's "
+     "SyncBatchNorm; off: each rank's own"},
 
     {"train.batch", CFG_INT, "32", 0, "samples per micro-batch and rank (train.batch x memory.accumulate x ranks per step)"},
     {"train.sync_after_step", CFG_BOOL, "on", 0, "wait for the device after every step (the lab's baseline)"},

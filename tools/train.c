@@ -45,6 +45,7 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->accumulate = (int)config_int(cfg, "memory.accumulate");
     t->checkpoint = strcmp(config_str(cfg, "memory.checkpoint"), "blocks") == 0;
     t->cuda_graph = config_bool(cfg, "perf.cuda_graph");
+    t->sync_bn = config_bool(cfg, "dist.sync_bn");
     const char *amp = config_str(cfg, "precision.amp");
     t->amp = strcmp(amp, "fp16") == 0 ? DTYPE_F16 : strcmp(amp, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
     t->scale_init = (float)config_float(cfg, "precision.loss_scale");
@@ -372,6 +373,14 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
 static void on_grads_ready(void *ctx, size_t first_ready) {
     Trainer *t = ctx;
     grad_buckets_ready(&t->buckets, first_ready, t->use_gpu ? t->gpu.compute : NULL);
+}
+
+/* dist.sync_bn: a batch norm's per-channel sums, added over the ranks (on the
+ * compute stream on the GPU, so a CUDA graph captures it with the step). */
+static void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
+    Trainer *t = ctx;
+    if (t->use_gpu) dist_allreduce_sum_double_device(t->dist, sums, n, stream);
+    else dist_allreduce_sum_host_double(t->dist, sums, n);
 }
 
 /* Forward, loss and backward of one micro-batch; the first micro-batch of an
@@ -772,6 +781,13 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     require(!t->model.fuse || t->use_gpu, "model.fuse", "= on needs run.device = cuda");
     t->model.act_dtype = t->amp;
     t->model.no_decay_bn_bias = !config_bool(cfg, "optim.decay_bn_bias");
+    if (t->sync_bn && !t->model.n_bn_stats) {
+        if (dist->rank == 0)
+            log_warn("dist.sync_bn = on: %s has no batch norm; ignored", config_str(cfg, "model.name"));
+    } else if (t->sync_bn && dist->world > 1) {
+        t->model.bn_allreduce = sync_bn_allreduce;
+        t->model.bn_allreduce_ctx = t;
+    }
     if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
     if (t->use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
@@ -782,8 +798,9 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
         require(config_int(cfg, "dist.bucket_mb") >= 0, "dist.bucket_mb", "must be 0 (one bucket) or positive");
         grad_buckets_init(&t->buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
                           (size_t)config_int(cfg, "dist.bucket_mb") << 20, allreduce_dtype(t, cfg));
-        log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d",
-                 dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate);
+        log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
+                 dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate,
+                 t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");
     }
     log_info("model: %s, %zu parameters, %.1f MiB on %s", config_str(cfg, "model.name"),
              t->model.n_params, model_bytes(&t->model) / 1048576.0, out->device);

@@ -42,28 +42,59 @@ static void check_arguments(const GradBuckets *b) {
 }
 
 /* From the end of the buffer backwards, the order in which backward finishes them. */
-static void cut_buckets(GradBuckets *b, size_t bucket_bytes) {
+static void add_bucket(GradBuckets *b, size_t first, size_t count) {
+    b->buckets[b->n_buckets].first = first;
+    b->buckets[b->n_buckets].count = count;
+    b->n_buckets++;
+}
+
+/* From the end backwards, each bucket as large as bucket_bytes allows. With
+ * boundaries (where the layers start; a layer's gradients all become final at
+ * once), whole layers are merged into a bucket while they fit and a layer
+ * larger than a bucket gets buckets of its own: no bucket holds the tail of a
+ * layer that backward finishes later, so the pass's last bucket is only the
+ * first layers. */
+static void cut_buckets(GradBuckets *b, size_t bucket_bytes, const size_t *boundaries, int n_boundaries) {
     size_t per = bucket_bytes / dtype_size(b->comm_dtype);
     per = (per + BUCKET_ALIGN_ELEMENTS - 1) / BUCKET_ALIGN_ELEMENTS * BUCKET_ALIGN_ELEMENTS;
     if (per == 0) per = BUCKET_ALIGN_ELEMENTS;
     if (bucket_bytes == 0 || per > b->n) per = b->n;
-    b->n_buckets = b->n == 0 ? 0 : (int)((b->n + per - 1) / per);
-    b->buckets = calloc(b->n_buckets > 0 ? (size_t)b->n_buckets : 1, sizeof *b->buckets);
+    /* Pieces of large layers, plus at most one merged bucket per layer. */
+    size_t cap = (b->n == 0 ? 0 : (b->n + per - 1) / per) + (size_t)n_boundaries + 1;
+    b->buckets = calloc(cap, sizeof *b->buckets);
     if (!b->buckets) TC_FATAL("grad buckets: out of memory");
-    size_t end = b->n;
-    for (int i = 0; i < b->n_buckets; i++) {
-        size_t count = end < per ? end : per;
-        b->buckets[i].first = end - count;
-        b->buckets[i].count = count;
-        end -= count;
+    b->n_buckets = 0;
+    size_t merged_end = b->n, merged_first = b->n; /* the bucket being merged: [merged_first, merged_end) */
+    for (int i = n_boundaries; i >= 0 && b->n > 0; i--) {
+        size_t first = i > 0 ? boundaries[i - 1] : 0, end = i < n_boundaries ? boundaries[i] : b->n;
+        if (first >= end) continue;
+        if (end - first > per) {
+            if (merged_first < merged_end) add_bucket(b, merged_first, merged_end - merged_first);
+            for (size_t top = end; top > first;) {
+                size_t bottom = top - first > per ? top - per : first;
+                add_bucket(b, bottom, top - bottom);
+                top = bottom;
+            }
+            merged_end = merged_first = first;
+        } else if (merged_end - first > per) {
+            if (merged_first < merged_end) add_bucket(b, merged_first, merged_end - merged_first);
+            merged_end = end;
+            merged_first = first;
+        } else {
+            merged_first = first;
+        }
     }
+    if (merged_first < merged_end) add_bucket(b, merged_first, merged_end - merged_first);
 }
 
 static double mib(double bytes) { return bytes / 1048576.0; }
 
 static void log_volume(const GradBuckets *b) {
     if (b->dist->rank != 0) return;
-    size_t largest = b->n_buckets > 0 ? b->buckets[0].count * dtype_size(b->comm_dtype) : 0;
+    size_t largest = 0;
+    for (int i = 0; i < b->n_buckets; i++)
+        if (b->buckets[i].count * dtype_size(b->comm_dtype) > largest)
+            largest = b->buckets[i].count * dtype_size(b->comm_dtype);
     log_info("grad buckets: %zu %s gradients sent as %s in %d buckets of up to %.3f MiB: "
              "%.3f MiB all-reduced per step, %.3f MiB sent by each of %d ranks (ring)",
              b->n, dtype_name(b->dtype), dtype_name(b->comm_dtype), b->n_buckets, mib(largest),
@@ -72,6 +103,12 @@ static void log_volume(const GradBuckets *b) {
 
 void grad_buckets_init(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
                        size_t bucket_bytes, DType comm_dtype) {
+    grad_buckets_init_layers(b, d, grads, dtype, n, bucket_bytes, comm_dtype, NULL, 0);
+}
+
+void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
+                              size_t bucket_bytes, DType comm_dtype, const size_t *boundaries,
+                              int n_boundaries) {
     memset(b, 0, sizeof *b);
     b->dist = d;
     b->grads = grads;
@@ -81,7 +118,11 @@ void grad_buckets_init(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t
     if (d->world == 1) return;
     b->on_device = d->nccl != NULL;
     check_arguments(b);
-    cut_buckets(b, bucket_bytes);
+    for (int i = 0; i < n_boundaries; i++)
+        if ((i > 0 && boundaries[i] <= boundaries[i - 1]) || boundaries[i] > n)
+            TC_FATAL("grad buckets: layer boundaries must rise within the %zu gradients (%zu at %d)", n,
+                     boundaries[i], i);
+    cut_buckets(b, bucket_bytes, boundaries, n_boundaries);
     b->step_bytes = n * dtype_size(comm_dtype);
     if (b->on_device) {
         CUDA_CHECK(cudaEventCreateWithFlags(&b->grads_ready, cudaEventDisableTiming));

@@ -63,6 +63,12 @@ typedef struct {
  * per-step volume on rank 0. Needs dist_init_nccl first for the GPU path. */
 void grad_buckets_init(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
                        size_t bucket_bytes, DType comm_dtype);
+/* The same, with buckets that never cross a boundary (sorted, rising: where
+ * the layers' gradients start, the first_ready values backward will report)
+ * unless a layer alone is larger than a bucket. */
+void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
+                              size_t bucket_bytes, DType comm_dtype, const size_t *boundaries,
+                              int n_boundaries);
 /* A backward pass starts: nothing of it is launched yet. */
 void grad_buckets_begin(GradBuckets *b);
 /* Every gradient at index >= first_ready is final (ordered on 'compute'):

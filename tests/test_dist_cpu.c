@@ -124,6 +124,38 @@ static void run_backward_pass(GradBuckets *b, float *grads, const float *mine,
     CHECK(b->launched == b->n_buckets && b->pass_bytes == b->step_bytes && !b->in_pass);
 }
 
+/* Layer-aligned buckets: contiguous from the end, none holding parts of two
+ * layers unless all of both fit, a layer larger than a bucket in pieces of its
+ * own, and the last bucket no larger than the first layers. */
+static void test_layer_buckets(void) {
+    /* layers of 300, 5000 (larger than a bucket of 1024), 20, 20, 700, 100 floats */
+    const size_t boundaries[] = {300, 5300, 5320, 5340, 6040}, n = 6140;
+    float *grads = calloc(n, sizeof(float));
+    GradBuckets b;
+    grad_buckets_init_layers(&b, &d, grads, DTYPE_F32, n, 1024 * sizeof(float), DTYPE_F32, boundaries, 5);
+    if (d.world > 1) {
+        check_bucket_layout(&b, n, 1024);
+        const size_t edges[] = {0, 300, 5300, 5320, 5340, 6040, 6140};
+        int crossing = 0;
+        for (int i = 0; i < b.n_buckets; i++) {
+            size_t lo = b.buckets[i].first, hi = lo + b.buckets[i].count;
+            int at_lo = 0, at_hi = 0;
+            for (int k = 0; k < 7; k++) {
+                at_lo |= lo == edges[k];
+                at_hi |= hi == edges[k];
+            }
+            int inside_big = lo >= 300 && hi <= 5300, outside_big = hi <= 300 || lo >= 5300;
+            crossing += !(inside_big || (outside_big && at_lo && at_hi));
+        }
+        CHECK_MSG(crossing == 0, "%d buckets cut across layers", crossing);
+        CHECK(b.buckets[b.n_buckets - 1].first == 0 && b.buckets[b.n_buckets - 1].count == 300);
+        CHECK(b.buckets[0].first == 5300 && b.buckets[0].count == 840); /* the four small layers merged */
+        CHECK(b.n_buckets == 7);
+    }
+    grad_buckets_free(&b);
+    free(grads);
+}
+
 static void test_grad_buckets(size_t n, size_t bucket_bytes) {
     uint64_t seed = test_seed();
     dist_bcast_host(&d, &seed, sizeof seed, 0); /* one data set for all ranks */
@@ -195,6 +227,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "abort") == 0) abort_mode();
     test_ranks();
     test_host_collectives();
+    test_layer_buckets();
     test_grad_buckets(10007, 4096); /* 1024 floats a bucket: 10 buckets */
     test_grad_buckets(3000, 0);     /* one bucket */
     test_grad_buckets(777, 1);      /* the smallest buckets: 256 floats */

@@ -796,8 +796,15 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     t->sgd.grad_mult = t->clip_factor; /* NULL: no clipping */
     if (dist->world > 1) {
         require(config_int(cfg, "dist.bucket_mb") >= 0, "dist.bucket_mb", "must be 0 (one bucket) or positive");
-        grad_buckets_init(&t->buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
-                          (size_t)config_int(cfg, "dist.bucket_mb") << 20, allreduce_dtype(t, cfg));
+        /* Buckets follow the layers, whose gradients backward finishes one at a time. */
+        size_t layer_starts[MODEL_MAX_LAYERS];
+        int n_starts = 0;
+        for (int i = 0; i < t->model.n_layers; i++)
+            if (t->model.layers[i].w_count && t->model.layers[i].w_off > 0)
+                layer_starts[n_starts++] = t->model.layers[i].w_off;
+        grad_buckets_init_layers(&t->buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
+                                 (size_t)config_int(cfg, "dist.bucket_mb") << 20, allreduce_dtype(t, cfg),
+                                 layer_starts, n_starts);
         log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
                  dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate,
                  t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");

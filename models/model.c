@@ -49,6 +49,8 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->in = in;
     l->in2 = -1;
     l->block = m->open_block;
+    static const char *kind_names[] = {"conv", "relu", "maxpool", "linear", "batchnorm", "add", "avgpool"};
+    snprintf(l->name, sizeof l->name, "%s %d", kind_names[kind], m->n_layers - 1);
     return l;
 }
 
@@ -738,6 +740,15 @@ static void layer_backward(Model *m, Layer *l) {
     }
 }
 
+/* model.nvtx_layers: each layer's work in a range of its own name. */
+static void layer_range_push(const Model *m, const Layer *l) {
+    if (m->nvtx_layers) nvtxRangePushA(l->name);
+}
+
+static void layer_range_pop(const Model *m) {
+    if (m->nvtx_layers) nvtxRangePop();
+}
+
 void model_forward(Model *m) {
     const Activation *in = &m->acts[0];
     if (m->nhwc)
@@ -745,7 +756,11 @@ void model_forward(Model *m) {
                                m->gpu->compute);
     else if (m->input_f32)
         cast_from_f32_cuda(m->act_dtype, m->input_f32, in->value, act_floats(m, 0), m->gpu->compute);
-    for (int i = 0; i < m->n_layers; i++) layer_forward(m, &m->layers[i]);
+    for (int i = 0; i < m->n_layers; i++) {
+        layer_range_push(m, &m->layers[i]);
+        layer_forward(m, &m->layers[i]);
+        layer_range_pop(m);
+    }
 }
 
 /* Under checkpointing, reaching a block's last layer runs the block forward
@@ -766,7 +781,9 @@ void model_backward(Model *m) {
         int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
         /* The last block's inside is still in place from the forward pass. */
         if (m->checkpoint && block_end && l->block != m->n_blocks - 1) recompute_block(m, i);
+        layer_range_push(m, l);
         layer_backward(m, &m->layers[i]);
+        layer_range_pop(m);
         if (m->grads_ready && l->w_count) m->grads_ready(m->grads_ready_ctx, l->w_off);
     }
 }

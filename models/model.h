@@ -64,6 +64,7 @@ typedef struct {
      * An add whose input gradient is dy itself (alias) writes nothing. */
     int dx_accumulate[2];
     int dx_alias[2];
+    char name[24];        /* "conv 3": its NVTX range under nvtx_layers */
 } Layer;
 
 typedef struct {
@@ -98,6 +99,7 @@ typedef struct {
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */
     int recomputing;      /* inside a checkpointed block's second forward: running statistics stay put */
+    int nvtx_layers;      /* an NVTX range around each layer's forward and backward (profiling) */
     float bn_momentum, bn_eps; /* PyTorch's 0.1 and 1e-5 (model_init) */
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 

@@ -125,6 +125,19 @@ static void check_accumulation(void) {
     free(other);
 }
 
+/* run.nvtx_layers only marks the layers for a profiler: the same weights. */
+static void check_nvtx_layers(void) {
+    char err[128];
+    size_t unused, n = simplenet32_params();
+    float *plain = run_params(small_run("cpu", 16, 1), &unused);
+    Config *c = small_run("cpu", 16, 1);
+    CHECK(config_set(c, "run.nvtx_layers=on", err, sizeof err) == 0);
+    float *marked = run_params(c, &unused);
+    CHECK_MSG(memcmp(plain, marked, n * sizeof(float)) == 0, "run.nvtx_layers changed the weights");
+    free(plain);
+    free(marked);
+}
+
 /* amp: "off", "fp16" or "bf16"; checkpointing on for the half runs. */
 static void check_cuda_graph(const char *amp) {
     size_t unused, n = simplenet32_params();
@@ -199,6 +212,7 @@ int main(void) {
 
     check_checkpointing(NULL, x, labels);
     check_accumulation();
+    check_nvtx_layers();
     if (gpu_count() > 0) {
         GpuContext gpu;
         gpu_context_init(&gpu, 0);

@@ -28,6 +28,9 @@ const CfgKeySpec trainc_keys[] = {
      "a:b: bracket optimizer steps a to b (1-based, inclusive) with cudaProfilerStart/Stop, for "
      "nsys profile --capture-range=cudaProfilerApi (empty: off; GPU)"},
 
+    {"run.nvtx_layers", CFG_BOOL, "off", 0,
+     "an NVTX range around each layer's forward and backward (\"conv 3\", \"batchnorm 4\"), for nsys and ncu"},
+
     {"monitor.sample_every_s", CFG_FLOAT, "1", 0,
      "append the NVML sample (GPU util, memory, temperature, power) to run.metrics_file as a gpu_sample "
      "line every N seconds (0: off; GPU)"},

@@ -778,6 +778,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     t->model.conv_policy.benchmark = config_bool(cfg, "perf.conv_benchmark");
     t->model.checkpoint = t->checkpoint;
     t->model.fuse = config_bool(cfg, "model.fuse");
+    t->model.nvtx_layers = config_bool(cfg, "run.nvtx_layers");
     require(!t->model.fuse || t->use_gpu, "model.fuse", "= on needs run.device = cuda");
     t->model.act_dtype = t->amp;
     t->model.no_decay_bn_bias = !config_bool(cfg, "optim.decay_bn_bias");

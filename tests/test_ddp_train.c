@@ -2,11 +2,16 @@
  * a few steps both ranks hold the same weights, and they are the weights of
  * one process training on the global batch, within fp32 rounding. For a net
  * with batch norm that holds with dist.sync_bn = on only: without it each
- * rank normalises with its own samples' statistics, and the weights differ. */
+ * rank normalises with its own samples' statistics, and the weights differ.
+ * A stop signal on one rank stops both at the same step. */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "dist/dist.h"
 #include "models/model.h"
@@ -132,6 +137,43 @@ static void check_sync_bn(Dist *d, const char *device, const char *extra, double
     free(solo);
 }
 
+/* A SIGTERM on rank 0 alone (from a thread, once training has logged its
+ * first step into the metrics file) stops both ranks at the same step. */
+static const char *stop_metrics;
+
+static void *term_after_first_step(void *arg) {
+    (void)arg;
+    struct stat st;
+    for (int i = 0; i < 3000 && !(stat(stop_metrics, &st) == 0 && st.st_size > 0); i++) usleep(10 * 1000);
+    raise(SIGTERM);
+    return NULL;
+}
+
+static void check_stop_together(Dist *d) {
+    const char *dir = test_tmpdir("ddp_stop");
+    static char metrics[600], ckpt[600];
+    snprintf(metrics, sizeof metrics, "run.metrics_file=%s/metrics.jsonl", dir);
+    snprintf(ckpt, sizeof ckpt, "run.checkpoint_dir=%s/ckpt", dir);
+    stop_metrics = metrics + strlen("run.metrics_file=");
+    Net longer = simplenet;
+    longer.steps = 100000; /* the signal ends it */
+    const char *extra[] = {"run.epochs=1000", "run.log_every=1", metrics, ckpt, NULL};
+    Config *c = small_run("cpu", &longer, longer.batch, extra);
+    pthread_t thread;
+    if (d->rank == 0) CHECK(pthread_create(&thread, NULL, term_after_first_step, NULL) == 0);
+    TrainSummary s;
+    train_run_dist(c, &s, NULL, d);
+    if (d->rank == 0) pthread_join(thread, NULL);
+    config_free(c);
+    double steps = (double)s.steps, rank0 = steps;
+    dist_bcast_host(d, &rank0, sizeof rank0, 0);
+    CHECK_MSG(s.stopped && s.exit_status == 128 + SIGTERM, "rank %d: not stopped by the signal (exit %d)", d->rank,
+              s.exit_status);
+    CHECK_MSG(rank0 == steps && steps > 0, "rank %d stopped at step %ld, rank 0 at %.0f", d->rank, s.steps, rank0);
+    if (d->rank == 0) CHECK_MSG(access(s.checkpoint, F_OK) == 0, "no checkpoint at %s", s.checkpoint);
+    printf("rank %d: stopped with rank 0's SIGTERM at step %ld\n", d->rank, s.steps);
+}
+
 int main(void) {
     Dist d;
     dist_init(&d);
@@ -140,6 +182,7 @@ int main(void) {
         return 77;
     }
     check_device(&d, "cpu", NULL, 1e-5);
+    check_stop_together(&d);
     check_sync_bn(&d, "cpu", NULL, 1e-6);
     /* a checkpointed block's recompute runs the synchronized forward again */
     check_sync_bn(&d, "cpu", "memory.checkpoint=blocks", 1e-6);

@@ -29,7 +29,6 @@ echo "torch compile max-autotune: $(timeout 330 $T18 --compile max-autotune --co
 echo "trainc again: $(timeout 60 build/trainc --config configs/resnet18.ini --quiet --set data.resident=on --set run.eval=off --set run.max_steps=350 --set run.warmup_steps=50 2>/dev/null | one)"
 echo "== phases of the final stage (1 epoch)"
 timeout 120 build/trainc --config configs/final.ini --set run.epochs=1 --set run.eval=off 2>&1 | grep -E "phases|samples/s" | tail -2 | cut -c1-600
-exit 0
 echo "== ncu with NVTX ranges (graphs off: kernels launched one by one)"
 timeout 150 ncu --nvtx --nvtx-include "forward/" --nvtx-include "backward/" --nvtx-include "optimizer/" \
   --launch-skip 200 --launch-count 6 --section LaunchStats --print-nvtx-rename none \

@@ -46,3 +46,23 @@ void download_on(cudaStream_t s, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
+
+float *to_nhwc(const float *x, int n, int c, int h, int w, int c_padded) {
+    size_t plane = (size_t)h * w;
+    float *y = host_floats((size_t)n * plane * c_padded);
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (size_t p = 0; p < plane; p++)
+                y[((size_t)i * plane + p) * c_padded + ch] = x[((size_t)i * c + ch) * plane + p];
+    return y;
+}
+
+float *to_nchw(const float *x, int n, int c, int h, int w) {
+    size_t plane = (size_t)h * w;
+    float *y = host_floats((size_t)n * plane * c);
+    for (int i = 0; i < n; i++)
+        for (int ch = 0; ch < c; ch++)
+            for (size_t p = 0; p < plane; p++)
+                y[((size_t)i * c + ch) * plane + p] = x[((size_t)i * plane + p) * c + ch];
+    return y;
+}

@@ -13,6 +13,10 @@ void *host_bytes(size_t bytes);              /* zeroed; exits when out of memory
 float *host_floats(size_t n);
 float *copy_floats(const float *src, size_t n);
 void round_to(DType dt, float *x, size_t n); /* in place, to the nearest value of dt */
+/* [n][c][h][w] -> [n][h][w][c_padded], the padding zero (conv weights
+ * [k][c][r][s] go to [k][r][s][c] the same way); and [n][h][w][c] -> [n][c][h][w]. */
+float *to_nhwc(const float *x, int n, int c, int h, int w, int c_padded);
+float *to_nchw(const float *x, int n, int c, int h, int w);
 void *dev_bytes(size_t bytes);
 void upload_on(cudaStream_t s, void *dst, const void *src, size_t bytes);
 void download_on(cudaStream_t s, void *dst, const void *src, size_t bytes);

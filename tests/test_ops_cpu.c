@@ -18,6 +18,7 @@
 #include "ops/sgd.h"
 #include "ops/softmax_xent.h"
 #include "tests/harness.h"
+#include "tests/op_checks.h"
 
 static uint64_t rng;
 
@@ -46,68 +47,8 @@ static void fill_nan(float *p, size_t n) {
     for (size_t i = 0; i < n; i++) p[i] = NAN;
 }
 
-/* got[i] within tol * (1 + |want[i]|) of want[i], for every i. */
-static void check_values(const char *what, const float *got, const double *want, size_t n,
-                         double tol) {
-    for (size_t i = 0; i < n; i++)
-        CHECK_MSG(fabs(got[i] - want[i]) <= tol * (1.0 + fabs(want[i])), "%s[%zu] = %.9g, want %.9g",
-                  what, i, got[i], want[i]);
-}
-
 static int same_bits(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof(float)) == 0;
-}
-
-/* ---- finite differences ------------------------------------------------- */
-
-typedef double (*LossFn)(void *ctx);
-
-/* d loss / d param[i] by central differences. The divisor is the perturbation
- * actually made, (p + eps) - (p - eps) in float, not 2 eps. */
-static void numeric_gradient(float *param, size_t n, float eps, LossFn loss, void *ctx,
-                             double *grad) {
-    for (size_t i = 0; i < n; i++) {
-        float saved = param[i];
-        float up = saved + eps, down = saved - eps;
-        param[i] = up;
-        double loss_up = loss(ctx);
-        param[i] = down;
-        double loss_down = loss(ctx);
-        param[i] = saved;
-        grad[i] = (loss_up - loss_down) / ((double)up - (double)down);
-    }
-}
-
-/* The analytic gradient must match the numeric one to 1e-2 in norm and in every
- * element relative to the largest. Float32 rounding in the forward puts the
- * numeric gradient off by ~1e-4 relative here; an indexing or formula bug is off
- * by O(1). */
-static void check_gradient(const char *what, const float *analytic, const double *numeric,
-                           size_t n) {
-    double diff2 = 0, norm2 = 0, max_diff = 0, max_abs = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(analytic[i] - numeric[i]);
-        diff2 += d * d;
-        norm2 += numeric[i] * numeric[i];
-        if (d > max_diff) {
-            max_diff = d;
-            worst = i;
-        }
-        if (fabs(numeric[i]) > max_abs) max_abs = fabs(numeric[i]);
-    }
-    double rel = sqrt(diff2) / (sqrt(norm2) > 0 ? sqrt(norm2) : 1.0);
-    CHECK_MSG(max_abs > 0, "%s: numeric gradient is all zero", what);
-    CHECK_MSG(rel <= 1e-2, "%s: relative error %.3g", what, rel);
-    CHECK_MSG(max_diff <= 1e-2 * max_abs, "%s[%zu]: analytic %.7g, numeric %.7g (max |g| %.3g)",
-              what, worst, analytic[worst], numeric[worst], max_abs);
-}
-
-/* sum_i y[i] * r[i] in double: the scalar loss whose gradient wrt y is r. */
-static double weighted_sum(const float *y, const float *r, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)y[i] * r[i];
-    return s;
 }
 
 /* Distinct values spaced 'gap' apart in random order: no ties, no kinks near

@@ -123,29 +123,6 @@ static void cuda_free_all(void **p, size_t count) {
 
 /* ---- layouts ------------------------------------------------------------------ */
 
-/* [n][c][h][w] -> [n][h][w][c_padded], the padding zero. Conv weights
- * [k][c][r][s] go to [k][r][s][c] the same way. */
-static float *to_nhwc(const float *x, int n, int c, int h, int w, int c_padded) {
-    size_t plane = (size_t)h * w;
-    float *y = host_floats((size_t)n * plane * c_padded);
-    for (int i = 0; i < n; i++)
-        for (int ch = 0; ch < c; ch++)
-            for (size_t p = 0; p < plane; p++)
-                y[((size_t)i * plane + p) * c_padded + ch] = x[((size_t)i * c + ch) * plane + p];
-    return y;
-}
-
-/* [n][h][w][c] -> [n][c][h][w]. */
-static float *to_nchw(const float *x, int n, int c, int h, int w) {
-    size_t plane = (size_t)h * w;
-    float *y = host_floats((size_t)n * plane * c);
-    for (int i = 0; i < n; i++)
-        for (int ch = 0; ch < c; ch++)
-            for (size_t p = 0; p < plane; p++)
-                y[((size_t)i * c + ch) * plane + p] = x[((size_t)i * plane + p) * c + ch];
-    return y;
-}
-
 /* ---- cast NCHW -> NHWC ------------------------------------------------------------ */
 
 static void test_cast_nchw_to_nhwc(DType dt, int n, int c, int h, int w, int c_padded) {

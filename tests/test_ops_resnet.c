@@ -31,6 +31,7 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
+#include "tests/op_checks.h"
 #include "tests/op_buffers.h"
 
 #define COUNT(a) (sizeof(a) / sizeof *(a))
@@ -62,66 +63,6 @@ static void check_rel(const char *what, const float *got, const float *want, siz
     double err = test_rel_error(got, want, n);
     printf("  %-66s rel err %.2e (bound %.0e)\n", what, err, tol);
     CHECK_MSG(err <= tol, "%s: relative error %.3g > %.3g", what, err, tol);
-}
-
-/* Every element within tol * (1 + |want|). */
-static void check_values(const char *what, const float *got, const double *want, size_t n,
-                         double tol) {
-    for (size_t i = 0; i < n; i++)
-        CHECK_MSG(fabs(got[i] - want[i]) <= tol * (1.0 + fabs(want[i])), "%s[%zu] = %.9g, want %.9g",
-                  what, i, got[i], want[i]);
-}
-
-/* ---- finite differences (as in test_ops_cpu.c) ------------------------------------ */
-
-typedef double (*LossFn)(void *ctx);
-
-/* d loss / d param[i] by central differences; the divisor is the perturbation
- * actually made in float. */
-static void numeric_gradient(float *param, size_t n, float eps, LossFn loss, void *ctx,
-                             double *grad) {
-    for (size_t i = 0; i < n; i++) {
-        float saved = param[i];
-        float up = saved + eps, down = saved - eps;
-        param[i] = up;
-        double loss_up = loss(ctx);
-        param[i] = down;
-        double loss_down = loss(ctx);
-        param[i] = saved;
-        grad[i] = (loss_up - loss_down) / ((double)up - (double)down);
-    }
-}
-
-/* Within 1e-2 in norm and in every element relative to the largest: float
- * rounding in the forward puts the numeric gradient ~1e-4 off, a formula or
- * indexing bug O(1). */
-static void check_gradient(const char *what, const float *analytic, const double *numeric,
-                           size_t n) {
-    double diff2 = 0, norm2 = 0, max_diff = 0, max_abs = 0;
-    size_t worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(analytic[i] - numeric[i]);
-        diff2 += d * d;
-        norm2 += numeric[i] * numeric[i];
-        if (d > max_diff) {
-            max_diff = d;
-            worst = i;
-        }
-        if (fabs(numeric[i]) > max_abs) max_abs = fabs(numeric[i]);
-    }
-    double rel = sqrt(diff2) / (norm2 > 0 ? sqrt(norm2) : 1.0);
-    printf("  %-66s rel err %.2e (finite differences)\n", what, rel);
-    CHECK_MSG(max_abs > 0, "%s: numeric gradient is all zero", what);
-    CHECK_MSG(rel <= 1e-2, "%s: relative error %.3g", what, rel);
-    CHECK_MSG(max_diff <= 1e-2 * max_abs, "%s[%zu]: analytic %.7g, numeric %.7g (max |g| %.3g)",
-              what, worst, analytic[worst], numeric[worst], max_abs);
-}
-
-/* sum_i y[i] * r[i] in double: the loss whose gradient wrt y is r. */
-static double weighted_sum(const float *y, const float *r, size_t n) {
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)y[i] * r[i];
-    return s;
 }
 
 static size_t bn_numel(const BatchNormShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
@@ -942,31 +883,22 @@ static void check_rel_dt(const char *what, DType dt, const float *gpu, const flo
     check_rel(label, gpu, cpu, n, tol);
 }
 
-/* [n][c][h][w] <-> [n][h][w][c] */
-static float *to_nhwc(const float *x, int n, int c, int h, int w) {
-    size_t plane = (size_t)h * w;
-    float *y = host_floats((size_t)n * c * plane);
-    for (int i = 0; i < n; i++)
-        for (int ch = 0; ch < c; ch++)
-            for (size_t p = 0; p < plane; p++)
-                y[((size_t)i * plane + p) * c + ch] = x[((size_t)i * c + ch) * plane + p];
-    return y;
-}
-
-static float *to_nchw(const float *x, int n, int c, int h, int w) {
-    size_t plane = (size_t)h * w;
-    float *y = host_floats((size_t)n * c * plane);
-    for (int i = 0; i < n; i++)
-        for (int ch = 0; ch < c; ch++)
-            for (size_t p = 0; p < plane; p++)
-                y[((size_t)i * c + ch) * plane + p] = x[((size_t)i * plane + p) * c + ch];
-    return y;
+/* The plain or the fused (ReLU) backward, as the case under test asks. */
+static void bn_backward(const BatchNormCuda *bn, int relu, const void *x, const void *y, const void *dy,
+                        const float *gamma, const float *mean, const float *invstd, void *dx, int accumulate,
+                        void *dgamma, void *dbeta, DType dt) {
+    if (relu)
+        batchnorm_relu_backward_cuda(bn, g.cudnn, x, y, dy, gamma, mean, invstd, dx, accumulate, dgamma, dbeta, dt,
+                                     g.compute);
+    else
+        batchnorm_backward_cuda(bn, g.cudnn, x, dy, gamma, mean, invstd, dx, accumulate, dgamma, dbeta, dt,
+                                g.compute);
 }
 
 /* Host NCHW values to the device in the layout under test, and back. */
 static void *dev_tensor(DType dt, int nhwc, const float *nchw, const BatchNormShape *s) {
     if (!nhwc) return dev_values(dt, nchw, bn_numel(s));
-    float *t = to_nhwc(nchw, s->n, s->c, s->h, s->w);
+    float *t = to_nhwc(nchw, s->n, s->c, s->h, s->w, s->c);
     void *d = dev_values(dt, t, bn_numel(s));
     free(t);
     return d;
@@ -1097,12 +1029,8 @@ static void test_bn_gpu(DType dt, int nhwc, BatchNormShape s, float offset) {
         }
         void *d_dgamma = dev_values(dt, dgamma0, s.c), *d_dbeta = dev_values(dt, dbeta0, s.c);
         poison(d_dx, dt, nx);
-        if (relu)
-            batchnorm_relu_backward_cuda(&bn, g.cudnn, d_x, d_y, d_dy, d_gamma, d_smean, d_sinv, d_dx, 0,
-                                         d_dgamma, d_dbeta, dt, g.compute);
-        else
-            batchnorm_backward_cuda(&bn, g.cudnn, d_x, d_dy, d_gamma, d_smean, d_sinv, d_dx, 0, d_dgamma,
-                                    d_dbeta, dt, g.compute);
+        bn_backward(&bn, relu, d_x, d_y, d_dy, d_gamma, d_smean, d_sinv, d_dx, 0, d_dgamma,
+                    d_dbeta, dt);
         float *gdx = download_tensor(dt, nhwc, d_dx, &s);
         float *gdgamma = download_values(dt, d_dgamma, s.c), *gdbeta = download_values(dt, d_dbeta, s.c);
         snprintf(what, sizeof what, "%s dx", tag);
@@ -1115,12 +1043,8 @@ static void test_bn_gpu(DType dt, int nhwc, BatchNormShape s, float offset) {
         /* accumulate_dx onto random dx; dgamma/dbeta added a second time */
         void *d_old = dev_tensor(dt, nhwc, dx_old, &s);
         CUDA_CHECK(cudaMemcpyAsync(d_dx, d_old, nx * dtype_size(dt), cudaMemcpyDeviceToDevice, g.compute));
-        if (relu)
-            batchnorm_relu_backward_cuda(&bn, g.cudnn, d_x, d_y, d_dy, d_gamma, d_smean, d_sinv, d_dx, 1,
-                                         d_dgamma, d_dbeta, dt, g.compute);
-        else
-            batchnorm_backward_cuda(&bn, g.cudnn, d_x, d_dy, d_gamma, d_smean, d_sinv, d_dx, 1, d_dgamma,
-                                    d_dbeta, dt, g.compute);
+        bn_backward(&bn, relu, d_x, d_y, d_dy, d_gamma, d_smean, d_sinv, d_dx, 1, d_dgamma,
+                    d_dbeta, dt);
         float *gdx_acc = download_tensor(dt, nhwc, d_dx, &s);
         float *gdgamma2 = download_values(dt, d_dgamma, s.c), *gdbeta2 = download_values(dt, d_dbeta, s.c);
         snprintf(what, sizeof what, "%s dx (accumulate_dx onto random)", tag);
@@ -1133,12 +1057,8 @@ static void test_bn_gpu(DType dt, int nhwc, BatchNormShape s, float offset) {
         /* dx NULL: the parameter gradients alone, the same bits as with dx */
         upload_values(dt, d_dgamma, dgamma0, s.c);
         upload_values(dt, d_dbeta, dbeta0, s.c);
-        if (relu)
-            batchnorm_relu_backward_cuda(&bn, g.cudnn, d_x, d_y, d_dy, d_gamma, d_smean, d_sinv, NULL, 0,
-                                         d_dgamma, d_dbeta, dt, g.compute);
-        else
-            batchnorm_backward_cuda(&bn, g.cudnn, d_x, d_dy, d_gamma, d_smean, d_sinv, NULL, 0, d_dgamma,
-                                    d_dbeta, dt, g.compute);
+        bn_backward(&bn, relu, d_x, d_y, d_dy, d_gamma, d_smean, d_sinv, NULL, 0, d_dgamma,
+                    d_dbeta, dt);
         float *gdgamma3 = download_values(dt, d_dgamma, s.c), *gdbeta3 = download_values(dt, d_dbeta, s.c);
         CHECK_MSG(same_bits(gdgamma3, gdgamma, s.c) && same_bits(gdbeta3, gdbeta, s.c),
                   "%s %s backward: dgamma/dbeta differ with dx NULL or between runs", dtype_name(dt), tag);

@@ -10,6 +10,7 @@
 #include "ops/add.h"
 #include "ops/avgpool.h"
 #include "ops/bias_relu.h"
+#include "ops/bias_relu_pool.h"
 #include "ops/cast.h"
 #include "ops/relu.h"
 #include "runtime/check.h"
@@ -48,6 +49,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->kind = kind;
     l->in = in;
     l->in2 = -1;
+    l->bias_layer = -1;
     l->block = m->open_block;
     static const char *kind_names[] = {"conv", "relu", "maxpool", "linear", "batchnorm", "add", "avgpool"};
     snprintf(l->name, sizeof l->name, "%s %d", kind_names[kind], m->n_layers - 1);
@@ -285,9 +287,11 @@ static void plan_grad_slots(Model *m) {
         if (l->in2 > 0) touch(first, last, group_of(parent, l->in2), time);
     }
     size_t need[MODEL_MAX_ACTS] = {0};
+    int in_value[MODEL_MAX_ACTS] = {0};
     for (int a = 1; a < m->n_acts; a++) {
         int g = group_of(parent, a);
         if (act_floats(m, a) > need[g]) need[g] = act_floats(m, a);
+        if (m->acts[a].grad_in_value) in_value[g] = 1;
     }
     /* Groups in order of their first touch; each takes the free buffer closest
      * above its size (else the largest free one, which grows), or a new one. */
@@ -295,7 +299,7 @@ static void plan_grad_slots(Model *m) {
     m->n_grad_slots = 0;
     for (int time = -1; time < m->n_layers; time++) {
         for (int g = 1; g < m->n_acts; g++) {
-            if (group_of(parent, g) != g || first[g] != time) continue;
+            if (group_of(parent, g) != g || first[g] != time || in_value[g]) continue;
             int best = -1;
             for (int s = 0; s < m->n_grad_slots; s++) {
                 if (slot_free_after[s] >= time) continue;
@@ -320,20 +324,25 @@ static void plan_grad_slots(Model *m) {
 }
 
 /* A ReLU right after a convolution with a bias, a batch norm or an add,
- * reading nothing else, folds into it. */
+ * reading nothing else, folds into it; a conv + bias + ReLU that only a 2x2
+ * max-pool reads folds its bias and ReLU into the pool instead
+ * (bias_relu_pool), whose backward overwrites the conv's raw output with its
+ * gradient. Needs plan_accumulation's consumer counts. */
 static void mark_fusions(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
         Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
         if (relu->kind != LAYER_RELU || relu->in != l->out || m->acts[l->out].consumers != 1) continue;
         if (l->kind == LAYER_BATCHNORM || l->kind == LAYER_ADD) l->fused = relu->fused = 1;
-        /* conv + bias + ReLU has no CPU path */
-        if (l->kind != LAYER_CONV || !l->b_count || m->device == DEVICE_CPU) continue;
-        Layer *conv = l;
-        conv->fused = relu->fused = 1;
-        Layer *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
-        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && !m->nhwc &&
-            pool2d_window(&pool->pool) == 2 && pool2d_stride(&pool->pool) == 2 && !pool->pool.pad)
-            pool->fused = conv->relu_grad_by_pool = 1;
+        if (l->kind != LAYER_CONV || !l->b_count) continue;
+        Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
+        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->acts[relu->out].consumers == 1 &&
+            pool2d_window(&pool->pool) == 2 && pool2d_stride(&pool->pool) == 2 && !pool->pool.pad) {
+            conv->fused = relu->fused = pool->fused = conv->bias_by_pool = 1;
+            pool->bias_layer = i;
+            m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;
+        } else if (m->device == DEVICE_CUDA) { /* conv + bias + ReLU alone has no CPU path */
+            conv->fused = relu->fused = 1;
+        }
     }
 }
 
@@ -346,6 +355,10 @@ static void choose_conv_algorithms(Model *m) {
                              &m->conv_policy);
             if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
                 m->workspace_bytes = l->conv_cuda.workspace_bytes;
+            log_info("layer %d conv %dx%dx%dx%d k%d: cuDNN algorithms forward %d, backward data %d, backward "
+                     "filter %d, workspace %.1f MiB", i, l->conv.n, l->conv.c, l->conv.h, l->conv.w, l->conv.k,
+                     (int)l->conv_cuda.fwd_algo, (int)l->conv_cuda.bwd_data_algo,
+                     (int)l->conv_cuda.bwd_filter_algo, l->conv_cuda.workspace_bytes / 1048576.0);
             size_t bias_grad = conv2d_bias_grad_workspace_bytes(l->conv.n, l->conv.k, conv2d_out_h(&l->conv),
                                                                 conv2d_out_w(&l->conv), m->nhwc);
             if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
@@ -497,8 +510,9 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (!gpu && m->nhwc) TC_FATAL("the CPU path trains in NCHW only (model.layout = nchw)");
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
-    plan_grad_slots(m);
+    plan_accumulation(m);
     if (m->fuse) mark_fusions(m);
+    plan_grad_slots(m);
     if (gpu) choose_conv_algorithms(m);
 
     Arena sizing;
@@ -535,10 +549,12 @@ void model_destroy(Model *m) {
 
 /* ---- running ------------------------------------------------------------ */
 
+static void *grad_of(const Model *m, int id);
+
 float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 : (float *)m->acts[0].value; }
 size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
 void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
-void *model_logits_grad(const Model *m) { return m->act_grads[m->acts[m->n_acts - 1].grad_slot]; }
+void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }
 void model_set_training(Model *m, int training) { m->training = training; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
 
@@ -588,6 +604,11 @@ static void batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
     }
 }
 
+/* A fused max-pool's bias: its conv's, in the weights the layers read. */
+static const void *pool_bias(const Model *m, const Layer *pool) {
+    return element(m, m->weights, m->layers[pool->bias_layer].b_off);
+}
+
 static void layer_forward(Model *m, Layer *l) {
     const void *x = m->acts[l->in].value;
     void *y = m->acts[l->out].value;
@@ -596,12 +617,13 @@ static void layer_forward(Model *m, Layer *l) {
     int gpu = m->device == DEVICE_CUDA;
     switch (l->kind) {
     case LAYER_CONV:
-        if (l->fused) {
+        if (l->fused && gpu) {
             conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, NULL, y, m->workspace);
-            bias_relu_forward_cuda(m->act_dtype, m->nhwc, b, y, l->conv.n, l->conv.k,
-                                   conv2d_out_h(&l->conv) * conv2d_out_w(&l->conv), m->gpu->compute);
+            if (!l->bias_by_pool)
+                bias_relu_forward_cuda(m->act_dtype, m->nhwc, b, y, l->conv.n, l->conv.k,
+                                       conv2d_out_h(&l->conv) * conv2d_out_w(&l->conv), m->gpu->compute);
         } else if (gpu) conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, b, y, m->workspace);
-        else conv2d_forward_cpu(&l->conv, x, w, b, y);
+        else conv2d_forward_cpu(&l->conv, x, w, l->bias_by_pool ? NULL : b, y);
         break;
     case LAYER_RELU:
         if (l->fused) break;
@@ -609,7 +631,10 @@ static void layer_forward(Model *m, Layer *l) {
         else relu_forward_cpu(x, y, act_floats(m, l->out));
         break;
     case LAYER_MAXPOOL:
-        if (gpu) maxpool2x2_forward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y);
+        if (l->fused && gpu)
+            bias_relu_pool_forward_cuda(m->act_dtype, &l->pool, m->nhwc, x, pool_bias(m, l), y, m->gpu->compute);
+        else if (l->fused) bias_relu_pool_forward_cpu(&l->pool, 0, x, pool_bias(m, l), y);
+        else if (gpu) maxpool2x2_forward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y);
         else maxpool2x2_forward_cpu(&l->pool, x, y);
         break;
     case LAYER_LINEAR:
@@ -638,7 +663,10 @@ static void layer_forward(Model *m, Layer *l) {
 }
 
 static void *grad_of(const Model *m, int id) {
-    return id > 0 && m->acts[id].grad_slot >= 0 ? m->act_grads[m->acts[id].grad_slot] : NULL;
+    const Activation *a = &m->acts[id];
+    if (id <= 0) return NULL;
+    if (a->grad_in_value) return a->value;
+    return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
 }
 
 static void batchnorm_backward(Model *m, Layer *l, const void *x, const void *y, const void *dy, void *dx) {
@@ -690,7 +718,7 @@ static void add_backward(Model *m, Layer *l, const void *dy) {
 static void layer_backward(Model *m, Layer *l) {
     const void *x = m->acts[l->in].value;
     const void *y = m->acts[l->out].value;
-    const void *dy = m->act_grads[m->acts[l->out].grad_slot];
+    const void *dy = grad_of(m, l->out);
     void *dx = grad_of(m, l->in);
     const void *w = element(m, m->weights, l->w_off);
     void *dw = element(m, m->grads, l->w_off);
@@ -698,11 +726,11 @@ static void layer_backward(Model *m, Layer *l) {
     int gpu = m->device == DEVICE_CUDA, acc = l->dx_accumulate[0];
     switch (l->kind) {
     case LAYER_CONV:
-        if (l->fused) {
+        if (l->fused && gpu) {
             /* The fused ReLU's backward, in place, then the bias and the convolution. */
             const Conv2dShape *s = &l->conv;
             int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
-            if (!l->relu_grad_by_pool)
+            if (!l->bias_by_pool)
                 relu_backward_cuda(m->act_dtype, y, dy, (void *)dy, act_floats(m, l->out), m->gpu->compute);
             conv2d_bias_grad_cuda(m->act_dtype, m->nhwc, s->n, s->k, oh, ow, dy, db, m->workspace, m->gpu->compute);
             conv2d_backward_ex_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, NULL, m->workspace, acc);
@@ -716,7 +744,10 @@ static void layer_backward(Model *m, Layer *l) {
         break;
     case LAYER_MAXPOOL:
         if (!dx) break;
-        if (l->fused) maxpool2x2_relu_backward_cuda(m->act_dtype, &l->pool, x, dy, dx, m->gpu->compute);
+        if (l->fused && gpu)
+            bias_relu_pool_backward_cuda(m->act_dtype, &l->pool, m->nhwc, x, pool_bias(m, l), dy, dx,
+                                         m->gpu->compute);
+        else if (l->fused) bias_relu_pool_backward_cpu(&l->pool, 0, x, pool_bias(m, l), dy, dx);
         else if (gpu) maxpool2x2_backward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y, dy, dx);
         else maxpool2x2_backward_cpu(&l->pool, x, y, dy, dx);
         break;

@@ -56,9 +56,11 @@ typedef struct {
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off */
     int block;            /* the checkpoint block it belongs to, or -1 */
-    int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv;
-                             maxpool (NCHW): its backward applies that ReLU's backward too */
-    int relu_grad_by_pool;/* conv: the max-pool after its ReLU did the ReLU's backward */
+    int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv
+                             (or by the max-pool after it); maxpool: see bias_layer */
+    int bias_by_pool;     /* conv: writes its raw output; the 2x2 max-pool after its ReLU adds the bias and
+                             applies the ReLU, forward and backward (ops/bias_relu_pool) */
+    int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
     /* Backward, per input (in, in2): 1 when another layer reading the same
      * activation has already written its gradient, so this one adds to it.
      * An add whose input gradient is dy itself (alias) writes nothing. */
@@ -71,7 +73,9 @@ typedef struct {
     int c, h, w;          /* per sample; a matrix activation is c features, h = w = 1 */
     int c_real;           /* channels that carry data (the input's c is padded under NHWC) */
     int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU) */
-    int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none */
+    int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none (or grad_in_value) */
+    int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output
+                             under bias_relu_pool, whose backward works in place) */
     int consumers;        /* layers that read it */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */

@@ -53,10 +53,3 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
                 dx_plane[window_argmax(s, x_plane, p, q)] += dy_plane[p * out_w + q];
     }
 }
-
-void maxpool2x2_relu_backward_cpu(const Pool2dShape *s, const float *x, const float *dy, float *dx) {
-    maxpool2x2_backward_cpu(s, x, NULL, dy, dx);
-    size_t n = (size_t)s->n * s->c * s->h * s->w;
-    for (size_t i = 0; i < n; i++)
-        if (!(x[i] > 0.0f)) dx[i] = 0.0f;
-}

@@ -38,13 +38,6 @@ typedef struct {
 void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc);
 void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
 
-/* The backward of ReLU then 2x2 max-pool in one pass, NCHW: x is the ReLU's
- * output (the pool's input); dx gets dy at the first maximum of each window
- * where that maximum is positive, 0 elsewhere: what maxpool backward followed
- * by ReLU backward give, without writing and re-reading dx in between. */
-void maxpool2x2_relu_backward_cpu(const Pool2dShape *s, const float *x, const float *dy, float *dx);
-void maxpool2x2_relu_backward_cuda(DType dtype, const Pool2dShape *s, const void *x, const void *dy,
-                                   void *dx, cudaStream_t stream);
 void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
 void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
                               const void *y, const void *dy, void *dx);

@@ -7,7 +7,6 @@
 
 #include "ops/bias_relu.h"
 #include "ops/cast.h"
-#include "ops/maxpool.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
@@ -23,52 +22,6 @@ static void check_cpu_by_hand(void) {
     const float want_nhwc[4] = {0.0f, 0.0f, 2.5f, 0.0f};
     bias_relu_forward_cpu(b, nhwc, 1, 2, 2, 1);
     for (int i = 0; i < 4; i++) CHECK_NEAR(nhwc[i], want_nhwc[i], 0);
-}
-
-/* One 2x4 plane, two windows: [1 3 | 0 -1] over [3 2 | -2 -3]: the first
- * window's first maximum (the 3 at column 1) takes dy; the second window's
- * maximum is 0, which the ReLU passes no gradient through. */
-static void check_pool_relu_by_hand(void) {
-    Pool2dShape s = {.n = 1, .c = 1, .h = 2, .w = 4};
-    const float x[8] = {1, 3, 0, -1, 3, 2, -2, -3}, dy[2] = {5, 7};
-    const float want[8] = {0, 5, 0, 0, 0, 0, 0, 0};
-    float dx[8];
-    maxpool2x2_relu_backward_cpu(&s, x, dy, dx);
-    for (int i = 0; i < 8; i++) CHECK_NEAR(dx[i], want[i], 0);
-}
-
-/* Values from a small set, so windows tie and hold zeros and negatives. */
-static void check_pool_relu_gpu(DType dt, int n, int c, int h, int w, uint64_t *rng, cudaStream_t s) {
-    Pool2dShape shape = {.n = n, .c = c, .h = h, .w = w};
-    size_t nx = (size_t)n * c * h * w, ny = nx / 4, esize = dtype_size(dt);
-    float *x = malloc(nx * sizeof(float)), *dy = malloc(ny * sizeof(float));
-    float *want = malloc(nx * sizeof(float)), *got = malloc(nx * sizeof(float));
-    for (size_t i = 0; i < nx; i++) x[i] = (float)((int)test_uniform(rng, 0, 5) - 1); /* -1 .. 3 */
-    for (size_t i = 0; i < nx; i++) x[i] = x[i] < 0 ? 0 : x[i];                         /* a ReLU output */
-    test_fill_uniform(dy, ny, rng, -1, 1);
-    void *bits = malloc(nx * esize);
-    cast_from_f32_cpu(dt, dy, bits, ny);
-    cast_to_f32_cpu(dt, bits, dy, ny);
-    void *d_x, *d_dy, *d_dx;
-    CUDA_CHECK(cudaMalloc(&d_x, nx * esize));
-    CUDA_CHECK(cudaMalloc(&d_dy, ny * esize));
-    CUDA_CHECK(cudaMalloc(&d_dx, nx * esize));
-    cast_from_f32_cpu(dt, x, bits, nx);
-    CUDA_CHECK(cudaMemcpy(d_x, bits, nx * esize, cudaMemcpyHostToDevice));
-    cast_from_f32_cpu(dt, dy, bits, ny);
-    CUDA_CHECK(cudaMemcpy(d_dy, bits, ny * esize, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(d_dx, 0xff, nx * esize)); /* NaN: every element must be written */
-    maxpool2x2_relu_backward_cuda(dt, &shape, d_x, d_dy, d_dx, s);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    CUDA_CHECK(cudaMemcpy(bits, d_dx, nx * esize, cudaMemcpyDeviceToHost));
-    cast_to_f32_cpu(dt, bits, got, nx);
-    maxpool2x2_relu_backward_cpu(&shape, x, dy, want);
-    CHECK_MSG(memcmp(got, want, nx * sizeof(float)) == 0, "%s pool+relu backward n=%d c=%d %dx%d differs",
-              dtype_name(dt), n, c, h, w);
-    CUDA_CHECK(cudaFree(d_x));
-    CUDA_CHECK(cudaFree(d_dy));
-    CUDA_CHECK(cudaFree(d_dx));
-    free(x), free(dy), free(want), free(got), free(bits);
 }
 
 static void check_gpu(DType dt, int nhwc, int n, int c, int plane, uint64_t *rng, cudaStream_t s) {
@@ -105,7 +58,6 @@ static void check_gpu(DType dt, int nhwc, int n, int c, int plane, uint64_t *rng
 
 int main(void) {
     check_cpu_by_hand();
-    check_pool_relu_by_hand();
     if (gpu_count() == 0) {
         printf("no GPU: CUDA checks skipped\n");
         return test_finish("test_ops_bias_relu");
@@ -120,10 +72,6 @@ int main(void) {
             check_gpu(types[t], nhwc, 3, 5, 7 * 9, &rng, g.compute);    /* element path */
             check_gpu(types[t], nhwc, 2, 24, 15, &rng, g.compute);      /* nhwc vectors, nchw elements */
         }
-    for (int t = 0; t < 3; t++) {
-        check_pool_relu_gpu(types[t], 4, 16, 32, 32, &rng, g.compute);
-        check_pool_relu_gpu(types[t], 3, 5, 6, 10, &rng, g.compute);
-    }
     gpu_context_destroy(&g);
     return test_finish("test_ops_bias_relu");
 }

@@ -18,12 +18,13 @@
 enum { BATCH = 4, SIZE = 32, CLASSES = 10 };
 
 /* Gradients of one forward/backward, copied to the host. */
-static float *gradients(int checkpoint, GpuContext *gpu, const float *x, const int32_t *labels,
+static float *gradients(int checkpoint, int fuse, GpuContext *gpu, const float *x, const int32_t *labels,
                         size_t *bytes_out, size_t *n_out) {
     Model m;
     char err[256];
     CHECK(model_build(&m, "simplenet", BATCH, SIZE, CLASSES, 0, err, sizeof err) == 0);
     m.checkpoint = checkpoint;
+    m.fuse = fuse;
     m.conv_policy.deterministic = 1;
     model_finalize(&m, gpu, 7);
     size_t in_bytes = model_input_floats(&m) * sizeof(float);
@@ -57,21 +58,38 @@ static float *gradients(int checkpoint, GpuContext *gpu, const float *x, const i
     return grads;
 }
 
-static void check_checkpointing(GpuContext *gpu, const float *x, const int32_t *labels) {
+static void check_checkpointing(GpuContext *gpu, int fuse, const float *x, const int32_t *labels) {
+    const char *where = gpu ? "gpu" : "cpu", *fused = fuse ? " fused" : "";
     size_t plain_bytes, ckpt_bytes, n, n2;
-    float *plain = gradients(0, gpu, x, labels, &plain_bytes, &n);
-    float *ckpt = gradients(1, gpu, x, labels, &ckpt_bytes, &n2);
+    float *plain = gradients(0, fuse, gpu, x, labels, &plain_bytes, &n);
+    float *ckpt = gradients(1, fuse, gpu, x, labels, &ckpt_bytes, &n2);
     CHECK(n == n2);
-    CHECK_MSG(memcmp(plain, ckpt, n * sizeof(float)) == 0, "%s: checkpointed gradients differ (rel %.3g)",
-              gpu ? "gpu" : "cpu", test_rel_error(ckpt, plain, n));
-    CHECK_MSG(ckpt_bytes < plain_bytes, "%s: checkpointing used %zu bytes, plain %zu", gpu ? "gpu" : "cpu",
-              ckpt_bytes, plain_bytes);
+    CHECK_MSG(memcmp(plain, ckpt, n * sizeof(float)) == 0, "%s%s: checkpointed gradients differ (rel %.3g)", where,
+              fused, test_rel_error(ckpt, plain, n));
+    CHECK_MSG(ckpt_bytes < plain_bytes, "%s%s: checkpointing used %zu bytes, plain %zu", where, fused, ckpt_bytes,
+              plain_bytes);
     double norm = 0;
     for (size_t i = 0; i < n; i++) norm += fabs(plain[i]);
     CHECK(norm > 0); /* a run that computed nothing must not pass */
-    printf("%s: checkpointing %zu bytes, plain %zu bytes\n", gpu ? "gpu" : "cpu", ckpt_bytes, plain_bytes);
+    printf("%s%s: checkpointing %zu bytes, plain %zu bytes\n", where, fused, ckpt_bytes, plain_bytes);
     free(plain);
     free(ckpt);
+}
+
+/* On the CPU, bias + ReLU + max-pool as one op (its backward writing the
+ * conv's output gradient over that output) gives bitwise the unfused
+ * gradients: the same additions in the same order; and needs less memory. */
+static void check_fusion_cpu(const float *x, const int32_t *labels) {
+    size_t plain_bytes, fused_bytes, n, n2;
+    float *plain = gradients(0, 0, NULL, x, labels, &plain_bytes, &n);
+    float *fused = gradients(0, 1, NULL, x, labels, &fused_bytes, &n2);
+    CHECK(n == n2);
+    CHECK_MSG(memcmp(plain, fused, n * sizeof(float)) == 0, "cpu: fused gradients differ (rel %.3g)",
+              test_rel_error(fused, plain, n));
+    CHECK_MSG(fused_bytes < plain_bytes, "cpu: fused used %zu bytes, unfused %zu", fused_bytes, plain_bytes);
+    printf("cpu: fused %zu bytes, unfused %zu bytes\n", fused_bytes, plain_bytes);
+    free(plain);
+    free(fused);
 }
 
 static Config *small_run(const char *device, int batch, int accumulate) {
@@ -210,13 +228,16 @@ int main(void) {
     int32_t labels[BATCH];
     for (int i = 0; i < BATCH; i++) labels[i] = (int32_t)test_uniform(&rng, 0, CLASSES - 0.01f);
 
-    check_checkpointing(NULL, x, labels);
+    check_checkpointing(NULL, 0, x, labels);
+    check_checkpointing(NULL, 1, x, labels);
+    check_fusion_cpu(x, labels);
     check_accumulation();
     check_nvtx_layers();
     if (gpu_count() > 0) {
         GpuContext gpu;
         gpu_context_init(&gpu, 0);
-        check_checkpointing(&gpu, x, labels);
+        check_checkpointing(&gpu, 0, x, labels);
+        check_checkpointing(&gpu, 1, x, labels);
         gpu_context_destroy(&gpu);
         check_cuda_graph("off");
         check_cuda_graph("fp16");
@@ -225,6 +246,7 @@ int main(void) {
         check_layouts("fp16", 2e-2);
         check_fusion("off", "nchw", 1e-4);
         check_fusion("off", "nhwc", 1e-4);
+        check_fusion("fp16", "nchw", 2e-2);
         check_fusion("fp16", "nhwc", 2e-2);
     } else {
         printf("no GPU: GPU checks skipped\n");

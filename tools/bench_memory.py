@@ -2,7 +2,7 @@
 """The lab's task 4.1: peak memory and samples/s of SimpleNet over batch x
 precision x checkpointing, each a short trainc run on a batch kept on the GPU.
 
-  python3 tools/bench_memory.py [--trainc build/trainc] [--config configs/dataloader.ini]
+  python3 tools/bench_memory.py [--trainc build/trainc] [--config configs/model.ini]
 """
 import argparse
 import json
@@ -25,7 +25,7 @@ def run(trainc, config, sets):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainc", default="build/trainc")
-    ap.add_argument("--config", default="configs/dataloader.ini")
+    ap.add_argument("--config", default="configs/model.ini")
     ap.add_argument("--batches", default="32,64,128,256")
     ap.add_argument("--precisions", default="off,fp16")
     ap.add_argument("--set", action="append", default=[], help="applied to every run")

@@ -66,9 +66,9 @@ const CfgKeySpec trainc_keys[] = {
      "stem (7x7 stride 2, 3x3 max-pool) from 128 on"},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set"},
     {"model.fuse", CFG_BOOL, "off", 0,
-     "each convolution adds its bias and the ReLU after it in one pass over its output, and a max-pool "
-     "after that ReLU does the ReLU's backward in its own; a ReLU after batch norm or a residual add runs "
-     "in their pass (GPU)"},
+     "a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
+     "convolution's output, whose backward writes the gradient over that output (CPU and GPU); without the "
+     "pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add runs in their pass"},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions"},
 
@@ -103,7 +103,8 @@ const CfgKeySpec trainc_keys[] = {
     {"perf.conv_workspace_mb", CFG_INT, "256", 0,
      "scratch memory a convolution's cuDNN algorithm may use (the fast ones at large batches need more)"},
     {"perf.conv_benchmark", CFG_BOOL, "off", 0,
-     "choose convolution algorithms by timing each once at start-up (cudnnFind) rather than by heuristics"},
+     "choose convolution algorithms by timing each at start-up (cudnnFind, twice: the second ranking "
+     "counts) rather than by heuristics"},
     {"perf.deterministic", CFG_BOOL, "on", 0,
      "only convolution algorithms that give the same bits every run; off: the fastest"},
 

@@ -3,7 +3,7 @@
 timed window and print version, GPU util, throughput, speedup over the first,
 peak memory; write it as CSV and draw it as an SVG bar chart.
 
-  python3 tools/lab_table.py                      # baseline, dataloader, memory, final
+  python3 tools/lab_table.py                      # baseline, dataloader, model, memory, final
   python3 tools/lab_table.py --configs configs/dataloader.ini,configs/final.ini \
       --set run.max_steps=200                     # any list: an ablation
   python3 tools/lab_table.py --torch-json torch.jsonl   # add PyTorch rows (summary lines)
@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-STAGES = ["baseline", "dataloader", "memory", "final"]
+STAGES = ["baseline", "dataloader", "model", "memory", "final"]
 
 
 def run_trainc(trainc, config, sets):

@@ -114,8 +114,8 @@ elif query == "torch-args":
     a.append("--tf32" if on("precision.tf32") else "--no-tf32")
     a.append("--nesterov" if on("optim.nesterov") else "--no-nesterov")
     a.append("--flip" if on("data.flip") else "--no-flip")
-    if vals.get("dist.bucket_mb"):
-        a.append(f"--bucket-mb {vals['dist.bucket_mb']}")
+    # PyTorch keeps DDP's own 25 MiB buckets (what its users get): trainc's
+    # layer-cut buckets are a design choice of trainc's, not a setting to copy.
     if vals.get("dist.allreduce_dtype") in dt:
         a.append(f"--allreduce-dtype {dt[vals['dist.allreduce_dtype']]}")
     print(" ".join(a))

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On a lent 2-GPU machine, in one call: the multi-GPU tests (synchronized
+# batch norm and data-parallel training on the GPU included), then issue 7's
+# runs (tools/device/issue7_bench.sh) sized to fit a short device budget: one
+# loader epoch per scaling run, 150 timed resident steps, 3-epoch accuracy runs.
+set -uo pipefail
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+OUT=/tmp/prep timeout 300 bash tools/device/prepare.sh > /tmp/prepare.log 2>&1 || { tail -30 /tmp/prepare.log; exit 1; }
+echo "== multi-GPU tests"
+timeout 150 ctest --test-dir build -R "dist|ddp" --output-on-failure > /tmp/ctest_dist.log 2>&1
+grep -E "tests passed|Failed|CHECK failed" /tmp/ctest_dist.log | head
+grep -iE "sync.?bn|synchronized" /tmp/ctest_dist.log | head -6
+PARTS=${PARTS:-"simplenet-resident resnet18-resident simplenet-loader resnet18-loader acc"} \
+  STEPS=150 WARM=20 LOADER_EPOCHS=1 RUN_LIMIT=150 ACC_EPOCHS=3 GPUS=1,2 bash tools/device/issue7_bench.sh
+rm -f "$OUT"/scaling_*.svg  # at most 8 files come back; the tables are in the log

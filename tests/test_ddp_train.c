@@ -91,10 +91,11 @@ static void check_same_on_ranks(Dist *d, const float *params, size_t n, const ch
     free(rank0);
 }
 
-static void check_device(Dist *d, const char *device, const char *extra, double tol) {
-    const char *extras[] = {extra, NULL};
+static void check_device(Dist *d, const char *device, const char *const *extras, double tol) {
     char what[128];
-    snprintf(what, sizeof what, "%s %s", device, extra ? extra : "");
+    int len = snprintf(what, sizeof what, "%s", device);
+    for (int i = 0; extras[i] && len < (int)sizeof what; i++)
+        len += snprintf(what + len, sizeof what - len, " %s", extras[i]);
     size_t n = params_of(&simplenet);
     float *dist_params = train(d, 0, device, &simplenet, extras);
     check_same_on_ranks(d, dist_params, n, what);
@@ -181,7 +182,7 @@ int main(void) {
         printf("needs 2 MPI ranks (ctest runs it under mpirun)\n");
         return 77;
     }
-    check_device(&d, "cpu", NULL, 1e-5);
+    check_device(&d, "cpu", (const char *[]){NULL}, 1e-5);
     check_stop_together(&d);
     check_sync_bn(&d, "cpu", NULL, 1e-6);
     /* a checkpointed block's recompute runs the synchronized forward again */
@@ -191,9 +192,10 @@ int main(void) {
     double all = enough;
     dist_allreduce_sum_host_double(&d, &all, 1);
     if (all == d.world) {
-        check_device(&d, "cuda", NULL, 1e-5);
-        check_device(&d, "cuda", "perf.cuda_graph=on", 1e-5);
-        check_device(&d, "cuda", "precision.amp=fp16", 2e-3);
+        check_device(&d, "cuda", (const char *[]){NULL}, 1e-5);
+        check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", NULL}, 1e-5);
+        check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", "perf.graph_node_priority=on", NULL}, 1e-5);
+        check_device(&d, "cuda", (const char *[]){"precision.amp=fp16", NULL}, 2e-3);
         check_sync_bn(&d, "cuda", NULL, 5e-5);
         check_sync_bn(&d, "cuda", "perf.cuda_graph=on", 5e-5);
         check_sync_bn(&d, "cuda", "model.fuse=on", 5e-5);

@@ -115,6 +115,10 @@ const CfgKeySpec trainc_keys[] = {
 
     {"perf.cuda_graph", CFG_BOOL, "off", 0,
      "capture the step (forward, loss, backward, optimizer) once as a CUDA graph and replay it"},
+    {"perf.graph_node_priority", CFG_BOOL, "off", 0,
+     "instantiate the step's CUDA graph with each node's own stream priority "
+     "(cudaGraphInstantiateFlagUseNodePriority), so the data-parallel all-reduces keep their high-priority "
+     "stream's precedence over backward's kernels; off: the whole graph runs at its launch stream's priority"},
 
     {"dist.bucket_mb", CFG_INT, "25", 0,
      "data-parallel (mpirun): gradients are all-reduced in buckets of this many MiB, each as soon as backward "

@@ -45,6 +45,7 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->accumulate = (int)config_int(cfg, "memory.accumulate");
     t->checkpoint = strcmp(config_str(cfg, "memory.checkpoint"), "blocks") == 0;
     t->cuda_graph = config_bool(cfg, "perf.cuda_graph");
+    t->graph_node_priority = config_bool(cfg, "perf.graph_node_priority");
     t->sync_bn = config_bool(cfg, "dist.sync_bn");
     const char *amp = config_str(cfg, "precision.amp");
     t->amp = strcmp(amp, "fp16") == 0 ? DTYPE_F16 : strcmp(amp, "bf16") == 0 ? DTYPE_BF16 : DTYPE_F32;
@@ -59,6 +60,7 @@ static void read_settings(Trainer *t, const Config *cfg) {
     require(t->scale_interval >= 1, "precision.loss_scale_interval", "must be at least 1");
     require(t->accumulate >= 1 && t->accumulate <= 4096, "memory.accumulate", "must be between 1 and 4096");
     require(!t->cuda_graph || t->use_gpu, "perf.cuda_graph", "= on needs run.device = cuda");
+    require(!t->graph_node_priority || t->cuda_graph, "perf.graph_node_priority", "= on needs perf.cuda_graph = on");
     if (t->amp == DTYPE_F32) {
         /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */
         t->scale_init = 1;
@@ -485,7 +487,8 @@ static void run_micro_batch(Trainer *t, int first, int last) {
         micro_step(t, first, last);
         if (last) optimizer_step(t);
         CUDA_CHECK(cudaStreamEndCapture(t->gpu.compute, &graph));
-        CUDA_CHECK(cudaGraphInstantiate(exec, graph, 0));
+        CUDA_CHECK(cudaGraphInstantiate(exec, graph,
+                                        t->graph_node_priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
         CUDA_CHECK(cudaGraphDestroy(graph));
         log_info("captured the %s%s micro-batch as a CUDA graph", first ? "first" : "next",
                  last ? " and last" : "");

@@ -71,7 +71,7 @@ typedef struct {
     int use_gpu, batch, epochs, image_size, log_every, read_loss_every, warmup_steps;
     long max_steps;
     int sync_after_step, async_copy, eval, resident, tf32, transform_on_gpu;
-    int accumulate, checkpoint, cuda_graph, sync_bn;
+    int accumulate, checkpoint, cuda_graph, graph_node_priority, sync_bn;
     DType amp;                /* F32: off */
     float scale_init, scale_growth, scale_backoff;
     int scale_interval;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On a lent 2-GPU machine: the data-parallel step's overhead by bucket size and
-# NCCL channel count (trainc, a batch kept on each GPU), SimpleNet-224 and
-# ResNet-18-32, then PyTorch DDP at its defaults in the same call.
+# On a lent 2-GPU machine: the data-parallel step's overhead by bucket size,
+# NCCL channel count, graph node priority and with no graph (trainc, a batch
+# kept on each GPU), SimpleNet-224 and ResNet-18-32, then PyTorch DDP at its
+# defaults in the same call.
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -18,10 +19,14 @@ one "simplenet 1 GPU" 1 "" $C
 for mb in 4 25 256; do one "simplenet 2 GPUs bucket $mb" 2 "" $C --set dist.bucket_mb=$mb; done
 for mb in 25 256; do one "simplenet 2 GPUs bucket $mb, 4 NCCL channels" 2 "-x NCCL_MAX_NCHANNELS=4" $C --set dist.bucket_mb=$mb; done
 one "simplenet 2 GPUs bucket 256, 2 NCCL channels" 2 "-x NCCL_MAX_NCHANNELS=2" $C --set dist.bucket_mb=256
+one "simplenet 2 GPUs bucket 25, graph node priority" 2 "" $C --set perf.graph_node_priority=on
+one "simplenet 1 GPU, no graph" 1 "" $C --set perf.cuda_graph=off
+one "simplenet 2 GPUs bucket 25, no graph" 2 "" $C --set perf.cuda_graph=off
 C="--config configs/resnet18.ini --set dist.allreduce_dtype=auto"
 one "resnet18 1 GPU" 1 "" $C
 for mb in 4 25; do one "resnet18 2 GPUs bucket $mb" 2 "" $C --set dist.bucket_mb=$mb; done
 one "resnet18 2 GPUs bucket 25, 4 NCCL channels" 2 "-x NCCL_MAX_NCHANNELS=4" $C --set dist.bucket_mb=25
+one "resnet18 2 GPUs bucket 25, graph node priority" 2 "" $C --set dist.bucket_mb=25 --set perf.graph_node_priority=on
 T="tools/torch_ddp.py --data-on-gpu --warmup-steps 20 --steps 200 --amp fp16 --channels-last"
 for np in 1 2; do
   echo "torch simplenet $np: $(timeout 60 $MPI -np $np python3 $T --model simplenet --image-size 224 --batch 256 --tf32 2>/dev/null | grep -o '"samples_per_s": [0-9.]*' | tail -1)"

@@ -263,10 +263,11 @@ static void touch(int *first, int *last, int group, int time) {
 /* Every activation's gradient gets one of a few shared buffers: gradients
  * joined in place (a ReLU's, an add's passed-on dy) form one group, and two
  * groups share a buffer when the backward times that touch them do not
- * overlap. Each buffer is sized for the largest gradient it holds. */
+ * overlap. Each buffer is sized for the largest gradient it holds; a group
+ * whose gradient overwrites its own value (grad_in_value) takes none. Needs
+ * plan_accumulation and mark_fusions first. */
 static void plan_grad_slots(Model *m) {
     int parent[MODEL_MAX_ACTS], first[MODEL_MAX_ACTS], last[MODEL_MAX_ACTS], slot_of[MODEL_MAX_ACTS];
-    plan_accumulation(m);
     for (int a = 0; a < m->n_acts; a++) {
         parent[a] = a;
         first[a] = INT32_MAX;

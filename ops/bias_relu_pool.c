@@ -4,7 +4,7 @@
 
 #include "runtime/check.h"
 
-static void check_shape(const Pool2dShape *s) {
+void bias_relu_pool_check_shape(const Pool2dShape *s) {
     if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 || s->h % 2 || s->w % 2 || pool2d_window(s) != 2 ||
         pool2d_stride(s) != 2 || s->pad)
         TC_FATAL("bias_relu_pool: 2x2 stride-2 windows over an even size only (got n=%d c=%d %dx%d, window %d "
@@ -37,7 +37,7 @@ static int first_max(const float *x, const size_t at[4], float b, float *max) {
 /* Forward (y) or backward (dy and dx): one walk over the windows. */
 static void walk_windows(const Pool2dShape *s, int nhwc, const float *x, const float *b, const float *dy, float *y,
                          float *dx) {
-    check_shape(s);
+    bias_relu_pool_check_shape(s);
     for (int n = 0; n < s->n; n++)
         for (int c = 0; c < s->c; c++)
             for (int p = 0; p < s->h / 2; p++)

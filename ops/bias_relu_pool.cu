@@ -6,11 +6,6 @@
 #include "ops/dtype_cuda.cuh"
 #include "runtime/check.h"
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-    T v[N];
-};
-
 /* x + b as the unfused bias + ReLU stores it (rounded to T); ReLU is left to
  * the callers, which compare before it. */
 template <typename T>
@@ -125,13 +120,6 @@ static __global__ void bias_relu_pool_backward_kernel(const T *x, const T *b, co
     }
 }
 
-static void check_shape(const Pool2dShape *s) {
-    if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 || s->h % 2 || s->w % 2 || pool2d_window(s) != 2 ||
-        pool2d_stride(s) != 2 || s->pad)
-        TC_FATAL("bias_relu_pool: 2x2 stride-2 windows over an even size only (got n=%d c=%d %dx%d, window %d "
-                 "stride %d pad %d)", s->n, s->c, s->h, s->w, pool2d_window(s), pool2d_stride(s), s->pad);
-}
-
 static bool aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
 
 /* One launch of the forward (dy NULL) or the backward kernel at this vector width. */
@@ -166,13 +154,13 @@ static void launch_widest(const Pool2dShape *s, int nhwc, const void *x, const v
 void bias_relu_pool_forward_cuda(DType dtype, const Pool2dShape *s, int nhwc, const void *x, const void *b,
                                  void *y, cudaStream_t stream) {
     check_float_dtype("bias_relu_pool", dtype);
-    check_shape(s);
+    bias_relu_pool_check_shape(s);
     DISPATCH_FLOAT_DTYPE(dtype, launch_widest, s, nhwc, x, b, (const void *)NULL, y, stream);
 }
 
 void bias_relu_pool_backward_cuda(DType dtype, const Pool2dShape *s, int nhwc, const void *x, const void *b,
                                   const void *dy, void *dx, cudaStream_t stream) {
     check_float_dtype("bias_relu_pool", dtype);
-    check_shape(s);
+    bias_relu_pool_check_shape(s);
     DISPATCH_FLOAT_DTYPE(dtype, launch_widest, s, nhwc, x, b, dy, dx, stream);
 }

@@ -27,7 +27,9 @@
 extern "C" {
 #endif
 
-/* s is x's shape; its window must be the plain 2x2 stride 2, pad 0. */
+/* s is x's shape; its window must be the plain 2x2 stride 2, pad 0 over an
+ * even size: fails naming the shape otherwise (every call checks). */
+void bias_relu_pool_check_shape(const Pool2dShape *s);
 void bias_relu_pool_forward_cpu(const Pool2dShape *s, int nhwc, const float *x, const float *b, float *y);
 void bias_relu_pool_backward_cpu(const Pool2dShape *s, int nhwc, const float *x, const float *b,
                                  const float *dy, float *dx);

@@ -231,11 +231,6 @@ void conv2d_cuda_destroy(Conv2dCuda *c) {
  * (the plane in NCHW, the channels of a pixel in NHWC) must be a multiple of
  * VEC, and the pointer 16-byte aligned. Otherwise VEC is 1. */
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-    T v[N];
-};
-
 template <typename T>
 static constexpr int wide_vec() { return (int)(16 / sizeof(T)); }
 

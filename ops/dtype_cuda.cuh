@@ -18,6 +18,12 @@ static __device__ __forceinline__ float to_float(float v) { return v; }
 static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+/* N elements of T moved as one aligned load or store (16 bytes at most). */
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+    T v[N];
+};
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) {

@@ -66,3 +66,21 @@ float *to_nchw(const float *x, int n, int c, int h, int w) {
                 y[((size_t)i * c + ch) * plane + p] = x[((size_t)i * plane + p) * c + ch];
     return y;
 }
+
+void *dev_values_on(cudaStream_t s, DType dt, const float *host, size_t n) {
+    void *bits = host_bytes(n * dtype_size(dt));
+    cast_from_f32_cpu(dt, host, bits, n);
+    void *p = dev_bytes(n * dtype_size(dt));
+    upload_on(s, p, bits, n * dtype_size(dt));
+    free(bits);
+    return p;
+}
+
+float *download_values_on(cudaStream_t s, DType dt, const void *dev, size_t n) {
+    void *bits = host_bytes(n * dtype_size(dt));
+    download_on(s, bits, dev, n * dtype_size(dt));
+    float *p = host_floats(n);
+    cast_to_f32_cpu(dt, bits, p, n);
+    free(bits);
+    return p;
+}

@@ -20,5 +20,9 @@ float *to_nchw(const float *x, int n, int c, int h, int w);
 void *dev_bytes(size_t bytes);
 void upload_on(cudaStream_t s, void *dst, const void *src, size_t bytes);
 void download_on(cudaStream_t s, void *dst, const void *src, size_t bytes);
+/* A new device buffer of n elements of dt holding host's values (rounded to
+ * dt); and n elements of dt from the device, widened to new host floats. */
+void *dev_values_on(cudaStream_t s, DType dt, const float *host, size_t n);
+float *download_values_on(cudaStream_t s, DType dt, const void *dev, size_t n);
 
 #endif

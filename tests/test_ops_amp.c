@@ -56,25 +56,13 @@ static float *random_values(DType dt, size_t n, float lo, float hi) {
 }
 
 /* A device buffer of n elements of dt holding host's values (rounded to dt). */
-static void *dev_values(DType dt, const float *host, size_t n) {
-    void *bits = host_bytes(n * dtype_size(dt));
-    cast_from_f32_cpu(dt, host, bits, n);
-    void *p = dev_bytes(n * dtype_size(dt));
-    upload(p, bits, n * dtype_size(dt));
-    free(bits);
-    return p;
-}
+static void *dev_values(DType dt, const float *host, size_t n) { return dev_values_on(g.compute, dt, host, n); }
 
 static void *dev_elements(DType dt, size_t n) { return dev_bytes(n * dtype_size(dt)); }
 
 /* n elements of dt from the device, widened to float on the host. */
 static float *download_values(DType dt, const void *dev, size_t n) {
-    void *bits = host_bytes(n * dtype_size(dt));
-    download(bits, dev, n * dtype_size(dt));
-    float *p = host_floats(n);
-    cast_to_f32_cpu(dt, bits, p, n);
-    free(bits);
-    return p;
+    return download_values_on(g.compute, dt, dev, n);
 }
 
 static void *download_bytes(const void *dev, size_t bytes) {

@@ -9,7 +9,6 @@
 
 #include "ops/bias_relu.h"
 #include "ops/bias_relu_pool.h"
-#include "ops/cast.h"
 #include "ops/maxpool.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
@@ -123,23 +122,6 @@ static void check_finite_differences(uint64_t *rng) {
     free(x), free(b), free(r), free(y), free(dx), free(num_dx), free(num_db);
 }
 
-static void *upload_as(DType dt, const float *x, size_t n, cudaStream_t st) {
-    void *bits = host_bytes(n * dtype_size(dt)), *d = dev_bytes(n * dtype_size(dt));
-    cast_from_f32_cpu(dt, x, bits, n);
-    upload_on(st, d, bits, n * dtype_size(dt));
-    free(bits);
-    return d;
-}
-
-static float *download_as(DType dt, const void *d, size_t n, cudaStream_t st) {
-    void *bits = host_bytes(n * dtype_size(dt));
-    float *out = host_floats(n);
-    download_on(st, bits, d, n * dtype_size(dt));
-    cast_to_f32_cpu(dt, bits, out, n);
-    free(bits);
-    return out;
-}
-
 /* The GPU against the CPU, bit for bit: grid values (exact in every dtype),
  * or for fp32 continuous ones too. */
 static void check_gpu(DType dt, int nhwc, int n, int c, int h, int w, int grid, uint64_t *rng, cudaStream_t st) {
@@ -156,15 +138,15 @@ static void check_gpu(DType dt, int nhwc, int n, int c, int h, int w, int grid, 
 
     float *xl = nhwc ? to_nhwc(x, n, c, h, w, c) : copy_floats(x, nx);
     float *dyl = nhwc ? to_nhwc(dy, n, c, h / 2, w / 2, c) : copy_floats(dy, ny);
-    void *d_x = upload_as(dt, xl, nx, st), *d_b = upload_as(dt, b, c, st), *d_dy = upload_as(dt, dyl, ny, st);
+    void *d_x = dev_values_on(st, dt, xl, nx), *d_b = dev_values_on(st, dt, b, c), *d_dy = dev_values_on(st, dt, dyl, ny);
     void *d_y = dev_bytes(ny * dtype_size(dt)), *d_dx = dev_bytes(nx * dtype_size(dt));
     CUDA_CHECK(cudaMemsetAsync(d_y, 0xff, ny * dtype_size(dt), st)); /* NaN: every element must be written */
     CUDA_CHECK(cudaMemsetAsync(d_dx, 0xff, nx * dtype_size(dt), st));
     bias_relu_pool_forward_cuda(dt, &s, nhwc, d_x, d_b, d_y, st);
     bias_relu_pool_backward_cuda(dt, &s, nhwc, d_x, d_b, d_dy, d_dx, st);
-    float *gy = download_as(dt, d_y, ny, st), *gdx = download_as(dt, d_dx, nx, st);
+    float *gy = download_values_on(st, dt, d_y, ny), *gdx = download_values_on(st, dt, d_dx, nx);
     bias_relu_pool_backward_cuda(dt, &s, nhwc, d_x, d_b, d_dy, d_x, st); /* in place */
-    float *gdx_inplace = download_as(dt, d_x, nx, st);
+    float *gdx_inplace = download_values_on(st, dt, d_x, nx);
     if (nhwc) {
         float *t = to_nchw(gy, n, c, h / 2, w / 2);
         free(gy), gy = t;

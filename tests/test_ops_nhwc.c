@@ -57,20 +57,11 @@ static void upload_values(DType dt, void *dev, const float *host, size_t n) {
 
 static void *dev_elements(DType dt, size_t n) { return dev_bytes(n * dtype_size(dt)); }
 
-static void *dev_values(DType dt, const float *host, size_t n) {
-    void *p = dev_elements(dt, n);
-    upload_values(dt, p, host, n);
-    return p;
-}
+static void *dev_values(DType dt, const float *host, size_t n) { return dev_values_on(g.compute, dt, host, n); }
 
 /* n elements of dt from the device, widened to float on the host. */
 static float *download_values(DType dt, const void *dev, size_t n) {
-    void *bits = host_bytes(n * dtype_size(dt));
-    download(bits, dev, n * dtype_size(dt));
-    float *p = host_floats(n);
-    cast_to_f32_cpu(dt, bits, p, n);
-    free(bits);
-    return p;
+    return download_values_on(g.compute, dt, dev, n);
 }
 
 static void *download_bytes(const void *dev, size_t bytes) {

@@ -183,18 +183,6 @@ int dist_any_host(Dist *d, int flag) {
     return any;
 }
 
-void dist_allreduce_max_int32_device(Dist *d, int32_t *dev, cudaStream_t stream) {
-    if (d->world == 1) return;
-    if (!d->nccl) TC_FATAL("rank %d: dist_allreduce_max_int32_device before dist_init_nccl", d->rank);
-    NCCL_CHECK(ncclAllReduce(dev, dev, 1, ncclInt32, ncclMax, d->nccl, stream));
-}
-
-void dist_allreduce_max_float_device(Dist *d, float *dev, cudaStream_t stream) {
-    if (d->world == 1) return;
-    if (!d->nccl) TC_FATAL("rank %d: dist_allreduce_max_float_device before dist_init_nccl", d->rank);
-    NCCL_CHECK(ncclAllReduce(dev, dev, 1, ncclFloat32, ncclMax, d->nccl, stream));
-}
-
 void dist_allreduce_sum_double_device(Dist *d, double *dev, int n, cudaStream_t stream) {
     if (d->world == 1 || n == 0) return;
     if (!d->nccl) TC_FATAL("rank %d: dist_allreduce_sum_double_device before dist_init_nccl", d->rank);

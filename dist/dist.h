@@ -51,13 +51,9 @@ void dist_barrier(Dist *d);
  * ranks at the same step. */
 int dist_any_host(Dist *d, int flag);
 
-/* In place, the maximum over the ranks of one float on the device (the loss
- * scaler's found-inf flag), ordered on 'stream'. No host sync and no
- * allocation, so it may be captured in a CUDA graph. */
-void dist_allreduce_max_float_device(Dist *d, float *dev, cudaStream_t stream);
-void dist_allreduce_max_int32_device(Dist *d, int32_t *dev, cudaStream_t stream);
 /* In place, the sum over the ranks of n doubles on the device (synchronized
- * batch norm's sums), ordered on 'stream'; capturable as the two above. */
+ * batch norm's sums), ordered on 'stream'. No host sync and no allocation, so
+ * it may be captured in a CUDA graph. */
 void dist_allreduce_sum_double_device(Dist *d, double *dev, int n, cudaStream_t stream);
 
 #ifdef __cplusplus

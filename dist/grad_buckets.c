@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 #include <nvtx3/nvToolsExt.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,16 +134,69 @@ void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype,
     log_volume(b);
 }
 
+int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size_t why_size) {
+    if (b->dist->world == 1) return 0;
+    if (!b->on_device) {
+        snprintf(why, why_size, "the gradients are on the host");
+        return 0;
+    }
+    void *sent = b->comm_buffer ? b->comm_buffer : b->grads;
+    /* At most one launch per bucket, two flags each. */
+    if (!peer_link_open(&b->peer, b->dist, sent, b->n * dtype_size(b->comm_dtype), 2 * b->n_buckets, why,
+                        why_size))
+        return 0;
+    b->peer_min_bytes = min_bytes;
+    if (b->dist->rank == 0)
+        log_info("grad buckets: launches of %.3f MiB or more averaged through the copy engines (CUDA IPC "
+                 "between the 2 GPUs), smaller ones by NCCL", mib((double)min_bytes));
+    return 1;
+}
+
+void grad_buckets_reduce_flag(GradBuckets *b, int32_t *flag) { b->flag = flag; }
+
 void grad_buckets_begin(GradBuckets *b) {
     b->launched = 0;
     b->pass_bytes = 0;
+    b->peer_launches = 0;
+    b->flag_reduced = 0;
     b->in_pass = 1;
 }
 
 static void *element(void *base, DType t, size_t i) { return (char *)base + i * dtype_size(t); }
 
+/* [first, first + count) of the sent buffer averaged with the other rank's
+ * through the peer link: rank 0 owns the lower half, rank 1 the upper one.
+ * Each puts the other's half into the other's receive buffer, averages its own
+ * half with what arrived there and puts the result into the other's sent
+ * buffer. Rank r waits on the flags its peer signals: 2k when the peer's half
+ * has arrived, 2k + 1 when the averaged half has. */
+static void average_with_peer(GradBuckets *b, size_t first, size_t count, cudaStream_t comm) {
+    PeerLink *p = &b->peer;
+    size_t esize = dtype_size(b->comm_dtype), half = count / 2;
+    int rank = b->dist->rank;
+    size_t mine = rank == 0 ? first : first + half, mine_count = rank == 0 ? half : count - half;
+    size_t theirs = rank == 0 ? first + half : first, theirs_count = count - mine_count;
+    int flag = 2 * b->peer_launches++;
+    peer_link_put(p, 0, theirs * esize, theirs_count * esize, comm);
+    peer_link_signal(p, flag, comm);
+    peer_link_wait(p, flag, comm);
+    grad_average_pair_cuda(b->comm_dtype, element(p->sent, b->comm_dtype, mine),
+                           element(p->recv, b->comm_dtype, mine), mine_count, comm);
+    peer_link_put(p, 1, mine * esize, mine_count * esize, comm);
+    peer_link_signal(p, flag + 1, comm);
+    peer_link_wait(p, flag + 1, comm);
+}
+
+/* grad_buckets_reduce_flag's flag, once a pass, on 'stream' (inside an NCCL
+ * group where there is one). */
+static void reduce_flag(GradBuckets *b, cudaStream_t stream) {
+    if (!b->flag || b->flag_reduced) return;
+    NCCL_CHECK(ncclAllReduce(b->flag, b->flag, 1, ncclInt32, ncclMax, b->dist->nccl, stream));
+    b->flag_reduced = 1;
+}
+
 /* Buckets [from, to) on the device: fork the comm stream off compute, cast in,
- * one NCCL group of averages, cast back. */
+ * average (one NCCL group, or the peer link), cast back. */
 static void launch_device(GradBuckets *b, int from, int to, cudaStream_t compute) {
     Dist *d = b->dist;
     cudaStream_t comm = d->comm_stream;
@@ -155,14 +209,19 @@ static void launch_device(GradBuckets *b, int from, int to, cudaStream_t compute
         grad_cast_cuda(b->dtype, element(b->grads, b->dtype, k->first), b->comm_dtype,
                        element(sent, b->comm_dtype, k->first), k->count, comm);
     }
+    /* The buckets of one launch are contiguous: [first, end). */
+    size_t first = b->buckets[to - 1].first, end = b->buckets[from].first + b->buckets[from].count;
+    int by_peer = b->peer.on && (end - first) * dtype_size(b->comm_dtype) >= b->peer_min_bytes;
+    if (by_peer) average_with_peer(b, first, end - first, comm);
     /* Grouped, the NCCL calls run as one launch after ncclGroupEnd: casts back
      * must come after the group, not inside it. */
     NCCL_CHECK(ncclGroupStart());
-    for (int i = from; i < to; i++) {
+    for (int i = from; i < to && !by_peer; i++) {
         void *buf = element(sent, b->comm_dtype, b->buckets[i].first);
         NCCL_CHECK(ncclAllReduce(buf, buf, b->buckets[i].count, nccl_dtype(b->comm_dtype),
                                  ncclAvg, d->nccl, comm));
     }
+    reduce_flag(b, comm);
     NCCL_CHECK(ncclGroupEnd());
     for (int i = from; i < to && cast; i++) {
         const GradBucket *k = &b->buckets[i];
@@ -218,6 +277,7 @@ void grad_buckets_finish(GradBuckets *b, cudaStream_t compute) {
     if (b->dist->world == 1) return;
     check_in_pass(b, "grad_buckets_finish");
     launch(b, b->n_buckets, compute);
+    if (b->on_device) reduce_flag(b, compute); /* no bucket launched it */
     b->in_pass = 0;
     if (b->on_device && b->n_buckets > 0) {
         CUDA_CHECK(cudaEventRecord(b->comm_done, b->dist->comm_stream));
@@ -226,6 +286,7 @@ void grad_buckets_finish(GradBuckets *b, cudaStream_t compute) {
 }
 
 void grad_buckets_free(GradBuckets *b) {
+    if (b->peer.on) peer_link_close(&b->peer);
     if (b->comm_buffer) CUDA_CHECK(cudaFree(b->comm_buffer));
     if (b->grads_ready) CUDA_CHECK(cudaEventDestroy(b->grads_ready));
     if (b->comm_done) CUDA_CHECK(cudaEventDestroy(b->comm_done));

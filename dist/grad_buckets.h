@@ -14,6 +14,12 @@
  * init, n elements of comm_dtype), averaged there and cast back: f32 grads sent
  * as f16/bf16 halve the traffic; half grads sent as f32 keep the sum exact.
  *
+ * Copy engines (grad_buckets_use_peer_link, 2 ranks of one host): a launch of
+ * at least min_bytes is averaged without NCCL. Each rank puts the half the
+ * other owns into the other's memory (CUDA IPC, copy engines), averages its own
+ * half with what arrived (a small kernel), and puts the result back: the SMs
+ * stay with backward. Smaller launches, where latency counts, stay on NCCL.
+ *
  * CPU path (no communicator): grads are host floats (dtype and comm_dtype f32),
  * averaged with MPI_Allreduce synchronously inside ready and finish.
  *
@@ -27,8 +33,10 @@
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dist/dist.h"
+#include "dist/peer_link.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -56,6 +64,11 @@ typedef struct {
     cudaEvent_t comm_done;  /* recorded on the comm stream, waited for on compute */
     size_t step_bytes;      /* all-reduced per step, in comm_dtype (0 in world 1) */
     size_t pass_bytes;      /* launched so far in this pass */
+    PeerLink peer;          /* copy engines; off: NCCL only */
+    size_t peer_min_bytes;  /* launches this large or larger go through the peer link */
+    int peer_launches;      /* through the peer link in this pass (its flag pairs) */
+    int32_t *flag;          /* device, or NULL: max-reduced over the ranks in each pass */
+    int flag_reduced;       /* in this pass */
 } GradBuckets;
 
 /* Cuts grads (n elements of dtype) into buckets of about bucket_bytes of
@@ -69,6 +82,15 @@ void grad_buckets_init(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t
 void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype, size_t n,
                               size_t bucket_bytes, DType comm_dtype, const size_t *boundaries,
                               int n_boundaries);
+/* Launches of at least min_bytes (of comm_dtype) go through the copy engines
+ * (see above). Collective; returns 1 when the link is made, else 0 with the
+ * reason in 'why' (the job is not 2 ranks of one host, no peer access, ...). */
+int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size_t why_size);
+/* A device int32 max-reduced over the ranks in every pass, with its first
+ * launch, under backward: the loss scaler's found-inf flag. It must be final on
+ * 'compute' at the pass's first grad_buckets_ready and left alone until
+ * grad_buckets_finish. */
+void grad_buckets_reduce_flag(GradBuckets *b, int32_t *flag);
 /* A backward pass starts: nothing of it is launched yet. */
 void grad_buckets_begin(GradBuckets *b);
 /* Every gradient at index >= first_ready is final (ordered on 'compute'):

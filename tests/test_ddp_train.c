@@ -196,6 +196,12 @@ int main(void) {
         check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", NULL}, 1e-5);
         check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", "perf.graph_node_priority=on", NULL}, 1e-5);
         check_device(&d, "cuda", (const char *[]){"precision.amp=fp16", NULL}, 2e-3);
+        /* dist.copy_engine is auto above (the copy engines on 2 GPUs of one host) */
+        check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", "dist.copy_engine=off", NULL}, 1e-5);
+        if (d.world == 2 && d.local_world == 2)
+            check_device(&d, "cuda",
+                         (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.copy_engine=on", NULL},
+                         2e-3);
         check_sync_bn(&d, "cuda", NULL, 5e-5);
         check_sync_bn(&d, "cuda", "perf.cuda_graph=on", 5e-5);
         check_sync_bn(&d, "cuda", "model.fuse=on", 5e-5);

@@ -1,12 +1,14 @@
-/* The NCCL path, one GPU per MPI rank (ctest starts 2 under mpirun; every rank
- * skips, exit 77, when any host has fewer GPUs than ranks): grad_buckets in
- * f32, f16 and bf16, sent as themselves and cast (f32 as f16 or bf16, halves
- * as f32), give the average computed on the host, the same bits on every rank;
+/* The NCCL and copy-engine paths, one GPU per MPI rank (ctest starts 2 under
+ * mpirun; every rank skips, exit 77, when any host has fewer GPUs than ranks):
+ * grad_buckets in f32, f16 and bf16, sent as themselves and cast (f32 as f16
+ * or bf16, halves as f32), by NCCL and (2 ranks of one host) through the copy
+ * engines, give the average computed on the host, the same bits on every rank;
+ * the reduced flag (the loss scaler's found-inf) is the maximum over the ranks;
  * begin / ready / finish captured in a CUDA graph on the compute stream give it
- * again on fresh data at each replay; dist_allreduce_max_float_device, eager
- * and captured. Backward is simulated on the compute stream: the gradient
- * buffer starts as NaN and each layer's range is copied in after a short host
- * delay, so an all-reduce that ran before its layer was final would show. */
+ * all again on fresh data at each replay. Backward is simulated on the compute
+ * stream: the gradient buffer starts as NaN and each layer's range is copied in
+ * after a short host delay, so an all-reduce that ran before its layer was
+ * final would show. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +109,8 @@ typedef struct {
     float *host;        /* n */
     void *host_stored;  /* n elements of dtype */
     double *average;    /* n */
+    int32_t *flag;      /* device: reduced with the buckets */
+    int32_t *flag_host; /* pinned: this rank's flag for the next pass */
 } BucketCase;
 
 /* Every rank's gradients for this round, so that each rank can average them. */
@@ -131,9 +135,14 @@ static void short_delay(void *arg) {
     usleep(200);
 }
 
-/* One backward pass on the compute stream: NaN, then layer by layer from the end. */
+/* This rank's flag in a round: set on one rank only, a different one each round. */
+static int32_t flag_of(int round) { return d.rank == round % d.world ? 1 + round : 0; }
+
+/* One backward pass on the compute stream: NaN, then layer by layer from the
+ * end; the flag is copied in from the host (pinned) before the pass. */
 static void backward_pass(BucketCase *c, GradBuckets *b) {
     size_t esize = dtype_size(c->dtype);
+    CUDA_CHECK(cudaMemcpyAsync(c->flag, c->flag_host, sizeof(int32_t), cudaMemcpyHostToDevice, compute));
     CUDA_CHECK(cudaMemsetAsync(c->grads, 0xff, c->n * esize, compute)); /* NaN in every dtype */
     grad_buckets_begin(b);
     size_t end = c->n;
@@ -148,10 +157,15 @@ static void backward_pass(BucketCase *c, GradBuckets *b) {
     grad_buckets_finish(b, compute);
 }
 
-/* Compares the gradients with the average; the bits must match rank 0's. */
-static void check_average(BucketCase *c, const char *when) {
+/* Compares the gradients with the average; the bits must match rank 0's. The
+ * flag must be the round's maximum. */
+static void check_average(BucketCase *c, int round, const char *when) {
     size_t esize = dtype_size(c->dtype);
     CUDA_CHECK(cudaStreamSynchronize(compute));
+    int32_t flag = -1;
+    CUDA_CHECK(cudaMemcpy(&flag, c->flag, sizeof flag, cudaMemcpyDeviceToHost));
+    CHECK_MSG(flag == (d.world == 1 ? flag_of(round) : 1 + round), "%s: flag %d after round %d", when, flag,
+              round);
     CUDA_CHECK(cudaMemcpy(c->host_stored, c->grads, c->n * esize, cudaMemcpyDeviceToHost));
     load_from(c->dtype, c->host_stored, c->host, c->n);
     double tol = 4 * (rounding_of(c->dtype) > rounding_of(c->comm_dtype) ? rounding_of(c->dtype)
@@ -172,10 +186,13 @@ static void check_average(BucketCase *c, const char *when) {
     free(rank0);
 }
 
-static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed) {
+/* by_peer: every launch through the copy engines (2 ranks of one host). */
+static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int by_peer) {
     BucketCase c = {.dtype = dtype, .comm_dtype = comm_dtype, .n = ((size_t)1 << 20) + 12345};
     size_t esize = dtype_size(dtype);
     CUDA_CHECK(cudaMalloc(&c.grads, c.n * esize));
+    CUDA_CHECK(cudaMalloc((void **)&c.flag, sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost((void **)&c.flag_host, sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc(&c.source, c.n * esize));
     c.host = malloc(c.n * sizeof(float));
     c.host_stored = malloc(c.n * esize);
@@ -190,12 +207,19 @@ static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed) {
 
     GradBuckets b;
     grad_buckets_init(&b, &d, c.grads, dtype, c.n, 256 << 10, comm_dtype);
+    grad_buckets_reduce_flag(&b, c.flag);
     if (d.world > 1) CHECK(b.n_buckets > 4);
+    if (by_peer) {
+        char why[256] = "";
+        CHECK_MSG(grad_buckets_use_peer_link(&b, 0, why, sizeof why), "no peer link: %s", why);
+    }
     for (int round = 0; round < 2; round++) {
         make_round(&c, seed, round);
+        *c.flag_host = flag_of(round);
         backward_pass(&c, &b);
-        check_average(&c, round == 0 ? "first pass" : "second pass");
+        check_average(&c, round, round == 0 ? "first pass" : "second pass");
         CHECK(d.world == 1 || (b.launched == b.n_buckets && b.pass_bytes == b.step_bytes));
+        CHECK(!by_peer || b.peer_launches > 4);
     }
 
     /* The same pass captured once, replayed on fresh data. */
@@ -205,61 +229,24 @@ static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed) {
     backward_pass(&c, &b);
     CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; replay++) {
+    for (int replay = 0; replay < 3; replay++) {
         make_round(&c, seed, 10 + replay);
+        *c.flag_host = flag_of(10 + replay);
         CUDA_CHECK(cudaGraphLaunch(exec, compute));
-        check_average(&c, replay == 0 ? "first graph replay" : "second graph replay");
+        check_average(&c, 10 + replay, replay == 0 ? "first graph replay" : "later graph replay");
     }
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
 
     grad_buckets_free(&b);
     CUDA_CHECK(cudaFree(c.grads));
+    CUDA_CHECK(cudaFree(c.flag));
+    CUDA_CHECK(cudaFreeHost(c.flag_host));
     CUDA_CHECK(cudaFree(c.source));
     free(c.host);
     free(c.host_stored);
     free(c.average);
     free(c.layer_first);
-}
-
-/* ---- dist_allreduce_max_float_device ------------------------------------------- */
-
-static float max_over_ranks(float *dev, float mine) {
-    CUDA_CHECK(cudaMemcpy(dev, &mine, sizeof mine, cudaMemcpyHostToDevice));
-    dist_allreduce_max_float_device(&d, dev, compute);
-    float out = 0;
-    CUDA_CHECK(cudaMemcpyAsync(&out, dev, sizeof out, cudaMemcpyDeviceToHost, compute));
-    CUDA_CHECK(cudaStreamSynchronize(compute));
-    return out;
-}
-
-static void test_max_float(void) {
-    float *dev;
-    CUDA_CHECK(cudaMalloc((void **)&dev, sizeof(float)));
-    CHECK(max_over_ranks(dev, 1.5f * d.rank - 0.25f) == 1.5f * (d.world - 1) - 0.25f);
-    float found_inf = max_over_ranks(dev, d.rank == d.world - 1 ? 1.0f : 0.0f);
-    CHECK(found_inf == 1.0f);
-    CHECK(max_over_ranks(dev, 0.0f) == 0.0f);
-
-    /* Captured: the loss scaler's flag inside the step's graph. */
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeGlobal));
-    dist_allreduce_max_float_device(&d, dev, compute);
-    CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 2; replay++) {
-        float mine = d.rank == replay % d.world ? 7.0f + replay : -(float)d.rank;
-        CUDA_CHECK(cudaMemcpy(dev, &mine, sizeof mine, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaGraphLaunch(exec, compute));
-        float out = 0;
-        CUDA_CHECK(cudaMemcpyAsync(&out, dev, sizeof out, cudaMemcpyDeviceToHost, compute));
-        CUDA_CHECK(cudaStreamSynchronize(compute));
-        CHECK_MSG(out == 7.0f + replay, "replay %d: max %g", replay, out);
-    }
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    CUDA_CHECK(cudaFree(dev));
 }
 
 int main(void) {
@@ -278,8 +265,10 @@ int main(void) {
                               {DTYPE_F32, DTYPE_BF16},  {DTYPE_F16, DTYPE_F32},
                               {DTYPE_BF16, DTYPE_F32}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
-        test_grad_buckets(pairs[i][0], pairs[i][1], seed + i);
-    test_max_float();
+        test_grad_buckets(pairs[i][0], pairs[i][1], seed + i, 0);
+    /* Through the copy engines where the job is 2 ranks of one host. */
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs && d.world == 2 && d.local_world == 2; i++)
+        test_grad_buckets(pairs[i][0], pairs[i][1], seed + 100 + i, 1);
 
     CUDA_CHECK(cudaStreamDestroy(compute));
     int failed = dist_any_host(&d, test_failures > 0);

@@ -125,6 +125,10 @@ const CfgKeySpec trainc_keys[] = {
      "has finished it (0: one bucket after backward)"},
     {"dist.allreduce_dtype", CFG_ENUM, "auto", "auto|fp32|fp16|bf16",
      "data-parallel: the type gradients travel in; auto: their own (fp32, or precision.amp's half type)"},
+    {"dist.copy_engine", CFG_ENUM, "auto", "auto|on|off",
+     "data-parallel on 2 GPUs of one host: all-reduces of 1 MiB or more move through the copy engines (CUDA "
+     "IPC) and leave the SMs to backward; auto: where the GPUs have peer access, else NCCL alone; on: stop if "
+     "they cannot; off: NCCL alone"},
     {"dist.sync_bn", CFG_BOOL, "off", 0,
      "data-parallel: batch norm normalises with the statistics of the global batch (all ranks), as PyTorch's "
      "SyncBatchNorm; off: each rank's own"},

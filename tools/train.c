@@ -441,14 +441,15 @@ static void optimizer_step(Trainer *t) {
         grad_buckets_finish(&t->buckets, t->use_gpu ? t->gpu.compute : NULL);
         nvtxRangePop();
     }
-    /* Every rank sees the same averaged gradients; a non-finite loss on one
-     * rank must make all of them skip the step too. optim.clip_norm: the clip
-     * factor of the true gradient, grads / (scale x accumulate) (see
-     * read_settings), becomes the SGD step's grad_mult (set in train_run_dist). */
+    /* Every rank sees the same averaged gradients, so their checks agree; a
+     * non-finite loss on one rank must make all of them skip the step too: on
+     * the GPU the buckets max-reduce the loss check's flag under backward
+     * (grad_buckets_reduce_flag). optim.clip_norm: the clip factor of the true
+     * gradient, grads / (scale x accumulate) (see read_settings), becomes the
+     * SGD step's grad_mult (set in train_run_dist). */
     if (t->use_gpu) {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
         loss_scaler_check_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, t->gpu.compute);
-        dist_allreduce_max_int32_device(t->dist, &t->scaler->found_inf, t->gpu.compute);
         if (t->clip_norm > 0)
             grad_clip_factor_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, 1.0f / (float)t->accumulate,
                                   t->clip_norm, t->grad_norm_scratch, t->grad_norm, t->clip_factor, t->gpu.compute);
@@ -720,6 +721,19 @@ static DType allreduce_dtype(const Trainer *t, const Config *cfg) {
     return d;
 }
 
+/* dist.copy_engine: all-reduces of at least this much go through the copy
+ * engines; below it NCCL's latency is lower. */
+#define COPY_ENGINE_MIN_BYTES ((size_t)1 << 20)
+
+static void use_copy_engines(Trainer *t, const Config *cfg) {
+    const char *mode = config_str(cfg, "dist.copy_engine");
+    if (strcmp(mode, "off") == 0) return;
+    char why[256] = "";
+    if (grad_buckets_use_peer_link(&t->buckets, COPY_ENGINE_MIN_BYTES, why, sizeof why)) return;
+    if (strcmp(mode, "on") == 0) TC_FATAL("config: dist.copy_engine = on, but %s (auto falls back to NCCL)", why);
+    if (t->dist->rank == 0) log_info("dist.copy_engine = auto: NCCL alone, as %s", why);
+}
+
 void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
     Trainer trainer = {0}, *t = &trainer;
     t->dist = dist;
@@ -809,6 +823,10 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
         grad_buckets_init_layers(&t->buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
                                  (size_t)config_int(cfg, "dist.bucket_mb") << 20, allreduce_dtype(t, cfg),
                                  layer_starts, n_starts);
+        if (t->use_gpu) {
+            grad_buckets_reduce_flag(&t->buckets, &t->scaler->found_inf);
+            use_copy_engines(t, cfg);
+        }
         log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
                  dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate,
                  t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");

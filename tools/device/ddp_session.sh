@@ -4,12 +4,7 @@
 # runs (tools/device/issue7_bench.sh) sized to fit a short device budget: three
 # loader epochs per scaling run (resnet18.ini warms up for two), 150 timed
 # resident steps, 3-epoch accuracy runs.
-set -uo pipefail
-export OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-OUT=/tmp/prep timeout 300 bash tools/device/prepare.sh > /tmp/prepare.log 2>&1 || { tail -30 /tmp/prepare.log; exit 1; }
+source tools/device/mpi_session.sh
 echo "== multi-GPU tests"
 timeout 150 ctest --test-dir build -R "dist|ddp" --output-on-failure > /tmp/ctest_dist.log 2>&1
 grep -E "tests passed|Failed|CHECK failed" /tmp/ctest_dist.log | head

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Per-step GPU time of a traced run (tools/device/kernel_trace.c): for each
+process, the median over steady steps of the step period, the time some
+compute kernel ran, the time NCCL kernels or copies ran, the time only they ran
+(exposed communication), the idle time, and the kernels and copies that took
+the most time per step. Steps are cut at a
+marker kernel that runs once a step (the loss).
+
+    trace_summary.py DIR [--marker softmax_xent] [--skip 30] [--top 12]
+"""
+import argparse
+import collections
+import csv
+import glob
+import os
+import statistics
+
+
+def union_length(intervals):
+    total, end = 0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def short_name(name):
+    for key in ("nccl", "sgd", "loss_scaler", "softmax", "bias_relu_pool", "cast", "grad", "xmma", "cutlass",
+                "conv", "gemm", "sm90", "nhwc", "nchw", "pool", "relu", "bias", "batchnorm", "bn", "add"):
+        if key in name.lower():
+            return key + ":" + name[:60]
+    return name[:70]
+
+
+def summarize(path, marker, skip, top):
+    rows = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), r["name"]))
+    rows.sort()
+    marks = [s for s, _, n in rows if marker in n]
+    if len(marks) < skip + 3:
+        print(f"{os.path.basename(path)}: {len(rows)} kernels, {len(marks)} steps: too few")
+        return
+    marks = marks[skip:]
+    steps = collections.defaultdict(list)
+    i = 0
+    for s, e, n in rows:
+        while i + 1 < len(marks) and s >= marks[i + 1]:
+            i += 1
+        if marks[0] <= s < marks[-1]:
+            steps[i].append((s, e, n))
+    stats = collections.defaultdict(list)
+    per_name = collections.Counter()
+    for k in range(len(marks) - 1):
+        ks = steps[k]
+        period = marks[k + 1] - marks[k]
+        comp = [(s, e) for s, e, n in ks if "nccl" not in n.lower() and not n.startswith("memcpy")]
+        comm = [(s, e) for s, e, n in ks if "nccl" in n.lower()]
+        copies = [(s, e) for s, e, n in ks if n.startswith("memcpy")]
+        all_ = union_length(comp + comm + copies)
+        stats["period"].append(period)
+        stats["compute busy"].append(union_length(comp))
+        stats["compute kernel sum"].append(sum(e - s for s, e in comp))
+        stats["nccl busy"].append(union_length(comm))
+        stats["copy busy"].append(union_length(copies))
+        stats["comm only (exposed)"].append(all_ - union_length(comp))
+        stats["idle"].append(period - all_)
+        stats["kernels"].append(len(ks))
+        for s, e, n in ks:
+            per_name[short_name(n)] += e - s
+    n_steps = len(marks) - 1
+    print(f"== {os.path.basename(path)}: {n_steps} steps")
+    for key, v in stats.items():
+        unit = "" if key == "kernels" else " us"
+        scale = 1 if key == "kernels" else 1e-3
+        print(f"  {key:22s} median {statistics.median(v) * scale:10.1f}{unit}   mean {statistics.mean(v) * scale:10.1f}")
+    print("  top kernels, us per step:")
+    for name, t in per_name.most_common(top):
+        print(f"    {t / n_steps / 1e3:9.1f}  {name}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("--marker", default="softmax_xent")
+    p.add_argument("--skip", type=int, default=30)
+    p.add_argument("--top", type=int, default=12)
+    a = p.parse_args()
+    for path in sorted(glob.glob(os.path.join(a.dir, "kernels.*.csv"))):
+        summarize(path, a.marker, a.skip, a.top)
+
+
+if __name__ == "__main__":
+    main()

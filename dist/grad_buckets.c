@@ -135,9 +135,8 @@ void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype,
 }
 
 int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size_t why_size) {
-    if (b->dist->world == 1) return 0;
-    if (!b->on_device) {
-        snprintf(why, why_size, "the gradients are on the host");
+    if (b->dist->world == 1 || !b->on_device) {
+        snprintf(why, why_size, "%s", b->dist->world == 1 ? "the job is one rank" : "the gradients are on the host");
         return 0;
     }
     void *sent = b->comm_buffer ? b->comm_buffer : b->grads;

@@ -86,12 +86,11 @@ static int open_peer(PeerLink *p, const Handles *h, size_t recv_bytes, char *why
     if (!cuda_ok(cudaIpcOpenMemHandle(&p->peer_sent_base, h->sent, cudaIpcMemLazyEnablePeerAccess),
                  "cudaIpcOpenMemHandle (the peer's gradients)", why, why_size))
         return 0;
-    if (!cuda_ok(cudaIpcOpenMemHandle(&p->peer_recv_base, h->recv, cudaIpcMemLazyEnablePeerAccess),
+    if (!cuda_ok(cudaIpcOpenMemHandle(&p->peer_recv, h->recv, cudaIpcMemLazyEnablePeerAccess),
                  "cudaIpcOpenMemHandle (the peer's receive buffer)", why, why_size))
         return 0;
     p->peer_sent = (char *)p->peer_sent_base + h->sent_offset;
-    p->peer_recv = p->peer_recv_base;
-    p->peer_flags = (uint32_t *)((char *)p->peer_recv_base + recv_bytes);
+    p->peer_flags = (uint32_t *)((char *)p->peer_recv + recv_bytes);
     return 1;
 }
 
@@ -142,7 +141,7 @@ int peer_link_open(PeerLink *p, Dist *d, void *sent, size_t bytes, int n_flags, 
 
 void peer_link_close(PeerLink *p) {
     if (p->peer_sent_base) CUDA_CHECK(cudaIpcCloseMemHandle(p->peer_sent_base));
-    if (p->peer_recv_base) CUDA_CHECK(cudaIpcCloseMemHandle(p->peer_recv_base));
+    if (p->peer_recv) CUDA_CHECK(cudaIpcCloseMemHandle(p->peer_recv));
     /* Neither rank frees what the other still maps. */
     if (p->recv) MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     if (p->recv) CUDA_CHECK(cudaFree(p->recv));

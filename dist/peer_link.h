@@ -28,9 +28,9 @@ typedef struct {
     void *sent;                /* local, as given */
     void *recv;                /* local: what the peer puts lands here */
     uint32_t *flags;           /* local, after recv in the same allocation */
-    void *peer_sent, *peer_recv; /* the peer's, mapped here */
-    uint32_t *peer_flags;
-    void *peer_sent_base, *peer_recv_base; /* as opened, for closing */
+    void *peer_sent, *peer_recv; /* the peer's, mapped here (peer_recv as opened) */
+    uint32_t *peer_flags;        /* after peer_recv */
+    void *peer_sent_base;        /* the allocation holding peer_sent, as opened */
     int n_flags;
 } PeerLink;
 

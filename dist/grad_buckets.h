@@ -20,6 +20,13 @@
  * half with what arrived (a small kernel), and puts the result back: the SMs
  * stay with backward. Smaller launches, where latency counts, stay on NCCL.
  *
+ * Sharded optimizer (grad_buckets_shard_optimizer, on top of the copy
+ * engines): the averaged half stays with its owner, which alone updates those
+ * parameters and puts the updated weights into the other rank's memory; the
+ * other rank waits for them just before its next forward pass reads them. Each
+ * rank's optimizer work on those layers halves (ZeRO stage 1), and the copy of
+ * the weights runs under the next forward pass instead of under backward.
+ *
  * CPU path (no communicator): grads are host floats (dtype and comm_dtype f32),
  * averaged with MPI_Allreduce synchronously inside ready and finish.
  *
@@ -69,6 +76,16 @@ typedef struct {
     int peer_launches;      /* through the peer link in this pass (its flag pairs) */
     int32_t *flag;          /* device, or NULL: max-reduced over the ranks in each pass */
     int flag_reduced;       /* in this pass */
+    /* grad_buckets_shard_optimizer: */
+    int shard;
+    void *weights;          /* what forward reads, n elements of weights_dtype */
+    DType weights_dtype;
+    GradBucket *peer_ranges;/* per launch through the peer link, as made in the first pass */
+    int n_peer_ranges;
+    uint8_t *weights_due;   /* per peer launch: the other rank's half of its weights is on its way */
+    int weights_new;        /* this rank updated its half since it last sent it */
+    GradBucket *owned;      /* [0, n) less the other rank's halves, rising: what this rank updates */
+    int n_owned;
 } GradBuckets;
 
 /* Cuts grads (n elements of dtype) into buckets of about bucket_bytes of
@@ -86,6 +103,38 @@ void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype,
  * (see above). Collective; returns 1 when the link is made, else 0 with the
  * reason in 'why' (the job is not 2 ranks of one host, no peer access, ...). */
 int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size_t why_size);
+/* Collective, after grad_buckets_use_peer_link: each rank updates only the
+ * parameters it owns (see above). 'weights' is what forward reads (n elements
+ * of weights_dtype: the half copy under AMP, else the master weights) and must
+ * lie in an allocation laid out alike on both ranks. The flag of
+ * grad_buckets_reduce_flag is then not reduced under backward: the optimizer
+ * checks what it owns and calls grad_buckets_reduce_flag_now. Returns 1, or 0
+ * with the reason in 'why'. */
+int grad_buckets_shard_optimizer(GradBuckets *b, void *weights, DType weights_dtype, char *why,
+                                 size_t why_size);
+/* Sharded, after grad_buckets_finish: the ranges this rank updates, rising. */
+const GradBucket *grad_buckets_owned(const GradBuckets *b, int *n);
+/* Max-reduces grad_buckets_reduce_flag's flag over the ranks on 'stream' now. */
+void grad_buckets_reduce_flag_now(GradBuckets *b, cudaStream_t stream);
+/* Sharded, after the update (host bookkeeping): the weights this rank owns
+ * are new, to be sent by grad_buckets_send_weights. */
+void grad_buckets_weights_updated(GradBuckets *b);
+/* Sharded, at the start of the next step's forward pass: puts the weights
+ * this rank updated into the other rank's memory, on the comm stream forked
+ * off 'compute' (the forward pass goes on meanwhile), once per update. Join
+ * the comm stream with grad_buckets_join or grad_buckets_finish. */
+void grad_buckets_send_weights(GradBuckets *b, cudaStream_t compute);
+/* Sharded: 'stream' waits for the other rank's weights in [first, end), where
+ * they are due (forward, before the layer that reads them). */
+void grad_buckets_await_weights(GradBuckets *b, size_t first, size_t end, cudaStream_t stream);
+/* 'compute' waits for everything on the comm stream so far. */
+void grad_buckets_join(GradBuckets *b, cudaStream_t compute);
+/* Sharded, collective, outside a step: every rank gets the whole state (the
+ * weights updated by the other rank, and the master weights and momentum each
+ * owner alone updated), for a checkpoint, an evaluation or the run's end.
+ * Ordered on 'stream'. The next step sends the weights once more, as a step
+ * captured in a CUDA graph does anyway. Not sharded: nothing. */
+void grad_buckets_sync_state(GradBuckets *b, float *params, float *momentum, cudaStream_t stream);
 /* A device int32 max-reduced over the ranks in every pass, with its first
  * launch, under backward: the loss scaler's found-inf flag. It must be final on
  * 'compute' at the pass's first grad_buckets_ready and left alone until

@@ -63,6 +63,14 @@ static int cuda_ok(cudaError_t e, const char *what, char *why, size_t why_size) 
     return 0;
 }
 
+/* The allocation holding 'inside': its base and size; 0 if the driver cannot say. */
+static int allocation_of(const void *inside, char **base, size_t *bytes) {
+    CUdeviceptr b = 0;
+    if (address_range(&b, bytes, (CUdeviceptr)(uintptr_t)inside) != CUDA_SUCCESS) return 0;
+    *base = (char *)(uintptr_t)b;
+    return 1;
+}
+
 typedef struct {
     cudaIpcMemHandle_t sent, recv;
     size_t sent_offset; /* of 'sent' in the allocation the handle names */
@@ -70,15 +78,14 @@ typedef struct {
 
 /* This rank's IPC handles; 0 with the reason where the driver refuses. */
 static int export_handles(PeerLink *p, Handles *h, char *why, size_t why_size) {
-    CUdeviceptr base = 0;
+    char *base = NULL;
     size_t size = 0;
-    if (address_range((CUdeviceptr *)&base, &size, (CUdeviceptr)(uintptr_t)p->sent) != CUDA_SUCCESS) {
+    if (!allocation_of(p->sent, &base, &size)) {
         snprintf(why, why_size, "the driver does not say which allocation holds the gradients");
         return 0;
     }
-    h->sent_offset = (size_t)((uintptr_t)p->sent - (uintptr_t)base);
-    return cuda_ok(cudaIpcGetMemHandle(&h->sent, (void *)(uintptr_t)base), "cudaIpcGetMemHandle", why,
-                   why_size) &&
+    h->sent_offset = (size_t)((char *)p->sent - base);
+    return cuda_ok(cudaIpcGetMemHandle(&h->sent, base), "cudaIpcGetMemHandle", why, why_size) &&
            cuda_ok(cudaIpcGetMemHandle(&h->recv, p->recv), "cudaIpcGetMemHandle", why, why_size);
 }
 
@@ -139,7 +146,44 @@ int peer_link_open(PeerLink *p, Dist *d, void *sent, size_t bytes, int n_flags, 
     return 0;
 }
 
+typedef struct {
+    cudaIpcMemHandle_t handle;
+    size_t bytes;
+} RegionHandle;
+
+int peer_link_map_region(PeerLink *p, Dist *d, void *inside, char *why, size_t why_size) {
+    if (!p->on) {
+        snprintf(why, why_size, "the peer link is not open");
+        return 0;
+    }
+    RegionHandle mine, theirs[2];
+    memset(&mine, 0, sizeof mine);
+    int ok = allocation_of(inside, &p->region, &p->region_bytes);
+    if (!ok) snprintf(why, why_size, "the driver does not say which allocation holds %p", inside);
+    mine.bytes = p->region_bytes;
+    ok = ok && cuda_ok(cudaIpcGetMemHandle(&mine.handle, p->region), "cudaIpcGetMemHandle", why, why_size);
+    MPI_CHECK(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, theirs, (int)sizeof mine, MPI_BYTE,
+                            MPI_COMM_WORLD));
+    const RegionHandle *peer = &theirs[1 - d->rank];
+    if (ok && peer->bytes != p->region_bytes) {
+        snprintf(why, why_size, "the ranks' allocations differ (%zu and %zu bytes)", p->region_bytes, peer->bytes);
+        ok = 0;
+    }
+    if (!agree(d, ok, why, why_size)) return 0;
+    /* The gradients' allocation is open already (a handle opens once per process). */
+    char *sent_base = NULL;
+    size_t sent_bytes = 0;
+    ok = allocation_of(p->sent, &sent_base, &sent_bytes);
+    if (!ok) snprintf(why, why_size, "the driver does not say which allocation holds the gradients");
+    if (ok && p->region == sent_base) p->peer_region = p->peer_sent_base;
+    else if (ok)
+        ok = cuda_ok(cudaIpcOpenMemHandle((void **)&p->peer_region, peer->handle, cudaIpcMemLazyEnablePeerAccess),
+                     "cudaIpcOpenMemHandle (the peer's region)", why, why_size);
+    return agree(d, ok, why, why_size);
+}
+
 void peer_link_close(PeerLink *p) {
+    if (p->peer_region && p->peer_region != p->peer_sent_base) CUDA_CHECK(cudaIpcCloseMemHandle(p->peer_region));
     if (p->peer_sent_base) CUDA_CHECK(cudaIpcCloseMemHandle(p->peer_sent_base));
     if (p->peer_recv) CUDA_CHECK(cudaIpcCloseMemHandle(p->peer_recv));
     /* Neither rank frees what the other still maps. */
@@ -152,6 +196,15 @@ void peer_link_put(PeerLink *p, int to_sent, size_t at, size_t bytes, cudaStream
     if (bytes == 0) return;
     char *to = (char *)(to_sent ? p->peer_sent : p->peer_recv) + at;
     CUDA_CHECK(cudaMemcpyAsync(to, (char *)p->sent + at, bytes, cudaMemcpyDefault, stream));
+}
+
+void peer_link_put_region(PeerLink *p, const void *src, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return;
+    const char *from = src;
+    if (!p->peer_region || from < p->region || from + bytes > p->region + p->region_bytes)
+        TC_FATAL("rank %d: peer link: %zu bytes at %p are outside the mapped region", dist_message_rank(), bytes,
+                 src);
+    CUDA_CHECK(cudaMemcpyAsync(p->peer_region + (from - p->region), from, bytes, cudaMemcpyDefault, stream));
 }
 
 static void check_flag(const PeerLink *p, int flag) {
@@ -172,3 +225,4 @@ void peer_link_wait(PeerLink *p, int flag, cudaStream_t stream) {
     CU_CHECK(wait_value((CUstream)stream, mine, 1, CU_STREAM_WAIT_VALUE_EQ));
     CU_CHECK(write_value((CUstream)stream, mine, 0, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
+

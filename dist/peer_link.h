@@ -31,6 +31,8 @@ typedef struct {
     void *peer_sent, *peer_recv; /* the peer's, mapped here (peer_recv as opened) */
     uint32_t *peer_flags;        /* after peer_recv */
     void *peer_sent_base;        /* the allocation holding peer_sent, as opened */
+    char *region, *peer_region;  /* peer_link_map_region: the local allocation and the peer's */
+    size_t region_bytes;
     int n_flags;
 } PeerLink;
 
@@ -47,6 +49,14 @@ void peer_link_close(PeerLink *p);
 /* Copies 'bytes' from byte offset 'at' of the local sent buffer to the same
  * offset of the peer's recv buffer (to_sent 0) or sent buffer (to_sent 1). */
 void peer_link_put(PeerLink *p, int to_sent, size_t at, size_t bytes, cudaStream_t stream);
+/* Collective: maps the peer's allocation that holds the counterpart of
+ * 'inside' (a pointer into a local cudaMalloc; the peer's allocation must be as
+ * large, and its buffers at the same offsets: the same model on each rank).
+ * Returns 1, or 0 with the reason in 'why'; both ranks get the same answer. */
+int peer_link_map_region(PeerLink *p, Dist *d, void *inside, char *why, size_t why_size);
+/* Copies 'bytes' from 'src' (inside the mapped region) to the same offset of
+ * the peer's region. */
+void peer_link_put_region(PeerLink *p, const void *src, size_t bytes, cudaStream_t stream);
 /* Sets the peer's flag, after everything before it on 'stream' (a memory fence
  * precedes the write). */
 void peer_link_signal(PeerLink *p, int flag, cudaStream_t stream);

@@ -789,6 +789,9 @@ void model_forward(Model *m) {
     else if (m->input_f32)
         cast_from_f32_cuda(m->act_dtype, m->input_f32, in->value, act_floats(m, 0), m->gpu->compute);
     for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (m->weights_needed && l->w_count) /* the bias follows the weights (add_params) */
+            m->weights_needed(m->weights_needed_ctx, l->w_off, l->w_off + l->w_count + l->b_count);
         layer_range_push(m, &m->layers[i]);
         layer_forward(m, &m->layers[i]);
         layer_range_pop(m);

@@ -126,6 +126,11 @@ typedef struct {
      * gradient at index >= first_ready is final (data-parallel all-reduce). */
     void (*grads_ready)(void *ctx, size_t first_ready);
     void *grads_ready_ctx;
+    /* Called by model_forward before each layer with parameters, with where
+     * they lie, [first, end): under a sharded optimizer (data-parallel) part of
+     * them may still be on its way from the rank that updated it. */
+    void (*weights_needed)(void *ctx, size_t first, size_t end);
+    void *weights_needed_ctx;
     /* Synchronized batch norm (data-parallel): in training, every batch norm
      * adds its per-channel sums over the ranks with this (see batchnorm.h's
      * BnAllreduce); NULL: each rank's own statistics. */

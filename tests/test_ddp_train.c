@@ -138,6 +138,35 @@ static void check_sync_bn(Dist *d, const char *device, const char *extra, double
     free(solo);
 }
 
+/* dist.shard_optimizer: each rank holds the master weights and momentum of
+ * its half only; a checkpoint must gather the other half. A run resumed from
+ * step 2's checkpoint ends on the weights of the run that went straight on,
+ * bit for bit; with a stale half of the master weights or momentum in the
+ * checkpoint it would end elsewhere. */
+static void check_sharded_resume(Dist *d) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("ddp_shard_resume"));
+    dist_bcast_host(d, dir, sizeof dir, 0); /* rank 0 writes, every rank reads */
+    char ckpt_dir[600], resume[700];
+    snprintf(ckpt_dir, sizeof ckpt_dir, "run.checkpoint_dir=%s", dir);
+    snprintf(resume, sizeof resume, "run.resume=%s/ckpt-%08d.trc", dir, 2);
+    const char *base[] = {"perf.cuda_graph=on", "precision.amp=fp16", "dist.shard_optimizer=on", "run.eval=off",
+                          ckpt_dir};
+    const char *straight[] = {base[0], base[1], base[2], base[3], base[4], "run.checkpoint_every=2", NULL};
+    const char *resumed[] = {base[0], base[1], base[2], base[3], base[4], resume, NULL};
+    size_t n = params_of(&simplenet);
+    float *whole = train(d, 0, "cuda", &simplenet, straight);
+    float *again = train(d, 0, "cuda", &simplenet, resumed);
+    check_same_on_ranks(d, again, n, "sharded resume");
+    CHECK_MSG(memcmp(whole, again, n * sizeof(float)) == 0,
+              "rank %d: dist.shard_optimizer=on, resumed from step 2: relative error %.3g against the run that went on",
+              d->rank, test_rel_error(again, whole, n));
+    printf("rank %d: sharded optimizer resumed from step 2's checkpoint: the same weights as the run that went on\n",
+           d->rank);
+    free(whole);
+    free(again);
+}
+
 /* A SIGTERM on rank 0 alone (from a thread, once training has logged its
  * first step into the metrics file) stops both ranks at the same step. */
 static const char *stop_metrics;
@@ -198,10 +227,20 @@ int main(void) {
         check_device(&d, "cuda", (const char *[]){"precision.amp=fp16", NULL}, 2e-3);
         /* dist.copy_engine is auto above (the copy engines on 2 GPUs of one host) */
         check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", "dist.copy_engine=off", NULL}, 1e-5);
-        if (d.world == 2 && d.local_world == 2)
+        if (d.world == 2 && d.local_world == 2) {
             check_device(&d, "cuda",
-                         (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.copy_engine=on", NULL},
+                         (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.copy_engine=on",
+                                          "dist.shard_optimizer=off", NULL},
                          2e-3);
+            check_device(&d, "cuda",
+                         (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.shard_optimizer=on", NULL},
+                         2e-3);
+            check_device(&d, "cuda", (const char *[]){"dist.shard_optimizer=on", "memory.accumulate=2", NULL}, 1e-5);
+            check_device(&d, "cuda",
+                         (const char *[]){"perf.cuda_graph=on", "dist.shard_optimizer=on", "memory.accumulate=2", NULL},
+                         1e-5);
+            check_sharded_resume(&d);
+        }
         check_sync_bn(&d, "cuda", NULL, 5e-5);
         check_sync_bn(&d, "cuda", "perf.cuda_graph=on", 5e-5);
         check_sync_bn(&d, "cuda", "model.fuse=on", 5e-5);

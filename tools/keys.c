@@ -129,6 +129,11 @@ const CfgKeySpec trainc_keys[] = {
      "data-parallel on 2 GPUs of one host: all-reduces of 1 MiB or more move through the copy engines (CUDA "
      "IPC) and leave the SMs to backward; auto: where the GPUs have peer access, else NCCL alone; on: stop if "
      "they cannot; off: NCCL alone"},
+    {"dist.shard_optimizer", CFG_ENUM, "auto", "auto|on|off",
+     "data-parallel through the copy engines: each rank updates only its half of what they average (master "
+     "weights and momentum, ZeRO stage 1) and puts its updated weights into the other rank's memory under the "
+     "next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
+     "off: every rank updates every parameter"},
     {"dist.sync_bn", CFG_BOOL, "off", 0,
      "data-parallel: batch norm normalises with the statistics of the global batch (all ranks), as PyTorch's "
      "SyncBatchNorm; off: each rank's own"},

@@ -377,6 +377,13 @@ static void on_grads_ready(void *ctx, size_t first_ready) {
     grad_buckets_ready(&t->buckets, first_ready, t->use_gpu ? t->gpu.compute : NULL);
 }
 
+/* dist.shard_optimizer: the other rank's weights, updated by it, are waited
+ * for just before forward reads them. */
+static void on_weights_needed(void *ctx, size_t first, size_t end) {
+    Trainer *t = ctx;
+    grad_buckets_await_weights(&t->buckets, first, end, t->gpu.compute);
+}
+
 /* dist.sync_bn: a batch norm's per-channel sums, added over the ranks (on the
  * compute stream on the GPU, so a CUDA graph captures it with the step). */
 static void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
@@ -394,7 +401,13 @@ static void micro_step(Trainer *t, int first, int last) {
     if (first && t->use_gpu) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
     else if (first) loss_scaler_begin_step_cpu(t->scaler);
     nvtxRangePushA("forward");
+    if (t->shard_optimizer) {
+        grad_buckets_send_weights(&t->buckets, t->gpu.compute);
+        m->weights_needed = on_weights_needed;
+        m->weights_needed_ctx = t;
+    }
     model_forward(m);
+    m->weights_needed = NULL;
     /* The loss gradient is scaled under AMP only; fp32's scale is 1. A
      * non-finite loss marks the step bad as a non-finite gradient does. */
     if (t->use_gpu) {
@@ -425,7 +438,40 @@ static void micro_step(Trainer *t, int first, int last) {
     }
     model_backward(m);
     m->grads_ready = NULL;
+    /* The weights sent under forward; the last micro-batch joins at grad_buckets_finish. */
+    if (t->shard_optimizer && !all_reduce) grad_buckets_join(&t->buckets, t->gpu.compute);
     nvtxRangePop();
+}
+
+/* The GPU update of [first, first + count): check, clip factor (whole
+ * gradient only), SGD. */
+static void check_range(Trainer *t, size_t first, size_t count) {
+    Model *m = &t->model;
+    loss_scaler_check_cuda((char *)m->grads + first * dtype_size(m->act_dtype), m->act_dtype, count, t->scaler,
+                           t->gpu.compute);
+}
+
+static void sgd_range(Trainer *t, size_t first, size_t count) {
+    Model *m = &t->model;
+    size_t esize = dtype_size(m->act_dtype);
+    SgdParams p = t->sgd;
+    if (p.decay_mask) p.decay_mask += first;
+    sgd_step_mixed_cuda(m->params + first, (char *)m->grads + first * esize, m->act_dtype, m->momentum + first,
+                        m->weights == m->params ? NULL : (char *)m->weights + first * esize, m->act_dtype, count,
+                        t->lr_buf, t->scaler, p, t->gpu.compute);
+}
+
+/* dist.shard_optimizer: this rank checks and updates the ranges it owns; the
+ * found-inf flag is then max-reduced, so every rank skips the same steps. The
+ * updated weights go to the other rank at the next step's start. */
+static void update_sharded(Trainer *t) {
+    int n;
+    const GradBucket *owned = grad_buckets_owned(&t->buckets, &n);
+    for (int i = 0; i < n; i++) check_range(t, owned[i].first, owned[i].count);
+    grad_buckets_reduce_flag_now(&t->buckets, t->gpu.compute);
+    for (int i = 0; i < n; i++) sgd_range(t, owned[i].first, owned[i].count);
+    loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
+    grad_buckets_weights_updated(&t->buckets); /* sent under the next forward pass */
 }
 
 static void optimizer_step(Trainer *t) {
@@ -449,13 +495,16 @@ static void optimizer_step(Trainer *t) {
      * SGD step's grad_mult (set in train_run_dist). */
     if (t->use_gpu) {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
-        loss_scaler_check_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, t->gpu.compute);
+        if (t->shard_optimizer) {
+            update_sharded(t);
+            nvtxRangePop();
+            return;
+        }
+        check_range(t, 0, m->n_params);
         if (t->clip_norm > 0)
             grad_clip_factor_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, 1.0f / (float)t->accumulate,
                                   t->clip_norm, t->grad_norm_scratch, t->grad_norm, t->clip_factor, t->gpu.compute);
-        sgd_step_mixed_cuda(m->params, m->grads, m->act_dtype, m->momentum,
-                            m->weights == m->params ? NULL : m->weights, m->act_dtype, m->n_params,
-                            t->lr_buf, t->scaler, t->sgd, t->gpu.compute);
+        sgd_range(t, 0, m->n_params);
         loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
     } else {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cpu(&t->schedule, t->lr_step, t->lr_buf);
@@ -523,6 +572,12 @@ void device_sync(Trainer *t) {
     if (t->use_gpu) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
 }
 
+void sync_sharded_state(Trainer *t) {
+    if (!t->shard_optimizer) return;
+    grad_buckets_sync_state(&t->buckets, t->model.params, t->model.momentum, t->gpu.compute);
+    device_sync(t);
+}
+
 /* ---- evaluation ------------------------------------------------------------ */
 
 /* Data-parallel: every rank evaluates with rank 0's batch-norm statistics
@@ -543,6 +598,7 @@ static double evaluate(Trainer *t, int epoch) {
     Model *m = &t->model;
     int correct = 0;
     share_bn_stats(t);
+    sync_sharded_state(t);
     Batch b;
     nvtxRangePushA("evaluate");
     if (t->use_gpu) CUDA_CHECK(cudaMemsetAsync(t->correct, 0, sizeof(int), t->gpu.compute));
@@ -734,6 +790,19 @@ static void use_copy_engines(Trainer *t, const Config *cfg) {
     if (t->dist->rank == 0) log_info("dist.copy_engine = auto: NCCL alone, as %s", why);
 }
 
+static void shard_optimizer(Trainer *t, const Config *cfg) {
+    const char *mode = config_str(cfg, "dist.shard_optimizer");
+    if (strcmp(mode, "off") == 0) return;
+    char why[256] = "";
+    if (t->clip_norm > 0)
+        snprintf(why, sizeof why, "optim.clip_norm needs the whole gradient on every rank");
+    else if (grad_buckets_shard_optimizer(&t->buckets, t->model.weights, t->model.act_dtype, why, sizeof why))
+        t->shard_optimizer = 1;
+    if (t->shard_optimizer) return;
+    if (strcmp(mode, "on") == 0) TC_FATAL("config: dist.shard_optimizer = on, but %s", why);
+    if (t->dist->rank == 0) log_info("dist.shard_optimizer = auto: every rank updates every parameter, as %s", why);
+}
+
 void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
     Trainer trainer = {0}, *t = &trainer;
     t->dist = dist;
@@ -827,6 +896,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
             grad_buckets_reduce_flag(&t->buckets, &t->scaler->found_inf);
             use_copy_engines(t, cfg);
         }
+        shard_optimizer(t, cfg);
         log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
                  dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate,
                  t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");
@@ -997,6 +1067,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     {
         float *params = malloc(t->model.n_params * sizeof(float));
         if (!params) TC_FATAL("out of host memory copying %zu parameters", t->model.n_params);
+        sync_sharded_state(t);
         model_get_params(&t->model, params);
         out->params_crc = ckpt_crc32(0, params, t->model.n_params * sizeof(float));
         if (params_out) *params_out = params;

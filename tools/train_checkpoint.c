@@ -121,6 +121,7 @@ static void rotate_checkpoints(Trainer *t) {
 int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) {
     char path[4200], err[4400];
     if (t->last_checkpoint_step == t->step && t->last_checkpoint[0]) return 0; /* this state is saved */
+    sync_sharded_state(t);
     if (t->dist->rank != 0) {
         /* Rank 0 writes; every rank holds the same weights. */
         checkpoint_path(t->last_checkpoint, sizeof t->last_checkpoint, t->checkpoint_dir, t->step);

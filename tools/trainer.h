@@ -90,6 +90,7 @@ typedef struct {
     GpuMonitor *monitor;
     Dist *dist;               /* world 1: a plain run */
     GradBuckets buckets;      /* world > 1: the gradient all-reduce */
+    int shard_optimizer;      /* dist.shard_optimizer in effect (grad_buckets_shard_optimizer) */
     Model model;
     Dataset train_set, test_set;
     Loader *train_loader, *test_loader;
@@ -182,5 +183,9 @@ void phases_destroy(Trainer *t);
 /* train.c */
 void upload_sync(Trainer *t, const Batch *b);
 void device_sync(Trainer *t);
+/* dist.shard_optimizer: every rank gets the whole state (the owners' master
+ * weights, momentum and weights), before a checkpoint, an evaluation or the
+ * run's end. Collective; nothing without sharding. */
+void sync_sharded_state(Trainer *t);
 
 #endif

@@ -15,18 +15,18 @@ step_ms() { timeout 90 $MPI -np 2 build/trainc $N "$@" $R 2>/dev/null | tail -1 
   python3 -c "import json,sys; print(json.loads(sys.stdin.read())['step_ms'])" 2>/dev/null || echo 999; }
 if [ "${PHASE:-resident}" = resident ]; then
   best=; best_ms=999
-  for mb in ${R18_BUCKETS:-16 21 25}; do
+  for mb in ${R18_BUCKETS-16 21 25}; do  # R18_BUCKETS="": no search, resnet18.ini's own
     ms=$(step_ms --set dist.bucket_mb="$mb")
     echo "resnet18 2 GPUs, bucket $mb MiB: step $ms ms"
     if python3 -c "import sys; sys.exit(0 if float('$ms') < float('$best_ms') else 1)"; then best=$mb; best_ms=$ms; fi
   done
-  echo "resnet18: bucket $best MiB"
-  echo "$best" > /tmp/r18_bucket
+  rm -f /tmp/r18_bucket
+  [ -n "$best" ] && echo "resnet18: bucket $best MiB" && echo "$best" > /tmp/r18_bucket
   PARTS="simplenet-resident resnet18-resident"
 else
   PARTS="simplenet-loader resnet18-loader acc"
 fi
-R18_SETS="--set dist.bucket_mb=$(cat /tmp/r18_bucket 2>/dev/null || echo 25)" PARTS=$PARTS \
+R18_SETS="$([ -f /tmp/r18_bucket ] && echo "--set dist.bucket_mb=$(cat /tmp/r18_bucket)")" PARTS=$PARTS \
   STEPS=200 WARM=30 LOADER_EPOCHS=3 RUN_LIMIT=150 ACC_EPOCHS=3 ACC_LIMIT=200 GPUS=1,2 \
   bash tools/device/issue7_bench.sh
 rm -f "$OUT"/scaling_*.svg  # at most 8 files come back; the tables are in the log

@@ -6,7 +6,7 @@ compute kernel ran, the time NCCL kernels or copies ran, the time only they ran
 the most time per step. Steps are cut at a
 marker kernel that runs once a step (the loss).
 
-    trace_summary.py DIR [--marker softmax_xent] [--skip 30] [--top 12]
+    trace_summary.py DIR [--marker softmax_xent] [--skip 30] [--top 12] [--slow 6]
 """
 import argparse
 import collections
@@ -36,7 +36,7 @@ def short_name(name):
     return name[:70]
 
 
-def summarize(path, marker, skip, top):
+def summarize(path, marker, skip, top, slow):
     rows = []
     with open(path) as f:
         for r in csv.DictReader(f):
@@ -79,6 +79,17 @@ def summarize(path, marker, skip, top):
         unit = "" if key == "kernels" else " us"
         scale = 1 if key == "kernels" else 1e-3
         print(f"  {key:22s} median {statistics.median(v) * scale:10.1f}{unit}   mean {statistics.mean(v) * scale:10.1f}")
+    q = statistics.quantiles(stats["period"], n=10)
+    print(f"  period p10 {q[0] * 1e-3:.1f}  p90 {q[-1] * 1e-3:.1f}  max {max(stats['period']) * 1e-3:.1f} us")
+    slowest = sorted(range(n_steps), key=lambda k: -stats["period"][k])[:slow]
+    for k in slowest:
+        ks = sorted(steps[k])
+        gap, after = 0, ""
+        for (s0, e0, _), (s1, _, n1) in zip(ks, ks[1:]):
+            if s1 - e0 > gap:
+                gap, after = s1 - e0, n1
+        print(f"    slow step {k + skip}: period {stats['period'][k] * 1e-3:.1f} us, nccl {stats['nccl busy'][k] * 1e-3:.1f},"
+              f" idle {stats['idle'][k] * 1e-3:.1f}; longest gap {gap * 1e-3:.1f} us before {short_name(after)}")
     print("  top kernels, us per step:")
     for name, t in per_name.most_common(top):
         print(f"    {t / n_steps / 1e3:9.1f}  {name}")
@@ -90,9 +101,10 @@ def main():
     p.add_argument("--marker", default="softmax_xent")
     p.add_argument("--skip", type=int, default=30)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--slow", type=int, default=0, help="list the slowest steps")
     a = p.parse_args()
     for path in sorted(glob.glob(os.path.join(a.dir, "kernels.*.csv"))):
-        summarize(path, a.marker, a.skip, a.top)
+        summarize(path, a.marker, a.skip, a.top, a.slow)
 
 
 if __name__ == "__main__":

@@ -443,8 +443,8 @@ static void micro_step(Trainer *t, int first, int last) {
     nvtxRangePop();
 }
 
-/* The GPU update of [first, first + count): check, clip factor (whole
- * gradient only), SGD. */
+/* The loss scaler's check and the SGD step over [first, first + count) of the
+ * flat buffers (GPU). */
 static void check_range(Trainer *t, size_t first, size_t count) {
     Model *m = &t->model;
     loss_scaler_check_cuda((char *)m->grads + first * dtype_size(m->act_dtype), m->act_dtype, count, t->scaler,

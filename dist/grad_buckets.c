@@ -234,7 +234,7 @@ static void average_with_peer(GradBuckets *b, size_t first, size_t count, cudaSt
  * group where there is one). */
 static void reduce_flag(GradBuckets *b, cudaStream_t stream) {
     if (!b->flag || b->flag_reduced || b->shard) return;
-    NCCL_CHECK(ncclAllReduce(b->flag, b->flag, 1, ncclInt32, ncclMax, b->dist->nccl, stream));
+    grad_buckets_reduce_flag_now(b, stream);
     b->flag_reduced = 1;
 }
 

@@ -470,8 +470,19 @@ static void update_sharded(Trainer *t) {
     for (int i = 0; i < n; i++) check_range(t, owned[i].first, owned[i].count);
     grad_buckets_reduce_flag_now(&t->buckets, t->gpu.compute);
     for (int i = 0; i < n; i++) sgd_range(t, owned[i].first, owned[i].count);
-    loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
     grad_buckets_weights_updated(&t->buckets); /* sent under the next forward pass */
+}
+
+/* Every parameter on this rank; optim.clip_norm: the clip factor of the true
+ * gradient, grads / (scale x accumulate) (see read_settings), becomes the SGD
+ * step's grad_mult (set in train_run_dist). */
+static void update_whole(Trainer *t) {
+    Model *m = &t->model;
+    check_range(t, 0, m->n_params);
+    if (t->clip_norm > 0)
+        grad_clip_factor_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, 1.0f / (float)t->accumulate,
+                              t->clip_norm, t->grad_norm_scratch, t->grad_norm, t->clip_factor, t->gpu.compute);
+    sgd_range(t, 0, m->n_params);
 }
 
 static void optimizer_step(Trainer *t) {
@@ -490,21 +501,11 @@ static void optimizer_step(Trainer *t) {
     /* Every rank sees the same averaged gradients, so their checks agree; a
      * non-finite loss on one rank must make all of them skip the step too: on
      * the GPU the buckets max-reduce the loss check's flag under backward
-     * (grad_buckets_reduce_flag). optim.clip_norm: the clip factor of the true
-     * gradient, grads / (scale x accumulate) (see read_settings), becomes the
-     * SGD step's grad_mult (set in train_run_dist). */
+     * (grad_buckets_reduce_flag; sharded: after the check, update_sharded). */
     if (t->use_gpu) {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
-        if (t->shard_optimizer) {
-            update_sharded(t);
-            nvtxRangePop();
-            return;
-        }
-        check_range(t, 0, m->n_params);
-        if (t->clip_norm > 0)
-            grad_clip_factor_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, 1.0f / (float)t->accumulate,
-                                  t->clip_norm, t->grad_norm_scratch, t->grad_norm, t->clip_factor, t->gpu.compute);
-        sgd_range(t, 0, m->n_params);
+        if (t->shard_optimizer) update_sharded(t);
+        else update_whole(t);
         loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
     } else {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cpu(&t->schedule, t->lr_step, t->lr_buf);
@@ -573,9 +574,11 @@ void device_sync(Trainer *t) {
 }
 
 void sync_sharded_state(Trainer *t) {
-    if (!t->shard_optimizer) return;
+    /* Every rank has the same step count, so all skip a second call alike. */
+    if (!t->shard_optimizer || t->state_synced_step == t->step) return;
     grad_buckets_sync_state(&t->buckets, t->model.params, t->model.momentum, t->gpu.compute);
     device_sync(t);
+    t->state_synced_step = t->step;
 }
 
 /* ---- evaluation ------------------------------------------------------------ */
@@ -798,6 +801,7 @@ static void shard_optimizer(Trainer *t, const Config *cfg) {
         snprintf(why, sizeof why, "optim.clip_norm needs the whole gradient on every rank");
     else if (grad_buckets_shard_optimizer(&t->buckets, t->model.weights, t->model.act_dtype, why, sizeof why))
         t->shard_optimizer = 1;
+    t->state_synced_step = -1;
     if (t->shard_optimizer) return;
     if (strcmp(mode, "on") == 0) TC_FATAL("config: dist.shard_optimizer = on, but %s", why);
     if (t->dist->rank == 0) log_info("dist.shard_optimizer = auto: every rank updates every parameter, as %s", why);

@@ -91,6 +91,7 @@ typedef struct {
     Dist *dist;               /* world 1: a plain run */
     GradBuckets buckets;      /* world > 1: the gradient all-reduce */
     int shard_optimizer;      /* dist.shard_optimizer in effect (grad_buckets_shard_optimizer) */
+    long state_synced_step;   /* sharded: the step whose whole state sync_sharded_state last gathered */
     Model model;
     Dataset train_set, test_set;
     Loader *train_loader, *test_loader;

@@ -223,7 +223,8 @@ static void average_with_peer(GradBuckets *b, size_t first, size_t count, cudaSt
     peer_link_signal(p, flag, comm);
     peer_link_wait(p, flag, comm);
     grad_average_pair_cuda(b->comm_dtype, element(p->sent, b->comm_dtype, mine.first),
-                           element(p->recv, b->comm_dtype, mine.first), mine.count, comm);
+                           element(p->recv, b->comm_dtype, mine.first), mine.count, b->shard ? b->flag : NULL,
+                           comm);
     if (b->shard) return;
     peer_link_put(p, 1, mine.first * esize, mine.count * esize, comm);
     peer_link_signal(p, flag + 1, comm);
@@ -231,11 +232,21 @@ static void average_with_peer(GradBuckets *b, size_t first, size_t count, cudaSt
 }
 
 /* grad_buckets_reduce_flag's flag, once a pass, on 'stream' (inside an NCCL
- * group where there is one). */
-static void reduce_flag(GradBuckets *b, cudaStream_t stream) {
-    if (!b->flag || b->flag_reduced || b->shard) return;
-    grad_buckets_reduce_flag_now(b, stream);
+ * group where there is one): with the first launch, or sharded with the last,
+ * once every rank has checked what it averages. */
+static void reduce_flag(GradBuckets *b, int last, cudaStream_t stream) {
+    if (!b->flag || b->flag_reduced || (b->shard && !last)) return;
+    NCCL_CHECK(ncclAllReduce(b->flag, b->flag, 1, ncclInt32, ncclMax, b->dist->nccl, stream));
     b->flag_reduced = 1;
+}
+
+/* Sharded: this rank's own values of what NCCL averages are checked before
+ * they are sent. ncclAvg scales each rank's values before adding them, so the
+ * average is finite exactly when every rank's values are. */
+static void check_before_nccl(GradBuckets *b, void *sent, int from, int to, cudaStream_t comm) {
+    for (int i = from; i < to && b->shard && b->flag; i++)
+        grad_flag_nonfinite_cuda(b->comm_dtype, element(sent, b->comm_dtype, b->buckets[i].first),
+                                 b->buckets[i].count, b->flag, comm);
 }
 
 /* Buckets [from, to) on the device: fork the comm stream off compute, cast in,
@@ -256,6 +267,7 @@ static void launch_device(GradBuckets *b, int from, int to, cudaStream_t compute
     size_t first = b->buckets[to - 1].first, end = b->buckets[from].first + b->buckets[from].count;
     int by_peer = b->peer.on && (end - first) * dtype_size(b->comm_dtype) >= b->peer_min_bytes;
     if (by_peer) average_with_peer(b, first, end - first, comm);
+    else check_before_nccl(b, sent, from, to, comm);
     /* Grouped, the NCCL calls run as one launch after ncclGroupEnd: casts back
      * must come after the group, not inside it. */
     NCCL_CHECK(ncclGroupStart());
@@ -264,7 +276,7 @@ static void launch_device(GradBuckets *b, int from, int to, cudaStream_t compute
         NCCL_CHECK(ncclAllReduce(buf, buf, b->buckets[i].count, nccl_dtype(b->comm_dtype),
                                  ncclAvg, d->nccl, comm));
     }
-    reduce_flag(b, comm);
+    reduce_flag(b, to == b->n_buckets, comm);
     NCCL_CHECK(ncclGroupEnd());
     for (int i = from; i < to && cast; i++) {
         const GradBucket *k = &b->buckets[i];
@@ -333,7 +345,7 @@ void grad_buckets_finish(GradBuckets *b, cudaStream_t compute) {
     if (b->dist->world == 1) return;
     check_in_pass(b, "grad_buckets_finish");
     launch(b, b->n_buckets, compute);
-    if (b->on_device) reduce_flag(b, compute); /* no bucket launched it */
+    if (b->on_device) reduce_flag(b, 1, compute); /* no bucket launched it */
     b->in_pass = 0;
     if (b->shard && b->peer_launches != b->n_peer_ranges)
         TC_FATAL("rank %d: grad buckets: %d launches through the peer link in this pass, %d in the first",
@@ -346,11 +358,6 @@ const GradBucket *grad_buckets_owned(const GradBuckets *b, int *n) {
     if (!b->shard) TC_FATAL("rank %d: grad_buckets_owned: the optimizer is not sharded", b->dist->rank);
     *n = b->n_owned;
     return b->owned;
-}
-
-void grad_buckets_reduce_flag_now(GradBuckets *b, cudaStream_t stream) {
-    if (b->dist->world == 1 || !b->flag) return;
-    NCCL_CHECK(ncclAllReduce(b->flag, b->flag, 1, ncclInt32, ncclMax, b->dist->nccl, stream));
 }
 
 static int weights_flag(const GradBuckets *b, int k) { return 2 * b->n_buckets + k; }

@@ -107,15 +107,15 @@ int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size
  * parameters it owns (see above). 'weights' is what forward reads (n elements
  * of weights_dtype: the half copy under AMP, else the master weights) and must
  * lie in an allocation laid out alike on both ranks. The flag of
- * grad_buckets_reduce_flag is then not reduced under backward: the optimizer
- * checks what it owns and calls grad_buckets_reduce_flag_now. Returns 1, or 0
- * with the reason in 'why'. */
+ * grad_buckets_reduce_flag then also says whether any averaged gradient is inf
+ * or NaN: each rank checks the halves it averages through the copy engines
+ * (in the averaging kernel) and its own values of what NCCL averages, and the
+ * flag is max-reduced with the pass's last launch. The optimizer needs no
+ * check of its own. Returns 1, or 0 with the reason in 'why'. */
 int grad_buckets_shard_optimizer(GradBuckets *b, void *weights, DType weights_dtype, char *why,
                                  size_t why_size);
 /* Sharded, after grad_buckets_finish: the ranges this rank updates, rising. */
 const GradBucket *grad_buckets_owned(const GradBuckets *b, int *n);
-/* Max-reduces grad_buckets_reduce_flag's flag over the ranks on 'stream' now. */
-void grad_buckets_reduce_flag_now(GradBuckets *b, cudaStream_t stream);
 /* Sharded, after the update (host bookkeeping): the weights this rank owns
  * are new, to be sent by grad_buckets_send_weights. */
 void grad_buckets_weights_updated(GradBuckets *b);
@@ -136,9 +136,9 @@ void grad_buckets_join(GradBuckets *b, cudaStream_t compute);
  * captured in a CUDA graph does anyway. Not sharded: nothing. */
 void grad_buckets_sync_state(GradBuckets *b, float *params, float *momentum, cudaStream_t stream);
 /* A device int32 max-reduced over the ranks in every pass, with its first
- * launch, under backward: the loss scaler's found-inf flag. It must be final on
- * 'compute' at the pass's first grad_buckets_ready and left alone until
- * grad_buckets_finish. */
+ * launch (sharded: its last), under backward: the loss scaler's found-inf flag.
+ * It must be final on 'compute' at the pass's first grad_buckets_ready and left
+ * alone until grad_buckets_finish. */
 void grad_buckets_reduce_flag(GradBuckets *b, int32_t *flag);
 /* A backward pass starts: nothing of it is launched yet. */
 void grad_buckets_begin(GradBuckets *b);

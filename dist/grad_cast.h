@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "runtime/tensor.h"
 
@@ -18,8 +19,11 @@ void grad_cast_cuda(DType from, const void *src, DType to, void *dst, size_t n,
                     cudaStream_t stream);
 /* dst[i] = (dst[i] + other[i]) / 2, in float, rounded once to t: two ranks'
  * gradients averaged (the copy-engine path). dst and other must lie at the same
- * offset from 16-byte alignment. */
-void grad_average_pair_cuda(DType t, void *dst, const void *other, size_t n, cudaStream_t stream);
+ * offset from 16-byte alignment. flag (device, or NULL) is set to 1 when an
+ * average is inf or NaN, and left alone otherwise. */
+void grad_average_pair_cuda(DType t, void *dst, const void *other, size_t n, int32_t *flag, cudaStream_t stream);
+/* *flag = 1 when any of x[0 .. n) (of t) is inf or NaN; else left alone. */
+void grad_flag_nonfinite_cuda(DType t, const void *x, size_t n, int32_t *flag, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

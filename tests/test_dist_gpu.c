@@ -5,10 +5,12 @@
  * engines, give the average computed on the host, the same bits on every rank;
  * the reduced flag (the loss scaler's found-inf) is the maximum over the ranks;
  * begin / ready / finish captured in a CUDA graph on the compute stream give it
- * all again on fresh data at each replay. Backward is simulated on the compute
- * stream: the gradient buffer starts as NaN and each layer's range is copied in
- * after a short host delay, so an all-reduce that ran before its layer was
- * final would show. */
+ * all again on fresh data at each replay. With the optimizer sharded, the flag
+ * also reports a NaN that only the other rank's averaging or one rank's NCCL
+ * bucket holds, and the ranges each rank owns hold the average. Backward is
+ * simulated on the compute stream: the gradient buffer starts as NaN and each
+ * layer's range is copied in after a short host delay, so an all-reduce that
+ * ran before its layer was final would show. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +159,18 @@ static void backward_pass(BucketCase *c, GradBuckets *b) {
     grad_buckets_finish(b, compute);
 }
 
+/* backward_pass captured once on the compute stream, ready to replay. */
+static cudaGraphExec_t capture_pass(BucketCase *c, GradBuckets *b) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeGlobal));
+    backward_pass(c, b);
+    CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return exec;
+}
+
 /* Compares the gradients with the average; the bits must match rank 0's. The
  * flag must be the round's maximum. */
 static void check_average(BucketCase *c, int round, const char *when) {
@@ -186,25 +200,42 @@ static void check_average(BucketCase *c, int round, const char *when) {
     free(rank0);
 }
 
+/* Buffers of about a million gradients, cut into up to 63 layers of random
+ * sizes (the same on every rank). */
+static void bucket_case_init(BucketCase *c, DType dtype, DType comm_dtype, uint64_t seed) {
+    *c = (BucketCase){.dtype = dtype, .comm_dtype = comm_dtype, .n = ((size_t)1 << 20) + 12345};
+    size_t esize = dtype_size(dtype);
+    CUDA_CHECK(cudaMalloc(&c->grads, c->n * esize));
+    CUDA_CHECK(cudaMalloc((void **)&c->flag, sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost((void **)&c->flag_host, sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc(&c->source, c->n * esize));
+    c->host = malloc(c->n * sizeof(float));
+    c->host_stored = malloc(c->n * esize);
+    c->average = malloc(c->n * sizeof(double));
+    c->layer_first = malloc(64 * sizeof(size_t));
+    uint64_t layer_rng = seed ^ 0x1a7e5ULL; /* the same layers on every rank */
+    for (size_t end = c->n; end > 0 && c->layers < 63;) {
+        size_t size = 1 + (size_t)test_uniform(&layer_rng, 0, (float)(c->n / 12));
+        end = size < end && c->layers < 62 ? end - size : 0;
+        c->layer_first[c->layers++] = end;
+    }
+}
+
+static void bucket_case_free(BucketCase *c) {
+    CUDA_CHECK(cudaFree(c->grads));
+    CUDA_CHECK(cudaFree(c->flag));
+    CUDA_CHECK(cudaFreeHost(c->flag_host));
+    CUDA_CHECK(cudaFree(c->source));
+    free(c->host);
+    free(c->host_stored);
+    free(c->average);
+    free(c->layer_first);
+}
+
 /* by_peer: every launch through the copy engines (2 ranks of one host). */
 static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int by_peer) {
-    BucketCase c = {.dtype = dtype, .comm_dtype = comm_dtype, .n = ((size_t)1 << 20) + 12345};
-    size_t esize = dtype_size(dtype);
-    CUDA_CHECK(cudaMalloc(&c.grads, c.n * esize));
-    CUDA_CHECK(cudaMalloc((void **)&c.flag, sizeof(int32_t)));
-    CUDA_CHECK(cudaMallocHost((void **)&c.flag_host, sizeof(int32_t)));
-    CUDA_CHECK(cudaMalloc(&c.source, c.n * esize));
-    c.host = malloc(c.n * sizeof(float));
-    c.host_stored = malloc(c.n * esize);
-    c.average = malloc(c.n * sizeof(double));
-    c.layer_first = malloc(64 * sizeof(size_t));
-    uint64_t layer_rng = seed ^ 0x1a7e5ULL; /* the same layers on every rank */
-    for (size_t end = c.n; end > 0 && c.layers < 63;) {
-        size_t size = 1 + (size_t)test_uniform(&layer_rng, 0, (float)(c.n / 12));
-        end = size < end && c.layers < 62 ? end - size : 0;
-        c.layer_first[c.layers++] = end;
-    }
-
+    BucketCase c;
+    bucket_case_init(&c, dtype, comm_dtype, seed);
     GradBuckets b;
     grad_buckets_init(&b, &d, c.grads, dtype, c.n, 256 << 10, comm_dtype);
     grad_buckets_reduce_flag(&b, c.flag);
@@ -223,12 +254,7 @@ static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int 
     }
 
     /* The same pass captured once, replayed on fresh data. */
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeGlobal));
-    backward_pass(&c, &b);
-    CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphExec_t exec = capture_pass(&c, &b);
     for (int replay = 0; replay < 3; replay++) {
         make_round(&c, seed, 10 + replay);
         *c.flag_host = flag_of(10 + replay);
@@ -236,17 +262,117 @@ static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int 
         check_average(&c, 10 + replay, replay == 0 ? "first graph replay" : "later graph replay");
     }
     CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
 
     grad_buckets_free(&b);
-    CUDA_CHECK(cudaFree(c.grads));
-    CUDA_CHECK(cudaFree(c.flag));
-    CUDA_CHECK(cudaFreeHost(c.flag_host));
-    CUDA_CHECK(cudaFree(c.source));
-    free(c.host);
-    free(c.host_stored);
-    free(c.average);
-    free(c.layer_first);
+    bucket_case_free(&c);
+}
+
+/* ---- the sharded optimizer's found-inf flag ---------------------------------------- */
+
+/* Where a NaN goes in a round of test_sharded_flag: nowhere, into a half of a
+ * copy-engine launch that the other rank owns and averages, or into what NCCL
+ * averages; or no NaN but the flag (the loss check's) set on rank 0 alone. */
+typedef enum { POISON_NONE, POISON_PEER_HALF, POISON_NCCL, POISON_FLAG_ONLY } Poison;
+
+static const char *poison_name(Poison p) {
+    return p == POISON_NONE ? "no NaN" : p == POISON_PEER_HALF ? "a NaN in a half rank 1 owns, on rank 0 only"
+           : p == POISON_NCCL ? "a NaN in an NCCL bucket, on rank 1 only" : "the flag set on rank 0 only";
+}
+
+/* An index in the upper half (rank 1's) of the middle copy-engine launch, or
+ * the first outside every one (NCCL's); n when there is none. */
+static size_t poison_index(const GradBuckets *b, Poison p) {
+    if (p == POISON_PEER_HALF && b->n_peer_ranges > 0) {
+        GradBucket k = b->peer_ranges[b->n_peer_ranges / 2];
+        return k.first + k.count / 2 + k.count / 4;
+    }
+    for (size_t i = 0; i < b->n && p == POISON_NCCL; i++) {
+        int inside = 0;
+        for (int k = 0; k < b->n_peer_ranges && !inside; k++)
+            inside = i >= b->peer_ranges[k].first && i < b->peer_ranges[k].first + b->peer_ranges[k].count;
+        if (!inside) return i;
+    }
+    return b->n;
+}
+
+/* This rank's round: fresh gradients, then the poison where it goes. */
+static void make_poisoned_round(BucketCase *c, const GradBuckets *b, uint64_t seed, int round, Poison p) {
+    make_round(c, seed, round);
+    *c->flag_host = p == POISON_FLAG_ONLY && d.rank == 0;
+    size_t at = poison_index(b, p);
+    int poisoner = p == POISON_PEER_HALF ? 0 : 1;
+    if (at == b->n || d.rank != poisoner) return;
+    float nan = NAN;
+    size_t esize = dtype_size(c->dtype);
+    char stored[4];
+    store_as(c->dtype, &nan, stored, 1);
+    CUDA_CHECK(cudaMemcpy((char *)c->source + at * esize, stored, esize, cudaMemcpyHostToDevice));
+}
+
+/* After a pass: the flag is 1 on every rank exactly when some rank had a NaN
+ * or set its flag (all through the copy engines, there is no NCCL bucket to
+ * poison), and otherwise the ranges this rank owns hold the average. */
+static void check_sharded_pass(BucketCase *c, GradBuckets *b, Poison p, const char *when) {
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    int32_t flag = -1;
+    CUDA_CHECK(cudaMemcpy(&flag, c->flag, sizeof flag, cudaMemcpyDeviceToHost));
+    int expected = p == POISON_FLAG_ONLY || (p != POISON_NONE && poison_index(b, p) < b->n);
+    CHECK_MSG(flag == expected, "sharded %s grads sent as %s, %s, %s: rank %d's flag is %d, not %d",
+              dtype_name(c->dtype), dtype_name(c->comm_dtype), when, poison_name(p), d.rank, flag, expected);
+    if (expected) return;
+    size_t esize = dtype_size(c->dtype);
+    CUDA_CHECK(cudaMemcpy(c->host_stored, c->grads, c->n * esize, cudaMemcpyDeviceToHost));
+    load_from(c->dtype, c->host_stored, c->host, c->n);
+    double tol = 4 * (rounding_of(c->dtype) > rounding_of(c->comm_dtype) ? rounding_of(c->dtype)
+                                                                        : rounding_of(c->comm_dtype));
+    double worst = 0;
+    int n_owned;
+    const GradBucket *owned = grad_buckets_owned(b, &n_owned);
+    for (int k = 0; k < n_owned; k++)
+        for (size_t j = owned[k].first; j < owned[k].first + owned[k].count; j++) {
+            double err = fabs(c->host[j] - c->average[j]);
+            if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+        }
+    CHECK_MSG(worst <= tol, "sharded %s grads sent as %s, %s: worst error %g > %g in what rank %d owns",
+              dtype_name(c->dtype), dtype_name(c->comm_dtype), when, worst, tol, d.rank);
+}
+
+/* grad_buckets_shard_optimizer: each rank checks what it averages and the flag
+ * is max-reduced with the last launch, so a NaN that only the other rank sees
+ * still sets the flag here; eagerly and replayed from a CUDA graph. Buckets of
+ * 64 KiB: a layer completes one or several at once, so with min_bytes 128 KiB
+ * launches go both ways; with 0 every one goes through the copy engines. */
+static void test_sharded_flag(DType dtype, DType comm_dtype, uint64_t seed, size_t min_bytes) {
+    BucketCase c;
+    bucket_case_init(&c, dtype, comm_dtype, seed);
+    void *weights;
+    CUDA_CHECK(cudaMalloc(&weights, c.n * dtype_size(dtype)));
+    GradBuckets b;
+    char why[256] = "";
+    grad_buckets_init(&b, &d, c.grads, dtype, c.n, 64 << 10, comm_dtype);
+    grad_buckets_reduce_flag(&b, c.flag);
+    CHECK_MSG(grad_buckets_use_peer_link(&b, min_bytes, why, sizeof why), "no peer link: %s", why);
+    CHECK_MSG(grad_buckets_shard_optimizer(&b, weights, dtype, why, sizeof why), "not sharded: %s", why);
+    const Poison order[] = {POISON_NONE, POISON_PEER_HALF, POISON_NONE, POISON_NCCL, POISON_FLAG_ONLY};
+    int rounds = (int)(sizeof order / sizeof *order);
+    for (int round = 0; round < rounds; round++) {
+        make_poisoned_round(&c, &b, seed, round, order[round]);
+        backward_pass(&c, &b);
+        check_sharded_pass(&c, &b, order[round], "eager");
+    }
+    CHECK(b.n_peer_ranges > 1);
+    CHECK((min_bytes == 0) == (poison_index(&b, POISON_NCCL) == b.n)); /* both paths where meant */
+
+    cudaGraphExec_t exec = capture_pass(&c, &b);
+    for (int round = 0; round < rounds; round++) {
+        make_poisoned_round(&c, &b, seed, 20 + round, order[rounds - 1 - round]);
+        CUDA_CHECK(cudaGraphLaunch(exec, compute));
+        check_sharded_pass(&c, &b, order[rounds - 1 - round], "graph replay");
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    grad_buckets_free(&b);
+    CUDA_CHECK(cudaFree(weights));
+    bucket_case_free(&c);
 }
 
 int main(void) {
@@ -269,6 +395,11 @@ int main(void) {
     /* Through the copy engines where the job is 2 ranks of one host. */
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs && d.world == 2 && d.local_world == 2; i++)
         test_grad_buckets(pairs[i][0], pairs[i][1], seed + 100 + i, 1);
+    if (d.world == 2 && d.local_world == 2) {
+        test_sharded_flag(DTYPE_F16, DTYPE_F16, seed + 200, 128 << 10);
+        test_sharded_flag(DTYPE_F32, DTYPE_F32, seed + 201, 0);
+        test_sharded_flag(DTYPE_F32, DTYPE_F16, seed + 202, 128 << 10);
+    }
 
     CUDA_CHECK(cudaStreamDestroy(compute));
     int failed = dist_any_host(&d, test_failures > 0);

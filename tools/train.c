@@ -461,14 +461,13 @@ static void sgd_range(Trainer *t, size_t first, size_t count) {
                         t->lr_buf, t->scaler, p, t->gpu.compute);
 }
 
-/* dist.shard_optimizer: this rank checks and updates the ranges it owns; the
- * found-inf flag is then max-reduced, so every rank skips the same steps. The
- * updated weights go to the other rank at the next step's start. */
+/* dist.shard_optimizer: this rank updates the ranges it owns. The buckets
+ * checked every gradient for inf and NaN under backward, each rank what it
+ * averaged, and max-reduced the found-inf flag, so every rank skips the same
+ * steps. The updated weights go to the other rank at the next step's start. */
 static void update_sharded(Trainer *t) {
     int n;
     const GradBucket *owned = grad_buckets_owned(&t->buckets, &n);
-    for (int i = 0; i < n; i++) check_range(t, owned[i].first, owned[i].count);
-    grad_buckets_reduce_flag_now(&t->buckets, t->gpu.compute);
     for (int i = 0; i < n; i++) sgd_range(t, owned[i].first, owned[i].count);
     grad_buckets_weights_updated(&t->buckets); /* sent under the next forward pass */
 }
@@ -501,7 +500,8 @@ static void optimizer_step(Trainer *t) {
     /* Every rank sees the same averaged gradients, so their checks agree; a
      * non-finite loss on one rank must make all of them skip the step too: on
      * the GPU the buckets max-reduce the loss check's flag under backward
-     * (grad_buckets_reduce_flag; sharded: after the check, update_sharded). */
+     * (grad_buckets_reduce_flag; sharded: with the gradients' checks, see
+     * update_sharded). */
     if (t->use_gpu) {
         if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
         if (t->shard_optimizer) update_sharded(t);

@@ -6,10 +6,7 @@
 # (trace_summary.py); then times untraced variants: copy engines or NCCL,
 # bucket sizes. First the multi-GPU tests (TESTS=0: none; TEST_PATTERN: others).
 source tools/device/mpi_session.sh
-CUDA=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-gcc -O2 -shared -fPIC -I"$CUDA/include" -I"$CUDA/extras/CUPTI/include" tools/device/kernel_trace.c \
-  -L"$CUDA/lib64" -L"$CUDA/extras/CUPTI/lib64" -lcupti \
-  -Wl,-rpath,"$CUDA/lib64:$CUDA/extras/CUPTI/lib64" -o /tmp/libkernel_trace.so || echo "kernel_trace: build failed"
+bash tools/device/kernel_trace_build.sh
 MPI="mpirun --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE=0"
 R="--quiet --set data.resident=on --set run.eval=off --set run.epochs=100 --set run.warmup_steps=20"
 one() { local tag=$1 np=$2 env=$3; shift 3

@@ -27,10 +27,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 if [ "${TRACE:-0}" = 1 ]; then
-  CUDA=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
-  gcc -O2 -shared -fPIC -I"$CUDA/include" -I"$CUDA/extras/CUPTI/include" tools/device/kernel_trace.c \
-    -L"$CUDA/lib64" -L"$CUDA/extras/CUPTI/lib64" -lcupti \
-    -Wl,-rpath,"$CUDA/lib64:$CUDA/extras/CUPTI/lib64" -o /tmp/libkernel_trace.so || echo "kernel_trace: build failed"
+  bash tools/device/kernel_trace_build.sh
   for np in 1 2; do
     dir=/tmp/trace_simplenet$np; rm -rf "$dir"; mkdir -p "$dir"
     timeout 120 $MPI -np $np -x CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so -x KERNEL_TRACE_DIR=$dir \

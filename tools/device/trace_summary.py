@@ -6,7 +6,12 @@ compute kernel ran, the time NCCL kernels or copies ran, the time only they ran
 the most time per step. Steps are cut at a
 marker kernel that runs once a step (the loss).
 
-    trace_summary.py DIR [--marker softmax_xent] [--skip 30] [--top 12] [--slow 6]
+    trace_summary.py DIR [--marker softmax_xent] [--skip 30] [--top 12] [--slow 6] [--gaps 3] [--periods 10]
+
+--periods N: the mean step period of every N steps in turn (from the first
+step, --skip aside), to see where in a run the slow steps lie.
+--gaps US: in the step of median period, where the busiest stream (compute)
+sat idle for at least US microseconds, and what ran on the other streams.
 """
 import argparse
 import collections
@@ -36,11 +41,51 @@ def short_name(name):
     return name[:70]
 
 
-def summarize(path, marker, skip, top, slow):
+def print_gaps(ks, start, streams, min_gap_us):
+    """The idle spans of the busiest stream in one step, and the other streams' work."""
+    busy = collections.Counter()
+    for s, e, n in ks:
+        busy[streams.get((s, n))] += e - s
+    main = busy.most_common(1)[0][0]
+    on_main = sorted((s, e, n) for s, e, n in ks if streams.get((s, n)) == main)
+    print(f"    stream {main}: {len(on_main)} kernels; idle spans of {min_gap_us} us or more:")
+    for (s0, e0, n0), (s1, _, n1) in zip(on_main, on_main[1:]):
+        if s1 - e0 >= min_gap_us * 1000:
+            print(f"      at {(e0 - start) / 1e3:8.1f} us idle {(s1 - e0) / 1e3:7.1f}  after {short_name(n0)[:40]}  before {short_name(n1)[:40]}")
+    print("    other streams:")
+    for s, e, n in sorted(ks):
+        if streams.get((s, n)) != main:
+            print(f"      at {(s - start) / 1e3:8.1f} us for {(e - s) / 1e3:7.1f}  stream {streams.get((s, n))}  {short_name(n)[:60]}")
+
+
+def print_periods(path, marker, every):
+    """Mean step period of each run of 'every' steps, from the run's first step."""
+    marks = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if marker in r["name"]:
+                marks.append(int(r["start_ns"]))
+    marks.sort()
+    periods = [b - a for a, b in zip(marks, marks[1:])]
+    print(f"== {os.path.basename(path)}: mean period (us) of each {every} steps from step 1")
+    line = []
+    for i in range(0, len(periods), every):
+        chunk = periods[i:i + every]
+        line.append(f"{statistics.mean(chunk) * 1e-3:.0f}")
+        if len(line) == 12:
+            print("  " + " ".join(line))
+            line = []
+    if line:
+        print("  " + " ".join(line))
+
+
+def summarize(path, marker, skip, top, slow, gaps):
     rows = []
+    streams = {}
     with open(path) as f:
         for r in csv.DictReader(f):
             rows.append((int(r["start_ns"]), int(r["end_ns"]), r["name"]))
+            streams[(int(r["start_ns"]), r["name"])] = int(r["stream"])
     rows.sort()
     marks = [s for s, _, n in rows if marker in n]
     if len(marks) < skip + 3:
@@ -90,6 +135,11 @@ def summarize(path, marker, skip, top, slow):
                 gap, after = s1 - e0, n1
         print(f"    slow step {k + skip}: period {stats['period'][k] * 1e-3:.1f} us, nccl {stats['nccl busy'][k] * 1e-3:.1f},"
               f" idle {stats['idle'][k] * 1e-3:.1f}; longest gap {gap * 1e-3:.1f} us before {short_name(after)}")
+    if gaps:
+        order = sorted(range(n_steps), key=lambda k: stats["period"][k])
+        k = order[len(order) // 2]
+        print(f"  step {k + skip} (median period {stats['period'][k] * 1e-3:.1f} us):")
+        print_gaps(steps[k], marks[k], streams, gaps)
     print("  top kernels, us per step:")
     for name, t in per_name.most_common(top):
         print(f"    {t / n_steps / 1e3:9.1f}  {name}")
@@ -102,9 +152,14 @@ def main():
     p.add_argument("--skip", type=int, default=30)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--slow", type=int, default=0, help="list the slowest steps")
+    p.add_argument("--gaps", type=float, default=0, help="idle spans of the compute stream in the median step")
+    p.add_argument("--periods", type=int, default=0, help="the mean period of every N steps in turn")
     a = p.parse_args()
     for path in sorted(glob.glob(os.path.join(a.dir, "kernels.*.csv"))):
-        summarize(path, a.marker, a.skip, a.top, a.slow)
+        if a.periods:
+            print_periods(path, a.marker, a.periods)
+        else:
+            summarize(path, a.marker, a.skip, a.top, a.slow, a.gaps)
 
 
 if __name__ == "__main__":

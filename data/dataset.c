@@ -44,7 +44,8 @@ static void make_class_patterns(float *patterns, int num_classes, int c, int h, 
 }
 
 void synthetic_make(Dataset *d, int n, int c, int h, int w, int num_classes, uint64_t seed) {
-    if (n < 1 || c < 1 || h < 1 || w < 1 || num_classes < 1 || num_classes > DATASET_MAX_CLASSES)
+    if (n < 1 || c < 1 || h < 1 || w < 1 || h > DATASET_MAX_SIDE || w > DATASET_MAX_SIDE ||
+        num_classes < 1 || num_classes > DATASET_MAX_CLASSES)
         TC_FATAL("synthetic_make: bad shape n=%d c=%d h=%d w=%d classes=%d", n, c, h, w,
                  num_classes);
     memset(d, 0, sizeof *d);

@@ -11,6 +11,8 @@ extern "C" {
 #endif
 
 #define DATASET_MAX_CLASSES 1000
+/* The largest image side the readers (and the transforms) take. */
+#define DATASET_MAX_SIDE 16384
 
 typedef struct {
     int n;          /* images */
@@ -33,10 +35,16 @@ int cifar_bin_load(Dataset *d, const char *dir, int train, int limit, char *err,
 
 /* Image folder: root/<split>/<class>/<file>.{jpg,jpeg,png,bmp} decoded with
  * stb_image (3 channels); classes are the sub-folders in sorted order; all
- * images must share one size. Errors name the file or folder: missing or empty
- * folder, an image that does not decode, a size that differs. limit > 0 keeps
- * 'limit' images spread evenly over the classes (the first ones of each class
- * in sorted file order). */
+ * images must share one size. A split other than "train" must have the same
+ * class folders as root/train where that exists, as the labels are the class
+ * numbers of the training split. Returns 0, or -1 with a message naming the
+ * file or folder: a missing root, split or class folder (with the layout and
+ * how to get CIFAR-10), a class folder without images, class folders unlike
+ * the training split's, a file that is empty, not a JPEG, PNG or BMP, truncated
+ * or corrupt, a side outside 1..DATASET_MAX_SIDE, a size unlike the first
+ * image's, or more pixels than the machine's memory. limit > 0 keeps 'limit'
+ * images spread evenly over the classes (the first ones of each class in
+ * sorted file order). */
 int image_folder_load(Dataset *d, const char *root, const char *split, int limit, char *err,
                       size_t errlen);
 

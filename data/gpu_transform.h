@@ -13,11 +13,11 @@
 #ifndef TRAINC_DATA_GPU_TRANSFORM_H
 #define TRAINC_DATA_GPU_TRANSFORM_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "data/transform.h"
+#include "runtime/cuda_api.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -46,7 +46,8 @@ size_t gpu_transform_raw_bytes(int batch, int c, int h, int w);
 /* Fails with a message on bad sizes, channels or std, or a missing pointer. */
 void gpu_transform_check_args(const GpuTransformArgs *a);
 
-/* One kernel launch on stream s; no allocation, no sync. n = 0 does nothing. */
+/* One kernel launch on stream s; no allocation, no sync. n = 0 does nothing.
+ * CUDA builds only (gpu_transform.cu). */
 void gpu_transform_batch(const GpuTransformArgs *a, cudaStream_t s);
 
 /* The kernel's arithmetic on the CPU, pixel by pixel, with host pointers in the

@@ -19,6 +19,7 @@
 #include "runtime/check.h"
 
 #define DECODE_MAX_THREADS 8
+#define IMAGE_FOLDER_TRAIN_SPLIT "train"
 
 typedef struct {
     char **items;
@@ -31,7 +32,8 @@ static void names_push(NameList *l, const char *name) {
         l->items = realloc(l->items, (size_t)l->capacity * sizeof *l->items);
         if (!l->items) TC_FATAL("image folder: out of memory listing files");
     }
-    l->items[l->count++] = strdup(name);
+    l->items[l->count] = strdup(name);
+    if (!l->items[l->count++]) TC_FATAL("image folder: out of memory listing files");
 }
 
 static void names_free(NameList *l) {
@@ -127,6 +129,12 @@ static int read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, 
         fclose(f);
         return -1;
     }
+    if (st.st_size > 0x7fffffff) { /* stb_image takes an int length */
+        snprintf(err, errlen, "%s: %lld bytes, too large for an image file", path,
+                 (long long)st.st_size);
+        fclose(f);
+        return -1;
+    }
     size_t size = (size_t)st.st_size;
     if (size > *cap) {
         *cap = size;
@@ -143,22 +151,152 @@ static int read_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, 
     return 0;
 }
 
-/* Decodes image i into its CHW place; h, w receive its size when *h == 0. */
+/* What the first bytes say a file is. */
+typedef enum { IMAGE_UNKNOWN, IMAGE_JPEG, IMAGE_PNG, IMAGE_BMP } ImageKind;
+
+static ImageKind image_kind(const uint8_t *buf, size_t len) {
+    static const uint8_t png_signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (len >= 3 && buf[0] == 0xff && buf[1] == 0xd8 && buf[2] == 0xff) return IMAGE_JPEG;
+    if (len >= 8 && memcmp(buf, png_signature, 8) == 0) return IMAGE_PNG;
+    if (len >= 2 && buf[0] == 'B' && buf[1] == 'M') return IMAGE_BMP;
+    return IMAGE_UNKNOWN;
+}
+
+static const char *image_kind_name(ImageKind kind) {
+    return kind == IMAGE_JPEG ? "JPEG" : kind == IMAGE_PNG ? "PNG" : "BMP";
+}
+
+static int not_an_image(const char *path, const uint8_t *buf, size_t len, char *err,
+                        size_t errlen) {
+    char start[32] = "";
+    for (size_t i = 0; i < len && i < 4; i++)
+        snprintf(start + strlen(start), sizeof start - strlen(start), " %02x", buf[i]);
+    snprintf(err, errlen, "%s: cannot decode: not a JPEG, PNG or BMP image (its first bytes are%s)",
+             path, start);
+    return -1;
+}
+
+/* stb_image's reason for a failure, where it is the decoder's own: stb tries
+ * the PNG signature before the other formats, and a JPEG or BMP decoder that
+ * fails without saying why leaves that test's "bad png sig" behind. */
+static const char *stb_reason(ImageKind kind) {
+    const char *reason = stbi_failure_reason();
+    if (!reason || strcmp(reason, "unknown image type") == 0 ||
+        (kind != IMAGE_PNG && strcmp(reason, "bad png sig") == 0))
+        return NULL;
+    return reason;
+}
+
+/* Sides as a header gives them (a top-down BMP has a negative height). */
+static int check_image_shape(const char *path, long long w, long long h, int channels, char *err,
+                             size_t errlen) {
+    if (w < 1 || h < 1 || w > DATASET_MAX_SIDE || h > DATASET_MAX_SIDE) {
+        snprintf(err, errlen, "%s: image is %lldx%lld; each side must be 1 to %d pixels", path, w,
+                 h, DATASET_MAX_SIDE);
+        return -1;
+    }
+    if (channels < 1 || channels > 4) {
+        snprintf(err, errlen, "%s: image has %d channels; 1 to 4 are read", path, channels);
+        return -1;
+    }
+    return 0;
+}
+
+static uint32_t read_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t read_le16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+
+/* stb_image decodes an uncompressed BMP cut short as if the missing rows were
+ * zeros, so the rows' extent is checked against the file here. */
+static int check_bmp_complete(const char *path, const uint8_t *buf, size_t len, char *err,
+                              size_t errlen) {
+    if (len < 30) return 0; /* stbi_info has refused it already */
+    uint32_t offset = read_le32(buf + 10), header_bytes = read_le32(buf + 14);
+    long long w, h;
+    uint32_t bits, compression = 0;
+    if (header_bytes == 12) { /* OS/2 */
+        w = read_le16(buf + 18);
+        h = (int16_t)read_le16(buf + 20);
+        bits = read_le16(buf + 24);
+    } else {
+        if (len < 34) return 0;
+        w = (int32_t)read_le32(buf + 18);
+        h = (int32_t)read_le32(buf + 22);
+        bits = read_le16(buf + 28);
+        compression = read_le32(buf + 30);
+    }
+    if (h < 0) h = -h;
+    /* 0: plain rows, 3 and 6: rows with bit fields; stb_image refuses the rest. */
+    if (compression != 0 && compression != 3 && compression != 6) return 0;
+    if (w < 1 || h < 1 || w > DATASET_MAX_SIDE || h > DATASET_MAX_SIDE || bits > 64) return 0;
+    long long row_bytes = (w * bits + 31) / 32 * 4;
+    long long needed = (long long)offset + row_bytes * h;
+    if (needed > (long long)len) {
+        snprintf(err, errlen,
+                 "%s: cannot decode this BMP: it is truncated (its %lld rows of %lld pixels need "
+                 "%lld bytes, the file has %zu)",
+                 path, h, w, needed, len);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads and decodes one image file to RGB, HWC (stbi_image_free it): a whole
+ * JPEG, PNG or BMP of a size the reader takes, or NULL with a message. */
+static uint8_t *decode_file(const char *path, uint8_t **buf, size_t *cap, int *w, int *h,
+                            char *err, size_t errlen) {
+    size_t len;
+    if (read_file(path, buf, cap, &len, err, errlen) != 0) return NULL;
+    if (len == 0) {
+        snprintf(err, errlen, "%s: cannot decode: an empty file (0 bytes)", path);
+        return NULL;
+    }
+    ImageKind kind = image_kind(*buf, len);
+    if (kind == IMAGE_UNKNOWN) {
+        not_an_image(path, *buf, len, err, errlen);
+        return NULL;
+    }
+    int channels;
+    if (!stbi_info_from_memory(*buf, (int)len, w, h, &channels)) {
+        snprintf(err, errlen, "%s: cannot decode this %s: its header is truncated or corrupt", path,
+                 image_kind_name(kind));
+        return NULL;
+    }
+    if (check_image_shape(path, *w, *h < 0 ? -(long long)*h : *h, channels, err, errlen) != 0)
+        return NULL;
+    if (kind == IMAGE_BMP && check_bmp_complete(path, *buf, len, err, errlen) != 0) return NULL;
+    uint8_t *hwc = stbi_load_from_memory(*buf, (int)len, w, h, &channels, 3);
+    if (!hwc) {
+        const char *reason = stb_reason(kind);
+        snprintf(err, errlen, "%s: cannot decode this %s: its data is truncated or corrupt%s%s%s",
+                 path, image_kind_name(kind), reason ? " (stb_image: " : "", reason ? reason : "",
+                 reason ? ")" : "");
+        return NULL;
+    }
+    if (check_image_shape(path, *w, *h, channels, err, errlen) != 0) {
+        stbi_image_free(hwc);
+        return NULL;
+    }
+    return hwc;
+}
+
+static void hwc_to_chw(const uint8_t *hwc, size_t plane, uint8_t *chw) {
+    for (size_t p = 0; p < plane; p++) {
+        chw[p] = hwc[3 * p];
+        chw[plane + p] = hwc[3 * p + 1];
+        chw[2 * plane + p] = hwc[3 * p + 2];
+    }
+}
+
+/* Decodes image i (> 0) into its CHW place; it must have image 0's size. */
 static int decode_image(DecodeJob *job, int i, uint8_t **buf, size_t *cap, char *err,
                         size_t errlen) {
     const char *path = job->paths[i];
-    size_t len;
-    if (read_file(path, buf, cap, &len, err, errlen) != 0) return -1;
-    if (len > 0x7fffffff) {
-        snprintf(err, errlen, "%s: file too large", path);
-        return -1;
-    }
-    int w, h, channels;
-    uint8_t *hwc = stbi_load_from_memory(*buf, (int)len, &w, &h, &channels, 3);
-    if (!hwc) {
-        snprintf(err, errlen, "%s: cannot decode the image: %s", path, stbi_failure_reason());
-        return -1;
-    }
+    int w, h;
+    uint8_t *hwc = decode_file(path, buf, cap, &w, &h, err, errlen);
+    if (!hwc) return -1;
     if (h != job->h || w != job->w) {
         snprintf(err, errlen, "%s: image is %dx%d but %s is %dx%d; all images must have one size",
                  path, w, h, job->paths[0], job->w, job->h);
@@ -166,12 +304,7 @@ static int decode_image(DecodeJob *job, int i, uint8_t **buf, size_t *cap, char 
         return -1;
     }
     size_t plane = (size_t)h * w;
-    uint8_t *chw = job->pixels + (size_t)i * 3 * plane;
-    for (size_t p = 0; p < plane; p++) {
-        chw[p] = hwc[3 * p];
-        chw[plane + p] = hwc[3 * p + 1];
-        chw[2 * plane + p] = hwc[3 * p + 2];
-    }
+    hwc_to_chw(hwc, plane, job->pixels + (size_t)i * 3 * plane);
     stbi_image_free(hwc);
     return 0;
 }
@@ -207,34 +340,44 @@ static int decode_threads(int images) {
     return threads > 0 ? threads : 1;
 }
 
+/* Room for every image at the first one's size, refused where it is more than
+ * the machine's memory (malloc might grant it, and the decode then be killed). */
+static int alloc_pixels(DecodeJob *job, char *err, size_t errlen) {
+    size_t bytes = (size_t)job->n * 3 * (size_t)job->h * (size_t)job->w;
+    long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+    double memory = pages > 0 && page_bytes > 0 ? (double)pages * (double)page_bytes : 0.0;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    if (memory > 0.0 && (double)bytes > memory) {
+        snprintf(err, errlen,
+                 "%d images of %dx%d (the size of %s) need %.1f GiB, more than this machine's "
+                 "%.1f GiB of memory; load fewer (a limit) or smaller images",
+                 job->n, job->w, job->h, job->paths[0], (double)bytes / gib, memory / gib);
+        return -1;
+    }
+    job->pixels = malloc(bytes);
+    if (!job->pixels) {
+        snprintf(err, errlen, "out of memory for %d images of %dx%d (the size of %s)", job->n,
+                 job->w, job->h, job->paths[0]);
+        return -1;
+    }
+    return 0;
+}
+
 /* The first image sets the size; the rest are decoded in parallel. */
 static int decode_all(DecodeJob *job, char *err, size_t errlen) {
     uint8_t *buf = NULL;
     size_t cap = 0;
-    size_t len;
-    int w, h, channels;
-    if (read_file(job->paths[0], &buf, &cap, &len, err, errlen) != 0) {
-        free(buf);
-        return -1;
-    }
-    if (len > 0x7fffffff || !stbi_info_from_memory(buf, (int)len, &w, &h, &channels)) {
-        snprintf(err, errlen, "%s: cannot decode the image: %s", job->paths[0],
-                 len > 0x7fffffff ? "file too large" : stbi_failure_reason());
-        free(buf);
-        return -1;
-    }
+    uint8_t *first = decode_file(job->paths[0], &buf, &cap, &job->w, &job->h, err, errlen);
     free(buf);
-    job->h = h;
-    job->w = w;
-    job->pixels = malloc((size_t)job->n * 3 * h * w);
-    if (!job->pixels) {
-        snprintf(err, errlen, "out of memory for %d images of %dx%d", job->n, w, h);
-        return -1;
-    }
-    atomic_init(&job->next, 0);
+    if (!first) return -1;
+    int rc = alloc_pixels(job, err, errlen);
+    if (rc == 0) hwc_to_chw(first, (size_t)job->h * job->w, job->pixels);
+    stbi_image_free(first);
+    if (rc != 0) return -1;
+    atomic_init(&job->next, 1);
     atomic_init(&job->first_error, job->n);
     pthread_mutex_init(&job->error_lock, NULL);
-    int threads = decode_threads(job->n);
+    int threads = decode_threads(job->n - 1);
     pthread_t tids[DECODE_MAX_THREADS];
     int started = 0;
     for (; started < threads - 1; started++)
@@ -251,6 +394,103 @@ static int decode_all(DecodeJob *job, char *err, size_t errlen) {
     return 0;
 }
 
+static const char image_folder_howto[] =
+    "an image folder is <root>/<split>/<class>/<image>, and the labels number the class "
+    "folders in sorted order; for CIFAR-10 unpack cifar10-jpg.tar.gz with: mkdir -p .data && "
+    "tar xzf cifar10-jpg.tar.gz -C .data";
+
+/* The split's class folders, or -1 with a message that says what an image
+ * folder is when the root or the split is missing. */
+static int list_classes(const char *root, const char *split_dir, NameList *classes, char *err,
+                        size_t errlen) {
+    struct stat st;
+    if (stat(root, &st) != 0) {
+        snprintf(err, errlen, "%s: %s (%s)", root, strerror(errno), image_folder_howto);
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a folder (%s)", root, image_folder_howto);
+        return -1;
+    }
+    if (list_dir(split_dir, 1, classes, err, errlen) != 0) {
+        char reason[1024];
+        snprintf(reason, sizeof reason, "%s", err);
+        snprintf(err, errlen, "%s (%s)", reason, image_folder_howto);
+        return -1;
+    }
+    if (classes->count == 0) {
+        snprintf(err, errlen, "%s: no class folders (%s)", split_dir, image_folder_howto);
+        return -1;
+    }
+    if (classes->count > DATASET_MAX_CLASSES) {
+        snprintf(err, errlen, "%s: %d class folders, more than the %d allowed", split_dir,
+                 classes->count, DATASET_MAX_CLASSES);
+        return -1;
+    }
+    return 0;
+}
+
+/* Where two sorted lists differ: how many names of each are not in the other,
+ * and the first such name of each. */
+typedef struct {
+    int missing, extra;
+    const char *first_missing, *first_extra;
+} ListDifference;
+
+static ListDifference compare_sorted(const NameList *want, const NameList *have) {
+    ListDifference diff = {0};
+    int a = 0, b = 0;
+    while (a < want->count || b < have->count) {
+        int order = a == want->count   ? 1
+                    : b == have->count ? -1
+                                       : strcmp(want->items[a], have->items[b]);
+        if (order < 0) {
+            if (diff.missing++ == 0) diff.first_missing = want->items[a];
+            a++;
+        } else if (order > 0) {
+            if (diff.extra++ == 0) diff.first_extra = have->items[b];
+            b++;
+        } else {
+            a++;
+            b++;
+        }
+    }
+    return diff;
+}
+
+/* Labels are class numbers of the training split, so another split must have
+ * exactly its class folders, or its labels would silently mean other classes.
+ * Without a training split there is nothing to compare with. */
+static int check_same_classes(const char *root, const char *split, const char *split_dir,
+                              const NameList *classes, char *err, size_t errlen) {
+    if (strcmp(split, IMAGE_FOLDER_TRAIN_SPLIT) == 0) return 0;
+    char *train_dir = path_join(root, IMAGE_FOLDER_TRAIN_SPLIT);
+    NameList train_classes = {0};
+    struct stat st;
+    int rc = 0;
+    if (stat(train_dir, &st) == 0 && S_ISDIR(st.st_mode) &&
+        (rc = list_dir(train_dir, 1, &train_classes, err, errlen)) == 0) {
+        ListDifference diff = compare_sorted(&train_classes, classes);
+        if (diff.missing > 0 || diff.extra > 0) {
+            char missing[600] = "", extra[600] = "";
+            if (diff.missing > 0)
+                snprintf(missing, sizeof missing, "; %d missing here, the first '%s'",
+                         diff.missing, diff.first_missing);
+            if (diff.extra > 0)
+                snprintf(extra, sizeof extra, "; %d not in %s, the first '%s'", diff.extra,
+                         train_dir, diff.first_extra);
+            snprintf(err, errlen,
+                     "%s: its class folders differ from those of %s, which number the "
+                     "labels%s%s; both splits need the same class folders",
+                     split_dir, train_dir, missing, extra);
+            rc = -1;
+        }
+    }
+    names_free(&train_classes);
+    free(train_dir);
+    return rc;
+}
+
 int image_folder_load(Dataset *d, const char *root, const char *split, int limit, char *err,
                       size_t errlen) {
     memset(d, 0, sizeof *d);
@@ -261,26 +501,19 @@ int image_folder_load(Dataset *d, const char *root, const char *split, int limit
     DecodeJob job = {0};
     int rc = -1;
 
-    if (list_dir(split_dir, 1, &classes, err, errlen) != 0) goto done;
-    if (classes.count == 0) {
-        snprintf(err, errlen, "%s: no class folders (expected %s/<class>/<image>)", split_dir,
-                 split_dir);
-        goto done;
-    }
-    if (classes.count > DATASET_MAX_CLASSES) {
-        snprintf(err, errlen, "%s: %d class folders, more than the %d allowed", split_dir,
-                 classes.count, DATASET_MAX_CLASSES);
-        goto done;
-    }
+    if (list_classes(root, split_dir, &classes, err, errlen) != 0) goto done;
+    if (check_same_classes(root, split, split_dir, &classes, err, errlen) != 0) goto done;
     int num_classes = classes.count;
     files = calloc((size_t)num_classes, sizeof *files);
     available = calloc((size_t)num_classes, sizeof *available);
     take = calloc((size_t)num_classes, sizeof *take);
+    if (!files || !available || !take)
+        TC_FATAL("image folder: out of memory listing %s", split_dir);
     for (int k = 0; k < num_classes; k++) {
         char *class_dir = path_join(split_dir, classes.items[k]);
         int listed = list_dir(class_dir, 0, &files[k], err, errlen);
         if (listed == 0 && files[k].count == 0)
-            snprintf(err, errlen, "%s: no images (.jpg, .jpeg, .png or .bmp)", class_dir);
+            snprintf(err, errlen, "%s: no images (.jpg, .jpeg, .png or .bmp files)", class_dir);
         free(class_dir);
         if (listed != 0 || files[k].count == 0) goto done;
         available[k] = files[k].count;
@@ -290,6 +523,7 @@ int image_folder_load(Dataset *d, const char *root, const char *split, int limit
     for (int k = 0; k < num_classes; k++) job.n += take[k];
     job.paths = malloc((size_t)job.n * sizeof *job.paths);
     d->labels = malloc((size_t)job.n * sizeof *d->labels);
+    if (!job.paths || !d->labels) TC_FATAL("image folder: out of memory listing %s", split_dir);
     int i = 0;
     for (int k = 0; k < num_classes; k++) {
         char *class_dir = path_join(split_dir, classes.items[k]);

@@ -1,5 +1,6 @@
 #include "data/transform.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "data/dataset.h"
 #include "data/transform_plan.h"
 #include "runtime/check.h"
 
@@ -70,9 +72,30 @@ static void bilinear_taps(int in, int out, int *lo, int *hi, float *wlo, float *
     }
 }
 
-void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h, int w) {
+/* Every size, offset and index of the transform stays far inside an int when
+ * sides, crop_pad and cutout are at most DATASET_MAX_SIDE. */
+static void check_spec(const TransformSpec *t, int c, int h, int w, int out_h, int out_w) {
     if (c < 1 || c > 3) TC_FATAL("transform: images need 1 to 3 channels, not %d", c);
-    if (h < 1 || w < 1) TC_FATAL("transform: bad image size %dx%d", h, w);
+    if (h < 1 || w < 1 || h > DATASET_MAX_SIDE || w > DATASET_MAX_SIDE)
+        TC_FATAL("transform: image size %dx%d (height x width); each side must be 1 to %d", h, w,
+                 DATASET_MAX_SIDE);
+    if (out_h > DATASET_MAX_SIDE || out_w > DATASET_MAX_SIDE)
+        TC_FATAL("transform: output size %dx%d (height x width); each side must be at most %d",
+                 out_h, out_w, DATASET_MAX_SIDE);
+    if (t->crop_pad > DATASET_MAX_SIDE)
+        TC_FATAL("transform: crop_pad = %d; it must be at most %d", t->crop_pad, DATASET_MAX_SIDE);
+    if (t->cutout > DATASET_MAX_SIDE)
+        TC_FATAL("transform: cutout = %d; it must be at most %d", t->cutout, DATASET_MAX_SIDE);
+    for (int ch = 0; ch < c; ch++) {
+        if (!isfinite(t->mean[ch]))
+            TC_FATAL("transform: mean[%d] = %g must be a finite number", ch, t->mean[ch]);
+        if (!(t->std[ch] > 0.0f) || !isfinite(t->std[ch]))
+            TC_FATAL("transform: std[%d] = %g must be a finite number > 0", ch, t->std[ch]);
+    }
+}
+
+void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h, int w) {
+    check_spec(t, c, h, w, t->out_h, t->out_w);
     memset(p, 0, sizeof *p);
     p->c = c;
     p->h = h;
@@ -84,7 +107,6 @@ void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h,
     p->cutout = t->cutout > 0 ? t->cutout : 0;
     p->identity = p->out_h == h && p->out_w == w;
     for (int ch = 0; ch < c; ch++) {
-        if (!(t->std[ch] > 0.0f)) TC_FATAL("transform: std[%d] = %g must be > 0", ch, t->std[ch]);
         for (int v = 0; v < 256; v++)
             p->norm_lut[ch][v] = ((float)v / 255.0f - t->mean[ch]) / t->std[ch];
     }

@@ -40,6 +40,9 @@ typedef struct {
 
 /* The CIFAR-10 channel means and standard deviations. */
 void transform_spec_default(TransformSpec *t, int out_h, int out_w);
+/* Stops with a message unless c is 1..3, every image and output side, crop_pad
+ * and cutout are at most DATASET_MAX_SIDE (data/dataset.h), the means finite
+ * and the standard deviations finite and > 0; so does the loader's set-up. */
 void transform_sample(const TransformSpec *t, const uint8_t *src, int c, int h, int w,
                       uint64_t sample_seed, float *dst);
 

@@ -1,43 +1,20 @@
 #include "dist/dist.h"
 
-#include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist/dist_check.h"
 #include "runtime/check.h"
+#include "runtime/gpu.h"
 #include "runtime/log.h"
 
 /* Process-wide, for the failure paths, which have no Dist at hand. */
 static int message_rank = -1;
-static int message_world;
-static int abort_armed; /* MPI is up: a fatal error aborts the job */
 
 int dist_message_rank(void) { return message_rank; }
-
-void dist_fail_mpi(int err, const char *call, const char *file, int line) {
-    char what[MPI_MAX_ERROR_STRING] = "unknown MPI error";
-    int len = 0;
-    if (MPI_Error_string(err, what, &len) != MPI_SUCCESS) snprintf(what, sizeof what, "error %d", err);
-    tc_fatal(file, line, "rank %d: %s failed: %s", message_rank, call, what);
-}
-
-void dist_fail_nccl(ncclResult_t err, const char *call, const char *file, int line) {
-    const char *last = ncclGetLastError(NULL);
-    tc_fatal(file, line, "rank %d: %s failed: %s%s%s", message_rank, call, ncclGetErrorString(err),
-             last && *last ? ": " : "", last ? last : "");
-}
-
-/* tc_fatal's hook: the message is out; take every other rank down with this one. */
-static void abort_all_ranks(void) {
-    if (!abort_armed) return;
-    abort_armed = 0;
-    fprintf(stderr, "trainc: rank %d of %d failed: stopping every rank\n", message_rank,
-            message_world);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
 
 /* Did mpirun or srun start us as one of several tasks? */
 static int launched_by_mpi(void) {
@@ -46,14 +23,92 @@ static int launched_by_mpi(void) {
     return tasks && atoi(tasks) > 1 && getenv("SLURM_PROCID");
 }
 
-/* The number of tasks the launcher says it started; 0 when it does not say. */
-static int launcher_world(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+/* The number of tasks the launcher says it started, and the variable that
+ * says so; 0 when it does not say. */
+static int launcher_world(const char **var) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         const char *v = getenv(vars[i]);
-        if (v) return atoi(v);
+        if (v) {
+            if (var) *var = vars[i];
+            return atoi(v);
+        }
     }
     return 0;
+}
+
+#if TRAINC_MPI
+
+/* How long a failing rank waits for the others to fail too before it aborts
+ * the job alone: ranks that all fail the same config check usually do so
+ * within milliseconds of each other, seconds apart on a loaded machine. */
+#define FAIL_AGREE_SECONDS 10.0
+
+static int message_world;
+static int abort_armed;              /* MPI is up: a fatal error aborts the job */
+static int all_ranks_failed;         /* every rank is in tc_fatal: none waits in a collective */
+static MPI_Comm fail_comm = MPI_COMM_NULL; /* a copy of the world for that agreement alone */
+static pthread_t mpi_thread;         /* MPI_THREAD_FUNNELED: the thread that may call MPI */
+
+void dist_fail_mpi(int err, const char *call, const char *file, int line) {
+    char what[MPI_MAX_ERROR_STRING] = "unknown MPI error";
+    int len = 0;
+    if (MPI_Error_string(err, what, &len) != MPI_SUCCESS) snprintf(what, sizeof what, "error %d", err);
+    tc_fatal(file, line, "rank %d: %s failed: %s", message_rank, call, what);
+}
+
+/* Whether every rank reaches this within FAIL_AGREE_SECONDS. */
+static int every_rank_failing(void) {
+    MPI_Request request;
+    int done = 0;
+    if (fail_comm == MPI_COMM_NULL || !pthread_equal(pthread_self(), mpi_thread)) return 0;
+    if (MPI_Ibarrier(fail_comm, &request) != MPI_SUCCESS) return 0;
+    double until = MPI_Wtime() + FAIL_AGREE_SECONDS;
+    while (!done && MPI_Wtime() < until) {
+        if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 0;
+        if (!done) nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return done;
+}
+
+static unsigned long message_hash(const char *s) {
+    unsigned long h = 5381;
+    for (; *s; s++) h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+/* tc_fatal's message. Ranks that all fail together exit without MPI_Abort:
+ * ranks aborting at once garble Open MPI's output ("ORTE_ERROR_LOG: Data
+ * unpack had inadequate space"). The same message from every rank is printed
+ * once, by rank 0. A rank that fails alone prints its own, and the hook below
+ * aborts the job. */
+static void report_fatal(const char *message) {
+    if (!abort_armed || !every_rank_failing()) {
+        fprintf(stderr, "trainc: error: %s\n", message);
+        return;
+    }
+    all_ranks_failed = 1;
+    unsigned long h = message_hash(message), lowest = h, highest = h;
+    int same = MPI_Allreduce(&h, &lowest, 1, MPI_UNSIGNED_LONG, MPI_MIN, fail_comm) == MPI_SUCCESS &&
+               MPI_Allreduce(&h, &highest, 1, MPI_UNSIGNED_LONG, MPI_MAX, fail_comm) == MPI_SUCCESS &&
+               lowest == highest;
+    if (!same) fprintf(stderr, "trainc: error: rank %d of %d: %s\n", message_rank, message_world, message);
+    else if (message_rank == 0) fprintf(stderr, "trainc: error: on all %d ranks: %s\n", message_world, message);
+    fflush(stderr);
+}
+
+/* tc_fatal's hook: the message is out; take every other rank down with this one. */
+static void abort_all_ranks(void) {
+    if (!abort_armed) return;
+    abort_armed = 0;
+    if (all_ranks_failed) {
+        MPI_Finalize(); /* every rank does: no one is left waiting, the job ends with status 1 */
+        return;
+    }
+    fprintf(stderr, "trainc: rank %d of %d failed: stopping every rank\n", message_rank,
+            message_world);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
 static void start_mpi(Dist *d) {
@@ -67,12 +122,15 @@ static void start_mpi(Dist *d) {
             TC_FATAL("MPI gives thread level %d, trainc needs MPI_THREAD_FUNNELED", provided);
     }
     abort_armed = 1;
+    mpi_thread = pthread_self();
     tc_on_fatal(abort_all_ranks);
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &d->rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &d->world));
     message_rank = d->rank;
     message_world = d->world;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &fail_comm));
+    tc_on_fatal_message(report_fatal);
 
     MPI_Comm host;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->rank, MPI_INFO_NULL,
@@ -81,6 +139,48 @@ static void start_mpi(Dist *d) {
     MPI_CHECK(MPI_Comm_size(host, &d->local_world));
     MPI_CHECK(MPI_Comm_free(&host));
 }
+
+static void finalize_mpi(void) {
+    abort_armed = 0; /* MPI_Abort is not allowed after MPI_Finalize */
+    tc_on_fatal_message(NULL);
+    MPI_CHECK(MPI_Comm_free(&fail_comm));
+    MPI_CHECK(MPI_Finalize());
+}
+
+static void abort_job(int code) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+#else /* built without MPI: always world 1 */
+
+void dist_unreachable_mpi(const char *call, const char *file, int line) {
+    tc_fatal(file, line, "internal: %s reached in a build without MPI (world 1)", call);
+}
+
+/* A launch of several ranks: one message (from the launcher's first rank,
+ * where it says which that is), and every rank stops. */
+static void start_mpi(Dist *d) {
+    const char *var = NULL;
+    int world = launcher_world(&var);
+    if (world <= 1) return; /* one task: a plain run */
+    const char *rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof rank_vars / sizeof *rank_vars; i++) {
+        const char *r = getenv(rank_vars[i]);
+        if (r && atoi(r) != 0) exit(1);
+        if (r) break;
+    }
+    tc_fatal(NULL, 0, "started as one of %d ranks (%s=%d), but this trainc was built without MPI, so it runs one "
+             "process only: install an MPI (Debian: libopenmpi-dev openmpi-bin), configure and build again, or "
+             "start trainc alone", world, var, world);
+}
+
+static void finalize_mpi(void) {}
+static void abort_job(int code) {}
+
+#endif
 
 void dist_init_solo(Dist *d) {
     memset(d, 0, sizeof *d);
@@ -97,7 +197,7 @@ void dist_init(Dist *d) {
         snprintf(prefix, sizeof prefix, "rank %d: ", d->rank);
         log_set_prefix(prefix);
     }
-    int expected = launcher_world();
+    int expected = launcher_world(NULL);
     if (expected > 1 && d->world != expected)
         log_warn("the launcher started %d tasks but MPI sees %d: is trainc built against the "
                  "launcher's MPI?", expected, d->world);
@@ -105,42 +205,10 @@ void dist_init(Dist *d) {
         log_info("dist: %d ranks, %d on this host", d->world, d->local_world);
 }
 
-void dist_init_nccl(Dist *d, int device) {
-    int devices = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (device < 0 || device >= devices)
-        TC_FATAL("rank %d: GPU %d asked for but %d visible (%d ranks on this host): start at "
-                 "most one rank per GPU", d->rank, device, devices, d->local_world);
-    CUDA_CHECK(cudaSetDevice(device));
-    d->device = device;
-    if (d->world == 1) return;
-
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (d->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
-    NCCL_CHECK(ncclCommInitRank(&d->nccl, d->world, id, d->rank));
-
-    /* Gradient all-reduces overlap backward; the highest priority keeps them
-     * from queueing behind the compute kernels. */
-    int least = 0, greatest = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&d->comm_stream, cudaStreamNonBlocking, greatest));
-    int version = 0;
-    NCCL_CHECK(ncclGetVersion(&version)); /* major * 10000 + minor * 100 + patch */
-    if (d->rank == 0)
-        log_info("nccl %d.%d.%d: %d ranks, rank 0 on GPU %d", version / 10000, version / 100 % 100,
-                 version % 100, d->world, device);
-}
-
 void dist_finalize(Dist *d) {
-    if (d->nccl) NCCL_CHECK(ncclCommDestroy(d->nccl));
-    if (d->comm_stream) CUDA_CHECK(cudaStreamDestroy(d->comm_stream));
-    d->nccl = NULL;
-    d->comm_stream = NULL;
+    if (d->nccl || d->comm_stream) GPU_ONLY(dist_nccl_destroy(d));
     if (d->mpi) {
-        abort_armed = 0; /* MPI_Abort is not allowed after MPI_Finalize */
-        MPI_CHECK(MPI_Finalize());
+        finalize_mpi();
         d->mpi = 0;
     }
     log_set_prefix(NULL);
@@ -149,10 +217,7 @@ void dist_finalize(Dist *d) {
 void dist_abort(Dist *d, int code) {
     fflush(stdout);
     fflush(stderr);
-    int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (d->world > 1 && initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    if (d->world > 1) abort_job(code);
     exit(code);
 }
 
@@ -165,10 +230,9 @@ void dist_bcast_host(Dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return;
     /* MPI counts are ints: send large buffers in pieces. */
     const size_t piece = (size_t)1 << 30;
-    for (size_t at = 0; at < bytes; at += piece) {
-        size_t n = bytes - at < piece ? bytes - at : piece;
-        MPI_CHECK(MPI_Bcast((char *)buf + at, (int)n, MPI_BYTE, root, MPI_COMM_WORLD));
-    }
+    for (size_t at = 0; at < bytes; at += piece)
+        MPI_CHECK(MPI_Bcast((char *)buf + at, (int)(bytes - at < piece ? bytes - at : piece), MPI_BYTE, root,
+                            MPI_COMM_WORLD));
 }
 
 void dist_barrier(Dist *d) {
@@ -181,10 +245,4 @@ int dist_any_host(Dist *d, int flag) {
     if (d->world == 1) return any;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD));
     return any;
-}
-
-void dist_allreduce_sum_double_device(Dist *d, double *dev, int n, cudaStream_t stream) {
-    if (d->world == 1 || n == 0) return;
-    if (!d->nccl) TC_FATAL("rank %d: dist_allreduce_sum_double_device before dist_init_nccl", d->rank);
-    NCCL_CHECK(ncclAllReduce(dev, dev, (size_t)n, ncclFloat64, ncclSum, d->nccl, stream));
 }

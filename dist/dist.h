@@ -1,16 +1,21 @@
-/* The process group of a data-parallel run: one process per GPU, started by
- * mpirun or srun. MPI carries the set-up and the small host collectives
- * (metrics, stop flags); NCCL carries the gradients. A plain run (no launcher
- * in the environment) is world 1 and touches neither: every collective is then
- * a no-op. dist/ takes plain pointers, counts and dtypes; it knows nothing of
- * models or configs. */
+/* The process group of a data-parallel run: one process per GPU (or CPU
+ * rank), started by mpirun or srun. MPI carries the set-up and the small host
+ * collectives (metrics, stop flags) and, on the CPU, the gradients; NCCL
+ * carries the GPU's gradients. A plain run (no launcher in the environment) is
+ * world 1 and touches neither: every collective is then a no-op. dist/ takes
+ * plain pointers, counts and dtypes; it knows nothing of models or configs.
+ *
+ * A build without MPI (CMake found none: TRAINC_MPI 0) is always world 1, and
+ * stops with a message when a launcher starts it as one of several ranks. The
+ * NCCL calls (dist_init_nccl, dist_allreduce_sum_double_device) exist in CUDA
+ * builds only (dist_nccl.c). */
 #ifndef TRAINC_DIST_H
 #define TRAINC_DIST_H
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "runtime/cuda_api.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,9 +33,13 @@ typedef struct {
 /* Detects a launch by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK) or srun
  * (SLURM_NTASKS > 1 with SLURM_PROCID) and then initialises MPI; otherwise world
  * is 1 and MPI is never touched. With world > 1 a fatal error on any rank
- * (tc_fatal) makes every rank exit, and log lines start with the rank. Call it
- * first in main, before other tc_on_fatal hooks are registered: hooks run in
- * reverse order, so theirs then run before the job is aborted. */
+ * (tc_fatal) makes every rank exit, and log lines start with the rank. When
+ * every rank fails alike at about the same time (a config error), the error is
+ * printed once, by rank 0, and the ranks exit without an abort; a rank that
+ * fails alone prints its error and aborts the job. Call it first in main,
+ * before other tc_on_fatal hooks are registered: hooks run in reverse order,
+ * so theirs then run before the job is aborted. Without MPI (TRAINC_MPI 0) a
+ * launch of several ranks stops here with a message. */
 void dist_init(Dist *d);
 /* World 1 without looking at the environment: a run inside another program. */
 void dist_init_solo(Dist *d);

@@ -34,16 +34,21 @@
  * that the ranks launch the same buckets in the same order. The tests capture
  * a pass only after eager ones have run (NCCL connects lazily).
  *
- * World 1: everything is a no-op. */
+ * World 1: everything is a no-op.
+ *
+ * A build without CUDA has the CPU path only: the calls about the peer link,
+ * sharding and the found-inf flag (grad_buckets_use_peer_link through
+ * grad_buckets_reduce_flag below) exist in CUDA builds only
+ * (grad_buckets_gpu.c), and begin / ready / finish / free never touch a GPU. */
 #ifndef TRAINC_DIST_GRAD_BUCKETS_H
 #define TRAINC_DIST_GRAD_BUCKETS_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "dist/dist.h"
 #include "dist/peer_link.h"
+#include "runtime/cuda_api.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus

@@ -3,10 +3,10 @@
 #ifndef TRAINC_DIST_GRAD_CAST_H
 #define TRAINC_DIST_GRAD_CAST_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "runtime/cuda_api.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus

@@ -1,7 +1,6 @@
 #include "dist/peer_link.h"
 
 #include <cuda.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 

@@ -13,11 +13,11 @@
 #ifndef TRAINC_DIST_PEER_LINK_H
 #define TRAINC_DIST_PEER_LINK_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "dist/dist.h"
+#include "runtime/cuda_api.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nvtx3/nvToolsExt.h>
-
 #include "ops/add.h"
 #include "ops/avgpool.h"
 #include "ops/bias_relu.h"
@@ -14,6 +12,7 @@
 #include "ops/cast.h"
 #include "ops/relu.h"
 #include "runtime/check.h"
+#include "runtime/gpu.h"
 #include "runtime/log.h"
 
 /* ---- building ---------------------------------------------------------- */
@@ -95,7 +94,7 @@ static int add_conv(Model *m, int in, int out_channels, int kernel, int pad, int
     if (oh <= 0 || ow <= 0)
         TC_FATAL("layer %d: a %dx%d convolution does not fit a %dx%d input", m->n_layers - 1, kernel,
                  kernel, x->h, x->w);
-    l->conv = s;
+    l->conv.shape = s;
     add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, bias ? (size_t)out_channels : 0,
                (size_t)x->c_real * kernel * kernel);
     return l->out = add_act(m, out_channels, oh, ow);
@@ -113,7 +112,7 @@ int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, 
 int model_batchnorm(Model *m, int in) {
     Layer *l = add_layer(m, LAYER_BATCHNORM, in);
     const Activation *x = &m->acts[in];
-    l->bn = (BatchNormShape){m->batch, x->c, x->h, x->w};
+    l->bn.shape = (BatchNormShape){m->batch, x->c, x->h, x->w};
     l->stat_off = m->n_bn_stats;
     m->n_bn_stats += 2 * (size_t)x->c;
     add_params(m, l, (size_t)x->c, (size_t)x->c, 1);
@@ -148,14 +147,15 @@ int model_relu(Model *m, int in) {
 int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     Layer *l = add_layer(m, LAYER_MAXPOOL, in);
     const Activation *x = &m->acts[in];
-    l->pool = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
+    const Pool2dShape *s = &l->pool.shape;
+    l->pool.shape = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
     if (kernel == 2 && stride == 2 && !pad && (x->h % 2 || x->w % 2))
         TC_FATAL("layer %d: 2x2 max-pool needs an even input size, got %dx%d", m->n_layers - 1,
                  x->h, x->w);
-    if (pad < 0 || pad >= kernel || pool2d_out_h(&l->pool) < 1 || pool2d_out_w(&l->pool) < 1)
+    if (pad < 0 || pad >= kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
         TC_FATAL("layer %d: a %dx%d max-pool (pad %d) does not fit a %dx%d input", m->n_layers - 1, kernel,
                  kernel, pad, x->h, x->w);
-    return l->out = add_act(m, x->c, pool2d_out_h(&l->pool), pool2d_out_w(&l->pool));
+    return l->out = add_act(m, x->c, pool2d_out_h(s), pool2d_out_w(s));
 }
 
 int model_maxpool2(Model *m, int in) { return model_maxpool(m, in, 2, 2, 0); }
@@ -337,7 +337,7 @@ static void mark_fusions(Model *m) {
         if (l->kind != LAYER_CONV || !l->b_count) continue;
         Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
         if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->acts[relu->out].consumers == 1 &&
-            pool2d_window(&pool->pool) == 2 && pool2d_stride(&pool->pool) == 2 && !pool->pool.pad) {
+            pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad) {
             conv->fused = relu->fused = pool->fused = conv->bias_by_pool = 1;
             pool->bias_layer = i;
             m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;
@@ -347,26 +347,27 @@ static void mark_fusions(Model *m) {
     }
 }
 
+/* GPU: the cuDNN descriptors and algorithms of every layer, and the sizes of
+ * the workspace and scratch the layers share. */
 static void choose_conv_algorithms(Model *m) {
+    const OpContext *ctx = &m->ops;
     m->workspace_bytes = 0;
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) {
-            conv2d_cuda_init(&l->conv_cuda, m->gpu->cudnn, &l->conv, m->act_dtype, m->nhwc,
-                             &m->conv_policy);
-            if (l->conv_cuda.workspace_bytes > m->workspace_bytes)
-                m->workspace_bytes = l->conv_cuda.workspace_bytes;
+            const Conv2dShape *s = &l->conv.shape;
+            conv2d_init(ctx, &l->conv, s, &m->conv_policy);
+            size_t bytes = conv2d_workspace_bytes(ctx, &l->conv);
+            if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
             log_info("layer %d conv %dx%dx%dx%d k%d: cuDNN algorithms forward %d, backward data %d, backward "
-                     "filter %d, workspace %.1f MiB", i, l->conv.n, l->conv.c, l->conv.h, l->conv.w, l->conv.k,
-                     (int)l->conv_cuda.fwd_algo, (int)l->conv_cuda.bwd_data_algo,
-                     (int)l->conv_cuda.bwd_filter_algo, l->conv_cuda.workspace_bytes / 1048576.0);
-            size_t bias_grad = conv2d_bias_grad_workspace_bytes(l->conv.n, l->conv.k, conv2d_out_h(&l->conv),
-                                                                conv2d_out_w(&l->conv), m->nhwc);
+                     "filter %d, workspace %.1f MiB", i, s->n, s->c, s->h, s->w, s->k, (int)l->conv.cuda.fwd_algo,
+                     (int)l->conv.cuda.bwd_data_algo, (int)l->conv.cuda.bwd_filter_algo, bytes / 1048576.0);
+            size_t bias_grad = conv2d_bias_grad_bytes(ctx, &l->conv);
             if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_MAXPOOL) {
-            maxpool2x2_cuda_init(&l->pool_cuda, &l->pool, m->act_dtype, m->nhwc);
+            maxpool_init(ctx, &l->pool, &l->pool.shape);
         } else if (l->kind == LAYER_BATCHNORM) {
-            size_t scratch = batchnorm_cuda_scratch_bytes(&l->bn, m->nhwc);
+            size_t scratch = batchnorm_scratch_bytes(ctx, &l->bn.shape);
             if (scratch > m->bn_scratch_bytes) m->bn_scratch_bytes = scratch;
         }
     }
@@ -440,7 +441,7 @@ static size_t weight_index(const Model *m, const Layer *l, size_t j) {
     const Activation *x = &m->acts[l->in];
     if (!m->nhwc) return j;
     if (l->kind == LAYER_CONV) {
-        int rs = l->conv.r * l->conv.s, cr = x->c_real;
+        int rs = l->conv.shape.r * l->conv.shape.s, cr = x->c_real;
         size_t k = j / ((size_t)cr * rs), c = j / rs % cr, pos = j % rs;
         return (k * rs + pos) * x->c + c;
     }
@@ -481,11 +482,8 @@ static void init_params(Model *m, uint64_t seed) {
     model_set_params(m, host);
     free(host);
     if (mask) {
-        if (m->device == DEVICE_CUDA) {
-            CUDA_CHECK(cudaMemcpy(m->decay_mask, mask, m->n_params, cudaMemcpyHostToDevice));
-        } else {
-            memcpy(m->decay_mask, mask, m->n_params);
-        }
+        op_copy_from_host(&m->ops, m->decay_mask, mask, m->n_params);
+        op_sync(&m->ops);
         free(mask);
     }
     if (m->n_bn_stats) {
@@ -494,9 +492,9 @@ static void init_params(Model *m, uint64_t seed) {
         for (int i = 0; i < m->n_layers; i++) {
             const Layer *l = &m->layers[i];
             if (l->kind != LAYER_BATCHNORM) continue;
-            for (int c = 0; c < l->bn.c; c++) {
+            for (int c = 0; c < l->bn.shape.c; c++) {
                 stats[l->stat_off + c] = 0.0f;
-                stats[l->stat_off + l->bn.c + c] = 1.0f;
+                stats[l->stat_off + l->bn.shape.c + c] = 1.0f;
             }
         }
         model_set_bn_stats(m, stats);
@@ -511,6 +509,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (!gpu && m->nhwc) TC_FATAL("the CPU path trains in NCHW only (model.layout = nchw)");
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
+    m->ops = gpu ? op_context_gpu(gpu, m->act_dtype, m->nhwc) : op_context_cpu();
     plan_accumulation(m);
     if (m->fuse) mark_fusions(m);
     plan_grad_slots(m);
@@ -521,28 +520,27 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     carve_buffers(m, &sizing);
     arena_init(&m->arena, m->device, sizing.used);
     carve_buffers(m, &m->arena);
+    m->ops.workspace = m->workspace;
 
     /* The batch norms run one after another on one stream: one scratch serves all. */
     if (m->bn_scratch) {
-        CUDA_CHECK(cudaMemset(m->bn_scratch, 0, m->bn_scratch_bytes));
+        op_fill(&m->ops, m->bn_scratch, 0, m->bn_scratch_bytes);
         for (int i = 0; i < m->n_layers; i++)
             if (m->layers[i].kind == LAYER_BATCHNORM)
-                batchnorm_cuda_init_scratch(&m->layers[i].bn_cuda, &m->layers[i].bn, m->act_dtype, m->nhwc,
-                                            m->bn_scratch);
+                batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
     init_params(m, seed);
-    if (gpu) CUDA_CHECK(cudaMemsetAsync(m->momentum, 0, m->n_params * sizeof(float), gpu->compute));
-    else memset(m->momentum, 0, m->n_params * sizeof(float));
+    op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
     model_zero_grads(m);
 }
 
 void model_destroy(Model *m) {
     if (m->gpu) {
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
+        op_sync(&m->ops);
         for (int i = 0; i < m->n_layers; i++) {
-            if (m->layers[i].kind == LAYER_CONV) conv2d_cuda_destroy(&m->layers[i].conv_cuda);
-            if (m->layers[i].kind == LAYER_MAXPOOL) maxpool2x2_cuda_destroy(&m->layers[i].pool_cuda);
-            if (m->layers[i].kind == LAYER_BATCHNORM) batchnorm_cuda_destroy(&m->layers[i].bn_cuda);
+            if (m->layers[i].kind == LAYER_CONV) conv2d_destroy(&m->ops, &m->layers[i].conv);
+            if (m->layers[i].kind == LAYER_MAXPOOL) maxpool_destroy(&m->ops, &m->layers[i].pool);
+            if (m->layers[i].kind == LAYER_BATCHNORM) batchnorm_destroy(&m->ops, &m->layers[i].bn);
         }
     }
     arena_free(&m->arena);
@@ -559,50 +557,23 @@ void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }
 void model_set_training(Model *m, int training) { m->training = training; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
 
-static void batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
+/* In training, the batch's statistics (over every rank with dist.sync_bn);
+ * in evaluation, the running ones. */
+static void layer_batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
+    const OpContext *ctx = &m->ops;
     const float *gamma = m->params + l->w_off, *beta = m->params + l->b_off;
-    float *mean = m->bn_running + l->stat_off, *var = mean + l->bn.c;
-    float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.c;
+    float *mean = m->bn_running + l->stat_off, *var = mean + l->bn.shape.c;
+    float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.shape.c;
     /* A checkpointed block's second forward must not count its batch twice. */
     float momentum = m->recomputing ? 0.0f : m->bn_momentum;
-    if (m->training && m->bn_allreduce) {
-        if (m->device == DEVICE_CPU)
-            batchnorm_forward_train_sync_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
-                                             saved_invstd, y, m->bn_allreduce, m->bn_allreduce_ctx, l->fused);
-        else
-            batchnorm_forward_train_sync_cuda(&l->bn_cuda, m->gpu->cudnn, x, gamma, beta, momentum, m->bn_eps, mean,
-                                              var, saved_mean, saved_invstd, y, m->gpu->compute, m->bn_allreduce,
-                                              m->bn_allreduce_ctx, l->fused);
-        return;
-    }
-    if (m->device == DEVICE_CPU && l->fused) {
-        if (m->training)
-            batchnorm_relu_forward_train_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
-                                             saved_invstd, y);
-        else
-            batchnorm_relu_forward_eval_cpu(&l->bn, x, gamma, beta, mean, var, m->bn_eps, y);
-        return;
-    }
-    if (m->device == DEVICE_CPU) {
-        if (m->training)
-            batchnorm_forward_train_cpu(&l->bn, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
-                                        saved_invstd, y);
-        else
-            batchnorm_forward_eval_cpu(&l->bn, x, gamma, beta, mean, var, m->bn_eps, y);
-        return;
-    }
-    cudnnHandle_t h = m->gpu->cudnn;
-    cudaStream_t stream = m->gpu->compute;
-    if (!m->training) {
-        if (l->fused) batchnorm_relu_forward_eval_cuda(&l->bn_cuda, h, x, gamma, beta, mean, var, m->bn_eps, y, stream);
-        else batchnorm_forward_eval_cuda(&l->bn_cuda, h, x, gamma, beta, mean, var, m->bn_eps, y, stream);
-    } else if (l->fused) {
-        batchnorm_relu_forward_train_cuda(&l->bn_cuda, h, x, gamma, beta, momentum, m->bn_eps, mean, var,
-                                          saved_mean, saved_invstd, y, stream);
-    } else {
-        batchnorm_forward_train_cuda(&l->bn_cuda, h, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
-                                     saved_invstd, y, stream);
-    }
+    if (m->training && m->bn_allreduce)
+        batchnorm_forward_train_sync(ctx, &l->bn, l->fused, x, gamma, beta, momentum, m->bn_eps, mean, var,
+                                     saved_mean, saved_invstd, y, m->bn_allreduce, m->bn_allreduce_ctx);
+    else if (m->training)
+        batchnorm_forward_train(ctx, &l->bn, l->fused, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
+                                saved_invstd, y);
+    else
+        batchnorm_forward_eval(ctx, &l->bn, l->fused, x, gamma, beta, mean, var, m->bn_eps, y);
 }
 
 /* A fused max-pool's bias: its conv's, in the weights the layers read. */
@@ -611,55 +582,42 @@ static const void *pool_bias(const Model *m, const Layer *pool) {
 }
 
 static void layer_forward(Model *m, Layer *l) {
+    const OpContext *ctx = &m->ops;
     const void *x = m->acts[l->in].value;
     void *y = m->acts[l->out].value;
     const void *w = element(m, m->weights, l->w_off);
     const void *b = l->b_count ? element(m, m->weights, l->b_off) : NULL;
-    int gpu = m->device == DEVICE_CUDA;
+    size_t n = act_floats(m, l->out);
+    const Activation *a = &m->acts[l->in];
     switch (l->kind) {
-    case LAYER_CONV:
-        if (l->fused && gpu) {
-            conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, NULL, y, m->workspace);
-            if (!l->bias_by_pool)
-                bias_relu_forward_cuda(m->act_dtype, m->nhwc, b, y, l->conv.n, l->conv.k,
-                                       conv2d_out_h(&l->conv) * conv2d_out_w(&l->conv), m->gpu->compute);
-        } else if (gpu) conv2d_forward_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, b, y, m->workspace);
-        else conv2d_forward_cpu(&l->conv, x, w, l->bias_by_pool ? NULL : b, y);
+    case LAYER_CONV: {
+        /* Fused: the bias and the ReLU after the convolution (bias_relu), or in the max-pool after it. */
+        const Conv2dShape *s = &l->conv.shape;
+        conv2d_forward(ctx, &l->conv, x, w, l->fused ? NULL : b, y);
+        if (l->fused && !l->bias_by_pool)
+            bias_relu_forward(ctx, b, y, s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
         break;
+    }
     case LAYER_RELU:
-        if (l->fused) break;
-        if (gpu) relu_forward_cuda(m->act_dtype, x, y, act_floats(m, l->out), m->gpu->compute);
-        else relu_forward_cpu(x, y, act_floats(m, l->out));
+        if (!l->fused) relu_forward(ctx, x, y, n);
         break;
     case LAYER_MAXPOOL:
-        if (l->fused && gpu)
-            bias_relu_pool_forward_cuda(m->act_dtype, &l->pool, m->nhwc, x, pool_bias(m, l), y, m->gpu->compute);
-        else if (l->fused) bias_relu_pool_forward_cpu(&l->pool, 0, x, pool_bias(m, l), y);
-        else if (gpu) maxpool2x2_forward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y);
-        else maxpool2x2_forward_cpu(&l->pool, x, y);
+        if (l->fused) bias_relu_pool_forward(ctx, &l->pool.shape, x, pool_bias(m, l), y);
+        else maxpool_forward(ctx, &l->pool, x, y);
         break;
     case LAYER_LINEAR:
-        if (gpu) linear_forward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, m->act_dtype, x, w, b, y);
-        else linear_forward_cpu(&l->linear, x, w, b, y);
+        linear_forward(ctx, &l->linear, x, w, b, y);
         break;
     case LAYER_BATCHNORM:
-        batchnorm_forward(m, l, x, y);
+        layer_batchnorm_forward(m, l, x, y);
         break;
-    case LAYER_ADD: {
-        const void *x2 = m->acts[l->in2].value;
-        size_t n = act_floats(m, l->out);
-        if (l->fused && gpu) add_relu_forward_cuda(m->act_dtype, x, x2, y, n, m->gpu->compute);
-        else if (l->fused) add_relu_forward_cpu(x, x2, y, n);
-        else if (gpu) add_forward_cuda(m->act_dtype, x, x2, y, n, m->gpu->compute);
-        else add_forward_cpu(x, x2, y, n);
+    case LAYER_ADD:
+        if (l->fused) add_relu_forward(ctx, x, m->acts[l->in2].value, y, n);
+        else add_forward(ctx, x, m->acts[l->in2].value, y, n);
         break;
-    }
-    case LAYER_AVGPOOL: {
-        const Activation *a = &m->acts[l->in];
-        if (gpu) avgpool_forward_cuda(m->act_dtype, m->nhwc, x, y, m->batch, a->c, a->h * a->w, m->gpu->compute);
-        else avgpool_forward_cpu(x, y, m->batch, a->c, a->h * a->w);
+    case LAYER_AVGPOOL:
+        avgpool_forward(ctx, x, y, m->batch, a->c, a->h * a->w);
         break;
-    }
     }
 }
 
@@ -670,53 +628,37 @@ static void *grad_of(const Model *m, int id) {
     return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
 }
 
-static void batchnorm_backward(Model *m, Layer *l, const void *x, const void *y, const void *dy, void *dx) {
+static void layer_batchnorm_backward(Model *m, Layer *l, const void *x, const void *y, const void *dy, void *dx) {
+    const OpContext *ctx = &m->ops;
     const float *gamma = m->params + l->w_off;
-    const float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.c;
+    const float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.shape.c;
     void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
     int acc = l->dx_accumulate[0];
-    int sync = m->training && m->bn_allreduce;
-    if (sync && m->device == DEVICE_CPU)
-        batchnorm_backward_sync_cpu(&l->bn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta,
-                                    m->bn_allreduce, m->bn_allreduce_ctx, l->fused);
-    else if (sync)
-        batchnorm_backward_sync_cuda(&l->bn_cuda, m->gpu->cudnn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc,
-                                     dgamma, dbeta, m->act_dtype, m->gpu->compute, m->bn_allreduce,
-                                     m->bn_allreduce_ctx, l->fused);
-    else if (m->device == DEVICE_CPU && l->fused)
-        batchnorm_relu_backward_cpu(&l->bn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
-    else if (m->device == DEVICE_CPU)
-        batchnorm_backward_cpu(&l->bn, x, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
-    else if (l->fused)
-        batchnorm_relu_backward_cuda(&l->bn_cuda, m->gpu->cudnn, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc,
-                                     dgamma, dbeta, m->act_dtype, m->gpu->compute);
+    if (m->training && m->bn_allreduce)
+        batchnorm_backward_sync(ctx, &l->bn, l->fused, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma,
+                                dbeta, m->bn_allreduce, m->bn_allreduce_ctx);
     else
-        batchnorm_backward_cuda(&l->bn_cuda, m->gpu->cudnn, x, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma,
-                                dbeta, m->act_dtype, m->gpu->compute);
+        batchnorm_backward(ctx, &l->bn, l->fused, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
 }
 
 /* An add passes dy to each input: as the input's own buffer (alias), copied,
  * or added to what another layer wrote there. */
-static void add_backward(Model *m, Layer *l, const void *dy) {
+static void layer_add_backward(Model *m, Layer *l, const void *dy) {
+    const OpContext *ctx = &m->ops;
     int ins[2] = {l->in, l->in2};
-    size_t n = act_floats(m, l->out), bytes = n * dtype_size(m->act_dtype);
+    size_t n = act_floats(m, l->out);
     /* The fused ReLU's backward first, in place: y is the ReLU's output. */
-    if (l->fused && m->device == DEVICE_CUDA)
-        relu_backward_cuda(m->act_dtype, m->acts[l->out].value, dy, (void *)dy, n, m->gpu->compute);
-    else if (l->fused)
-        relu_backward_cpu(m->acts[l->out].value, dy, (void *)dy, n);
+    if (l->fused) relu_backward(ctx, m->acts[l->out].value, dy, (void *)dy, n);
     for (int k = 0; k < 2; k++) {
         void *dx = grad_of(m, ins[k]);
         if (!dx || l->dx_alias[k]) continue;
-        int gpu = m->device == DEVICE_CUDA;
-        if (l->dx_accumulate[k] && gpu) add_accumulate_cuda(m->act_dtype, dx, dy, n, m->gpu->compute);
-        else if (l->dx_accumulate[k]) add_accumulate_cpu(dx, dy, n);
-        else if (gpu) CUDA_CHECK(cudaMemcpyAsync(dx, dy, bytes, cudaMemcpyDeviceToDevice, m->gpu->compute));
-        else memcpy(dx, dy, bytes);
+        if (l->dx_accumulate[k]) add_accumulate(ctx, dx, dy, n);
+        else op_copy(ctx, dx, dy, n * dtype_size(m->act_dtype));
     }
 }
 
 static void layer_backward(Model *m, Layer *l) {
+    const OpContext *ctx = &m->ops;
     const void *x = m->acts[l->in].value;
     const void *y = m->acts[l->out].value;
     const void *dy = grad_of(m, l->out);
@@ -724,70 +666,63 @@ static void layer_backward(Model *m, Layer *l) {
     const void *w = element(m, m->weights, l->w_off);
     void *dw = element(m, m->grads, l->w_off);
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
-    int gpu = m->device == DEVICE_CUDA, acc = l->dx_accumulate[0];
+    size_t n = act_floats(m, l->out);
+    const Activation *a = &m->acts[l->in];
+    int acc = l->dx_accumulate[0];
     switch (l->kind) {
     case LAYER_CONV:
-        if (l->fused && gpu) {
-            /* The fused ReLU's backward, in place, then the bias and the convolution. */
-            const Conv2dShape *s = &l->conv;
-            int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
-            if (!l->bias_by_pool)
-                relu_backward_cuda(m->act_dtype, y, dy, (void *)dy, act_floats(m, l->out), m->gpu->compute);
-            conv2d_bias_grad_cuda(m->act_dtype, m->nhwc, s->n, s->k, oh, ow, dy, db, m->workspace, m->gpu->compute);
-            conv2d_backward_ex_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, NULL, m->workspace, acc);
-        } else if (gpu) conv2d_backward_ex_cuda(&l->conv_cuda, m->gpu->cudnn, x, w, dy, dx, dw, db, m->workspace, acc);
-        else conv2d_backward_ex_cpu(&l->conv, x, w, dy, dx, dw, db, acc);
+        if (l->fused) {
+            /* The fused ReLU's backward, in place (the max-pool did it under bias_by_pool),
+             * then the bias and the convolution. */
+            if (!l->bias_by_pool) relu_backward(ctx, y, dy, (void *)dy, n);
+            conv2d_bias_grad(ctx, &l->conv, dy, db);
+            conv2d_backward(ctx, &l->conv, x, w, dy, dx, dw, NULL, acc);
+        } else {
+            conv2d_backward(ctx, &l->conv, x, w, dy, dx, dw, db, acc);
+        }
         break;
     case LAYER_RELU:
-        if (!dx || l->fused) break;
-        if (gpu) relu_backward_cuda(m->act_dtype, y, dy, dx, act_floats(m, l->out), m->gpu->compute);
-        else relu_backward_cpu(y, dy, dx, act_floats(m, l->out));
+        if (dx && !l->fused) relu_backward(ctx, y, dy, dx, n);
         break;
     case LAYER_MAXPOOL:
-        if (!dx) break;
-        if (l->fused && gpu)
-            bias_relu_pool_backward_cuda(m->act_dtype, &l->pool, m->nhwc, x, pool_bias(m, l), dy, dx,
-                                         m->gpu->compute);
-        else if (l->fused) bias_relu_pool_backward_cpu(&l->pool, 0, x, pool_bias(m, l), dy, dx);
-        else if (gpu) maxpool2x2_backward_cuda(&l->pool_cuda, m->gpu->cudnn, x, y, dy, dx);
-        else maxpool2x2_backward_cpu(&l->pool, x, y, dy, dx);
+        if (dx && l->fused) bias_relu_pool_backward(ctx, &l->pool.shape, x, pool_bias(m, l), dy, dx);
+        else if (dx) maxpool_backward(ctx, &l->pool, x, y, dy, dx);
         break;
     case LAYER_LINEAR:
-        if (gpu) linear_backward_cuda(m->gpu->cublas, m->gpu->compute, &l->linear, m->act_dtype, x, w, dy, dx, dw, db);
-        else linear_backward_cpu(&l->linear, x, w, dy, dx, dw, db);
+        linear_backward(ctx, &l->linear, x, w, dy, dx, dw, db);
         break;
     case LAYER_BATCHNORM:
-        batchnorm_backward(m, l, x, y, dy, dx);
+        layer_batchnorm_backward(m, l, x, y, dy, dx);
         break;
     case LAYER_ADD:
-        add_backward(m, l, dy);
+        layer_add_backward(m, l, dy);
         break;
-    case LAYER_AVGPOOL: {
-        const Activation *a = &m->acts[l->in];
-        if (!dx) break;
-        if (gpu) avgpool_backward_cuda(m->act_dtype, m->nhwc, dy, dx, acc, m->batch, a->c, a->h * a->w, m->gpu->compute);
-        else avgpool_backward_cpu(dy, dx, acc, m->batch, a->c, a->h * a->w);
+    case LAYER_AVGPOOL:
+        if (dx) avgpool_backward(ctx, dy, dx, acc, m->batch, a->c, a->h * a->w);
         break;
-    }
     }
 }
 
 /* model.nvtx_layers: each layer's work in a range of its own name. */
 static void layer_range_push(const Model *m, const Layer *l) {
-    if (m->nvtx_layers) nvtxRangePushA(l->name);
+    if (m->nvtx_layers) gpu_range_push(l->name);
 }
 
 static void layer_range_pop(const Model *m) {
-    if (m->nvtx_layers) nvtxRangePop();
+    if (m->nvtx_layers) gpu_range_pop();
+}
+
+/* The fp32 NCHW batch into the input activation, where they differ (AMP, NHWC). */
+static void cast_input(Model *m) {
+    const Activation *in = &m->acts[0];
+    if (m->nhwc)
+        cast_nchw_to_nhwc(&m->ops, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c);
+    else if (m->input_f32)
+        cast_from_f32(&m->ops, m->input_f32, in->value, act_floats(m, 0));
 }
 
 void model_forward(Model *m) {
-    const Activation *in = &m->acts[0];
-    if (m->nhwc)
-        cast_nchw_to_nhwc_cuda(m->act_dtype, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c,
-                               m->gpu->compute);
-    else if (m->input_f32)
-        cast_from_f32_cuda(m->act_dtype, m->input_f32, in->value, act_floats(m, 0), m->gpu->compute);
+    cast_input(m);
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         if (m->weights_needed && l->w_count) /* the bias follows the weights (add_params) */
@@ -803,11 +738,11 @@ void model_forward(Model *m) {
 static void recompute_block(Model *m, int last) {
     int first = last;
     while (first > 0 && m->layers[first - 1].block == m->layers[last].block) first--;
-    nvtxRangePushA("recompute");
+    gpu_range_push("recompute");
     m->recomputing = 1;
     for (int i = first; i <= last; i++) layer_forward(m, &m->layers[i]);
     m->recomputing = 0;
-    nvtxRangePop();
+    gpu_range_pop();
 }
 
 void model_backward(Model *m) {
@@ -823,74 +758,36 @@ void model_backward(Model *m) {
     }
 }
 
-void model_zero_grads(Model *m) {
-    size_t bytes = m->n_params * dtype_size(m->act_dtype);
-    if (m->device == DEVICE_CUDA) CUDA_CHECK(cudaMemsetAsync(m->grads, 0, bytes, m->gpu->compute));
-    else memset(m->grads, 0, bytes);
+void model_zero_grads(Model *m) { op_fill(&m->ops, m->grads, 0, m->n_params * dtype_size(m->act_dtype)); }
+
+/* Host copies of model buffers, waited for. */
+static void download(const Model *m, float *host, const void *src, size_t floats) {
+    op_copy_to_host(&m->ops, host, src, floats * sizeof(float));
+    op_sync(&m->ops);
 }
 
-void model_get_params(const Model *m, float *host) {
-    size_t bytes = m->n_params * sizeof(float);
-    if (m->device == DEVICE_CUDA) {
-        CUDA_CHECK(cudaMemcpyAsync(host, m->params, bytes, cudaMemcpyDeviceToHost, m->gpu->compute));
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
-    } else {
-        memcpy(host, m->params, bytes);
-    }
+static void upload(Model *m, void *dst, const float *host, size_t floats) {
+    op_copy_from_host(&m->ops, dst, host, floats * sizeof(float));
+    op_sync(&m->ops);
 }
+
+void model_get_params(const Model *m, float *host) { download(m, host, m->params, m->n_params); }
 
 void model_set_params(Model *m, const float *host) {
-    size_t bytes = m->n_params * sizeof(float);
-    if (m->device == DEVICE_CUDA) {
-        CUDA_CHECK(cudaMemcpyAsync(m->params, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
-        if (m->weights != m->params)
-            cast_from_f32_cuda(m->act_dtype, m->params, m->weights, m->n_params, m->gpu->compute);
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
-    } else {
-        memcpy(m->params, host, bytes);
-    }
+    op_copy_from_host(&m->ops, m->params, host, m->n_params * sizeof(float));
+    if (m->weights != m->params) cast_from_f32(&m->ops, m->params, m->weights, m->n_params);
+    op_sync(&m->ops);
 }
 
-void model_get_momentum(const Model *m, float *host) {
-    size_t bytes = m->n_params * sizeof(float);
-    if (m->device == DEVICE_CUDA) {
-        CUDA_CHECK(cudaMemcpyAsync(host, m->momentum, bytes, cudaMemcpyDeviceToHost, m->gpu->compute));
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
-    } else {
-        memcpy(host, m->momentum, bytes);
-    }
-}
-
-void model_set_momentum(Model *m, const float *host) {
-    size_t bytes = m->n_params * sizeof(float);
-    if (m->device == DEVICE_CUDA) {
-        CUDA_CHECK(cudaMemcpyAsync(m->momentum, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
-    } else {
-        memcpy(m->momentum, host, bytes);
-    }
-}
+void model_get_momentum(const Model *m, float *host) { download(m, host, m->momentum, m->n_params); }
+void model_set_momentum(Model *m, const float *host) { upload(m, m->momentum, host, m->n_params); }
 
 void model_get_bn_stats(const Model *m, float *host) {
-    size_t bytes = m->n_bn_stats * sizeof(float);
-    if (!bytes) return;
-    if (m->device == DEVICE_CUDA) {
-        CUDA_CHECK(cudaMemcpyAsync(host, m->bn_running, bytes, cudaMemcpyDeviceToHost, m->gpu->compute));
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
-    } else {
-        memcpy(host, m->bn_running, bytes);
-    }
+    if (m->n_bn_stats) download(m, host, m->bn_running, m->n_bn_stats);
 }
 
 void model_set_bn_stats(Model *m, const float *host) {
-    size_t bytes = m->n_bn_stats * sizeof(float);
-    if (!bytes) return;
-    if (m->device == DEVICE_CUDA) {
-        CUDA_CHECK(cudaMemcpyAsync(m->bn_running, host, bytes, cudaMemcpyHostToDevice, m->gpu->compute));
-        CUDA_CHECK(cudaStreamSynchronize(m->gpu->compute));
-    } else {
-        memcpy(m->bn_running, host, bytes);
-    }
+    if (m->n_bn_stats) upload(m, m->bn_running, host, m->n_bn_stats);
 }
 
 /* The stem follows the image: CIFAR's for small images, ImageNet's from 128. */

@@ -23,6 +23,7 @@
 #include "ops/conv2d.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
+#include "ops/op_context.h"
 #include "runtime/arena.h"
 #include "runtime/gpu.h"
 #include "runtime/tensor.h"
@@ -46,13 +47,10 @@ typedef struct {
     size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer */
     size_t w_count, b_count;
     size_t fan_in;        /* for initialisation */
-    Conv2dShape conv;
-    Conv2dCuda conv_cuda;
-    Pool2dShape pool;
-    MaxPoolCuda pool_cuda;
+    Conv2d conv;          /* the op of each kind: its shape (and on the GPU its cuDNN state) */
+    MaxPool2d pool;
     LinearShape linear;
-    BatchNormShape bn;    /* batch norm: gamma at w_off, beta at b_off (c each) */
-    BatchNormCuda bn_cuda;
+    BatchNorm bn;         /* batch norm: gamma at w_off, beta at b_off (c each) */
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off */
     int block;            /* the checkpoint block it belongs to, or -1 */
@@ -85,6 +83,7 @@ typedef struct {
 typedef struct {
     DeviceKind device;
     GpuContext *gpu;      /* NULL on the CPU */
+    OpContext ops;        /* where every layer's op runs (set by model_finalize) */
     int batch;
     int num_classes;
     int nhwc;             /* channels-last layout (set by model_init) */

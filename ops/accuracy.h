@@ -5,9 +5,9 @@
 #ifndef TRAINC_OPS_ACCURACY_H
 #define TRAINC_OPS_ACCURACY_H
 
-#include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -17,6 +17,10 @@ extern "C" {
 int accuracy_count_cpu(const float *logits, const int32_t *labels, int n, int classes);
 void accuracy_count_cuda(DType dtype, const void *logits, const int32_t *labels, int n,
                          int classes, int *count_device, cudaStream_t stream);
+/* The face (op_context.h): ADDS the count to *count, logits of ctx->dtype,
+ * everything in ctx's device memory. */
+void accuracy_count(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
+                    int *count);
 
 #ifdef __cplusplus
 }

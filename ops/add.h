@@ -9,9 +9,9 @@
 #ifndef TRAINC_OPS_ADD_H
 #define TRAINC_OPS_ADD_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -27,6 +27,11 @@ void add_forward_cuda(DType dtype, const void *a, const void *b, void *y, size_t
 void add_relu_forward_cuda(DType dtype, const void *a, const void *b, void *y, size_t n,
                            cudaStream_t stream);
 void add_accumulate_cuda(DType dtype, void *dst, const void *src, size_t n, cudaStream_t stream);
+
+/* The face (op_context.h): every buffer of ctx->dtype on ctx's device. */
+void add_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n);
+void add_relu_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n);
+void add_accumulate(const OpContext *ctx, void *dst, const void *src, size_t n);
 
 #ifdef __cplusplus
 }

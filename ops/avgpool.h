@@ -9,9 +9,9 @@
 #ifndef TRAINC_OPS_AVGPOOL_H
 #define TRAINC_OPS_AVGPOOL_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -25,6 +25,10 @@ void avgpool_forward_cuda(DType dtype, int nhwc, const void *x, void *y, int n, 
                           cudaStream_t stream);
 void avgpool_backward_cuda(DType dtype, int nhwc, const void *dy, void *dx, int accumulate_dx, int n,
                            int c, int plane, cudaStream_t stream);
+
+/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
+void avgpool_forward(const OpContext *ctx, const void *x, void *y, int n, int c, int plane);
+void avgpool_backward(const OpContext *ctx, const void *dy, void *dx, int accumulate_dx, int n, int c, int plane);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "runtime/check.h"
 
@@ -213,4 +214,98 @@ void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const 
     if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
     backward(s, x, relu ? y : NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
              dbeta, reduce, ctx);
+}
+
+/* ---- the face ---------------------------------------------------------- */
+
+size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s) {
+    size_t bytes = 0;
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(bytes = batchnorm_cuda_scratch_bytes(s, ctx->nhwc));
+    return bytes;
+}
+
+void batchnorm_init(const OpContext *ctx, BatchNorm *bn, const BatchNormShape *s, void *scratch) {
+    BatchNormShape shape = *s; /* s may be bn's own */
+    memset(bn, 0, sizeof *bn);
+    bn->shape = shape;
+    if (ctx->device == DEVICE_CUDA)
+        GPU_ONLY(batchnorm_cuda_init_scratch(&bn->cuda, &shape, ctx->dtype, ctx->nhwc, scratch));
+}
+
+void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn) {
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(batchnorm_cuda_destroy(&bn->cuda));
+}
+
+void batchnorm_forward_train(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
+                             const float *beta, float momentum, float eps, float *running_mean, float *running_var,
+                             float *save_mean, float *save_invstd, void *y) {
+    if (ctx->device == DEVICE_CPU && relu)
+        batchnorm_relu_forward_train_cpu(&bn->shape, x, gamma, beta, momentum, eps, running_mean, running_var,
+                                         save_mean, save_invstd, y);
+    else if (ctx->device == DEVICE_CPU)
+        batchnorm_forward_train_cpu(&bn->shape, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
+                                    save_invstd, y);
+    else if (relu)
+        GPU_ONLY(batchnorm_relu_forward_train_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, momentum, eps, running_mean,
+                                                   running_var, save_mean, save_invstd, y, ctx->stream));
+    else
+        GPU_ONLY(batchnorm_forward_train_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, momentum, eps, running_mean,
+                                              running_var, save_mean, save_invstd, y, ctx->stream));
+}
+
+void batchnorm_forward_eval(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
+                            const float *beta, const float *running_mean, const float *running_var, float eps,
+                            void *y) {
+    if (ctx->device == DEVICE_CPU && relu)
+        batchnorm_relu_forward_eval_cpu(&bn->shape, x, gamma, beta, running_mean, running_var, eps, y);
+    else if (ctx->device == DEVICE_CPU)
+        batchnorm_forward_eval_cpu(&bn->shape, x, gamma, beta, running_mean, running_var, eps, y);
+    else if (relu)
+        GPU_ONLY(batchnorm_relu_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, running_mean, running_var, eps,
+                                                  y, ctx->stream));
+    else
+        GPU_ONLY(batchnorm_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, running_mean, running_var, eps, y,
+                                             ctx->stream));
+}
+
+void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
+                        const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
+                        void *dx, int accumulate_dx, void *dgamma, void *dbeta) {
+    if (ctx->device == DEVICE_CPU && relu)
+        batchnorm_relu_backward_cpu(&bn->shape, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+                                    dbeta);
+    else if (ctx->device == DEVICE_CPU)
+        batchnorm_backward_cpu(&bn->shape, x, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta);
+    else if (relu)
+        GPU_ONLY(batchnorm_relu_backward_cuda(&bn->cuda, ctx->cudnn, x, y, dy, gamma, save_mean, save_invstd, dx,
+                                              accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream));
+    else
+        GPU_ONLY(batchnorm_backward_cuda(&bn->cuda, ctx->cudnn, x, dy, gamma, save_mean, save_invstd, dx, accumulate_dx,
+                                         dgamma, dbeta, ctx->dtype, ctx->stream));
+}
+
+void batchnorm_forward_train_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x,
+                                  const float *gamma, const float *beta, float momentum, float eps,
+                                  float *running_mean, float *running_var, float *save_mean, float *save_invstd,
+                                  void *y, BnAllreduce reduce, void *reduce_ctx) {
+    if (ctx->device == DEVICE_CPU)
+        batchnorm_forward_train_sync_cpu(&bn->shape, x, gamma, beta, momentum, eps, running_mean, running_var,
+                                         save_mean, save_invstd, y, reduce, reduce_ctx, relu);
+    else
+        GPU_ONLY(batchnorm_forward_train_sync_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, momentum, eps, running_mean,
+                                                   running_var, save_mean, save_invstd, y, ctx->stream, reduce,
+                                                   reduce_ctx, relu));
+}
+
+void batchnorm_backward_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
+                             const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
+                             void *dx, int accumulate_dx, void *dgamma, void *dbeta, BnAllreduce reduce,
+                             void *reduce_ctx) {
+    if (ctx->device == DEVICE_CPU)
+        batchnorm_backward_sync_cpu(&bn->shape, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+                                    dbeta, reduce, reduce_ctx, relu);
+    else
+        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, gamma, save_mean, save_invstd, dx,
+                                              accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream, reduce,
+                                              reduce_ctx, relu));
 }

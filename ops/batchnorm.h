@@ -64,10 +64,9 @@
 #ifndef TRAINC_OPS_BATCHNORM_H
 #define TRAINC_OPS_BATCHNORM_H
 
-#include <cuda_runtime_api.h>
-#include <cudnn.h>
 #include <stddef.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -186,6 +185,37 @@ void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   const float *save_mean, const float *save_invstd, void *dx,
                                   int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
                                   cudaStream_t stream, BnAllreduce reduce, void *ctx, int relu);
+
+/* ---- The face (op_context.h) ----
+ * One batch norm on either device: ctx->dtype and ctx->nhwc on the GPU, where
+ * dgamma and dbeta are of ctx->dtype too and init takes the layer's scratch
+ * (scratch_bytes of it; none on the CPU). relu picks the batchnorm_relu_*
+ * variant; the _sync calls hand their sums to reduce (with reduce_ctx). */
+typedef struct {
+    BatchNormShape shape;
+    BatchNormCuda cuda; /* GPU only */
+} BatchNorm;
+
+size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
+void batchnorm_init(const OpContext *ctx, BatchNorm *bn, const BatchNormShape *s, void *scratch);
+void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn);
+void batchnorm_forward_train(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
+                             const float *beta, float momentum, float eps, float *running_mean, float *running_var,
+                             float *save_mean, float *save_invstd, void *y);
+void batchnorm_forward_eval(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
+                            const float *beta, const float *running_mean, const float *running_var, float eps,
+                            void *y);
+void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
+                        const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
+                        void *dx, int accumulate_dx, void *dgamma, void *dbeta);
+void batchnorm_forward_train_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x,
+                                  const float *gamma, const float *beta, float momentum, float eps,
+                                  float *running_mean, float *running_var, float *save_mean, float *save_invstd,
+                                  void *y, BnAllreduce reduce, void *reduce_ctx);
+void batchnorm_backward_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
+                             const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
+                             void *dx, int accumulate_dx, void *dgamma, void *dbeta, BnAllreduce reduce,
+                             void *reduce_ctx);
 
 #ifdef __cplusplus
 }

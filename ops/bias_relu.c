@@ -10,3 +10,8 @@ void bias_relu_forward_cpu(const float *b, float *y, int n, int c, int plane, in
         y[i] = v < 0.0f ? 0.0f : v;
     }
 }
+
+void bias_relu_forward(const OpContext *ctx, const void *b, void *y, int n, int c, int plane) {
+    if (ctx->device == DEVICE_CPU) bias_relu_forward_cpu(b, y, n, c, plane, ctx->nhwc);
+    else GPU_ONLY(bias_relu_forward_cuda(ctx->dtype, ctx->nhwc, b, y, n, c, plane, ctx->stream));
+}

@@ -5,8 +5,7 @@
 #ifndef TRAINC_OPS_BIAS_RELU_H
 #define TRAINC_OPS_BIAS_RELU_H
 
-#include <cuda_runtime_api.h>
-
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -16,6 +15,9 @@ extern "C" {
 void bias_relu_forward_cpu(const float *b, float *y, int n, int c, int plane, int nhwc);
 void bias_relu_forward_cuda(DType dtype, int nhwc, const void *b, void *y, int n, int c, int plane,
                             cudaStream_t stream);
+
+/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
+void bias_relu_forward(const OpContext *ctx, const void *b, void *y, int n, int c, int plane);
 
 #ifdef __cplusplus
 }

@@ -63,3 +63,14 @@ void bias_relu_pool_backward_cpu(const Pool2dShape *s, int nhwc, const float *x,
                                  const float *dy, float *dx) {
     walk_windows(s, nhwc, x, b, dy, NULL, dx);
 }
+
+void bias_relu_pool_forward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b, void *y) {
+    if (ctx->device == DEVICE_CPU) bias_relu_pool_forward_cpu(s, ctx->nhwc, x, b, y);
+    else GPU_ONLY(bias_relu_pool_forward_cuda(ctx->dtype, s, ctx->nhwc, x, b, y, ctx->stream));
+}
+
+void bias_relu_pool_backward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b,
+                             const void *dy, void *dx) {
+    if (ctx->device == DEVICE_CPU) bias_relu_pool_backward_cpu(s, ctx->nhwc, x, b, dy, dx);
+    else GPU_ONLY(bias_relu_pool_backward_cuda(ctx->dtype, s, ctx->nhwc, x, b, dy, dx, ctx->stream));
+}

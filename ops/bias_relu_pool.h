@@ -18,9 +18,8 @@
 #ifndef TRAINC_OPS_BIAS_RELU_POOL_H
 #define TRAINC_OPS_BIAS_RELU_POOL_H
 
-#include <cuda_runtime_api.h>
-
 #include "ops/maxpool.h"
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -37,6 +36,11 @@ void bias_relu_pool_forward_cuda(DType dtype, const Pool2dShape *s, int nhwc, co
                                  void *y, cudaStream_t stream);
 void bias_relu_pool_backward_cuda(DType dtype, const Pool2dShape *s, int nhwc, const void *x, const void *b,
                                   const void *dy, void *dx, cudaStream_t stream);
+
+/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
+void bias_relu_pool_forward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b, void *y);
+void bias_relu_pool_backward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b,
+                             const void *dy, void *dx);
 
 #ifdef __cplusplus
 }

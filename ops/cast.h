@@ -7,9 +7,9 @@
 #ifndef TRAINC_OPS_CAST_H
 #define TRAINC_OPS_CAST_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -31,6 +31,11 @@ void cast_nchw_to_nhwc_cpu(DType dst_dtype, const float *src_nchw, void *dst_nhw
                            int h, int w, int c_padded);
 void cast_nchw_to_nhwc_cuda(DType dst_dtype, const float *src_nchw, void *dst_nhwc, int n, int c,
                             int h, int w, int c_padded, cudaStream_t stream);
+
+/* The face (op_context.h): float32 to ctx->dtype on ctx's device. */
+void cast_from_f32(const OpContext *ctx, const float *src, void *dst, size_t n);
+void cast_nchw_to_nhwc(const OpContext *ctx, const float *src_nchw, void *dst_nhwc, int n, int c, int h, int w,
+                       int c_padded);
 
 #ifdef __cplusplus
 }

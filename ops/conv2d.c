@@ -115,6 +115,20 @@ void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, co
     free(col);
 }
 
+void conv2d_bias_grad_cpu(const Conv2dShape *s, const float *dy, float *db) {
+    check_shape(s);
+    int pq = conv2d_out_h(s) * conv2d_out_w(s);
+    for (int n = 0; n < s->n; n++) {
+        const float *dy_n = dy + (size_t)n * s->k * pq;
+        for (int k = 0; k < s->k; k++) {
+            const float *dy_plane = dy_n + (size_t)k * pq;
+            float sum = 0.0f;
+            for (int i = 0; i < pq; i++) sum += dy_plane[i];
+            db[k] += sum;
+        }
+    }
+}
+
 void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                          float *dx, float *dw, float *db) {
     conv2d_backward_ex_cpu(s, x, w, dy, dx, dw, db, 0);
@@ -127,14 +141,9 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
     int pq = conv2d_out_h(s) * conv2d_out_w(s);
     size_t x_image = (size_t)s->c * s->h * s->w, y_image = (size_t)s->k * pq;
     float *col = alloc_col(s);
+    if (db) conv2d_bias_grad_cpu(s, dy, db);
     for (int n = 0; n < s->n; n++) {
         const float *dy_n = dy + n * y_image;
-        for (int k = 0; db && k < s->k; k++) {
-            const float *dy_plane = dy_n + (size_t)k * pq;
-            float sum = 0.0f;
-            for (int i = 0; i < pq; i++) sum += dy_plane[i];
-            db[k] += sum;
-        }
         im2col(s, x + n * x_image, col);
         cpu_sgemm(0, 1, s->k, crs, pq, 1.0f, dy_n, pq, col, pq, 1.0f, dw, crs);
         if (dx) {
@@ -146,4 +155,46 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
         }
     }
     free(col);
+}
+
+void conv2d_init(const OpContext *ctx, Conv2d *c, const Conv2dShape *s, const ConvAlgoPolicy *policy) {
+    Conv2dShape shape = *s; /* s may be c's own */
+    memset(c, 0, sizeof *c);
+    c->shape = shape;
+    if (ctx->device == DEVICE_CUDA)
+        GPU_ONLY(conv2d_cuda_init(&c->cuda, ctx->cudnn, &shape, ctx->dtype, ctx->nhwc, policy));
+}
+
+void conv2d_destroy(const OpContext *ctx, Conv2d *c) {
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(conv2d_cuda_destroy(&c->cuda));
+}
+
+size_t conv2d_workspace_bytes(const OpContext *ctx, const Conv2d *c) {
+    return ctx->device == DEVICE_CUDA ? c->cuda.workspace_bytes : 0;
+}
+
+size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
+    size_t bytes = 0;
+    if (ctx->device == DEVICE_CUDA)
+        GPU_ONLY(const Conv2dShape *s = &c->shape;
+                 bytes = conv2d_bias_grad_workspace_bytes(s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), ctx->nhwc));
+    return bytes;
+}
+
+void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y) {
+    if (ctx->device == DEVICE_CPU) conv2d_forward_cpu(&c->shape, x, w, b, y);
+    else GPU_ONLY(conv2d_forward_cuda(&c->cuda, ctx->cudnn, x, w, b, y, ctx->workspace));
+}
+
+void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
+                     void *dw, void *db, int accumulate_dx) {
+    if (ctx->device == DEVICE_CPU) conv2d_backward_ex_cpu(&c->shape, x, w, dy, dx, dw, db, accumulate_dx);
+    else GPU_ONLY(conv2d_backward_ex_cuda(&c->cuda, ctx->cudnn, x, w, dy, dx, dw, db, ctx->workspace, accumulate_dx));
+}
+
+void conv2d_bias_grad(const OpContext *ctx, const Conv2d *c, const void *dy, void *db) {
+    const Conv2dShape *s = &c->shape;
+    if (ctx->device == DEVICE_CPU) conv2d_bias_grad_cpu(s, dy, db);
+    else GPU_ONLY(conv2d_bias_grad_cuda(ctx->dtype, ctx->nhwc, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), dy, db,
+                                        ctx->workspace, ctx->stream));
 }

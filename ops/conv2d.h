@@ -15,10 +15,9 @@
 #ifndef TRAINC_OPS_CONV2D_H
 #define TRAINC_OPS_CONV2D_H
 
-#include <cuda_runtime_api.h>
-#include <cudnn.h>
 #include <stddef.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -98,6 +97,27 @@ void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x
 size_t conv2d_bias_grad_workspace_bytes(int n, int k, int out_h, int out_w, int nhwc);
 void conv2d_bias_grad_cuda(DType dtype, int nhwc, int n, int k, int out_h, int out_w,
                            const void *dy, void *db, void *workspace, cudaStream_t stream);
+/* The same on the CPU (NCHW float32), the sums conv2d_backward_cpu adds to db. */
+void conv2d_bias_grad_cpu(const Conv2dShape *s, const float *dy, float *db);
+
+/* The face (op_context.h): one convolution on either device, ctx->dtype and
+ * ctx->nhwc on the GPU, where init chooses its algorithms by the policy and
+ * the calls run with ctx->workspace, which must hold workspace_bytes (0 on the
+ * CPU) and, where conv2d_bias_grad is called, bias_grad_bytes. backward's
+ * accumulate_dx is the _ex versions'. */
+typedef struct {
+    Conv2dShape shape;
+    Conv2dCuda cuda; /* GPU only */
+} Conv2d;
+
+void conv2d_init(const OpContext *ctx, Conv2d *c, const Conv2dShape *s, const ConvAlgoPolicy *policy);
+void conv2d_destroy(const OpContext *ctx, Conv2d *c);
+size_t conv2d_workspace_bytes(const OpContext *ctx, const Conv2d *c);
+size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c);
+void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y);
+void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
+                     void *dw, void *db, int accumulate_dx);
+void conv2d_bias_grad(const OpContext *ctx, const Conv2d *c, const void *dy, void *db);
 
 #ifdef __cplusplus
 }

@@ -12,3 +12,18 @@ void grad_clip_factor_cpu(const float *grads, size_t n, float inv_scale_times, f
     *norm_out = (float)norm;
     *factor_out = (float)factor;
 }
+
+size_t grad_clip_scratch_bytes(const OpContext *ctx, size_t n) {
+    size_t bytes = 0;
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(bytes = grad_norm_scratch_bytes(n));
+    return bytes;
+}
+
+void grad_clip_factor(const OpContext *ctx, const void *grads, size_t n, const LossScalerState *scaler,
+                      float extra_inv, float clip_norm, void *scratch, float *norm, float *factor) {
+    if (ctx->device == DEVICE_CPU)
+        grad_clip_factor_cpu(grads, n, scaler ? extra_inv / scaler->scale : extra_inv, clip_norm, norm, factor);
+    else
+        GPU_ONLY(grad_clip_factor_cuda(grads, ctx->dtype, n, scaler, extra_inv, clip_norm, scratch, norm, factor,
+                                       ctx->stream));
+}

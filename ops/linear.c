@@ -23,3 +23,15 @@ void linear_backward_cpu(const LinearShape *s, const float *x, const float *w, c
         for (int j = 0; j < s->out; j++) db[j] += dy_row[j];
     }
 }
+
+void linear_forward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *b,
+                    void *y) {
+    if (ctx->device == DEVICE_CPU) linear_forward_cpu(s, x, w, b, y);
+    else GPU_ONLY(linear_forward_cuda(ctx->cublas, ctx->stream, s, ctx->dtype, x, w, b, y));
+}
+
+void linear_backward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *dy,
+                     void *dx, void *dw, void *db) {
+    if (ctx->device == DEVICE_CPU) linear_backward_cpu(s, x, w, dy, dx, dw, db);
+    else GPU_ONLY(linear_backward_cuda(ctx->cublas, ctx->stream, s, ctx->dtype, x, w, dy, dx, dw, db));
+}

@@ -7,9 +7,7 @@
 #ifndef TRAINC_OPS_LINEAR_H
 #define TRAINC_OPS_LINEAR_H
 
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -28,6 +26,12 @@ void linear_forward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShap
 void linear_backward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShape *s,
                           DType dtype, const void *x, const void *w, const void *dy, void *dx,
                           void *dw, void *db);
+
+/* The face (op_context.h): ctx->dtype on ctx's device (cuBLAS: ctx->cublas). */
+void linear_forward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *b,
+                    void *y);
+void linear_backward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *dy,
+                     void *dx, void *dw, void *db);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "runtime/check.h"
+
 LossScalerState loss_scaler_initial(float scale) {
     return (LossScalerState){.scale = scale, .good_steps = 0, .found_inf = 0, .skipped_steps = 0};
 }
@@ -25,4 +27,21 @@ void loss_scaler_update_cpu(LossScalerState *state, float growth, float backoff,
         state->scale *= growth;
         state->good_steps = 0;
     }
+}
+
+void loss_scaler_begin_step(const OpContext *ctx, LossScalerState *state) {
+    if (ctx->device == DEVICE_CPU) loss_scaler_begin_step_cpu(state);
+    else GPU_ONLY(loss_scaler_begin_step_cuda(state, ctx->stream));
+}
+
+void loss_scaler_check(const OpContext *ctx, const void *grads, DType dtype, size_t n, LossScalerState *state) {
+    if (ctx->device == DEVICE_CPU && dtype != DTYPE_F32)
+        TC_FATAL("loss_scaler_check: the CPU path checks float32, not %s", dtype_name(dtype));
+    if (ctx->device == DEVICE_CPU) loss_scaler_check_cpu(grads, n, state);
+    else GPU_ONLY(loss_scaler_check_cuda(grads, dtype, n, state, ctx->stream));
+}
+
+void loss_scaler_update(const OpContext *ctx, LossScalerState *state, float growth, float backoff, int interval) {
+    if (ctx->device == DEVICE_CPU) loss_scaler_update_cpu(state, growth, backoff, interval);
+    else GPU_ONLY(loss_scaler_update_cuda(state, growth, backoff, interval, ctx->stream));
 }

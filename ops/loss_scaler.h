@@ -16,10 +16,10 @@
 #ifndef TRAINC_OPS_LOSS_SCALER_H
 #define TRAINC_OPS_LOSS_SCALER_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -53,6 +53,12 @@ void loss_scaler_check_cuda(const void *grads, DType dtype, size_t n, LossScaler
                             cudaStream_t stream);
 void loss_scaler_update_cuda(LossScalerState *state_dev, float growth, float backoff,
                              int interval, cudaStream_t stream);
+
+/* The face (op_context.h): state in ctx's device memory; check's grads are
+ * of dtype (float32 on the CPU). */
+void loss_scaler_begin_step(const OpContext *ctx, LossScalerState *state);
+void loss_scaler_check(const OpContext *ctx, const void *grads, DType dtype, size_t n, LossScalerState *state);
+void loss_scaler_update(const OpContext *ctx, LossScalerState *state, float growth, float backoff, int interval);
 
 #ifdef __cplusplus
 }

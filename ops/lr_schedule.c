@@ -29,3 +29,8 @@ void lr_schedule_step_cpu(const LrSchedule *s, int64_t *step_counter, float *lr_
     *lr_out = lr_schedule_at(s, (long)*step_counter);
     *step_counter += 1;
 }
+
+void lr_schedule_step(const OpContext *ctx, const LrSchedule *s, int64_t *step_counter, float *lr_out) {
+    if (ctx->device == DEVICE_CPU) lr_schedule_step_cpu(s, step_counter, lr_out);
+    else GPU_ONLY(lr_schedule_step_cuda(s, step_counter, lr_out, ctx->stream));
+}

@@ -34,9 +34,10 @@
 #ifndef TRAINC_OPS_LR_SCHEDULE_H
 #define TRAINC_OPS_LR_SCHEDULE_H
 
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "ops/op_context.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +68,8 @@ void lr_schedule_step_cpu(const LrSchedule *s, int64_t *step_counter, float *lr_
  * is passed by value, so a captured graph keeps the one given at capture. */
 void lr_schedule_step_cuda(const LrSchedule *s, int64_t *step_counter_dev, float *lr_dev,
                            cudaStream_t stream);
+/* The face (op_context.h): the counter and lr in ctx's device memory. */
+void lr_schedule_step(const OpContext *ctx, const LrSchedule *s, int64_t *step_counter, float *lr_out);
 
 #ifdef __cplusplus
 }

@@ -53,3 +53,25 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
                 dx_plane[window_argmax(s, x_plane, p, q)] += dy_plane[p * out_w + q];
     }
 }
+
+void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s) {
+    Pool2dShape shape = *s; /* s may be p's own */
+    memset(p, 0, sizeof *p);
+    p->shape = shape;
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(maxpool2x2_cuda_init(&p->cuda, &shape, ctx->dtype, ctx->nhwc));
+}
+
+void maxpool_destroy(const OpContext *ctx, MaxPool2d *p) {
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(maxpool2x2_cuda_destroy(&p->cuda));
+}
+
+void maxpool_forward(const OpContext *ctx, const MaxPool2d *p, const void *x, void *y) {
+    if (ctx->device == DEVICE_CPU) maxpool2x2_forward_cpu(&p->shape, x, y);
+    else GPU_ONLY(maxpool2x2_forward_cuda(&p->cuda, ctx->cudnn, x, y));
+}
+
+void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, const void *y, const void *dy,
+                      void *dx) {
+    if (ctx->device == DEVICE_CPU) maxpool2x2_backward_cpu(&p->shape, x, y, dy, dx);
+    else GPU_ONLY(maxpool2x2_backward_cuda(&p->cuda, ctx->cudnn, x, y, dy, dx));
+}

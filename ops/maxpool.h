@@ -7,9 +7,7 @@
 #ifndef TRAINC_OPS_MAXPOOL_H
 #define TRAINC_OPS_MAXPOOL_H
 
-#include <cuda_runtime_api.h>
-#include <cudnn.h>
-
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -41,6 +39,19 @@ void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
 void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
 void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
                               const void *y, const void *dy, void *dx);
+
+/* The face (op_context.h): one max-pool on either device, ctx->dtype and
+ * ctx->nhwc on the GPU (init makes its cuDNN descriptors there). */
+typedef struct {
+    Pool2dShape shape;
+    MaxPoolCuda cuda; /* GPU only */
+} MaxPool2d;
+
+void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s);
+void maxpool_destroy(const OpContext *ctx, MaxPool2d *p);
+void maxpool_forward(const OpContext *ctx, const MaxPool2d *p, const void *x, void *y);
+void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, const void *y, const void *dy,
+                      void *dx);
 
 #ifdef __cplusplus
 }

@@ -9,3 +9,13 @@ void relu_forward_cpu(const float *x, float *y, size_t n) {
 void relu_backward_cpu(const float *y, const float *dy, float *dx, size_t n) {
     for (size_t i = 0; i < n; i++) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
+
+void relu_forward(const OpContext *ctx, const void *x, void *y, size_t n) {
+    if (ctx->device == DEVICE_CPU) relu_forward_cpu(x, y, n);
+    else GPU_ONLY(relu_forward_cuda(ctx->dtype, x, y, n, ctx->stream));
+}
+
+void relu_backward(const OpContext *ctx, const void *y, const void *dy, void *dx, size_t n) {
+    if (ctx->device == DEVICE_CPU) relu_backward_cpu(y, dy, dx, n);
+    else GPU_ONLY(relu_backward_cuda(ctx->dtype, y, dy, dx, n, ctx->stream));
+}

@@ -5,9 +5,9 @@
 #ifndef TRAINC_OPS_RELU_H
 #define TRAINC_OPS_RELU_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -19,6 +19,10 @@ void relu_backward_cpu(const float *y, const float *dy, float *dx, size_t n);
 void relu_forward_cuda(DType dtype, const void *x, void *y, size_t n, cudaStream_t stream);
 void relu_backward_cuda(DType dtype, const void *y, const void *dy, void *dx, size_t n,
                         cudaStream_t stream);
+
+/* The face (op_context.h): x, y, dy and dx of ctx->dtype on ctx's device. */
+void relu_forward(const OpContext *ctx, const void *x, void *y, size_t n);
+void relu_backward(const OpContext *ctx, const void *y, const void *dy, void *dx, size_t n);
 
 #ifdef __cplusplus
 }

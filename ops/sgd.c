@@ -1,5 +1,7 @@
 #include "ops/sgd.h"
 
+#include "runtime/check.h"
+
 void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *lr,
                   SgdParams p) {
     float step = *lr;
@@ -31,4 +33,13 @@ void sgd_step_mixed_cpu(float *master, const float *grad, float *momentum, size_
         momentum[i] = mom;
         master[i] = master[i] - step * d;
     }
+}
+
+void sgd_step_mixed(const OpContext *ctx, float *master, const void *grad, float *momentum, void *weights_half,
+                    size_t n, const float *lr, const LossScalerState *scaler, SgdParams p) {
+    if (ctx->device == DEVICE_CPU && weights_half)
+        TC_FATAL("sgd_step_mixed: the CPU path keeps no half-precision weights");
+    if (ctx->device == DEVICE_CPU) sgd_step_mixed_cpu(master, grad, momentum, n, lr, scaler, p);
+    else GPU_ONLY(sgd_step_mixed_cuda(master, grad, ctx->dtype, momentum, weights_half, ctx->dtype, n, lr, scaler, p,
+                                      ctx->stream));
 }

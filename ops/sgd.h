@@ -18,11 +18,11 @@
 #ifndef TRAINC_OPS_SGD_H
 #define TRAINC_OPS_SGD_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ops/loss_scaler.h"
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -59,6 +59,11 @@ void sgd_step_mixed_cuda(float *master, const void *grad, DType grad_dtype, floa
                          void *weights_half, DType weights_dtype, size_t n,
                          const float *lr_device, const LossScalerState *scaler_dev, SgdParams p,
                          cudaStream_t stream);
+
+/* The face (op_context.h): the mixed step with grad and weights_half of
+ * ctx->dtype, everything in ctx's device memory (weights_half NULL on the CPU). */
+void sgd_step_mixed(const OpContext *ctx, float *master, const void *grad, float *momentum, void *weights_half,
+                    size_t n, const float *lr, const LossScalerState *scaler, SgdParams p);
 
 #ifdef __cplusplus
 }

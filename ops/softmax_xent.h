@@ -19,9 +19,9 @@
 #ifndef TRAINC_OPS_SOFTMAX_XENT_H
 #define TRAINC_OPS_SOFTMAX_XENT_H
 
-#include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "ops/op_context.h"
 #include "runtime/tensor.h"
 
 #ifdef __cplusplus
@@ -39,6 +39,11 @@ void softmax_xent_smooth_cpu(const float *logits, const int32_t *labels, int n, 
 void softmax_xent_smooth_cuda(DType dtype, const void *logits, const int32_t *labels, int n,
                               int classes, float smoothing, const float *grad_scale,
                               float *loss_device, void *dlogits, cudaStream_t stream);
+
+/* The face (op_context.h): logits and dlogits of ctx->dtype, labels, loss and
+ * grad_scale in ctx's device memory. */
+void softmax_xent_smooth(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
+                         float smoothing, const float *grad_scale, float *loss, void *dlogits);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,10 @@
-/* Error checking: every CUDA, cuDNN, cuBLAS and NCCL call goes through one of
- * these macros, which name the failed call, its error and the place. */
+/* Fatal errors, and error checking: every CUDA, cuDNN, cuBLAS and NCCL call
+ * goes through one of the macros below, which name the failed call, its error
+ * and the place. The CUDA ones exist in CUDA builds only (TRAINC_CUDA). */
 #ifndef TRAINC_CHECK_H
 #define TRAINC_CHECK_H
 
-#include <cuda_runtime_api.h>
-#include <cublas_v2.h>
-#include <cudnn.h>
+#include "runtime/cuda_api.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,10 +15,18 @@ extern "C" {
 void tc_fatal(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
 void tc_on_fatal(void (*hook)(void));
-
-const char *tc_cublas_status_string(cublasStatus_t s);
+/* Where the message goes instead of stderr ("trainc: error: <message>"); the
+ * hooks run after it. A data-parallel run prints a message that every rank
+ * gives once (dist.c). */
+void tc_on_fatal_message(void (*report)(const char *message));
 
 #define TC_FATAL(...) tc_fatal(__FILE__, __LINE__, __VA_ARGS__)
+/* The user's mistake or the system's refusal (a bad file, a full disk), not
+ * trainc's: the message names the input, and no place in trainc's source. */
+#define TC_USER_ERROR(...) tc_fatal(NULL, 0, __VA_ARGS__)
+
+#if TRAINC_CUDA
+const char *tc_cublas_status_string(cublasStatus_t s); /* runtime/gpu.c */
 
 #define CUDA_CHECK(call) do { cudaError_t e_ = (call); \
     if (e_ != cudaSuccess) tc_fatal(__FILE__, __LINE__, "%s failed: %s (%s)", #call, \
@@ -32,6 +39,7 @@ const char *tc_cublas_status_string(cublasStatus_t s);
         tc_cublas_status_string(e_)); } while (0)
 /* After a kernel launch: catches bad launch configurations at the launch site. */
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+#endif
 
 #ifdef __cplusplus
 }

@@ -1,48 +1,35 @@
 #include "runtime/checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
+
+#include "runtime/check.h"
+#include "runtime/log.h"
 
 static const char kMagic[8] = {'T', 'R', 'A', 'I', 'N', 'C', 'K', '\n'};
 static const char kEnd[8] = {'T', 'R', 'C', 'K', 'E', 'N', 'D', '\n'};
-
-/* ---- CRC-32, slicing by 8 ------------------------------------------------- */
-
-static uint32_t crc_table[8][256];
-static int crc_ready;
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    crc_ready = 1;
-}
+enum {
+    kHeaderBytes = 16,                        /* magic, version, section count */
+    kSectionHeaderBytes = CKPT_NAME_LEN + 8,  /* name, size */
+    kCrcBytes = 4,
+    kTrailerBytes = 12,                       /* end marker, file CRC */
+};
 
 uint32_t ckpt_crc32(uint32_t crc, const void *data, size_t n) {
-    if (!crc_ready) crc_init();
-    const unsigned char *p = data;
-    uint32_t c = ~crc;
-    while (n >= 8) {
-        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
-        c = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
-            crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
-            crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
-    return ~c;
+    if (n == 0) return crc; /* zlib answers 0 for a NULL buffer, whatever crc is */
+    return (uint32_t)crc32_z(crc, data, n);
 }
 
 /* ---- writing ---------------------------------------------------------------- */
@@ -66,7 +53,50 @@ static int put(CkptWriter *w, const void *data, size_t n) {
     return 0;
 }
 
+/* The temporary file of the write in progress, for ckpt_remove_pending: set
+ * before the flag, cleared after the rename, so a handler sees a whole path. */
+static char pending_tmp[4200];
+static volatile sig_atomic_t pending;
+
+void ckpt_remove_pending(void) {
+    if (pending) unlink(pending_tmp);
+}
+
+static void set_pending(const char *tmp) {
+    static int fatal_hook_registered;
+    if (!fatal_hook_registered) tc_on_fatal(ckpt_remove_pending);
+    fatal_hook_registered = 1;
+    pending = 0;
+    atomic_signal_fence(memory_order_seq_cst); /* the path is whole before a handler can see the flag */
+    memcpy(pending_tmp, tmp, strlen(tmp) + 1);
+    atomic_signal_fence(memory_order_seq_cst);
+    pending = 1;
+}
+
+static void clear_pending(const char *tmp) {
+    if (pending && strcmp(pending_tmp, tmp) == 0) pending = 0;
+}
+
+/* A file of this process's pid is a leftover (of this process, or of a dead
+ * one that had the same pid): it is replaced, never written through. */
+static FILE *create_exclusive(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EEXIST && unlink(path) == 0) fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) close(fd);
+    return f;
+}
+
 CkptWriter *ckpt_write_begin(const char *path, int n_sections, char *err, size_t errlen) {
+    if (strlen(path) >= sizeof ((CkptWriter *)0)->path) {
+        snprintf(err, errlen, "%.200s...: checkpoint path too long", path);
+        return NULL;
+    }
+    if (n_sections < 0 || n_sections > CKPT_MAX_SECTIONS) {
+        snprintf(err, errlen, "%s: %d sections, at most %d", path, n_sections, CKPT_MAX_SECTIONS);
+        return NULL;
+    }
     CkptWriter *w = calloc(1, sizeof *w);
     if (!w) {
         snprintf(err, errlen, "%s: out of host memory", path);
@@ -74,9 +104,11 @@ CkptWriter *ckpt_write_begin(const char *path, int n_sections, char *err, size_t
     }
     snprintf(w->path, sizeof w->path, "%s", path);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d", path, (int)getpid());
-    w->f = fopen(w->tmp, "wb");
+    set_pending(w->tmp); /* before the file exists: a signal at any later point finds it */
+    w->f = create_exclusive(w->tmp);
     if (!w->f) {
         snprintf(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
+        clear_pending(w->tmp);
         free(w);
         return NULL;
     }
@@ -91,8 +123,9 @@ CkptWriter *ckpt_write_begin(const char *path, int n_sections, char *err, size_t
 int ckpt_write_section(CkptWriter *w, const char *name, const void *data, size_t bytes, char *err,
                        size_t errlen) {
     char padded[CKPT_NAME_LEN] = {0};
-    if (strlen(name) >= CKPT_NAME_LEN || w->n_sections >= CKPT_MAX_SECTIONS || w->n_sections >= w->declared) {
-        snprintf(err, errlen, "%s: section name '%s' too long or too many sections", w->path, name);
+    if (!name[0] || strlen(name) >= CKPT_NAME_LEN || w->n_sections >= CKPT_MAX_SECTIONS ||
+        w->n_sections >= w->declared) {
+        snprintf(err, errlen, "%s: section name '%s' empty or too long, or too many sections", w->path, name);
         return -1;
     }
     for (uint32_t i = 0; i < w->n_sections; i++)
@@ -147,6 +180,7 @@ int ckpt_write_commit(CkptWriter *w, char *err, size_t errlen) {
         rc = 0;
     }
     if (rc != 0) unlink(w->tmp);
+    clear_pending(w->tmp);
     free(w);
     return rc;
 }
@@ -155,7 +189,57 @@ void ckpt_write_abort(CkptWriter *w) {
     if (!w) return;
     if (w->f) fclose(w->f);
     unlink(w->tmp);
+    clear_pending(w->tmp);
     free(w);
+}
+
+/* The pid in "<prefix>*<suffix>.tmp.<pid>", or 0 when name is not one. */
+static long temporary_pid(const char *name, const char *prefix, const char *suffix) {
+    const char *tail = strstr(name, ".tmp.");
+    size_t n_prefix = strlen(prefix), n_suffix = strlen(suffix);
+    if (!tail || strncmp(name, prefix, n_prefix) != 0 || (size_t)(tail - name) < n_prefix + n_suffix ||
+        strncmp(tail - n_suffix, suffix, n_suffix) != 0)
+        return 0;
+    const char *digits = tail + 5;
+    long pid = 0;
+    for (const char *p = digits; *p; p++) {
+        if (*p < '0' || *p > '9' || p - digits >= 10) return 0;
+        pid = pid * 10 + (*p - '0');
+    }
+    return pid > 0 && pid <= INT_MAX ? pid : 0;
+}
+
+/* Whether the process that made a temporary file is gone. EPERM: it runs (as
+ * another user). This process's own file is stale unless it is being written. */
+static int writer_gone(long pid, const struct stat *file) {
+    struct stat in_flight;
+    if (pid == (long)getpid())
+        return !(pending && stat(pending_tmp, &in_flight) == 0 && in_flight.st_dev == file->st_dev &&
+                 in_flight.st_ino == file->st_ino);
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+int ckpt_remove_stale_temporaries(const char *dir, const char *prefix, const char *suffix) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long pid = temporary_pid(e->d_name, prefix, suffix);
+        char path[4352];
+        struct stat st;
+        if (!pid || snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || !writer_gone(pid, &st)) continue;
+        if (unlink(path) == 0) {
+            log_warn("%s: removed: the temporary file of a checkpoint write that never finished (process %ld "
+                     "was stopped in the middle of it)", path, pid);
+            removed++;
+        } else if (errno != ENOENT) {
+            log_warn("%s: cannot remove this stale temporary checkpoint file: %s", path, strerror(errno));
+        }
+    }
+    closedir(d);
+    return removed;
 }
 
 /* ---- reading ---------------------------------------------------------------- */
@@ -167,112 +251,230 @@ typedef struct {
 } Section;
 
 struct CkptFile {
-    FILE *f;
+    int fd;
     char path[4096];
+    uint64_t length;
     Section sections[CKPT_MAX_SECTIONS];
     uint32_t n_sections;
+    unsigned char buf[1 << 16];
 };
 
-/* Reads n bytes at the current position into out (or only through the CRC when
- * out is NULL); -1 at end of file. */
-static int take(FILE *f, void *out, uint64_t n, uint32_t *file_crc, uint32_t *part_crc) {
-    static unsigned char buf[1 << 20];
+/* Whether n bytes from offset pos lie inside a file of length bytes (no overflow). */
+static int fits(uint64_t pos, uint64_t n, uint64_t length) { return pos <= length && n <= length - pos; }
+
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+/* Reads n bytes at offset; 0, or -1 with errno (EIO for a file that shrank). */
+static int read_at(const CkptFile *c, uint64_t offset, void *out, size_t n) {
     unsigned char *dst = out;
     while (n > 0) {
-        size_t chunk = n < sizeof buf ? (size_t)n : sizeof buf;
-        unsigned char *into = dst ? dst : buf;
-        if (fread(into, 1, chunk, f) != chunk) return -1;
-        if (file_crc) *file_crc = ckpt_crc32(*file_crc, into, chunk);
-        if (part_crc) *part_crc = ckpt_crc32(*part_crc, into, chunk);
+        ssize_t got = pread(c->fd, dst, n, (off_t)offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got == 0) errno = EIO;
+            return -1;
+        }
+        dst += got;
+        offset += (uint64_t)got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+/* The CRC of n bytes at offset, read in pieces (into out as well, when not NULL). */
+static int crc_at(CkptFile *c, uint64_t offset, uint64_t n, void *out, uint32_t *crc) {
+    unsigned char *dst = out;
+    while (n > 0) {
+        size_t chunk = n < sizeof c->buf ? (size_t)n : sizeof c->buf;
+        unsigned char *into = dst ? dst : c->buf;
+        if (read_at(c, offset, into, chunk) != 0) return -1;
+        *crc = ckpt_crc32(*crc, into, chunk);
         if (dst) dst += chunk;
+        offset += chunk;
         n -= chunk;
     }
     return 0;
 }
 
-CkptFile *ckpt_open(const char *path, char *err, size_t errlen) {
+static int fail(CkptStatus *status, CkptStatus kind, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fail(CkptStatus *status, CkptStatus kind, char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    *status = kind;
+    return -1;
+}
+
+/* Whether the file's last 12 bytes are where a whole file ends: the end marker
+ * (then a file shorter than its sizes say was not cut off, a size is wrong). */
+static int ends_with_end_marker(const CkptFile *c) {
+    char tail[sizeof kEnd];
+    return c->length >= kHeaderBytes + kTrailerBytes &&
+           read_at(c, c->length - kTrailerBytes, tail, sizeof tail) == 0 && memcmp(tail, kEnd, sizeof kEnd) == 0;
+}
+
+/* The file ends before the 'need' bytes its header and sizes call for: exactly
+ * that many when 'exact', else at least (sizes are in the part that is gone);
+ * 'after': how many sections follow the one the file stops in. */
+static int too_short(CkptFile *c, uint64_t need, int exact, uint32_t after, const char *where, CkptStatus *status,
+                     char *err, size_t errlen) {
+    const char *at_least = exact ? "" : "at least ";
+    if (ends_with_end_marker(c))
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: corrupt checkpoint: the file has %llu bytes and ends with the end marker, but by its sizes "
+                    "a whole checkpoint has %s%llu (a size field in or before %s is damaged)", c->path,
+                    (unsigned long long)c->length, at_least, (unsigned long long)need, where);
+    char missing[96] = "";
+    if (after)
+        snprintf(missing, sizeof missing, "; the %u section%s after it %s missing too", (unsigned)after,
+                 after > 1 ? "s" : "", after > 1 ? "are" : "is");
+    return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                "%s is truncated: the file has %llu bytes, a whole checkpoint has %s%llu (it stops in %s%s; an "
+                "interrupted copy or a full disk?)", c->path, (unsigned long long)c->length, at_least,
+                (unsigned long long)need, where, missing);
+}
+
+/* Magic, version and section count; sets *count. */
+static int check_header(CkptFile *c, uint32_t *count, CkptStatus *status, char *err, size_t errlen) {
+    unsigned char head[kHeaderBytes];
+    uint64_t got = c->length < sizeof head ? c->length : sizeof head;
+    uint32_t version;
+    if (c->length == 0)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen, "%s: empty file (0 bytes), not a checkpoint", c->path);
+    if (read_at(c, 0, head, (size_t)got) != 0)
+        return fail(status, CKPT_ERR_IO, err, errlen, "%s: cannot read: %s", c->path, strerror(errno));
+    if (memcmp(head, kMagic, got < sizeof kMagic ? got : sizeof kMagic) != 0)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: not a trainc checkpoint (it does not begin with trainc's magic bytes \"TRAINCK\")", c->path);
+    if (c->length < sizeof head)
+        return too_short(c, sizeof head + kTrailerBytes, 0, 0, "the header", status, err, errlen);
+    memcpy(&version, head + 8, sizeof version);
+    memcpy(count, head + 12, sizeof *count);
+    if (version > CKPT_VERSION)
+        return fail(status, CKPT_ERR_NEWER, err, errlen,
+                    "%s: checkpoint format version %u, written by a newer trainc; this trainc reads version %d "
+                    "(resume with the trainc that wrote it)", c->path, (unsigned)version, CKPT_VERSION);
+    if (version < 1)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: corrupt checkpoint header: format version 0, which no trainc writes", c->path);
+    if (*count > CKPT_MAX_SECTIONS)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: corrupt checkpoint header: %u sections, at most %d", c->path, (unsigned)*count,
+                    CKPT_MAX_SECTIONS);
+    return 0;
+}
+
+/* Walks the section headers, each size checked against the file's length
+ * before it is used, to the end marker. Reads no section data. */
+static int check_layout(CkptFile *c, CkptStatus *status, char *err, size_t errlen) {
+    uint32_t count = 0;
+    if (check_header(c, &count, status, err, errlen) != 0) return -1;
+    uint64_t pos = kHeaderBytes;
+    for (uint32_t i = 0; i < count; i++) {
+        Section *s = &c->sections[i];
+        uint64_t later = (uint64_t)(count - i - 1) * (kSectionHeaderBytes + kCrcBytes) + kTrailerBytes;
+        char where[96];
+        snprintf(where, sizeof where, "the header of section %u", (unsigned)i + 1);
+        if (!fits(pos, kSectionHeaderBytes, c->length))
+            return too_short(c, pos + kSectionHeaderBytes + kCrcBytes + later, 0, count - i - 1, where, status, err,
+                             errlen);
+        if (read_at(c, pos, s->name, CKPT_NAME_LEN) != 0 || read_at(c, pos + CKPT_NAME_LEN, &s->size, 8) != 0)
+            return fail(status, CKPT_ERR_IO, err, errlen, "%s: cannot read: %s", c->path, strerror(errno));
+        if (memchr(s->name, 0, CKPT_NAME_LEN) == NULL || s->name[0] == 0)
+            return fail(status, CKPT_ERR_CORRUPT, err, errlen, "%s: corrupt checkpoint: section %u has no valid name",
+                        c->path, (unsigned)i + 1);
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(c->sections[j].name, s->name) == 0)
+                return fail(status, CKPT_ERR_CORRUPT, err, errlen, "%s: corrupt checkpoint: section '%s' twice",
+                            c->path, s->name);
+        pos += kSectionHeaderBytes;
+        if (!fits(pos, add_sat(s->size, kCrcBytes), c->length)) {
+            snprintf(where, sizeof where, "section '%.32s' of %llu bytes", s->name, (unsigned long long)s->size);
+            return too_short(c, add_sat(add_sat(pos, s->size), kCrcBytes + later), i + 1 == count, count - i - 1,
+                             where, status, err, errlen);
+        }
+        s->offset = pos;
+        pos += s->size + kCrcBytes;
+        if (read_at(c, pos - kCrcBytes, &s->crc, kCrcBytes) != 0)
+            return fail(status, CKPT_ERR_IO, err, errlen, "%s: cannot read: %s", c->path, strerror(errno));
+    }
+    char end[sizeof kEnd];
+    if (!fits(pos, kTrailerBytes, c->length))
+        return too_short(c, pos + kTrailerBytes, 1, 0, "the end marker", status, err, errlen);
+    if (read_at(c, pos, end, sizeof end) != 0)
+        return fail(status, CKPT_ERR_IO, err, errlen, "%s: cannot read: %s", c->path, strerror(errno));
+    if (memcmp(end, kEnd, sizeof end) != 0)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: corrupt checkpoint: no end marker at byte %llu, where its %u sections end", c->path,
+                    (unsigned long long)pos, (unsigned)count);
+    if (pos + kTrailerBytes != c->length)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: corrupt checkpoint: %llu bytes after its end (the file has %llu, a checkpoint ends at %llu)",
+                    c->path, (unsigned long long)(c->length - pos - kTrailerBytes), (unsigned long long)c->length,
+                    (unsigned long long)(pos + kTrailerBytes));
+    c->n_sections = count;
+    return 0;
+}
+
+/* Reads the whole file once: every section's CRC, then the file's. */
+static int check_checksums(CkptFile *c, CkptStatus *status, char *err, size_t errlen) {
+    uint32_t file_crc = 0, stored;
+    uint64_t pos = 0;
+    for (uint32_t i = 0; i < c->n_sections; i++) {
+        const Section *s = &c->sections[i];
+        uint32_t part = 0;
+        if (crc_at(c, pos, s->offset - pos, NULL, &file_crc) != 0 || crc_at(c, s->offset, s->size, NULL, &part) != 0)
+            return fail(status, CKPT_ERR_IO, err, errlen, "%s: cannot read: %s", c->path, strerror(errno));
+        if (part != s->crc)
+            return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                        "%s: checksum mismatch in section '%s': the file is corrupt (its bytes changed after it was "
+                        "written)", c->path, s->name);
+        file_crc = crc32_combine(file_crc, part, (z_off_t)s->size);
+        pos = s->offset + s->size;
+    }
+    if (crc_at(c, pos, c->length - kCrcBytes - pos, NULL, &file_crc) != 0 ||
+        read_at(c, c->length - kCrcBytes, &stored, sizeof stored) != 0)
+        return fail(status, CKPT_ERR_IO, err, errlen, "%s: cannot read: %s", c->path, strerror(errno));
+    if (stored != file_crc)
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: checksum mismatch over the whole file: the file is corrupt (its bytes changed after it was "
+                    "written)", c->path);
+    return 0;
+}
+
+CkptFile *ckpt_open_status(const char *path, CkptStatus *status, char *err, size_t errlen) {
+    CkptStatus ignored;
+    if (!status) status = &ignored;
     CkptFile *c = calloc(1, sizeof *c);
     if (!c) {
-        snprintf(err, errlen, "%s: out of host memory", path);
+        fail(status, CKPT_ERR_IO, err, errlen, "%s: out of host memory", path);
         return NULL;
     }
     snprintf(c->path, sizeof c->path, "%s", path);
-    c->f = fopen(path, "rb");
     struct stat st;
-    if (!c->f || fstat(fileno(c->f), &st) != 0) {
-        snprintf(err, errlen, "%s: cannot open checkpoint: %s", path, strerror(errno));
-        goto fail;
+    c->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: it is refused below */
+    if (c->fd < 0 || fstat(c->fd, &st) != 0) {
+        fail(status, errno == EISDIR ? CKPT_ERR_NOT_FILE : CKPT_ERR_IO, err, errlen,
+             "%s: cannot open checkpoint: %s", path, strerror(errno));
+        goto failed;
     }
-    uint64_t length = (uint64_t)st.st_size, pos = 0;
-    uint32_t crc = 0, version = 0, count = 0;
-    char magic[8];
-    if (take(c->f, magic, sizeof magic, &crc, NULL) != 0 || memcmp(magic, kMagic, sizeof magic) != 0) {
-        snprintf(err, errlen, "%s: not a trainc checkpoint (bad magic)", path);
-        goto fail;
+    if (!S_ISREG(st.st_mode)) {
+        fail(status, CKPT_ERR_NOT_FILE, err, errlen, "%s: %s, not a checkpoint file", path,
+             S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+        goto failed;
     }
-    if (take(c->f, &version, sizeof version, &crc, NULL) != 0 || version != CKPT_VERSION) {
-        snprintf(err, errlen, "%s: checkpoint format version %u, this trainc reads version %d", path,
-                 (unsigned)version, CKPT_VERSION);
-        goto fail;
-    }
-    if (take(c->f, &count, sizeof count, &crc, NULL) != 0 || count > CKPT_MAX_SECTIONS) {
-        snprintf(err, errlen, "%s: corrupt checkpoint header (%u sections)", path, (unsigned)count);
-        goto fail;
-    }
-    pos = sizeof magic + sizeof version + sizeof count;
-    for (uint32_t i = 0; i < count; i++) {
-        Section *s = &c->sections[i];
-        uint32_t part = 0, stored;
-        if (take(c->f, s->name, CKPT_NAME_LEN, &crc, NULL) != 0 ||
-            take(c->f, &s->size, sizeof s->size, &crc, NULL) != 0) {
-            snprintf(err, errlen, "%s: truncated (%llu bytes) in the header of section %u", path,
-                     (unsigned long long)length, (unsigned)i);
-            goto fail;
-        }
-        s->name[CKPT_NAME_LEN - 1] = 0;
-        pos += CKPT_NAME_LEN + sizeof s->size;
-        if (s->size > length || pos + s->size + sizeof stored > length) {
-            snprintf(err, errlen, "%s: truncated: section '%s' needs %llu bytes, the file has %llu", path,
-                     s->name, (unsigned long long)s->size, (unsigned long long)length);
-            goto fail;
-        }
-        s->offset = pos;
-        if (take(c->f, NULL, s->size, &crc, &part) != 0 || take(c->f, &stored, sizeof stored, &crc, NULL) != 0) {
-            snprintf(err, errlen, "%s: truncated in section '%s'", path, s->name);
-            goto fail;
-        }
-        pos += s->size + sizeof stored;
-        if (part != stored) {
-            snprintf(err, errlen, "%s: checksum mismatch in section '%s' (corrupt file)", path, s->name);
-            goto fail;
-        }
-        s->crc = stored;
-    }
-    c->n_sections = count;
-    char end[8];
-    uint32_t stored_crc;
-    if (take(c->f, end, sizeof end, &crc, NULL) != 0 || take(c->f, &stored_crc, sizeof stored_crc, NULL, NULL) != 0) {
-        snprintf(err, errlen, "%s: truncated (%llu bytes): no end marker", path, (unsigned long long)length);
-        goto fail;
-    }
-    if (memcmp(end, kEnd, sizeof end) != 0) {
-        snprintf(err, errlen, "%s: corrupt checkpoint: bad end marker", path);
-        goto fail;
-    }
-    if (stored_crc != crc) {
-        snprintf(err, errlen, "%s: checksum mismatch (corrupt file)", path);
-        goto fail;
-    }
-    if (pos + sizeof end + sizeof stored_crc != length) {
-        snprintf(err, errlen, "%s: %llu bytes of trailing garbage", path,
-                 (unsigned long long)(length - pos - sizeof end - sizeof stored_crc));
-        goto fail;
-    }
+    c->length = (uint64_t)st.st_size;
+    if (check_layout(c, status, err, errlen) != 0 || check_checksums(c, status, err, errlen) != 0) goto failed;
+    *status = CKPT_OK;
     return c;
-fail:
+failed:
     ckpt_close(c);
     return NULL;
 }
+
+CkptFile *ckpt_open(const char *path, char *err, size_t errlen) { return ckpt_open_status(path, NULL, err, errlen); }
 
 static const Section *find(const CkptFile *f, const char *name) {
     for (uint32_t i = 0; i < f->n_sections; i++)
@@ -297,7 +499,7 @@ int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, ch
         return -1;
     }
     uint32_t crc = 0;
-    if (fseeko(f->f, (off_t)s->offset, SEEK_SET) != 0 || take(f->f, out, bytes, NULL, &crc) != 0) {
+    if (crc_at(f, s->offset, bytes, out, &crc) != 0) {
         snprintf(err, errlen, "%s: cannot read section '%s': %s", f->path, name, strerror(errno));
         return -1;
     }
@@ -312,6 +514,6 @@ const char *ckpt_path(const CkptFile *f) { return f->path; }
 
 void ckpt_close(CkptFile *f) {
     if (!f) return;
-    if (f->f) fclose(f->f);
+    if (f->fd >= 0) close(f->fd);
     free(f);
 }

@@ -17,10 +17,17 @@
  *
  * Writing goes to "<path>.tmp.<pid>" in the same directory, then fflush, fsync,
  * rename to path and fsync of the directory: a reader sees the old file or the
- * whole new one, never a part. Opening reads the file once end to end and
- * checks magic, version, every size against the file's length, every section's
- * CRC and the file's CRC, so a truncated or bit-flipped file is refused before
- * anything is read from it. Errors name the file and what is wrong. */
+ * whole new one, never a part. A process killed mid-write leaves its temporary
+ * file; ckpt_remove_stale_temporaries removes those of processes that no longer
+ * run, and ckpt_remove_pending (from a signal handler or a fatal error) the one
+ * being written.
+ *
+ * Opening checks the layout against the file's length before anything is read
+ * from it (every size and count read from the file is checked against the
+ * length before use; nothing is allocated from them), then reads the file once
+ * end to end for every section's CRC and the file's CRC. Errors name the file
+ * and say what it is: a directory, empty, not a checkpoint, truncated (its size
+ * and the size expected), written by a newer trainc, a checksum mismatch. */
 #ifndef TRAINC_CHECKPOINT_H
 #define TRAINC_CHECKPOINT_H
 
@@ -50,8 +57,29 @@ int ckpt_write_commit(CkptWriter *w, char *err, size_t errlen);
 /* Removes the temporary file and frees w. */
 void ckpt_write_abort(CkptWriter *w);
 
+/* Removes the temporary file of the write in progress, if there is one (the
+ * last begun). Async-signal-safe: for a handler that ends the process at once.
+ * Writers also register it with tc_on_fatal. */
+void ckpt_remove_pending(void);
+/* Removes from dir the temporary files "<prefix>*<suffix>.tmp.<pid>" whose
+ * process no longer runs (or is this one, with no write of that file in
+ * progress), regular files only, each with a warning naming it; finished files
+ * are never touched. Returns how many were removed; 0 when dir does not exist. */
+int ckpt_remove_stale_temporaries(const char *dir, const char *prefix, const char *suffix);
+
+/* What is wrong with a file ckpt_open refused. */
+typedef enum {
+    CKPT_OK = 0,
+    CKPT_ERR_IO,       /* cannot be opened or read (missing, permissions, I/O error) */
+    CKPT_ERR_NOT_FILE, /* a directory or another kind of non-regular file */
+    CKPT_ERR_NEWER,    /* a format version newer than this trainc reads: not damaged */
+    CKPT_ERR_CORRUPT,  /* damaged: empty, not a checkpoint, truncated, a checksum mismatch */
+} CkptStatus;
+
 /* Opens and verifies a whole file; NULL with "FILE: what is wrong" in err. */
 CkptFile *ckpt_open(const char *path, char *err, size_t errlen);
+/* ckpt_open that also says in *status (when not NULL) what kind of failure. */
+CkptFile *ckpt_open_status(const char *path, CkptStatus *status, char *err, size_t errlen);
 /* Bytes of a section, or -1 when there is none of that name. */
 int64_t ckpt_section_size(const CkptFile *f, const char *name);
 /* Reads a section whose size must be exactly 'bytes' (checks its CRC again). */
@@ -59,7 +87,7 @@ int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, ch
 const char *ckpt_path(const CkptFile *f);
 void ckpt_close(CkptFile *f);
 
-/* CRC-32 (the polynomial of zlib and PNG); crc starts at 0. */
+/* CRC-32 (zlib's crc32: the polynomial of zlib, gzip and PNG); crc starts at 0. */
 uint32_t ckpt_crc32(uint32_t crc, const void *data, size_t n);
 
 #ifdef __cplusplus

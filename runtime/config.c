@@ -2,12 +2,16 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/check.h"
 
@@ -16,6 +20,14 @@
 #define MAX_SUGGEST_LEN 128
 
 _Static_assert(sizeof(long long) == sizeof(int64_t), "strtoll must parse exactly int64");
+
+/* A key's range, parsed from CfgKeySpec.range. */
+typedef struct {
+    int set;            /* 0: any value of the type */
+    int64_t imin, imax; /* CFG_INT, inclusive */
+    double fmin, fmax;  /* floats; +-inf where open-ended */
+    int min_open, max_open;
+} CfgRange;
 
 typedef struct {
     char *text;   /* the value as written, trimmed: what config_print writes back */
@@ -29,6 +41,7 @@ struct Config {
     const CfgKeySpec *schema;
     int n_keys;
     CfgValue *values; /* values[k] holds schema[k] */
+    CfgRange *ranges; /* ranges[k] of schema[k] */
 };
 
 /* ---------------------------------------------------------------- strings */
@@ -65,20 +78,48 @@ static int value_fits_in_file(const char *value) {
     return fits;
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
+/* A string as long as the text needs: user values have no length limit. */
+static char *vformat(const char *fmt, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    if (n < 0) TC_FATAL("config: cannot format a message");
+    char *s = malloc((size_t)n + 1);
+    if (!s) TC_FATAL("config: out of memory");
+    vsnprintf(s, (size_t)n + 1, fmt, again);
+    va_end(again);
+    return s;
+}
+
+static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *format(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = vformat(fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* Sets *err (when err is not NULL) to the message; returns -1. */
+static int fail(char **err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(char **err, const char *fmt, ...) {
+    if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
+        free(*err);
+        *err = vformat(fmt, ap);
         va_end(ap);
     }
     return -1;
 }
 
-static void append(char *buf, size_t size, const char *s) {
-    size_t used = strlen(buf);
-    if (used + 1 < size) snprintf(buf + used, size - used, "%s", s);
+/* *s = *s + tail, reallocated. */
+static void append(char **s, const char *tail) {
+    size_t used = *s ? strlen(*s) : 0, n = strlen(tail);
+    char *grown = realloc(*s, used + n + 1);
+    if (!grown) TC_FATAL("config: out of memory");
+    memcpy(grown + used, tail, n + 1);
+    *s = grown;
 }
 
 /* Levenshtein distance; INT_MAX when either string is too long to bother. */
@@ -115,6 +156,7 @@ static const char *type_name(CfgType t) {
     case CFG_BOOL: return "bool";
     case CFG_STRING: return "string";
     case CFG_ENUM: return "enum";
+    case CFG_FLOAT32: return "float32";
     }
     return "?";
 }
@@ -155,18 +197,18 @@ static int find_full_key(const Config *c, const char *key) {
 /* The schema key the user probably meant by section.name, or NULL. The same
  * name under another section counts: "[train] workers" suggests data.workers. */
 static const char *closest_key(const Config *c, const char *section, const char *name) {
-    char wanted[MAX_SUGGEST_LEN];
-    int n = snprintf(wanted, sizeof wanted, "%s.%s", section, name);
+    char *wanted = format("%s.%s", section, name);
     const char *best = NULL;
     int best_distance = INT_MAX;
-    for (int k = 0; n > 0 && n < (int)sizeof wanted && k < c->n_keys; k++) {
+    for (int k = 0; k < c->n_keys; k++) {
         const char *key = c->schema[k].key;
-        int d = edit_distance(wanted, (size_t)n, key, strlen(key));
+        int d = edit_distance(wanted, strlen(wanted), key, strlen(key));
         if (d < best_distance) {
             best_distance = d;
             best = key;
         }
     }
+    free(wanted);
     if (best && is_close(best_distance, strlen(name))) return best;
     for (int k = 0; k < c->n_keys; k++) {
         const char *key = c->schema[k].key;
@@ -193,17 +235,16 @@ static const char *closest_section(const Config *c, const char *section, int *le
 }
 
 /* Finds section.name in the schema; -1 with an error when it is not there. */
-static int lookup_key(const Config *c, const char *section, const char *name, const char *where,
-                      char *err, size_t errlen) {
+static int lookup_key(const Config *c, const char *section, const char *name, const char *where, char **err) {
     int k = find_key(c, section, name);
     if (k >= 0) return k;
     const char *hint = closest_key(c, section, name);
-    char did_you_mean[MAX_SUGGEST_LEN + 32] = "";
-    if (hint) snprintf(did_you_mean, sizeof did_you_mean, " (did you mean %s?)", hint);
+    const char *open = hint ? " (did you mean " : "", *close = hint ? "?)" : "";
+    if (!hint) hint = "";
     if (!section_exists(c, section))
-        return fail(err, errlen, "%s: unknown section '%s' in key %s.%s%s", where, section, section, name,
-                    did_you_mean);
-    return fail(err, errlen, "%s: unknown key %s.%s%s", where, section, name, did_you_mean);
+        return fail(err, "%s: unknown section '%s' in key %s.%s%s%s%s", where, section, section, name, open, hint,
+                    close);
+    return fail(err, "%s: unknown key %s.%s%s%s%s", where, section, name, open, hint, close);
 }
 
 /* ------------------------------------------------------------------ values */
@@ -235,38 +276,79 @@ static int enum_has_choice(const char *choices, const char *s) {
     }
 }
 
-/* Parses a trimmed text as spec's type into v's typed field. On failure
- * writes why, starting with the key, and returns -1. An empty string is a
- * value ("metrics_file =" turns the file off); an empty number is a mistake. */
-static int parse_value(const CfgKeySpec *spec, const char *text, CfgValue *v, char *why, size_t whylen) {
-    const char *key = spec->key;
-    if (!*text && spec->type != CFG_STRING) return fail(why, whylen, "%s: empty value", key);
+static int in_range(const CfgRange *r, double x) {
+    int above_min = r->min_open ? x > r->fmin : x >= r->fmin;
+    int below_max = r->max_open ? x < r->fmax : x <= r->fmax;
+    return above_min && below_max;
+}
+
+static int parse_int(const CfgKeySpec *spec, const CfgRange *r, const char *text, CfgValue *v, char **why) {
     char *end;
+    errno = 0;
+    long long n = strtoll(text, &end, 10);
+    if (end == text || *end) return fail(why, "%s: '%s' is not a base-10 integer", spec->key, text);
+    if (errno == ERANGE) return fail(why, "%s: %s does not fit in a 64-bit integer", spec->key, text);
+    if (r->set && (n < r->imin || n > r->imax))
+        return fail(why, "%s = %s is out of range: allowed %s", spec->key, text, spec->range);
+    v->i = n;
+    return 0;
+}
+
+/* A finite double; for CFG_FLOAT32 one that stays a non-zero finite float
+ * when it was not zero. The range holds for the value the program uses. */
+static int parse_float(const CfgKeySpec *spec, const CfgRange *r, const char *text, CfgValue *v, char **why) {
+    const char *key = spec->key;
+    char *end;
+    errno = 0;
+    double x = strtod(text, &end);
+    if (end == text || *end) return fail(why, "%s: '%s' is not a number", key, text);
+    if (isnan(x) || (isinf(x) && errno != ERANGE))
+        return fail(why, "%s: '%s' is not a finite number (inf and nan are not allowed)", key, text);
+    int bits = spec->type == CFG_FLOAT32 ? 32 : 64;
+    if (errno == ERANGE && fabs(x) > 1) return fail(why, "%s: %s overflows a %d-bit float", key, text, bits);
+    if (errno == ERANGE) return fail(why, "%s: %s underflows a %d-bit float", key, text, bits);
+    double used = x;
+    if (bits == 32) {
+        if (fabs(x) > FLT_MAX)
+            return fail(why, "%s: %s overflows a 32-bit float (largest %.6g)", key, text, (double)FLT_MAX);
+        used = (double)(float)x;
+        if (x != 0 && used == 0)
+            return fail(why, "%s: %s is too small for a 32-bit float (it would be 0; smallest %.2g)", key, text,
+                        (double)FLT_TRUE_MIN);
+    }
+    if (r->set && !in_range(r, x))
+        return fail(why, "%s = %s is out of range: allowed %s", key, text, spec->range);
+    if (r->set && !in_range(r, used))
+        return fail(why, "%s = %s is out of range: allowed %s (as a 32-bit float it is %.9g)", key, text,
+                    spec->range, used);
+    v->f = x;
+    return 0;
+}
+
+/* Parses a trimmed text as spec's type into v's typed field. On failure
+ * sets *why, starting with the key, and returns -1. An empty string is a
+ * value ("metrics_file =" turns the file off); an empty number is a mistake. */
+static int parse_value(const CfgKeySpec *spec, const CfgRange *r, const char *text, CfgValue *v, char **why) {
+    const char *key = spec->key;
+    if (!*text && spec->type != CFG_STRING) return fail(why, "%s: empty value", key);
     switch (spec->type) {
     case CFG_INT:
-        errno = 0;
-        v->i = strtoll(text, &end, 10);
-        if (*end) return fail(why, whylen, "%s: '%s' is not a base-10 integer", key, text);
-        if (errno == ERANGE)
-            return fail(why, whylen, "%s: '%s' does not fit in a 64-bit integer", key, text);
-        return 0;
+        return parse_int(spec, r, text, v, why);
     case CFG_FLOAT:
-        v->f = strtod(text, &end);
-        if (*end) return fail(why, whylen, "%s: '%s' is not a number", key, text);
-        if (!isfinite(v->f)) return fail(why, whylen, "%s: '%s' is not a finite number", key, text);
-        return 0;
+    case CFG_FLOAT32:
+        return parse_float(spec, r, text, v, why);
     case CFG_BOOL:
         if (parse_bool(text, &v->b) != 0)
-            return fail(why, whylen, "%s: '%s' is not a boolean (on/off, true/false, yes/no, 1/0)", key, text);
+            return fail(why, "%s: '%s' is not a boolean (on/off, true/false, yes/no, 1/0)", key, text);
         return 0;
     case CFG_STRING:
         return 0;
     case CFG_ENUM:
         if (!enum_has_choice(spec->choices, text))
-            return fail(why, whylen, "%s: '%s' is not one of %s", key, text, spec->choices);
+            return fail(why, "%s: '%s' is not one of %s", key, text, spec->choices);
         return 0;
     }
-    return fail(why, whylen, "%s: bad type %d", key, (int)spec->type);
+    return fail(why, "%s: bad type %d", key, (int)spec->type);
 }
 
 static void store_value(CfgValue *v, const CfgValue *parsed, const char *text, const char *origin) {
@@ -278,14 +360,14 @@ static void store_value(CfgValue *v, const CfgValue *parsed, const char *text, c
 }
 
 /* Parses text for key k and makes it the effective value; errors start with where. */
-static int set_value(Config *c, int k, const char *text, const char *origin, const char *where,
-                     char *err, size_t errlen) {
-    char why[512];
+static int set_value(Config *c, int k, const char *text, const char *origin, const char *where, char **err) {
+    char *why = NULL;
     CfgValue parsed = {0};
-    if (parse_value(&c->schema[k], text, &parsed, why, sizeof why) != 0)
-        return fail(err, errlen, "%s: %s", where, why);
-    store_value(&c->values[k], &parsed, text, origin);
-    return 0;
+    int rc = parse_value(&c->schema[k], &c->ranges[k], text, &parsed, &why);
+    if (rc == 0) store_value(&c->values[k], &parsed, text, origin);
+    else fail(err, "%s: %s", where, why);
+    free(why);
+    return rc;
 }
 
 static CfgValue *values_clone(const Config *c) {
@@ -331,6 +413,48 @@ static int is_valid_choices(const char *choices) {
     return choices[strlen(choices) - 1] != '|';
 }
 
+static int is_number_type(CfgType t) { return t == CFG_INT || t == CFG_FLOAT || t == CFG_FLOAT32; }
+
+/* One end of a range: an int, a finite number, or (floats, open end) +-inf. */
+static int parse_bound(CfgType type, const char *text, int open, int is_max, double *f, int64_t *i) {
+    if (type != CFG_INT && open && strcmp(text, is_max ? "inf" : "-inf") == 0) {
+        *f = is_max ? INFINITY : -INFINITY;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    if (type == CFG_INT) {
+        *i = strtoll(text, &end, 10);
+        *f = (double)*i;
+        return end == text || *end || errno || open ? -1 : 0; /* ints: closed ends */
+    }
+    *f = strtod(text, &end);
+    return end == text || *end || errno || !isfinite(*f) ? -1 : 0;
+}
+
+/* "[lo, hi]", "(lo, hi]", ...: 0, or -1 when the text is not such an interval. */
+static int parse_range(const CfgKeySpec *spec, CfgRange *r) {
+    const char *text = spec->range;
+    size_t n = strlen(text);
+    if (n < 5 || !strchr("[(", text[0]) || !strchr("])", text[n - 1])) return -1;
+    char *inner = xstrdup(text + 1);
+    inner[n - 2] = '\0';
+    char *comma = strchr(inner, ',');
+    int rc = -1;
+    if (comma) {
+        *comma = '\0';
+        r->min_open = text[0] == '(';
+        r->max_open = text[n - 1] == ')';
+        rc = parse_bound(spec->type, trim(inner), r->min_open, 0, &r->fmin, &r->imin) ||
+             parse_bound(spec->type, trim(comma + 1), r->max_open, 1, &r->fmax, &r->imax) ? -1 : 0;
+        if (rc == 0 && (r->fmin > r->fmax || (r->fmin == r->fmax && (r->min_open || r->max_open)))) rc = -1;
+        if (rc == 0 && spec->type == CFG_INT && r->imin > r->imax) rc = -1;
+    }
+    free(inner);
+    r->set = rc == 0;
+    return rc;
+}
+
 static void check_spec(const CfgKeySpec *schema, int k) {
     const CfgKeySpec *spec = &schema[k];
     const char *key = spec->key;
@@ -341,8 +465,10 @@ static void check_spec(const CfgKeySpec *schema, int k) {
         TC_FATAL("config schema: %s: 'include' is a directive, not a key name", key);
     for (int j = 0; j < k; j++)
         if (strcmp(schema[j].key, key) == 0) TC_FATAL("config schema: %s appears twice", key);
-    if (spec->type < CFG_INT || spec->type > CFG_ENUM)
+    if (spec->type < CFG_INT || spec->type > CFG_FLOAT32)
         TC_FATAL("config schema: %s: bad type %d", key, (int)spec->type);
+    if (spec->range && !is_number_type(spec->type))
+        TC_FATAL("config schema: %s: a range on a %s key", key, type_name(spec->type));
     if (spec->type == CFG_ENUM && !is_valid_choices(spec->choices))
         TC_FATAL("config schema: %s: bad enum choices '%s'", key, spec->choices ? spec->choices : "(null)");
     if (spec->help && strpbrk(spec->help, "\r\n"))
@@ -357,14 +483,19 @@ Config *config_new(const CfgKeySpec *schema, int n_keys) {
     if (n_keys < 0 || (n_keys > 0 && !schema)) TC_FATAL("config_new: no schema for %d keys", n_keys);
     Config *c = calloc(1, sizeof *c);
     CfgValue *values = calloc((size_t)n_keys + 1, sizeof *values);
-    if (!c || !values) TC_FATAL("config: out of memory");
+    CfgRange *ranges = calloc((size_t)n_keys + 1, sizeof *ranges);
+    if (!c || !values || !ranges) TC_FATAL("config: out of memory");
     c->schema = schema;
     c->n_keys = n_keys;
     c->values = values;
+    c->ranges = ranges;
     for (int k = 0; k < n_keys; k++) {
         check_spec(schema, k);
-        char why[512];
-        if (set_value(c, k, schema[k].default_value, "default", "default", why, sizeof why) != 0)
+        if (schema[k].range && parse_range(&schema[k], &ranges[k]) != 0)
+            TC_FATAL("config schema: %s: bad range '%s' (\"[lo, hi]\"; ints closed, floats may be open or "
+                     "+-inf at an open end)", schema[k].key, schema[k].range);
+        char *why = NULL;
+        if (set_value(c, k, schema[k].default_value, "default", "default", &why) != 0)
             TC_FATAL("config schema: bad %s", why);
     }
     return c;
@@ -373,6 +504,7 @@ Config *config_new(const CfgKeySpec *schema, int n_keys) {
 void config_free(Config *c) {
     if (!c) return;
     values_free(c->values, c->n_keys);
+    free(c->ranges);
     free(c);
 }
 
@@ -380,8 +512,7 @@ void config_free(Config *c) {
 
 typedef struct {
     Config *c;
-    char *err;
-    size_t errlen;
+    char **err;
     int depth; /* files being loaded: the top file and the includes it is inside */
     char *real_paths[MAX_INCLUDE_DEPTH + 1];        /* to detect cycles */
     const char *shown_paths[MAX_INCLUDE_DEPTH + 1]; /* as written, for messages */
@@ -397,26 +528,41 @@ typedef struct {
 static int load_file(Loader *L, const char *path, const char *include_site);
 
 /* The whole file, NUL-terminated; NULL with errno set on failure. */
-static char *read_text_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n + 1 < cap) break; /* a short read: end of file or an error */
-        cap *= 2;
-        buf = realloc(buf, cap);
-    }
-    if (!buf) TC_FATAL("config: out of memory reading %s", path);
-    int failed = ferror(f);
-    int saved_errno = errno;
-    fclose(f);
-    if (failed) {
-        free(buf);
-        errno = saved_errno ? saved_errno : EIO;
+/* A config is a regular file of at most this size: an include of /dev/zero or
+ * a FIFO would otherwise read forever or block. */
+#define CONFIG_MAX_BYTES (16u << 20)
+
+/* The whole file, NUL-terminated; NULL with *why set when it cannot be read. */
+static char *read_text_file(const char *path, size_t *len, const char **why) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        *why = strerror(errno);
+        if (fd >= 0) close(fd);
         return NULL;
     }
+    if (!S_ISREG(st.st_mode) || st.st_size > CONFIG_MAX_BYTES) {
+        *why = S_ISDIR(st.st_mode) ? "it is a directory"
+             : !S_ISREG(st.st_mode) ? "not a regular file"
+             : "larger than 16 MiB, too large for a config";
+        close(fd);
+        return NULL;
+    }
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) TC_FATAL("config: out of memory reading %s", path);
+    for (ssize_t got = 1; got > 0 && n + 1 < cap; n += (size_t)got) {
+        got = read(fd, buf + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) got = 0;
+        else if (got < 0) {
+            *why = strerror(errno);
+            free(buf);
+            close(fd);
+            return NULL;
+        }
+        if (got == 0) break;
+    }
+    close(fd);
     buf[n] = '\0';
     *len = n;
     return buf;
@@ -435,27 +581,27 @@ static char *resolve_relative(const char *including_path, const char *name) {
 
 static int parse_section_header(Loader *L, FileCursor *fc, char *line, const char *where) {
     char *close = strchr(line, ']');
-    if (!close) return fail(L->err, L->errlen, "%s: unterminated section header '%s' (no ']')", where, line);
+    if (!close) return fail(L->err, "%s: unterminated section header '%s' (no ']')", where, line);
     *close = '\0';
     char *rest = trim(close + 1);
     char *section = trim(line + 1);
     if (*rest && *rest != '#' && *rest != ';')
-        return fail(L->err, L->errlen, "%s: malformed line: '%s' after [%s]", where, rest, section);
-    if (!*section) return fail(L->err, L->errlen, "%s: empty section name '[]'", where);
+        return fail(L->err, "%s: malformed line: '%s' after [%s]", where, rest, section);
+    if (!*section) return fail(L->err, "%s: empty section name '[]'", where);
     if (!section_exists(L->c, section)) {
         int len = 0;
         const char *hint = closest_section(L->c, section, &len);
         if (hint)
-            return fail(L->err, L->errlen, "%s: unknown section [%s] (did you mean [%.*s]?)", where, section,
+            return fail(L->err, "%s: unknown section [%s] (did you mean [%.*s]?)", where, section,
                         len, hint);
-        return fail(L->err, L->errlen, "%s: unknown section [%s]", where, section);
+        return fail(L->err, "%s: unknown section [%s]", where, section);
     }
     fc->section = section; /* points into the file's text, which lives as long as the cursor */
     return 0;
 }
 
 static int include_file(Loader *L, const FileCursor *fc, const char *name, const char *where) {
-    if (!*name) return fail(L->err, L->errlen, "%s: include: empty value", where);
+    if (!*name) return fail(L->err, "%s: include: empty value", where);
     char *path = resolve_relative(fc->path, name);
     int rc = load_file(L, path, where);
     free(path);
@@ -465,7 +611,7 @@ static int include_file(Loader *L, const FileCursor *fc, const char *name, const
 static int parse_assignment(Loader *L, FileCursor *fc, char *line, const char *where) {
     char *eq = strchr(line, '=');
     if (!eq)
-        return fail(L->err, L->errlen, "%s: malformed line '%s' (expected key = value, [section] or a comment)",
+        return fail(L->err, "%s: malformed line '%s' (expected key = value, [section] or a comment)",
                     where, line);
     *eq = '\0';
     char *name = trim(line);
@@ -473,28 +619,31 @@ static int parse_assignment(Loader *L, FileCursor *fc, char *line, const char *w
     char *comment = find_comment(value);
     if (comment) *comment = '\0';
     value = trim(value);
-    if (!*name) return fail(L->err, L->errlen, "%s: malformed line: no key before '='", where);
+    if (!*name) return fail(L->err, "%s: malformed line: no key before '='", where);
     if (strcmp(name, "include") == 0) return include_file(L, fc, value, where);
     if (!fc->section)
-        return fail(L->err, L->errlen, "%s: key '%s' is outside any section (add a [section] line above it)",
+        return fail(L->err, "%s: key '%s' is outside any section (add a [section] line above it)",
                     where, name);
-    int k = lookup_key(L->c, fc->section, name, where, L->err, L->errlen);
+    int k = lookup_key(L->c, fc->section, name, where, L->err);
     if (k < 0) return -1;
     if (fc->set_at_line[k])
-        return fail(L->err, L->errlen, "%s: %s is set twice in this file (lines %d and %d)", where,
+        return fail(L->err, "%s: %s is set twice in this file (lines %d and %d)", where,
                     L->c->schema[k].key, fc->set_at_line[k], fc->line);
     fc->set_at_line[k] = fc->line;
-    return set_value(L->c, k, value, where, where, L->err, L->errlen);
+    return set_value(L->c, k, value, where, where, L->err);
 }
 
 static int parse_line(Loader *L, FileCursor *fc, char *raw, size_t raw_len) {
-    char where[PATH_MAX + 32];
-    snprintf(where, sizeof where, "%s:%d", fc->path, fc->line);
-    if (strlen(raw) != raw_len) return fail(L->err, L->errlen, "%s: malformed line: contains a NUL byte", where);
+    int has_nul = strlen(raw) != raw_len;
     char *line = trim(raw);
-    if (*line == '\0' || *line == '#' || *line == ';') return 0;
-    if (*line == '[') return parse_section_header(L, fc, line, where);
-    return parse_assignment(L, fc, line, where);
+    if (!has_nul && (*line == '\0' || *line == '#' || *line == ';')) return 0;
+    char *where = format("%s:%d", fc->path, fc->line);
+    int rc;
+    if (has_nul) rc = fail(L->err, "%s: malformed line: contains a NUL byte", where);
+    else if (*line == '[') rc = parse_section_header(L, fc, line, where);
+    else rc = parse_assignment(L, fc, line, where);
+    free(where);
+    return rc;
 }
 
 static int parse_text(Loader *L, FileCursor *fc, char *text, size_t len) {
@@ -514,16 +663,18 @@ static int parse_text(Loader *L, FileCursor *fc, char *text, size_t len) {
 static int check_include_chain(Loader *L, const char *real, const char *path, const char *include_site) {
     for (int d = 0; d < L->depth; d++) {
         if (strcmp(L->real_paths[d], real) != 0) continue;
-        char chain[1024] = "";
+        char *chain = NULL;
         for (int i = d; i < L->depth; i++) {
-            append(chain, sizeof chain, L->shown_paths[i]);
-            append(chain, sizeof chain, " -> ");
+            append(&chain, L->shown_paths[i]);
+            append(&chain, " -> ");
         }
-        append(chain, sizeof chain, path);
-        return fail(L->err, L->errlen, "%s: include cycle: %s", include_site, chain);
+        append(&chain, path);
+        fail(L->err, "%s: include cycle: %s", include_site, chain);
+        free(chain);
+        return -1;
     }
     if (L->depth > MAX_INCLUDE_DEPTH)
-        return fail(L->err, L->errlen, "%s: includes nested more than %d deep", include_site, MAX_INCLUDE_DEPTH);
+        return fail(L->err, "%s: includes nested more than %d deep", include_site, MAX_INCLUDE_DEPTH);
     return 0;
 }
 
@@ -531,23 +682,23 @@ static int check_include_chain(Loader *L, const char *real, const char *path, co
 static int load_file(Loader *L, const char *path, const char *include_site) {
     char *real = realpath(path, NULL);
     size_t len = 0;
-    char *text = real ? read_text_file(path, &len) : NULL;
+    const char *why = real ? NULL : strerror(errno);
+    char *text = real ? read_text_file(path, &len, &why) : NULL;
     if (!text) {
-        int saved_errno = errno;
         free(real);
-        if (include_site)
-            return fail(L->err, L->errlen, "%s: cannot open include '%s': %s", include_site, path,
-                        strerror(saved_errno));
-        return fail(L->err, L->errlen, "%s: cannot open: %s", path, strerror(saved_errno));
+        if (include_site) return fail(L->err, "%s: cannot open include '%s': %s", include_site, path, why);
+        return fail(L->err, "%s: cannot open: %s", path, why);
     }
     int rc = include_site ? check_include_chain(L, real, path, include_site) : 0;
+    /* A byte-order mark, as some Windows editors write, is not part of the first line. */
+    size_t bom = len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
     if (rc == 0) {
         L->real_paths[L->depth] = real;
         L->shown_paths[L->depth] = path;
         L->depth++;
         FileCursor fc = {.path = path, .set_at_line = calloc((size_t)L->c->n_keys + 1, sizeof(int))};
         if (!fc.set_at_line) TC_FATAL("config: out of memory");
-        rc = parse_text(L, &fc, text, len);
+        rc = parse_text(L, &fc, text + bom, len - bom);
         free(fc.set_at_line);
         L->depth--;
     }
@@ -556,11 +707,36 @@ static int load_file(Loader *L, const char *path, const char *include_site) {
     return rc;
 }
 
-/* A file that fails leaves the config as it was. */
+/* The message into a caller's buffer; one that does not fit ends in "...". */
+static int copy_message(int rc, char *message, char *err, size_t errlen) {
+    if (err && errlen) {
+        const char *m = message ? message : "";
+        size_t n = strlen(m);
+        if (n < errlen) memcpy(err, m, n + 1);
+        else snprintf(err, errlen, "%.*s...", errlen > 4 ? (int)(errlen - 4) : 0, m);
+    }
+    free(message);
+    return rc;
+}
+
 int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
+    char *message = NULL;
+    int rc = config_load_file_msg(c, path, &message);
+    return copy_message(rc, message, err, errlen);
+}
+
+int config_set(Config *c, const char *assignment, char *err, size_t errlen) {
+    char *message = NULL;
+    int rc = config_set_msg(c, assignment, &message);
+    return copy_message(rc, message, err, errlen);
+}
+
+/* A file that fails leaves the config as it was. */
+int config_load_file_msg(Config *c, const char *path, char **err) {
     if (!c || !path) TC_FATAL("config_load_file: NULL %s", c ? "path" : "config");
+    if (err) *err = NULL;
     CfgValue *before = values_clone(c);
-    Loader L = {.c = c, .err = err, .errlen = errlen};
+    Loader L = {.c = c, .err = err};
     int rc = load_file(&L, path, NULL);
     if (rc != 0) {
         CfgValue *partial = c->values;
@@ -573,34 +749,35 @@ int config_load_file(Config *c, const char *path, char *err, size_t errlen) {
 
 /* ---------------------------------------------------------------- --set */
 
-static int set_assignment(Config *c, char *assignment, const char *where, char *err, size_t errlen) {
+static int set_assignment(Config *c, char *assignment, const char *where, char **err) {
     char *eq = strchr(assignment, '=');
-    if (!eq) return fail(err, errlen, "%s: expected section.key=value", where);
+    if (!eq) return fail(err, "%s: expected section.key=value", where);
     *eq = '\0';
     char *key = trim(assignment);
     char *value = trim(eq + 1);
     char *dot = strchr(key, '.');
     if (!dot) {
         const char *hint = closest_key(c, "", key);
-        return fail(err, errlen, "%s: key '%s' has no section (expected section.key=value%s%s)", where, key,
+        return fail(err, "%s: key '%s' has no section (expected section.key=value%s%s)", where, key,
                     hint ? ", e.g. " : "", hint ? hint : "");
     }
     *dot = '\0';
-    int k = lookup_key(c, key, dot + 1, where, err, errlen);
+    int k = lookup_key(c, key, dot + 1, where, err);
     if (k < 0) return -1;
     if (!value_fits_in_file(value))
-        return fail(err, errlen, "%s: %s: a value cannot hold a newline or a '#'/';' after whitespace "
+        return fail(err, "%s: %s: a value cannot hold a newline or a '#'/';' after whitespace "
                     "(config files read that as a comment)", where, c->schema[k].key);
-    return set_value(c, k, value, "--set", where, err, errlen);
+    return set_value(c, k, value, "--set", where, err);
 }
 
-int config_set(Config *c, const char *assignment, char *err, size_t errlen) {
+int config_set_msg(Config *c, const char *assignment, char **err) {
     if (!c || !assignment) TC_FATAL("config_set: NULL %s", c ? "assignment" : "config");
-    char where[512];
-    snprintf(where, sizeof where, "--set %s", assignment);
+    if (err) *err = NULL;
+    char *where = format("--set %s", assignment);
     char *copy = xstrdup(assignment);
-    int rc = set_assignment(c, copy, where, err, errlen);
+    int rc = set_assignment(c, copy, where, err);
     free(copy);
+    free(where);
     return rc;
 }
 
@@ -611,7 +788,7 @@ static const CfgValue *typed_value(const Config *c, const char *key, CfgType wan
     int k = find_full_key(c, key);
     if (k < 0) TC_FATAL("%s(\"%s\"): no such config key", getter, key);
     CfgType type = c->schema[k].type;
-    if (type != want && !(want == CFG_STRING && type == CFG_ENUM))
+    if (type != want && !(want == CFG_STRING && type == CFG_ENUM) && !(want == CFG_FLOAT && type == CFG_FLOAT32))
         TC_FATAL("%s(\"%s\"): the key has type %s", getter, key, type_name(type));
     return &c->values[k];
 }
@@ -642,7 +819,8 @@ static void print_section(const Config *c, int first, FILE *f) {
     for (int k = first; k < c->n_keys; k++) {
         const CfgKeySpec *spec = &c->schema[k];
         if (!same_section(spec->key, first_key)) continue;
-        if (spec->help) fprintf(f, "# %s\n", spec->help);
+        if (spec->help) fprintf(f, "# %s%s%s\n", spec->help, spec->range ? "; allowed " : "",
+                                spec->range ? spec->range : "");
         fprintf(f, "%s = %s  # %s\n", spec->key + section_len(spec->key) + 1, c->values[k].text,
                 c->values[k].origin);
     }
@@ -658,4 +836,75 @@ void config_print(const Config *c, FILE *f) {
         if (printed++) fputc('\n', f);
         print_section(c, k, f);
     }
+}
+
+/* A table cell: '|' would end it. */
+static void markdown_cell(const char *text, FILE *f) {
+    for (; *text; text++) {
+        if (*text == '|') fputs("\\|", f);
+        else fputc(*text, f);
+    }
+}
+
+void config_schema_markdown(const CfgKeySpec *schema, int n_keys, FILE *f) {
+    fputs("| key | type | allowed | default | meaning |\n|---|---|---|---|---|\n", f);
+    for (int k = 0; k < n_keys; k++) {
+        const CfgKeySpec *s = &schema[k];
+        fprintf(f, "| `%s` | %s | ", s->key, s->type == CFG_FLOAT32 ? "float" : type_name(s->type));
+        if (s->type == CFG_ENUM) {
+            for (const char *c = s->choices; *c; c++) fputs(*c == '|' ? ", " : (char[2]){*c, 0}, f);
+        }
+        else if (s->type == CFG_BOOL) fputs("on, off", f);
+        else if (s->range) markdown_cell(s->range, f);
+        else fputs("any", f);
+        fprintf(f, " | `%s` | ", s->default_value);
+        markdown_cell(s->help, f);
+        fputs(" |\n", f);
+    }
+}
+
+/* ------------------------------------------------ the user's mistakes */
+
+/* "configs/a.ini:12: key = value" or "key = value (the default)". */
+static char *describe_setting(const Config *c, const char *key) {
+    int k = key ? find_full_key(c, key) : -1;
+    if (k < 0) TC_FATAL("config: no such config key '%s'", key ? key : "(null)");
+    const CfgValue *v = &c->values[k];
+    if (strcmp(v->origin, "default") == 0) return format("%s = %s (the default)", key, v->text);
+    return format("%s: %s = %s", v->origin, key, v->text);
+}
+
+static char *describe_problem(const Config *c, const char *key, const char *fmt, va_list ap) {
+    char *setting = describe_setting(c, key);
+    char *what = vformat(fmt, ap);
+    char *line = format("%s: %s", setting, what);
+    free(setting);
+    free(what);
+    return line;
+}
+
+void config_fail(const Config *c, const char *key, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *line = describe_problem(c, key, fmt, ap);
+    va_end(ap);
+    tc_fatal(NULL, 0, "%s", line);
+}
+
+void config_problem(ConfigProblems *p, const char *key, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *line = describe_problem(p->config, key, fmt, ap);
+    va_end(ap);
+    append(&p->text, "\n  ");
+    append(&p->text, line);
+    free(line);
+    p->count++;
+}
+
+void config_problems_check(ConfigProblems *p) {
+    if (p->count == 1) tc_fatal(NULL, 0, "%s", p->text + 3); /* past "\n  " */
+    if (p->count > 1) tc_fatal(NULL, 0, "%d problems with the settings:%s", p->count, p->text);
+    free(p->text);
+    p->text = NULL;
 }

@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "runtime/check.h"
+#include "runtime/gpu.h"
+#include "runtime/json_out.h"
 #include "runtime/log.h"
 
 /* The few NVML types and entry points used, declared here so that building
@@ -45,21 +47,21 @@ struct GpuMonitor {
     double record_every_s, record_t0, record_last;
 };
 
-static void json_value(char *out, size_t n, double v, const char *fmt) {
-    if (v < 0 || !isfinite(v)) snprintf(out, n, "null");
-    else snprintf(out, n, fmt, v);
+/* A reading rounded to `decimals` places; null when NVML gave none (< 0). */
+static void add_reading(cJSON *o, const char *key, double v, int decimals) {
+    double scale = pow(10, decimals);
+    json_add_number(o, key, v >= 0 ? round(v * scale) / scale : NAN, 15);
 }
 
-/* One JSON line, written with one fprintf. */
+/* One JSON line, written with one write. */
 static void record_sample(FILE *f, double t, const GpuSample *s) {
-    char util[32], mem[32], temp[32], power[32];
-    json_value(util, sizeof util, s->util_pct, "%.0f");
-    json_value(mem, sizeof mem, s->mem_used_bytes, "%.0f");
-    json_value(temp, sizeof temp, s->temp_c, "%.0f");
-    json_value(power, sizeof power, s->power_w, "%.1f");
-    fprintf(f, "{\"gpu_sample\": %.3f, \"util\": %s, \"mem_bytes\": %s, \"temp_c\": %s, \"power_w\": %s}\n", t,
-            util, mem, temp, power);
-    fflush(f);
+    cJSON *o = json_object_new();
+    add_reading(o, "gpu_sample", t, 3);
+    add_reading(o, "util", s->util_pct, 0);
+    add_reading(o, "mem_bytes", s->mem_used_bytes, 0);
+    add_reading(o, "temp_c", s->temp_c, 0);
+    add_reading(o, "power_w", s->power_w, 1);
+    json_write_line(f, o); /* a failed write loses one sample; the trainer's own lines report it */
 }
 
 static void sample_once(GpuMonitor *g) {
@@ -123,7 +125,7 @@ GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s) {
     char bus_id[64];
     int rc = -1;
     if (init && by_pci && g->shutdown && g->get_util && g->get_mem && init() == 0) {
-        CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, cuda_device));
+        gpu_pci_bus_id(cuda_device, bus_id, sizeof bus_id);
         rc = by_pci(bus_id, &g->device);
         if (rc != 0) g->shutdown();
     }

@@ -20,50 +20,73 @@ enum { POLL_MS = 200, REQUEST_TIMEOUT_MS = 2000, REQUEST_MAX = 8192 };
 
 typedef struct {
     const char *name, *help;
+    PromType type;
+    int has_value; /* absent from the exposition until set */
     double value;
-} Gauge;
+} Metric;
 
 struct PromServer {
     int fd, port;
     pthread_t thread;
     atomic_int stop;
     pthread_mutex_t lock;
-    Gauge gauges[PROM_MAX_GAUGES];
-    int n_gauges;
+    Metric metrics[PROM_MAX_METRICS];
+    int n_metrics;
 };
 
-void prom_gauge(PromServer *s, const char *name, const char *help, double value) {
+/* The metric called name, or NULL; with the lock held. */
+static Metric *find_metric(PromServer *s, const char *name) {
+    for (int i = 0; i < s->n_metrics; i++)
+        if (strcmp(s->metrics[i].name, name) == 0) return &s->metrics[i];
+    return NULL;
+}
+
+void prom_declare(PromServer *s, const char *name, const char *help, PromType type) {
     if (!s) return;
     pthread_mutex_lock(&s->lock);
-    int i = 0;
-    while (i < s->n_gauges && strcmp(s->gauges[i].name, name) != 0) i++;
-    if (i == s->n_gauges) {
-        if (i == PROM_MAX_GAUGES) TC_FATAL("prometheus: more than %d gauges", PROM_MAX_GAUGES);
-        s->gauges[i].name = name;
-        s->gauges[i].help = help;
-        s->n_gauges++;
-    }
-    s->gauges[i].value = value;
+    if (find_metric(s, name)) TC_FATAL("prometheus: %s declared twice", name);
+    if (s->n_metrics == PROM_MAX_METRICS) TC_FATAL("prometheus: more than %d metrics", PROM_MAX_METRICS);
+    s->metrics[s->n_metrics++] = (Metric){name, help, type, 0, 0};
     pthread_mutex_unlock(&s->lock);
 }
 
-char *prom_render(PromServer *s) {
-    size_t cap = 512 * (PROM_MAX_GAUGES + 1), used = 0;
-    char *out = malloc(cap);
-    if (!out) TC_FATAL("out of host memory");
-    out[0] = 0;
+void prom_set(PromServer *s, const char *name, double value) {
+    if (!s) return;
     pthread_mutex_lock(&s->lock);
-    for (int i = 0; i < s->n_gauges; i++) {
-        const Gauge *g = &s->gauges[i];
-        char value[64];
-        if (isnan(g->value)) snprintf(value, sizeof value, "NaN");
-        else if (isinf(g->value)) snprintf(value, sizeof value, g->value > 0 ? "+Inf" : "-Inf");
-        else snprintf(value, sizeof value, "%.17g", g->value);
-        int n = snprintf(out + used, cap - used, "# HELP %s %s\n# TYPE %s gauge\n%s %s\n", g->name, g->help,
-                         g->name, g->name, value);
-        if (n > 0 && (size_t)n < cap - used) used += (size_t)n;
+    Metric *m = find_metric(s, name);
+    if (!m) TC_FATAL("prometheus: %s set but never declared", name);
+    m->value = value;
+    m->has_value = 1;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* The fewest digits (15 to 17) that read back as v: 129.421, not 129.42099999999999. */
+static const char *shortest_text(double v, char *buf, size_t n) {
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, n, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+char *prom_render(PromServer *s) {
+    char value[32];
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    if (!f) TC_FATAL("out of host memory");
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->n_metrics; i++) {
+        const Metric *m = &s->metrics[i];
+        if (!m->has_value) continue;
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s ", m->name, m->help, m->name,
+                m->type == PROM_COUNTER ? "counter" : "gauge", m->name);
+        if (isnan(m->value)) fputs("NaN\n", f);
+        else if (isinf(m->value)) fputs(m->value > 0 ? "+Inf\n" : "-Inf\n", f);
+        else fprintf(f, "%s\n", shortest_text(m->value, value, sizeof value));
     }
     pthread_mutex_unlock(&s->lock);
+    if (fclose(f) != 0) TC_FATAL("out of host memory");
     return out;
 }
 

@@ -1,6 +1,9 @@
 #include "tests/harness.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,12 +14,24 @@
 
 int test_failures;
 int test_checks;
+/* Set when the test passed or skipped; an exit without it (a fatal error, a
+ * failed check) counts as a failure for TRAINC_TEST_KEEP. */
+static int test_succeeded;
+
+_Noreturn void test_skip(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("SKIP: ", stdout);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+    test_succeeded = 1;
+    exit(77);
+}
 
 void test_require_gpu(void) {
-    if (gpu_count() == 0) {
-        printf("no GPU: skipped\n");
-        exit(77);
-    }
+    if (gpu_count() == 0) test_skip("no GPU");
 }
 
 int test_have_gpu(void) { return gpu_count() > 0; }
@@ -27,6 +42,7 @@ int test_finish(const char *name) {
         return 1;
     }
     printf("%s: %d checks, %d failed\n", name, test_checks, test_failures);
+    test_succeeded = test_failures == 0;
     return test_failures ? 1 : 0;
 }
 
@@ -64,16 +80,64 @@ double test_rel_error(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+static const char *tmp_base(void) {
+    const char *tmp = getenv("TMPDIR");
+    return tmp && *tmp ? tmp : "/tmp";
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)type, (void)ftw;
+    if (remove(path) != 0 && errno != ENOENT) fprintf(stderr, "cannot remove %s: %s\n", path, strerror(errno));
+    return 0;
+}
+
+/* Deletes path and everything under it, following no symbolic links. */
+static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+enum { MAX_TMPDIRS = 32 };
+static char *tmpdirs[MAX_TMPDIRS];
+static int n_tmpdirs;
+static pid_t tmpdirs_owner;
+
+static void remove_tmpdirs(void) {
+    if (getpid() != tmpdirs_owner) return; /* a forked child's exit leaves its parent's folders alone */
+    const char *keep_env = getenv("TRAINC_TEST_KEEP");
+    int keep = !test_succeeded && keep_env && strcmp(keep_env, "1") == 0;
+    for (int i = 0; i < n_tmpdirs; i++) {
+        if (keep) {
+            fprintf(stderr, "TRAINC_TEST_KEEP=1: kept %s\n", tmpdirs[i]);
+            continue;
+        }
+        if (!test_succeeded) fprintf(stderr, "removing %s (TRAINC_TEST_KEEP=1 keeps it after a failure)\n", tmpdirs[i]);
+        remove_tree(tmpdirs[i]);
+        free(tmpdirs[i]);
+    }
+    n_tmpdirs = 0;
+}
+
 const char *test_tmpdir(const char *name) {
-    static char path[512];
-    snprintf(path, sizeof path, "/tmp/trainc-test-%s-%d", name, (int)getpid());
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", path, path);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "cannot make %s\n", path);
+    char path[1024];
+    int len = snprintf(path, sizeof path, "%s/trainc-test-%s-%d", tmp_base(), name, (int)getpid());
+    if (len < 0 || (size_t)len >= sizeof path) {
+        fprintf(stderr, "test_tmpdir: path too long under %s\n", tmp_base());
         exit(1);
     }
-    return path;
+    remove_tree(path);
+    if (mkdir(path, 0700) != 0) {
+        fprintf(stderr, "cannot make %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    for (int i = 0; i < n_tmpdirs; i++)
+        if (strcmp(tmpdirs[i], path) == 0) return tmpdirs[i];
+    if (n_tmpdirs == MAX_TMPDIRS || !(tmpdirs[n_tmpdirs] = strdup(path))) {
+        fprintf(stderr, "test_tmpdir: cannot register %s for removal\n", path);
+        exit(1);
+    }
+    if (n_tmpdirs == 0 && tmpdirs_owner == 0) {
+        tmpdirs_owner = getpid();
+        atexit(remove_tmpdirs);
+    }
+    return tmpdirs[n_tmpdirs++];
 }
 
 const char *test_write_file(const char *dir, const char *name, const void *data, size_t n) {
@@ -89,18 +153,21 @@ const char *test_write_file(const char *dir, const char *name, const void *data,
 
 const char *test_cifar10_jpg_root(void) {
     static char root[512];
+    struct stat st;
+    /* Where tools/get_data.sh puts it, already unpacked. */
+    if (stat(".data/cifar10-jpg/train", &st) == 0 && stat(".data/cifar10-jpg/test", &st) == 0)
+        return ".data/cifar10-jpg";
     const char *candidates[] = {"../shared/data/cifar10-jpg.tar.gz", ".data/cifar10-jpg.tar.gz"};
     const char *tarball = NULL;
-    struct stat st;
     for (size_t i = 0; i < sizeof candidates / sizeof *candidates; i++)
         if (stat(candidates[i], &st) == 0) { tarball = candidates[i]; break; }
     if (!tarball) return NULL;
-    snprintf(root, sizeof root, "/tmp/trainc-cifar10-jpg-%d/cifar10-jpg", (int)getuid());
+    snprintf(root, sizeof root, "%s/trainc-cifar10-jpg-%d/cifar10-jpg", tmp_base(), (int)getuid());
     if (stat(root, &st) == 0) return root;
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "d=/tmp/trainc-cifar10-jpg-%d; p=$d.part.$$; rm -rf $p && mkdir -p $p && "
-             "tar xzf '%s' -C $p && { mv -T $p $d 2>/dev/null || rm -rf $p; }",
-             (int)getuid(), tarball);
+    snprintf(cmd, sizeof cmd, "d='%s/trainc-cifar10-jpg-%d'; p=$d.part.$$; rm -rf \"$p\" && mkdir -p \"$p\" && "
+             "tar xzf '%s' -C \"$p\" && { mv -T \"$p\" \"$d\" 2>/dev/null || rm -rf \"$p\"; }",
+             tmp_base(), (int)getuid(), tarball);
     if (system(cmd) != 0 || stat(root, &st) != 0) return NULL;
     return root;
 }

@@ -1,6 +1,7 @@
 /* A small test harness: CHECK records a failure and goes on; the test's main
  * returns test_finish(). Tests that need a GPU call test_require_gpu() first,
- * which exits 77 (ctest's skip code) when there is none. */
+ * which exits 77 (ctest's skip code) when there is none; test_skip() prints
+ * the reason as "SKIP: reason", which ctest's post-test step shows. */
 #ifndef TRAINC_TESTS_HARNESS_H
 #define TRAINC_TESTS_HARNESS_H
 
@@ -21,6 +22,8 @@ extern int test_checks;
     fprintf(stderr, "%s:%d: CHECK_NEAR failed: %s = %.9g, %s = %.9g, tol %.3g\n", \
             __FILE__, __LINE__, #a, a_, #b, b_, (double)(tol)); } } while (0)
 
+/* Prints "SKIP: <reason>" and exits 77 (removing the test's scratch folders). */
+_Noreturn void test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void test_require_gpu(void);
 /* Whether a GPU is usable, for a test whose CPU part runs either way. */
 int test_have_gpu(void);
@@ -32,11 +35,16 @@ float test_uniform(uint64_t *state, float lo, float hi);
 void test_fill_uniform(float *x, size_t n, uint64_t *state, float lo, float hi);
 /* ||a - b|| / ||b|| in double; NaN anywhere gives +inf. */
 double test_rel_error(const float *a, const float *b, size_t n);
-/* A scratch directory under /tmp, created fresh. */
+/* A scratch directory $TMPDIR/trainc-test-<name>-<pid> ($TMPDIR unset: /tmp),
+ * created fresh; the pointer stays valid. The directories are removed when the
+ * process exits, unless the test failed and TRAINC_TEST_KEEP=1 is set (then
+ * their paths are printed). */
 const char *test_tmpdir(const char *name);
 /* Writes bytes to dir/name; returns the full path (static buffer). */
 const char *test_write_file(const char *dir, const char *name, const void *data, size_t n);
-/* ../shared/data/cifar10-jpg.tar.gz unpacked once into /tmp; NULL when absent. */
+/* CIFAR-10 as JPEGs: .data/cifar10-jpg where tools/get_data.sh put it, else
+ * ../shared/data/cifar10-jpg.tar.gz (or .data/'s) unpacked once into $TMPDIR
+ * (or /tmp) as trainc-cifar10-jpg-<uid>, a cache kept between runs; NULL when absent. */
 const char *test_cifar10_jpg_root(void);
 
 #endif

@@ -6,6 +6,7 @@
 
 #include "ops/cast.h"
 #include "runtime/check.h"
+#include "runtime/gpu.h"
 
 void *host_bytes(size_t bytes) {
     void *p = calloc(bytes ? bytes : 1, 1);
@@ -32,19 +33,20 @@ void round_to(DType dt, float *x, size_t n) {
 }
 
 void *dev_bytes(size_t bytes) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    const char *error = NULL;
+    void *p = gpu_try_malloc(bytes ? bytes : 1, &error);
+    if (!p) TC_FATAL("cudaMalloc of %zu bytes failed: %s", bytes, error);
     return p;
 }
 
 void upload_on(cudaStream_t s, void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    gpu_copy_to_device(dst, src, bytes, s);
+    gpu_sync(s);
 }
 
 void download_on(cudaStream_t s, void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    gpu_copy_to_host(dst, src, bytes, s);
+    gpu_sync(s);
 }
 
 float *to_nhwc(const float *x, int n, int c, int h, int w, int c_padded) {

@@ -4,9 +4,9 @@
 #ifndef TRAINC_TESTS_OP_BUFFERS_H
 #define TRAINC_TESTS_OP_BUFFERS_H
 
-#include <cuda_runtime_api.h>
 #include <stddef.h>
 
+#include "runtime/cuda_api.h"
 #include "runtime/tensor.h"
 
 void *host_bytes(size_t bytes);              /* zeroed; exits when out of memory */

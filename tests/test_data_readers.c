@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <stb_image_write.h>
@@ -108,6 +109,21 @@ static void test_cifar_bin(void) {
                   strstr(err, "https://www.cs.toronto.edu/~kriz/cifar.html"),
               "%s", err);
     CHECK(d.pixels == NULL && d.labels == NULL && d.n == 0);
+    /* The test batch missing, the folder missing, a file given as the folder. */
+    snprintf(path, sizeof path, "%s/test_batch.bin", dir);
+    unlink(path);
+    CHECK(cifar_bin_load(&d, dir, 0, 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, path) && strstr(err, "No such file") && strstr(err, "cifar-10-binary"),
+              "%s", err);
+    snprintf(path, sizeof path, "%s/nowhere", dir);
+    CHECK(cifar_bin_load(&d, path, 1, 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "nowhere/data_batch_1.bin") && strstr(err, "No such file") &&
+                  strstr(err, "cifar-10-binary"),
+              "%s", err);
+    snprintf(path, sizeof path, "%s/data_batch_1.bin", dir);
+    CHECK(cifar_bin_load(&d, path, 1, 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "data_batch_1.bin/data_batch_1.bin") && strstr(err, "Not a directory"),
+              "%s", err);
     free(rec);
     free(bad);
     free(train_rec);
@@ -126,7 +142,7 @@ static void write_image(const char *dir, const char *name, int tag, int w, int h
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++)
             for (int ch = 0; ch < 3; ch++) hwc[(y * w + x) * 3 + ch] = pixel_value(tag, y, x, ch);
-    char path[1024];
+    char path[1200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     const char *dot = strrchr(name, '.');
     int bmp = !strcmp(dot, ".bmp") || !strcmp(dot, ".BMP");
@@ -202,9 +218,18 @@ static void test_image_folder(void) {
 
     /* A missing split. */
     CHECK(image_folder_load(&d, root, "val", 0, err, sizeof err) == -1);
-    CHECK_MSG(strstr(err, "/val") && strstr(err, "No such file"), "%s", err);
-    /* A split without class folders. */
-    make_dir(root, "empty");
+    CHECK_MSG(strstr(err, "/val") && strstr(err, "No such file") &&
+                  strstr(err, "<root>/<split>/<class>/<image>") &&
+                  strstr(err, "cifar10-jpg.tar.gz"),
+              "%s", err);
+    /* A split without class folders; one with only images, no class folders. */
+    char empty[600];
+    snprintf(empty, sizeof empty, "%s", make_dir(root, "empty"));
+    CHECK(image_folder_load(&d, root, "empty", 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "/empty") && strstr(err, "no class folders") &&
+                  strstr(err, "<root>/<split>/<class>/<image>"),
+              "%s", err);
+    write_image(empty, "loose.png", 0, w, h);
     CHECK(image_folder_load(&d, root, "empty", 0, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "/empty") && strstr(err, "no class folders"), "%s", err);
     /* A class folder without images. */
@@ -217,7 +242,7 @@ static void test_image_folder(void) {
     write_image(cls, "c.png", 31, w, h);
     test_write_file(cls, "b.jpg", "garbage, not a JPEG at all", 26);
     CHECK(image_folder_load(&d, root, "train", 0, err, sizeof err) == -1);
-    CHECK_MSG(strstr(err, "train/dog/b.jpg") && strstr(err, "decode"), "%s", err);
+    CHECK_MSG(strstr(err, "train/dog/b.jpg") && strstr(err, "cannot decode"), "%s", err);
     CHECK(d.pixels == NULL && d.n == 0);
     /* An image of another size in place of the broken one. */
     char broken[800];
@@ -254,6 +279,325 @@ static void test_jpeg_round_trip(void) {
         CHECK(abs(img[0] - 200) <= 4 && abs(img[64] - 100) <= 4 && abs(img[128] - 50) <= 4);
     }
     dataset_free(&d);
+}
+
+/* ---- images with headers by hand, bad image files ---- */
+
+static void put_le(uint8_t *p, uint32_t v, int bytes) {
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* The 54-byte header of a 24-bit BMP of w x h; height < 0: top-down rows. */
+static void bmp_header(uint8_t *f, int w, int height, size_t file_bytes) {
+    memset(f, 0, 54);
+    f[0] = 'B';
+    f[1] = 'M';
+    put_le(f + 2, (uint32_t)file_bytes, 4);
+    put_le(f + 10, 54, 4);
+    put_le(f + 14, 40, 4);
+    put_le(f + 18, (uint32_t)w, 4);
+    put_le(f + 22, (uint32_t)height, 4);
+    put_le(f + 26, 1, 2);
+    put_le(f + 28, 24, 2);
+    put_le(f + 34, (uint32_t)(file_bytes - 54), 4);
+}
+
+/* A 24-bit BMP of pixel_value(tag, ...) written by hand; top_down stores the
+ * rows first to last, which the header says with a negative height. */
+static size_t bmp_bytes(uint8_t **out, int tag, int w, int h, int top_down) {
+    size_t row = ((size_t)w * 3 + 3) / 4 * 4, size = 54 + row * h;
+    uint8_t *f = calloc(size, 1);
+    bmp_header(f, w, top_down ? -h : h, size);
+    for (int y = 0; y < h; y++) {
+        uint8_t *dst = f + 54 + row * (size_t)(top_down ? y : h - 1 - y);
+        for (int x = 0; x < w; x++)
+            for (int ch = 0; ch < 3; ch++) dst[3 * x + ch] = pixel_value(tag, y, x, 2 - ch);
+    }
+    *out = f;
+    return size;
+}
+
+static void write_bmp(const char *dir, const char *name, int tag, int w, int h, int top_down) {
+    uint8_t *bytes;
+    size_t size = bmp_bytes(&bytes, tag, w, h, top_down);
+    test_write_file(dir, name, bytes, size);
+    free(bytes);
+}
+
+typedef struct {
+    uint8_t *data;
+    size_t len;
+} Bytes;
+
+static void append_bytes(void *ctx, void *data, int size) {
+    Bytes *b = ctx;
+    b->data = realloc(b->data, b->len + (size_t)size);
+    memcpy(b->data + b->len, data, (size_t)size);
+    b->len += (size_t)size;
+}
+
+/* A PNG or JPEG of pixel_value(tag, ...), in memory. */
+static Bytes encode_image(int jpeg, int tag, int w, int h) {
+    uint8_t *hwc = malloc((size_t)w * h * 3);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int ch = 0; ch < 3; ch++) hwc[(y * w + x) * 3 + ch] = pixel_value(tag, y, x, ch);
+    Bytes b = {0};
+    int ok = jpeg ? stbi_write_jpg_to_func(append_bytes, &b, w, h, 3, hwc, 90)
+                  : stbi_write_png_to_func(append_bytes, &b, w, h, 3, hwc, w * 3);
+    free(hwc);
+    if (!ok) {
+        fprintf(stderr, "cannot encode a test image\n");
+        exit(1);
+    }
+    return b;
+}
+
+/* The top-down BMP that once went to malloc as a negative size, as the first
+ * image of its class: it loads, right side up, beside other kinds. */
+static void test_top_down_bmp(void) {
+    char root[512], cls[1024];
+    snprintf(root, sizeof root, "%s", test_tmpdir("top-down"));
+    make_dir(root, "train");
+    snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+    write_bmp(cls, "0.bmp", 3, 7, 5, 1);
+    write_bmp(cls, "1.bmp", 4, 7, 5, 0);
+    write_image(cls, "2.png", 5, 7, 5);
+    write_bmp(cls, "3.bmp", 6, 7, 5, 1);
+    Dataset d;
+    CHECK_MSG(image_folder_load(&d, root, "train", 0, err, sizeof err) == 0, "%s", err);
+    CHECK(d.n == 4 && d.h == 5 && d.w == 7);
+    for (int i = 0; i < 4 && i < d.n; i++) CHECK_MSG(image_has_tag(&d, i, 3 + i), "image %d", i);
+    dataset_free(&d);
+}
+
+/* A split train/a/ of the bad file alone (so it is the first image), then
+ * with good images before and after it: each time one message naming it. */
+static void expect_bad_file(const char *what, const void *bytes, size_t len, const char *name,
+                            const char *want, const char *want2) {
+    for (int alone = 1; alone >= 0; alone--) {
+        char root[512], cls[1024], path[1200];
+        snprintf(root, sizeof root, "%s", test_tmpdir("bad-file"));
+        make_dir(root, "train");
+        snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+        if (!alone) {
+            write_image(cls, "0.png", 1, 6, 5);
+            write_image(cls, "2.png", 2, 6, 5);
+        }
+        test_write_file(cls, name, bytes, len);
+        snprintf(path, sizeof path, "%s/%s", cls, name);
+        Dataset d;
+        int rc = image_folder_load(&d, root, "train", 0, err, sizeof err);
+        CHECK_MSG(rc == -1 && d.pixels == NULL && d.labels == NULL && d.n == 0, "%s%s: rc %d",
+                  what, alone ? " alone" : "", rc);
+        CHECK_MSG(strstr(err, path) && strstr(err, want) && (!want2 || strstr(err, want2)) &&
+                      !strstr(err, "png sig"),
+                  "%s%s: %s", what, alone ? " alone" : "", err);
+    }
+}
+
+static void test_bad_files(void) {
+    Bytes jpeg = encode_image(1, 7, 64, 48), png = encode_image(0, 7, 64, 48);
+    uint8_t *bmp;
+    size_t bmp_len = bmp_bytes(&bmp, 7, 6, 5, 0);
+    /* Cut inside the scan (stb_image's reason was the PNG test's "bad png sig"),
+     * in half, and inside the header. */
+    expect_bad_file("JPEG cut at 200 bytes", jpeg.data, 200, "1.jpg", "cannot decode this JPEG",
+                    "truncated or corrupt");
+    expect_bad_file("JPEG cut in half", jpeg.data, jpeg.len / 2, "1.jpg", "cannot decode this JPEG",
+                    "truncated or corrupt");
+    expect_bad_file("JPEG cut at 20 bytes", jpeg.data, 20, "1.jpeg", "cannot decode this JPEG",
+                    "header");
+    expect_bad_file("PNG cut in half", png.data, png.len / 2, "1.png", "cannot decode this PNG",
+                    "truncated or corrupt");
+    uint8_t corrupt[64];
+    memcpy(corrupt, png.data, 8);
+    for (int i = 8; i < 64; i++) corrupt[i] = (uint8_t)(i * 29);
+    expect_bad_file("PNG signature and noise", corrupt, sizeof corrupt, "1.png",
+                    "cannot decode this PNG", NULL);
+    expect_bad_file("BMP cut in half", bmp, bmp_len / 2, "1.bmp", "cannot decode this BMP",
+                    "truncated");
+    expect_bad_file("BMP without its last byte", bmp, bmp_len - 1, "1.bmp",
+                    "cannot decode this BMP", "truncated");
+    expect_bad_file("BMP header cut", bmp, 20, "1.bmp", "cannot decode this BMP", "header");
+    expect_bad_file("empty file", "", 0, "1.png", "cannot decode", "empty");
+    expect_bad_file("text as a JPEG", "<html>not found</html>", 22, "1.jpg", "cannot decode",
+                    "not a JPEG, PNG or BMP image");
+    /* Over 2 GiB (a sparse file): refused before it is read. */
+    char root[512], cls[1024], path[1200];
+    snprintf(root, sizeof root, "%s", test_tmpdir("bad-file"));
+    make_dir(root, "train");
+    snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+    snprintf(path, sizeof path, "%s/0.png", cls);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && ftruncate(fileno(f), 0x80000000LL) == 0);
+    if (f) fclose(f);
+    Dataset d;
+    CHECK(image_folder_load(&d, root, "train", 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, path) && strstr(err, "2147483648 bytes, too large"), "%s", err);
+
+    /* A PNG named .jpg is a PNG: it loads. */
+    snprintf(root, sizeof root, "%s", test_tmpdir("bad-file"));
+    make_dir(root, "train");
+    snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+    test_write_file(cls, "0.jpg", png.data, png.len);
+    CHECK_MSG(image_folder_load(&d, root, "train", 0, err, sizeof err) == 0, "%s", err);
+    CHECK(d.n == 1 && d.w == 64 && d.h == 48 && image_has_tag(&d, 0, 7));
+    dataset_free(&d);
+    free(jpeg.data);
+    free(png.data);
+    free(bmp);
+}
+
+/* Headers claiming sizes the reader refuses before decoding anything. */
+static void test_bad_sizes(void) {
+    uint8_t header[54 + 16] = {0};
+    bmp_header(header, 16385, 1, sizeof header);
+    expect_bad_file("16385 wide", header, sizeof header, "1.bmp", "16385x1", "1 to 16384");
+    bmp_header(header, 1, -20000, sizeof header);
+    expect_bad_file("20000 high, top-down", header, sizeof header, "1.bmp", "1x20000",
+                    "1 to 16384");
+    bmp_header(header, 1, 16385, sizeof header);
+    expect_bad_file("16385 high", header, sizeof header, "1.bmp", "1x16385", "1 to 16384");
+    bmp_header(header, 0, 4, sizeof header);
+    expect_bad_file("no width", header, sizeof header, "1.bmp", "0x4", "1 to 16384");
+    /* A top-down BMP of another size after the first image. */
+    char root[512], cls[1024];
+    snprintf(root, sizeof root, "%s", test_tmpdir("bad-file"));
+    make_dir(root, "train");
+    snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+    write_image(cls, "0.png", 1, 6, 5);
+    write_bmp(cls, "1.bmp", 2, 6, 4, 1);
+    Dataset d;
+    CHECK(image_folder_load(&d, root, "train", 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "train/a/1.bmp") && strstr(err, "6x4") && strstr(err, "6x5") &&
+                  strstr(err, "train/a/0.png"),
+              "%s", err);
+}
+
+/* More images than the machine's memory holds: one message before the
+ * allocation. The images are links to one file, so only the count is large. */
+static void test_more_than_memory(void) {
+    const int side = 2048;
+    long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+    double memory = (double)pages * (double)page_bytes;
+    long count = (long)(memory / (3.0 * side * side)) + 2;
+    if (pages <= 0 || page_bytes <= 0 || count > 300000) {
+        printf("memory size unknown or too large for links: the memory check is not tested\n");
+        return;
+    }
+    char root[512], cls[1024], target[1200], link[1200];
+    snprintf(root, sizeof root, "%s", test_tmpdir("memory"));
+    make_dir(root, "train");
+    snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+    write_bmp(cls, "0000000.bmp", 1, side, side, 0);
+    snprintf(target, sizeof target, "%s/0000000.bmp", cls);
+    int linked = 1;
+    for (long i = 1; i < count && linked; i++) {
+        snprintf(link, sizeof link, "%s/%07ld.bmp", cls, i);
+        linked = symlink(target, link) == 0;
+    }
+    CHECK_MSG(linked, "cannot link %s", link);
+    Dataset d;
+    CHECK(image_folder_load(&d, root, "train", 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, target) && strstr(err, "2048x2048") && strstr(err, "GiB of memory"),
+              "%s", err);
+    CHECK(d.pixels == NULL && d.n == 0);
+}
+
+static void make_split(const char *root, const char *split, const char *const *classes, int n) {
+    char split_dir[600];
+    snprintf(split_dir, sizeof split_dir, "%s", make_dir(root, split));
+    for (int k = 0; k < n; k++) write_image(make_dir(split_dir, classes[k]), "0.png", k, 4, 3);
+}
+
+/* A test split whose class folders are not the training split's. */
+static void expect_split_mismatch(const char *what, const char *const *test_classes, int n,
+                                  const char *want, const char *want2) {
+    static const char *const train_classes[3] = {"ant", "bee", "cat"};
+    char root[512], train_dir[600], test_dir[600];
+    snprintf(root, sizeof root, "%s", test_tmpdir("splits"));
+    make_split(root, "train", train_classes, 3);
+    make_split(root, "test", test_classes, n);
+    snprintf(train_dir, sizeof train_dir, "%s/train", root);
+    snprintf(test_dir, sizeof test_dir, "%s/test", root);
+    Dataset d;
+    CHECK_MSG(image_folder_load(&d, root, "train", 0, err, sizeof err) == 0, "%s", err);
+    dataset_free(&d);
+    int rc = image_folder_load(&d, root, "test", 0, err, sizeof err);
+    CHECK_MSG(rc == -1 && d.pixels == NULL && d.n == 0, "%s: rc %d", what, rc);
+    CHECK_MSG(strstr(err, test_dir) && strstr(err, train_dir) && strstr(err, want) &&
+                  (!want2 || strstr(err, want2)),
+              "%s: %s", what, err);
+}
+
+static void test_split_classes(void) {
+    static const char *const same[3] = {"ant", "bee", "cat"};
+    static const char *const fewer[2] = {"ant", "bee"};
+    static const char *const more[4] = {"ant", "bee", "cat", "cow"};
+    static const char *const renamed[3] = {"Bee", "ant", "cat"};
+    static const char *const other[3] = {"ant", "cow", "dog"};
+    expect_split_mismatch("a class missing", fewer, 2, "1 missing here, the first 'cat'", NULL);
+    expect_split_mismatch("an extra class", more, 4, "1 not in", "the first 'cow'");
+    expect_split_mismatch("a renamed class, sorted elsewhere", renamed, 3,
+                          "1 missing here, the first 'bee'", "the first 'Bee'");
+    expect_split_mismatch("two replaced", other, 3, "2 missing here, the first 'bee'",
+                          "2 not in");
+
+    /* The same classes load; a test split without a training split loads too. */
+    char root[512];
+    snprintf(root, sizeof root, "%s", test_tmpdir("splits"));
+    make_split(root, "train", same, 3);
+    make_split(root, "test", same, 3);
+    Dataset d;
+    CHECK_MSG(image_folder_load(&d, root, "test", 0, err, sizeof err) == 0, "%s", err);
+    CHECK(d.n == 3 && d.num_classes == 3 && d.labels[2] == 2);
+    dataset_free(&d);
+    snprintf(root, sizeof root, "%s", test_tmpdir("splits"));
+    make_split(root, "test", fewer, 2);
+    CHECK_MSG(image_folder_load(&d, root, "test", 0, err, sizeof err) == 0, "%s", err);
+    dataset_free(&d);
+}
+
+/* A missing root or a file in its place: the layout and how to get CIFAR-10. */
+static void test_missing_root(void) {
+    char root[600];
+    snprintf(root, sizeof root, "%s/no-such-data", test_tmpdir("missing"));
+    Dataset d;
+    CHECK(image_folder_load(&d, root, "train", 0, err, sizeof err) == -1);
+    CHECK_MSG(strncmp(err, root, strlen(root)) == 0 && strstr(err, "No such file") &&
+                  strstr(err, "<root>/<split>/<class>/<image>") &&
+                  strstr(err, "cifar10-jpg.tar.gz"),
+              "%s", err);
+    test_write_file(test_tmpdir("missing"), "no-such-data", "x", 1);
+    CHECK(image_folder_load(&d, root, "train", 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, root) && strstr(err, "not a folder") && strstr(err, "cifar10-jpg.tar.gz"),
+              "%s", err);
+}
+
+/* Through trainc, where it is built: the message, and a non-zero exit. */
+static void test_trainc_exit(void) {
+    const char *build = getenv("TRAINC_BUILD_DIR");
+    char trainc[1024];
+    snprintf(trainc, sizeof trainc, "%s/trainc", build ? build : "");
+    if (!build || access(trainc, X_OK) != 0) {
+        printf("no trainc in TRAINC_BUILD_DIR: the end-to-end check is skipped\n");
+        return;
+    }
+    static const char *const train_classes[2] = {"ant", "bee"}, *const test_classes[1] = {"ant"};
+    char root[512], cmd[2048], output[4096];
+    snprintf(root, sizeof root, "%s", test_tmpdir("trainc"));
+    make_split(root, "train", train_classes, 2);
+    make_split(root, "test", test_classes, 1);
+    snprintf(cmd, sizeof cmd,
+             "%s --config configs/baseline.ini --device cpu --set data.path=%s 2>&1", trainc,
+             root);
+    FILE *p = popen(cmd, "r");
+    size_t n = p ? fread(output, 1, sizeof output - 1, p) : 0;
+    output[n] = 0;
+    int status = p ? pclose(p) : -1;
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0, "trainc exit status %d", status);
+    CHECK_MSG(strstr(output, "the first 'bee'") && strstr(output, "/test"), "%s", output);
 }
 
 static void check_balance(const Dataset *d, int per_class) {
@@ -293,6 +637,13 @@ int main(void) {
     test_cifar_bin();
     test_image_folder();
     test_jpeg_round_trip();
+    test_top_down_bmp();
+    test_bad_files();
+    test_bad_sizes();
+    test_more_than_memory();
+    test_split_classes();
+    test_missing_root();
+    test_trainc_exit();
     test_real_cifar10_jpg();
     return test_finish("test_data_readers");
 }

@@ -1,10 +1,14 @@
 /* Transforms against hand-computed values: identity resize, PyTorch bilinear
  * (align_corners = False), flip, zero-padded crop, normalisation, cutout,
- * shuffling; and with cutout off, the same bytes as before cutout existed. */
+ * shuffling; and with cutout off, the same bytes as before cutout existed; the
+ * largest settings the set-up takes, and the message for those it refuses. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "data/dataset.h"
 #include "data/transform.h"
 #include "tests/harness.h"
 
@@ -438,6 +442,108 @@ static void test_shuffle(void) {
     CHECK(s1 == s2 && s1 == 0x9e3779b97f4a7c15ULL);
 }
 
+/* The largest crop_pad, cutout and sizes the set-up takes: every index in
+ * range, as UBSan builds of this test check. */
+static void test_largest_settings(void) {
+    TransformSpec t = raw_spec(4, 4);
+    t.crop_pad = DATASET_MAX_SIDE;
+    int checked = 0;
+    for (uint64_t s = 0; s < 200; s++) {
+        uint64_t rng = s;
+        int dy = (int)draw_below(&rng, 2 * DATASET_MAX_SIDE + 1) - DATASET_MAX_SIDE;
+        int dx = (int)draw_below(&rng, 2 * DATASET_MAX_SIDE + 1) - DATASET_MAX_SIDE;
+        float out[16], expected[16];
+        for (int y = 0; y < 4; y++)
+            for (int x = 0; x < 4; x++) {
+                int sy = y + dy, sx = x + dx;
+                expected[y * 4 + x] =
+                    (sy >= 0 && sy < 4 && sx >= 0 && sx < 4) ? grid[sy * 4 + sx] : 0.0f;
+            }
+        transform_sample(&t, grid, 1, 4, 4, s, out);
+        checked += near_all(out, expected, 16, 1e-4f);
+    }
+    CHECK_MSG(checked == 200, "%d of 200 crops as drawn", checked);
+
+    /* A cutout of the largest side covers all of a long thin image, resized
+     * to the largest side and back. */
+    int side = DATASET_MAX_SIDE;
+    uint8_t *column = malloc((size_t)side);
+    float *out = malloc((size_t)side * sizeof(float));
+    for (int i = 0; i < side; i++) column[i] = (uint8_t)(i % 251 + 1);
+    t = raw_spec(side, 1);
+    t.cutout = DATASET_MAX_SIDE;
+    t.crop_pad = DATASET_MAX_SIDE;
+    t.flip = 1;
+    transform_sample(&t, column, 1, side, 1, 7, out);
+    int zeros = 0;
+    for (int i = 0; i < side; i++) zeros += out[i] == 0.0f;
+    CHECK_MSG(zeros >= side / 2, "%d of %d zero", zeros, side);
+    t = raw_spec(1, side);
+    transform_sample(&t, column, 1, 1, side, 7, out); /* 1 x side -> 1 x side, a copy */
+    CHECK(out[0] == 1.0f && out[side - 1] == (float)((side - 1) % 251 + 1));
+    free(column);
+    free(out);
+}
+
+static TransformSpec fatal_spec;
+static int fatal_h, fatal_w;
+
+static void sample_with_fatal_spec(void) {
+    uint8_t src[16] = {0};
+    float out[16];
+    transform_sample(&fatal_spec, src, 1, fatal_h, fatal_w, 1, out);
+}
+
+/* The set-up with this spec and image size stops in a child process, which
+ * must exit non-zero with 'want' in its message. */
+static void expect_fatal(const char *what, TransformSpec spec, int h, int w, const char *want) {
+    fatal_spec = spec;
+    fatal_h = h;
+    fatal_w = w;
+    char log[700];
+    snprintf(log, sizeof log, "%s/fatal.txt", test_tmpdir("transform"));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(log, "w", stderr)) _exit(3);
+        sample_with_fatal_spec();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s: exit status %d", what, status);
+    char text[2048] = "";
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK_MSG(strstr(text, want) != NULL, "%s: '%s' lacks '%s'", what, text, want);
+}
+
+static void test_refused_settings(void) {
+    TransformSpec t = raw_spec(4, 4);
+    t.crop_pad = DATASET_MAX_SIDE + 1;
+    expect_fatal("crop_pad", t, 4, 4, "crop_pad = 16385; it must be at most 16384");
+    t.crop_pad = 2147483647;
+    expect_fatal("crop_pad INT_MAX", t, 4, 4, "crop_pad = 2147483647");
+    t = raw_spec(4, 4);
+    t.cutout = 2147483647;
+    expect_fatal("cutout", t, 4, 4, "cutout = 2147483647; it must be at most 16384");
+    t = raw_spec(4, DATASET_MAX_SIDE + 1);
+    expect_fatal("output width", t, 4, 4, "output size 4x16385");
+    t = raw_spec(0, 0);
+    expect_fatal("image height", t, 2147483647, 1, "image size 2147483647x1");
+    expect_fatal("image width 0", t, 4, 0, "image size 4x0");
+    t = raw_spec(4, 4);
+    t.mean[0] = NAN;
+    expect_fatal("mean NaN", t, 4, 4, "mean[0] = nan");
+    t = raw_spec(4, 4);
+    t.std[0] = INFINITY;
+    expect_fatal("std inf", t, 4, 4, "std[0] = inf");
+    t.std[0] = 0.0f;
+    expect_fatal("std 0", t, 4, 4, "std[0] = 0");
+}
+
 int main(void) {
     test_identity_resize_is_exact();
     test_bilinear_hand_values();
@@ -450,5 +556,7 @@ int main(void) {
     test_cutout_centres_uniform();
     test_cutout_after_resize();
     test_shuffle();
+    test_largest_settings();
+    test_refused_settings();
     return test_finish("test_data_transform");
 }

@@ -114,8 +114,11 @@ static void check_device(Dist *d, const char *device, const char *const *extras,
  * This net at these sizes amplifies rounding now and then: with lr 0.01, or
  * with data.crop_pad = 2, two single-process runs whose learning rates differ
  * by 1e-6 (relative) end 1e-6 to 2e-4 apart after 3 steps, the same pattern
- * as any other tiny difference. At lr 0.001 without padded crops, on the CPU:
- * 6e-9 synchronized, 1.4e-3 per rank. */
+ * as any other tiny difference. At lr 0.001 without padded crops, on the CPU,
+ * synchronized: 6e-9 with OpenBLAS's SkylakeX, Nehalem, Core2 and Barcelona
+ * kernels, 1.4e-7 with Prescott's, 4.6e-6 to 6e-6 with Haswell's, Sandybridge's,
+ * Zen's and Atom's (the sums' order differs, and a ReLU input within rounding
+ * of 0 now and then lands on the other side); per rank: 1.36e-3 with each. */
 static void check_sync_bn(Dist *d, const char *device, const char *extra, double tol) {
     const char *on[] = {"data.crop_pad=0", "dist.sync_bn=on", extra, NULL};
     const char *off[] = {"data.crop_pad=0", "dist.sync_bn=off", extra, NULL};
@@ -208,14 +211,14 @@ int main(void) {
     Dist d;
     dist_init(&d);
     if (d.world < 2) {
-        printf("needs 2 MPI ranks (ctest runs it under mpirun)\n");
-        return 77;
+        dist_finalize(&d);
+        test_skip("needs 2 MPI ranks (ctest runs it under mpirun)");
     }
     check_device(&d, "cpu", (const char *[]){NULL}, 1e-5);
     check_stop_together(&d);
-    check_sync_bn(&d, "cpu", NULL, 1e-6);
+    check_sync_bn(&d, "cpu", NULL, 5e-5);
     /* a checkpointed block's recompute runs the synchronized forward again */
-    check_sync_bn(&d, "cpu", "memory.checkpoint=blocks", 1e-6);
+    check_sync_bn(&d, "cpu", "memory.checkpoint=blocks", 5e-5);
     /* The GPU part needs a GPU per rank on every host. */
     int enough = gpu_count() >= d.local_world;
     double all = enough;

@@ -92,9 +92,8 @@ static double rounding_of(DType t) {
 static void skip_unless_a_gpu_per_rank(void) {
     int gpus = gpu_count();
     if (dist_any_host(&d, gpus < d.local_world)) {
-        if (d.rank == 0)
-            printf("%d ranks on this host but %d GPUs visible: skipped\n", d.local_world, gpus);
         dist_finalize(&d);
+        if (d.rank == 0) test_skip("%d ranks on this host but %d GPUs visible", d.local_world, gpus);
         exit(77);
     }
 }

@@ -1,8 +1,13 @@
 /* Watching and sizing a run, on the CPU through the trainc program:
- * run.profile_steps errors name the key; the summary's phase breakdown adds up
- * to the step time; the metrics file is JSON lines; the Prometheus endpoint
- * answers GET /metrics on loopback; find-batch prints its table and a best
- * batch; an impossible batch ends with an out-of-memory message. */
+ * run.profile_steps errors name the key; the JSON writer escapes what it must;
+ * the summary's phase breakdown adds up to the step time and its run.name
+ * reads back whatever it holds; the metrics file is JSON lines whose epochs
+ * are the log's; a metrics file that cannot be opened is one message; the
+ * Prometheus endpoint answers GET /metrics on loopback, types its counter and
+ * lists a metric only once it has a value; find-batch prints its table and a
+ * best batch, and words a slowdown as one; an impossible batch ends with an
+ * out-of-memory message; lab_table.py says why a run gave 0 samples/s and
+ * plot_run.py's axes hold the data (both where python3 is installed). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
@@ -17,7 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
+#include "runtime/json_out.h"
+#include "runtime/prometheus.h"
 #include "tests/harness.h"
+#include "tools/find_batch.h"
 
 static char output[1 << 17];
 
@@ -63,18 +73,124 @@ static void check_profile_steps_errors(void) {
     CHECK(trainc(SMALL " --set run.profile_steps=2:3 --set run.max_steps=4 --quiet") == 0);
 }
 
-/* Phases add up to the step; every metrics line is one JSON object. */
+/* Whether bytes are well-formed UTF-8 (no overlongs, no surrogates). */
+static int is_utf8(const char *text) {
+    const unsigned char *p = (const unsigned char *)text;
+    while (*p) {
+        int n = *p < 0x80 ? 1 : *p >= 0xc2 && *p < 0xe0 ? 2 : *p >= 0xe0 && *p < 0xf0 ? 3 : *p >= 0xf0 && *p < 0xf5 ? 4 : 0;
+        if (!n) return 0;
+        for (int i = 1; i < n; i++)
+            if ((p[i] & 0xc0) != 0x80) return 0;
+        if ((p[0] == 0xe0 && p[1] < 0xa0) || (p[0] == 0xed && p[1] > 0x9f) || (p[0] == 0xf0 && p[1] < 0x90) ||
+            (p[0] == 0xf4 && p[1] > 0x8f))
+            return 0;
+        p += n;
+    }
+    return 1;
+}
+
+/* A line JSON readers take: UTF-8, no control bytes (they must be escaped). */
+static int strict_json_text(const char *line) {
+    for (const unsigned char *p = (const unsigned char *)line; *p; p++)
+        if (*p < 0x20) return 0;
+    return is_utf8(line);
+}
+
+static int python3_found(void) { return system("command -v python3 >/dev/null 2>&1") == 0; }
+
+/* The string under key in a parsed object, or NULL. */
+static const char *json_text(const cJSON *obj, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(item) ? item->valuestring : NULL;
+}
+
+static double json_num(const cJSON *obj, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNumber(item) ? item->valuedouble : NAN;
+}
+
+/* The writer: strings escaped (and repaired to UTF-8), json.dumps's separators,
+ * non-finite numbers as null, integers exact. */
+static void check_json_writer(void) {
+    static const char tricky[] = "q\"uo\"te \\back\\slash\\ new\nline tab\t cr\r bell\x01 del\x7f "
+                                 "\xc3\xbcn\xc3\xaf \xe2\x9c\x93 \xf0\x9f\x98\x80 </script>";
+    cJSON *o = json_object_new();
+    json_add_string(o, "name", tricky);
+    json_add_string(o, "bad utf-8", "a\xff" "b\xc3" "c\xe0\x80\x80" "d\xed\xa0\x80" "e\xc3\xa9");
+    json_add_string(o, "none", NULL);
+    json_add_number(o, "pi", 3.14159265358979, 6);
+    json_add_number(o, "nan", NAN, 6);
+    json_add_number(o, "inf", -INFINITY, 6);
+    json_add_int(o, "big", 9007199254740993LL); /* 2^53 + 1: a double would lose the 1 */
+    json_add_bool(o, "yes", 1);
+    json_add_number(json_add_object(o, "inner"), "x", 0.25, 6);
+    char *line = json_line(o);
+    cJSON_Delete(o);
+    CHECK_MSG(strict_json_text(line), "control bytes or bad UTF-8 in: %s", line);
+    CHECK_MSG(strchr(line, '\n') == NULL, "a newline in the line: %s", line);
+    const char *tail = strstr(line, "\"pi\": ");
+    CHECK_MSG(tail && strcmp(tail, "\"pi\": 3.14159, \"nan\": null, \"inf\": null, \"big\": 9007199254740993, "
+                                   "\"yes\": true, \"inner\": {\"x\": 0.25}}") == 0, "line: %s", line);
+    cJSON *back = cJSON_Parse(line);
+    CHECK_MSG(back != NULL, "cJSON cannot read back: %s", line);
+    const char *name = json_text(back, "name");
+    CHECK_MSG(name && strcmp(name, tricky) == 0, "name read back as %s", name ? name : "(none)");
+    const char *repaired = json_text(back, "bad utf-8");
+    static const char want_repaired[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                                        "d\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "e\xc3\xa9";
+    CHECK_MSG(repaired && strcmp(repaired, want_repaired) == 0, "bad UTF-8 became %s", repaired ? repaired : "?");
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(back, "none")));
+    cJSON_Delete(back);
+    free(line);
+
+    /* A write that fails says so. */
+    FILE *full = fopen("/dev/full", "w");
+    if (full) {
+        CHECK(json_write_line(full, json_object_new()) == -1 && errno == ENOSPC);
+        fclose(full);
+    }
+}
+
+/* The log's "epoch E step S/" for step S, E from 1; -1 when no such line. */
+static int log_epoch_of_step(long step) {
+    char needle[64];
+    snprintf(needle, sizeof needle, " step %ld/", step);
+    for (const char *p = strstr(output, needle); p; p = strstr(p + 1, needle)) {
+        const char *line = p;
+        while (line > output && line[-1] != '\n') line--;
+        const char *e = strstr(line, "] epoch ");
+        if (e && e < p) return atoi(e + 8);
+    }
+    return -1;
+}
+
+/* Phases add up to the step; the summary reads back with its odd run.name;
+ * every metrics line is one JSON object, and its epochs are the log's. The
+ * run: 2 epochs of 32 steps cut at step 42, step 41 skipped (NaN) and found
+ * only by the read-back after the loop. */
 static void check_phases_and_metrics(const char *dir) {
+    /* In single quotes for the shell: tab, quotes, backslashes, a control byte, UTF-8. */
+    static const char name[] = "odd\t\"name\" \\with\\ \x01 \xc3\xbcn\xc3\xaf\xe2\x9c\x93";
     char args[2048], metrics[1024];
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", dir);
     unlink(metrics);
-    snprintf(args, sizeof args, SMALL " --set train.batch=32 --set run.max_steps=40 --set run.warmup_steps=5 "
-             "--set run.log_every=5 --set run.metrics_file=%s", metrics);
-    CHECK(trainc(args) == 0);
+    snprintf(args, sizeof args, SMALL " --set train.batch=32 --set run.max_steps=42 --set run.warmup_steps=5 "
+             "--set run.log_every=5 --set train.read_loss_every=0 --set run.inject_nan_step=41 "
+             "--set run.metrics_file=%s --set 'run.name=%s'", metrics, name);
+    CHECK_MSG(trainc(args) == 0, "%s", output);
     CHECK_MSG(strstr(output, "phases, ms per timed step") != NULL, "no phase log line: %s", output);
     const char *summary = strstr(output, "{\"name\"");
     CHECK(summary != NULL);
     if (!summary) return;
+    char summary_line[8192];
+    snprintf(summary_line, sizeof summary_line, "%.*s", (int)strcspn(summary, "\n"), summary);
+    CHECK_MSG(strict_json_text(summary_line), "summary not strict JSON text: %s", summary_line);
+    cJSON *parsed = cJSON_Parse(summary_line);
+    CHECK_MSG(parsed != NULL, "summary is not JSON: %s", summary_line);
+    const char *name_back = json_text(parsed, "name");
+    CHECK_MSG(name_back && strcmp(name_back, name) == 0, "run.name read back as %s", name_back ? name_back : "?");
+    CHECK(json_num(parsed, "skipped_steps") == 1 && json_num(parsed, "steps") == 42);
+    cJSON_Delete(parsed);
     const char *phases = strstr(summary, "\"phase_ms\": {");
     CHECK_MSG(phases != NULL, "no phase_ms: %s", summary);
     if (!phases) return;
@@ -92,33 +208,52 @@ static void check_phases_and_metrics(const char *dir) {
     CHECK_MSG(f != NULL, "no %s", metrics);
     if (!f) return;
     char line[4096];
-    int lines = 0, steps = 0;
+    int lines = 0, steps = 0, epoch_ends = 0, skipped_lines = 0;
     while (fgets(line, sizeof line, f)) {
         size_t n = strlen(line);
         CHECK_MSG(n > 0 && line[n - 1] == '\n', "unterminated line %d", lines + 1);
         while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
         lines++;
-        /* one object: starts with {, ends with }, braces balanced outside strings, quotes paired */
-        int depth = 0, in_string = 0, ok = n >= 2 && line[0] == '{' && line[n - 1] == '}';
-        for (size_t i = 0; i < n && ok; i++) {
-            char c = line[i];
-            if (in_string) {
-                if (c == '\\') i++;
-                else if (c == '"') in_string = 0;
-            } else if (c == '"') {
-                in_string = 1;
-            } else if (c == '{') {
-                depth++;
-            } else if (c == '}') {
-                depth--;
-                if (depth == 0 && i != n - 1) ok = 0;
-            }
+        cJSON *obj = cJSON_Parse(line);
+        CHECK_MSG(cJSON_IsObject(obj) && strict_json_text(line), "metrics line %d is not one JSON object: %s",
+                  lines, line);
+        double step_no = json_num(obj, "step"), epoch = json_num(obj, "epoch");
+        if (cJSON_GetObjectItemCaseSensitive(obj, "loss")) {
+            steps++;
+            int logged = log_epoch_of_step((long)step_no);
+            CHECK_MSG(epoch == logged && epoch == (step_no <= 32 ? 1 : 2),
+                      "metrics line %d: epoch %g for step %g, the log says epoch %d", lines, epoch, step_no, logged);
+        } else if (cJSON_GetObjectItemCaseSensitive(obj, "skipped_steps")) {
+            skipped_lines++;
+            CHECK_MSG(step_no == 42 && epoch == 2 && json_num(obj, "skipped_steps") == 1,
+                      "skipped-steps line: %s (expected step 42 of epoch 2)", line);
+        } else if (cJSON_GetObjectItemCaseSensitive(obj, "epoch_end")) {
+            epoch_ends++;
+            double ended = json_num(obj, "epoch_end");
+            CHECK_MSG((ended == 1 && step_no == 32) || (ended == 2 && step_no == 42), "epoch line: %s", line);
         }
-        CHECK_MSG(ok && depth == 0 && !in_string, "metrics line %d is not one JSON object: %s", lines, line);
-        if (strncmp(line, "{\"step\": ", 9) == 0) steps++;
+        cJSON_Delete(obj);
     }
     fclose(f);
     CHECK_MSG(steps == 8, "%d step lines in the metrics file, expected 8", steps);
+    CHECK_MSG(epoch_ends == 2 && skipped_lines == 1, "%d epoch lines, %d skipped-steps lines", epoch_ends,
+              skipped_lines);
+}
+
+/* A metrics file that cannot be opened: the path and the system's reason, exit 1. */
+static void check_metrics_file_errors(const char *dir) {
+    const char *paths[] = {"no/such/dir/m.jsonl", ""}; /* "": the directory itself */
+    int errs[] = {ENOENT, EISDIR};
+    for (int i = 0; i < 2; i++) {
+        char path[1024], args[2048], needle[1200];
+        snprintf(path, sizeof path, "%s/%s", dir, paths[i]);
+        snprintf(args, sizeof args, SMALL " --set run.max_steps=2 --set run.metrics_file=%s", path);
+        int rc = trainc(args);
+        snprintf(needle, sizeof needle, "run.metrics_file = %s: cannot open it for appending: %s", path,
+                 strerror(errs[i]));
+        CHECK_MSG(rc == 1 && strstr(output, needle), "metrics file %s: exit %d: %s", path, rc, output);
+        CHECK_MSG(strstr(output, "{\"name\"") == NULL, "a summary after the error: %s", output);
+    }
 }
 
 /* A free loopback port: bind port 0 and see what the kernel gave. */
@@ -194,16 +329,18 @@ static void check_prometheus(const char *dir) {
     }
     CHECK_MSG(got > 0, "no answer from 127.0.0.1:%d/metrics", port);
     CHECK_MSG(strncmp(body, "HTTP/1.1 200", 12) == 0, "answer: %.200s", body);
-    const char *names[] = {"trainc_samples_per_second", "trainc_loss", "trainc_loss_scale",
-                           "trainc_skipped_steps_total", "trainc_data_wait_fraction", "trainc_step",
-                           "trainc_gpu_utilization_ratio", "trainc_gpu_memory_used_bytes",
-                           "trainc_gpu_temperature_celsius", "trainc_gpu_power_watts"};
+    const char *names[][2] = {{"trainc_samples_per_second", "gauge"}, {"trainc_loss", "gauge"},
+                              {"trainc_loss_scale", "gauge"},         {"trainc_skipped_steps_total", "counter"},
+                              {"trainc_data_wait_fraction", "gauge"}, {"trainc_step", "gauge"}};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char help[128], type[128];
-        snprintf(help, sizeof help, "# HELP %s ", names[i]);
-        snprintf(type, sizeof type, "# TYPE %s gauge\n", names[i]);
-        CHECK_MSG(strstr(body, help) && strstr(body, type), "no %s in:\n%s", names[i], body);
+        snprintf(help, sizeof help, "# HELP %s ", names[i][0]);
+        snprintf(type, sizeof type, "# TYPE %s %s\n", names[i][0], names[i][1]);
+        CHECK_MSG(strstr(body, help) && strstr(body, type), "no %s (%s) in:\n%s", names[i][0], names[i][1], body);
     }
+    /* A CPU run has no NVML readings: its GPU metrics are absent, not NaN. */
+    CHECK_MSG(strstr(body, "trainc_gpu_") == NULL && strstr(body, "NaN") == NULL, "unset metrics listed:\n%s",
+              body);
     CHECK_MSG(strstr(body, "\ntrainc_step ") && !strstr(body, "\ntrainc_step NaN"), "trainc_step unset:\n%s", body);
     /* SIGTERM: the run stops after its step (with a checkpoint in the scratch dir) and the server with it. */
     kill(pid, SIGTERM);
@@ -240,6 +377,50 @@ static void check_prometheus(const char *dir) {
     if (listener >= 0) close(listener);
 }
 
+/* The server alone: HELP and TYPE (gauge or counter), nothing before a value. */
+static void check_prometheus_exposition(void) {
+    char err[256];
+    PromServer *s = prom_start(0, err, sizeof err);
+    CHECK_MSG(s != NULL, "prom_start: %s", err);
+    if (!s) return;
+    prom_declare(s, "test_level", "A level.", PROM_GAUGE);
+    prom_declare(s, "test_events_total", "Events seen.", PROM_COUNTER);
+    char *text = prom_render(s);
+    CHECK_MSG(text[0] == 0, "metrics listed before any value:\n%s", text);
+    free(text);
+    static char body[1 << 14];
+    CHECK(http_get_metrics(prom_port(s), body, sizeof body) > 0 && strstr(body, "test_") == NULL);
+    prom_set(s, "test_events_total", 3);
+    text = prom_render(s);
+    CHECK_MSG(strcmp(text, "# HELP test_events_total Events seen.\n# TYPE test_events_total counter\n"
+                           "test_events_total 3\n") == 0, "exposition:\n%s", text);
+    free(text);
+    prom_set(s, "test_level", NAN); /* a value that is NaN is still a value */
+    prom_set(s, "test_events_total", 4);
+    CHECK(http_get_metrics(prom_port(s), body, sizeof body) > 0);
+    CHECK_MSG(strstr(body, "# TYPE test_level gauge\ntest_level NaN\n") &&
+              strstr(body, "# TYPE test_events_total counter\ntest_events_total 4\n"), "scraped:\n%s", body);
+    prom_set(s, "test_level", 129.421); /* the fewest digits that read back: not 129.42099999999999 */
+    text = prom_render(s);
+    CHECK_MSG(strstr(text, "\ntest_level 129.421\n") != NULL, "exposition:\n%s", text);
+    free(text);
+    prom_stop(s);
+}
+
+/* find-batch's stop rule words a slowdown as one; it reads a summary with cJSON. */
+static void check_find_batch_words(void) {
+    char reason[256];
+    find_batch_gain_reason(reason, sizeof reason, 64, 70, 100);
+    CHECK_MSG(strcmp(reason, "batch 64 was 30.0% slower than batch 32 (fewer samples/s)") == 0, "%s", reason);
+    find_batch_gain_reason(reason, sizeof reason, 64, 103, 100);
+    CHECK_MSG(strcmp(reason, "batch 64 gave 3.0% more samples/s than batch 32 (less than 5%)") == 0, "%s", reason);
+    double sps = 0, peak = 0;
+    CHECK(find_batch_read_summary("{\"name\": \"a \\\"samples_per_s\\\": 9\", \"samples_per_s\": 12.5, "
+                                  "\"peak_mem_bytes\": 1048576}", &sps, &peak) == 0 && sps == 12.5 && peak == 1048576);
+    CHECK(find_batch_read_summary("{\"samples_per_s\": null, \"peak_mem_bytes\": 1}", &sps, &peak) == -1);
+    CHECK(find_batch_read_summary("{\"samples_per_s\": 1", &sps, &peak) == -1);
+}
+
 static void check_find_batch(void) {
     int rc = trainc("find-batch " SMALL " --set train.batch=8 --max-batch 64");
     CHECK_MSG(rc == 0, "find-batch exited %d: %s", rc, output);
@@ -262,12 +443,130 @@ static void check_impossible_batch(void) {
     CHECK_MSG(strstr(output, "out of host memory") != NULL, "no out-of-memory message: %s", output);
 }
 
+/* python3 with args (a shell fragment), stdout and stderr into output. */
+static int python3(const char *args) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "python3 %s 2>&1", args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(output, 1, sizeof output - 1, p);
+    output[n] = 0;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* lab_table.py: a run that times nothing, or fails, shows why beside its 0. */
+static void check_lab_table(const char *dir) {
+    char args[4096];
+    const char *sets = "--set run.device=cpu --set data.source=synthetic --set data.image_size=16 "
+                       "--set data.synthetic_train=256 --set data.synthetic_test=32 --set run.eval=off "
+                       "--set train.batch=8 --set run.max_steps=2";
+    snprintf(args, sizeof args, "tools/lab_table.py --trainc %s --configs configs/baseline.ini %s "
+             "--set run.warmup_steps=5 --csv %s/lab.csv --svg %s/lab.svg", trainc_path(), sets, dir, dir);
+    int rc = python3(args);
+    CHECK_MSG(rc == 0 && strstr(output, "trainc baseline") &&
+              strstr(output, "no step fell inside the timed window (run.warmup_steps = 5, 2 steps taken)"),
+              "lab_table with nothing timed: exit %d:\n%s", rc, output);
+    snprintf(args, sizeof args, "tools/lab_table.py --trainc %s --configs configs/baseline.ini %s "
+             "--set run.metrics_file=%s/no/such/dir/m.jsonl --csv %s/lab.csv --svg %s/lab.svg", trainc_path(), sets,
+             dir, dir, dir);
+    rc = python3(args);
+    CHECK_MSG(rc == 1 && strstr(output, "(exit status 1: trainc: error: run.metrics_file = ") &&
+              strstr(output, "some runs failed"), "lab_table with a failing run: exit %d:\n%s", rc, output);
+}
+
+/* Every point of plot_run.py's hand-drawn SVG lies inside its panel: the axes
+ * reach past the data (loss 2.31 over 128 steps once fell off an axis ending
+ * at 2 and step 100). */
+static void check_plot_run(const char *dir) {
+    char metrics[1024], svg[1024], args[4096];
+    snprintf(metrics, sizeof metrics, "%s/plot.jsonl", dir);
+    snprintf(svg, sizeof svg, "%s/plot.svg", dir);
+    FILE *f = fopen(metrics, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    for (int step = 4; step <= 128; step += 4) /* 32 steps, loss from 2.31 down, one null (a gap) */
+        if (step == 64) fprintf(f, "{\"step\": %d, \"epoch\": 1, \"loss\": null, \"samples_per_s\": 1000}\n", step);
+        else fprintf(f, "{\"step\": %d, \"epoch\": 1, \"loss\": %.4f, \"samples_per_s\": %d}\n", step,
+                     2.31 - step / 100.0, 9000 + 37 * step);
+    fprintf(f, "{\"epoch_end\": 1, \"step\": 128, \"epoch_s\": 1.5, \"test_acc\": null}\n");
+    for (int i = 0; i < 10; i++) fprintf(f, "{\"gpu_sample\": %.1f, \"util\": %d}\n", 50 + 0.5 * i, 91 + i);
+    fclose(f);
+    const int points = 31 + 32 + 10; /* loss (less the null), samples/s, GPU utilisation */
+    snprintf(args, sizeof args, "tools/plot_run.py %s -o %s --no-matplotlib", metrics, svg);
+    int rc = python3(args);
+    CHECK_MSG(rc == 0, "plot_run.py: exit %d:\n%s", rc, output);
+    f = fopen(svg, "r");
+    CHECK_MSG(f != NULL, "no %s", svg);
+    if (!f) return;
+    static char text[1 << 18];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    double panels[3][4];
+    int n_panels = 0, seen = 0, outside = 0;
+    for (const char *p = strstr(text, "<rect x="); p && n_panels < 3; p = strstr(p + 1, "<rect x=")) {
+        double *r = panels[n_panels];
+        if (sscanf(p, "<rect x=\"%lf\" y=\"%lf\" width=\"%lf\" height=\"%lf\"", &r[0], &r[1], &r[2], &r[3]) == 4)
+            n_panels++;
+    }
+    CHECK_MSG(n_panels == 3, "%d panels in %s", n_panels, svg);
+    for (const char *p = strstr(text, "points=\""); p; p = strstr(p, "points=\"")) {
+        p += 8;
+        double x, y;
+        int used;
+        while (sscanf(p, "%lf,%lf%n", &x, &y, &used) == 2) {
+            int inside = 0;
+            for (int i = 0; i < n_panels; i++)
+                inside |= x >= panels[i][0] - 0.05 && x <= panels[i][0] + panels[i][2] + 0.05 &&
+                          y >= panels[i][1] - 0.05 && y <= panels[i][1] + panels[i][3] + 0.05;
+            outside += !inside;
+            seen++;
+            p += used;
+        }
+    }
+    CHECK_MSG(seen == points && outside == 0, "%d of %d points drawn (expected %d) lie outside their panel", outside,
+              seen, points);
+    /* A PNG: matplotlib draws it where installed; elsewhere one message says only an SVG can be written. */
+    char png[1024];
+    snprintf(png, sizeof png, "%s/plot.png", dir);
+    snprintf(args, sizeof args, "tools/plot_run.py %s -o %s", metrics, png);
+    rc = python3(args);
+    unsigned char magic[8] = {0};
+    f = fopen(png, "rb");
+    int written = f != NULL;
+    size_t got = f ? fread(magic, 1, sizeof magic, f) : 0;
+    if (f) fclose(f);
+    int have_png = got == 8 && memcmp(magic, "\x89PNG\r\n\x1a\n", 8) == 0;
+    CHECK_MSG((rc == 0 && have_png) || (rc != 0 && !written && strstr(output, "only an SVG can be written")),
+              "plot_run.py -o %s: exit %d, PNG %d:\n%s", png, rc, have_png, output);
+    snprintf(args, sizeof args, "tools/plot_run.py %s -o %s --no-matplotlib", metrics, svg);
+    /* A bad line is named with its number. */
+    f = fopen(metrics, "a");
+    if (f) {
+        fputs("{\"step\": 1, \"loss\": nan}\n", f);
+        fclose(f);
+    }
+    rc = python3(args);
+    CHECK_MSG(rc != 0 && strstr(output, "plot.jsonl:44: not JSON"), "bad line: exit %d:\n%s", rc, output);
+}
+
 int main(void) {
     const char *dir = test_tmpdir("monitoring");
+    check_json_writer();
+    check_prometheus_exposition();
+    check_find_batch_words();
     check_profile_steps_errors();
     check_phases_and_metrics(dir);
+    check_metrics_file_errors(dir);
     check_prometheus(dir);
     check_find_batch();
     check_impossible_batch();
+    if (python3_found()) {
+        check_lab_table(dir);
+        check_plot_run(dir);
+    } else {
+        printf("test_monitoring: no python3: lab_table.py and plot_run.py not checked\n");
+    }
     return test_finish("test_monitoring");
 }

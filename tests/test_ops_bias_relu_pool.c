@@ -124,6 +124,7 @@ static void check_finite_differences(uint64_t *rng) {
 
 /* The GPU against the CPU, bit for bit: grid values (exact in every dtype),
  * or for fp32 continuous ones too. */
+#if TRAINC_CUDA /* the GPU checks; a build without CUDA runs the CPU's alone */
 static void check_gpu(DType dt, int nhwc, int n, int c, int h, int w, int grid, uint64_t *rng, cudaStream_t st) {
     Pool2dShape s = {.n = n, .c = c, .h = h, .w = w};
     size_t nx = numel(&s), ny = nx / 4;
@@ -174,6 +175,21 @@ static void check_gpu(DType dt, int nhwc, int n, int c, int h, int w, int grid, 
     free(gdx_inplace);
 }
 
+static void check_gpu_all(uint64_t *rng) {
+    GpuContext g;
+    gpu_context_init(&g, 0);
+    const DType types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    for (int t = 0; t < 3; t++)
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            check_gpu(types[t], nhwc, 4, 64, 32, 32, 1, rng, g.compute); /* 16-byte NHWC vectors */
+            check_gpu(types[t], nhwc, 3, 5, 6, 10, 1, rng, g.compute);   /* channel by channel */
+            check_gpu(types[t], nhwc, 2, 24, 4, 6, 1, rng, g.compute);
+        }
+    for (int nhwc = 0; nhwc < 2; nhwc++) check_gpu(DTYPE_F32, nhwc, 4, 32, 16, 16, 0, rng, g.compute);
+    gpu_context_destroy(&g);
+}
+#endif
+
 int main(void) {
     uint64_t rng = test_seed();
     check_by_hand();
@@ -183,16 +199,6 @@ int main(void) {
         printf("no GPU: CUDA checks skipped\n");
         return test_finish("test_ops_bias_relu_pool");
     }
-    GpuContext g;
-    gpu_context_init(&g, 0);
-    const DType types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
-    for (int t = 0; t < 3; t++)
-        for (int nhwc = 0; nhwc < 2; nhwc++) {
-            check_gpu(types[t], nhwc, 4, 64, 32, 32, 1, &rng, g.compute); /* 16-byte NHWC vectors */
-            check_gpu(types[t], nhwc, 3, 5, 6, 10, 1, &rng, g.compute);   /* channel by channel */
-            check_gpu(types[t], nhwc, 2, 24, 4, 6, 1, &rng, g.compute);
-        }
-    for (int nhwc = 0; nhwc < 2; nhwc++) check_gpu(DTYPE_F32, nhwc, 4, 32, 16, 16, 0, &rng, g.compute);
-    gpu_context_destroy(&g);
+    GPU_ONLY(check_gpu_all(&rng));
     return test_finish("test_ops_bias_relu_pool");
 }

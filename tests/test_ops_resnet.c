@@ -38,7 +38,6 @@
 #define BN_EPS 1e-5f
 
 static uint64_t rng;
-static GpuContext g;
 
 /* ---- host helpers ---------------------------------------------------------------- */
 
@@ -819,7 +818,9 @@ static void test_lr_schedule_cpu(void) {
     CHECK(counter == 40);
 }
 
-/* ==== GPU ============================================================================ */
+/* ==== GPU (a build without CUDA runs the CPU tests alone) ============================ */
+#if TRAINC_CUDA
+static GpuContext g;
 
 static void upload(void *dst, const void *src, size_t bytes) { upload_on(g.compute, dst, src, bytes); }
 static void download(void *dst, const void *src, size_t bytes) { download_on(g.compute, dst, src, bytes); }
@@ -1743,6 +1744,8 @@ static void test_lr_schedule_gpu(const char *name, LrSchedule s, int steps) {
     CUDA_CHECK(cudaFree(d_lr));
 }
 
+#endif
+
 /* ==== main ============================================================================ */
 
 static void run_cpu_tests(void) {
@@ -1770,6 +1773,7 @@ static void run_cpu_tests(void) {
     test_lr_schedule_cpu();
 }
 
+#if TRAINC_CUDA
 static void run_gpu_tests(void) {
     /* shapes: several rows of partial sums; h*w and c off the 16-byte vectors;
      * CIFAR ResNet-18's first stage; 300 channels: two NHWC tiles in f16 (one element a thread) */
@@ -1833,14 +1837,13 @@ static void run_gpu_tests(void) {
     report_bn_speed(DTYPE_F32, 0, (BatchNormShape){256, 64, 56, 56});
     report_bn_speed(DTYPE_F16, 0, (BatchNormShape){512, 64, 32, 32});
 }
+#endif
 
 int main(void) {
     rng = test_seed();
     run_cpu_tests();
     if (test_have_gpu()) {
-        gpu_context_init(&g, 0);
-        run_gpu_tests();
-        gpu_context_destroy(&g);
+        GPU_ONLY(gpu_context_init(&g, 0); run_gpu_tests(); gpu_context_destroy(&g));
     } else {
         printf("no GPU: GPU checks skipped\n");
     }

@@ -1,7 +1,8 @@
 /* ResNet as a composition of ops: a residual net's gradients against finite
  * differences (CPU), checkpointed and plain gradients bitwise equal, ResNet-18's
  * step on the GPU against the CPU, evaluation with running statistics, and
- * every speed switch giving the same training run (GPU). */
+ * every speed switch giving the same training run (GPU); on the CPU, the
+ * recipe through the trainer overfits one fixed batch. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +45,28 @@ static float loss_of(Model *m, const float *x, const int32_t *labels) {
     return loss;
 }
 
+typedef struct {
+    double err, fd;
+} FdSample;
+
+static int by_error(const void *a, const void *b) {
+    double x = ((const FdSample *)a)->err, y = ((const FdSample *)b)->err;
+    return (x > y) - (x < y);
+}
+
+/* Central differences in float through ReLU kinks and batch statistics are
+ * noisy: a step of h crosses a kink with a probability that grows with h (the
+ * one-sided derivatives differ there, by up to 3x seen), and a smaller h
+ * leaves more of the float loss's rounding (1.2e-7 / 2h). h = 1e-4 balanced
+ * the two best. In 2000 runs (1000 seeds on SkylakeX's OpenBLAS kernels, 250
+ * each on Haswell's, Sandybridge's, Nehalem's and Prescott's) at most 8 of 120
+ * parameters missed the bound (0.25 on average) and the error of the best 90%
+ * stayed below 0.027 relative; with h = 1e-3 and 60 parameters, 0.7% of seeds
+ * failed. So the bounds let a tenth of the parameters miss and measure the
+ * error of the rest. A missing residual gradient (tried: layers overwriting
+ * the input gradient they add to) failed both bounds for each of 200 seeds. */
 static void check_finite_differences(const float *x, const int32_t *labels, uint64_t *rng) {
+    enum { SAMPLES = 120 };
     Model m;
     build_small(&m, 0);
     model_finalize(&m, NULL, 3);
@@ -53,58 +75,67 @@ static void check_finite_differences(const float *x, const int32_t *labels, uint
     model_backward(&m);
     float *analytic = malloc(m.n_params * sizeof(float));
     memcpy(analytic, m.grads, m.n_params * sizeof(float));
-    /* Central differences in float through ReLU kinks and batch statistics
-     * are noisy: a few parameters may miss the bound, the vector as a whole
-     * must not. A missing residual gradient is off by far more. */
-    const float h = 1e-3f;
-    int checked = 0, nonzero = 0, within = 0;
-    double diff2 = 0, fd2 = 0;
-    for (int trial = 0; trial < 60; trial++) {
+    const float h = 1e-4f;
+    FdSample samples[SAMPLES];
+    int nonzero = 0, within = 0;
+    for (int k = 0; k < SAMPLES; k++) {
         size_t i = (size_t)test_uniform(rng, 0, (float)m.n_params - 0.01f);
-        float saved = m.params[i];
-        m.params[i] = saved + h;
+        float saved = m.params[i], up_p = saved + h, down_p = saved - h;
+        m.params[i] = up_p;
         double up = loss_of(&m, x, labels);
-        m.params[i] = saved - h;
+        m.params[i] = down_p;
         double down = loss_of(&m, x, labels);
         m.params[i] = saved;
-        double fd = (up - down) / (2.0 * h), err = fabs(fd - analytic[i]);
+        double fd = (up - down) / ((double)up_p - (double)down_p), err = fabs(fd - analytic[i]);
         if (err <= 1e-3 + 5e-2 * fabs(fd)) within++;
         else printf("parameter %zu: analytic %.6g, finite differences %.6g\n", i, analytic[i], fd);
-        diff2 += err * err;
-        fd2 += fd * fd;
-        checked++;
+        samples[k] = (FdSample){err, fd};
         nonzero += fabs(fd) > 1e-4;
     }
+    qsort(samples, SAMPLES, sizeof *samples, by_error);
+    double diff2 = 0, fd2 = 0;
+    for (int k = 0; k < SAMPLES - SAMPLES / 10; k++) { /* all but the tenth with the largest errors */
+        diff2 += samples[k].err * samples[k].err;
+        fd2 += samples[k].fd * samples[k].fd;
+    }
     double rel = sqrt(diff2 / fd2);
-    CHECK_MSG(within >= checked * 9 / 10, "only %d of %d parameters agree with finite differences", within, checked);
-    CHECK_MSG(rel < 0.1, "gradient against finite differences: relative error %.3g", rel);
-    CHECK(nonzero > checked / 3); /* gradients that are all 0 would pass the bound */
-    printf("residual net: %d of %d parameters within the bound of finite differences, relative error %.3g\n",
-           within, checked, rel);
+    CHECK_MSG(within >= SAMPLES * 9 / 10, "only %d of %d parameters agree with finite differences", within, SAMPLES);
+    CHECK_MSG(rel < 0.1, "gradient against finite differences: relative error %.3g (the best 90%%)", rel);
+    CHECK(nonzero > SAMPLES / 3); /* gradients that are all 0 would pass the bound */
+    printf("residual net: %d of %d parameters within the bound of finite differences, relative error %.3g "
+           "(the best 90%%)\n", within, SAMPLES, rel);
     free(analytic);
     model_destroy(&m);
 }
 
+#if TRAINC_CUDA /* the GPU's parts; a build without CUDA checks the CPU alone */
+static void gradients_on_gpu(Model *m, GpuContext *gpu, const float *x, const int32_t *labels, float *grads,
+                             float *logits) {
+    size_t in_bytes = model_input_floats(m) * sizeof(float), out_n = (size_t)m->batch * m->num_classes;
+    int32_t *d_labels;
+    float *d_loss;
+    CUDA_CHECK(cudaMalloc((void **)&d_labels, m->batch * sizeof(int32_t)));
+    CUDA_CHECK(cudaMalloc((void **)&d_loss, sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d_labels, labels, m->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(model_input_buffer(m), x, in_bytes, cudaMemcpyHostToDevice));
+    model_forward(m);
+    softmax_xent_cuda(m->act_dtype, model_logits(m), d_labels, m->batch, m->num_classes, NULL, d_loss,
+                      model_logits_grad(m), gpu->compute);
+    model_backward(m);
+    CUDA_CHECK(cudaStreamSynchronize(gpu->compute));
+    CUDA_CHECK(cudaMemcpy(grads, m->grads, m->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(logits, model_logits(m), out_n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d_labels));
+    CUDA_CHECK(cudaFree(d_loss));
+}
+#endif
+
 /* Parameter gradients of one forward/backward (host copy) and the logits. */
 static float *gradients(Model *m, GpuContext *gpu, const float *x, const int32_t *labels, float **logits_out) {
-    size_t in_bytes = model_input_floats(m) * sizeof(float), out_n = (size_t)m->batch * m->num_classes;
+    size_t out_n = (size_t)m->batch * m->num_classes;
     float *grads = malloc(m->n_params * sizeof(float)), *logits = malloc(out_n * sizeof(float));
     if (gpu) {
-        int32_t *d_labels;
-        float *d_loss;
-        CUDA_CHECK(cudaMalloc((void **)&d_labels, m->batch * sizeof(int32_t)));
-        CUDA_CHECK(cudaMalloc((void **)&d_loss, sizeof(float)));
-        CUDA_CHECK(cudaMemcpy(d_labels, labels, m->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(model_input_buffer(m), x, in_bytes, cudaMemcpyHostToDevice));
-        model_forward(m);
-        softmax_xent_cuda(m->act_dtype, model_logits(m), d_labels, m->batch, m->num_classes, NULL, d_loss,
-                          model_logits_grad(m), gpu->compute);
-        model_backward(m);
-        CUDA_CHECK(cudaStreamSynchronize(gpu->compute));
-        CUDA_CHECK(cudaMemcpy(grads, m->grads, m->n_params * sizeof(float), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(logits, model_logits(m), out_n * sizeof(float), cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaFree(d_labels));
-        CUDA_CHECK(cudaFree(d_loss));
+        GPU_ONLY(gradients_on_gpu(m, gpu, x, labels, grads, logits));
     } else {
         loss_of(m, x, labels);
         model_backward(m);
@@ -185,6 +216,7 @@ static void check_gpu_against_cpu(GpuContext *gpu, int batch, const float *x, co
     free(gpu_logits);
 }
 
+#if TRAINC_CUDA
 /* Three SGD steps, fused against unfused on the GPU (fp32): the gradients of
  * each step agree, so state carried between steps is right too. The steps are
  * small: a random batch's loss surface turns rounding differences into
@@ -240,6 +272,7 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
     CUDA_CHECK(cudaFree(d_loss));
     CUDA_CHECK(cudaFree(lr));
 }
+#endif
 
 /* In evaluation a sample's logits depend on it alone (running statistics); in
  * training on its batch too. */
@@ -269,17 +302,20 @@ static void check_eval_mode(const float *x, const int32_t *labels, uint64_t *rng
     model_destroy(&m);
 }
 
-static Config *resnet_run(const char *device, int steps, const char *lr) {
+/* The recipe's settings on a synthetic set of train_images (a batch of 32). */
+static Config *resnet_run(const char *device, int steps, const char *lr, int train_images) {
     char err[256];
     Config *c = config_new(trainc_keys, trainc_n_keys);
     const char *lines[] = {"model.name=resnet18", "data.source=synthetic", "data.image_size=32",
-                           "data.synthetic_train=512", "data.synthetic_test=64", "train.batch=32",
+                           "data.synthetic_test=64", "train.batch=32",
                            "run.epochs=1", "run.warmup_steps=0", "optim.weight_decay=5e-4",
                            "optim.decay_bn_bias=off", "optim.nesterov=on", "optim.schedule=cosine",
                            "optim.warmup_epochs=0.5", "optim.label_smoothing=0.1", "train.sync_after_step=off",
                            "train.read_loss_every=0", "perf.deterministic=on"};
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) CHECK(config_set(c, lines[i], err, sizeof err) == 0);
     char line[64];
+    snprintf(line, sizeof line, "data.synthetic_train=%d", train_images);
+    CHECK(config_set(c, line, err, sizeof err) == 0);
     snprintf(line, sizeof line, "run.device=%s", device);
     CHECK(config_set(c, line, err, sizeof err) == 0);
     snprintf(line, sizeof line, "run.max_steps=%d", steps);
@@ -289,15 +325,45 @@ static Config *resnet_run(const char *device, int steps, const char *lr) {
     return c;
 }
 
-/* A short CPU run of the ResNet recipe: it learns, and evaluation runs. */
-static void check_cpu_run(void) {
-    Config *c = resnet_run("cpu", 16, "0.05");
-    TrainSummary s;
-    train_run(c, &s);
-    CHECK_MSG(isfinite(s.final_loss) && s.final_loss < 2.2, "resnet18 CPU loss after 16 steps %.4f", s.final_loss);
-    CHECK(s.test_acc >= 0);
-    printf("resnet18 cpu: loss %.4f after 16 steps, test acc %.3f\n", s.final_loss, s.test_acc);
-    config_free(c);
+/* The recipe through the trainer on the CPU overfits one fixed batch: 16
+ * synthetic images, the whole training set, so every step sees the same ones,
+ * at a small learning rate. A bound on the loss after 16 steps over 512
+ * images at lr 0.05 held on one machine (1.7) and not on another (2.5, and
+ * 2.9 with 1 BLAS thread): that run is chaotic, so the BLAS kernel and thread
+ * count decide where it ends. Here the loss falls from about ln 10 to 0.53
+ * (the floor of label smoothing 0.1 is 0.50) in 6 steps: over 34 seeds, 1
+ * and 2 BLAS threads and OpenBLAS's SkylakeX, Haswell, Sandybridge, Nehalem
+ * and Prescott kernels, the first loss was 2.19 to 2.60 and the last at most
+ * 0.25 of it. Steps that do not train leave it near ln 10. */
+static void check_cpu_overfits(void) {
+    enum { IMAGES = 16, STEPS = 6 };
+    char err[256], line[64];
+    double loss[2];
+    const int steps[2] = {1, STEPS};
+    for (int k = 0; k < 2; k++) {
+        Config *c = resnet_run("cpu", steps[k], "0.01", IMAGES);
+        const char *lines[] = {"train.batch=16", "optim.warmup_epochs=0", "run.log_every=1"};
+        for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
+            CHECK(config_set(c, lines[i], err, sizeof err) == 0);
+        snprintf(line, sizeof line, "run.epochs=%d", STEPS); /* one step an epoch; the same schedule for both */
+        CHECK(config_set(c, line, err, sizeof err) == 0);
+        snprintf(line, sizeof line, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
+        CHECK(config_set(c, line, err, sizeof err) == 0);
+        if (k == 0) CHECK(config_set(c, "run.eval=off", err, sizeof err) == 0);
+        TrainSummary s;
+        train_run(c, &s);
+        CHECK(s.steps == steps[k]);
+        loss[k] = s.final_loss; /* the loss of the last step, before its update */
+        if (k == 1) CHECK_MSG(s.test_acc >= 0 && s.test_acc <= 1, "test accuracy %.3f: no evaluation", s.test_acc);
+        config_free(c);
+    }
+    double ratio = loss[1] / loss[0];
+    CHECK_MSG(isfinite(loss[0]) && loss[0] > 1.5 && loss[0] < 3.5, "resnet18 CPU first loss %.4f, ln 10 = 2.303",
+              loss[0]);
+    CHECK_MSG(isfinite(ratio) && ratio < 0.5, "resnet18 CPU, one batch of %d: loss %.4f after %d steps, first %.4f",
+              IMAGES, loss[1], STEPS, loss[0]);
+    printf("resnet18 cpu, one batch of %d: loss %.4f at step 1, %.4f at step %d (ratio %.3f)\n", IMAGES, loss[0],
+           loss[1], STEPS, ratio);
 }
 
 /* Every switch computes the same training run: losses after 12 steps, at a
@@ -317,7 +383,7 @@ static void check_switches(void) {
     double ref = NAN;
     for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
         char err[256];
-        Config *c = resnet_run("cuda", 12, "0.002");
+        Config *c = resnet_run("cuda", 12, "0.002", 512);
         for (int k = 0; k < 4; k++) CHECK(config_set(c, variants[v][k], err, sizeof err) == 0);
         TrainSummary s;
         train_run(c, &s);
@@ -351,7 +417,7 @@ int main(void) {
     test_fill_uniform(big32, n32, &rng, -2, 2);
     int32_t labels32[32];
     for (int i = 0; i < 32; i++) labels32[i] = i % 10;
-    check_cpu_run();
+    check_cpu_overfits();
     if (gpu_count() > 0) {
         GpuContext gpu;
         gpu_context_init(&gpu, 0);
@@ -360,7 +426,7 @@ int main(void) {
         check_gpu_against_cpu(&gpu, BATCH, big, labels, 1);
         check_gpu_against_cpu(&gpu, 32, big32, labels32, 0);
         check_gpu_against_cpu(&gpu, 32, big32, labels32, 1);
-        check_fused_steps(&gpu, 32, big32, labels32);
+        GPU_ONLY(check_fused_steps(&gpu, 32, big32, labels32));
         gpu_context_destroy(&gpu);
         check_switches();
     } else {

@@ -1,27 +1,43 @@
 /* The trainc program as a user meets it: bad configs and missing data end with
  * one message naming the file, line or key and a non-zero exit; a short run
- * ends with the summary JSON. */
+ * ends with the summary JSON. Also the command line itself (--version,
+ * --config=F, bad options), every number's range, every GPU-only key of a
+ * GPU config named in one message on the CPU, and the resume hint. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "tests/harness.h"
+#include "tools/keys.h"
 
-static char output[1 << 16];
+static char output[1 << 17];
 
-/* Runs trainc with args (a shell fragment); returns its exit status. */
-static int trainc(const char *args) {
+static const char *trainc_path(void) {
+    static char path[1024];
     const char *build = getenv("TRAINC_BUILD_DIR");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s/trainc %s 2>&1", build ? build : "build", args);
+    snprintf(path, sizeof path, "%s/trainc", build ? build : "build");
+    return path;
+}
+
+/* Runs program with args (a shell fragment); returns its exit status. */
+static int run_program(const char *program, const char *args) {
+    size_t len = strlen(program) + strlen(args) + 16;
+    char *cmd = malloc(len);
+    snprintf(cmd, len, "%s %s 2>&1", program, args);
     FILE *p = popen(cmd, "r");
+    free(cmd);
     if (!p) return -1;
     size_t n = fread(output, 1, sizeof output - 1, p);
     output[n] = 0;
     int status = pclose(p);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
+
+static int trainc(const char *args) { return run_program(trainc_path(), args); }
 
 static void expect_error(const char *args, const char *needle) {
     int rc = trainc(args);
@@ -36,6 +52,204 @@ static const char *write_ini(const char *dir, const char *name, const char *text
     char *p = paths[next++ % 8];
     snprintf(p, 1024, "%s", test_write_file(dir, name, text, strlen(text)));
     return p;
+}
+
+/* The 1-based number of the first line of path holding text, or 0. */
+static int line_of(const char *path, const char *text) {
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int n = 0, found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        n++;
+        found = strstr(line, text) != NULL;
+    }
+    if (f) fclose(f);
+    return found ? n : 0;
+}
+
+/* Every number in trainc's schema has a range. */
+static void check_every_number_has_a_range(void) {
+    for (int k = 0; k < trainc_n_keys; k++) {
+        CfgType t = trainc_keys[k].type;
+        if (t == CFG_INT || t == CFG_FLOAT || t == CFG_FLOAT32)
+            CHECK_MSG(trainc_keys[k].range != NULL, "%s has no range", trainc_keys[k].key);
+    }
+}
+
+/* --version: trainc's version and commit, then the libraries, without a GPU too. */
+static void check_version(void) {
+    CHECK_MSG(trainc("--version") == 0, "%s", output);
+    int major = -1, minor = -1, patch = -1;
+    char commit[64] = "";
+    CHECK_MSG(sscanf(output, "trainc %d.%d.%d (git commit %63[0-9a-z])", &major, &minor, &patch, commit) == 4,
+              "first line: %s", output);
+    CHECK_MSG(major >= 0 && minor >= 0 && patch >= 0 && commit[0], "%s", output);
+    if (strstr(output, "not built with CUDA")) {
+        CHECK(strstr(output, "cuDNN") == NULL);
+    } else {
+        const char *lines[] = {"\nCUDA runtime: ", "\nCUDA driver: ", "\ncuDNN: ", "\nNCCL: ", "(built with "};
+        for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
+            CHECK_MSG(strstr(output, lines[i]) != NULL, "--version lacks '%s':\n%s", lines[i], output);
+        CHECK_MSG(strstr(output, "CUDA runtime: none") == NULL && strstr(output, "CUDA runtime: unknown") == NULL,
+                  "the runtime always knows its version:\n%s", output);
+        if (!test_have_gpu()) CHECK_MSG(strstr(output, "CUDA driver: ") != NULL, "%s", output);
+    }
+    CHECK(trainc("--help") == 0 && strstr(output, "usage: trainc") && strstr(output, "--version"));
+}
+
+/* getopt_long: --opt=value, options in any order, one message for a bad command line. */
+static void check_command_line(const char *dir) {
+    CHECK_MSG(trainc("--print-config --config=configs/baseline.ini --set=train.batch=48 --device=cpu") == 0, "%s",
+              output);
+    CHECK(strstr(output, "batch = 48  # --set") && strstr(output, "device = cpu  # --set"));
+    expect_error("--config", "missing value after: --config");
+    expect_error("--config configs/baseline.ini --config configs/baseline.ini", "--config given twice");
+    expect_error("--config configs/baseline.ini extra", "unexpected argument: extra");
+    expect_error("--config configs/baseline.ini bench-loader", "a subcommand comes first");
+    expect_error("-x", "unknown option: -x");
+    CHECK(trainc("--bogus") == 2);
+    CHECK(trainc("--print-config") == 0); /* the defaults alone */
+
+    /* A value of any length is kept whole (a fixed buffer cut it at 4187 characters). */
+    enum { LONG = 20000 };
+    size_t len = LONG + 128;
+    char *args = malloc(len), *name = malloc(LONG + 1);
+    memset(name, 'r', LONG);
+    name[LONG] = 0;
+    snprintf(args, len, "--set run.name=%s --print-config", name);
+    CHECK_MSG(trainc(args) == 0, "%.300s", output);
+    snprintf(args, len, "\nname = %s  # --set\n", name);
+    CHECK_MSG(strstr(output, args) != NULL, "the long run.name is not whole in --print-config");
+    snprintf(args, len, "--resume %s/%s --print-config", dir, name);
+    CHECK(trainc(args) == 0);
+    CHECK_MSG(strstr(output, name) && strstr(output, "# --set\n"), "the long --resume value is not whole");
+    free(args);
+    free(name);
+}
+
+/* Each number out of its range: one message with where, the key, the value and the range. */
+static void check_ranges(const char *dir) {
+    static const struct {
+        const char *assignment, *range;
+    } cases[] = {
+        {"train.batch=4294967297", "[1, 1048576]"},    {"run.epochs=-4294967295", "[1, 1000000]"},
+        {"data.image_size=4294967328", "[8, 4096]"},   {"model.num_classes=4294967306", "[2, 1000]"},
+        {"data.crop_pad=2000000000", "[0, 4096]"},     {"monitor.prometheus_port=65536", "[0, 65535]"},
+        {"optim.momentum=1", "[0, 1)"},                {"memory.accumulate=0", "[1, 4096]"},
+    };
+    char args[512], want[256];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(args, sizeof args, "--config configs/baseline.ini --device cpu --set %s", cases[i].assignment);
+        const char *eq = strchr(cases[i].assignment, '=');
+        snprintf(want, sizeof want, "trainc: error: --set %s: %.*s = %s is out of range: allowed %s\n",
+                 cases[i].assignment, (int)(eq - cases[i].assignment), cases[i].assignment, eq + 1,
+                 cases[i].range);
+        CHECK_MSG(trainc(args) == 1, "%s: %s", cases[i].assignment, output);
+        CHECK_MSG(strcmp(output, want) == 0, "got:\n%swant:\n%s", output, want);
+    }
+    const char *big = write_ini(dir, "big.ini", "[run]\nepochs = 1\n[train]\nbatch = 4294967297\n");
+    snprintf(args, sizeof args, "--config %s --device cpu", big);
+    snprintf(want, sizeof want, "%s:4: train.batch = 4294967297 is out of range: allowed [1, 1048576]", big);
+    expect_error(args, want);
+    expect_error("--config configs/baseline.ini --set optim.lr=1e39", "optim.lr: 1e39 overflows a 32-bit float");
+    expect_error("--config configs/baseline.ini --set optim.lr=inf", "optim.lr: 'inf' is not a finite number");
+    expect_error("--config configs/baseline.ini --set train.batch=32x", "'32x' is not a base-10 integer");
+    expect_error("--config configs/baseline.ini --set train.batch=99999999999999999999", "64-bit integer");
+}
+
+/* A GPU config on the CPU: every GPU-only key in one message, each with its
+ * origin and what to set instead; none of trainc's source places. */
+static void check_gpu_keys_on_cpu(void) {
+    static const struct {
+        const char *file, *line_text, *key_value, *instead;
+    } keys[] = {
+        {"configs/dataloader.ini", "pinned = on", "data.pinned = on", "data.pinned = off"},
+        {"configs/final.ini", "amp = fp16", "precision.amp = fp16", "precision.amp = off"},
+        {"configs/final.ini", "cuda_graph = on", "perf.cuda_graph = on", "perf.cuda_graph = off"},
+        {"configs/final.ini", "transform_on = gpu", "data.transform_on = gpu", "data.transform_on = cpu"},
+        {"configs/model.ini", "layout = nhwc", "model.layout = nhwc", "model.layout = nchw"},
+        {"configs/model.ini", "fuse = on", "model.fuse = on", "model.fuse = off"},
+    };
+    CHECK_MSG(trainc("--config configs/final.ini --device cpu") == 1, "%s", output);
+    CHECK_MSG(strstr(output, "trainc: error: 6 problems with the settings:\n") != NULL, "%s", output);
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char want[512];
+        int line = line_of(keys[i].file, keys[i].line_text);
+        CHECK_MSG(line > 0, "no '%s' in %s", keys[i].line_text, keys[i].file);
+        snprintf(want, sizeof want, "\n  %s:%d: %s: needs run.device = cuda; for the CPU set %s\n", keys[i].file, line,
+                 keys[i].key_value, keys[i].instead);
+        CHECK_MSG(strstr(output, want) != NULL, "no '%s' in:\n%s", want, output);
+    }
+    CHECK_MSG(strstr(output, ".c:") == NULL, "a place in trainc's source:\n%s", output);
+    const char *first = strstr(output, "trainc: error:");
+    CHECK_MSG(first && !strstr(first + 1, "trainc: error:"), "not one message:\n%s", output);
+
+    /* One problem: one line, from --set. */
+    CHECK(trainc("--config configs/baseline.ini --device cpu --set perf.cuda_graph=on") == 1);
+    CHECK_MSG(strcmp(output, "trainc: error: --set: perf.cuda_graph = on: needs run.device = cuda; for the CPU set "
+                             "perf.cuda_graph = off\n") == 0, "%s", output);
+    /* A rule joining two keys names where the value came from. */
+    expect_error("--config configs/baseline.ini --device cpu --set optim.nesterov=on --set optim.momentum=0",
+                 "--set: optim.nesterov = on: needs optim.momentum > 0");
+    CHECK(strstr(output, "train.c") == NULL);
+}
+
+/* SIGTERM mid-run: the hint to resume names the program as it was started. */
+/* docs/config-keys.md is what `trainc keys` prints from the schema: a key
+ * added or changed without regenerating the page fails here. */
+static void check_keys_page(void) {
+    CHECK(trainc("keys") == 0);
+    static char page[1 << 17];
+    FILE *f = fopen("docs/config-keys.md", "r");
+    size_t n = f ? fread(page, 1, sizeof page - 1, f) : 0;
+    if (f) fclose(f);
+    page[n] = 0;
+    CHECK_MSG(f && strcmp(page, output) == 0,
+              "docs/config-keys.md differs from `trainc keys`: regenerate it with build/trainc keys > "
+              "docs/config-keys.md");
+    CHECK(strstr(output, "| `train.batch` | int | [1, ") != NULL);
+}
+
+static void check_resume_hint(const char *dir) {
+    char link[1024], log[1100], cmd[4096], target[4096];
+    snprintf(link, sizeof link, "%s/my trainc", dir);
+    CHECK(realpath(trainc_path(), target) != NULL);
+    CHECK(symlink(target, link) == 0);
+    snprintf(log, sizeof log, "%s/hint.log", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        snprintf(cmd, sizeof cmd, "run.checkpoint_dir=%s/ckpt", dir);
+        if (!freopen(log, "w", stdout) || dup2(fileno(stdout), 2) < 0) _exit(3);
+        execl(link, link, "--config", "configs/baseline.ini", "--device", "cpu", "--set", "data.source=synthetic",
+              "--set", "data.image_size=32", "--set", "data.synthetic_train=512", "--set", "data.synthetic_test=64",
+              "--set", "run.epochs=1000", "--set", "run.log_every=1", "--set", cmd, "--set", "run.resume=",
+              (char *)NULL);
+        _exit(4);
+    }
+    /* Wait for the first logged step: the stop handlers are in place by then. */
+    for (int waited_ms = 0; waited_ms < 60000; waited_ms += 20) {
+        FILE *f = fopen(log, "r");
+        size_t n = f ? fread(output, 1, sizeof output - 1, f) : 0;
+        if (f) fclose(f);
+        output[n] = 0;
+        if (strstr(output, "step ")) break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    FILE *f = fopen(log, "r");
+    size_t n = f ? fread(output, 1, sizeof output - 1, f) : 0;
+    if (f) fclose(f);
+    output[n] = 0;
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM, "status %d:\n%s", status, output);
+    char want[2048];
+    snprintf(want, sizeof want, "resume with: '%s' --config configs/baseline.ini --device cpu --set "
+             "data.source=synthetic", link);
+    CHECK_MSG(strstr(output, want) != NULL, "no '%s' in:\n%s", want, output);
+    const char *hint = strstr(output, "resume with: ");
+    CHECK_MSG(hint && strstr(hint, " --resume ") && !strstr(hint, "run.resume="), "%s", hint ? hint : output);
 }
 
 int main(void) {
@@ -56,6 +270,12 @@ int main(void) {
     expect_error(args, "nowhere.ini");
 
     expect_error("--config /nonexistent/trainc.ini", "/nonexistent/trainc.ini");
+    char long_name[200];
+    memset(long_name, 'n', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = 0;
+    snprintf(args, sizeof args, "--config configs/baseline.ini --device cpu --set run.name=%s", long_name);
+    expect_error(args, "run.name = nnnn");
+    expect_error(args, "is longer than 127 bytes");
     expect_error("--config configs/baseline.ini --set train.batchh=3", "train.batchh");
     expect_error("--config configs/baseline.ini --set train.batch=0 --device cpu", "train.batch");
     expect_error("--config configs/baseline.ini --set data.image_size=36 --device cpu "
@@ -63,7 +283,15 @@ int main(void) {
                  "data.image_size");
     expect_error("--config configs/baseline.ini --device cpu --set data.path=/nonexistent/cifar",
                  "/nonexistent/cifar");
-    expect_error("--bogus", "--bogus");
+    expect_error("--bogus", "unknown or ambiguous option: --bogus");
+
+    check_every_number_has_a_range();
+    check_version();
+    check_keys_page();
+    check_command_line(dir);
+    check_ranges(dir);
+    check_gpu_keys_on_cpu();
+    check_resume_hint(dir);
 
     /* --print-config output loads back and prints the same. */
     CHECK(trainc("--config configs/baseline.ini --set train.batch=64 --print-config") == 0);

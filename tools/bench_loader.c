@@ -37,21 +37,20 @@ static void send_batch(Bench *b, const LoaderConfig *lc, const Batch *batch, int
     cudaStream_t stream = b->gpu->copy;
     if (lc->raw) {
         size_t raw_bytes = (size_t)batch->n * dataset_image_bytes(b->data);
-        CUDA_CHECK(cudaMemcpyAsync(b->device_raw[s], batch->raw_images, raw_bytes, cudaMemcpyHostToDevice, stream));
-        CUDA_CHECK(cudaMemcpyAsync(b->device_params[s], batch->params, gpu_transform_params_bytes(batch->n),
-                                   cudaMemcpyHostToDevice, stream));
+        gpu_copy_to_device(b->device_raw[s], batch->raw_images, raw_bytes, stream);
+        gpu_copy_to_device(b->device_params[s], batch->params, gpu_transform_params_bytes(batch->n), stream);
         GpuTransformArgs args;
         gpu_transform_args_init(&args, &lc->transform, b->data->c, b->data->h, b->data->w);
         args.raw_images = b->device_raw[s];
         args.params = b->device_params[s];
         args.n = batch->n;
         args.out = b->device_images[s];
-        gpu_transform_batch(&args, stream);
+        GPU_ONLY(gpu_transform_batch(&args, stream));
     } else {
         size_t bytes = (size_t)batch->n * 3 * b->image_size * b->image_size * sizeof(float);
-        CUDA_CHECK(cudaMemcpyAsync(b->device_images[s], batch->images, bytes, cudaMemcpyHostToDevice, stream));
+        gpu_copy_to_device(b->device_images[s], batch->images, bytes, stream);
     }
-    CUDA_CHECK(cudaEventRecord(b->done[s], stream));
+    gpu_event_record(b->done[s], stream);
 }
 
 /* samples/s over BENCH_SECONDS (or the epoch, if shorter) after a warm-up. */
@@ -65,13 +64,13 @@ static double bench_one(Bench *b, const LoaderConfig *lc) {
     for (int i = 0;; i++) {
         Batch batch;
         if (i == BENCH_WARMUP_BATCHES) {
-            CUDA_CHECK(cudaStreamSynchronize(b->gpu->copy));
+            gpu_sync(b->gpu->copy);
             start = now_seconds();
             samples = 0;
         }
         int s = i & 1;
         if (holding[s]) { /* the buffer set's last batch must have landed first */
-            CUDA_CHECK(cudaEventSynchronize(b->done[s]));
+            gpu_event_sync(b->done[s]);
             loader_release(l, &held[s]);
             holding[s] = 0;
         }
@@ -82,7 +81,7 @@ static double bench_one(Bench *b, const LoaderConfig *lc) {
         samples += batch.n;
         if (i >= BENCH_WARMUP_BATCHES && now_seconds() - start > BENCH_SECONDS) break;
     }
-    CUDA_CHECK(cudaStreamSynchronize(b->gpu->copy));
+    gpu_sync(b->gpu->copy);
     double seconds = now_seconds() - start;
     for (int s = 0; s < 2; s++)
         if (holding[s]) loader_release(l, &held[s]);
@@ -90,9 +89,19 @@ static double bench_one(Bench *b, const LoaderConfig *lc) {
     return seconds > 0 ? samples / seconds : 0;
 }
 
+static void *device_buffer(size_t bytes, const char *what) {
+    const char *error = NULL;
+    void *p = gpu_try_malloc(bytes, &error);
+    if (!p) TC_FATAL("bench-loader: cudaMalloc of %.1f MiB for %s failed: %s", bytes / 1048576.0, what, error);
+    return p;
+}
+
 int bench_loader_main(const Config *cfg) {
     static const int batches[] = {32, 64, 128, 256};
     static const int workers[] = {0, 2, 4, 8};
+    if (!TRAINC_CUDA)
+        tc_fatal(NULL, 0, "trainc bench-loader measures copies to the GPU, and this trainc was built without CUDA "
+                 "(TRAINC_CUDA=OFF)");
     if (gpu_count() == 0) TC_FATAL("bench-loader measures copies to the GPU, and no GPU is visible");
     GpuContext gpu;
     gpu_context_init(&gpu, (int)config_int(cfg, "run.gpu"));
@@ -101,14 +110,14 @@ int bench_loader_main(const Config *cfg) {
     Bench b = {.gpu = &gpu, .data = &data, .image_size = (int)config_int(cfg, "data.image_size")};
     size_t out_bytes = (size_t)256 * 3 * b.image_size * b.image_size * sizeof(float);
     for (int s = 0; s < 2; s++) {
-        CUDA_CHECK(cudaMalloc((void **)&b.device_images[s], out_bytes));
-        CUDA_CHECK(cudaMalloc((void **)&b.device_raw[s], 256 * dataset_image_bytes(&data)));
-        CUDA_CHECK(cudaMalloc(&b.device_params[s], gpu_transform_params_bytes(256)));
-        CUDA_CHECK(cudaEventCreateWithFlags(&b.done[s], cudaEventDisableTiming));
+        b.device_images[s] = device_buffer(out_bytes, "output batches");
+        b.device_raw[s] = device_buffer(256 * dataset_image_bytes(&data), "stored-size batches");
+        b.device_params[s] = device_buffer(gpu_transform_params_bytes(256), "transform parameters");
+        gpu_event_create(&b.done[s], 0);
     }
     printf("loading + copying alone, %d training images %dx%d -> %dx%d, flip %s, crop_pad %lld, on %s\n",
            data.n, data.h, data.w, b.image_size, b.image_size, config_bool(cfg, "data.flip") ? "on" : "off",
-           (long long)config_int(cfg, "data.crop_pad"), gpu.prop.name);
+           (long long)config_int(cfg, "data.crop_pad"), gpu.name);
     printf("%-9s %5s %7s %6s %12s\n", "transform", "batch", "workers", "pinned", "samples/s");
     for (int on_gpu = 0; on_gpu < 2; on_gpu++)
         for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++)
@@ -126,10 +135,10 @@ int bench_loader_main(const Config *cfg) {
                     fflush(stdout);
                 }
     for (int s = 0; s < 2; s++) {
-        CUDA_CHECK(cudaFree(b.device_images[s]));
-        CUDA_CHECK(cudaFree(b.device_raw[s]));
-        CUDA_CHECK(cudaFree(b.device_params[s]));
-        CUDA_CHECK(cudaEventDestroy(b.done[s]));
+        gpu_free(b.device_images[s]);
+        gpu_free(b.device_raw[s]);
+        gpu_free(b.device_params[s]);
+        gpu_event_destroy(b.done[s]);
     }
     dataset_free(&data);
     gpu_context_destroy(&gpu);

@@ -11,7 +11,6 @@
 #include "tools/find_batch.h"
 
 #include <errno.h>
-#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +19,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
+#include "runtime/check.h"
 #include "runtime/config.h"
 #include "tools/keys.h"
 
@@ -64,15 +66,26 @@ static int drain(int fd, char *buf, size_t *len) {
     return 1;
 }
 
-/* The number after "key": in a JSON line; NaN when absent or null. */
-static double json_field(const char *line, const char *key) {
-    char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\": ", key);
-    const char *p = strstr(line, pattern);
-    if (!p) return NAN;
-    char *end;
-    double v = strtod(p + strlen(pattern), &end);
-    return end == p + strlen(pattern) ? NAN : v;
+int find_batch_read_summary(const char *line, double *samples_per_s, double *peak_mem_bytes) {
+    cJSON *summary = cJSON_Parse(line);
+    const cJSON *sps = cJSON_GetObjectItemCaseSensitive(summary, "samples_per_s");
+    const cJSON *peak = cJSON_GetObjectItemCaseSensitive(summary, "peak_mem_bytes");
+    int ok = cJSON_IsNumber(sps) && cJSON_IsNumber(peak);
+    if (ok) {
+        *samples_per_s = sps->valuedouble;
+        *peak_mem_bytes = peak->valuedouble;
+    }
+    cJSON_Delete(summary);
+    return ok ? 0 : -1;
+}
+
+void find_batch_gain_reason(char *out, size_t n, long batch, double samples_per_s, double prev_samples_per_s) {
+    double gain = 100 * (samples_per_s / prev_samples_per_s - 1);
+    if (gain >= 0)
+        snprintf(out, n, "batch %ld gave %.1f%% more samples/s than batch %ld (less than 5%%)", batch, gain,
+                 batch / 2);
+    else
+        snprintf(out, n, "batch %ld was %.1f%% slower than batch %ld (fewer samples/s)", batch, -gain, batch / 2);
 }
 
 /* The last line of text that starts with '{' (cut at its newline), or NULL. */
@@ -174,10 +187,11 @@ static void run_trial(char **base, int n_base, int batch, Trial *t) {
     t->out_of_memory = strstr(err, "out of GPU memory") != NULL || strstr(err, "out of host memory") != NULL;
     t->too_large = strstr(err, "more than the 2^31 a cuDNN tensor") != NULL;
     char *summary = last_json_line(out);
-    if (t->status == 0 && summary) {
+    if (t->status == 0 && summary &&
+        find_batch_read_summary(summary, &t->samples_per_s, &t->peak_mem_bytes) == 0) {
         t->ran = 1;
-        t->samples_per_s = json_field(summary, "samples_per_s");
-        t->peak_mem_bytes = json_field(summary, "peak_mem_bytes");
+    } else if (t->status == 0) {
+        snprintf(t->why, sizeof t->why, "exit status 0 but no summary with samples_per_s and peak_mem_bytes");
     } else {
         last_line(err, t->why, sizeof t->why);
         if (!t->why[0]) snprintf(t->why, sizeof t->why, "exit status %d and no summary", t->status);
@@ -189,7 +203,6 @@ int find_batch_main(int argc, char **argv) {
     char *base[MAX_ARGS];
     int n_base = 0;
     long max_batch = 65536;
-    char err[1024];
     Config *cfg = config_new(trainc_keys, trainc_n_keys);
 
     for (int i = 1; i < argc; i++) {
@@ -235,19 +248,23 @@ int find_batch_main(int argc, char **argv) {
         return 2;
     }
     /* The config is checked here first, so that a typo is one message, not a failed size. */
-    if (config_load_file(cfg, config_path, err, sizeof err) != 0) {
+    char *err = NULL;
+    if (config_load_file_msg(cfg, config_path, &err) != 0) {
         fprintf(stderr, "trainc: error: %s\n", err);
         return 1;
     }
-    for (int i = 0; i < n_base; i += 2) {
-        char assignment[4200];
+    for (int i = 0; i < n_base && !err; i += 2) {
         if (strcmp(base[i], "--config") == 0) continue;
-        if (strcmp(base[i], "--device") == 0) snprintf(assignment, sizeof assignment, "run.device=%s", base[i + 1]);
-        else snprintf(assignment, sizeof assignment, "%s", base[i + 1]);
-        if (config_set(cfg, assignment, err, sizeof err) != 0) {
-            fprintf(stderr, "trainc: error: %s\n", err);
-            return 1;
-        }
+        const char *prefix = strcmp(base[i], "--device") == 0 ? "run.device=" : "";
+        char *assignment = malloc(strlen(prefix) + strlen(base[i + 1]) + 1);
+        if (!assignment) TC_FATAL("out of memory");
+        strcat(strcpy(assignment, prefix), base[i + 1]);
+        config_set_msg(cfg, assignment, &err);
+        free(assignment);
+    }
+    if (err) {
+        fprintf(stderr, "trainc: error: %s\n", err);
+        return 1;
     }
     long batch = (long)config_int(cfg, "train.batch");
     config_free(cfg);
@@ -307,8 +324,7 @@ int find_batch_main(int argc, char **argv) {
             best_mem = t.peak_mem_bytes;
         }
         if (prev_sps > 0 && t.samples_per_s < MIN_GAIN * prev_sps) {
-            snprintf(reason, sizeof reason, "batch %ld gave %.1f%% more samples/s than batch %ld (less than 5%%)",
-                     batch, 100 * (t.samples_per_s / prev_sps - 1), batch / 2);
+            find_batch_gain_reason(reason, sizeof reason, batch, t.samples_per_s, prev_sps);
             why_stopped = reason;
             break;
         }

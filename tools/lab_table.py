@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The lab's table: run a list of trainc configs on one card over the same
 timed window and print version, GPU util, throughput, speedup over the first,
-peak memory; write it as CSV and draw it as an SVG bar chart.
+peak memory; write it as CSV and draw it as an SVG bar chart. A run that
+fails or times no step shows 0 samples/s and why (its error and exit status,
+or trainc's warning); the table is still written, and a failed run makes the
+exit status 1.
 
   python3 tools/lab_table.py                      # baseline, dataloader, model, memory, final
   python3 tools/lab_table.py --configs configs/dataloader.ini,configs/final.ini \
@@ -12,20 +15,58 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
+from xml.sax.saxutils import escape
 
 STAGES = ["baseline", "dataloader", "model", "memory", "final"]
 
 
+def last_line(text, part=""):
+    """The last non-empty line of text that contains part, without the log's
+    "[  time] " ("" if none)."""
+    lines = [re.sub(r"^\[\s*[0-9.]+\]\s*", "", l.strip()) for l in text.splitlines() if l.strip() and part in l]
+    return lines[-1] if lines else ""
+
+
+def zero_reason(p, summary):
+    """Why a run gave no samples/s: its error and exit status, or the warning
+    that says why nothing was timed."""
+    if p.returncode != 0:
+        status = f"exit status {p.returncode}" if p.returncode > 0 else f"killed by signal {-p.returncode}"
+        error = last_line(p.stderr, "error:") or last_line(p.stderr)
+        return f"{status}: {error}" if error else status
+    if summary is None:
+        return "no summary line on stdout"
+    warning = last_line(p.stderr, "samples_per_s is 0") or last_line(p.stderr, "warning:")
+    if summary.get("stopped"):
+        return "stopped early" + (f": {warning}" if warning else "")
+    if warning:
+        return warning
+    return f"no timed steps ({summary.get('timed_steps', 0)} of {summary.get('steps', 0)} steps timed)"
+
+
 def run_trainc(trainc, config, sets):
+    """The run's summary; samples_per_s 0 and a 'note' saying why when it failed or timed nothing."""
     cmd = [trainc, "--config", config, "--quiet"]
     for s in sets:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{p.stderr.strip()}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
+    summary = None
+    lines = p.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        try:
+            summary = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            summary = None
+    s = {"gpu": "-", "gpu_util": None, "samples_per_s": 0.0, "peak_mem_bytes": 0, "failed": p.returncode != 0}
+    if p.returncode == 0 and summary is not None:
+        s.update(summary)
+    if not s.get("samples_per_s"):
+        s["samples_per_s"] = 0.0
+        s["note"] = zero_reason(p, summary)
+    return s
 
 
 def svg_chart(rows, path):
@@ -33,18 +74,24 @@ def svg_chart(rows, path):
     width, bar_h, gap, left = 760, 26, 10, 230
     height = 60 + len(rows) * (bar_h + gap)
     top = max(r["samples_per_s"] for r in rows) or 1
+    gpu = next((r["gpu"] for r in rows if r.get("gpu") not in (None, "", "-")), None)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="13">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="10" y="24" font-size="16">samples/s on {rows[0]["gpu"]}</text>']
+           f'<text x="10" y="24" font-size="16">samples/s{" on " + escape(str(gpu)) if gpu else ""}</text>']
     for i, r in enumerate(rows):
         y = 44 + i * (bar_h + gap)
         w = (width - left - 120) * r["samples_per_s"] / top
         color = "#4c78a8" if r["who"] == "trainc" else "#f58518"
-        out.append(f'<text x="10" y="{y + 18}">{r["version"]}</text>')
+        out.append(f'<text x="10" y="{y + 18}">{escape(r["version"])}</text>')
         out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>')
-        out.append(f'<text x="{left + w + 6:.1f}" y="{y + 18}">{r["samples_per_s"]:,.0f} '
-                   f'({r["speedup"]:.2f}x)</text>')
+        if r.get("note"):
+            note = r["note"] if len(r["note"]) <= 60 else r["note"][:59] + "\u2026"
+            label = f"0: {note}"
+        else:
+            label = f"{r['samples_per_s']:,.0f} ({r['speedup']:.2f}x)" if r.get("speedup") else \
+                f"{r['samples_per_s']:,.0f}"
+        out.append(f'<text x="{left + w + 6:.1f}" y="{y + 18}">{escape(label)}</text>')
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
@@ -64,27 +111,37 @@ def main():
     for config in args.configs.split(","):
         s = run_trainc(args.trainc, config, args.set)
         rows.append({"who": "trainc", "version": "trainc " + os.path.splitext(os.path.basename(config))[0], **s})
-        print(f"ran {config}: {s['samples_per_s']:.0f} samples/s", file=sys.stderr)
+        if s.get("note"):
+            print(f"ran {config}: 0 samples/s: {s['note']}", file=sys.stderr)
+        else:
+            print(f"ran {config}: {s['samples_per_s']:.0f} samples/s", file=sys.stderr)
     if args.torch_json:
         for line in open(args.torch_json):
             if line.strip():
                 s = json.loads(line)
                 rows.append({"who": "pytorch", "version": "PyTorch " + s["name"], **s})
-    base = rows[0]["samples_per_s"] or 1
+    base = rows[0]["samples_per_s"]
     for r in rows:
-        r["speedup"] = r["samples_per_s"] / base
+        r["speedup"] = r["samples_per_s"] / base if base else None
     print(f"{'version':<28} {'GPU util':>8} {'samples/s':>10} {'speedup':>8} {'peak GiB':>9}")
     for r in rows:
         util = f"{100 * r['gpu_util']:.0f}%" if r.get("gpu_util") is not None else "-"
-        print(f"{r['version']:<28} {util:>8} {r['samples_per_s']:>10,.0f} {r['speedup']:>7.2f}x "
-              f"{r['peak_mem_bytes'] / 2**30:>9.2f}")
+        speedup = f"{r['speedup']:>7.2f}x" if r["speedup"] is not None else f"{'-':>8}"
+        line = (f"{r['version']:<28} {util:>8} {r['samples_per_s']:>10,.0f} {speedup} "
+                f"{r.get('peak_mem_bytes', 0) / 2**30:>9.2f}")
+        if r.get("note"):
+            line += f"  ({r['note']})"
+        print(line)
     with open(args.csv, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["version", "gpu", "gpu_util", "samples_per_s", "speedup", "peak_mem_bytes"])
+        w.writerow(["version", "gpu", "gpu_util", "samples_per_s", "speedup", "peak_mem_bytes", "note"])
         for r in rows:
             w.writerow([r["version"], r["gpu"], r.get("gpu_util"), round(r["samples_per_s"], 1),
-                        round(r["speedup"], 3), r["peak_mem_bytes"]])
+                        round(r["speedup"], 3) if r["speedup"] is not None else None, r.get("peak_mem_bytes"),
+                        r.get("note", "")])
     svg_chart(rows, args.svg)
+    if any(r.get("failed") for r in rows):
+        sys.exit("lab_table: some runs failed (see the table)")
 
 
 if __name__ == "__main__":

@@ -6,11 +6,19 @@
  * (train.sync_after_step, train.read_loss_every, data.async_copy = off): those
  * are the lab's baseline habits, kept so that their cost can be measured. */
 #include "tools/trainer.h"
+#include "runtime/json_out.h"
 
 /* ---- set-up --------------------------------------------------------------- */
 
-static void require(int ok, const char *key, const char *what) {
-    if (!ok) TC_FATAL("config: %s %s", key, what);
+/* A rule of the settings broken: gathered, so that one message names them all. */
+static void require(ConfigProblems *p, int ok, const char *key, const char *what) {
+    if (!ok) config_problem(p, key, "%s", what);
+}
+
+/* A key whose value needs the GPU; cpu_value is what to set instead. */
+static void require_gpu(ConfigProblems *p, const Trainer *t, int ok, const char *key, const char *cpu_value) {
+    if (!ok && !t->use_gpu)
+        config_problem(p, key, "needs run.device = cuda; for the CPU set %s = %s", key, cpu_value);
 }
 
 /* run.profile_steps = "a:b"; 0, or -1 when it is not two step numbers 1 <= a <= b. */
@@ -27,7 +35,12 @@ static int parse_profile_steps(const char *v, long *first, long *last) {
     return 0;
 }
 
+/* Each value alone was checked against its range when it was read (tools/keys.c);
+ * here are the rules that join keys. Every broken rule is named at once. */
 static void read_settings(Trainer *t, const Config *cfg) {
+    ConfigProblems problems = {.config = cfg}, *p = &problems;
+    require(p, strlen(config_str(cfg, "run.name")) < sizeof ((TrainSummary *)0)->name, "run.name",
+            "is longer than 127 bytes");
     t->use_gpu = strcmp(config_str(cfg, "run.device"), "cuda") == 0;
     t->batch = (int)config_int(cfg, "train.batch");
     t->epochs = (int)config_int(cfg, "run.epochs");
@@ -53,14 +66,19 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->scale_growth = (float)config_float(cfg, "precision.loss_scale_growth");
     t->scale_backoff = (float)config_float(cfg, "precision.loss_scale_backoff");
     t->scale_interval = (int)config_int(cfg, "precision.loss_scale_interval");
-    require(t->amp == DTYPE_F32 || t->use_gpu, "precision.amp", "needs run.device = cuda (the CPU trains in fp32)");
-    require(t->scale_init > 0 && isfinite(t->scale_init), "precision.loss_scale", "must be a positive number");
-    require(t->scale_growth >= 1, "precision.loss_scale_growth", "must be at least 1");
-    require(t->scale_backoff > 0 && t->scale_backoff <= 1, "precision.loss_scale_backoff", "must be in (0, 1]");
-    require(t->scale_interval >= 1, "precision.loss_scale_interval", "must be at least 1");
-    require(t->accumulate >= 1 && t->accumulate <= 4096, "memory.accumulate", "must be between 1 and 4096");
-    require(!t->cuda_graph || t->use_gpu, "perf.cuda_graph", "= on needs run.device = cuda");
-    require(!t->graph_node_priority || t->cuda_graph, "perf.graph_node_priority", "= on needs perf.cuda_graph = on");
+
+    /* What only the GPU does, all named at once: a GPU config run with --device cpu. */
+    require_gpu(p, t, t->amp == DTYPE_F32, "precision.amp", "off");
+    require_gpu(p, t, !t->cuda_graph, "perf.cuda_graph", "off");
+    require_gpu(p, t, !config_bool(cfg, "data.pinned"), "data.pinned", "off");
+    require_gpu(p, t, !t->transform_on_gpu, "data.transform_on", "cpu");
+    require_gpu(p, t, strcmp(config_str(cfg, "model.layout"), "nhwc") != 0, "model.layout", "nchw");
+    require_gpu(p, t, !config_bool(cfg, "model.fuse"), "model.fuse", "off");
+    const char *allreduce = config_str(cfg, "dist.allreduce_dtype");
+    int half_allreduce = strcmp(allreduce, "fp16") == 0 || strcmp(allreduce, "bf16") == 0;
+    require_gpu(p, t, t->dist->world == 1 || !half_allreduce, "dist.allreduce_dtype", "fp32");
+
+    require(p, !t->graph_node_priority || t->cuda_graph, "perf.graph_node_priority", "needs perf.cuda_graph = on");
     if (t->amp == DTYPE_F32) {
         /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */
         t->scale_init = 1;
@@ -73,23 +91,14 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->checkpoint_dir = config_str(cfg, "run.checkpoint_dir");
     t->max_bad_steps = (int)config_int(cfg, "run.max_bad_steps");
     t->inject_nan_step = (long)config_int(cfg, "run.inject_nan_step");
-    require(t->checkpoint_every >= 0, "run.checkpoint_every", "must be 0 (off) or positive");
-    require(t->keep_checkpoints >= 0, "run.keep_checkpoints", "must be 0 (keep all) or positive");
-    require(t->checkpoint_dir[0] != 0, "run.checkpoint_dir", "must not be empty");
-    require(t->max_bad_steps >= 0, "run.max_bad_steps", "must be 0 (never stop) or positive");
-    require(t->inject_nan_step >= 0, "run.inject_nan_step", "must be 0 (off) or positive");
-    require(!t->inject_nan_step || !t->cuda_graph, "run.inject_nan_step",
+    require(p, t->checkpoint_dir[0] != 0, "run.checkpoint_dir", "must not be empty");
+    require(p, !t->inject_nan_step || !t->cuda_graph, "run.inject_nan_step",
             "needs perf.cuda_graph = off (the graph replays the step as captured)");
     const char *profile = config_str(cfg, "run.profile_steps");
-    if (profile[0] && parse_profile_steps(profile, &t->profile_first, &t->profile_last) != 0)
-        TC_FATAL("config: run.profile_steps = \"%s\": must be a:b, optimizer steps with 1 <= a <= b "
-                 "(e.g. 100:120), or empty (off)", profile);
+    require(p, !profile[0] || parse_profile_steps(profile, &t->profile_first, &t->profile_last) == 0,
+            "run.profile_steps", "must be a:b, optimizer steps with 1 <= a <= b (e.g. 100:120), or empty (off)");
     t->sample_every_s = config_float(cfg, "monitor.sample_every_s");
-    require(t->sample_every_s >= 0 && isfinite(t->sample_every_s), "monitor.sample_every_s",
-            "must be 0 (off) or a positive number of seconds");
     t->prometheus_port = (int)config_int(cfg, "monitor.prometheus_port");
-    require(config_int(cfg, "monitor.prometheus_port") >= 0 && config_int(cfg, "monitor.prometheus_port") <= 65535,
-            "monitor.prometheus_port", "must be 0 (off) or a TCP port (1-65535)");
     t->lr = (float)config_float(cfg, "optim.lr");
     t->sgd.momentum = (float)config_float(cfg, "optim.momentum");
     t->sgd.weight_decay = (float)config_float(cfg, "optim.weight_decay");
@@ -101,36 +110,14 @@ static void read_settings(Trainer *t, const Config *cfg) {
     t->schedule.final_lr = (float)config_float(cfg, "optim.final_lr");
     t->label_smoothing = (float)config_float(cfg, "optim.label_smoothing");
     t->clip_norm = (float)config_float(cfg, "optim.clip_norm");
-    require(t->warmup_epochs >= 0 && t->warmup_epochs <= t->epochs, "optim.warmup_epochs",
-            "must be between 0 and run.epochs");
-    require(t->schedule.final_lr >= 0, "optim.final_lr", "must be 0 or positive");
-    require(t->label_smoothing >= 0 && t->label_smoothing < 1, "optim.label_smoothing", "must be in [0, 1)");
-    require(t->clip_norm >= 0 && isfinite(t->clip_norm), "optim.clip_norm", "must be 0 (off) or a positive number");
-    require(t->schedule.kind != LR_CONSTANT || t->warmup_epochs == 0, "optim.warmup_epochs",
+    require(p, t->warmup_epochs <= t->epochs, "optim.warmup_epochs", "must be at most run.epochs");
+    require(p, t->schedule.kind != LR_CONSTANT || t->warmup_epochs == 0, "optim.warmup_epochs",
             "needs optim.schedule = cosine or onecycle");
-
-    require(t->batch >= 1 && t->batch <= 1 << 20, "train.batch", "must be between 1 and 1048576");
-    require(t->epochs >= 1, "run.epochs", "must be at least 1");
-    require(t->max_steps >= 0, "run.max_steps", "must be 0 (no limit) or positive");
-    require(t->image_size >= 8 && t->image_size <= 4096, "data.image_size", "must be between 8 and 4096");
-    require(t->log_every >= 1, "run.log_every", "must be at least 1");
-    require(t->read_loss_every >= 0, "train.read_loss_every", "must be 0 or positive");
-    require(t->warmup_steps >= 0, "run.warmup_steps", "must be 0 or positive");
-    require(t->lr > 0 && isfinite(t->lr), "optim.lr", "must be a positive number");
-    require(t->sgd.momentum >= 0 && t->sgd.momentum < 1, "optim.momentum", "must be in [0, 1)");
-    require(t->sgd.weight_decay >= 0, "optim.weight_decay", "must be 0 or positive");
-    require(!t->sgd.nesterov || t->sgd.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
-    require(config_int(cfg, "data.workers") >= 0 && config_int(cfg, "data.workers") <= 256,
-            "data.workers", "must be between 0 and 256");
-    require(config_int(cfg, "data.prefetch") >= 1 && config_int(cfg, "data.prefetch") <= 64,
-            "data.prefetch", "must be between 1 and 64");
+    require(p, !t->sgd.nesterov || t->sgd.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
     /* The async path holds the previous batch while its copy is in flight. */
-    require(!t->async_copy || config_int(cfg, "data.prefetch") >= 2, "data.prefetch",
+    require(p, !t->async_copy || config_int(cfg, "data.prefetch") >= 2, "data.prefetch",
             "must be at least 2 with data.async_copy = on");
-    require(!config_bool(cfg, "data.pinned") || t->use_gpu, "data.pinned", "needs run.device = cuda");
-    require(config_int(cfg, "data.crop_pad") >= 0, "data.crop_pad", "must be 0 or positive");
-    require(config_int(cfg, "data.cutout") >= 0, "data.cutout", "must be 0 or positive");
-    require(!t->transform_on_gpu || t->use_gpu, "data.transform_on", "= gpu needs run.device = cuda");
+    config_problems_check(p);
     /* k micro-batches each add the gradient of their own mean loss, so the
      * buffer holds k times the mean gradient of the whole batch. SGD on k*g
      * with lr/k, weight decay k*wd and momentum as usual takes exactly the step
@@ -158,7 +145,6 @@ void train_load_dataset(const Config *cfg, Dataset *d, int train) {
     if (strcmp(source, "synthetic") == 0) {
         int n = (int)config_int(cfg, train ? "data.synthetic_train" : "data.synthetic_test");
         if (limit > 0 && limit < n) n = limit;
-        require(n >= 1, train ? "data.synthetic_train" : "data.synthetic_test", "must be at least 1");
         synthetic_make(d, n, 3, 32, 32, (int)config_int(cfg, "model.num_classes"),
                        (uint64_t)config_int(cfg, "run.seed") * 2 + (uint64_t)train);
     } else if (strcmp(source, "cifar_bin") == 0) {
@@ -167,11 +153,10 @@ void train_load_dataset(const Config *cfg, Dataset *d, int train) {
         rc = image_folder_load(d, path, train ? "train" : "test", limit, err, sizeof err);
     }
     if (rc != 0)
-        TC_FATAL("%s (data.source = %s, data.path = %s; set data.path to the data set, or "
-                 "data.source = synthetic to measure throughput without it)", err, source, path);
+        config_fail(cfg, "data.path", "%s (data.source = %s; set data.path to the data set, or "
+                    "data.source = synthetic to measure throughput without it)", err, source);
     if (d->num_classes > config_int(cfg, "model.num_classes"))
-        TC_FATAL("%s holds %d classes but model.num_classes = %lld", path, d->num_classes,
-                 (long long)config_int(cfg, "model.num_classes"));
+        config_fail(cfg, "model.num_classes", "%s holds %d classes, more than that", path, d->num_classes);
 }
 
 void train_loader_config(const Config *cfg, int train, LoaderConfig *lc) {
@@ -200,8 +185,8 @@ static Loader *make_loader(Trainer *t, const Config *cfg, const Dataset *d, int 
     if (t->transform_on_gpu)
         gpu_transform_args_init(&t->transform_args, &lc.transform, d->c, d->h, d->w);
     if (train && d->n / t->dist->world < t->batch)
-        TC_FATAL("train.batch = %d is larger than the %d training images%s", t->batch, d->n / t->dist->world,
-                 t->dist->world > 1 ? " of this rank's shard" : "");
+        config_fail(cfg, "train.batch", "is larger than the %d training images%s", d->n / t->dist->world,
+                    t->dist->world > 1 ? " of this rank's shard" : "");
     return loader_create(d, &lc);
 }
 
@@ -217,13 +202,13 @@ static void check_activation_sizes(const Trainer *t) {
         if (elems <= (size_t)INT_MAX) continue;
         double bytes = (double)elems * (double)dtype_size(t->amp);
         size_t free_b = 0, total_b = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        gpu_memory_info(&free_b, &total_b);
         if (bytes > (double)total_b)
-            TC_FATAL("out of GPU memory: train.batch = %d needs %.1f MiB for one %dx%dx%d activation alone; "
+            TC_USER_ERROR("out of GPU memory: train.batch = %d needs %.1f MiB for one %dx%dx%d activation alone; "
                      "%.1f MiB free of %.1f MiB. Try a smaller train.batch, precision.amp = fp16, "
                      "memory.checkpoint = blocks or memory.accumulate = k", m->batch, bytes / 1048576.0, a->c, a->h,
                      a->w, free_b / 1048576.0, total_b / 1048576.0);
-        TC_FATAL("train.batch = %d makes the %dx%dx%d activation %zu elements, more than the 2^31 a cuDNN tensor "
+        TC_USER_ERROR("train.batch = %d makes the %dx%dx%d activation %zu elements, more than the 2^31 a cuDNN tensor "
                  "may hold: use a smaller train.batch (with memory.accumulate = k for the same step)", m->batch,
                  a->c, a->h, a->w, elems);
     }
@@ -240,10 +225,10 @@ static void carve_aux(Trainer *t, Arena *a) {
     t->correct = arena_alloc(a, sizeof(int), "accuracy counter");
     t->scaler = arena_alloc(a, sizeof(LossScalerState), "loss scaler");
     if (t->clip_norm > 0) {
+        size_t scratch = grad_clip_scratch_bytes(&t->model.ops, t->model.n_params);
         t->grad_norm = arena_alloc(a, sizeof(float), "gradient norm");
         t->clip_factor = arena_alloc(a, sizeof(float), "gradient clip factor");
-        if (t->use_gpu)
-            t->grad_norm_scratch = arena_alloc(a, grad_norm_scratch_bytes(t->model.n_params), "gradient norm scratch");
+        if (scratch) t->grad_norm_scratch = arena_alloc(a, scratch, "gradient norm scratch");
     }
     for (int s = 0; s < 2; s++) {
         if (t->async_copy && !t->transform_on_gpu)
@@ -267,18 +252,14 @@ static void alloc_aux(Trainer *t) {
     t->host_labels = host_alloc(t->batch * sizeof(int32_t), 0, "labels");
     t->scaler_seen = loss_scaler_initial(t->scale_init);
     t->grad_norm_seen = NAN;
-    if (t->use_gpu) {
-        CUDA_CHECK(cudaMemcpy(t->lr_buf, &t->lr, sizeof(float), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemset(t->lr_step, 0, sizeof(int64_t)));
-        CUDA_CHECK(cudaMemcpy(t->scaler, &t->scaler_seen, sizeof t->scaler_seen, cudaMemcpyHostToDevice));
-        for (int s = 0; s < 2; s++) {
-            CUDA_CHECK(cudaEventCreateWithFlags(&t->staged[s], cudaEventDisableTiming));
-            CUDA_CHECK(cudaEventCreateWithFlags(&t->consumed[s], cudaEventDisableTiming));
-        }
-    } else {
-        *t->lr_buf = t->lr;
-        *t->lr_step = 0;
-        *t->scaler = t->scaler_seen;
+    const OpContext *ctx = &t->model.ops;
+    op_copy_from_host(ctx, t->lr_buf, &t->lr, sizeof(float));
+    op_fill(ctx, t->lr_step, 0, sizeof(int64_t));
+    op_copy_from_host(ctx, t->scaler, &t->scaler_seen, sizeof t->scaler_seen);
+    op_sync(ctx);
+    for (int s = 0; s < 2 && t->use_gpu; s++) {
+        gpu_event_create(&t->staged[s], 0);
+        gpu_event_create(&t->consumed[s], 0);
     }
 }
 
@@ -288,48 +269,41 @@ static void alloc_aux(Trainer *t) {
  * set s, and one kernel writes the model's input from them. */
 static void send_raw(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
     const Dataset *d = &t->train_set;
-    CUDA_CHECK(cudaMemcpyAsync(t->staging_raw[s], b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w),
-                               cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemcpyAsync(t->staging_params[s], b->params, gpu_transform_params_bytes(b->n),
-                               cudaMemcpyHostToDevice, stream));
+    gpu_copy_to_device(t->staging_raw[s], b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w), stream);
+    gpu_copy_to_device(t->staging_params[s], b->params, gpu_transform_params_bytes(b->n), stream);
 }
 
 static void run_gpu_transform(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
-    GpuTransformArgs a = t->transform_args;
-    a.raw_images = t->staging_raw[s];
-    a.params = t->staging_params[s];
-    a.out = model_input_buffer(&t->model);
-    a.n = b->n;
-    gpu_transform_batch(&a, stream);
+    GPU_ONLY(GpuTransformArgs a = t->transform_args;
+             a.raw_images = t->staging_raw[s];
+             a.params = t->staging_params[s];
+             a.out = model_input_buffer(&t->model);
+             a.n = b->n;
+             gpu_transform_batch(&a, stream));
 }
 
 /* Baseline path: a synchronous copy straight into the model's input, then a
  * device sync, and the slot goes back at once. On the CPU: a memcpy. */
 void upload_sync(Trainer *t, const Batch *b) {
+    const OpContext *ctx = &t->model.ops;
     size_t image_bytes = (size_t)b->n * (model_input_floats(&t->model) / t->batch) * sizeof(float);
     int32_t *padded_labels = t->host_labels;
     memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
     for (int i = b->n; i < t->batch; i++) padded_labels[i] = -1; /* a partial batch's extra rows count for nothing */
-    if (t->use_gpu) {
-        /* On the compute stream: the previous step may still be reading these buffers. */
-        cudaStream_t s = t->gpu.compute;
-        if (b->raw_images) {
-            send_raw(t, b, 0, s);
-            run_gpu_transform(t, b, 0, s);
-        } else {
-            CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), b->images, image_bytes, cudaMemcpyHostToDevice, s));
-        }
-        CUDA_CHECK(cudaMemcpyAsync(t->labels, padded_labels, t->batch * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
+    /* On the compute stream: the previous step may still be reading these buffers. */
+    if (b->raw_images) {
+        send_raw(t, b, 0, ctx->stream);
+        run_gpu_transform(t, b, 0, ctx->stream);
     } else {
-        memcpy(model_input_buffer(&t->model), b->images, image_bytes);
-        memcpy(t->labels, padded_labels, t->batch * sizeof(int32_t));
+        op_copy_from_host(ctx, model_input_buffer(&t->model), b->images, image_bytes);
     }
+    op_copy_from_host(ctx, t->labels, padded_labels, t->batch * sizeof(int32_t));
+    op_sync(ctx);
 }
 
 static void release_held(Trainer *t, Loader *l) {
     if (!t->held_slot_valid) return;
-    CUDA_CHECK(cudaEventSynchronize(t->staged[t->held_staging]));
+    gpu_event_sync(t->staged[t->held_staging]);
     loader_release(l, &t->held);
     t->held_slot_valid = 0;
 }
@@ -345,24 +319,21 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
     cudaStream_t copy = t->gpu.copy, compute = t->gpu.compute;
     if (b->n != t->batch) TC_FATAL("internal: partial training batch on the async path");
     release_held(t, l);
-    CUDA_CHECK(cudaStreamWaitEvent(copy, t->consumed[s], 0));
+    gpu_wait_event(copy, t->consumed[s]);
     if (b->raw_images)
         send_raw(t, b, s, copy);
     else
-        CUDA_CHECK(cudaMemcpyAsync(t->staging_images[s], b->images, (size_t)b->n * per_sample * sizeof(float),
-                                   cudaMemcpyHostToDevice, copy));
-    CUDA_CHECK(cudaMemcpyAsync(t->staging_labels[s], b->labels, b->n * sizeof(int32_t),
-                               cudaMemcpyHostToDevice, copy));
-    CUDA_CHECK(cudaEventRecord(t->staged[s], copy));
-    CUDA_CHECK(cudaStreamWaitEvent(compute, t->staged[s], 0));
+        gpu_copy_to_device(t->staging_images[s], b->images, (size_t)b->n * per_sample * sizeof(float), copy);
+    gpu_copy_to_device(t->staging_labels[s], b->labels, b->n * sizeof(int32_t), copy);
+    gpu_event_record(t->staged[s], copy);
+    gpu_wait_event(compute, t->staged[s]);
     if (b->raw_images)
         run_gpu_transform(t, b, s, compute);
     else
-        CUDA_CHECK(cudaMemcpyAsync(model_input_buffer(&t->model), t->staging_images[s],
-                                   (size_t)b->n * per_sample * sizeof(float), cudaMemcpyDeviceToDevice, compute));
-    CUDA_CHECK(cudaMemcpyAsync(t->labels, t->staging_labels[s], b->n * sizeof(int32_t),
-                               cudaMemcpyDeviceToDevice, compute));
-    CUDA_CHECK(cudaEventRecord(t->consumed[s], compute));
+        gpu_copy_on_device(model_input_buffer(&t->model), t->staging_images[s], (size_t)b->n * per_sample * sizeof(float),
+                           compute);
+    gpu_copy_on_device(t->labels, t->staging_labels[s], b->n * sizeof(int32_t), compute);
+    gpu_event_record(t->consumed[s], compute);
     t->held = *b;
     t->held_staging = s;
     t->held_slot_valid = 1;
@@ -374,21 +345,20 @@ static void upload_async(Trainer *t, Loader *l, const Batch *b) {
  * bucket they complete starts its all-reduce at once, under the rest of backward. */
 static void on_grads_ready(void *ctx, size_t first_ready) {
     Trainer *t = ctx;
-    grad_buckets_ready(&t->buckets, first_ready, t->use_gpu ? t->gpu.compute : NULL);
+    grad_buckets_ready(&t->buckets, first_ready, t->model.ops.stream);
 }
 
-/* dist.shard_optimizer: the other rank's weights, updated by it, are waited
- * for just before forward reads them. */
+/* dist.shard_optimizer (GPU): the other rank's weights, updated by it, are
+ * waited for just before forward reads them. */
 static void on_weights_needed(void *ctx, size_t first, size_t end) {
-    Trainer *t = ctx;
-    grad_buckets_await_weights(&t->buckets, first, end, t->gpu.compute);
+    GPU_ONLY(Trainer *t = ctx; grad_buckets_await_weights(&t->buckets, first, end, t->gpu.compute));
 }
 
 /* dist.sync_bn: a batch norm's per-channel sums, added over the ranks (on the
  * compute stream on the GPU, so a CUDA graph captures it with the step). */
 static void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
     Trainer *t = ctx;
-    if (t->use_gpu) dist_allreduce_sum_double_device(t->dist, sums, n, stream);
+    if (t->use_gpu) GPU_ONLY(dist_allreduce_sum_double_device(t->dist, sums, n, stream));
     else dist_allreduce_sum_host_double(t->dist, sums, n);
 }
 
@@ -397,12 +367,12 @@ static void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t strea
  * backward starts the all-reduce (data-parallel). */
 static void micro_step(Trainer *t, int first, int last) {
     Model *m = &t->model;
+    const OpContext *ctx = &m->ops;
     eager_mark(t, PH_FORWARD);
-    if (first && t->use_gpu) loss_scaler_begin_step_cuda(t->scaler, t->gpu.compute);
-    else if (first) loss_scaler_begin_step_cpu(t->scaler);
-    nvtxRangePushA("forward");
+    if (first) loss_scaler_begin_step(ctx, t->scaler);
+    gpu_range_push("forward");
     if (t->shard_optimizer) {
-        grad_buckets_send_weights(&t->buckets, t->gpu.compute);
+        GPU_ONLY(grad_buckets_send_weights(&t->buckets, t->gpu.compute));
         m->weights_needed = on_weights_needed;
         m->weights_needed_ctx = t;
     }
@@ -410,25 +380,16 @@ static void micro_step(Trainer *t, int first, int last) {
     m->weights_needed = NULL;
     /* The loss gradient is scaled under AMP only; fp32's scale is 1. A
      * non-finite loss marks the step bad as a non-finite gradient does. */
-    if (t->use_gpu) {
-        softmax_xent_smooth_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes,
-                                 t->label_smoothing, t->amp != DTYPE_F32 ? &t->scaler->scale : NULL, t->loss,
-                                 model_logits_grad(m), t->gpu.compute);
-        loss_scaler_check_cuda(t->loss, DTYPE_F32, 1, t->scaler, t->gpu.compute);
-    } else {
-        softmax_xent_smooth_cpu(model_logits(m), t->labels, t->batch, m->num_classes, t->label_smoothing, NULL,
-                                t->loss, model_logits_grad(m));
-        loss_scaler_check_cpu(t->loss, 1, t->scaler);
-    }
-    /* run.inject_nan_step (tests): poison the first element of the loss gradient. */
-    if (t->inject_nan_step && t->step + 1 == t->inject_nan_step) {
-        if (t->use_gpu) CUDA_CHECK(cudaMemsetAsync(model_logits_grad(m), 0xFF, dtype_size(m->act_dtype), t->gpu.compute));
-        else ((float *)model_logits_grad(m))[0] = NAN;
-    }
-    nvtxRangePop();
+    softmax_xent_smooth(ctx, model_logits(m), t->labels, t->batch, m->num_classes, t->label_smoothing,
+                        t->amp != DTYPE_F32 ? &t->scaler->scale : NULL, t->loss, model_logits_grad(m));
+    loss_scaler_check(ctx, t->loss, DTYPE_F32, 1, t->scaler);
+    /* run.inject_nan_step (tests): poison the first element of the loss gradient (all bits set: a NaN). */
+    if (t->inject_nan_step && t->step + 1 == t->inject_nan_step)
+        op_fill(ctx, model_logits_grad(m), 0xFF, dtype_size(m->act_dtype));
+    gpu_range_pop();
 
     eager_mark(t, PH_BACKWARD);
-    nvtxRangePushA("backward");
+    gpu_range_push("backward");
     if (first) model_zero_grads(m);
     int all_reduce = last && t->dist->world > 1;
     if (all_reduce) {
@@ -439,85 +400,70 @@ static void micro_step(Trainer *t, int first, int last) {
     model_backward(m);
     m->grads_ready = NULL;
     /* The weights sent under forward; the last micro-batch joins at grad_buckets_finish. */
-    if (t->shard_optimizer && !all_reduce) grad_buckets_join(&t->buckets, t->gpu.compute);
-    nvtxRangePop();
+    if (t->shard_optimizer && !all_reduce) GPU_ONLY(grad_buckets_join(&t->buckets, t->gpu.compute));
+    gpu_range_pop();
 }
 
-/* The loss scaler's check and the SGD step over [first, first + count) of the
- * flat buffers (GPU). */
-static void check_range(Trainer *t, size_t first, size_t count) {
-    Model *m = &t->model;
-    loss_scaler_check_cuda((char *)m->grads + first * dtype_size(m->act_dtype), m->act_dtype, count, t->scaler,
-                           t->gpu.compute);
-}
-
+/* The SGD step over [first, first + count) of the flat buffers. */
 static void sgd_range(Trainer *t, size_t first, size_t count) {
     Model *m = &t->model;
     size_t esize = dtype_size(m->act_dtype);
     SgdParams p = t->sgd;
     if (p.decay_mask) p.decay_mask += first;
-    sgd_step_mixed_cuda(m->params + first, (char *)m->grads + first * esize, m->act_dtype, m->momentum + first,
-                        m->weights == m->params ? NULL : (char *)m->weights + first * esize, m->act_dtype, count,
-                        t->lr_buf, t->scaler, p, t->gpu.compute);
+    sgd_step_mixed(&m->ops, m->params + first, (char *)m->grads + first * esize, m->momentum + first,
+                   m->weights == m->params ? NULL : (char *)m->weights + first * esize, count, t->lr_buf, t->scaler,
+                   p);
 }
 
-/* dist.shard_optimizer: this rank updates the ranges it owns. The buckets
- * checked every gradient for inf and NaN under backward, each rank what it
- * averaged, and max-reduced the found-inf flag, so every rank skips the same
- * steps. The updated weights go to the other rank at the next step's start. */
+/* dist.shard_optimizer (GPU): this rank updates the ranges it owns. The
+ * buckets checked every gradient for inf and NaN under backward, each rank
+ * what it averaged, and max-reduced the found-inf flag, so every rank skips
+ * the same steps. The updated weights go to the other rank at the next step's
+ * start. */
 static void update_sharded(Trainer *t) {
-    int n;
-    const GradBucket *owned = grad_buckets_owned(&t->buckets, &n);
+    int n = 0;
+    const GradBucket *owned = NULL;
+    GPU_ONLY(owned = grad_buckets_owned(&t->buckets, &n));
     for (int i = 0; i < n; i++) sgd_range(t, owned[i].first, owned[i].count);
-    grad_buckets_weights_updated(&t->buckets); /* sent under the next forward pass */
+    GPU_ONLY(grad_buckets_weights_updated(&t->buckets)); /* sent under the next forward pass */
 }
 
-/* Every parameter on this rank; optim.clip_norm: the clip factor of the true
- * gradient, grads / (scale x accumulate) (see read_settings), becomes the SGD
- * step's grad_mult (set in train_run_dist). */
+/* Every parameter on this rank: the loss scaler's check of the gradients;
+ * optim.clip_norm: the clip factor of the true gradient, grads / (scale x
+ * accumulate) (see read_settings), becomes the SGD step's grad_mult (set in
+ * train_run_dist). Every rank sees the same averaged gradients, so their
+ * checks agree; a non-finite loss on one rank must make all of them skip the
+ * step too: on the GPU the buckets max-reduce the loss check's flag under
+ * backward (grad_buckets_reduce_flag), on the CPU it is reduced here. */
 static void update_whole(Trainer *t) {
     Model *m = &t->model;
-    check_range(t, 0, m->n_params);
+    const OpContext *ctx = &m->ops;
+    loss_scaler_check(ctx, m->grads, m->act_dtype, m->n_params, t->scaler);
+    if (!t->use_gpu) t->scaler->found_inf = dist_any_host(t->dist, t->scaler->found_inf);
     if (t->clip_norm > 0)
-        grad_clip_factor_cuda(m->grads, m->act_dtype, m->n_params, t->scaler, 1.0f / (float)t->accumulate,
-                              t->clip_norm, t->grad_norm_scratch, t->grad_norm, t->clip_factor, t->gpu.compute);
+        grad_clip_factor(ctx, m->grads, m->n_params, t->scaler, 1.0f / (float)t->accumulate, t->clip_norm,
+                         t->grad_norm_scratch, t->grad_norm, t->clip_factor);
     sgd_range(t, 0, m->n_params);
 }
 
 static void optimizer_step(Trainer *t) {
-    Model *m = &t->model;
+    const OpContext *ctx = &t->model.ops;
     eager_mark(t, PH_OPTIMIZER);
-    nvtxRangePushA("optimizer");
+    gpu_range_push("optimizer");
     /* All on the device: a step whose loss or gradients hold an inf or NaN is
      * skipped (and under AMP the scale backs off), with no host sync (CUDA
      * graphs need that). In fp32 the scale is 1, and the unscaling multiplies
      * by exactly 1: sgd_step's math. */
     if (t->dist->world > 1) {
-        nvtxRangePushA("allreduce");
-        grad_buckets_finish(&t->buckets, t->use_gpu ? t->gpu.compute : NULL);
-        nvtxRangePop();
+        gpu_range_push("allreduce");
+        grad_buckets_finish(&t->buckets, ctx->stream);
+        gpu_range_pop();
     }
-    /* Every rank sees the same averaged gradients, so their checks agree; a
-     * non-finite loss on one rank must make all of them skip the step too: on
-     * the GPU the buckets max-reduce the loss check's flag under backward
-     * (grad_buckets_reduce_flag; sharded: with the gradients' checks, see
-     * update_sharded). */
-    if (t->use_gpu) {
-        if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cuda(&t->schedule, t->lr_step, t->lr_buf, t->gpu.compute);
-        if (t->shard_optimizer) update_sharded(t);
-        else update_whole(t);
-        loss_scaler_update_cuda(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval, t->gpu.compute);
-    } else {
-        if (t->schedule.kind != LR_CONSTANT) lr_schedule_step_cpu(&t->schedule, t->lr_step, t->lr_buf);
-        loss_scaler_check_cpu(m->grads, m->n_params, t->scaler);
-        t->scaler->found_inf = dist_any_host(t->dist, t->scaler->found_inf);
-        if (t->clip_norm > 0)
-            grad_clip_factor_cpu(m->grads, m->n_params, 1.0f / (t->scaler->scale * (float)t->accumulate), t->clip_norm,
-                                 t->grad_norm, t->clip_factor);
-        sgd_step_mixed_cpu(m->params, m->grads, m->momentum, m->n_params, t->lr_buf, t->scaler, t->sgd);
-        loss_scaler_update_cpu(t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval);
-    }
-    nvtxRangePop();
+    if (t->schedule.kind != LR_CONSTANT) lr_schedule_step(ctx, &t->schedule, t->lr_step, t->lr_buf);
+    if (t->shard_optimizer) update_sharded(t);
+    else update_whole(t);
+    loss_scaler_update(ctx, t->scaler, t->scale_growth, t->scale_backoff, t->scale_interval);
+    gpu_range_pop();
 }
 
 /* One micro-batch of device work, and the optimizer after the last one: run
@@ -533,50 +479,37 @@ static void run_micro_batch(Trainer *t, int first, int last) {
     }
     cudaGraphExec_t *exec = &t->graphs[first][last];
     if (!*exec) {
-        cudaGraph_t graph;
-        CUDA_CHECK(cudaStreamBeginCapture(t->gpu.compute, cudaStreamCaptureModeThreadLocal));
+        gpu_capture_begin(t->gpu.compute);
         micro_step(t, first, last);
         if (last) optimizer_step(t);
-        CUDA_CHECK(cudaStreamEndCapture(t->gpu.compute, &graph));
-        CUDA_CHECK(cudaGraphInstantiate(exec, graph,
-                                        t->graph_node_priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
-        CUDA_CHECK(cudaGraphDestroy(graph));
+        *exec = gpu_capture_end(t->gpu.compute, t->graph_node_priority);
         log_info("captured the %s%s micro-batch as a CUDA graph", first ? "first" : "next",
                  last ? " and last" : "");
     }
-    nvtxRangePushA("graph");
-    CUDA_CHECK(cudaGraphLaunch(*exec, t->gpu.compute));
-    nvtxRangePop();
+    gpu_range_push("graph");
+    gpu_graph_launch(*exec, t->gpu.compute);
+    gpu_range_pop();
 }
 
 /* The loss, and with it (the same sync) the loss scaler's state and the
  * gradient norm (optim.clip_norm). */
 static float read_loss(Trainer *t) {
+    const OpContext *ctx = &t->model.ops;
     float loss;
-    if (!t->use_gpu) {
-        t->scaler_seen = *t->scaler;
-        if (t->grad_norm) t->grad_norm_seen = *t->grad_norm;
-        return t->last_loss = *t->loss;
-    }
-    CUDA_CHECK(cudaMemcpyAsync(&loss, t->loss, sizeof loss, cudaMemcpyDeviceToHost, t->gpu.compute));
-    CUDA_CHECK(cudaMemcpyAsync(&t->scaler_seen, t->scaler, sizeof t->scaler_seen, cudaMemcpyDeviceToHost,
-                               t->gpu.compute));
-    if (t->grad_norm)
-        CUDA_CHECK(cudaMemcpyAsync(&t->grad_norm_seen, t->grad_norm, sizeof t->grad_norm_seen,
-                                   cudaMemcpyDeviceToHost, t->gpu.compute));
-    CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+    op_copy_to_host(ctx, &loss, t->loss, sizeof loss);
+    op_copy_to_host(ctx, &t->scaler_seen, t->scaler, sizeof t->scaler_seen);
+    if (t->grad_norm) op_copy_to_host(ctx, &t->grad_norm_seen, t->grad_norm, sizeof t->grad_norm_seen);
+    op_sync(ctx);
     t->last_loss = loss;
     return loss;
 }
 
-void device_sync(Trainer *t) {
-    if (t->use_gpu) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
-}
+void device_sync(Trainer *t) { op_sync(&t->model.ops); }
 
 void sync_sharded_state(Trainer *t) {
     /* Every rank has the same step count, so all skip a second call alike. */
     if (!t->shard_optimizer || t->state_synced_step == t->step) return;
-    grad_buckets_sync_state(&t->buckets, t->model.params, t->model.momentum, t->gpu.compute);
+    GPU_ONLY(grad_buckets_sync_state(&t->buckets, t->model.params, t->model.momentum, t->gpu.compute));
     device_sync(t);
     t->state_synced_step = t->step;
 }
@@ -599,31 +532,27 @@ static void share_bn_stats(Trainer *t) {
 /* Each rank counts its shard of the test set; the counts are summed. */
 static double evaluate(Trainer *t, int epoch) {
     Model *m = &t->model;
+    const OpContext *ctx = &m->ops;
     int correct = 0;
     share_bn_stats(t);
     sync_sharded_state(t);
     Batch b;
-    nvtxRangePushA("evaluate");
-    if (t->use_gpu) CUDA_CHECK(cudaMemsetAsync(t->correct, 0, sizeof(int), t->gpu.compute));
+    gpu_range_push("evaluate");
+    op_fill(ctx, t->correct, 0, sizeof(int));
     model_set_training(m, 0);
     loader_start_epoch(t->test_loader, epoch);
     while (loader_next(t->test_loader, &b)) {
         upload_sync(t, &b);
         loader_release(t->test_loader, &b);
         model_forward(m);
-        if (t->use_gpu)
-            accuracy_count_cuda(m->act_dtype, model_logits(m), t->labels, t->batch, m->num_classes, t->correct, t->gpu.compute);
-        else
-            correct += accuracy_count_cpu(model_logits(m), t->labels, t->batch, m->num_classes);
+        accuracy_count(ctx, model_logits(m), t->labels, t->batch, m->num_classes, t->correct);
     }
     model_set_training(m, 1);
-    if (t->use_gpu) {
-        CUDA_CHECK(cudaMemcpyAsync(&correct, t->correct, sizeof(int), cudaMemcpyDeviceToHost, t->gpu.compute));
-        CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
-    }
+    op_copy_to_host(ctx, &correct, t->correct, sizeof(int));
+    op_sync(ctx);
     double total = correct;
     dist_allreduce_sum_host_double(t->dist, &total, 1);
-    nvtxRangePop();
+    gpu_range_pop();
     return total / t->test_set.n;
 }
 
@@ -638,6 +567,7 @@ static void on_stop_signal(int signo) {
         static const char msg[] = "trainc: second signal: exiting now\n";
         ssize_t unused = write(2, msg, sizeof msg - 1);
         (void)unused;
+        ckpt_remove_pending(); /* a checkpoint being written is left unfinished */
         _exit(128 + signo);
     }
     stop_signal = signo;
@@ -683,11 +613,7 @@ static void count_bad_steps(Trainer *t, int epoch) {
     else t->bad_run = 1;                            /* at least the last one */
     log_warn("step %ld: %ld of the last %ld steps skipped for a non-finite loss or gradient (%d in all%s)", t->step,
              bad, elapsed, t->scaler_seen.skipped_steps, t->amp != DTYPE_F32 ? ", loss scale backed off" : "");
-    if (t->metrics) {
-        fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"skipped_steps\": %d, \"bad_in_a_row\": %ld}\n", t->step,
-                epoch, t->scaler_seen.skipped_steps, t->bad_run);
-        fflush(t->metrics);
-    }
+    write_metric_skipped(t, epoch);
 }
 
 static FILE *fatal_metrics; /* flushed by the fatal hook */
@@ -704,7 +630,7 @@ static void flush_on_fatal(void) {
 static int take_batch(Trainer *t, long epoch_micro) {
     Batch b;
     int got;
-    nvtxRangePushA("data");
+    gpu_range_push("data");
     if (t->resident) {
         /* The epoch's first batch stays in the model's input buffer all epoch. */
         got = 1;
@@ -721,7 +647,7 @@ static int take_batch(Trainer *t, long epoch_micro) {
             loader_release(t->train_loader, &b);
         }
     }
-    nvtxRangePop();
+    gpu_range_pop();
     return got;
 }
 
@@ -776,7 +702,6 @@ static DType allreduce_dtype(const Trainer *t, const Config *cfg) {
     const char *v = config_str(cfg, "dist.allreduce_dtype");
     DType d = strcmp(v, "fp32") == 0 ? DTYPE_F32 : strcmp(v, "fp16") == 0 ? DTYPE_F16
             : strcmp(v, "bf16") == 0 ? DTYPE_BF16 : t->amp;
-    require(t->use_gpu || d == DTYPE_F32, "dist.allreduce_dtype", "must be auto or fp32 on the CPU");
     return d;
 }
 
@@ -788,8 +713,10 @@ static void use_copy_engines(Trainer *t, const Config *cfg) {
     const char *mode = config_str(cfg, "dist.copy_engine");
     if (strcmp(mode, "off") == 0) return;
     char why[256] = "";
-    if (grad_buckets_use_peer_link(&t->buckets, COPY_ENGINE_MIN_BYTES, why, sizeof why)) return;
-    if (strcmp(mode, "on") == 0) TC_FATAL("config: dist.copy_engine = on, but %s (auto falls back to NCCL)", why);
+    int linked = 0;
+    GPU_ONLY(linked = grad_buckets_use_peer_link(&t->buckets, COPY_ENGINE_MIN_BYTES, why, sizeof why));
+    if (linked) return;
+    if (strcmp(mode, "on") == 0) config_fail(cfg, "dist.copy_engine", "%s (auto falls back to NCCL)", why);
     if (t->dist->rank == 0) log_info("dist.copy_engine = auto: NCCL alone, as %s", why);
 }
 
@@ -799,12 +726,40 @@ static void shard_optimizer(Trainer *t, const Config *cfg) {
     char why[256] = "";
     if (t->clip_norm > 0)
         snprintf(why, sizeof why, "optim.clip_norm needs the whole gradient on every rank");
-    else if (grad_buckets_shard_optimizer(&t->buckets, t->model.weights, t->model.act_dtype, why, sizeof why))
-        t->shard_optimizer = 1;
+    else
+        GPU_ONLY(t->shard_optimizer = grad_buckets_shard_optimizer(&t->buckets, t->model.weights, t->model.act_dtype,
+                                                                   why, sizeof why));
     t->state_synced_step = -1;
     if (t->shard_optimizer) return;
-    if (strcmp(mode, "on") == 0) TC_FATAL("config: dist.shard_optimizer = on, but %s", why);
+    if (strcmp(mode, "on") == 0) config_fail(cfg, "dist.shard_optimizer", "%s (auto falls back to every rank updating)", why);
     if (t->dist->rank == 0) log_info("dist.shard_optimizer = auto: every rank updates every parameter, as %s", why);
+}
+
+/* CPU ranks average their gradients over MPI: the copy engines, and the
+ * sharded optimizer that rides on them, are the GPU's ("auto" is off here). */
+static void check_cpu_dist_settings(const Config *cfg) {
+    static const char *gpu_only[] = {"dist.copy_engine", "dist.shard_optimizer"};
+    for (size_t i = 0; i < sizeof gpu_only / sizeof *gpu_only; i++)
+        if (strcmp(config_str(cfg, gpu_only[i]), "on") == 0)
+            config_fail(cfg, gpu_only[i], "needs run.device = cuda (CPU ranks average their gradients over MPI); "
+                        "for the CPU set %s = auto", gpu_only[i]);
+}
+
+/* The GPU of this rank, and with several ranks NCCL. */
+static void start_gpu(Trainer *t, const Config *cfg, TrainSummary *out) {
+    Dist *dist = t->dist;
+    if (!TRAINC_CUDA)
+        config_fail(cfg, "run.device", "this trainc was built without CUDA (TRAINC_CUDA=OFF), so it trains on the CPU "
+                    "only: use --device cpu (or configs/cpu.ini)");
+    int devices = gpu_count();
+    int ordinal = (int)config_int(cfg, "run.gpu");
+    if (devices == 0) config_fail(cfg, "run.device", "no GPU is visible (use --device cpu)");
+    if (dist->world > 1) ordinal = dist->local_rank; /* one GPU per rank of this host */
+    if (ordinal >= devices) config_fail(cfg, "run.gpu", "names no visible GPU (%d visible)", devices);
+    gpu_context_init(&t->gpu, ordinal);
+    if (dist->world > 1 && !dist->nccl) GPU_ONLY(dist_init_nccl(dist, ordinal));
+    snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->gpu.name);
+    t->monitor = gpu_monitor_start(ordinal, 0.1);
 }
 
 void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
@@ -832,36 +787,25 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     out->gpu_util = -1;
     out->test_acc = -1;
 
-    if (t->use_gpu) {
-        int devices = gpu_count();
-        int ordinal = (int)config_int(cfg, "run.gpu");
-        if (devices == 0) TC_FATAL("run.device = cuda but no GPU is visible (use --device cpu)");
-        if (dist->world > 1) ordinal = dist->local_rank; /* one GPU per rank of this host */
-        require(ordinal >= 0 && ordinal < devices, "run.gpu", "names no visible GPU");
-        gpu_context_init(&t->gpu, ordinal);
-        if (dist->world > 1 && !dist->nccl) dist_init_nccl(dist, ordinal);
-        snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->gpu.prop.name);
-        t->monitor = gpu_monitor_start(ordinal, 0.1);
-    }
+    if (t->use_gpu) start_gpu(t, cfg, out);
 
-    nvtxRangePushA("load data");
+    gpu_range_push("load data");
     train_load_dataset(cfg, &t->train_set, 1);
     if (t->eval) train_load_dataset(cfg, &t->test_set, 0);
-    nvtxRangePop();
+    gpu_range_pop();
     if (t->eval && (t->test_set.c != t->train_set.c || t->test_set.h != t->train_set.h ||
                     t->test_set.w != t->train_set.w))
-        TC_FATAL("%s: test images are %dx%dx%d, training images %dx%dx%d", config_str(cfg, "data.path"),
+        TC_USER_ERROR("%s: test images are %dx%dx%d, training images %dx%dx%d", config_str(cfg, "data.path"),
                  t->test_set.c, t->test_set.h, t->test_set.w, t->train_set.c, t->train_set.h, t->train_set.w);
     log_info("data: %d training images%s, %dx%d, %d classes", t->train_set.n,
              t->eval ? "" : " (no evaluation)", t->train_set.h, t->train_set.w, t->train_set.num_classes);
 
     char err[512];
     int nhwc = strcmp(config_str(cfg, "model.layout"), "nhwc") == 0;
-    require(!nhwc || t->use_gpu, "model.layout", "= nhwc needs run.device = cuda");
     if (model_build(&t->model, config_str(cfg, "model.name"), t->batch, t->image_size,
                     (int)config_int(cfg, "model.num_classes"), nhwc, err, sizeof err) != 0)
-        TC_FATAL("config: %s", err);
-    require(config_int(cfg, "perf.conv_workspace_mb") >= 0, "perf.conv_workspace_mb", "must be 0 or positive");
+        tc_fatal(NULL, 0, "%s (model.name from %s, data.image_size from %s)", err, config_origin(cfg, "model.name"),
+                 config_origin(cfg, "data.image_size"));
     t->model.conv_policy.workspace_limit = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;
     t->model.conv_policy.allow_tf32 = t->tf32;
     t->model.conv_policy.deterministic = config_bool(cfg, "perf.deterministic");
@@ -869,7 +813,6 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     t->model.checkpoint = t->checkpoint;
     t->model.fuse = config_bool(cfg, "model.fuse");
     t->model.nvtx_layers = config_bool(cfg, "run.nvtx_layers");
-    require(!t->model.fuse || t->use_gpu, "model.fuse", "= on needs run.device = cuda");
     t->model.act_dtype = t->amp;
     t->model.no_decay_bn_bias = !config_bool(cfg, "optim.decay_bn_bias");
     if (t->sync_bn && !t->model.n_bn_stats) {
@@ -879,14 +822,13 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
         t->model.bn_allreduce = sync_bn_allreduce;
         t->model.bn_allreduce_ctx = t;
     }
-    if (t->use_gpu && t->tf32) CUBLAS_CHECK(cublasSetMathMode(t->gpu.cublas, CUBLAS_TF32_TENSOR_OP_MATH));
+    if (t->use_gpu && t->tf32) gpu_allow_tf32_gemm(&t->gpu);
     if (t->use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->use_gpu ? &t->gpu : NULL, (uint64_t)config_int(cfg, "run.seed"));
     alloc_aux(t);
     t->sgd.decay_mask = t->model.decay_mask;
     t->sgd.grad_mult = t->clip_factor; /* NULL: no clipping */
     if (dist->world > 1) {
-        require(config_int(cfg, "dist.bucket_mb") >= 0, "dist.bucket_mb", "must be 0 (one bucket) or positive");
         /* Buckets follow the layers, whose gradients backward finishes one at a time. */
         size_t layer_starts[MODEL_MAX_LAYERS];
         int n_starts = 0;
@@ -897,10 +839,12 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
                                  (size_t)config_int(cfg, "dist.bucket_mb") << 20, allreduce_dtype(t, cfg),
                                  layer_starts, n_starts);
         if (t->use_gpu) {
-            grad_buckets_reduce_flag(&t->buckets, &t->scaler->found_inf);
+            GPU_ONLY(grad_buckets_reduce_flag(&t->buckets, &t->scaler->found_inf));
             use_copy_engines(t, cfg);
+            shard_optimizer(t, cfg);
+        } else {
+            check_cpu_dist_settings(cfg);
         }
-        shard_optimizer(t, cfg);
         log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
                  dist->world, t->batch, t->accumulate, dist->world * t->batch * t->accumulate,
                  t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");
@@ -919,7 +863,8 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     const char *metrics_path = config_str(cfg, "run.metrics_file");
     if (metrics_path[0] && dist->rank == 0) {
         t->metrics = fopen(metrics_path, "a");
-        if (!t->metrics) TC_FATAL("run.metrics_file: cannot open %s for appending", metrics_path);
+        if (!t->metrics)
+            TC_USER_ERROR("run.metrics_file = %s: cannot open it for appending: %s", metrics_path, strerror(errno));
         fatal_metrics = t->metrics;
     }
     if (t->metrics && t->monitor && t->sample_every_s > 0)
@@ -927,8 +872,8 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
 
     int steps_per_epoch = loader_batches_per_epoch(t->train_loader) / t->accumulate;
     if (steps_per_epoch == 0)
-        TC_FATAL("memory.accumulate = %d micro-batches of train.batch = %d is more than an epoch of %d images",
-                 t->accumulate, t->batch, t->train_set.n);
+        config_fail(cfg, "memory.accumulate", "micro-batches of train.batch = %d are more than an epoch of %d images",
+                    t->batch, t->train_set.n);
     plan_schedule(t, steps_per_epoch);
     t->total_steps = (long)steps_per_epoch * t->epochs;
     if (t->max_steps && t->max_steps < t->total_steps) t->total_steps = t->max_steps;
@@ -940,6 +885,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     t->last_loss = NAN;
     StopReason why = RUN_ON;
     int epoch = (int)start.epoch;
+    int last_step_epoch = epoch; /* the loop's epoch goes one past it when an epoch ends */
     for (; epoch < t->epochs && why == RUN_ON; epoch++) {
         double epoch_start = now_seconds(), window_start = -1, window_wait_start = 0;
         LogWindow lw = {now_seconds(), loader_wait_seconds(t->train_loader), t->step};
@@ -968,7 +914,8 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
             if (++micro < t->accumulate) continue;
             micro = 0;
             t->step++;
-            if (t->use_gpu && t->sync_after_step) CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
+            last_step_epoch = epoch;
+            if (t->sync_after_step) device_sync(t);
             profile_step_end(t);
             if (window_start >= 0) timed_samples += (long)t->batch * t->accumulate;
 
@@ -1014,7 +961,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     }
     if (t->step > t->first_step) {
         loss = read_loss(t);
-        if (why != STOP_BAD_STEPS) count_bad_steps(t, epoch);
+        if (why != STOP_BAD_STEPS) count_bad_steps(t, last_step_epoch);
     }
     if (why == STOP_SIGNAL) {
         out->stopped = 1;
@@ -1045,8 +992,8 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     out->loss_scale = NAN;
     {
         LossScalerState s;
-        if (t->use_gpu) CUDA_CHECK(cudaMemcpy(&s, t->scaler, sizeof s, cudaMemcpyDeviceToHost));
-        else s = *t->scaler;
+        op_copy_to_host(&t->model.ops, &s, t->scaler, sizeof s);
+        op_sync(&t->model.ops);
         if (t->amp != DTYPE_F32) out->loss_scale = s.scale;
         out->skipped_steps = s.skipped_steps;
         if (s.skipped_steps && t->amp != DTYPE_F32)
@@ -1057,7 +1004,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     out->peak_mem_bytes = t->model.arena.peak + t->aux.peak;
     if (t->use_gpu) {
         size_t free_b, total_b;
-        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        gpu_memory_info(&free_b, &total_b);
         out->driver_mem_bytes = total_b - free_b;
         out->gpu_util = gpu_monitor_window_util(t->monitor);
     }
@@ -1079,7 +1026,7 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     }
     for (int first = 0; first < 2; first++)
         for (int last = 0; last < 2; last++)
-            if (t->graphs[first][last]) CUDA_CHECK(cudaGraphExecDestroy(t->graphs[first][last]));
+            if (t->graphs[first][last]) gpu_graph_destroy(t->graphs[first][last]);
     if (dist->world > 1) grad_buckets_free(&t->buckets);
     gpu_monitor_record_to(t->monitor, NULL, 0, 0);
     if (t->metrics) fclose(t->metrics);
@@ -1089,11 +1036,9 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     loader_destroy(t->train_loader);
     if (t->test_loader) loader_destroy(t->test_loader);
     model_destroy(&t->model);
-    if (t->use_gpu) {
-        for (int s = 0; s < 2; s++) {
-            CUDA_CHECK(cudaEventDestroy(t->staged[s]));
-            CUDA_CHECK(cudaEventDestroy(t->consumed[s]));
-        }
+    for (int s = 0; s < 2 && t->use_gpu; s++) {
+        gpu_event_destroy(t->staged[s]);
+        gpu_event_destroy(t->consumed[s]);
     }
     arena_free(&t->aux);
     host_free(t->host_labels, 0);
@@ -1106,45 +1051,39 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     restore_stop_handlers(old_handlers);
 }
 
-static void json_number(FILE *f, const char *key, double v, int last) {
-    if (isfinite(v)) fprintf(f, "\"%s\": %.6g%s", key, v, last ? "" : ", ");
-    else fprintf(f, "\"%s\": null%s", key, last ? "" : ", ");
-}
-
-static void json_string(FILE *f, const char *v) {
-    fputc('"', f);
-    for (; *v; v++) {
-        if (*v == '"' || *v == '\\') fputc('\\', f);
-        if ((unsigned char)*v >= 0x20) fputc(*v, f);
-    }
-    fputc('"', f);
-}
+/* Measured values keep 6 significant digits. */
+static void json_measure(cJSON *obj, const char *key, double v) { json_add_number(obj, key, v, 6); }
 
 void train_summary_print_json(const TrainSummary *s, FILE *f) {
-    fprintf(f, "{\"name\": \"%s\", \"device\": \"%s\", \"gpu\": \"%s\", \"world\": %d, ", s->name, s->device,
-            s->gpu_name, s->world);
-    fprintf(f, "\"steps\": %ld, \"timed_steps\": %ld, \"epochs\": %d, ", s->steps, s->timed_steps, s->epochs);
-    json_number(f, "samples_per_s", s->samples_per_s, 0);
-    json_number(f, "step_ms", s->step_ms, 0);
-    json_number(f, "epoch_s", s->epoch_s, 0);
-    json_number(f, "data_wait_frac", s->data_wait_frac, 0);
-    json_number(f, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN, 0);
-    json_number(f, "final_loss", s->final_loss, 0);
-    json_number(f, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN, 0);
-    json_number(f, "loss_scale", s->loss_scale, 0);
-    fprintf(f, "\"skipped_steps\": %ld, \"stopped\": %s, \"params_crc\": %u, \"checkpoint\": ", s->skipped_steps,
-            s->stopped ? "true" : "false", (unsigned)s->params_crc);
-    json_string(f, s->checkpoint);
-    fprintf(f, ", ");
-    fprintf(f, "\"peak_mem_bytes\": %zu, \"driver_mem_bytes\": %zu, \"phase_ms\": {", s->peak_mem_bytes,
-            s->driver_mem_bytes);
-    json_number(f, "data_wait", s->phase_data_wait_ms, 0);
-    json_number(f, "input", s->phase_input_ms, 0);
-    json_number(f, "forward", s->phase_forward_ms, 0);
-    json_number(f, "backward", s->phase_backward_ms, 0);
-    json_number(f, "optimizer", s->phase_optimizer_ms, 0);
-    json_number(f, "graph", s->phase_graph_ms, 0);
-    json_number(f, "step", s->timed_steps ? s->step_ms : NAN, 1);
-    fprintf(f, "}}\n");
-    fflush(f);
+    cJSON *o = json_object_new();
+    json_add_string(o, "name", s->name);
+    json_add_string(o, "device", s->device);
+    json_add_string(o, "gpu", s->gpu_name);
+    json_add_int(o, "world", s->world);
+    json_add_int(o, "steps", s->steps);
+    json_add_int(o, "timed_steps", s->timed_steps);
+    json_add_int(o, "epochs", s->epochs);
+    json_measure(o, "samples_per_s", s->samples_per_s);
+    json_measure(o, "step_ms", s->step_ms);
+    json_measure(o, "epoch_s", s->epoch_s);
+    json_measure(o, "data_wait_frac", s->data_wait_frac);
+    json_measure(o, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN);
+    json_measure(o, "final_loss", s->final_loss);
+    json_measure(o, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN);
+    json_measure(o, "loss_scale", s->loss_scale);
+    json_add_int(o, "skipped_steps", s->skipped_steps);
+    json_add_bool(o, "stopped", s->stopped);
+    json_add_int(o, "params_crc", s->params_crc);
+    json_add_string(o, "checkpoint", s->checkpoint);
+    json_add_int(o, "peak_mem_bytes", (long long)s->peak_mem_bytes);
+    json_add_int(o, "driver_mem_bytes", (long long)s->driver_mem_bytes);
+    cJSON *phases = json_add_object(o, "phase_ms");
+    json_measure(phases, "data_wait", s->phase_data_wait_ms);
+    json_measure(phases, "input", s->phase_input_ms);
+    json_measure(phases, "forward", s->phase_forward_ms);
+    json_measure(phases, "backward", s->phase_backward_ms);
+    json_measure(phases, "optimizer", s->phase_optimizer_ms);
+    json_measure(phases, "graph", s->phase_graph_ms);
+    json_measure(phases, "step", s->timed_steps ? s->step_ms : NAN);
+    if (json_write_line(f, o) != 0) TC_USER_ERROR("writing the run's summary: %s", strerror(errno));
 }

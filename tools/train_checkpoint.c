@@ -1,5 +1,8 @@
 /* Checkpoints of a training run: writing them (run.checkpoint_every, on a stop
  * signal), keeping the last run.keep_checkpoints, and resuming (run.resume). */
+#include <fcntl.h>
+#include <stdio.h>
+
 #include "tools/trainer.h"
 
 /* A checkpoint (runtime/checkpoint.h) holds these sections:
@@ -103,6 +106,12 @@ static void checkpoint_path(char *out, size_t n, const char *dir, long step) {
     snprintf(out, n, "%s/ckpt-%08ld.trc", dir, step);
 }
 
+/* The temporary files of checkpoint writes that never finished (a process
+ * killed mid-write); rank 0 alone writes, and only its host knows its pids. */
+static void remove_stale_temporaries(const Trainer *t) {
+    if (t->dist->rank == 0) ckpt_remove_stale_temporaries(t->checkpoint_dir, "ckpt-", ".trc");
+}
+
 /* run.keep_checkpoints: delete all but the newest K, never the one just written. */
 static void rotate_checkpoints(Trainer *t) {
     long *steps;
@@ -133,12 +142,13 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
                  strerror(errno), t->step);
         return -1;
     }
+    remove_stale_temporaries(t);
     checkpoint_path(path, sizeof path, t->checkpoint_dir, t->step);
     if (access(path, F_OK) == 0) {
         log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
         return -1;
     }
-    nvtxRangePushA("checkpoint");
+    gpu_range_push("checkpoint");
     double start = now_seconds();
     Model *m = &t->model;
     CkptModel cm = ckpt_model_of(t, config_str(cfg, "model.name"));
@@ -147,12 +157,8 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
     LossScalerState scaler;
     float *host = malloc(m->n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
-    if (t->use_gpu) {
-        CUDA_CHECK(cudaMemcpyAsync(&scaler, t->scaler, sizeof scaler, cudaMemcpyDeviceToHost, t->gpu.compute));
-        CUDA_CHECK(cudaStreamSynchronize(t->gpu.compute));
-    } else {
-        scaler = *t->scaler;
-    }
+    op_copy_to_host(&m->ops, &scaler, t->scaler, sizeof scaler);
+    op_sync(&m->ops);
     int rc = -1;
     size_t stat_bytes = m->n_bn_stats * sizeof(float);
     float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
@@ -176,7 +182,7 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
     if (w) ckpt_write_abort(w);
     free(host);
     free(stats);
-    nvtxRangePop();
+    gpu_range_pop();
     if (rc != 0) {
         log_warn("checkpoint at step %ld not written: %s", t->step, err);
         return -1;
@@ -188,40 +194,90 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
     return 0;
 }
 
-/* run.resume: a file, or "latest" (the newest checkpoint in run.checkpoint_dir
- * that opens and checks out). Fails naming the file and what is wrong. */
-CkptFile *open_resume(const Trainer *t, const char *resume) {
+/* run.resume = FILE: refused (ending the process) naming the file and what is wrong. */
+static CkptFile *open_resume_file(const char *resume) {
     char err[4400];
-    if (strcmp(resume, "latest") != 0) {
-        CkptFile *f = ckpt_open(resume, err, sizeof err);
-        if (!f) TC_FATAL("run.resume: %s", err);
-        return f;
+    struct stat st;
+    if (stat(resume, &st) == 0 && S_ISDIR(st.st_mode))
+        TC_USER_ERROR("run.resume = %s is a directory, not a checkpoint file: name a checkpoint in it "
+                 "(%s/ckpt-<step>.trc), or resume from its newest with --resume latest --set run.checkpoint_dir=%s",
+                 resume, resume, resume);
+    CkptFile *f = ckpt_open(resume, err, sizeof err);
+    if (!f) TC_USER_ERROR("run.resume: %s", err);
+    return f;
+}
+
+/* Renames a damaged checkpoint to <path>.corrupt (or .corrupt.2, ...), never
+ * replacing a file; 0 with the new name in aside, or -1 with errno. */
+static int move_aside(const char *path, char *aside, size_t n) {
+    for (int i = 1; i <= 100; i++) {
+        if (i == 1) snprintf(aside, n, "%s.corrupt", path);
+        else snprintf(aside, n, "%s.corrupt.%d", path, i);
+        if (renameat2(AT_FDCWD, path, AT_FDCWD, aside, RENAME_NOREPLACE) == 0) return 0;
+        if (errno == EINVAL || errno == ENOSYS) { /* a file system without RENAME_NOREPLACE */
+            if (access(aside, F_OK) == 0) continue;
+            return rename(path, aside);
+        }
+        if (errno != EEXIST) return -1;
     }
+    errno = EEXIST;
+    return -1;
+}
+
+/* run.resume = latest: the newest checkpoint in run.checkpoint_dir. A damaged
+ * one (truncated, corrupt, not a checkpoint) is moved aside to *.corrupt with a
+ * warning, and the one before it is tried; one that cannot be used for another
+ * reason (unreadable, a newer format, a directory) stops the run. Other ranks
+ * skip what rank 0 moves aside, so every rank opens the same file. */
+static CkptFile *open_resume_latest(const Trainer *t) {
+    char err[4400], path[4200], aside[4300];
     long *steps;
+    remove_stale_temporaries(t);
     int n = list_checkpoints(t->checkpoint_dir, &steps);
-    if (n <= 0) TC_FATAL("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s", t->checkpoint_dir);
+    if (n < 0)
+        TC_USER_ERROR("run.resume = latest: cannot read run.checkpoint_dir = %s: %s", t->checkpoint_dir, strerror(errno));
+    if (n == 0)
+        TC_USER_ERROR("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s", t->checkpoint_dir);
     CkptFile *f = NULL;
     for (int i = 0; i < n && !f; i++) {
-        char path[4200];
+        CkptStatus status;
         checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
-        f = ckpt_open(path, err, sizeof err);
-        if (!f) log_warn("run.resume = latest: skipping %s", err);
+        f = ckpt_open_status(path, &status, err, sizeof err);
+        if (f || t->dist->rank != 0) continue;
+        if (status != CKPT_ERR_CORRUPT)
+            TC_USER_ERROR("run.resume = latest: the newest checkpoint cannot be used: %s. Make it readable, move it "
+                     "out of %s to resume from the one before it, or name a checkpoint with --resume FILE",
+                     err, t->checkpoint_dir);
+        if (move_aside(path, aside, sizeof aside) != 0)
+            TC_USER_ERROR("run.resume = latest: %s; it cannot be moved aside (%s): move it out of %s to resume from "
+                     "the one before it, or name a checkpoint with --resume FILE", err, strerror(errno),
+                     t->checkpoint_dir);
+        log_warn("run.resume = latest: %s. Moved it aside to %s (kept, not deleted); trying the one before it",
+                 err, aside);
     }
     free(steps);
-    if (!f) TC_FATAL("run.resume = latest: no valid checkpoint in %s (see the warnings above)", t->checkpoint_dir);
+    if (!f)
+        TC_USER_ERROR("run.resume = latest: no valid checkpoint in %s (the damaged ones are moved aside to *.corrupt; "
+                 "see the warnings above)", t->checkpoint_dir);
     return f;
+}
+
+/* run.resume: a file, or "latest". Fails naming the file and what is wrong. */
+CkptFile *open_resume(const Trainer *t, const char *resume) {
+    return strcmp(resume, "latest") == 0 ? open_resume_latest(t) : open_resume_file(resume);
 }
 
 /* A fresh run writing checkpoints must not mix them with another run's, and a
  * resumed one must not write over checkpoints newer than its start. */
 void check_checkpoint_dir(const Trainer *t, long resume_step) {
     long *steps;
+    remove_stale_temporaries(t);
     int n = list_checkpoints(t->checkpoint_dir, &steps);
     if (n > 0 && resume_step < 0)
-        TC_FATAL("run.checkpoint_dir = %s already holds checkpoints (newest ckpt-%08ld.trc): resume with "
+        TC_USER_ERROR("run.checkpoint_dir = %s already holds checkpoints (newest ckpt-%08ld.trc): resume with "
                  "--resume latest, or set another run.checkpoint_dir", t->checkpoint_dir, steps[0]);
     if (n > 0 && steps[0] > resume_step)
-        TC_FATAL("run.checkpoint_dir = %s holds ckpt-%08ld.trc, newer than the resumed step %ld: move it "
+        TC_USER_ERROR("run.checkpoint_dir = %s holds ckpt-%08ld.trc, newer than the resumed step %ld: move it "
                  "away or set another run.checkpoint_dir (trainc never overwrites checkpoints)",
                  t->checkpoint_dir, steps[0], resume_step);
     free(steps);
@@ -239,20 +295,20 @@ CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
         ckpt_read_section(f, "position", &pos, sizeof pos, err, sizeof err) != 0 ||
         ckpt_read_section(f, "data", &data, sizeof data, err, sizeof err) != 0 ||
         ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
-        TC_FATAL("run.resume: %s", err);
+        TC_USER_ERROR("run.resume: %s", err);
     have.name[sizeof have.name - 1] = 0;
     if (strcmp(have.name, want.name) != 0 || have.n_params != want.n_params ||
         have.shape_fingerprint != want.shape_fingerprint || have.num_classes != want.num_classes)
-        TC_FATAL("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
+        TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
                  "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
                  path, have.name, (long long)have.n_params, (unsigned long long)have.shape_fingerprint, want.name,
                  (long long)want.n_params, (unsigned long long)want.shape_fingerprint);
     if (have.act_dtype != want.act_dtype || have.nhwc != want.nhwc)
-        TC_FATAL("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
+        TC_USER_ERROR("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
                  "and %s", path, dtype_name((DType)have.act_dtype), have.nhwc ? "nhwc" : "nchw",
                  dtype_name(t->amp), t->model.nhwc ? "nhwc" : "nchw");
     if (have.accumulate != want.accumulate)
-        TC_FATAL("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
+        TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
                  "buffer holds k times its value)", path, (long long)have.accumulate, t->accumulate);
     if (data.seed != config_int(cfg, "run.seed") || data.batch != t->batch || data.train_images != t->train_set.n ||
         data.shuffle != config_bool(cfg, "data.shuffle"))
@@ -261,34 +317,33 @@ CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
                  (long long)data.seed, (long long)data.batch, (long long)data.train_images,
                  data.shuffle ? "on" : "off");
     if (pos.step < 0 || pos.epoch < 0 || pos.epoch_micro < 0)
-        TC_FATAL("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos.step,
+        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos.step,
                  (long long)pos.epoch);
 
     float *host = malloc(t->model.n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
     if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
-        TC_FATAL("run.resume: %s", err);
+        TC_USER_ERROR("run.resume: %s", err);
     model_set_params(&t->model, host);
     if (ckpt_read_section(f, "momentum", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
-        TC_FATAL("run.resume: %s", err);
+        TC_USER_ERROR("run.resume: %s", err);
     model_set_momentum(&t->model, host);
     free(host);
     if (t->model.n_bn_stats) {
         size_t stat_bytes = t->model.n_bn_stats * sizeof(float);
         float *stats = malloc(stat_bytes);
         if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
-        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0) TC_FATAL("run.resume: %s", err);
+        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0) TC_USER_ERROR("run.resume: %s", err);
         model_set_bn_stats(&t->model, stats);
         free(stats);
     }
     if (t->amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
     t->scaler_seen = scaler;
-    if (t->use_gpu) CUDA_CHECK(cudaMemcpy(t->scaler, &scaler, sizeof scaler, cudaMemcpyHostToDevice));
-    else *t->scaler = scaler;
+    op_copy_from_host(&t->model.ops, t->scaler, &scaler, sizeof scaler);
     t->step = t->first_step = t->seen_step = (long)pos.step;
     int64_t lr_step = pos.step; /* the schedule goes on from the checkpoint's step */
-    if (t->use_gpu) CUDA_CHECK(cudaMemcpy(t->lr_step, &lr_step, sizeof lr_step, cudaMemcpyHostToDevice));
-    else *t->lr_step = lr_step;
+    op_copy_from_host(&t->model.ops, t->lr_step, &lr_step, sizeof lr_step);
+    op_sync(&t->model.ops);
     t->seen_bad_total = scaler.skipped_steps;
     snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
     t->last_checkpoint_step = t->step;

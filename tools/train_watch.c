@@ -2,6 +2,7 @@
  * the metrics file (run.metrics_file), the profiler range (run.profile_steps),
  * log points, the progress line and the Prometheus gauges (monitor.*). */
 #include "tools/trainer.h"
+#include "runtime/json_out.h"
 
 /* ---- phase timing ------------------------------------------------------------ */
 
@@ -11,13 +12,13 @@ void phases_init(Trainer *t) {
     p->open = -1;
     if (!t->use_gpu) return;
     for (int i = 0; i < PHASE_RING; i++)
-        for (int m = 0; m < PH_MARKS; m++) CUDA_CHECK(cudaEventCreate(&p->ring[i].ev[m]));
+        for (int m = 0; m < PH_MARKS; m++) gpu_event_create(&p->ring[i].ev[m], 1);
 }
 
 void phases_destroy(Trainer *t) {
     if (!t->use_gpu) return;
     for (int i = 0; i < PHASE_RING; i++)
-        for (int m = 0; m < PH_MARKS; m++) CUDA_CHECK(cudaEventDestroy(t->phases.ring[i].ev[m]));
+        for (int m = 0; m < PH_MARKS; m++) gpu_event_destroy(t->phases.ring[i].ev[m]);
 }
 
 /* Adds a finished set's phases to the sums (when it was timed). */
@@ -27,7 +28,7 @@ static void collect_set(Trainer *t, PhaseSet *s) {
         if (!(s->marked & (1u << m))) continue;
         if (prev >= 0 && s->timed) {
             float ms;
-            if (t->use_gpu) CUDA_CHECK(cudaEventElapsedTime(&ms, s->ev[prev], s->ev[m]));
+            if (t->use_gpu) ms = gpu_event_ms(s->ev[prev], s->ev[m]);
             else ms = (float)(1000 * (s->host[m] - s->host[prev]));
             t->phases.timed_ms[prev] += ms;
         }
@@ -41,16 +42,8 @@ void phases_collect(Trainer *t, int wait) {
     for (int i = 0; i < PHASE_RING; i++) {
         PhaseSet *s = &t->phases.ring[i];
         if (!s->pending) continue;
-        if (t->use_gpu && wait) {
-            CUDA_CHECK(cudaEventSynchronize(s->ev[PH_END]));
-        } else if (t->use_gpu) {
-            cudaError_t e = cudaEventQuery(s->ev[PH_END]);
-            if (e == cudaErrorNotReady) {
-                (void)cudaGetLastError(); /* not an error: not there yet */
-                continue;
-            }
-            CUDA_CHECK(e);
-        }
+        if (t->use_gpu && wait) gpu_event_sync(s->ev[PH_END]);
+        else if (t->use_gpu && !gpu_event_done(s->ev[PH_END])) continue; /* not there yet */
         collect_set(t, s);
     }
 }
@@ -61,7 +54,7 @@ void phase_mark(Trainer *t, int m) {
     if (p->open < 0) {
         PhaseSet *s = &p->ring[p->next];
         if (s->pending) {
-            if (t->use_gpu) CUDA_CHECK(cudaEventSynchronize(s->ev[PH_END]));
+            if (t->use_gpu) gpu_event_sync(s->ev[PH_END]);
             collect_set(t, s);
         }
         s->marked = 0;
@@ -69,7 +62,7 @@ void phase_mark(Trainer *t, int m) {
         p->next = (p->next + 1) % PHASE_RING;
     }
     PhaseSet *s = &p->ring[p->open];
-    if (t->use_gpu) CUDA_CHECK(cudaEventRecord(s->ev[m], t->gpu.compute));
+    if (t->use_gpu) gpu_event_record(s->ev[m], t->gpu.compute);
     else s->host[m] = now_seconds();
     s->marked |= 1u << m;
 }
@@ -92,22 +85,46 @@ void eager_mark(Trainer *t, int m) {
 
 /* ---- the metrics file (run.metrics_file) ------------------------------------ */
 
+/* A step's line: {"step": .., "epoch": .., ...}. Epochs count from 1 in the
+ * metrics file, as in the log; epoch is the loop's (from 0). */
+static cJSON *metric_step_line(Trainer *t, int epoch) {
+    cJSON *o = json_object_new();
+    json_add_int(o, "step", t->step);
+    json_add_int(o, "epoch", epoch + 1);
+    return o;
+}
+
+static void write_metric_line(Trainer *t, cJSON *o) {
+    if (json_write_line(t->metrics, o) != 0) TC_FATAL("run.metrics_file: cannot write: %s", strerror(errno));
+}
+
 void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
     if (!t->metrics) return;
-    fprintf(t->metrics, "{\"step\": %ld, \"epoch\": %d, \"loss\": %.6f, \"samples_per_s\": %.1f, \"lr\": %g",
-            t->step, epoch, loss, samples_per_s, t->lr * t->accumulate);
+    cJSON *o = metric_step_line(t, epoch);
+    json_add_number(o, "loss", loss, 6);
+    json_add_number(o, "samples_per_s", samples_per_s, 6);
+    json_add_number(o, "lr", t->lr * t->accumulate, 6);
     /* before clipping, as clip_grad_norm_ returns it; null when not finite */
-    if (t->grad_norm && isfinite(t->grad_norm_seen)) fprintf(t->metrics, ", \"grad_norm\": %g", t->grad_norm_seen);
-    else if (t->grad_norm) fprintf(t->metrics, ", \"grad_norm\": null");
-    fprintf(t->metrics, "}\n");
-    fflush(t->metrics);
+    if (t->grad_norm) json_add_number(o, "grad_norm", t->grad_norm_seen, 6);
+    write_metric_line(t, o);
+}
+
+void write_metric_skipped(Trainer *t, int epoch) {
+    if (!t->metrics) return;
+    cJSON *o = metric_step_line(t, epoch);
+    json_add_int(o, "skipped_steps", t->scaler_seen.skipped_steps);
+    json_add_int(o, "bad_in_a_row", t->bad_run);
+    write_metric_line(t, o);
 }
 
 void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) {
     if (!t->metrics) return;
-    fprintf(t->metrics, "{\"epoch_end\": %d, \"step\": %ld, \"epoch_s\": %.3f, \"test_acc\": %.6f}\n",
-            epoch, t->step, epoch_s, test_acc);
-    fflush(t->metrics);
+    cJSON *o = json_object_new();
+    json_add_int(o, "epoch_end", epoch + 1);
+    json_add_int(o, "step", t->step);
+    json_add_number(o, "epoch_s", epoch_s, 6);
+    json_add_number(o, "test_acc", test_acc >= 0 ? test_acc : NAN, 6);
+    write_metric_line(t, o);
 }
 
 /* ---- watching the run: profiler range, log points, progress line, Prometheus -- */
@@ -117,7 +134,7 @@ void profile_step_begin(Trainer *t) {
     long next = t->step + 1;
     if (!t->use_gpu || !t->profile_first || t->profiling || t->profiled || next < t->profile_first) return;
     device_sync(t); /* the range holds this step's work only */
-    CUDA_CHECK(cudaProfilerStart());
+    gpu_profiler_start();
     t->profiling = 1;
     log_info("run.profile_steps: cudaProfilerStart before step %ld", next);
 }
@@ -125,7 +142,7 @@ void profile_step_begin(Trainer *t) {
 void profile_finish(Trainer *t) {
     if (!t->profiling) return;
     device_sync(t);
-    CUDA_CHECK(cudaProfilerStop());
+    gpu_profiler_stop();
     t->profiling = 0;
     t->profiled = 1;
     log_info("run.profile_steps: cudaProfilerStop after step %ld", t->step);
@@ -136,46 +153,54 @@ void profile_step_end(Trainer *t) {
 }
 
 enum { G_SAMPLES, G_LOSS, G_SCALE, G_SKIPPED, G_WAIT, G_STEP, G_UTIL, G_MEM, G_TEMP, G_POWER, G_COUNT };
-static const char *const gauges[G_COUNT][2] = {
-    {"trainc_samples_per_second", "Training samples per second over the last log interval."},
-    {"trainc_loss", "Training loss as last read back from the device."},
-    {"trainc_loss_scale", "Scale of the dynamic loss scaler (1 without AMP)."},
-    {"trainc_skipped_steps_total", "Steps skipped for a non-finite loss or gradient."},
-    {"trainc_data_wait_fraction", "Share of the last log interval the training thread waited for the loader."},
-    {"trainc_step", "Optimizer steps taken."},
-    {"trainc_gpu_utilization_ratio", "NVML GPU utilisation, 0 to 1 (NaN without NVML)."},
-    {"trainc_gpu_memory_used_bytes", "NVML device memory in use, bytes."},
-    {"trainc_gpu_temperature_celsius", "NVML GPU temperature, degrees Celsius."},
-    {"trainc_gpu_power_watts", "NVML board power draw, watts."},
+static const struct {
+    const char *name, *help;
+    PromType type;
+} metrics[G_COUNT] = {
+    {"trainc_samples_per_second", "Training samples per second over the last log interval.", PROM_GAUGE},
+    {"trainc_loss", "Training loss as last read back from the device.", PROM_GAUGE},
+    {"trainc_loss_scale", "Scale of the dynamic loss scaler (1 without AMP).", PROM_GAUGE},
+    {"trainc_skipped_steps_total", "Steps skipped for a non-finite loss or gradient.", PROM_COUNTER},
+    {"trainc_data_wait_fraction", "Share of the last log interval the training thread waited for the loader.",
+     PROM_GAUGE},
+    {"trainc_step", "Optimizer steps taken.", PROM_GAUGE},
+    {"trainc_gpu_utilization_ratio", "NVML GPU utilisation, 0 to 1.", PROM_GAUGE},
+    {"trainc_gpu_memory_used_bytes", "NVML device memory in use, bytes.", PROM_GAUGE},
+    {"trainc_gpu_temperature_celsius", "NVML GPU temperature, degrees Celsius.", PROM_GAUGE},
+    {"trainc_gpu_power_watts", "NVML board power draw, watts.", PROM_GAUGE},
 };
 
-static void gauge(Trainer *t, int g, double v) { prom_gauge(t->prom, gauges[g][0], gauges[g][1], v); }
+static void set_metric(Trainer *t, int g, double v) { prom_set(t->prom, metrics[g].name, v); }
 
-/* monitor.prometheus_port: every gauge is listed (NaN) from the start. */
+/* A reading NVML did not give (< 0) leaves the metric as it was: absent until one does. */
+static void set_reading(Trainer *t, int g, double v, double scale) {
+    if (v >= 0) set_metric(t, g, v * scale);
+}
+
+/* monitor.prometheus_port: every metric is declared at the start and appears
+ * in the exposition from its first value on. */
 void prometheus_start(Trainer *t) {
     char err[512];
     if (!t->prometheus_port) return;
     t->prom = prom_start(t->prometheus_port, err, sizeof err);
     if (!t->prom) TC_FATAL("monitor.prometheus_port = %d: %s", t->prometheus_port, err);
-    for (int g = 0; g < G_COUNT; g++) gauge(t, g, NAN);
+    for (int g = 0; g < G_COUNT; g++) prom_declare(t->prom, metrics[g].name, metrics[g].help, metrics[g].type);
     log_info("monitor.prometheus_port: serving http://127.0.0.1:%d/metrics", prom_port(t->prom));
 }
-
-static double known(double v, double scale) { return v >= 0 ? v * scale : NAN; }
 
 void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss) {
     if (!t->prom) return;
     GpuSample g = gpu_monitor_latest(t->monitor);
-    gauge(t, G_SAMPLES, samples_per_s);
-    gauge(t, G_LOSS, loss);
-    gauge(t, G_SCALE, t->scaler_seen.scale);
-    gauge(t, G_SKIPPED, t->scaler_seen.skipped_steps);
-    gauge(t, G_WAIT, wait_frac);
-    gauge(t, G_STEP, (double)t->step);
-    gauge(t, G_UTIL, known(g.util_pct, 0.01));
-    gauge(t, G_MEM, known(g.mem_used_bytes, 1));
-    gauge(t, G_TEMP, known(g.temp_c, 1));
-    gauge(t, G_POWER, known(g.power_w, 1));
+    set_metric(t, G_SAMPLES, samples_per_s);
+    set_metric(t, G_LOSS, loss);
+    set_metric(t, G_SCALE, t->scaler_seen.scale);
+    set_metric(t, G_SKIPPED, t->scaler_seen.skipped_steps);
+    set_metric(t, G_WAIT, wait_frac);
+    set_metric(t, G_STEP, (double)t->step);
+    set_reading(t, G_UTIL, g.util_pct, 0.01);
+    set_reading(t, G_MEM, g.mem_used_bytes, 1);
+    set_reading(t, G_TEMP, g.temp_c, 1);
+    set_reading(t, G_POWER, g.power_w, 1);
 }
 
 /* Every run.log_every steps: the log line (unless the progress line shows),

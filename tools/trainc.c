@@ -3,6 +3,7 @@
  *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
  *          [--resume FILE|latest] [--print-config] [--quiet]
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
+ *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
  * find-batch doubles train.batch over child runs to find the fastest size
@@ -13,6 +14,7 @@
  * The last line of output is one JSON object summing up the run. SIGINT or
  * SIGTERM stops a run after its current step with a checkpoint, exit status
  * 128 + signal and a line saying how to resume. */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include "runtime/check.h"
 #include "runtime/config.h"
 #include "runtime/log.h"
+#include "runtime/version.h"
 #include "tools/bench_loader.h"
 #include "tools/find_batch.h"
 #include "tools/keys.h"
@@ -31,6 +34,8 @@ static void usage(FILE *f) {
             "usage: trainc [bench-loader] --config FILE [--set section.key=value]...\n"
             "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
             "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
+            "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
+            "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
             "                    up to --max-batch (65536); prints the table and the best batch\n"
@@ -40,13 +45,87 @@ static void usage(FILE *f) {
             "  --resume F        continue from checkpoint F, or latest in run.checkpoint_dir\n"
             "                    (shorthand for --set run.resume=F)\n"
             "  --print-config    print the effective config and exit\n"
-            "  --quiet           only warnings, errors and the summary\n");
+            "  --quiet           only warnings, errors and the summary\n"
+            "  --version         trainc's version and commit, and the CUDA, cuDNN and NCCL it finds\n"
+            "  --help            this text\n");
 }
 
 static void fail_usage(const char *msg, const char *arg) {
     fprintf(stderr, "trainc: error: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
     usage(stderr);
     exit(2);
+}
+
+/* One --set, --device or --resume, in command-line order. */
+typedef struct {
+    const char *option; /* "--set", "--device" or "--resume" */
+    const char *value;  /* as given */
+    char *assignment;   /* section.key=value */
+} Override;
+
+typedef struct {
+    const char *program; /* argv[0], as invoked */
+    const char *config_path;
+    Override *overrides;
+    int n_overrides;
+    int print_config, quiet, version, help;
+} Args;
+
+static char *concat(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    char *s = malloc(na + nb + 1);
+    if (!s) TC_FATAL("out of memory");
+    memcpy(s, a, na);
+    memcpy(s + na, b, nb + 1);
+    return s;
+}
+
+static void add_override(Args *a, const char *option, const char *value, const char *key_prefix) {
+    Override *grown = realloc(a->overrides, (size_t)(a->n_overrides + 1) * sizeof *grown);
+    if (!grown) TC_FATAL("out of memory");
+    a->overrides = grown;
+    a->overrides[a->n_overrides++] = (Override){option, value, concat(key_prefix, value)};
+}
+
+static void free_args(Args *a) {
+    for (int i = 0; i < a->n_overrides; i++) free(a->overrides[i].assignment);
+    free(a->overrides);
+}
+
+/* The options after the subcommand; exits 2 on a bad command line. */
+static void parse_args(int argc, char **argv, Args *a) {
+    static const struct option options[] = {
+        {"config", required_argument, NULL, 'c'},  {"set", required_argument, NULL, 's'},
+        {"device", required_argument, NULL, 'd'},  {"resume", required_argument, NULL, 'r'},
+        {"print-config", no_argument, NULL, 'p'},  {"quiet", no_argument, NULL, 'q'},
+        {"version", no_argument, NULL, 'V'},       {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    opterr = 0; /* our own messages, with the usage */
+    optind = 1;
+    for (int opt; (opt = getopt_long(argc, argv, ":h", options, NULL)) != -1;) {
+        switch (opt) {
+        case 'c':
+            if (a->config_path) fail_usage("--config given twice", optarg);
+            a->config_path = optarg;
+            break;
+        case 's': add_override(a, "--set", optarg, ""); break;
+        case 'd': add_override(a, "--device", optarg, "run.device="); break;
+        case 'r': add_override(a, "--resume", optarg, "run.resume="); break;
+        case 'p': a->print_config = 1; break;
+        case 'q': a->quiet = 1; break;
+        case 'V': a->version = 1; break;
+        case 'h': a->help = 1; break;
+        case ':': fail_usage("missing value after", argv[optind - 1]); break;
+        default: /* '?': unknown, or an abbreviation that fits two options */
+            fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        fail_usage(strcmp(argv[optind], "bench-loader") == 0 || strcmp(argv[optind], "find-batch") == 0
+                       ? "a subcommand comes first, before any option"
+                       : "unexpected argument",
+                   argv[optind]);
 }
 
 /* Writes a shell word, quoted when it needs it. */
@@ -63,109 +142,105 @@ static void print_word(FILE *f, const char *w) {
     fputc('\'', f);
 }
 
-/* "stopped by SIGTERM at step N; resume with: trainc <the same arguments> --resume FILE" */
-static void print_stopped(const TrainSummary *s, int argc, char **argv) {
+/* Whether an override sets run.resume: the hint replaces it. */
+static int sets_resume(const Override *o) {
+    const char *key = o->assignment + strspn(o->assignment, " \t");
+    size_t n = strcspn(key, "= \t");
+    return n == strlen("run.resume") && strncmp(key, "run.resume", n) == 0;
+}
+
+/* "stopped by SIGTERM at step N; resume with: <argv[0]> <the same options> --resume FILE" */
+static void print_stopped(const TrainSummary *s, const Args *a) {
     fflush(stdout);
     if (!s->checkpoint[0]) {
         fprintf(stderr, "trainc: stopped by %s at step %ld; no checkpoint could be written (see the warnings "
                 "above)\n", s->stop_signal, s->steps);
         return;
     }
-    fprintf(stderr, "trainc: stopped by %s at step %ld; resume with: trainc", s->stop_signal, s->steps);
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--resume") == 0) {
-            i++;
-            continue;
-        }
-        if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && strncmp(argv[i + 1], "run.resume=", 11) == 0) {
-            i++;
-            continue;
-        }
-        fputc(' ', stderr);
-        print_word(stderr, argv[i]);
+    fprintf(stderr, "trainc: stopped by %s at step %ld; resume with: ", s->stop_signal, s->steps);
+    print_word(stderr, a->program);
+    if (a->config_path) {
+        fputs(" --config ", stderr);
+        print_word(stderr, a->config_path);
     }
+    for (int i = 0; i < a->n_overrides; i++) {
+        if (sets_resume(&a->overrides[i])) continue;
+        fprintf(stderr, " %s ", a->overrides[i].option);
+        print_word(stderr, a->overrides[i].value);
+    }
+    if (a->quiet) fputs(" --quiet", stderr);
     fputs(" --resume ", stderr);
     print_word(stderr, s->checkpoint);
     fputc('\n', stderr);
 }
 
+/* The config file first, then the overrides in command-line order; exits 1 on an error. */
+static Config *load_config(const Args *a) {
+    Config *cfg = config_new(trainc_keys, trainc_n_keys);
+    char *err = NULL;
+    int rc = a->config_path ? config_load_file_msg(cfg, a->config_path, &err) : 0;
+    for (int i = 0; rc == 0 && i < a->n_overrides; i++) rc = config_set_msg(cfg, a->overrides[i].assignment, &err);
+    if (rc != 0) {
+        fprintf(stderr, "trainc: error: %s\n", err);
+        exit(1);
+    }
+    return cfg;
+}
+
+/* docs/config-keys.md is this output; a test keeps them equal. */
+static void print_keys(FILE *f) {
+    fputs("# Config keys\n\n"
+          "Every key trainc reads, from the key schema in tools/keys.c (`build/trainc keys` prints this\n"
+          "page). A value outside its allowed range, of the wrong type or under an unknown key stops\n"
+          "trainc with the file and line it came from. Intervals: `[a, b]` includes both ends, `(a, b]`\n"
+          "leaves a out.\n\n", f);
+    config_schema_markdown(trainc_keys, trainc_n_keys, f);
+}
+
 int main(int argc, char **argv) {
     Dist dist;
     dist_init(&dist); /* first: its fatal hook must run after every other */
-    Config *cfg = config_new(trainc_keys, trainc_n_keys);
-    const char *config_path = NULL;
-    int print_config = 0, bench_loader = 0;
-    char err[1024];
+    const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0)
+                           ? argv[1] : NULL;
+    if (subcommand && dist.world > 1) TC_FATAL("%s runs in one process, not under mpirun", subcommand);
+    if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
 
-    if (dist.world > 1 && argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0))
-        TC_FATAL("%s runs in one process, not under mpirun", argv[1]);
-    if (argc > 1 && strcmp(argv[1], "find-batch") == 0) {
-        config_free(cfg);
-        return find_batch_main(argc - 1, argv + 1);
-    }
-    if (argc > 1 && strcmp(argv[1], "bench-loader") == 0) {
-        bench_loader = 1;
-        argv++;
-        argc--;
-    }
-
-    /* The config file first, then the overrides in command-line order. */
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
-            if (++i >= argc) fail_usage("--config needs a file", NULL);
-            if (config_path) fail_usage("--config given twice", argv[i]);
-            config_path = argv[i];
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-    }
-    if (config_path && config_load_file(cfg, config_path, err, sizeof err) != 0) {
-        fprintf(stderr, "trainc: error: %s\n", err);
-        return 1;
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--config") == 0) {
-            i++;
-        } else if (strcmp(a, "--set") == 0 || strcmp(a, "--device") == 0 || strcmp(a, "--resume") == 0) {
-            if (i + 1 >= argc) fail_usage("missing value after", a);
-            char assignment[4200];
-            if (strcmp(a, "--device") == 0) snprintf(assignment, sizeof assignment, "run.device=%s", argv[++i]);
-            else if (strcmp(a, "--resume") == 0) snprintf(assignment, sizeof assignment, "run.resume=%s", argv[++i]);
-            else snprintf(assignment, sizeof assignment, "%s", argv[++i]);
-            if (config_set(cfg, assignment, err, sizeof err) != 0) {
-                fprintf(stderr, "trainc: error: %s\n", err);
-                return 1;
-            }
-        } else if (strcmp(a, "--print-config") == 0) {
-            print_config = 1;
-        } else if (strcmp(a, "--quiet") == 0) {
-            log_set_quiet(1);
-        } else {
-            fail_usage("unknown argument", a);
-        }
-    }
-    if (print_config) {
-        config_print(cfg, stdout);
-        config_free(cfg);
+    if (argc == 2 && strcmp(argv[1], "keys") == 0) {
+        print_keys(stdout);
+        dist_finalize(&dist);
         return 0;
     }
-    if (!config_path) fail_usage("--config FILE is required", NULL);
-
-    if (bench_loader) {
-        int rc = bench_loader_main(cfg);
-        config_free(cfg);
-        return rc;
+    Args args = {.program = argv[0]};
+    if (subcommand) parse_args(argc - 1, argv + 1, &args);
+    else parse_args(argc, argv, &args);
+    if (args.help || args.version) {
+        if (args.help) usage(stdout);
+        else trainc_print_version(stdout);
+        free_args(&args);
+        dist_finalize(&dist);
+        return 0;
     }
-    if (dist.rank != 0) log_set_quiet(1); /* rank 0 tells the story; the others warn and fail */
-    TrainSummary summary;
-    train_run_dist(cfg, &summary, NULL, &dist);
-    if (dist.rank == 0) {
-        if (summary.stop_signal[0]) print_stopped(&summary, argc, argv);
-        train_summary_print_json(&summary, stdout);
+    if (args.quiet) log_set_quiet(1);
+    Config *cfg = load_config(&args);
+    int rc = 0;
+    if (args.print_config) {
+        config_print(cfg, stdout);
+    } else if (!args.config_path) {
+        fail_usage("--config FILE is required", NULL);
+    } else if (subcommand) {
+        rc = bench_loader_main(cfg);
+    } else {
+        if (dist.rank != 0) log_set_quiet(1); /* rank 0 tells the story; the others warn and fail */
+        TrainSummary summary;
+        train_run_dist(cfg, &summary, NULL, &dist);
+        if (dist.rank == 0) {
+            if (summary.stop_signal[0]) print_stopped(&summary, &args);
+            train_summary_print_json(&summary, stdout);
+        }
+        rc = summary.exit_status;
     }
     config_free(cfg);
+    free_args(&args);
     dist_finalize(&dist);
-    return summary.exit_status;
+    return rc;
 }

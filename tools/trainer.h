@@ -5,12 +5,10 @@
 #ifndef TRAINC_TOOLS_TRAINER_H
 #define TRAINC_TOOLS_TRAINER_H
 
-#include <cuda_profiler_api.h>
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <nvtx3/nvToolsExt.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,6 +175,7 @@ void log_point(Trainer *t, int epoch, float loss, LogWindow *lw);
 void progress_draw(Trainer *t, int epoch, int force);
 void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc);
 void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s);
+void write_metric_skipped(Trainer *t, int epoch);
 void profile_finish(Trainer *t);
 void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss);
 void phases_destroy(Trainer *t);

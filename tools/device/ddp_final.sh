@@ -4,7 +4,7 @@
 #   PHASE=resident: ResNet-18's bucket size picked among R18_BUCKETS (the
 #     fastest 2-GPU step, a batch kept on each GPU), then weak scaling with a
 #     batch kept on each GPU, SimpleNet-224 and ResNet-18-32, trainc against
-#     PyTorch DDP (tools/device/issue7_bench.sh)
+#     PyTorch DDP (tools/device/ddp_bench.sh)
 #   PHASE=loader: the same with the real loader (3 epochs), then configs/ddp.ini
 #     trained on 1 and 2 GPUs at the same global batch (3 epochs), test accuracy
 source tools/device/mpi_session.sh
@@ -28,5 +28,5 @@ else
 fi
 R18_SETS="$([ -f /tmp/r18_bucket ] && echo "--set dist.bucket_mb=$(cat /tmp/r18_bucket)")" PARTS=$PARTS \
   STEPS=200 WARM=30 LOADER_EPOCHS=3 RUN_LIMIT=150 ACC_EPOCHS=3 ACC_LIMIT=200 GPUS=1,2 \
-  bash tools/device/issue7_bench.sh
+  bash tools/device/ddp_bench.sh
 rm -f "$OUT"/scaling_*.svg  # at most 8 files come back; the tables are in the log

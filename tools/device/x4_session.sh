@@ -41,6 +41,6 @@ echo "== data-parallel tests"
 grep -E "weights equal|CHECK|Passed|Failed|Skipped|checks" $L/ctest_ddp.log | head -20
 echo "== scaling at $((SECONDS - T0)) s"
 PARTS="simplenet-resident resnet18-resident" GPUS=1,2,4 STEPS=100 WARM=20 RUN_LIMIT=60 LOGS=/tmp/issue7_logs \
-  R18_CONFIG=configs/resnet18.ini timeout $((590 - (SECONDS - T0))) bash tools/device/issue7_bench.sh 2>&1 | tail -40
+  R18_CONFIG=configs/resnet18.ini timeout $((590 - (SECONDS - T0))) bash tools/device/ddp_bench.sh 2>&1 | tail -40
 tar czf $OUT/x4_logs.tar.gz -C /tmp logs issue7_logs 2>/dev/null
 echo "end at $((SECONDS - T0)) s"

@@ -12,7 +12,7 @@
 #     the same with PyTorch DDP)
 # Usage (from the repository root; the build goes to build/, the data to .data/cifar10-jpg):
 #   [OUT=/tmp/out] [PARTS="simplenet-resident resnet18-resident simplenet-loader resnet18-loader acc"] \
-#   [GPUS=1,2,4] [ACC_SEEDS="0"] [R18_SETS="--set dist.bucket_mb=21"] bash tools/device/issue7_bench.sh
+#   [GPUS=1,2,4] [ACC_SEEDS="0"] [R18_SETS="--set dist.bucket_mb=21"] bash tools/device/ddp_bench.sh
 # Under $OUT: issue7.jsonl (every run's summary), issue7_scaling.csv (every scaling row),
 # scaling_<part>.svg, issue7_logs.tar.gz (each run's log, scaling.py's tables; packed after
 # each part). Run the parts in separate calls where one call has a time limit.

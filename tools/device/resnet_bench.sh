@@ -9,7 +9,7 @@
 #         --mode train with the same settings), seeds $SEEDS, trainc then PyTorch
 # Usage (from the repository root; the build goes to build/, the data to .data/cifar10-jpg):
 #   [OUT=/tmp/out] [PARTS="step compile r50 acc"] [EPOCHS=30] [SEEDS="0 1"] \
-#   bash tools/device/issue6_bench.sh
+#   bash tools/device/resnet_bench.sh
 # Each run's summary line (tagged) goes to $OUT/issue6.jsonl, its whole log to
 # $LOGS/<tag>.log, packed after each part into $OUT/issue6_logs.tar.gz (few files under
 # $OUT: the lent machine returns at most 8); a compact line per run and a table at the end

@@ -789,33 +789,3 @@ void model_get_bn_stats(const Model *m, float *host) {
 void model_set_bn_stats(Model *m, const float *host) {
     if (m->n_bn_stats) upload(m, m->bn_running, host, m->n_bn_stats);
 }
-
-/* The stem follows the image: CIFAR's for small images, ImageNet's from 128. */
-int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
-                char *err, size_t errlen) {
-    int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
-              : strcmp(name, "resnet50") == 0 ? 50 : 0;
-    int imagenet_stem = image_size >= 128;
-    if (!depth && strcmp(name, "simplenet") != 0) {
-        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet, resnet18, resnet34, resnet50)", name);
-        return -1;
-    }
-    if (!depth && (image_size < 8 || image_size % 8)) {
-        snprintf(err, errlen, "data.image_size = %d: SimpleNet needs a size divisible by 8 (32, 224, ...)",
-                 image_size);
-        return -1;
-    }
-    if (depth && (image_size < 8 || image_size % (imagenet_stem ? 32 : 8))) {
-        snprintf(err, errlen, "data.image_size = %d: %s needs a size divisible by 8 below 128 (CIFAR stem) "
-                 "and by 32 from 128 on (ImageNet stem): 32, 224, ...", image_size, name);
-        return -1;
-    }
-    if (batch < 1 || num_classes < 2) {
-        snprintf(err, errlen, "train.batch must be >= 1 and model.num_classes >= 2");
-        return -1;
-    }
-    model_init(m, batch, num_classes, nhwc);
-    if (depth) resnet_build(m, depth, image_size, imagenet_stem);
-    else simplenet_build(m, image_size);
-    return 0;
-}

@@ -3,7 +3,7 @@
  * without bias, each followed by batch norm; a 1x1 convolution with batch
  * norm on the shortcut where the shape changes; global average pooling and
  * one fully connected layer. Every residual block is a checkpoint block. */
-#include "models/model.h"
+#include "models/zoo.h"
 
 static int conv_bn(Model *m, int x, int channels, int kernel, int stride) {
     return model_batchnorm(m, model_conv_no_bias(m, x, channels, kernel, kernel / 2, stride));

@@ -1,7 +1,7 @@
 /* SimpleNet, the lab's net: three blocks of conv3x3 (pad 1) + ReLU + 2x2
  * max-pool with 64, 128 and 256 channels, then fc 256*(s/8)^2 -> 512, ReLU,
  * fc 512 -> classes. At 224x224 fc1 has 200,704 inputs. */
-#include "models/model.h"
+#include "models/zoo.h"
 
 void simplenet_build(Model *m, int image_size) {
     static const int widths[3] = {64, 128, 256};

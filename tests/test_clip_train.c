@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/zoo.h"
 #include "runtime/config.h"
 #include "tests/harness.h"
 #include "tools/keys.h"

@@ -15,6 +15,7 @@
 
 #include "dist/dist.h"
 #include "models/model.h"
+#include "models/zoo.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/zoo.h"
 #include "ops/softmax_xent.h"
 #include "runtime/check.h"
 #include "tests/harness.h"

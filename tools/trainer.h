@@ -20,6 +20,7 @@
 #include "dist/dist.h"
 #include "dist/grad_buckets.h"
 #include "models/model.h"
+#include "models/zoo.h"
 #include "ops/accuracy.h"
 #include "ops/grad_norm.h"
 #include "ops/loss_scaler.h"

@@ -1,0 +1,29 @@
+/* The model zoo: the nets a config names, each a short composition of
+ * models/model.h's builder calls. model.c knows none of them. */
+#ifndef TRAINC_MODELS_ZOO_H
+#define TRAINC_MODELS_ZOO_H
+
+#include <stddef.h>
+
+#include "models/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Builds a named model (simplenet, resnet18, resnet34, resnet50); returns 0,
+ * or -1 with a message for an unknown name or an impossible input size. */
+int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
+                char *err, size_t errlen);
+/* SimpleNet: 3 x (conv3x3 + ReLU + maxpool2), fc 256*(s/8)^2 -> 512, ReLU, fc -> classes. */
+void simplenet_build(Model *m, int image_size);
+/* ResNet-18/34 (basic blocks) and -50 (bottlenecks), torchvision's layout:
+ * the CIFAR stem (3x3 conv, no max-pool) when imagenet_stem is 0, else the
+ * ImageNet stem (7x7 stride 2, 3x3 stride-2 max-pool). Each residual block is
+ * a checkpoint block. depth is 18, 34 or 50. */
+void resnet_build(Model *m, int depth, int image_size, int imagenet_stem);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

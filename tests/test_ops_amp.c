@@ -176,40 +176,6 @@ static void test_cast(DType dt, size_t n) {
     cuda_free_all(dev, COUNT(dev));
 }
 
-/* ---- relu ------------------------------------------------------------------ */
-
-static void test_relu(DType dt, size_t n) {
-    printf("relu %s n=%zu\n", dtype_name(dt), n);
-    float *x = random_values(dt, n, -1, 1), *dy = random_values(dt, n, -1, 1);
-    for (size_t i = 0; i < n; i += 97) x[i] = 0.0f; /* exact zeros: the kink */
-    float *y = host_floats(n), *dx = host_floats(n);
-    relu_forward_cpu(x, y, n);
-    relu_backward_cpu(y, dy, dx, n);
-
-    void *d_x = dev_values(dt, x, n), *d_y = dev_elements(dt, n), *d_dy = dev_values(dt, dy, n);
-    void *d_dx = dev_elements(dt, n);
-    poison(d_y, dt, n);
-    poison(d_dx, dt, n);
-    relu_forward_cuda(dt, d_x, d_y, n, g.compute);
-    relu_backward_cuda(dt, d_y, d_dy, d_dx, n, g.compute);
-    float *gy = download_values(dt, d_y, n), *gdx = download_values(dt, d_dx, n);
-    /* a selection: exact in any type */
-    check_rel("relu y", dt, gy, y, n, 0);
-    check_rel("relu dx", dt, gdx, dx, n, 0);
-
-    /* in place, as the model runs it */
-    relu_forward_cuda(dt, d_x, d_x, n, g.compute);
-    relu_backward_cuda(dt, d_x, d_dy, d_dy, n, g.compute);
-    float *gy2 = download_values(dt, d_x, n), *gdx2 = download_values(dt, d_dy, n);
-    check_rel("relu y (in place)", dt, gy2, y, n, 0);
-    check_rel("relu dx (dx == dy)", dt, gdx2, dx, n, 0);
-
-    void *host[] = {x, dy, y, dx, gy, gdx, gy2, gdx2};
-    free_all(host, COUNT(host));
-    void *dev[] = {d_x, d_y, d_dy, d_dx};
-    cuda_free_all(dev, COUNT(dev));
-}
-
 /* ---- maxpool ------------------------------------------------------------------ */
 
 static void test_maxpool(DType dt, Pool2dShape s, int ties) {
@@ -323,68 +289,6 @@ static void test_conv_with(DType dt, Conv2dShape s, const ConvAlgoPolicy *policy
 }
 
 static void test_conv(DType dt, Conv2dShape s) { test_conv_with(dt, s, &deterministic_policy); }
-
-/* ---- linear ------------------------------------------------------------------ */
-
-static void linear_forward_reference(DType dt, const LinearShape *s, const float *x,
-                                     const float *w, const float *b, float *y) {
-    size_t ny = (size_t)s->n * s->out;
-    float *zero = host_floats(s->out);
-    linear_forward_cpu(s, x, w, zero, y);
-    round_to(dt, y, ny);
-    for (size_t i = 0; i < ny; i++) y[i] += b[i % s->out];
-    round_to(dt, y, ny);
-    free(zero);
-}
-
-static void test_linear(DType dt, LinearShape s) {
-    printf("linear %s n=%d in=%d out=%d\n", dtype_name(dt), s.n, s.in, s.out);
-    size_t nx = (size_t)s.n * s.in, nw = (size_t)s.out * s.in, ny = (size_t)s.n * s.out;
-    float w_scale = 1.0f / sqrtf((float)s.in);
-    float *x = random_values(dt, nx, -1, 1), *w = random_values(dt, nw, -w_scale, w_scale);
-    float *b = random_values(dt, s.out, -1, 1), *dy = random_values(dt, ny, -1, 1);
-
-    float *y = host_floats(ny), *dx = host_floats(nx);
-    float *dw_added = host_floats(nw), *db_added = host_floats(s.out);
-    linear_forward_reference(dt, &s, x, w, b, y);
-    linear_backward_cpu(&s, x, w, dy, dx, dw_added, db_added);
-    round_to(dt, dx, nx);
-    float *dw0 = accumulator_start(dt, dw_added, nw), *db0 = accumulator_start(dt, db_added, s.out);
-    float *dw = copy_floats(dw0, nw), *db = copy_floats(db0, s.out);
-    add_into(dw, dw_added, nw);
-    add_into(db, db_added, s.out);
-    round_to(dt, dw, nw);
-    round_to(dt, db, s.out);
-
-    void *d_x = dev_values(dt, x, nx), *d_w = dev_values(dt, w, nw), *d_b = dev_values(dt, b, s.out);
-    void *d_dy = dev_values(dt, dy, ny), *d_y = dev_elements(dt, ny), *d_dx = dev_elements(dt, nx);
-    void *d_dw = dev_values(dt, dw0, nw), *d_db = dev_values(dt, db0, s.out);
-    poison(d_y, dt, ny);
-    poison(d_dx, dt, nx);
-    linear_forward_cuda(g.cublas, g.compute, &s, dt, d_x, d_w, d_b, d_y);
-    linear_backward_cuda(g.cublas, g.compute, &s, dt, d_x, d_w, d_dy, d_dx, d_dw, d_db);
-    float *gy = download_values(dt, d_y, ny), *gdx = download_values(dt, d_dx, nx);
-    float *gdw = download_values(dt, d_dw, nw), *gdb = download_values(dt, d_db, s.out);
-    double tol = tol_for(dt, 3e-3, 1.5e-2);
-    check_rel("linear y", dt, gy, y, ny, tol);
-    check_rel("linear dx", dt, gdx, dx, nx, tol);
-    check_rel("linear dw (accumulated onto random dw)", dt, gdw, dw, nw, tol);
-    check_rel("linear db (accumulated onto random db)", dt, gdb, db, s.out, tol);
-
-    /* dx == NULL: dw and db come out the same */
-    void *d_dw2 = dev_values(dt, dw0, nw), *d_db2 = dev_values(dt, db0, s.out);
-    linear_backward_cuda(g.cublas, g.compute, &s, dt, d_x, d_w, d_dy, NULL, d_dw2, d_db2);
-    float *gdw2 = download_values(dt, d_dw2, nw), *gdb2 = download_values(dt, d_db2, s.out);
-    check_rel("linear dw (dx == NULL, vs the first run)", dt, gdw2, gdw, nw, tol / 4);
-    CHECK_MSG(same_bytes(gdb, gdb2, s.out * sizeof(float)), "%s linear db is not reproducible",
-              dtype_name(dt));
-
-    void *host[] = {x, w, b, dy, y, dx, dw_added, db_added, dw0, db0, dw, db, gy, gdx, gdw, gdb,
-                    gdw2, gdb2};
-    free_all(host, COUNT(host));
-    void *dev[] = {d_x, d_w, d_b, d_dy, d_y, d_dx, d_dw, d_db, d_dw2, d_db2};
-    cuda_free_all(dev, COUNT(dev));
-}
 
 /* ---- softmax cross-entropy and accuracy ---------------------------------------- */
 
@@ -937,9 +841,6 @@ int main(void) {
         test_cast(dt, 1000);
         test_cast(dt, 5000003); /* more than one grid-stride pass */
 
-        test_relu(dt, 1000);
-        test_relu(dt, 1);
-        test_relu(dt, 5000003);
 
         test_maxpool(dt, (Pool2dShape){.n = 8, .c = 64, .h = 32, .w = 32}, 0);
         test_maxpool(dt, (Pool2dShape){.n = 3, .c = 5, .h = 6, .w = 10}, 0);
@@ -959,11 +860,6 @@ int main(void) {
         test_conv_with(dt, (Conv2dShape){.n = 8, .c = 64, .h = 16, .w = 16, .k = 128, .r = 3, .s = 3, .pad = 1, .stride = 1}, &benchmarked);
         test_conv_with(dt, (Conv2dShape){.n = 4, .c = 16, .h = 15, .w = 17, .k = 32, .r = 3, .s = 3, .pad = 1, .stride = 2}, &benchmarked);
 
-        test_linear(dt, (LinearShape){.n = 64, .in = 4096, .out = 512});
-        test_linear(dt, (LinearShape){.n = 512, .in = 512, .out = 10});
-        test_linear(dt, (LinearShape){.n = 33, .in = 100, .out = 70});
-        test_linear(dt, (LinearShape){.n = 3, .in = 7, .out = 5});
-        test_linear(dt, (LinearShape){.n = 1, .in = 1, .out = 1});
 
         test_softmax(dt, 512, 10, 0, 5.0f);
         test_softmax(dt, 100, 1000, 0, 5.0f);

@@ -347,51 +347,6 @@ static void test_conv(void) {
     for (size_t i = 0; i < sizeof bigger / sizeof *bigger; i++) test_conv_against_naive(&bigger[i]);
 }
 
-/* ---- relu ------------------------------------------------------------------ */
-
-typedef struct {
-    float *x, *y, *r;
-    size_t n;
-} ReluLoss;
-
-static double relu_loss(void *ctx) {
-    ReluLoss *l = ctx;
-    relu_forward_cpu(l->x, l->y, l->n);
-    return weighted_sum(l->y, l->r, l->n);
-}
-
-static void test_relu(void) {
-    float x[5] = {-2, -0.5f, 0, 0.5f, 3}, y[5], dy[5] = {1, 2, 3, 4, 5}, dx[5];
-    relu_forward_cpu(x, y, 5);
-    check_values("relu y", y, (double[]){0, 0, 0, 0.5, 3}, 5, 0);
-    relu_backward_cpu(y, dy, dx, 5);
-    check_values("relu dx", dx, (double[]){0, 0, 0, 4, 5}, 5, 0);
-    /* in place (the model runs ReLU in place): x == y, and dx == dy */
-    relu_forward_cpu(x, x, 5);
-    check_values("relu y in place", x, (double[]){0, 0, 0, 0.5, 3}, 5, 0);
-    relu_backward_cpu(x, dy, dy, 5);
-    check_values("relu dx in place", dy, (double[]){0, 0, 0, 4, 5}, 5, 0);
-    /* NaN passes through the forward */
-    float nan_in = NAN, nan_out = 0;
-    relu_forward_cpu(&nan_in, &nan_out, 1);
-    CHECK(isnan(nan_out));
-
-    /* finite differences, inputs kept at least 0.1 away from the kink at 0 */
-    size_t n = 300;
-    float *xr = floats(n), *yr = floats(n), *r = random_floats(n, -1, 1), *g = floats(n);
-    for (size_t i = 0; i < n; i++) {
-        float mag = test_uniform(&rng, 0.1f, 2.0f);
-        xr[i] = test_uniform(&rng, 0, 1) < 0.5f ? -mag : mag;
-    }
-    relu_forward_cpu(xr, yr, n);
-    relu_backward_cpu(yr, r, g, n);
-    ReluLoss loss = {xr, yr, r, n};
-    double *num = malloc(sizeof(double) * n);
-    numeric_gradient(xr, n, 1e-2f, relu_loss, &loss, num);
-    check_gradient("relu dx (finite differences)", g, num, n);
-    free(xr), free(yr), free(r), free(g), free(num);
-}
-
 /* ---- maxpool ------------------------------------------------------------------ */
 
 static void test_maxpool_hand(void) {
@@ -456,72 +411,6 @@ static void test_maxpool(void) {
     test_maxpool_gradients(&a);
     test_maxpool_gradients(&b);
     test_maxpool_gradients(&c);
-}
-
-/* ---- linear ------------------------------------------------------------------ */
-
-static void test_linear_hand(void) {
-    LinearShape s = {.n = 2, .in = 3, .out = 2};
-    float x[6] = {1, 2, 3, 4, 5, 6}, w[6] = {1, 0, -1, 0.5f, 0.5f, 0.5f}, b[2] = {0.1f, -0.2f};
-    float y[4];
-    linear_forward_cpu(&s, x, w, b, y);
-    /* y[n][0] = x0 - x2 + 0.1, y[n][1] = (x0 + x1 + x2) / 2 - 0.2 */
-    check_values("linear y", y, (double[]){-1.9, 2.8, -1.9, 7.3}, 4, 1e-6);
-    float dy[4] = {1, 0, 0, 2}, dx[6], dw[6] = {1, 1, 1, 1, 1, 1}, db[2] = {10, 20};
-    fill_nan(dx, 6);
-    linear_backward_cpu(&s, x, w, dy, dx, dw, db);
-    /* dx = dy w: row 0 = w[0], row 1 = 2 w[1]; dw = 1 + dy^T x; db = db0 + column sums */
-    check_values("linear dx", dx, (double[]){1, 0, -1, 1, 1, 1}, 6, 1e-6);
-    check_values("linear dw", dw, (double[]){2, 3, 4, 9, 11, 13}, 6, 1e-6);
-    check_values("linear db", db, (double[]){11, 22}, 2, 1e-6);
-    linear_backward_cpu(&s, x, w, dy, NULL, dw, db);
-    check_values("linear dw (accumulated, dx NULL)", dw, (double[]){3, 5, 7, 17, 21, 25}, 6, 1e-6);
-    check_values("linear db (accumulated, dx NULL)", db, (double[]){12, 24}, 2, 1e-6);
-}
-
-typedef struct {
-    const LinearShape *s;
-    float *x, *w, *b, *y, *r;
-} LinearLoss;
-
-static double linear_loss(void *ctx) {
-    LinearLoss *l = ctx;
-    linear_forward_cpu(l->s, l->x, l->w, l->b, l->y);
-    return weighted_sum(l->y, l->r, (size_t)l->s->n * l->s->out);
-}
-
-static void test_linear_gradients(const LinearShape *s) {
-    size_t nx = (size_t)s->n * s->in, nw = (size_t)s->out * s->in, ny = (size_t)s->n * s->out;
-    LinearLoss l = {s, random_floats(nx, -1, 1), random_floats(nw, -1, 1),
-                    random_floats(s->out, -1, 1), floats(ny), random_floats(ny, -1, 1)};
-    float *dw0 = random_floats(nw, -1, 1), *db0 = random_floats(s->out, -1, 1);
-    float *dw = copy_floats(dw0, nw), *db = copy_floats(db0, s->out), *dx = floats(nx);
-    fill_nan(dx, nx);
-    linear_backward_cpu(s, l.x, l.w, l.r, dx, dw, db);
-    for (size_t i = 0; i < nw; i++) dw[i] -= dw0[i];
-    for (int j = 0; j < s->out; j++) db[j] -= db0[j];
-    double *num = malloc(sizeof(double) * (nx > nw ? nx : nw));
-    char what[120];
-    numeric_gradient(l.x, nx, 1e-2f, linear_loss, &l, num);
-    snprintf(what, sizeof what, "linear %dx%d->%d dx", s->n, s->in, s->out);
-    check_gradient(what, dx, num, nx);
-    numeric_gradient(l.w, nw, 1e-2f, linear_loss, &l, num);
-    snprintf(what, sizeof what, "linear %dx%d->%d dw", s->n, s->in, s->out);
-    check_gradient(what, dw, num, nw);
-    numeric_gradient(l.b, s->out, 1e-2f, linear_loss, &l, num);
-    snprintf(what, sizeof what, "linear %dx%d->%d db", s->n, s->in, s->out);
-    check_gradient(what, db, num, s->out);
-    free(l.x), free(l.w), free(l.b), free(l.y), free(l.r);
-    free(dw0), free(db0), free(dw), free(db), free(dx), free(num);
-}
-
-static void test_linear(void) {
-    test_linear_hand();
-    LinearShape a = {.n = 3, .in = 5, .out = 4}, b = {.n = 7, .in = 33, .out = 10};
-    LinearShape c = {.n = 1, .in = 1, .out = 3};
-    test_linear_gradients(&a);
-    test_linear_gradients(&b);
-    test_linear_gradients(&c);
 }
 
 /* ---- softmax cross-entropy ------------------------------------------------------ */
@@ -909,9 +798,7 @@ int main(void) {
     rng = test_seed();
     test_gemm();
     test_conv();
-    test_relu();
     test_maxpool();
-    test_linear();
     test_softmax();
     test_sgd();
     test_accuracy();

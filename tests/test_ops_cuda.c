@@ -67,41 +67,6 @@ static int same_bits(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-/* ---- relu ------------------------------------------------------------------ */
-
-static void test_relu(size_t n) {
-    printf("relu n=%zu\n", n);
-    float *x = random_floats(n, -1, 1), *dy = random_floats(n, -1, 1);
-    for (size_t i = 0; i < n; i += 97) x[i] = 0.0f; /* exact zeros: the kink */
-    float *y = host_floats(n), *dx = host_floats(n);
-    relu_forward_cpu(x, y, n);
-    relu_backward_cpu(y, dy, dx, n);
-
-    float *d_x = dev_copy(x, n), *d_y = dev_floats(n), *d_dy = dev_copy(dy, n);
-    float *d_dx = dev_floats(n);
-    poison(d_y, n);
-    poison(d_dx, n);
-    relu_forward_cuda(DTYPE_F32, d_x, d_y, n, g.compute);
-    relu_backward_cuda(DTYPE_F32, d_y, d_dy, d_dx, n, g.compute);
-    float *gy = download_floats(d_y, n), *gdx = download_floats(d_dx, n);
-    /* a selection, no arithmetic: identical to the CPU */
-    check_rel("relu y", gy, y, n, 0);
-    check_rel("relu dx", gdx, dx, n, 0);
-
-    /* in place, as the model runs it: x == y, then dx == dy */
-    relu_forward_cuda(DTYPE_F32, d_x, d_x, n, g.compute);
-    relu_backward_cuda(DTYPE_F32, d_x, d_dy, d_dy, n, g.compute);
-    float *gy2 = download_floats(d_x, n), *gdx2 = download_floats(d_dy, n);
-    check_rel("relu y (in place)", gy2, y, n, 0);
-    check_rel("relu dx (dx == dy)", gdx2, dx, n, 0);
-
-    free(x), free(dy), free(y), free(dx), free(gy), free(gdx), free(gy2), free(gdx2);
-    CUDA_CHECK(cudaFree(d_x));
-    CUDA_CHECK(cudaFree(d_y));
-    CUDA_CHECK(cudaFree(d_dy));
-    CUDA_CHECK(cudaFree(d_dx));
-}
-
 /* ---- maxpool ------------------------------------------------------------------ */
 
 /* With 'ties', inputs take only the values 0, 1, 2, so most windows hold several
@@ -238,50 +203,6 @@ static void test_conv_with(Conv2dShape s, const ConvAlgoPolicy *policy) {
 }
 
 static void test_conv(Conv2dShape s) { test_conv_with(s, &strict_fp32); }
-
-/* ---- linear ------------------------------------------------------------------ */
-
-static void test_linear(LinearShape s) {
-    printf("linear n=%d in=%d out=%d\n", s.n, s.in, s.out);
-    size_t nx = (size_t)s.n * s.in, nw = (size_t)s.out * s.in, ny = (size_t)s.n * s.out;
-    float w_scale = 1.0f / sqrtf((float)s.in);
-    float *x = random_floats(nx, -1, 1), *w = random_floats(nw, -w_scale, w_scale);
-    float *b = random_floats(s.out, -1, 1), *dy = random_floats(ny, -1, 1);
-    float *dw0 = random_floats(nw, -1, 1), *db0 = random_floats(s.out, -1, 1);
-
-    float *y = host_floats(ny), *dx = host_floats(nx);
-    float *dw = copy_floats(dw0, nw), *db = copy_floats(db0, s.out);
-    linear_forward_cpu(&s, x, w, b, y);
-    linear_backward_cpu(&s, x, w, dy, dx, dw, db);
-
-    float *d_x = dev_copy(x, nx), *d_w = dev_copy(w, nw), *d_b = dev_copy(b, s.out);
-    float *d_dy = dev_copy(dy, ny), *d_y = dev_floats(ny), *d_dx = dev_floats(nx);
-    float *d_dw = dev_copy(dw0, nw), *d_db = dev_copy(db0, s.out);
-    poison(d_y, ny);
-    poison(d_dx, nx);
-    linear_forward_cuda(g.cublas, g.compute, &s, DTYPE_F32, d_x, d_w, d_b, d_y);
-    linear_backward_cuda(g.cublas, g.compute, &s, DTYPE_F32, d_x, d_w, d_dy, d_dx, d_dw, d_db);
-    float *gy = download_floats(d_y, ny), *gdx = download_floats(d_dx, nx);
-    float *gdw = download_floats(d_dw, nw), *gdb = download_floats(d_db, s.out);
-    /* full fp32 on both sides, only the summation order differs */
-    check_rel("linear y", gy, y, ny, 1e-5);
-    check_rel("linear dx", gdx, dx, nx, 1e-5);
-    check_rel("linear dw (accumulated onto random dw)", gdw, dw, nw, 1e-5);
-    check_rel("linear db (accumulated onto random db)", gdb, db, s.out, 1e-5);
-
-    /* dx == NULL: dw and db come out the same */
-    upload(d_dw, dw0, nw * sizeof(float));
-    upload(d_db, db0, s.out * sizeof(float));
-    linear_backward_cuda(g.cublas, g.compute, &s, DTYPE_F32, d_x, d_w, d_dy, NULL, d_dw, d_db);
-    float *gdw2 = download_floats(d_dw, nw), *gdb2 = download_floats(d_db, s.out);
-    check_rel("linear dw (dx == NULL)", gdw2, gdw, nw, 1e-6);
-    CHECK_MSG(same_bits(gdb, gdb2, s.out), "linear db is not reproducible");
-
-    free(x), free(w), free(b), free(dy), free(dw0), free(db0), free(y), free(dx), free(dw);
-    free(db), free(gy), free(gdx), free(gdw), free(gdb), free(gdw2), free(gdb2);
-    float *dev[] = {d_x, d_w, d_b, d_dy, d_y, d_dx, d_dw, d_db};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) CUDA_CHECK(cudaFree(dev[i]));
-}
 
 /* ---- softmax cross-entropy ------------------------------------------------------ */
 
@@ -548,10 +469,6 @@ int main(void) {
     rng = test_seed();
     gpu_context_init(&g, 0);
 
-    test_relu(1000);
-    test_relu(1);
-    test_relu(((size_t)1 << 20) + 3);
-    test_relu(5000003); /* more than one grid-stride pass */
 
     test_maxpool((Pool2dShape){.n = 8, .c = 64, .h = 32, .w = 32}, 0);
     test_maxpool((Pool2dShape){.n = 4, .c = 128, .h = 16, .w = 16}, 0);
@@ -577,11 +494,6 @@ int main(void) {
     test_conv_with((Conv2dShape){.n = 8, .c = 64, .h = 16, .w = 16, .k = 128, .r = 3, .s = 3, .pad = 1, .stride = 1}, &benchmarked);
     test_conv_with((Conv2dShape){.n = 4, .c = 16, .h = 15, .w = 17, .k = 32, .r = 3, .s = 3, .pad = 1, .stride = 2}, &benchmarked);
 
-    test_linear((LinearShape){.n = 64, .in = 4096, .out = 512});
-    test_linear((LinearShape){.n = 512, .in = 512, .out = 10});
-    test_linear((LinearShape){.n = 33, .in = 100, .out = 70});
-    test_linear((LinearShape){.n = 3, .in = 7, .out = 5});
-    test_linear((LinearShape){.n = 1, .in = 1, .out = 1});
 
     test_softmax(512, 10, 1.0f, 5.0f);
     test_softmax(100, 1000, 1.0f, 5.0f);

@@ -12,8 +12,18 @@
 
 /* The op table: one line per op, its GridOp in tests/ops/NAME.c. */
 #define GRID_OPS(X) \
-    X(relu)         \
-    X(linear)
+    X(relu) \
+    X(linear) \
+    X(maxpool) \
+    X(conv2d) \
+    X(conv_bias_grad) \
+    X(softmax_xent) \
+    X(accuracy) \
+    X(cast) \
+    X(loss_scaler) \
+    X(sgd) \
+    X(grad_norm) \
+    /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;
 GRID_OPS(GRID_DECLARE)
@@ -73,6 +83,23 @@ int32_t *grid_random_labels(const GridCase *c, int n, int classes) {
         if (labels[i] >= classes) labels[i] = classes - 1;
     }
     return labels;
+}
+
+float *grid_shuffled_distinct(uint64_t *rng, size_t n, float gap) {
+    float *p = host_floats(n);
+    for (size_t i = 0; i < n; i++) p[i] = ((float)i - (float)n / 2) * gap;
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)(test_uniform(rng, 0, 1) * i);
+        if (j >= i) j = i - 1;
+        float t = p[i - 1];
+        p[i - 1] = p[j];
+        p[j] = t;
+    }
+    return p;
+}
+
+void grid_fill_nan(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
 }
 
 static void *grid_bytes(const GridCase *c, size_t bytes) {

@@ -75,6 +75,10 @@ float *grid_random(const GridCase *c, DType dt, size_t n, float lo, float hi);
  * one that was overwritten instead is off by ~70%; rounded to dt. */
 float *grid_accumulator_start(const GridCase *c, DType dt, const float *added, size_t n);
 int32_t *grid_random_labels(const GridCase *c, int n, int classes);
+/* Distinct values 'gap' apart in random order: no ties, and no kink within a
+ * perturbation smaller than gap / 2. */
+float *grid_shuffled_distinct(uint64_t *rng, size_t n, float gap);
+void grid_fill_nan(float *x, size_t n);
 
 /* Buffers on c's device. put: n host floats stored as dt; get: n elements of
  * dt as new host floats; alloc: n elements of dt, every byte 0xff (NaN in

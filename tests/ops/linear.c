@@ -115,10 +115,6 @@ static void linear_case(const GridCase *c) {
     linear_shape(c, (LinearShape){.n = 1, .in = 1, .out = 1});
 }
 
-static void fill_nan(float *p, size_t n) {
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-}
-
 static void linear_by_hand(uint64_t *rng) {
     (void)rng;
     LinearShape s = {.n = 2, .in = 3, .out = 2};
@@ -128,7 +124,7 @@ static void linear_by_hand(uint64_t *rng) {
     /* y[n][0] = x0 - x2 + 0.1, y[n][1] = (x0 + x1 + x2) / 2 - 0.2 */
     check_values("linear y", y, (double[]){-1.9, 2.8, -1.9, 7.3}, 4, 1e-6);
     float dy[4] = {1, 0, 0, 2}, dx[6], dw[6] = {1, 1, 1, 1, 1, 1}, db[2] = {10, 20};
-    fill_nan(dx, 6);
+    grid_fill_nan(dx, 6);
     linear_backward_cpu(&s, x, w, dy, dx, dw, db);
     /* dx = dy w: row 0 = w[0], row 1 = 2 w[1]; dw = 1 + dy^T x; db = db0 + column sums */
     check_values("linear dx", dx, (double[]){1, 0, -1, 1, 1, 1}, 6, 1e-6);

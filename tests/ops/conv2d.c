@@ -1,0 +1,475 @@
+/* 2-D convolution (ops/conv2d.h) through its face, and the bias gradient
+ * (conv2d_bias_grad): y, dx, and dw and db added onto random start values,
+ * against the CPU reference. The CPU path also against the definition summed
+ * in double and by finite differences; the GPU's again with dx == NULL (the
+ * same dw and db; deterministic algorithms give the same bits). The shapes per
+ * combination are those the old tests ran on H100 and H200: SimpleNet's
+ * convolutions, other strides, pads and odd sizes; in NHWC the first layer's
+ * 3 channels padded to 8 with zeros. The ResNet cases (accumulate_dx, the
+ * ResNet shapes) are in other files. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/conv2d.h"
+#include "runtime/check.h"
+#include "runtime/gpu.h"
+#include "tests/ops/grid.h"
+
+#define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
+/* Full fp32 (no TF32) and deterministic algorithms, so GPU and CPU agree
+ * closely and runs repeat; and algorithms picked by timing them. */
+static const ConvAlgoPolicy strict_policy = {CONV_WORKSPACE_LIMIT, 0, 1, 0};
+static const ConvAlgoPolicy benchmarked_policy = {CONV_WORKSPACE_LIMIT, 0, 0, 1};
+
+static size_t conv_x_count(const Conv2dShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
+static size_t conv_w_count(const Conv2dShape *s) { return (size_t)s->k * s->c * s->r * s->s; }
+static size_t conv_y_count(const Conv2dShape *s) { return (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s); }
+
+static void conv_label(char *buf, size_t size, const Conv2dShape *s) {
+    snprintf(buf, size, "conv %dx%dx%dx%d k%d %dx%d pad %d stride %d", s->n, s->c, s->h, s->w, s->k, s->r, s->s,
+             s->pad, s->stride);
+}
+
+/* ---- the GPU against the CPU reference ----------------------------------------- */
+
+/* Whether cuDNN's heuristics call the three chosen algorithms deterministic
+ * (conv2d_cuda_init prefers those, but may fall back to others). */
+static int conv_algos_deterministic(const GridCase *c, const Conv2dCuda *cc) {
+    int deterministic = 1;
+#if TRAINC_CUDA
+    int count = 0, found = 0;
+    cudnnHandle_t h = c->ctx.cudnn;
+    cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, cc->x_desc, cc->w_desc, cc->conv_desc, cc->y_desc,
+                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, fwd));
+    for (int i = 0; i < count; i++)
+        if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd[i].algo == cc->fwd_algo && !found++)
+            deterministic &= fwd[i].determinism == CUDNN_DETERMINISTIC;
+    cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, cc->w_desc, cc->y_desc, cc->conv_desc, cc->x_desc,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, data));
+    found = 0;
+    for (int i = 0; i < count; i++)
+        if (data[i].status == CUDNN_STATUS_SUCCESS && data[i].algo == cc->bwd_data_algo && !found++)
+            deterministic &= data[i].determinism == CUDNN_DETERMINISTIC;
+    cudnnConvolutionBwdFilterAlgoPerf_t filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, cc->x_desc, cc->y_desc, cc->conv_desc, cc->w_desc,
+                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count,
+                                                              filter));
+    found = 0;
+    for (int i = 0; i < count; i++)
+        if (filter[i].status == CUDNN_STATUS_SUCCESS && filter[i].algo == cc->bwd_filter_algo && !found++)
+            deterministic &= filter[i].determinism == CUDNN_DETERMINISTIC;
+#else
+    (void)c, (void)cc;
+#endif
+    return deterministic;
+}
+
+/* y as the device forms it: the convolution stored in dt, then the bias added
+ * and stored again (for f32 both roundings are the identity). */
+static void conv_forward_reference(DType dt, const Conv2dShape *s, const float *x, const float *w, const float *b,
+                                   float *y) {
+    size_t ny = conv_y_count(s), plane = ny / ((size_t)s->n * s->k);
+    float *zero = host_floats(s->k);
+    conv2d_forward_cpu(s, x, w, zero, y);
+    round_to(dt, y, ny);
+    for (size_t i = 0; i < ny; i++) y[i] += b[(i / plane) % s->k];
+    round_to(dt, y, ny);
+    free(zero);
+}
+
+/* The reference's results and the start values of the accumulators, NCHW. */
+typedef struct {
+    float *x, *w, *b, *dy, *dw0, *db0; /* inputs */
+    float *y, *dx, *dw, *db;           /* what the op must give */
+} ConvValues;
+
+/* The input's channels from real_c on are zero, as the first layer's padded
+ * input is. */
+static ConvValues conv_values(const GridCase *c, const Conv2dShape *s, int real_c) {
+    DType dt = c->dtype;
+    size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s), plane = (size_t)s->h * s->w;
+    float w_scale = 1.0f / sqrtf((float)(real_c * s->r * s->s));
+    ConvValues v;
+    v.x = grid_random(c, dt, nx, -1, 1), v.w = grid_random(c, dt, nw, -w_scale, w_scale);
+    v.b = grid_random(c, dt, s->k, -1, 1), v.dy = grid_random(c, dt, ny, -1, 1);
+    for (int i = 0; i < s->n; i++)
+        memset(v.x + ((size_t)i * s->c + real_c) * plane, 0, (s->c - real_c) * plane * sizeof(float));
+    v.y = host_floats(ny), v.dx = host_floats(nx);
+    float *dw_added = host_floats(nw), *db_added = host_floats(s->k);
+    conv_forward_reference(dt, s, v.x, v.w, v.b, v.y);
+    conv2d_backward_cpu(s, v.x, v.w, v.dy, v.dx, dw_added, db_added);
+    round_to(dt, v.dx, nx);
+    v.dw0 = grid_accumulator_start(c, dt, dw_added, nw), v.db0 = grid_accumulator_start(c, dt, db_added, s->k);
+    v.dw = copy_floats(v.dw0, nw), v.db = copy_floats(v.db0, s->k);
+    for (size_t i = 0; i < nw; i++) v.dw[i] += dw_added[i];
+    for (int i = 0; i < s->k; i++) v.db[i] += db_added[i];
+    round_to(dt, v.dw, nw);
+    round_to(dt, v.db, s->k);
+    free(dw_added), free(db_added);
+    return v;
+}
+
+static void conv_values_free(ConvValues *v) {
+    void *host[] = {v->x, v->w, v->b, v->dy, v->dw0, v->db0, v->y, v->dx, v->dw, v->db};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+/* Device results, back in NCHW. */
+typedef struct {
+    float *y, *dx, *dw, *db;
+} ConvResults;
+
+/* One forward and backward on the device from v's inputs; dx NULL skips it. */
+static ConvResults conv_run(const GridCase *c, const OpContext *ctx, const Conv2d *conv, const ConvValues *v,
+                            int want_dx) {
+    const Conv2dShape *s = &conv->shape;
+    DType dt = c->dtype;
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
+    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, s->c, s->r, s->s);
+    float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *dw0l = grid_to_layout(c, v->dw0, s->k, s->c, s->r, s->s);
+    void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_b = grid_put(c, dt, v->b, s->k);
+    void *d_dy = grid_put(c, dt, dyl, ny), *d_y = grid_alloc(c, dt, ny), *d_dx = want_dx ? grid_alloc(c, dt, nx) : NULL;
+    void *d_dw = grid_put(c, dt, dw0l, nw), *d_db = grid_put(c, dt, v->db0, s->k);
+    conv2d_forward(ctx, conv, d_x, d_w, d_b, d_y);
+    conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, d_db, 0);
+    ConvResults r;
+    float *t = grid_get(c, dt, d_y, ny);
+    r.y = grid_from_layout(c, t, s->n, s->k, oh, ow);
+    free(t);
+    r.dx = NULL;
+    if (want_dx) {
+        t = grid_get(c, dt, d_dx, nx);
+        r.dx = grid_from_layout(c, t, s->n, s->c, s->h, s->w);
+        free(t);
+    }
+    t = grid_get(c, dt, d_dw, nw);
+    r.dw = grid_from_layout(c, t, s->k, s->c, s->r, s->s);
+    free(t);
+    r.db = grid_get(c, dt, d_db, s->k);
+    void *dev[] = {d_x, d_w, d_b, d_dy, d_y, d_dx, d_dw, d_db};
+    grid_free_all(c, dev, GRID_COUNT(dev));
+    void *host[] = {xl, wl, dyl, dw0l};
+    host_free_all(host, GRID_COUNT(host));
+    return r;
+}
+
+static void conv_results_free(ConvResults *r) {
+    void *host[] = {r->y, r->dx, r->dw, r->db};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const ConvAlgoPolicy *policy) {
+    DType dt = c->dtype;
+    size_t nw = conv_w_count(&s), ny = conv_y_count(&s), nx = conv_x_count(&s);
+    int rs = s.r * s.s;
+    ConvValues v = conv_values(c, &s, real_c);
+    OpContext ctx = c->ctx;
+    Conv2d conv;
+    conv2d_init(&ctx, &conv, &s, policy);
+    CHECK(conv.cuda.dtype == dt && conv.cuda.nhwc == c->nhwc);
+    int deterministic = conv_algos_deterministic(c, &conv.cuda);
+    size_t ws = conv2d_workspace_bytes(&ctx, &conv);
+    printf(" %dx%dx%dx%d (%d real) -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d bwd-filter %d (%s), "
+           "workspace %zu bytes%s\n", s.n, s.c, s.h, s.w, real_c, s.k, s.r, s.s, s.pad, s.stride,
+           (int)conv.cuda.fwd_algo, (int)conv.cuda.bwd_data_algo, (int)conv.cuda.bwd_filter_algo,
+           deterministic ? "deterministic" : "NOT all deterministic", ws, policy->benchmark ? " (benchmarked)" : "");
+    CHECK(ws <= CONV_WORKSPACE_LIMIT);
+    /* the bias gradient's partial sums live in the workspace (every case but f32 NCHW) */
+    if (c->nhwc) CHECK(ws >= conv2d_bias_grad_bytes(&ctx, &conv));
+    ctx.workspace = ws ? dev_bytes(ws) : NULL;
+
+    ConvResults r = conv_run(c, &ctx, &conv, &v, 1);
+    double bound = grid_bound(c, GRID_CONV);
+    grid_check(c, "conv y", r.y, v.y, ny, bound);
+    grid_check(c, "conv dx", r.dx, v.dx, nx, bound);
+    grid_check(c, "conv dw (accumulated onto random dw)", r.dw, v.dw, nw, bound);
+    grid_check(c, "conv db (accumulated onto random db)", r.db, v.db, s.k, bound);
+    size_t padded_moved = 0; /* zero input channels: their weight gradient is exactly zero */
+    for (int k = 0; k < s.k; k++)
+        for (int ch = real_c; ch < s.c; ch++)
+            for (int i = 0; i < rs; i++) {
+                size_t at = ((size_t)k * s.c + ch) * rs + i;
+                padded_moved += memcmp(&r.dw[at], &v.dw0[at], sizeof(float)) != 0;
+            }
+    CHECK_MSG(padded_moved == 0, "%s conv: %zu weight gradients of zero input channels moved", c->name, padded_moved);
+
+    /* again with dx == NULL: the same dw; db from our own fixed-order kernel
+     * the same bits (f32 NCHW keeps cuDNN's bias gradient: close) */
+    ConvResults again = conv_run(c, &ctx, &conv, &v, 0);
+    int f32_nchw = dt == DTYPE_F32 && !c->nhwc;
+    if (f32_nchw && deterministic) {
+        grid_check_same(c, "conv y (second run)", again.y, r.y, ny * sizeof(float));
+        grid_check_same(c, "conv dw (second run, dx == NULL)", again.dw, r.dw, nw * sizeof(float));
+    } else if (f32_nchw) {
+        grid_check(c, "conv y (second run)", again.y, r.y, ny, 1e-5);
+        grid_check(c, "conv dw (second run, dx == NULL)", again.dw, r.dw, nw, 1e-5);
+    } else {
+        grid_check(c, "conv dw (dx == NULL, vs the first run)", again.dw, r.dw, nw, bound / 4);
+    }
+    if (f32_nchw) grid_check(c, "conv db (second run, dx == NULL)", again.db, r.db, s.k, 1e-6);
+    else grid_check_same(c, "conv db (dx == NULL, vs the first run)", again.db, r.db, s.k * sizeof(float));
+
+    conv_results_free(&r);
+    conv_results_free(&again);
+    conv_values_free(&v);
+    grid_free(c, ctx.workspace);
+    conv2d_destroy(&ctx, &conv);
+}
+
+#define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
+    ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})
+
+static void conv_gpu_case(const GridCase *c) {
+    const ConvAlgoPolicy *strict = &strict_policy;
+    if (c->nhwc) {
+        /* SimpleNet's convolutions, the first on 3 channels padded to 8, and a stride 2 */
+        conv_gpu_shape(c, CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 3, strict);
+        conv_gpu_shape(c, CONV(2, 8, 224, 224, 64, 3, 3, 1, 1), 3, strict);
+        conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, strict);
+        conv_gpu_shape(c, CONV(8, 128, 8, 8, 256, 3, 3, 1, 1), 128, strict);
+        conv_gpu_shape(c, CONV(4, 16, 15, 17, 32, 3, 3, 1, 2), 16, strict);
+        return;
+    }
+    /* SimpleNet's three convolutions at 32x32, then other strides, pads and sizes */
+    conv_gpu_shape(c, CONV(8, 3, 32, 32, 64, 3, 3, 1, 1), 3, strict);
+    conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, strict);
+    conv_gpu_shape(c, CONV(8, 128, 8, 8, 256, 3, 3, 1, 1), 128, strict);
+    conv_gpu_shape(c, CONV(4, 16, 15, 17, 32, 3, 3, 1, 2), 16, strict);
+    conv_gpu_shape(c, CONV(4, 8, 9, 12, 16, 3, 3, 0, 2), 8, strict);
+    conv_gpu_shape(c, CONV(3, 32, 14, 10, 24, 1, 1, 0, 1), 32, strict);
+    if (c->dtype == DTYPE_F32) {
+        conv_gpu_shape(c, CONV(2, 4, 11, 7, 6, 5, 3, 2, 1), 4, strict);
+        conv_gpu_shape(c, CONV(2, 3, 224, 224, 64, 3, 3, 1, 1), 3, strict);
+        conv_gpu_shape(c, CONV(2, 3, 224, 224, 64, 7, 7, 3, 2), 3, strict);
+    } else {
+        conv_gpu_shape(c, CONV(2, 3, 11, 7, 5, 5, 3, 2, 1), 3, strict);
+        conv_gpu_shape(c, CONV(2, 3, 64, 64, 64, 7, 7, 3, 2), 3, strict);
+    }
+    /* algorithms picked by timing them (cudnnFind), any determinism, no TF32 */
+    conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, &benchmarked_policy);
+    conv_gpu_shape(c, CONV(4, 16, 15, 17, 32, 3, 3, 1, 2), 16, &benchmarked_policy);
+}
+
+/* ---- the CPU: against the definition in double, and finite differences ----------- */
+
+static void naive_conv_forward(const Conv2dShape *s, const float *x, const float *w, const float *b, double *y) {
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    for (int n = 0; n < s->n; n++)
+        for (int k = 0; k < s->k; k++)
+            for (int p = 0; p < oh; p++)
+                for (int q = 0; q < ow; q++) {
+                    double sum = b[k];
+                    for (int c = 0; c < s->c; c++)
+                        for (int r = 0; r < s->r; r++)
+                            for (int t = 0; t < s->s; t++) {
+                                int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
+                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
+                                sum += (double)x[(((size_t)n * s->c + c) * s->h + ih) * s->w + iw] *
+                                       w[(((size_t)k * s->c + c) * s->r + r) * s->s + t];
+                            }
+                    y[(((size_t)n * s->k + k) * oh + p) * ow + q] = sum;
+                }
+}
+
+static void naive_conv_backward(const Conv2dShape *s, const float *x, const float *w, const float *dy, double *dx,
+                                double *dw, double *db) {
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    memset(dx, 0, sizeof(double) * conv_x_count(s));
+    memset(dw, 0, sizeof(double) * conv_w_count(s));
+    memset(db, 0, sizeof(double) * s->k);
+    for (int n = 0; n < s->n; n++)
+        for (int k = 0; k < s->k; k++)
+            for (int p = 0; p < oh; p++)
+                for (int q = 0; q < ow; q++) {
+                    double g = dy[(((size_t)n * s->k + k) * oh + p) * ow + q];
+                    db[k] += g;
+                    for (int c = 0; c < s->c; c++)
+                        for (int r = 0; r < s->r; r++)
+                            for (int t = 0; t < s->s; t++) {
+                                int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
+                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
+                                size_t xi = (((size_t)n * s->c + c) * s->h + ih) * s->w + iw;
+                                size_t wi = (((size_t)k * s->c + c) * s->r + r) * s->s + t;
+                                dx[xi] += g * w[wi];
+                                dw[wi] += g * x[xi];
+                            }
+                }
+}
+
+/* Relative L2 against a double reference (NaN fails). */
+static void check_close(const GridCase *c, const char *what, const float *got, const double *want, size_t n) {
+    float *w = host_floats(n);
+    for (size_t i = 0; i < n; i++) w[i] = (float)want[i];
+    grid_check(c, what, got, w, n, 1e-5);
+    free(w);
+}
+
+/* The face on the CPU against the definition in double: dw and db added onto
+ * random start values, dx overwritten. */
+static void conv_cpu_against_naive(const GridCase *c, const Conv2dShape *s) {
+    char label[120], what[200];
+    conv_label(label, sizeof label, s);
+    size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
+    float *x = grid_random(c, DTYPE_F32, nx, -1, 1), *w = grid_random(c, DTYPE_F32, nw, -0.5f, 0.5f);
+    float *b = grid_random(c, DTYPE_F32, s->k, -1, 1), *dy = grid_random(c, DTYPE_F32, ny, -1, 1);
+    float *y = host_floats(ny), *dx = host_floats(nx);
+    float *dw0 = grid_random(c, DTYPE_F32, nw, -1, 1), *db0 = grid_random(c, DTYPE_F32, s->k, -1, 1);
+    float *dw = copy_floats(dw0, nw), *db = copy_floats(db0, s->k);
+    double *want_y = malloc(sizeof(double) * ny), *want_dx = malloc(sizeof(double) * nx);
+    double *want_dw = malloc(sizeof(double) * nw), *want_db = malloc(sizeof(double) * s->k);
+    Conv2d conv;
+    conv2d_init(&c->ctx, &conv, s, &strict_policy);
+    grid_fill_nan(y, ny);
+    conv2d_forward(&c->ctx, &conv, x, w, b, y);
+    naive_conv_forward(s, x, w, b, want_y);
+    snprintf(what, sizeof what, "%s: y", label);
+    check_close(c, what, y, want_y, ny);
+    grid_fill_nan(dx, nx);
+    conv2d_backward(&c->ctx, &conv, x, w, dy, dx, dw, db, 0);
+    naive_conv_backward(s, x, w, dy, want_dx, want_dw, want_db);
+    for (size_t i = 0; i < nw; i++) want_dw[i] += dw0[i];
+    for (int k = 0; k < s->k; k++) want_db[k] += db0[k];
+    snprintf(what, sizeof what, "%s: dx", label);
+    check_close(c, what, dx, want_dx, nx);
+    snprintf(what, sizeof what, "%s: dw", label);
+    check_close(c, what, dw, want_dw, nw);
+    snprintf(what, sizeof what, "%s: db", label);
+    check_close(c, what, db, want_db, s->k);
+    conv2d_destroy(&c->ctx, &conv);
+    void *host[] = {x, w, b, dy, y, dx, dw0, db0, dw, db, want_y, want_dx, want_dw, want_db};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+typedef struct {
+    const Conv2dShape *s;
+    float *x, *w, *b, *y, *r;
+} ConvLoss;
+
+static double conv_loss(void *p) {
+    ConvLoss *l = p;
+    conv2d_forward_cpu(l->s, l->x, l->w, l->b, l->y);
+    return weighted_sum(l->y, l->r, conv_y_count(l->s));
+}
+
+static void conv_cpu_finite_differences(const GridCase *c, const Conv2dShape *s) {
+    char label[120], what[200];
+    conv_label(label, sizeof label, s);
+    size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
+    ConvLoss l = {s, grid_random(c, DTYPE_F32, nx, -1, 1), grid_random(c, DTYPE_F32, nw, -1, 1),
+                  grid_random(c, DTYPE_F32, s->k, -1, 1), host_floats(ny), grid_random(c, DTYPE_F32, ny, -1, 1)};
+    /* prefilled dw, db: backward must add to them; dx is overwritten */
+    float *dw0 = grid_random(c, DTYPE_F32, nw, -1, 1), *db0 = grid_random(c, DTYPE_F32, s->k, -1, 1);
+    float *dw = copy_floats(dw0, nw), *db = copy_floats(db0, s->k), *dx = host_floats(nx);
+    Conv2d conv;
+    conv2d_init(&c->ctx, &conv, s, &strict_policy);
+    grid_fill_nan(dx, nx);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, dx, dw, db, 0);
+    for (size_t i = 0; i < nw; i++) dw[i] -= dw0[i];
+    for (int k = 0; k < s->k; k++) db[k] -= db0[k];
+    double *num = malloc(sizeof(double) * (nx > nw ? nx : nw));
+    numeric_gradient(l.x, nx, 1e-2f, conv_loss, &l, num);
+    snprintf(what, sizeof what, "%s: dx", label);
+    check_gradient(what, dx, num, nx);
+    numeric_gradient(l.w, nw, 1e-2f, conv_loss, &l, num);
+    snprintf(what, sizeof what, "%s: dw", label);
+    check_gradient(what, dw, num, nw);
+    numeric_gradient(l.b, s->k, 1e-2f, conv_loss, &l, num);
+    snprintf(what, sizeof what, "%s: db", label);
+    check_gradient(what, db, num, s->k);
+
+    /* dx == NULL: the same dw and db, bit for bit */
+    float *dw2 = copy_floats(dw0, nw), *db2 = copy_floats(db0, s->k);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, NULL, dw2, db2, 0);
+    for (size_t i = 0; i < nw; i++) dw2[i] -= dw0[i];
+    for (int k = 0; k < s->k; k++) db2[k] -= db0[k];
+    snprintf(what, sizeof what, "%s: dw, db with dx == NULL", label);
+    CHECK_MSG(!memcmp(dw, dw2, nw * sizeof(float)) && !memcmp(db, db2, s->k * sizeof(float)), "%s change", what);
+    conv2d_destroy(&c->ctx, &conv);
+    void *host[] = {l.x, l.w, l.b, l.y, l.r, dw0, db0, dw, db, dx, num, dw2, db2};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+static void conv_cpu_case(const GridCase *c) {
+    const Conv2dShape shapes[] = {
+        CONV(2, 3, 5, 7, 4, 3, 3, 1, 1), CONV(1, 2, 6, 9, 3, 3, 3, 0, 2), CONV(2, 2, 7, 6, 2, 3, 2, 1, 2),
+        CONV(2, 3, 8, 6, 5, 3, 3, 1, 2), CONV(2, 4, 3, 5, 3, 1, 1, 0, 1), CONV(1, 1, 4, 4, 2, 5, 5, 2, 1),
+        CONV(1, 2, 5, 4, 2, 2, 3, 2, 3),
+        /* the padding is wider than the image: whole kernel rows read only zeros */
+        CONV(2, 2, 1, 1, 3, 5, 5, 2, 1), CONV(1, 1, 2, 1, 2, 5, 5, 3, 2),
+    };
+    for (size_t i = 0; i < GRID_COUNT(shapes); i++) {
+        conv_cpu_finite_differences(c, &shapes[i]);
+        conv_cpu_against_naive(c, &shapes[i]);
+    }
+    const Conv2dShape bigger[] = {
+        CONV(3, 8, 12, 10, 6, 3, 3, 1, 1), CONV(2, 16, 16, 16, 32, 3, 3, 1, 1), CONV(2, 3, 17, 23, 8, 7, 7, 3, 2),
+        CONV(2, 5, 9, 11, 4, 3, 3, 0, 2),
+    };
+    for (size_t i = 0; i < GRID_COUNT(bigger); i++) conv_cpu_against_naive(c, &bigger[i]);
+}
+
+static void conv_case(const GridCase *c) {
+    if (c->device == DEVICE_CPU) conv_cpu_case(c);
+    else conv_gpu_case(c);
+}
+
+/* ---- by hand -------------------------------------------------------------------- */
+
+static void conv_forward_by_hand(void) {
+    /* one 3x3 plane 1..9, one 2x2 kernel [1 2; 3 4], bias 0.5 */
+    float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w[4] = {1, 2, 3, 4}, b[1] = {0.5f}, y[4];
+    Conv2dShape s = CONV(1, 1, 3, 3, 1, 2, 2, 0, 1);
+    CHECK(conv2d_out_h(&s) == 2 && conv2d_out_w(&s) == 2);
+    conv2d_forward_cpu(&s, x, w, b, y);
+    /* y[0][0] = 1*1 + 2*2 + 4*3 + 5*4 = 37, and so on */
+    check_values("conv y (pad 0, stride 1)", y, (double[]){37.5, 47.5, 67.5, 77.5}, 4, 1e-6);
+    /* pad 1, stride 2: out 2x2 reading rows/cols {-1, 0} and {1, 2} */
+    s.pad = 1, s.stride = 2;
+    CHECK(conv2d_out_h(&s) == 2 && conv2d_out_w(&s) == 2);
+    conv2d_forward_cpu(&s, x, w, b, y);
+    /* (0,0): x00*w11 = 4; (0,1): x01*w10 + x02*w11 = 6 + 12;
+     * (1,0): x10*w01 + x20*w11 = 8 + 28; (1,1): 5 + 12 + 24 + 36 */
+    check_values("conv y (pad 1, stride 2)", y, (double[]){4.5, 18.5, 36.5, 77.5}, 4, 1e-6);
+    /* two input channels, two output channels, 1x1 kernel, non-square 1x3 image:
+     * y[k] = w[k][0] * x[0] + w[k][1] * x[1] + b[k] */
+    Conv2dShape s2 = CONV(1, 2, 1, 3, 2, 1, 1, 0, 1);
+    float x2[6] = {1, 2, 3, 10, 20, 30}, w2[4] = {1, -1, 0.5f, 2}, b2[2] = {0, 1}, y2[6];
+    conv2d_forward_cpu(&s2, x2, w2, b2, y2);
+    check_values("conv y (2->2 channels)", y2, (double[]){-9, -18, -27, 21.5, 42, 62.5}, 6, 1e-6);
+}
+
+static void conv_backward_by_hand(void) {
+    float x[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, w[4] = {1, 2, 3, 4}, dy[4] = {1, 1, 1, 1};
+    float dx[9], dw[4] = {0}, db[1] = {0};
+    Conv2dShape s = CONV(1, 1, 3, 3, 1, 2, 2, 0, 1);
+    grid_fill_nan(dx, 9);
+    conv2d_backward_cpu(&s, x, w, dy, dx, dw, db);
+    /* dw[r][s] = sum of the 2x2 block of x at (r, s); dx counts kernel taps */
+    check_values("conv dw (hand)", dw, (double[]){12, 16, 24, 28}, 4, 1e-6);
+    check_values("conv db (hand)", db, (double[]){4}, 1, 1e-6);
+    check_values("conv dx (hand)", dx, (double[]){1, 3, 2, 4, 10, 6, 3, 7, 4}, 9, 1e-6);
+    /* accumulates: a second call doubles dw and db; dx may be NULL */
+    conv2d_backward_cpu(&s, x, w, dy, NULL, dw, db);
+    check_values("conv dw (accumulated)", dw, (double[]){24, 32, 48, 56}, 4, 1e-6);
+    check_values("conv db (accumulated)", db, (double[]){8}, 1, 1e-6);
+}
+
+static void conv_by_hand(uint64_t *rng) {
+    (void)rng;
+    conv_forward_by_hand();
+    conv_backward_by_hand();
+}
+
+const GridOp grid_op_conv2d = {
+    .name = "conv2d",
+    .run = conv_case,
+    .extras = conv_by_hand,
+    .cuda_types = GRID_ALL_TYPES,
+    .cuda_layouts = GRID_BOTH_LAYOUTS,
+    .cpu_layouts = GRID_NCHW,
+    .skipped = "cpu nhwc (the CPU path is NCHW); accumulate_dx and ResNet's shapes are the ResNet tests'",
+};

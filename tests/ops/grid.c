@@ -23,6 +23,10 @@
     X(loss_scaler) \
     X(sgd) \
     X(grad_norm) \
+    X(bias_relu) \
+    X(bias_relu_pool) \
+    X(gemm) \
+    X(train_step) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;
@@ -144,11 +148,13 @@ float *grid_get(const GridCase *c, DType dt, const void *buf, size_t n) {
 
 void grid_poison(const GridCase *c, DType dt, void *buf, size_t n) { op_fill(&c->ctx, buf, 0xff, n * dtype_size(dt)); }
 
-void *grid_alloc(const GridCase *c, DType dt, size_t n) {
-    void *p = grid_bytes(c, n * dtype_size(dt));
-    grid_poison(c, dt, p, n);
+void *grid_alloc_bytes(const GridCase *c, size_t bytes) {
+    void *p = grid_bytes(c, bytes);
+    op_fill(&c->ctx, p, 0xff, bytes);
     return p;
 }
+
+void *grid_alloc(const GridCase *c, DType dt, size_t n) { return grid_alloc_bytes(c, n * dtype_size(dt)); }
 
 void grid_free(const GridCase *c, void *buf) {
     if (!buf) return;

@@ -87,6 +87,7 @@ void *grid_put(const GridCase *c, DType dt, const float *host, size_t n);
 float *grid_get(const GridCase *c, DType dt, const void *buf, size_t n);
 void grid_set(const GridCase *c, DType dt, void *buf, const float *host, size_t n);
 void *grid_alloc(const GridCase *c, DType dt, size_t n);
+void *grid_alloc_bytes(const GridCase *c, size_t bytes);
 void grid_poison(const GridCase *c, DType dt, void *buf, size_t n);
 void *grid_put_bytes(const GridCase *c, const void *host, size_t bytes);
 void *grid_get_bytes(const GridCase *c, const void *buf, size_t bytes);

@@ -40,6 +40,7 @@ static const GridOp *const grid_ops[] = {GRID_OPS(GRID_ENTRY)};
  * arithmetic. f16 has an 11-bit significand (a rounding is off by at most
  * 4.9e-4), bf16 an 8-bit one (3.9e-3); a wrong layout, a lost bias or an
  * overwritten accumulator is off by tens of percent. */
+/* A selection or a copy (ReLU, max-pool, bias + ReLU, casts): the same values. */
 const GridBound GRID_EXACT = {0, 0, 0};
 /* fp32: only the summation order differs; halves: one or two roundings of a
  * result accumulated in fp32. */
@@ -49,8 +50,9 @@ const GridBound GRID_CONV = {1e-4, 5e-3, 2e-2};
 /* dlogits rounded from a float that differs from the reference's in its last bits. */
 const GridBound GRID_SOFTMAX = {1e-5, 1e-3, 5e-3};
 const GridBound GRID_BIAS_GRAD = {1e-5, 1e-3, 8e-3};
-/* The master weights are fp32 whatever the gradients' type. */
-const GridBound GRID_STEP = {1e-6, 1e-6, 1e-6};
+/* An optimizer step keeps fp32 master weights whatever the gradients' type:
+ * sgd.c bounds them as fp32 (1e-6, the momentum 1e-5: fused multiply-adds, a
+ * rounding apart per step). */
 
 double grid_bound(const GridCase *c, GridBound b) {
     return c->dtype == DTYPE_F16 ? b.f16 : c->dtype == DTYPE_BF16 ? b.bf16 : b.f32;

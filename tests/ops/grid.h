@@ -59,7 +59,6 @@ extern const GridBound GRID_GEMM;      /* cuBLAS products, fp32 accumulation in 
 extern const GridBound GRID_CONV;      /* cuDNN, which may pick FFT or Winograd */
 extern const GridBound GRID_SOFTMAX;   /* softmax in fp32, rounded once */
 extern const GridBound GRID_BIAS_GRAD; /* channel sums in fp32, fixed order */
-extern const GridBound GRID_STEP;      /* an optimizer step: fused multiply-adds, a rounding a step */
 /* The bound for c's dtype (the CPU's is f32: an accumulator's start value
  * added in another order is a rounding apart). */
 double grid_bound(const GridCase *c, GridBound b);

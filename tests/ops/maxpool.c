@@ -79,9 +79,9 @@ static void maxpool_shape(const GridCase *c, Pool2dShape s, int ties) {
     maxpool_backward(&c->ctx, &p, d_x, d_y, d_dy, d_dx);
     float *gyl = grid_get(c, dt, d_y, ny), *gdxl = grid_get(c, dt, d_dx, nx);
     float *gy = grid_from_layout(c, gyl, s.n, s.c, oh, ow), *gdx = grid_from_layout(c, gdxl, s.n, s.c, s.h, s.w);
-    grid_check(c, ties ? "maxpool y (ties)" : "maxpool y", gy, y, ny, 0);
+    grid_check(c, ties ? "maxpool y (ties)" : "maxpool y", gy, y, ny, grid_bound(c, GRID_EXACT));
     grid_check(c, ties ? "maxpool dx (ties: first maximum)" : "maxpool dx", gdx, dx, nx,
-               s.pad ? grid_bound(c, overlap_bound) : 0);
+               grid_bound(c, s.pad ? overlap_bound : GRID_EXACT));
 
     maxpool_destroy(&c->ctx, &p);
     void *dev[] = {d_x, d_y, d_dy, d_dx};

@@ -54,15 +54,15 @@ static void relu_size(const GridCase *c, size_t n) {
     relu_forward(&c->ctx, d_x, d_y, n);
     relu_backward(&c->ctx, d_y, d_dy, d_dx, n);
     float *gy = grid_get(c, c->dtype, d_y, n), *gdx = grid_get(c, c->dtype, d_dx, n);
-    grid_check(c, "relu y", gy, y, n, 0);
-    grid_check(c, "relu dx", gdx, dx, n, 0);
+    grid_check(c, "relu y", gy, y, n, grid_bound(c, GRID_EXACT));
+    grid_check(c, "relu dx", gdx, dx, n, grid_bound(c, GRID_EXACT));
 
     /* in place, as the model runs it: x == y, then dx == dy */
     relu_forward(&c->ctx, d_x, d_x, n);
     relu_backward(&c->ctx, d_x, d_dy, d_dy, n);
     float *gy2 = grid_get(c, c->dtype, d_x, n), *gdx2 = grid_get(c, c->dtype, d_dy, n);
-    grid_check(c, "relu y (in place)", gy2, y, n, 0);
-    grid_check(c, "relu dx (dx == dy)", gdx2, dx, n, 0);
+    grid_check(c, "relu y (in place)", gy2, y, n, grid_bound(c, GRID_EXACT));
+    grid_check(c, "relu dx (dx == dy)", gdx2, dx, n, grid_bound(c, GRID_EXACT));
 
     void *dev[] = {d_x, d_y, d_dy, d_dx};
     grid_free_all(c, dev, GRID_COUNT(dev));

@@ -18,7 +18,7 @@
 #              simplenet-224-fp32  configs/model.ini (fp32, no graph)      (no PyTorch run)
 #              resnet50-224        ResNet-50, ImageNet stem, synthetic     (torch_resnet.py --mode step)
 #              ddp                 configs/ddp.ini (SimpleNet-224)         (torch_ddp.py)
-#            default "simplenet-32 simplenet-224 resnet18-32": the issue's step-alone figures.
+#            default: the first four (the step-alone figures compared before and after a change).
 #            With NP > 1 every run is under mpirun and the PyTorch side is tools/torch_ddp.py.
 #   resnet   step with CASES="resnet18-32 resnet50-224" (COMPILE default max-autotune), then
 #            acc with CONFIG=configs/resnet18.ini: issue 6's ResNet comparison
@@ -56,8 +56,10 @@
 #   DRY_RUN=1     check the arguments and stop
 #   OUT, LOGS, BUILD_LIMIT: see prepare.sh. Every run's summary line goes to $OUT/bench.jsonl
 #   with its tag, its log to $LOGS/<tag>.log; a table of all runs ends the output.
-# Several benchmarks at once on a multi-GPU host: one bench.sh per GPU in the background, each
-# with CUDA_VISIBLE_DEVICES=k and its own OUT and LOGS.
+# A device call may run 10 minutes: give one call a few benchmarks (e.g. step, then lab);
+# the next call on the same warm machine reuses the builds. Several at once on a multi-GPU
+# host: after one build (bash tools/device/prepare.sh), one bench.sh per GPU in the background,
+# each with NO_BUILD=1, CUDA_VISIBLE_DEVICES=k and its own OUT and LOGS.
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 
 ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 ddp"
@@ -234,7 +236,7 @@ case_def() {
     T1="$ref --image-size 224 --batch 256 --epochs 8 --warmup-steps 20 --max-steps 80"
     TN="--model simplenet --image-size 224 --batch 256 --tf32 $ddp" ;;
   resnet18-32)
-    ARGS="--config configs/resnet18.ini --set train.batch=512"; W=50 S=300
+    ARGS="--config configs/resnet18.ini --set train.batch=512"; W=50 S=600
     T1="$res --model resnet18 --image-size 32 --batch 512 --warmup-steps 50 --steps 300"
     TN="--model resnet18 --image-size 32 --batch 512 --lr 0.2 --weight-decay 5e-4 --nesterov $ddp" ;;
   simplenet-224-fp32)
@@ -253,7 +255,7 @@ case_def() {
 }
 
 bench_step() {
-  local cases=${1:-${CASES:-simplenet-32 simplenet-224 resnet18-32}} c sets tag round who bin extra mode
+  local cases=${1:-${CASES:-simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32}} c sets tag round who bin extra mode
   local R="--quiet --set data.resident=on --set run.eval=off --set run.epochs=1000"
   echo "== step alone on $NP GPU(s): $cases${SWEEP:+ (SWEEP $SWEEP)}"
   for round in $(seq 1 "$ROUNDS"); do
@@ -427,7 +429,7 @@ bench_phases() {
   echo "== phases of one epoch of $cfg"
   for who in $TRAINCS; do
     echo "-- ${who%%:*}: $(timeout 300 "${who#*:}" --config "$cfg" --set run.epochs=1 --set run.eval=off $SETS_ALL 2>&1 \
-      | grep -E "phases|samples/s" | tail -2 | cut -c1-600)"
+      | grep -E "phases|samples/s|error" | tail -2 | cut -c1-600)"
   done
 }
 

@@ -17,6 +17,7 @@
 #   BASE=dir   a second tree built beside, for before/after in the same call, e.g.
 #              here: rm -rf .base && mkdir .base && git archive HEAD~1 | tar x -C .base
 #   BUILD_LIMIT=s  seconds each build may take (default 900)
+#   NO_BUILD=1 use the builds already there (scripts started side by side after one build)
 
 carry_packages() {
   set -euo pipefail
@@ -54,11 +55,17 @@ prepare_machine() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   [ -d .data/cifar10-jpg ] || { [ -f .data/cifar10-jpg.tar.gz ] && tar xzf .data/cifar10-jpg.tar.gz -C .data; }
-  build_tree . build || return 1
+  if [ "${NO_BUILD:-0}" != 1 ]; then
+    build_tree . build || return 1
+  fi
+  [ -x build/trainc ] || { echo "prepare.sh: no build/trainc (NO_BUILD=1 needs an earlier build)"; return 1; }
   echo "built: $(build/trainc --version | tr '\n' ';')"
   if [ -n "${BASE:-}" ]; then
-    [ -f "$BASE/CMakeLists.txt" ] || { echo "BASE=$BASE holds no source tree"; return 1; }
-    build_tree "$BASE" build-base || return 1
+    [ -f "$BASE/CMakeLists.txt" ] || { echo "prepare.sh: BASE=$BASE holds no source tree"; return 1; }
+    if [ "${NO_BUILD:-0}" != 1 ]; then
+      build_tree "$BASE" build-base || return 1
+    fi
+    [ -x build-base/trainc ] || { echo "prepare.sh: no build-base/trainc"; return 1; }
     echo "built BASE: $(build-base/trainc --version | tr '\n' ';')"
   fi
 }

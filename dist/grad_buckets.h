@@ -49,7 +49,7 @@
 #include "dist/dist.h"
 #include "dist/peer_link.h"
 #include "runtime/cuda_api.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "runtime/cuda_api.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

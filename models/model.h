@@ -26,7 +26,7 @@
 #include "ops/op_context.h"
 #include "runtime/arena.h"
 #include "runtime/gpu.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

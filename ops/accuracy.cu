@@ -1,6 +1,6 @@
 #include "ops/accuracy.h"
 
-#include "ops/dtype_cuda.cuh"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 #define ACCURACY_THREADS 256

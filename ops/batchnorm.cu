@@ -40,7 +40,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ops/dtype_cuda.cuh"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 #define BN_THREADS 256

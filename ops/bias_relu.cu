@@ -1,7 +1,7 @@
 #include "ops/bias_relu.h"
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 /* Same arithmetic as the CPU reference: add in fp32, round once. */

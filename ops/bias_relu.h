@@ -6,7 +6,7 @@
 #define TRAINC_OPS_BIAS_RELU_H
 
 #include "ops/op_context.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,7 +1,7 @@
 #include "ops/cast.h"
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 template <typename From, typename To>

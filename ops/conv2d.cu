@@ -14,8 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 static const float kOne = 1.0f, kZero = 0.0f;

@@ -4,7 +4,7 @@
  * depends on n alone (not on the GPU), so neither does the order. */
 #include "ops/grad_norm.h"
 
-#include "ops/dtype_cuda.cuh"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 #define NORM_THREADS 256

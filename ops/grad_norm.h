@@ -23,7 +23,7 @@
 
 #include "ops/loss_scaler.h"
 #include "ops/op_context.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

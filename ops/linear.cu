@@ -9,8 +9,8 @@
  * rounded once, so an accumulated dw keeps its fp32 sum until the store. */
 #include "ops/linear.h"
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 /* Column-major C = alpha op(A) op(B) + beta C in fp32: full fp32 (the pedantic

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "ops/op_context.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "ops/dtype_cuda.cuh"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 static const float kOne = 1.0f, kZero = 0.0f;

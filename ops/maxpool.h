@@ -8,7 +8,7 @@
 #define TRAINC_OPS_MAXPOOL_H
 
 #include "ops/op_context.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,7 +14,7 @@
 #include <stddef.h>
 
 #include "runtime/gpu.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

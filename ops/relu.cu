@@ -1,7 +1,7 @@
 #include "ops/relu.h"
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 /* Same expressions as the CPU reference (see relu.c), so the results are identical. */

@@ -1,7 +1,7 @@
 #include "ops/sgd.h"
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 /* The weight decay of parameter i. MASKED is a template argument so that the

@@ -7,7 +7,7 @@
 
 #include <math.h>
 
-#include "ops/dtype_cuda.cuh"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 #define XENT_THREADS 512

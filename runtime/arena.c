@@ -72,11 +72,6 @@ void arena_free(Arena *a) {
     memset(a, 0, sizeof *a);
 }
 
-void arena_alloc_tensor(Arena *a, Tensor *t, const char *what) {
-    t->device = a->device;
-    t->data = arena_alloc(a, tensor_bytes(t), what);
-}
-
 void *host_alloc(size_t bytes, int pinned, const char *what) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;

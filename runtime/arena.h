@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,8 +34,6 @@ void *arena_alloc(Arena *a, size_t bytes, const char *what);
 size_t arena_mark(const Arena *a);
 void arena_rollback(Arena *a, size_t mark);
 void arena_free(Arena *a);
-/* Allocates t->data for the tensor's shape and dtype. */
-void arena_alloc_tensor(Arena *a, Tensor *t, const char *what);
 
 /* Host memory outside arenas: pinned (cudaHostAlloc) or pageable (malloc). */
 void *host_alloc(size_t bytes, int pinned, const char *what);

@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 #include "runtime/cuda_api.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 void *host_bytes(size_t bytes);              /* zeroed; exits when out of memory */
 float *host_floats(size_t n);

@@ -13,17 +13,18 @@ WORLD_SIZE / LOCAL_RANK; MASTER_ADDR defaults to 127.0.0.1 and MASTER_PORT to
 --port (both only where unset). NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 unless set).
 
-Models: simplenet (tools/torch_reference.py's SimpleNet, at --image-size), resnet18 /
-resnet34 / resnet50 (tools/torch_resnet.py's, CIFAR stem below 128 pixels, ImageNet
-stem from 128 on, as trainc). DDP with gradient_as_bucket_view=True, bucket_cap_mb=--bucket-mb (25),
-optional fp16/bf16 gradient compression (--allreduce-dtype, DDP's comm hooks).
+Models: simplenet (at --image-size), resnet18 / resnet34 / resnet50 (CIFAR stem below
+128 pixels, ImageNet stem from 128 on, as trainc), all from tools/torch_common.py as
+tools/torch_reference.py and tools/torch_resnet.py build them. DDP with
+gradient_as_bucket_view=True, bucket_cap_mb=--bucket-mb (25), optional fp16/bf16
+gradient compression (--allreduce-dtype, DDP's comm hooks).
 
 Data: --data-on-gpu: one random batch per rank kept on the GPU (the step alone; an
 epoch is --train-size / (world x batch) steps). --data PATH: CIFAR-10 decoded once
 (root/{train,test}/<class>/*.jpg) and kept on the GPU; each epoch every rank takes
 its shard of one shared shuffle exactly as torch.utils.data.DistributedSampler
 (seed + epoch, padded to a multiple of the world size, rank::world), and
-torch_reference.py's GPU batches do flip / pad-crop / resize / normalise per batch.
+torch_common.py's GPU batches do flip / pad-crop / resize / normalise per batch.
 
 Timing: the first --warmup-steps steps are left out; the window is the training
 time of the remaining steps (evaluation excluded), the slowest rank's. Rank 0
@@ -35,7 +36,6 @@ rank's torch.cuda.max_memory_allocated()).
 """
 import argparse
 import datetime
-import json
 import math
 import os
 import sys
@@ -43,12 +43,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import SimpleNet, UtilSampler, gpu_batches, load_split  # noqa: E402
-from torch_resnet import MODELS as RESNETS, build_model  # noqa: E402
+from torch_common import (RESNETS, StepTimer, UtilSampler, add_args, amp_setup, build_model,  # noqa: E402
+                          count_correct, gpu_batches, load_split, memory_format, print_summary, set_tf32,
+                          train_step)
 
 
 def env_int(*names, default=None):
@@ -83,41 +83,23 @@ def shard(n, world, rank, epoch, seed):
     return perm[rank:total:world]
 
 
-def build(args):
-    if args.model == "simplenet":
-        return SimpleNet(args.image_size)
-    return build_model(args.model, args.image_size, 10, args.stem)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=["simplenet"] + sorted(RESNETS), default="simplenet")
-    ap.add_argument("--image-size", type=int, default=224)
-    ap.add_argument("--stem", choices=["auto", "cifar", "imagenet"], default="auto")
-    ap.add_argument("--batch", type=int, default=256, help="per-rank batch")
+    add_args(ap, {"batch": "per-rank batch"}, image_size=224, stem="auto", batch=256)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--data-on-gpu", action="store_true", help="one random batch per rank kept on the GPU")
-    src.add_argument("--data", default=None, help="CIFAR-10 image folder: the real data, GPU-resident loader")
+    add_args(src, {"data": "CIFAR-10 image folder: the real data, GPU-resident loader"}, data=None)
     ap.add_argument("--train-size", type=int, default=50000, help="--data-on-gpu: samples in an epoch")
-    ap.add_argument("--train-limit", type=int, default=0, help="--data: use only this many training images")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: whole epochs)")
+    add_args(ap, {"train_limit": "--data: use only this many training images",
+                  "max_steps": "stop after this many steps (0: whole epochs)"},
+             train_limit=0, epochs=1, max_steps=0)
     ap.add_argument("--steps", type=int, default=0,
                     help="shorthand: --max-steps = --warmup-steps + STEPS (timed steps)")
-    ap.add_argument("--warmup-steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--weight-decay", type=float, default=0.0)
-    ap.add_argument("--flip", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--crop-pad", type=int, default=0)
+    add_args(ap, warmup_steps=20, lr=0.01, momentum=0.9, nesterov=False, weight_decay=0.0, flip=False, crop_pad=0)
     ap.add_argument("--eval", action="store_true", help="test accuracy after each epoch (sharded, not timed)")
-    ap.add_argument("--amp", choices=["off", "fp16", "bf16"], default="fp16")
-    ap.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
-                    help="TF32 convolutions and matrix products (unset: PyTorch's defaults)")
+    add_args(ap, amp="fp16", channels_last=False, cudnn_benchmark=True, tf32=None)
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DDP bucket_cap_mb")
     ap.add_argument("--allreduce-dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
                     help="fp16/bf16: DDP's fp16_compress_hook / bf16_compress_hook")
@@ -125,8 +107,7 @@ def main():
                     help="DDP broadcast_buffers (PyTorch's default on: BN running stats from rank 0 each forward)")
     ap.add_argument("--port", type=int, default=29531, help="MASTER_PORT where unset")
     ap.add_argument("--init-timeout", type=float, default=600, help="seconds for the process group to form")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--name", default=None)
+    add_args(ap, seed=0, name=None)
     args = ap.parse_args()
     if not args.data_on_gpu and not args.data:
         ap.error("one of --data-on-gpu or --data PATH is needed")
@@ -145,9 +126,7 @@ def main():
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    if args.tf32 is not None:
-        torch.backends.cuda.matmul.allow_tf32 = args.tf32
-        torch.backends.cudnn.allow_tf32 = args.tf32
+    set_tf32(args.tf32)
 
     def log(msg):
         if rank == 0:
@@ -179,16 +158,15 @@ def main():
     log(f"process group: world {world}, NCCL {nccl}, MASTER {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}")
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    mf = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = build(args).to(dev).to(memory_format=mf)
+    mf = memory_format(args.channels_last)
+    model = build_model(args.model, args.image_size, 10, args.stem).to(dev).to(memory_format=mf)
     ddp = DDP(model, device_ids=[local], output_device=local, bucket_cap_mb=args.bucket_mb,
               gradient_as_bucket_view=True, broadcast_buffers=args.broadcast_buffers)
     if args.allreduce_dtype != "fp32":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         hook = default_hooks.fp16_compress_hook if args.allreduce_dtype == "fp16" else default_hooks.bf16_compress_hook
         ddp.register_comm_hook(None, hook)
-    amp_dtype = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}[args.amp]
-    scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "fp16")
+    amp_dtype, scaler = amp_setup(args.amp)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                           nesterov=bool(args.nesterov and args.momentum > 0), weight_decay=args.weight_decay)
     gen = torch.Generator(device=dev)
@@ -208,7 +186,8 @@ def main():
         args.epochs = max(args.epochs, math.ceil(args.max_steps / steps_per_epoch))
 
     torch.cuda.reset_peak_memory_stats(dev)
-    step, timed_steps, timed_s, epoch_times, accs = 0, 0, 0.0, [], []
+    timer = StepTimer(args.warmup_steps, dev, sampler)
+    step, timed_steps, epoch_times, accs = 0, 0, [], []
     loss = torch.zeros((), device=dev)
     for epoch in range(args.epochs):
         ddp.train()
@@ -220,35 +199,18 @@ def main():
                                   False, True, gen)
         torch.cuda.synchronize(dev)
         t_epoch = time.perf_counter()
-        t_window = t_epoch if step >= args.warmup_steps else None
-        if sampler and t_window is not None:
-            sampler.recording = True
+        timer.start_if_due(step)
         ran = 0
         for images, labels in batches:
             if args.max_steps and step >= args.max_steps:
                 break
-            if t_window is None and step >= args.warmup_steps:
-                torch.cuda.synchronize(dev)
-                t_window = time.perf_counter()
-                if sampler:
-                    sampler.recording = True
-            images = images.contiguous(memory_format=mf)
-            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(ddp(images), labels)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            timer.start_if_due(step)
+            loss = train_step(ddp, opt, scaler, amp_dtype, images.contiguous(memory_format=mf), labels)
             step += 1
             ran += 1
-            if t_window is not None:
+            if timer.running:
                 timed_steps += 1
-        torch.cuda.synchronize(dev)
-        now = time.perf_counter()
-        if sampler:
-            sampler.recording = False
-        if t_window is not None:
-            timed_s += now - t_window
+        now = timer.stop()
         if ran == steps_per_epoch:
             epoch_times.append(now - t_epoch)
         if xte is not None:
@@ -260,7 +222,7 @@ def main():
             break
 
     # The slowest rank's window, the largest peak memory, the mean final loss.
-    stats = torch.tensor([timed_s, float(torch.cuda.max_memory_allocated(dev)), loss.detach().float().item()],
+    stats = torch.tensor([timer.seconds, float(torch.cuda.max_memory_allocated(dev)), loss.detach().float().item()],
                          dtype=torch.float64, device=dev)
     mx = stats.clone()
     dist.all_reduce(mx, op=dist.ReduceOp.MAX)
@@ -286,7 +248,7 @@ def main():
             "broadcast_buffers": args.broadcast_buffers, "nccl": nccl, "torch": torch.__version__,
             "wall_s": time.perf_counter() - t0,
         }
-        print(json.dumps(summary), flush=True)
+        print_summary(summary)
     if sampler:
         sampler.stop = True
     dist.barrier()
@@ -295,22 +257,15 @@ def main():
 
 def evaluate(model, xte, yte, args, amp_dtype, mf, rank, world, dev, gen):
     """Top-1 accuracy on the test split, each rank a contiguous slice, summed over ranks."""
-    model.eval()
     n = len(yte)
     per = math.ceil(n / world)
     lo, hi = min(n, rank * per), min(n, (rank + 1) * per)
-    counts = torch.zeros(2, dtype=torch.int64, device=dev)
-    with torch.no_grad():
-        if hi > lo:
-            for images, labels in gpu_batches(xte[lo:hi], yte[lo:hi], 1000, args.image_size, False, 0,
-                                              False, False, gen):
-                with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
-                    counts[0] += (model(images.contiguous(memory_format=mf)).argmax(1) == labels).sum()
-            counts[1] += hi - lo
+    batches = gpu_batches(xte[lo:hi], yte[lo:hi], 1000, args.image_size, False, 0, False, False, gen) if hi > lo else []
+    counts = torch.stack([count_correct(model, batches, amp_dtype, mf, dev),
+                          torch.tensor(max(0, hi - lo), dtype=torch.int64, device=dev)])
     dist.all_reduce(counts)
     model.train()
     return counts[0].item() / max(1, counts[1].item())
-
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,7 @@
       --channels-last --compile none|default|max-autotune
   python3 tools/torch_resnet.py --mode step --model resnet50 --image-size 224 --batch 256 --channels-last
 
-Models (build_model, also imported by tools/torch_ddp.py):
+Models (tools/torch_common.py's build_model, shared with tools/torch_ddp.py):
   resnet18 / resnet34: BasicBlock [2,2,2,2] / [3,4,6,3]; resnet50: Bottleneck [3,4,6,3],
   expansion 4, the stride on the 3x3 conv (torchvision v1.5). Widths 64-128-256-512,
   stride 2 at the first block of layers 2-4, 1x1 conv + BN projection shortcut where
@@ -60,7 +60,6 @@ The last line of stdout is the JSON summary; progress goes to stdout (per epoch)
 stderr (compile progress).
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -68,124 +67,11 @@ import threading
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_reference import UtilSampler, gpu_batches, load_split  # noqa: E402
-
-# ---------------------------------------------------------------- models
-
-
-class BasicBlock(nn.Module):
-    expansion = 1
-
-    def __init__(self, inplanes, planes, stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class Bottleneck(nn.Module):
-    """torchvision's v1.5 bottleneck: the stride is on the 3x3 convolution."""
-    expansion = 4
-
-    def __init__(self, inplanes, planes, stride=1):
-        super().__init__()
-        out_planes = planes * self.expansion
-        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = nn.Conv2d(planes, out_planes, 1, bias=False)
-        self.bn3 = nn.BatchNorm2d(out_planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or inplanes != out_planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, out_planes, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(out_planes))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
-
-
-class ResNet(nn.Module):
-    def __init__(self, block, layers, num_classes=10, stem="cifar"):
-        super().__init__()
-        if stem == "cifar":
-            self.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
-            self.maxpool = nn.Identity()
-        elif stem == "imagenet":
-            self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-            self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        else:
-            raise ValueError(f"unknown stem {stem!r}")
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.inplanes = 64
-        self.layer1 = self._make_layer(block, 64, layers[0], 1)
-        self.layer2 = self._make_layer(block, 128, layers[1], 2)
-        self.layer3 = self._make_layer(block, 256, layers[2], 2)
-        self.layer4 = self._make_layer(block, 512, layers[3], 2)
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512 * block.expansion, num_classes)
-        # No custom initialisation: PyTorch's defaults, as trainc.
-
-    def _make_layer(self, block, planes, blocks, stride):
-        layers = [block(self.inplanes, planes, stride)]
-        self.inplanes = planes * block.expansion
-        layers += [block(self.inplanes, planes, 1) for _ in range(1, blocks)]
-        return nn.Sequential(*layers)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-MODELS = {
-    "resnet18": (BasicBlock, [2, 2, 2, 2]),
-    "resnet34": (BasicBlock, [3, 4, 6, 3]),
-    "resnet50": (Bottleneck, [3, 4, 6, 3]),
-}
-
-
-def stem_for(image_size, stem="auto"):
-    if stem != "auto":
-        return stem
-    return "cifar" if image_size < 128 else "imagenet"
-
-
-def build_model(name, image_size, num_classes=10, stem="auto", torchvision=False):
-    """ResNet `name` for square images of `image_size` (see the module doc)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r} (one of {', '.join(MODELS)})")
-    stem = stem_for(image_size, stem)
-    if torchvision:
-        if stem != "imagenet":
-            raise ValueError("--torchvision gives the ImageNet stem only (use --stem imagenet or a larger image)")
-        import torchvision.models
-        return getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
-    block, layers = MODELS[name]
-    return ResNet(block, layers, num_classes, stem)
-
+from torch_common import (RESNETS as MODELS, UtilSampler, add_args, amp_setup, build_model,  # noqa: E402
+                          count_correct, gpu_batches, load_split, memory_format, print_summary, set_tf32,
+                          stem_for, train_step)
 
 # ---------------------------------------------------------------- training pieces
 
@@ -231,19 +117,6 @@ def make_scheduler(opt, schedule, lr, total_steps, warmup_steps, warmup_epochs, 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def amp_setup(amp):
-    dtype = {"off": None, "fp16": torch.float16, "bf16": torch.bfloat16}[amp]
-    scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
-    return dtype, scaler
-
-
-def backends(args):
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    if args.tf32 is not None:
-        torch.backends.cuda.matmul.allow_tf32 = args.tf32
-        torch.backends.cudnn.allow_tf32 = args.tf32
-
-
 def compile_model(model, mode):
     if mode == "none":
         return model
@@ -285,7 +158,7 @@ def train(args):
     log(f"decoded {len(ytr)} train and {len(yte)} test images in {time.perf_counter() - t0:.1f} s")
     xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
     data_bytes = sum(t.numel() * t.element_size() for t in (xtr, ytr, xte, yte))
-    mf = torch.channels_last if args.channels_last else torch.contiguous_format
+    mf = memory_format(args.channels_last)
     model = build_model(args.model, args.image_size, 10, args.stem, args.torchvision).to(dev).to(memory_format=mf)
     cmodel = compile_model(model, args.compile)
     amp_dtype, scaler = amp_setup(args.amp)
@@ -316,12 +189,7 @@ def train(args):
                 break
             images = images.contiguous(memory_format=mf)
             mark_step(args.compile != "none")
-            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(cmodel(images), labels, label_smoothing=args.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            loss = train_step(cmodel, opt, scaler, amp_dtype, images, labels, args.label_smoothing)
             sched.step()
             loss_sum += loss.detach().float()
             n += 1
@@ -363,14 +231,10 @@ def train(args):
 
 def evaluate(cmodel, model, xte, yte, args, amp_dtype, mf, gen):
     model.eval()
-    correct = torch.zeros((), dtype=torch.int64, device=xte.device)
-    with torch.no_grad():
-        for images, labels in gpu_batches(xte, yte, args.eval_batch, args.image_size, False, 0, False, False, gen):
-            images = images.contiguous(memory_format=mf)
-            mark_step(args.compile != "none")
-            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
-                correct += (cmodel(images).argmax(1) == labels).sum()
+    batches = gpu_batches(xte, yte, args.eval_batch, args.image_size, False, 0, False, False, gen)
+    correct = count_correct(cmodel, batches, amp_dtype, mf, xte.device, lambda: mark_step(args.compile != "none"))
     model.train()
+    cmodel.train()
     return correct.item() / len(yte)
 
 
@@ -380,7 +244,7 @@ def evaluate(cmodel, model, xte, yte, args, amp_dtype, mf, gen):
 def step_bench(args):
     dev = torch.device("cuda")
     t0 = time.perf_counter()
-    mf = torch.channels_last if args.channels_last else torch.contiguous_format
+    mf = memory_format(args.channels_last)
     model = build_model(args.model, args.image_size, 10, args.stem, args.torchvision).to(dev).to(memory_format=mf)
     model.train()
     cmodel = compile_model(model, args.compile)
@@ -398,13 +262,7 @@ def step_bench(args):
 
     def one_step():
         mark_step(compiled)
-        with torch.autocast("cuda", dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = F.cross_entropy(cmodel(x), y, label_smoothing=args.label_smoothing)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss
+        return train_step(cmodel, opt, scaler, amp_dtype, x, y, args.label_smoothing)
 
     # The warm-up (compilation included) runs under a watchdog.
     lock = threading.Lock()
@@ -421,7 +279,7 @@ def step_bench(args):
         summary["elapsed_s"] = time.perf_counter() - t0
         log(summary["error"])
         sys.stderr.flush()
-        print(json.dumps(summary), flush=True)
+        print_summary(summary)
         os._exit(3)
 
     watchdog = None
@@ -505,44 +363,30 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["train", "step"], default="train")
-    ap.add_argument("--data", default=".data/cifar10-jpg", help="root/{train,test}/<class>/*.jpg (--mode train)")
+    add_args(ap, {"data": "root/{train,test}/<class>/*.jpg (--mode train)"}, data=".data/cifar10-jpg")
     ap.add_argument("--model", choices=sorted(MODELS), default="resnet18")
-    ap.add_argument("--image-size", type=int, default=32)
-    ap.add_argument("--stem", choices=["auto", "cifar", "imagenet"], default="auto",
-                    help="auto: cifar below 128 pixels, imagenet from 128 on (as trainc)")
+    add_args(ap, image_size=32, stem="auto")
     ap.add_argument("--torchvision", action="store_true",
                     help="torchvision.models.<model>(weights=None) (ImageNet stem, torchvision's init)")
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--max-steps", type=int, default=0, help="stop training after this many steps (0: no limit)")
-    ap.add_argument("--train-limit", type=int, default=0, help="use only this many training images (0: all)")
-    ap.add_argument("--batch", type=int, default=512)
+    add_args(ap, {"max_steps": "stop training after this many steps (0: no limit)"},
+             epochs=30, max_steps=0, train_limit=0, batch=512)
     ap.add_argument("--eval-batch", type=int, default=1000)
-    ap.add_argument("--lr", type=float, default=None,
-                    help="default 0.2 (train); 0.01 in --mode step, whose random batch could diverge at 0.2 with no "
-                         "warm-up (skipped fp16 steps would time less work)")
-    ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--weight-decay", type=float, default=5e-4)
+    add_args(ap, {"lr": "default 0.2 (train); 0.01 in --mode step, whose random batch could diverge at 0.2 with no "
+                        "warm-up (skipped fp16 steps would time less work)"},
+             lr=None, momentum=0.9, nesterov=True, weight_decay=5e-4)
     ap.add_argument("--decay-bn-bias", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-decay-bn-bias: no weight decay on BN and bias parameters")
     ap.add_argument("--schedule", choices=["constant", "cosine", "onecycle"], default="cosine")
     ap.add_argument("--warmup-epochs", type=float, default=2)
     ap.add_argument("--label-smoothing", type=float, default=0.0)
-    ap.add_argument("--flip", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--crop-pad", type=int, default=4)
-    ap.add_argument("--amp", choices=["off", "fp16", "bf16"], default="fp16")
-    ap.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False)
-    ap.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
-                    help="TF32 for convolutions and matrix products (unset: PyTorch's defaults)")
+    add_args(ap, flip=True, crop_pad=4, amp="fp16", channels_last=False, cudnn_benchmark=True, tf32=None)
     ap.add_argument("--fused-sgd", action="store_true", help="torch.optim.SGD(fused=True)")
     ap.add_argument("--compile", choices=["none", "default", "max-autotune"], default="none")
     ap.add_argument("--compile-timeout", type=float, default=1800,
                     help="--mode step: give up (null samples_per_s) if the warm-up takes longer (0: never)")
-    ap.add_argument("--warmup-steps", type=int, default=20, help="--mode step: untimed steps")
+    add_args(ap, {"warmup_steps": "--mode step: untimed steps"}, warmup_steps=20)
     ap.add_argument("--steps", type=int, default=200, help="--mode step: timed steps")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--name", default=None)
+    add_args(ap, seed=0, name=None)
     args = ap.parse_args()
     if args.name is None:
         args.name = f"torch_{args.model}_{args.mode}" + ("" if args.compile == "none" else f"_{args.compile}")
@@ -554,9 +398,10 @@ def main():
         sys.exit("torch_resnet: no CUDA device")
 
     torch.manual_seed(args.seed)
-    backends(args)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    set_tf32(args.tf32)
     summary, rc = (train if args.mode == "train" else step_bench)(args)
-    print(json.dumps(summary), flush=True)
+    print_summary(summary)
     sys.exit(rc)
 
 

@@ -1,10 +1,10 @@
-/* The storage types of the CUDA ops (CUDA sources only): float, __half and
- * __nv_bfloat16. Kernels are templated on the storage type and compute in
+/* The storage types of the CUDA kernels (CUDA sources only, in ops/, dist/ or
+ * any other layer): float, __half and __nv_bfloat16. Kernels are templated on the storage type and compute in
  * float: load with to_float, store with from_float<T> (round to nearest even).
  * For float both are the identity, so a float instantiation does exactly what
  * the untemplated kernel did. */
-#ifndef TRAINC_OPS_DTYPE_CUDA_CUH
-#define TRAINC_OPS_DTYPE_CUDA_CUH
+#ifndef TRAINC_DTYPE_CUDA_CUH
+#define TRAINC_DTYPE_CUDA_CUH
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -12,7 +12,7 @@
 #include <library_types.h>
 
 #include "runtime/check.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 static __device__ __forceinline__ float to_float(float v) { return v; }
 static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "ops/op_context.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 #include "tests/harness.h"
 #include "tests/op_buffers.h"
 #include "tests/op_checks.h"

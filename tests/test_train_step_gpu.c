@@ -51,6 +51,7 @@ int main(void) {
     CUDA_CHECK(cudaMemcpy(model_input_buffer(&dev), x, in_n * sizeof(float), cudaMemcpyHostToDevice));
     SgdParams sgd = {.momentum = 0.9f, .weight_decay = 5e-4f, .nesterov = 1};
 
+    double worst_w = 0, worst_b = 0;
     /* Two steps, so momentum is exercised too. */
     for (int step = 0; step < 2; step++) {
         float loss_cpu, loss_gpu;
@@ -78,6 +79,8 @@ int main(void) {
             const float *cpu_grads = cpu.grads;
             double ew = test_rel_error(grads + l->w_off, cpu_grads + l->w_off, l->w_count);
             double eb = test_rel_error(grads + l->b_off, cpu_grads + l->b_off, l->b_count);
+            worst_w = fmax(worst_w, ew);
+            worst_b = fmax(worst_b, eb);
             CHECK_MSG(ew < 1e-3 && eb < 1e-3, "step %d layer %d grad rel errors w %.3g b %.3g", step, i, ew, eb);
         }
 
@@ -97,6 +100,7 @@ int main(void) {
         free(params);
     }
 
+    printf("largest gradient rel error: weights %.3g, biases %.3g\n", worst_w, worst_b);
     model_destroy(&cpu);
     model_destroy(&dev);
     CUDA_CHECK(cudaFree(labels_dev));

@@ -23,6 +23,10 @@
     X(loss_scaler) \
     X(sgd) \
     X(grad_norm) \
+    X(batchnorm) \
+    X(add) \
+    X(avgpool) \
+    X(lr_schedule) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

@@ -559,21 +559,31 @@ size_t model_bytes(const Model *m) { return m->arena.peak; }
 
 /* In training, the batch's statistics (over every rank with dist.sync_bn);
  * in evaluation, the running ones. */
-static void layer_batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
-    const OpContext *ctx = &m->ops;
-    const float *gamma = m->params + l->w_off, *beta = m->params + l->b_off;
-    float *mean = m->bn_running + l->stat_off, *var = mean + l->bn.shape.c;
-    float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.shape.c;
+static BatchNormMode bn_mode(const Model *m) {
+    if (!m->training) return BN_EVAL;
+    return m->bn_allreduce ? BN_TRAIN_SYNC : BN_TRAIN;
+}
+
+/* A layer's batch-norm buffers: gamma and beta from the fp32 masters. */
+static BatchNormParams bn_params(const Model *m, const Layer *l) {
+    BatchNormParams p;
+    p.gamma = m->params + l->w_off;
+    p.beta = m->params + l->b_off;
+    p.running_mean = m->bn_running + l->stat_off;
+    p.running_var = p.running_mean + l->bn.shape.c;
+    p.save_mean = m->bn_saved + l->stat_off;
+    p.save_invstd = p.save_mean + l->bn.shape.c;
     /* A checkpointed block's second forward must not count its batch twice. */
-    float momentum = m->recomputing ? 0.0f : m->bn_momentum;
-    if (m->training && m->bn_allreduce)
-        batchnorm_forward_train_sync(ctx, &l->bn, l->fused, x, gamma, beta, momentum, m->bn_eps, mean, var,
-                                     saved_mean, saved_invstd, y, m->bn_allreduce, m->bn_allreduce_ctx);
-    else if (m->training)
-        batchnorm_forward_train(ctx, &l->bn, l->fused, x, gamma, beta, momentum, m->bn_eps, mean, var, saved_mean,
-                                saved_invstd, y);
-    else
-        batchnorm_forward_eval(ctx, &l->bn, l->fused, x, gamma, beta, mean, var, m->bn_eps, y);
+    p.momentum = m->recomputing ? 0.0f : m->bn_momentum;
+    p.eps = m->bn_eps;
+    p.reduce = m->bn_allreduce;
+    p.reduce_ctx = m->bn_allreduce_ctx;
+    return p;
+}
+
+static void layer_batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
+    BatchNormParams p = bn_params(m, l);
+    batchnorm_forward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x, y);
 }
 
 /* A fused max-pool's bias: its conv's, in the weights the layers read. */
@@ -629,16 +639,9 @@ static void *grad_of(const Model *m, int id) {
 }
 
 static void layer_batchnorm_backward(Model *m, Layer *l, const void *x, const void *y, const void *dy, void *dx) {
-    const OpContext *ctx = &m->ops;
-    const float *gamma = m->params + l->w_off;
-    const float *saved_mean = m->bn_saved + l->stat_off, *saved_invstd = saved_mean + l->bn.shape.c;
+    BatchNormParams p = bn_params(m, l);
     void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
-    int acc = l->dx_accumulate[0];
-    if (m->training && m->bn_allreduce)
-        batchnorm_backward_sync(ctx, &l->bn, l->fused, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma,
-                                dbeta, m->bn_allreduce, m->bn_allreduce_ctx);
-    else
-        batchnorm_backward(ctx, &l->bn, l->fused, x, y, dy, gamma, saved_mean, saved_invstd, dx, acc, dgamma, dbeta);
+    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x, y, dy, dx, l->dx_accumulate[0], dgamma, dbeta);
 }
 
 /* An add passes dy to each input: as the input's own buffer (alias), copied,

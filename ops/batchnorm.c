@@ -236,76 +236,69 @@ void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn) {
     if (ctx->device == DEVICE_CUDA) GPU_ONLY(batchnorm_cuda_destroy(&bn->cuda));
 }
 
-void batchnorm_forward_train(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
-                             const float *beta, float momentum, float eps, float *running_mean, float *running_var,
-                             float *save_mean, float *save_invstd, void *y) {
-    if (ctx->device == DEVICE_CPU && relu)
-        batchnorm_relu_forward_train_cpu(&bn->shape, x, gamma, beta, momentum, eps, running_mean, running_var,
-                                         save_mean, save_invstd, y);
-    else if (ctx->device == DEVICE_CPU)
-        batchnorm_forward_train_cpu(&bn->shape, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                                    save_invstd, y);
-    else if (relu)
-        GPU_ONLY(batchnorm_relu_forward_train_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, momentum, eps, running_mean,
-                                                   running_var, save_mean, save_invstd, y, ctx->stream));
+/* The CPU paths by mode; y NULL in backward unless relu (the mask). */
+static void forward_cpu(const BatchNorm *bn, BatchNormMode mode, int relu, const BatchNormParams *p,
+                        const float *x, float *y) {
+    if (mode == BN_EVAL)
+        forward_eval(&bn->shape, x, p->gamma, p->beta, p->running_mean, p->running_var, p->eps, y, relu);
     else
-        GPU_ONLY(batchnorm_forward_train_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, momentum, eps, running_mean,
-                                              running_var, save_mean, save_invstd, y, ctx->stream));
+        forward_train(&bn->shape, x, p->gamma, p->beta, p->momentum, p->eps, p->running_mean, p->running_var,
+                      p->save_mean, p->save_invstd, y, relu, mode == BN_TRAIN_SYNC ? p->reduce : NULL,
+                      p->reduce_ctx);
 }
 
-void batchnorm_forward_eval(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
-                            const float *beta, const float *running_mean, const float *running_var, float eps,
-                            void *y) {
-    if (ctx->device == DEVICE_CPU && relu)
-        batchnorm_relu_forward_eval_cpu(&bn->shape, x, gamma, beta, running_mean, running_var, eps, y);
-    else if (ctx->device == DEVICE_CPU)
-        batchnorm_forward_eval_cpu(&bn->shape, x, gamma, beta, running_mean, running_var, eps, y);
+static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+                         const BatchNormParams *p, const void *x, void *y) {
+    if (mode == BN_TRAIN_SYNC)
+        GPU_ONLY(batchnorm_forward_train_sync_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
+                                                   p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
+                                                   ctx->stream, p->reduce, p->reduce_ctx, relu));
+    else if (mode == BN_TRAIN && relu)
+        GPU_ONLY(batchnorm_relu_forward_train_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
+                                                   p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
+                                                   ctx->stream));
+    else if (mode == BN_TRAIN)
+        GPU_ONLY(batchnorm_forward_train_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
+                                              p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
+                                              ctx->stream));
     else if (relu)
-        GPU_ONLY(batchnorm_relu_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, running_mean, running_var, eps,
-                                                  y, ctx->stream));
+        GPU_ONLY(batchnorm_relu_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->running_mean,
+                                                  p->running_var, p->eps, y, ctx->stream));
     else
-        GPU_ONLY(batchnorm_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, running_mean, running_var, eps, y,
-                                             ctx->stream));
+        GPU_ONLY(batchnorm_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->running_mean, p->running_var,
+                                             p->eps, y, ctx->stream));
 }
 
-void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
-                        const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
-                        void *dx, int accumulate_dx, void *dgamma, void *dbeta) {
-    if (ctx->device == DEVICE_CPU && relu)
-        batchnorm_relu_backward_cpu(&bn->shape, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
-                                    dbeta);
-    else if (ctx->device == DEVICE_CPU)
-        batchnorm_backward_cpu(&bn->shape, x, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta);
+void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+                       const BatchNormParams *p, const void *x, void *y) {
+    if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
+    if (ctx->device == DEVICE_CPU) forward_cpu(bn, mode, relu, p, x, y);
+    else forward_cuda(ctx, bn, mode, relu, p, x, y);
+}
+
+static void backward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+                          const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
+                          int accumulate_dx, void *dgamma, void *dbeta) {
+    if (mode == BN_TRAIN_SYNC)
+        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->gamma, p->save_mean, p->save_invstd, dx,
+                                              accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream, p->reduce,
+                                              p->reduce_ctx, relu));
     else if (relu)
-        GPU_ONLY(batchnorm_relu_backward_cuda(&bn->cuda, ctx->cudnn, x, y, dy, gamma, save_mean, save_invstd, dx,
+        GPU_ONLY(batchnorm_relu_backward_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->gamma, p->save_mean, p->save_invstd, dx,
                                               accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream));
     else
-        GPU_ONLY(batchnorm_backward_cuda(&bn->cuda, ctx->cudnn, x, dy, gamma, save_mean, save_invstd, dx, accumulate_dx,
-                                         dgamma, dbeta, ctx->dtype, ctx->stream));
+        GPU_ONLY(batchnorm_backward_cuda(&bn->cuda, ctx->cudnn, x, dy, p->gamma, p->save_mean, p->save_invstd, dx,
+                                         accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream));
 }
 
-void batchnorm_forward_train_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x,
-                                  const float *gamma, const float *beta, float momentum, float eps,
-                                  float *running_mean, float *running_var, float *save_mean, float *save_invstd,
-                                  void *y, BnAllreduce reduce, void *reduce_ctx) {
+void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+                        const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
+                        int accumulate_dx, void *dgamma, void *dbeta) {
+    if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
+    if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
     if (ctx->device == DEVICE_CPU)
-        batchnorm_forward_train_sync_cpu(&bn->shape, x, gamma, beta, momentum, eps, running_mean, running_var,
-                                         save_mean, save_invstd, y, reduce, reduce_ctx, relu);
+        backward(&bn->shape, x, relu ? y : NULL, dy, p->gamma, p->save_mean, p->save_invstd, dx, accumulate_dx,
+                 dgamma, dbeta, mode == BN_TRAIN_SYNC ? p->reduce : NULL, p->reduce_ctx);
     else
-        GPU_ONLY(batchnorm_forward_train_sync_cuda(&bn->cuda, ctx->cudnn, x, gamma, beta, momentum, eps, running_mean,
-                                                   running_var, save_mean, save_invstd, y, ctx->stream, reduce,
-                                                   reduce_ctx, relu));
-}
-
-void batchnorm_backward_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
-                             const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
-                             void *dx, int accumulate_dx, void *dgamma, void *dbeta, BnAllreduce reduce,
-                             void *reduce_ctx) {
-    if (ctx->device == DEVICE_CPU)
-        batchnorm_backward_sync_cpu(&bn->shape, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
-                                    dbeta, reduce, reduce_ctx, relu);
-    else
-        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, gamma, save_mean, save_invstd, dx,
-                                              accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream, reduce,
-                                              reduce_ctx, relu));
+        backward_cuda(ctx, bn, mode, relu, p, x, y, dy, dx, accumulate_dx, dgamma, dbeta);
 }

@@ -82,7 +82,63 @@ typedef struct {
  * sync there, so that a CUDA graph can capture it). */
 typedef void (*BnAllreduce)(void *ctx, double *sums, int n, cudaStream_t stream);
 
-/* ---- CPU reference (float32, NCHW) ---- */
+/* The CUDA path's state of one layer. */
+typedef struct {
+    BatchNormShape shape;
+    DType dtype; /* of x, y, dy, dx */
+    int nhwc;
+    int rows;    /* partial sums per channel: the reductions' grid x */
+    void *scratch;
+    size_t scratch_bytes;
+    int owns_scratch;
+} BatchNormCuda;
+
+/* ---- The face (op_context.h) ------------------------------------------ */
+
+/* One batch norm on either device: ctx->dtype and ctx->nhwc on the GPU, where
+ * dgamma and dbeta are of ctx->dtype too and init takes the layer's scratch
+ * (scratch_bytes of it; none on the CPU). */
+typedef struct {
+    BatchNormShape shape;
+    BatchNormCuda cuda; /* GPU only */
+} BatchNorm;
+
+typedef enum {
+    BN_EVAL,       /* normalise with the running statistics */
+    BN_TRAIN,      /* with the batch's; update the running ones */
+    BN_TRAIN_SYNC  /* with the global batch's, the sums added over the processes by reduce */
+} BatchNormMode;
+
+/* One layer's per-channel fp32 buffers ([c] each, on ctx's device) and
+ * settings. Training writes save_mean/save_invstd and updates the running
+ * statistics by momentum (0: left alone, as when a checkpointed block is
+ * recomputed); evaluation reads the running ones; backward reads gamma and
+ * the saved ones. reduce and reduce_ctx serve BN_TRAIN_SYNC only. */
+typedef struct {
+    const float *gamma, *beta;
+    float *running_mean, *running_var;
+    float *save_mean, *save_invstd;
+    float momentum, eps;
+    BnAllreduce reduce;
+    void *reduce_ctx;
+} BatchNormParams;
+
+size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
+void batchnorm_init(const OpContext *ctx, BatchNorm *bn, const BatchNormShape *s, void *scratch);
+void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn);
+/* relu: y = relu(bn(x)). */
+void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+                       const BatchNormParams *p, const void *x, void *y);
+/* BN_TRAIN_SYNC: dx from the global sums (see above); any other mode: the
+ * plain backward. relu: the fused forward's, masking dy by y > 0 (otherwise y
+ * may be NULL). */
+void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+                        const BatchNormParams *p, const void *x, const void *y, const void *dy,
+                        void *dx, int accumulate_dx, void *dgamma, void *dbeta);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
+/* CPU reference (float32, NCHW) */
 void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
                                  const float *beta, float momentum, float eps, float *running_mean,
                                  float *running_var, float *save_mean, float *save_invstd,
@@ -119,16 +175,7 @@ void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const 
                                  float *dgamma, float *dbeta, BnAllreduce reduce, void *ctx,
                                  int relu);
 
-/* ---- CUDA ---- */
-typedef struct {
-    BatchNormShape shape;
-    DType dtype; /* of x, y, dy, dx */
-    int nhwc;
-    int rows;    /* partial sums per channel: the reductions' grid x */
-    void *scratch;
-    size_t scratch_bytes;
-    int owns_scratch;
-} BatchNormCuda;
+/* CUDA (the layer's state in BatchNormCuda above) */
 
 /* The scratch one layer of this shape needs, in any dtype: partial sums,
  * per-channel coefficients and the synchronized calls' sums (3 x c doubles),
@@ -185,37 +232,6 @@ void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   const float *save_mean, const float *save_invstd, void *dx,
                                   int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
                                   cudaStream_t stream, BnAllreduce reduce, void *ctx, int relu);
-
-/* ---- The face (op_context.h) ----
- * One batch norm on either device: ctx->dtype and ctx->nhwc on the GPU, where
- * dgamma and dbeta are of ctx->dtype too and init takes the layer's scratch
- * (scratch_bytes of it; none on the CPU). relu picks the batchnorm_relu_*
- * variant; the _sync calls hand their sums to reduce (with reduce_ctx). */
-typedef struct {
-    BatchNormShape shape;
-    BatchNormCuda cuda; /* GPU only */
-} BatchNorm;
-
-size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
-void batchnorm_init(const OpContext *ctx, BatchNorm *bn, const BatchNormShape *s, void *scratch);
-void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn);
-void batchnorm_forward_train(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
-                             const float *beta, float momentum, float eps, float *running_mean, float *running_var,
-                             float *save_mean, float *save_invstd, void *y);
-void batchnorm_forward_eval(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const float *gamma,
-                            const float *beta, const float *running_mean, const float *running_var, float eps,
-                            void *y);
-void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
-                        const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
-                        void *dx, int accumulate_dx, void *dgamma, void *dbeta);
-void batchnorm_forward_train_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x,
-                                  const float *gamma, const float *beta, float momentum, float eps,
-                                  float *running_mean, float *running_var, float *save_mean, float *save_invstd,
-                                  void *y, BnAllreduce reduce, void *reduce_ctx);
-void batchnorm_backward_sync(const OpContext *ctx, const BatchNorm *bn, int relu, const void *x, const void *y,
-                             const void *dy, const float *gamma, const float *save_mean, const float *save_invstd,
-                             void *dx, int accumulate_dx, void *dgamma, void *dbeta, BnAllreduce reduce,
-                             void *reduce_ctx);
 
 #ifdef __cplusplus
 }

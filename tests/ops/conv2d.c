@@ -5,8 +5,9 @@
  * same dw and db; deterministic algorithms give the same bits). The shapes per
  * combination are those the old tests ran on H100 and H200: SimpleNet's
  * convolutions, other strides, pads and odd sizes; in NHWC the first layer's
- * 3 channels padded to 8 with zeros. The ResNet cases (accumulate_dx, the
- * ResNet shapes) are in other files. */
+ * 3 channels padded to 8 with zeros. ResNet's shapes also with accumulate_dx
+ * and no bias (on the CPU: finite differences, the accumulate flag and a NULL
+ * bias to the bit). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,9 +413,119 @@ static void conv_cpu_case(const GridCase *c) {
     for (size_t i = 0; i < GRID_COUNT(bigger); i++) conv_cpu_against_naive(c, &bigger[i]);
 }
 
+/* ---- ResNet's convolutions: accumulate_dx, no bias --------------------------------- */
+
+/* dx added onto random values (cuDNN's beta 1: a tensor feeding two layers
+ * sums their gradients), against the old dx plus the reference's; dw as
+ * without accumulate_dx. The bias gradient is skipped (db NULL), as ResNet's
+ * convolutions have no bias. */
+static void conv_check_accumulate_dx(const GridCase *c, const OpContext *ctx, const Conv2d *conv,
+                                     const ConvValues *v) {
+    const Conv2dShape *s = &conv->shape;
+    DType dt = c->dtype;
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
+    float *old = grid_accumulator_start(c, dt, v->dx, nx), *want = host_floats(nx);
+    for (size_t i = 0; i < nx; i++) want[i] = old[i] + v->dx[i];
+    round_to(dt, want, nx);
+    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, s->c, s->r, s->s);
+    float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *oldl = grid_to_layout(c, old, s->n, s->c, s->h, s->w);
+    float *dw0l = grid_to_layout(c, v->dw0, s->k, s->c, s->r, s->s);
+    void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_dy = grid_put(c, dt, dyl, ny);
+    void *d_dx = grid_put(c, dt, oldl, nx), *d_dw = grid_put(c, dt, dw0l, nw);
+    conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, NULL, 1);
+    float *t = grid_get(c, dt, d_dx, nx), *gacc = grid_from_layout(c, t, s->n, s->c, s->h, s->w);
+    free(t);
+    t = grid_get(c, dt, d_dw, nw);
+    float *gdw = grid_from_layout(c, t, s->k, s->c, s->r, s->s);
+    free(t);
+    double bound = c->device == DEVICE_CPU ? 1e-6 : grid_bound(c, GRID_CONV);
+    grid_check(c, "conv dx (accumulate_dx onto random)", gacc, want, nx, bound);
+    grid_check(c, "conv dw (accumulate_dx, db NULL)", gdw, v->dw, nw, bound);
+    void *dev[] = {d_x, d_w, d_dy, d_dx, d_dw};
+    grid_free_all(c, dev, GRID_COUNT(dev));
+    void *host[] = {old, want, xl, wl, dyl, oldl, dw0l, gacc, gdw};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+/* On the GPU y, dx, dw and db against the reference (conv_gpu_shape); then
+ * accumulate_dx on either device. */
+static void conv_resnet_shape(const GridCase *c, Conv2dShape s, int real_c) {
+    if (c->device == DEVICE_CUDA) conv_gpu_shape(c, s, real_c, &strict_policy);
+    char label[120];
+    conv_label(label, sizeof label, &s);
+    printf(" ResNet's %s, accumulate_dx\n", label);
+    ConvValues v = conv_values(c, &s, real_c);
+    OpContext ctx = c->ctx;
+    Conv2d conv;
+    conv2d_init(&ctx, &conv, &s, &strict_policy);
+    size_t ws = conv2d_workspace_bytes(&ctx, &conv);
+    ctx.workspace = ws ? dev_bytes(ws) : NULL;
+    conv_check_accumulate_dx(c, &ctx, &conv, &v);
+    conv_values_free(&v);
+    grid_free(c, ctx.workspace);
+    conv2d_destroy(&ctx, &conv);
+}
+
+/* On the CPU (after finite differences): the plain call is the _ex one with
+ * accumulate_dx 0, to the bit; accumulate_dx leaves dw's bits; a NULL bias
+ * (and db) is a zero bias, to the bit. */
+static void conv_resnet_cpu(const GridCase *c, Conv2dShape s) {
+    char label[120];
+    conv_label(label, sizeof label, &s);
+    conv_cpu_finite_differences(c, &s);
+    size_t nx = conv_x_count(&s), nw = conv_w_count(&s), ny = conv_y_count(&s);
+    ConvLoss l = {&s, grid_random(c, DTYPE_F32, nx, -1, 1), grid_random(c, DTYPE_F32, nw, -0.5f, 0.5f),
+                  grid_random(c, DTYPE_F32, s.k, -1, 1), host_floats(ny), grid_random(c, DTYPE_F32, ny, -1, 1)};
+    float *dx = host_floats(nx), *dw = host_floats(nw), *db = host_floats(s.k);
+    Conv2d conv;
+    conv2d_init(&c->ctx, &conv, &s, &strict_policy);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, dx, dw, db, 0);
+
+    float *dx_plain = host_floats(nx), *dw_plain = host_floats(nw), *db_plain = host_floats(s.k);
+    conv2d_backward_cpu(&s, l.x, l.w, l.r, dx_plain, dw_plain, db_plain);
+    CHECK_MSG(!memcmp(dx, dx_plain, nx * sizeof(float)) && !memcmp(dw, dw_plain, nw * sizeof(float)),
+              "%s: conv2d_backward_cpu differs from conv2d_backward_ex_cpu(..., 0)", label);
+    float *old = grid_random(c, DTYPE_F32, nx, -1, 1), *acc = copy_floats(old, nx), *want = host_floats(nx);
+    float *dw2 = host_floats(nw), *db2 = host_floats(s.k);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, acc, dw2, db2, 1);
+    for (size_t i = 0; i < nx; i++) want[i] = old[i] + dx[i];
+    grid_check(c, "conv dx accumulated = old dx + dx", acc, want, nx, 1e-6);
+    CHECK_MSG(!memcmp(dw2, dw, nw * sizeof(float)), "%s: conv dw changes with accumulate_dx", label);
+
+    float *zero_b = host_floats(s.k), *y0 = host_floats(ny), *y_null = host_floats(ny);
+    float *dx_null = host_floats(nx), *dw_null = host_floats(nw);
+    conv2d_forward(&c->ctx, &conv, l.x, l.w, zero_b, y0);
+    conv2d_forward(&c->ctx, &conv, l.x, l.w, NULL, y_null);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, dx_null, dw_null, NULL, 0);
+    CHECK_MSG(!memcmp(y_null, y0, ny * sizeof(float)) && !memcmp(dx_null, dx, nx * sizeof(float)) &&
+                  !memcmp(dw_null, dw, nw * sizeof(float)),
+              "%s: conv2d cpu with NULL bias differs from a zero bias", label);
+    conv2d_destroy(&c->ctx, &conv);
+    void *host[] = {l.x, l.w, l.b, l.y, l.r, dx, dw, db, dx_plain, dw_plain, db_plain, old, acc, want, dw2,
+                    db2, zero_b, y0, y_null, dx_null, dw_null};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+/* ResNet's projection shortcut (1x1, stride 2, no padding), its stem (7x7,
+ * stride 2, pad 3; in NHWC its 3 channels padded to 8) and a 3x3 of its
+ * blocks. */
+static void conv_resnet_case(const GridCase *c) {
+    if (c->device == DEVICE_CPU) {
+        conv_resnet_cpu(c, CONV(2, 4, 9, 8, 6, 1, 1, 0, 2));
+        conv_resnet_cpu(c, CONV(2, 3, 11, 10, 4, 7, 7, 3, 2));
+        conv_resnet_cpu(c, CONV(2, 3, 6, 5, 4, 3, 3, 1, 1));
+    }
+    conv_resnet_shape(c, CONV(4, 16, 16, 16, 32, 1, 1, 0, 2), 16);
+    if (c->nhwc) conv_resnet_shape(c, CONV(2, 8, 32, 32, 16, 7, 7, 3, 2), 3);
+    else conv_resnet_shape(c, CONV(2, 3, 32, 32, 16, 7, 7, 3, 2), 3);
+    conv_resnet_shape(c, CONV(4, 16, 8, 8, 16, 3, 3, 1, 1), 16);
+}
+
 static void conv_case(const GridCase *c) {
     if (c->device == DEVICE_CPU) conv_cpu_case(c);
     else conv_gpu_case(c);
+    conv_resnet_case(c);
 }
 
 /* ---- by hand -------------------------------------------------------------------- */
@@ -471,5 +582,5 @@ const GridOp grid_op_conv2d = {
     .cuda_types = GRID_ALL_TYPES,
     .cuda_layouts = GRID_BOTH_LAYOUTS,
     .cpu_layouts = GRID_NCHW,
-    .skipped = "cpu nhwc (the CPU path is NCHW); accumulate_dx and ResNet's shapes are the ResNet tests'",
+    .skipped = "cpu nhwc (the CPU path is NCHW)",
 };

@@ -27,6 +27,10 @@
     X(bias_relu_pool) \
     X(gemm) \
     X(train_step) \
+    X(batchnorm) \
+    X(add) \
+    X(avgpool) \
+    X(lr_schedule) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

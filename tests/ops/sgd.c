@@ -7,8 +7,9 @@
  * copies of the other half type (the CUDA path takes them; the face ties the
  * copy's type to the gradients'). On the CPU: PyTorch's semantics by hand and
  * against torch.optim.SGD's algorithm in double; the mixed step is the plain
- * one at scale 1 and at a power-of-two scale, bit for bit. grad_mult is
- * grad_norm's. */
+ * one at scale 1 and at a power-of-two scale, bit for bit. With a weight-decay
+ * mask, every step is the decayed one where the mask is set and the undecayed
+ * one elsewhere, to the bit. grad_mult is grad_norm's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +119,119 @@ static void sgd_plain_gpu(const GridCase *c, size_t n, SgdParams p) {
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* ---- the weight-decay mask (ResNet's recipe: no decay on biases and BN) ---------- */
+
+static uint8_t *random_mask(uint64_t *rng, size_t n) {
+    uint8_t *mask = host_bytes(n);
+    for (size_t i = 0; i < n; i++) mask[i] = test_uniform(rng, 0, 1) < 0.5f ? 0 : (uint8_t)(1 + i % 7);
+    return mask;
+}
+
+static float *uniform_floats(uint64_t *rng, size_t n, float lo, float hi) {
+    float *p = host_floats(n);
+    test_fill_uniform(p, n, rng, lo, hi);
+    return p;
+}
+
+/* where mask: a, else b, elementwise */
+static void select_floats(const uint8_t *mask, const float *a, const float *b, float *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = mask[i] ? a[i] : b[i];
+}
+
+#if TRAINC_CUDA
+/* Masked = decayed where the mask is set, undecayed elsewhere, to the bit:
+ * the plain fp32 step and the mixed step (f16 gradients, a half copy); and the
+ * masked step within a rounding of the CPU's (the GPU may fuse multiply-adds). */
+static void sgd_mask_gpu(const GridCase *c, size_t n, SgdParams p) {
+    printf(" decay mask n=%zu momentum %g wd %g nesterov %d\n", n, p.momentum, p.weight_decay, p.nesterov);
+    float lr = 0.05f;
+    float *w = grid_random(c, DTYPE_F32, n, -1, 1), *m = grid_random(c, DTYPE_F32, n, -0.1f, 0.1f);
+    float *grad = grid_random(c, DTYPE_F16, n, -1, 1);
+    uint8_t *mask = random_mask(c->rng, n), *d_mask = grid_put_bytes(c, mask, n);
+    float *d_lr = grid_put(c, DTYPE_F32, &lr, 1), *d_grad = grid_put(c, DTYPE_F32, grad, n);
+    void *d_grad16 = grid_put(c, DTYPE_F16, grad, n), *d_half = grid_alloc(c, DTYPE_F16, n);
+    LossScalerState one = loss_scaler_initial(1.0f);
+    LossScalerState *d_scaler = grid_put_bytes(c, &one, sizeof one);
+    SgdParams none = p, masked = p;
+    none.weight_decay = 0.0f;
+    masked.decay_mask = d_mask;
+    const SgdParams *variants[3] = {&p, &none, &masked};
+    for (int mixed = 0; mixed < 2; mixed++) {
+        float *out_w[3], *out_m[3];
+        for (int v = 0; v < 3; v++) {
+            float *d_w = grid_put(c, DTYPE_F32, w, n), *d_m = grid_put(c, DTYPE_F32, m, n);
+            if (mixed)
+                sgd_step_mixed_cuda(d_w, d_grad16, DTYPE_F16, d_m, d_half, DTYPE_F16, n, d_lr, d_scaler, *variants[v],
+                                    c->ctx.stream);
+            else sgd_step_cuda(d_w, d_grad, d_m, n, d_lr, *variants[v], c->ctx.stream);
+            out_w[v] = grid_get(c, DTYPE_F32, d_w, n);
+            out_m[v] = grid_get(c, DTYPE_F32, d_m, n);
+            grid_free(c, d_w), grid_free(c, d_m);
+        }
+        const char *step = mixed ? "sgd_step_mixed_cuda" : "sgd_step_cuda";
+        float *want_w = host_floats(n), *want_m = host_floats(n);
+        select_floats(mask, out_w[0], out_w[1], want_w, n);
+        select_floats(mask, out_m[0], out_m[1], want_m, n);
+        CHECK_MSG(!memcmp(out_w[2], want_w, n * sizeof(float)) && !memcmp(out_m[2], want_m, n * sizeof(float)),
+                  "%s with a decay mask is not the decayed/undecayed step per element", step);
+        CHECK_MSG(memcmp(out_w[0], out_w[1], n * sizeof(float)), "weight decay changed nothing: the check cannot fail");
+        float *cw = copy_floats(w, n), *cm = copy_floats(m, n);
+        SgdParams host_masked = p;
+        host_masked.decay_mask = mask;
+        sgd_step_cpu(cw, grad, cm, n, &lr, host_masked);
+        grid_check(c, mixed ? "sgd mixed masked w vs cpu" : "sgd masked w vs cpu", out_w[2], cw, n, 1e-6);
+        free(want_w), free(want_m), free(cw), free(cm);
+        for (int v = 0; v < 3; v++) free(out_w[v]), free(out_m[v]);
+    }
+    void *dev[] = {d_mask, d_lr, d_grad, d_grad16, d_half, d_scaler};
+    grid_free_all(c, dev, GRID_COUNT(dev));
+    void *host[] = {w, m, grad, mask};
+    host_free_all(host, GRID_COUNT(host));
+}
+#endif
+
+/* The CPU: the plain and the mixed step (with a scaler) with a mask are the
+ * decayed and the undecayed step per element, to the bit. */
+static void sgd_mask_cpu(uint64_t *rng, SgdParams p) {
+    printf(" decay mask: momentum %g wd %g nesterov %d\n", p.momentum, p.weight_decay, p.nesterov);
+    size_t n = 1003, bytes = n * sizeof(float);
+    float lr = 0.05f;
+    float *w = uniform_floats(rng, n, -1, 1), *m = uniform_floats(rng, n, -0.1f, 0.1f);
+    float *grad = uniform_floats(rng, n, -1, 1);
+    uint8_t *mask = random_mask(rng, n);
+    float *wd_w = copy_floats(w, n), *wd_m = copy_floats(m, n); /* every parameter decays */
+    float *no_w = copy_floats(w, n), *no_m = copy_floats(m, n); /* none does */
+    float *mk_w = copy_floats(w, n), *mk_m = copy_floats(m, n); /* masked */
+    float *want_w = host_floats(n), *want_m = host_floats(n);
+    SgdParams none = p, masked = p;
+    none.weight_decay = 0.0f;
+    masked.decay_mask = mask;
+    sgd_step_cpu(wd_w, grad, wd_m, n, &lr, p);
+    sgd_step_cpu(no_w, grad, no_m, n, &lr, none);
+    sgd_step_cpu(mk_w, grad, mk_m, n, &lr, masked);
+    select_floats(mask, wd_w, no_w, want_w, n);
+    select_floats(mask, wd_m, no_m, want_m, n);
+    CHECK_MSG(!memcmp(mk_w, want_w, bytes) && !memcmp(mk_m, want_m, bytes),
+              "sgd_step_cpu with a decay mask is not the decayed/undecayed step per element");
+    CHECK_MSG(memcmp(wd_w, no_w, bytes), "weight decay changed nothing: the check cannot fail");
+
+    LossScalerState scaler = loss_scaler_initial(1024.0f);
+    float *scaled = host_floats(n);
+    for (size_t i = 0; i < n; i++) scaled[i] = grad[i] * 1024.0f;
+    memcpy(wd_w, w, bytes), memcpy(wd_m, m, bytes);
+    memcpy(no_w, w, bytes), memcpy(no_m, m, bytes);
+    memcpy(mk_w, w, bytes), memcpy(mk_m, m, bytes);
+    sgd_step_mixed_cpu(wd_w, scaled, wd_m, n, &lr, &scaler, p);
+    sgd_step_mixed_cpu(no_w, scaled, no_m, n, &lr, &scaler, none);
+    sgd_step_mixed_cpu(mk_w, scaled, mk_m, n, &lr, &scaler, masked);
+    select_floats(mask, wd_w, no_w, want_w, n);
+    select_floats(mask, wd_m, no_m, want_m, n);
+    CHECK_MSG(!memcmp(mk_w, want_w, bytes) && !memcmp(mk_m, want_m, bytes),
+              "sgd_step_mixed_cpu with a decay mask is not the decayed/undecayed step per element");
+    void *host[] = {w, m, grad, mask, wd_w, wd_m, no_w, no_m, mk_w, mk_m, want_w, want_m, scaled};
+    host_free_all(host, GRID_COUNT(host));
+}
+
 static void sgd_case(const GridCase *c) {
     int gpu = c->device == DEVICE_CUDA;
     DType own_copy = gpu && c->dtype != DTYPE_F32 ? c->dtype : DTYPE_F32; /* the trainer's: none for f32 */
@@ -135,6 +249,10 @@ static void sgd_case(const GridCase *c) {
         sgd_plain_gpu(c, 1000003, nesterov);
         sgd_plain_gpu(c, 1000003, no_momentum);
         sgd_plain_gpu(c, 7, (SgdParams){.momentum = 0.5f, .weight_decay = 0.1f, .nesterov = 0});
+#if TRAINC_CUDA
+        sgd_mask_gpu(c, 1000003, (SgdParams){.momentum = 0.9f, .weight_decay = 5e-2f, .nesterov = 1});
+        sgd_mask_gpu(c, 7, (SgdParams){.momentum = 0.0f, .weight_decay = 1e-1f, .nesterov = 0});
+#endif
     }
 }
 
@@ -255,6 +373,8 @@ static void sgd_semantics(uint64_t *rng) {
     sgd_mixed_is_plain(rng, nesterov);
     sgd_mixed_is_plain(rng, plain);
     sgd_mixed_is_plain(rng, no_momentum);
+    sgd_mask_cpu(rng, (SgdParams){.momentum = 0.9f, .weight_decay = 5e-2f, .nesterov = 1});
+    sgd_mask_cpu(rng, (SgdParams){.momentum = 0.0f, .weight_decay = 1e-1f, .nesterov = 0});
 }
 
 const GridOp grid_op_sgd = {

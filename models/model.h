@@ -25,8 +25,8 @@
 #include "ops/maxpool.h"
 #include "ops/op_context.h"
 #include "runtime/arena.h"
-#include "runtime/gpu.h"
 #include "runtime/dtype.h"
+#include "runtime/gpu.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,7 +1,7 @@
 #include "ops/accuracy.h"
 
-#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
+#include "runtime/dtype_cuda.cuh"
 
 #define ACCURACY_THREADS 256
 

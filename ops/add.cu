@@ -2,9 +2,9 @@
 
 #include <stdint.h>
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) AddPack {

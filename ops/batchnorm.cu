@@ -40,8 +40,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
+#include "runtime/dtype_cuda.cuh"
 
 #define BN_THREADS 256
 /* Blocks of one reduction at most: several waves of 256-thread blocks on an

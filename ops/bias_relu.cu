@@ -1,8 +1,8 @@
 #include "ops/bias_relu.h"
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 /* Same arithmetic as the CPU reference: add in fp32, round once. */
 template <typename T>

@@ -2,9 +2,9 @@
 
 #include <stdint.h>
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 /* x + b as the unfused bias + ReLU stores it (rounded to T); ReLU is left to
  * the callers, which compare before it. */

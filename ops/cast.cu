@@ -1,8 +1,8 @@
 #include "ops/cast.h"
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 template <typename From, typename To>
 static __global__ void cast_kernel(const From *src, To *dst, size_t n) {

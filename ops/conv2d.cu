@@ -14,9 +14,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 static const float kOne = 1.0f, kZero = 0.0f;
 

@@ -4,8 +4,8 @@
  * depends on n alone (not on the GPU), so neither does the order. */
 #include "ops/grad_norm.h"
 
-#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
+#include "runtime/dtype_cuda.cuh"
 
 #define NORM_THREADS 256
 #define NORM_MAX_BLOCKS 1024

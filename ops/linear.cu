@@ -9,9 +9,9 @@
  * rounded once, so an accumulated dw keeps its fp32 sum until the store. */
 #include "ops/linear.h"
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 /* Column-major C = alpha op(A) op(B) + beta C in fp32: full fp32 (the pedantic
  * compute type) unless the caller put the handle in CUBLAS_TF32_TENSOR_OP_MATH. */

@@ -1,8 +1,8 @@
 #include "ops/loss_scaler.h"
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 static __global__ void begin_step_kernel(LossScalerState *state) { state->found_inf = 0; }
 

@@ -3,8 +3,8 @@
 
 #include <string.h>
 
-#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
+#include "runtime/dtype_cuda.cuh"
 
 static const float kOne = 1.0f, kZero = 0.0f;
 

@@ -13,8 +13,8 @@
 
 #include <stddef.h>
 
-#include "runtime/gpu.h"
 #include "runtime/dtype.h"
+#include "runtime/gpu.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,8 +1,8 @@
 #include "ops/relu.h"
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 /* Same expressions as the CPU reference (see relu.c), so the results are identical. */
 template <typename T>

@@ -1,8 +1,8 @@
 #include "ops/sgd.h"
 
+#include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
-#include "runtime/check.h"
 
 /* The weight decay of parameter i. MASKED is a template argument so that the
  * unmasked kernels read no mask at all. */

@@ -7,8 +7,8 @@
 
 #include <math.h>
 
-#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
+#include "runtime/dtype_cuda.cuh"
 
 #define XENT_THREADS 512
 #define XENT_WARPS (XENT_THREADS / 32)

@@ -24,7 +24,7 @@
 #            acc with CONFIG=configs/resnet18.ini: issue 6's ResNet comparison
 #   acc      test accuracy of a full training run on CIFAR-10: CONFIG (configs/resnet18.ini),
 #            SEEDS ("0 1"), EPOCHS (the config's), on each of GPUS ("1"; "1,2": the same
-#            global batch, the config's train.batch, split over the GPUs); PyTorch beside:
+#            global batch, ACC_BATCH or the config's train.batch, split over the GPUs); PyTorch beside:
 #            resnet18.ini on 1 GPU runs tools/torch_resnet.py --mode train with the same
 #            recipe, any other tools/torch_ddp.py --eval with the config's settings
 #   loader   epochs with the real loader: CONFIG (configs/ddp.ini), EPOCHS (3), evaluation off,
@@ -293,7 +293,7 @@ bench_step() {
 
 bench_acc() {
   local cfg=${CONFIG:-configs/resnet18.ini} g epochs seed np who bin model targs
-  g=$(cfgtool "$cfg" val train.batch)
+  g=${ACC_BATCH:-$(cfgtool "$cfg" val train.batch)}
   [ -n "$g" ] || { echo "acc: no train.batch in $cfg"; return; }
   epochs=${EPOCHS:-$(cfgtool "$cfg" val run.epochs)}
   [ -d "$DATA/train" ] || { echo "acc: no data at $DATA"; return; }

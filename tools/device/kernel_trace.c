@@ -4,7 +4,8 @@
  * it records every kernel and copy (graph nodes included) with CUPTI's activity
  * API and writes dir/kernels.<pid>.csv: start_ns,end_ns,device,stream,name
  * (a copy's name: "memcpy <kind> <n> bytes" or "memcpy peer <n> bytes").
- * tools/device/trace_summary.py reads them. Build:
+ * tools/device/trace_summary.py reads them; tools/device/trace.sh builds, runs
+ * and summarises in one go. Build by hand:
  *   gcc -O2 -shared -fPIC -I$CUDA/include tools/device/kernel_trace.c \
  *       -L$CUDA/lib64 -lcupti -o libkernel_trace.so */
 #include <cupti.h>

@@ -5,12 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/add.h"
-#include "ops/avgpool.h"
-#include "ops/bias_relu.h"
-#include "ops/bias_relu_pool.h"
+#include "models/layers.h"
 #include "ops/cast.h"
-#include "ops/relu.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
@@ -50,8 +46,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->in2 = -1;
     l->bias_layer = -1;
     l->block = m->open_block;
-    static const char *kind_names[] = {"conv", "relu", "maxpool", "linear", "batchnorm", "add", "avgpool"};
-    snprintf(l->name, sizeof l->name, "%s %d", kind_names[kind], m->n_layers - 1);
+    snprintf(l->name, sizeof l->name, "%s %d", layer_kinds[kind].name, m->n_layers - 1);
     return l;
 }
 
@@ -144,6 +139,14 @@ int model_relu(Model *m, int in) {
     return l->out;
 }
 
+/* GELU's backward reads its input, which therefore stays as it is: a ReLU
+ * works in place only on an activation no other layer reads (plan_accumulation). */
+int model_gelu(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_GELU, in);
+    const Activation *x = &m->acts[in];
+    return l->out = add_act(m, x->c, x->h, x->w);
+}
+
 int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     Layer *l = add_layer(m, LAYER_MAXPOOL, in);
     const Activation *x = &m->acts[in];
@@ -167,18 +170,6 @@ int model_linear(Model *m, int in, int out_features) {
     l->linear = (LinearShape){m->batch, in_features, out_features};
     add_params(m, l, (size_t)out_features * in_features, (size_t)out_features, (size_t)in_features);
     return l->out = add_act(m, out_features, 1, 1);
-}
-
-/* ---- finalizing ------------------------------------------------------- */
-
-/* Element i of a buffer of the activation dtype. */
-static void *element(const Model *m, void *base, size_t i) {
-    return (char *)base + i * dtype_size(m->act_dtype);
-}
-
-static size_t act_floats(const Model *m, int id) {
-    const Activation *a = &m->acts[id];
-    return (size_t)m->batch * a->c * a->h * a->w;
 }
 
 /* ---- gradient buffers ----------------------------------------------------- */
@@ -208,8 +199,7 @@ static void plan_accumulation(Model *m) {
             if (ins[k] <= 0) continue;
             l->dx_accumulate[k] = written[ins[k]];
             written[ins[k]] = 1;
-            if (l->dx_accumulate[k] && l->kind != LAYER_CONV && l->kind != LAYER_BATCHNORM &&
-                l->kind != LAYER_AVGPOOL && l->kind != LAYER_ADD)
+            if (l->dx_accumulate[k] && !layer_kinds[l->kind].adds_dx)
                 TC_FATAL("layer %d: its input feeds several layers, and this kind of layer cannot add its "
                          "gradient to theirs", i);
         }
@@ -346,6 +336,8 @@ static void mark_fusions(Model *m) {
         }
     }
 }
+
+/* ---- finalizing ------------------------------------------------------- */
 
 /* GPU: the cuDNN descriptors and algorithms of every layer, and the sizes of
  * the workspace and scratch the layers share. */
@@ -521,6 +513,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     arena_init(&m->arena, m->device, sizing.used);
     carve_buffers(m, &m->arena);
     m->ops.workspace = m->workspace;
+    if (m->nvtx_layers) m->ops.hooks = &layer_nvtx_hooks;
 
     /* The batch norms run one after another on one stream: one scratch serves all. */
     if (m->bn_scratch) {
@@ -546,9 +539,7 @@ void model_destroy(Model *m) {
     arena_free(&m->arena);
 }
 
-/* ---- running ------------------------------------------------------------ */
-
-static void *grad_of(const Model *m, int id);
+/* ---- access (the passes are in layers.c) --------------------------------- */
 
 float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 : (float *)m->acts[0].value; }
 size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
@@ -556,210 +547,6 @@ void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
 void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }
 void model_set_training(Model *m, int training) { m->training = training; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
-
-/* In training, the batch's statistics (over every rank with dist.sync_bn);
- * in evaluation, the running ones. */
-static BatchNormMode bn_mode(const Model *m) {
-    if (!m->training) return BN_EVAL;
-    return m->bn_allreduce ? BN_TRAIN_SYNC : BN_TRAIN;
-}
-
-/* A layer's batch-norm buffers: gamma and beta from the fp32 masters. */
-static BatchNormParams bn_params(const Model *m, const Layer *l) {
-    BatchNormParams p;
-    p.gamma = m->params + l->w_off;
-    p.beta = m->params + l->b_off;
-    p.running_mean = m->bn_running + l->stat_off;
-    p.running_var = p.running_mean + l->bn.shape.c;
-    p.save_mean = m->bn_saved + l->stat_off;
-    p.save_invstd = p.save_mean + l->bn.shape.c;
-    /* A checkpointed block's second forward must not count its batch twice. */
-    p.momentum = m->recomputing ? 0.0f : m->bn_momentum;
-    p.eps = m->bn_eps;
-    p.reduce = m->bn_allreduce;
-    p.reduce_ctx = m->bn_allreduce_ctx;
-    return p;
-}
-
-static void layer_batchnorm_forward(Model *m, Layer *l, const void *x, void *y) {
-    BatchNormParams p = bn_params(m, l);
-    batchnorm_forward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x, y);
-}
-
-/* A fused max-pool's bias: its conv's, in the weights the layers read. */
-static const void *pool_bias(const Model *m, const Layer *pool) {
-    return element(m, m->weights, m->layers[pool->bias_layer].b_off);
-}
-
-static void layer_forward(Model *m, Layer *l) {
-    const OpContext *ctx = &m->ops;
-    const void *x = m->acts[l->in].value;
-    void *y = m->acts[l->out].value;
-    const void *w = element(m, m->weights, l->w_off);
-    const void *b = l->b_count ? element(m, m->weights, l->b_off) : NULL;
-    size_t n = act_floats(m, l->out);
-    const Activation *a = &m->acts[l->in];
-    switch (l->kind) {
-    case LAYER_CONV: {
-        /* Fused: the bias and the ReLU after the convolution (bias_relu), or in the max-pool after it. */
-        const Conv2dShape *s = &l->conv.shape;
-        conv2d_forward(ctx, &l->conv, x, w, l->fused ? NULL : b, y);
-        if (l->fused && !l->bias_by_pool)
-            bias_relu_forward(ctx, b, y, s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
-        break;
-    }
-    case LAYER_RELU:
-        if (!l->fused) relu_forward(ctx, x, y, n);
-        break;
-    case LAYER_MAXPOOL:
-        if (l->fused) bias_relu_pool_forward(ctx, &l->pool.shape, x, pool_bias(m, l), y);
-        else maxpool_forward(ctx, &l->pool, x, y);
-        break;
-    case LAYER_LINEAR:
-        linear_forward(ctx, &l->linear, x, w, b, y);
-        break;
-    case LAYER_BATCHNORM:
-        layer_batchnorm_forward(m, l, x, y);
-        break;
-    case LAYER_ADD:
-        if (l->fused) add_relu_forward(ctx, x, m->acts[l->in2].value, y, n);
-        else add_forward(ctx, x, m->acts[l->in2].value, y, n);
-        break;
-    case LAYER_AVGPOOL:
-        avgpool_forward(ctx, x, y, m->batch, a->c, a->h * a->w);
-        break;
-    }
-}
-
-static void *grad_of(const Model *m, int id) {
-    const Activation *a = &m->acts[id];
-    if (id <= 0) return NULL;
-    if (a->grad_in_value) return a->value;
-    return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
-}
-
-static void layer_batchnorm_backward(Model *m, Layer *l, const void *x, const void *y, const void *dy, void *dx) {
-    BatchNormParams p = bn_params(m, l);
-    void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
-    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x, y, dy, dx, l->dx_accumulate[0], dgamma, dbeta);
-}
-
-/* An add passes dy to each input: as the input's own buffer (alias), copied,
- * or added to what another layer wrote there. */
-static void layer_add_backward(Model *m, Layer *l, const void *dy) {
-    const OpContext *ctx = &m->ops;
-    int ins[2] = {l->in, l->in2};
-    size_t n = act_floats(m, l->out);
-    /* The fused ReLU's backward first, in place: y is the ReLU's output. */
-    if (l->fused) relu_backward(ctx, m->acts[l->out].value, dy, (void *)dy, n);
-    for (int k = 0; k < 2; k++) {
-        void *dx = grad_of(m, ins[k]);
-        if (!dx || l->dx_alias[k]) continue;
-        if (l->dx_accumulate[k]) add_accumulate(ctx, dx, dy, n);
-        else op_copy(ctx, dx, dy, n * dtype_size(m->act_dtype));
-    }
-}
-
-static void layer_backward(Model *m, Layer *l) {
-    const OpContext *ctx = &m->ops;
-    const void *x = m->acts[l->in].value;
-    const void *y = m->acts[l->out].value;
-    const void *dy = grad_of(m, l->out);
-    void *dx = grad_of(m, l->in);
-    const void *w = element(m, m->weights, l->w_off);
-    void *dw = element(m, m->grads, l->w_off);
-    void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
-    size_t n = act_floats(m, l->out);
-    const Activation *a = &m->acts[l->in];
-    int acc = l->dx_accumulate[0];
-    switch (l->kind) {
-    case LAYER_CONV:
-        if (l->fused) {
-            /* The fused ReLU's backward, in place (the max-pool did it under bias_by_pool),
-             * then the bias and the convolution. */
-            if (!l->bias_by_pool) relu_backward(ctx, y, dy, (void *)dy, n);
-            conv2d_bias_grad(ctx, &l->conv, dy, db);
-            conv2d_backward(ctx, &l->conv, x, w, dy, dx, dw, NULL, acc);
-        } else {
-            conv2d_backward(ctx, &l->conv, x, w, dy, dx, dw, db, acc);
-        }
-        break;
-    case LAYER_RELU:
-        if (dx && !l->fused) relu_backward(ctx, y, dy, dx, n);
-        break;
-    case LAYER_MAXPOOL:
-        if (dx && l->fused) bias_relu_pool_backward(ctx, &l->pool.shape, x, pool_bias(m, l), dy, dx);
-        else if (dx) maxpool_backward(ctx, &l->pool, x, y, dy, dx);
-        break;
-    case LAYER_LINEAR:
-        linear_backward(ctx, &l->linear, x, w, dy, dx, dw, db);
-        break;
-    case LAYER_BATCHNORM:
-        layer_batchnorm_backward(m, l, x, y, dy, dx);
-        break;
-    case LAYER_ADD:
-        layer_add_backward(m, l, dy);
-        break;
-    case LAYER_AVGPOOL:
-        if (dx) avgpool_backward(ctx, dy, dx, acc, m->batch, a->c, a->h * a->w);
-        break;
-    }
-}
-
-/* model.nvtx_layers: each layer's work in a range of its own name. */
-static void layer_range_push(const Model *m, const Layer *l) {
-    if (m->nvtx_layers) gpu_range_push(l->name);
-}
-
-static void layer_range_pop(const Model *m) {
-    if (m->nvtx_layers) gpu_range_pop();
-}
-
-/* The fp32 NCHW batch into the input activation, where they differ (AMP, NHWC). */
-static void cast_input(Model *m) {
-    const Activation *in = &m->acts[0];
-    if (m->nhwc)
-        cast_nchw_to_nhwc(&m->ops, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c);
-    else if (m->input_f32)
-        cast_from_f32(&m->ops, m->input_f32, in->value, act_floats(m, 0));
-}
-
-void model_forward(Model *m) {
-    cast_input(m);
-    for (int i = 0; i < m->n_layers; i++) {
-        const Layer *l = &m->layers[i];
-        if (m->weights_needed && l->w_count) /* the bias follows the weights (add_params) */
-            m->weights_needed(m->weights_needed_ctx, l->w_off, l->w_off + l->w_count + l->b_count);
-        layer_range_push(m, &m->layers[i]);
-        layer_forward(m, &m->layers[i]);
-        layer_range_pop(m);
-    }
-}
-
-/* Under checkpointing, reaching a block's last layer runs the block forward
- * again from its kept input, refilling the inside that later blocks overwrote. */
-static void recompute_block(Model *m, int last) {
-    int first = last;
-    while (first > 0 && m->layers[first - 1].block == m->layers[last].block) first--;
-    gpu_range_push("recompute");
-    m->recomputing = 1;
-    for (int i = first; i <= last; i++) layer_forward(m, &m->layers[i]);
-    m->recomputing = 0;
-    gpu_range_pop();
-}
-
-void model_backward(Model *m) {
-    for (int i = m->n_layers - 1; i >= 0; i--) {
-        const Layer *l = &m->layers[i];
-        int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
-        /* The last block's inside is still in place from the forward pass. */
-        if (m->checkpoint && block_end && l->block != m->n_blocks - 1) recompute_block(m, i);
-        layer_range_push(m, l);
-        layer_backward(m, &m->layers[i]);
-        layer_range_pop(m);
-        if (m->grads_ready && l->w_count) m->grads_ready(m->grads_ready_ctx, l->w_off);
-    }
-}
 
 void model_zero_grads(Model *m) { op_fill(&m->ops, m->grads, 0, m->n_params * dtype_size(m->act_dtype)); }
 

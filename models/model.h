@@ -36,8 +36,10 @@ extern "C" {
 #define MODEL_MAX_ACTS 513
 #define MODEL_MAX_GRAD_SLOTS 16
 
+/* What each kind runs: models/layers.c's layer_kinds. */
 typedef enum {
-    LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR, LAYER_BATCHNORM, LAYER_ADD, LAYER_AVGPOOL
+    LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR, LAYER_BATCHNORM, LAYER_ADD, LAYER_AVGPOOL, LAYER_GELU,
+    LAYER_KINDS
 } LayerKind;
 
 typedef struct {
@@ -64,7 +66,7 @@ typedef struct {
      * An add whose input gradient is dy itself (alias) writes nothing. */
     int dx_accumulate[2];
     int dx_alias[2];
-    char name[24];        /* "conv 3": its NVTX range under nvtx_layers */
+    char name[24];        /* "conv 3": the label its ops carry to the op hooks (NVTX under nvtx_layers) */
 } Layer;
 
 typedef struct {
@@ -83,7 +85,8 @@ typedef struct {
 typedef struct {
     DeviceKind device;
     GpuContext *gpu;      /* NULL on the CPU */
-    OpContext ops;        /* where every layer's op runs (set by model_finalize) */
+    OpContext ops;        /* where every layer's op runs (set by model_finalize); its hooks see each op, its
+                             label the running layer's name (NULL between layers) */
     int batch;
     int num_classes;
     int nhwc;             /* channels-last layout (set by model_init) */
@@ -102,7 +105,8 @@ typedef struct {
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */
     int recomputing;      /* inside a checkpointed block's second forward: running statistics stay put */
-    int nvtx_layers;      /* an NVTX range around each layer's forward and backward (profiling) */
+    int nvtx_layers;      /* set before model_finalize: an NVTX range, named by the layer, around each op
+                             of a layer's forward and backward (profiling; installs ops.hooks) */
     float bn_momentum, bn_eps; /* PyTorch's 0.1 and 1e-5 (model_init) */
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
@@ -152,6 +156,7 @@ int model_input(Model *m, int c, int h, int w);
 int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride);
 int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, int stride);
 int model_relu(Model *m, int in);
+int model_gelu(Model *m, int in);          /* exact (erf) GELU, PyTorch's nn.GELU() */
 int model_maxpool2(Model *m, int in);
 int model_maxpool(Model *m, int in, int kernel, int stride, int pad);
 int model_linear(Model *m, int in, int out_features);

@@ -16,6 +16,8 @@ int accuracy_count_cpu(const float *logits, const int32_t *labels, int n, int cl
 
 void accuracy_count(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
                     int *count) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) *count += accuracy_count_cpu(logits, labels, n, classes);
     else GPU_ONLY(accuracy_count_cuda(ctx->dtype, logits, labels, n, classes, count, ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -14,13 +14,16 @@
 extern "C" {
 #endif
 
-int accuracy_count_cpu(const float *logits, const int32_t *labels, int n, int classes);
-void accuracy_count_cuda(DType dtype, const void *logits, const int32_t *labels, int n,
-                         int classes, int *count_device, cudaStream_t stream);
 /* The face (op_context.h): ADDS the count to *count, logits of ctx->dtype,
  * everything in ctx's device memory. */
 void accuracy_count(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
                     int *count);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
+int accuracy_count_cpu(const float *logits, const int32_t *labels, int n, int classes);
+void accuracy_count_cuda(DType dtype, const void *logits, const int32_t *labels, int n,
+                         int classes, int *count_device, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

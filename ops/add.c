@@ -17,16 +17,22 @@ void add_accumulate_cpu(float *dst, const float *src, size_t n) {
 }
 
 void add_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) add_forward_cpu(a, b, y, n);
     else GPU_ONLY(add_forward_cuda(ctx->dtype, a, b, y, n, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void add_relu_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) add_relu_forward_cpu(a, b, y, n);
     else GPU_ONLY(add_relu_forward_cuda(ctx->dtype, a, b, y, n, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void add_accumulate(const OpContext *ctx, void *dst, const void *src, size_t n) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) add_accumulate_cpu(dst, src, n);
     else GPU_ONLY(add_accumulate_cuda(ctx->dtype, dst, src, n, ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -18,6 +18,13 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): every buffer of ctx->dtype on ctx's device. */
+void add_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n);
+void add_relu_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n);
+void add_accumulate(const OpContext *ctx, void *dst, const void *src, size_t n);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void add_forward_cpu(const float *a, const float *b, float *y, size_t n);
 void add_relu_forward_cpu(const float *a, const float *b, float *y, size_t n);
 void add_accumulate_cpu(float *dst, const float *src, size_t n);
@@ -27,11 +34,6 @@ void add_forward_cuda(DType dtype, const void *a, const void *b, void *y, size_t
 void add_relu_forward_cuda(DType dtype, const void *a, const void *b, void *y, size_t n,
                            cudaStream_t stream);
 void add_accumulate_cuda(DType dtype, void *dst, const void *src, size_t n, cudaStream_t stream);
-
-/* The face (op_context.h): every buffer of ctx->dtype on ctx's device. */
-void add_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n);
-void add_relu_forward(const OpContext *ctx, const void *a, const void *b, void *y, size_t n);
-void add_accumulate(const OpContext *ctx, void *dst, const void *src, size_t n);
 
 #ifdef __cplusplus
 }

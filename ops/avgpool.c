@@ -29,11 +29,15 @@ void avgpool_backward_cpu(const float *dy, float *dx, int accumulate_dx, int n, 
 }
 
 void avgpool_forward(const OpContext *ctx, const void *x, void *y, int n, int c, int plane) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) avgpool_forward_cpu(x, y, n, c, plane);
     else GPU_ONLY(avgpool_forward_cuda(ctx->dtype, ctx->nhwc, x, y, n, c, plane, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void avgpool_backward(const OpContext *ctx, const void *dy, void *dx, int accumulate_dx, int n, int c, int plane) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) avgpool_backward_cpu(dy, dx, accumulate_dx, n, c, plane);
     else GPU_ONLY(avgpool_backward_cuda(ctx->dtype, ctx->nhwc, dy, dx, accumulate_dx, n, c, plane, ctx->stream));
+    op_end(ctx, __func__);
 }

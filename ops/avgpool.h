@@ -18,6 +18,12 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
+void avgpool_forward(const OpContext *ctx, const void *x, void *y, int n, int c, int plane);
+void avgpool_backward(const OpContext *ctx, const void *dy, void *dx, int accumulate_dx, int n, int c, int plane);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void avgpool_forward_cpu(const float *x, float *y, int n, int c, int plane);
 void avgpool_backward_cpu(const float *dy, float *dx, int accumulate_dx, int n, int c, int plane);
 
@@ -25,10 +31,6 @@ void avgpool_forward_cuda(DType dtype, int nhwc, const void *x, void *y, int n, 
                           cudaStream_t stream);
 void avgpool_backward_cuda(DType dtype, int nhwc, const void *dy, void *dx, int accumulate_dx, int n,
                            int c, int plane, cudaStream_t stream);
-
-/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
-void avgpool_forward(const OpContext *ctx, const void *x, void *y, int n, int c, int plane);
-void avgpool_backward(const OpContext *ctx, const void *dy, void *dx, int accumulate_dx, int n, int c, int plane);
 
 #ifdef __cplusplus
 }

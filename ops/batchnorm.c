@@ -272,8 +272,10 @@ static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMod
 void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
                        const BatchNormParams *p, const void *x, void *y) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) forward_cpu(bn, mode, relu, p, x, y);
     else forward_cuda(ctx, bn, mode, relu, p, x, y);
+    op_end(ctx, __func__);
 }
 
 static void backward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
@@ -296,9 +298,11 @@ void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode
                         int accumulate_dx, void *dgamma, void *dbeta) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
     if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU)
         backward(&bn->shape, x, relu ? y : NULL, dy, p->gamma, p->save_mean, p->save_invstd, dx, accumulate_dx,
                  dgamma, dbeta, mode == BN_TRAIN_SYNC ? p->reduce : NULL, p->reduce_ctx);
     else
         backward_cuda(ctx, bn, mode, relu, p, x, y, dy, dx, accumulate_dx, dgamma, dbeta);
+    op_end(ctx, __func__);
 }

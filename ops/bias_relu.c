@@ -12,6 +12,8 @@ void bias_relu_forward_cpu(const float *b, float *y, int n, int c, int plane, in
 }
 
 void bias_relu_forward(const OpContext *ctx, const void *b, void *y, int n, int c, int plane) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) bias_relu_forward_cpu(b, y, n, c, plane, ctx->nhwc);
     else GPU_ONLY(bias_relu_forward_cuda(ctx->dtype, ctx->nhwc, b, y, n, c, plane, ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -12,12 +12,14 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
+void bias_relu_forward(const OpContext *ctx, const void *b, void *y, int n, int c, int plane);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void bias_relu_forward_cpu(const float *b, float *y, int n, int c, int plane, int nhwc);
 void bias_relu_forward_cuda(DType dtype, int nhwc, const void *b, void *y, int n, int c, int plane,
                             cudaStream_t stream);
-
-/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
-void bias_relu_forward(const OpContext *ctx, const void *b, void *y, int n, int c, int plane);
 
 #ifdef __cplusplus
 }

@@ -65,12 +65,16 @@ void bias_relu_pool_backward_cpu(const Pool2dShape *s, int nhwc, const float *x,
 }
 
 void bias_relu_pool_forward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b, void *y) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) bias_relu_pool_forward_cpu(s, ctx->nhwc, x, b, y);
     else GPU_ONLY(bias_relu_pool_forward_cuda(ctx->dtype, s, ctx->nhwc, x, b, y, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void bias_relu_pool_backward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b,
                              const void *dy, void *dx) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) bias_relu_pool_backward_cpu(s, ctx->nhwc, x, b, dy, dx);
     else GPU_ONLY(bias_relu_pool_backward_cuda(ctx->dtype, s, ctx->nhwc, x, b, dy, dx, ctx->stream));
+    op_end(ctx, __func__);
 }

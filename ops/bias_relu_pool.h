@@ -26,6 +26,13 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
+void bias_relu_pool_forward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b, void *y);
+void bias_relu_pool_backward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b,
+                             const void *dy, void *dx);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 /* s is x's shape; its window must be the plain 2x2 stride 2, pad 0 over an
  * even size: fails naming the shape otherwise (every call checks). */
 void bias_relu_pool_check_shape(const Pool2dShape *s);
@@ -36,11 +43,6 @@ void bias_relu_pool_forward_cuda(DType dtype, const Pool2dShape *s, int nhwc, co
                                  void *y, cudaStream_t stream);
 void bias_relu_pool_backward_cuda(DType dtype, const Pool2dShape *s, int nhwc, const void *x, const void *b,
                                   const void *dy, void *dx, cudaStream_t stream);
-
-/* The face (op_context.h): ctx->dtype and ctx->nhwc on ctx's device. */
-void bias_relu_pool_forward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b, void *y);
-void bias_relu_pool_backward(const OpContext *ctx, const Pool2dShape *s, const void *x, const void *b,
-                             const void *dy, void *dx);
 
 #ifdef __cplusplus
 }

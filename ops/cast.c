@@ -103,12 +103,16 @@ void cast_nchw_to_nhwc_cpu(DType dst_dtype, const float *src_nchw, void *dst_nhw
 }
 
 void cast_from_f32(const OpContext *ctx, const float *src, void *dst, size_t n) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) cast_from_f32_cpu(ctx->dtype, src, dst, n);
     else GPU_ONLY(cast_from_f32_cuda(ctx->dtype, src, dst, n, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void cast_nchw_to_nhwc(const OpContext *ctx, const float *src_nchw, void *dst_nhwc, int n, int c, int h, int w,
                        int c_padded) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) cast_nchw_to_nhwc_cpu(ctx->dtype, src_nchw, dst_nhwc, n, c, h, w, c_padded);
     else GPU_ONLY(cast_nchw_to_nhwc_cuda(ctx->dtype, src_nchw, dst_nhwc, n, c, h, w, c_padded, ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -16,6 +16,14 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): float32 to ctx->dtype on ctx's device
+ * (cast_nchw_to_nhwc as cast_nchw_to_nhwc_cpu below). */
+void cast_from_f32(const OpContext *ctx, const float *src, void *dst, size_t n);
+void cast_nchw_to_nhwc(const OpContext *ctx, const float *src_nchw, void *dst_nhwc, int n, int c, int h, int w,
+                       int c_padded);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void cast_from_f32_cpu(DType dst_dtype, const float *src, void *dst, size_t n);
 void cast_to_f32_cpu(DType src_dtype, const void *src, float *dst, size_t n);
 void cast_from_f32_cuda(DType dst_dtype, const float *src, void *dst, size_t n,
@@ -31,11 +39,6 @@ void cast_nchw_to_nhwc_cpu(DType dst_dtype, const float *src_nchw, void *dst_nhw
                            int h, int w, int c_padded);
 void cast_nchw_to_nhwc_cuda(DType dst_dtype, const float *src_nchw, void *dst_nhwc, int n, int c,
                             int h, int w, int c_padded, cudaStream_t stream);
-
-/* The face (op_context.h): float32 to ctx->dtype on ctx's device. */
-void cast_from_f32(const OpContext *ctx, const float *src, void *dst, size_t n);
-void cast_nchw_to_nhwc(const OpContext *ctx, const float *src_nchw, void *dst_nhwc, int n, int c, int h, int w,
-                       int c_padded);
 
 #ifdef __cplusplus
 }

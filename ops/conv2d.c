@@ -182,19 +182,25 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
 }
 
 void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) conv2d_forward_cpu(&c->shape, x, w, b, y);
     else GPU_ONLY(conv2d_forward_cuda(&c->cuda, ctx->cudnn, x, w, b, y, ctx->workspace));
+    op_end(ctx, __func__);
 }
 
 void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
                      void *dw, void *db, int accumulate_dx) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) conv2d_backward_ex_cpu(&c->shape, x, w, dy, dx, dw, db, accumulate_dx);
     else GPU_ONLY(conv2d_backward_ex_cuda(&c->cuda, ctx->cudnn, x, w, dy, dx, dw, db, ctx->workspace, accumulate_dx));
+    op_end(ctx, __func__);
 }
 
 void conv2d_bias_grad(const OpContext *ctx, const Conv2d *c, const void *dy, void *db) {
+    op_begin(ctx, __func__);
     const Conv2dShape *s = &c->shape;
     if (ctx->device == DEVICE_CPU) conv2d_bias_grad_cpu(s, dy, db);
     else GPU_ONLY(conv2d_bias_grad_cuda(ctx->dtype, ctx->nhwc, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), dy, db,
                                         ctx->workspace, ctx->stream));
+    op_end(ctx, __func__);
 }

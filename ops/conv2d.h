@@ -33,14 +33,6 @@ typedef struct {
 int conv2d_out_h(const Conv2dShape *s);
 int conv2d_out_w(const Conv2dShape *s);
 
-/* CPU reference (im2col + sgemm). */
-void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *b,
-                        float *y);
-void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
-                         float *dx, float *dw, float *db);
-void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db, int accumulate_dx);
-
 /* How convolution algorithms are chosen, once per layer at init.
  * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
  * (CUDNN_DEFAULT_MATH, PyTorch's default for cuDNN); off keeps full fp32 FMA.
@@ -73,6 +65,35 @@ typedef struct {
     size_t workspace_bytes; /* the most any algorithm or the bias gradient needs */
 } Conv2dCuda;
 
+/* The face (op_context.h): one convolution on either device, ctx->dtype and
+ * ctx->nhwc on the GPU, where init chooses its algorithms by the policy and
+ * the calls run with ctx->workspace, which must hold workspace_bytes (0 on the
+ * CPU) and, where conv2d_bias_grad is called, bias_grad_bytes. backward's
+ * accumulate_dx is the _ex paths' (below). */
+typedef struct {
+    Conv2dShape shape;
+    Conv2dCuda cuda; /* GPU only */
+} Conv2d;
+
+void conv2d_init(const OpContext *ctx, Conv2d *c, const Conv2dShape *s, const ConvAlgoPolicy *policy);
+void conv2d_destroy(const OpContext *ctx, Conv2d *c);
+size_t conv2d_workspace_bytes(const OpContext *ctx, const Conv2d *c);
+size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c);
+void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y);
+void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
+                     void *dw, void *db, int accumulate_dx);
+void conv2d_bias_grad(const OpContext *ctx, const Conv2d *c, const void *dy, void *db);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
+/* CPU reference (im2col + sgemm). */
+void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *b,
+                        float *y);
+void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
+                         float *dx, float *dw, float *db);
+void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
+                            float *dx, float *dw, float *db, int accumulate_dx);
+
 /* nhwc picks the layout above. Half types in NHWC run on tensor cores where
  * cuDNN has a kernel for the shape: c a multiple of 8 (pad the input's channels
  * with zeros, see cast_nchw_to_nhwc_cuda) and k a multiple of 8. */
@@ -99,25 +120,6 @@ void conv2d_bias_grad_cuda(DType dtype, int nhwc, int n, int k, int out_h, int o
                            const void *dy, void *db, void *workspace, cudaStream_t stream);
 /* The same on the CPU (NCHW float32), the sums conv2d_backward_cpu adds to db. */
 void conv2d_bias_grad_cpu(const Conv2dShape *s, const float *dy, float *db);
-
-/* The face (op_context.h): one convolution on either device, ctx->dtype and
- * ctx->nhwc on the GPU, where init chooses its algorithms by the policy and
- * the calls run with ctx->workspace, which must hold workspace_bytes (0 on the
- * CPU) and, where conv2d_bias_grad is called, bias_grad_bytes. backward's
- * accumulate_dx is the _ex versions'. */
-typedef struct {
-    Conv2dShape shape;
-    Conv2dCuda cuda; /* GPU only */
-} Conv2d;
-
-void conv2d_init(const OpContext *ctx, Conv2d *c, const Conv2dShape *s, const ConvAlgoPolicy *policy);
-void conv2d_destroy(const OpContext *ctx, Conv2d *c);
-size_t conv2d_workspace_bytes(const OpContext *ctx, const Conv2d *c);
-size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c);
-void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y);
-void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
-                     void *dw, void *db, int accumulate_dx);
-void conv2d_bias_grad(const OpContext *ctx, const Conv2d *c, const void *dy, void *db);
 
 #ifdef __cplusplus
 }

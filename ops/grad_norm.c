@@ -21,9 +21,11 @@ size_t grad_clip_scratch_bytes(const OpContext *ctx, size_t n) {
 
 void grad_clip_factor(const OpContext *ctx, const void *grads, size_t n, const LossScalerState *scaler,
                       float extra_inv, float clip_norm, void *scratch, float *norm, float *factor) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU)
         grad_clip_factor_cpu(grads, n, scaler ? extra_inv / scaler->scale : extra_inv, clip_norm, norm, factor);
     else
         GPU_ONLY(grad_clip_factor_cuda(grads, ctx->dtype, n, scaler, extra_inv, clip_norm, scratch, norm, factor,
                                        ctx->stream));
+    op_end(ctx, __func__);
 }

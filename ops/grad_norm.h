@@ -29,6 +29,15 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): grads of ctx->dtype, everything in ctx's device
+ * memory; inv = extra_inv / scaler->scale (scaler NULL: extra_inv). scratch
+ * holds grad_clip_scratch_bytes (0 on the CPU, where it may be NULL). */
+size_t grad_clip_scratch_bytes(const OpContext *ctx, size_t n);
+void grad_clip_factor(const OpContext *ctx, const void *grads, size_t n, const LossScalerState *scaler,
+                      float extra_inv, float clip_norm, void *scratch, float *norm, float *factor);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 /* inv_scale_times = 1 / (s * k). */
 void grad_clip_factor_cpu(const float *grads, size_t n, float inv_scale_times, float clip_norm,
                           float *norm_out, float *factor_out);
@@ -38,13 +47,6 @@ size_t grad_norm_scratch_bytes(size_t n);
 void grad_clip_factor_cuda(const void *grads, DType dtype, size_t n,
                            const LossScalerState *scaler_dev, float extra_inv, float clip_norm,
                            void *scratch, float *norm_dev, float *factor_dev, cudaStream_t stream);
-
-/* The face (op_context.h): grads of ctx->dtype, everything in ctx's device
- * memory; inv = extra_inv / scaler->scale (scaler NULL: extra_inv). scratch
- * holds grad_clip_scratch_bytes (0 on the CPU, where it may be NULL). */
-size_t grad_clip_scratch_bytes(const OpContext *ctx, size_t n);
-void grad_clip_factor(const OpContext *ctx, const void *grads, size_t n, const LossScalerState *scaler,
-                      float extra_inv, float clip_norm, void *scratch, float *norm, float *factor);
 
 #ifdef __cplusplus
 }

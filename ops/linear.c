@@ -26,12 +26,16 @@ void linear_backward_cpu(const LinearShape *s, const float *x, const float *w, c
 
 void linear_forward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *b,
                     void *y) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) linear_forward_cpu(s, x, w, b, y);
     else GPU_ONLY(linear_forward_cuda(ctx->cublas, ctx->stream, s, ctx->dtype, x, w, b, y));
+    op_end(ctx, __func__);
 }
 
 void linear_backward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *dy,
                      void *dx, void *dw, void *db) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) linear_backward_cpu(s, x, w, dy, dx, dw, db);
     else GPU_ONLY(linear_backward_cuda(ctx->cublas, ctx->stream, s, ctx->dtype, x, w, dy, dx, dw, db));
+    op_end(ctx, __func__);
 }

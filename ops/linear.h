@@ -16,6 +16,14 @@ extern "C" {
 
 typedef struct { int n, in, out; } LinearShape;
 
+/* The face (op_context.h): ctx->dtype on ctx's device (cuBLAS: ctx->cublas). */
+void linear_forward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *b,
+                    void *y);
+void linear_backward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *dy,
+                     void *dx, void *dw, void *db);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void linear_forward_cpu(const LinearShape *s, const float *x, const float *w, const float *b,
                         float *y);
 void linear_backward_cpu(const LinearShape *s, const float *x, const float *w, const float *dy,
@@ -26,12 +34,6 @@ void linear_forward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShap
 void linear_backward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShape *s,
                           DType dtype, const void *x, const void *w, const void *dy, void *dx,
                           void *dw, void *db);
-
-/* The face (op_context.h): ctx->dtype on ctx's device (cuBLAS: ctx->cublas). */
-void linear_forward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *b,
-                    void *y);
-void linear_backward(const OpContext *ctx, const LinearShape *s, const void *x, const void *w, const void *dy,
-                     void *dx, void *dw, void *db);
 
 #ifdef __cplusplus
 }

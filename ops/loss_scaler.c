@@ -30,18 +30,24 @@ void loss_scaler_update_cpu(LossScalerState *state, float growth, float backoff,
 }
 
 void loss_scaler_begin_step(const OpContext *ctx, LossScalerState *state) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) loss_scaler_begin_step_cpu(state);
     else GPU_ONLY(loss_scaler_begin_step_cuda(state, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void loss_scaler_check(const OpContext *ctx, const void *grads, DType dtype, size_t n, LossScalerState *state) {
     if (ctx->device == DEVICE_CPU && dtype != DTYPE_F32)
         TC_FATAL("loss_scaler_check: the CPU path checks float32, not %s", dtype_name(dtype));
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) loss_scaler_check_cpu(grads, n, state);
     else GPU_ONLY(loss_scaler_check_cuda(grads, dtype, n, state, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void loss_scaler_update(const OpContext *ctx, LossScalerState *state, float growth, float backoff, int interval) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) loss_scaler_update_cpu(state, growth, backoff, interval);
     else GPU_ONLY(loss_scaler_update_cuda(state, growth, backoff, interval, ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -42,6 +42,14 @@ typedef struct {
 /* The state to start from (upload it once for the CUDA path). */
 LossScalerState loss_scaler_initial(float scale);
 
+/* The face (op_context.h): state in ctx's device memory; check's grads are
+ * of dtype (float32 on the CPU). */
+void loss_scaler_begin_step(const OpContext *ctx, LossScalerState *state);
+void loss_scaler_check(const OpContext *ctx, const void *grads, DType dtype, size_t n, LossScalerState *state);
+void loss_scaler_update(const OpContext *ctx, LossScalerState *state, float growth, float backoff, int interval);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void loss_scaler_begin_step_cpu(LossScalerState *state);
 void loss_scaler_check_cpu(const float *grads, size_t n, LossScalerState *state);
 void loss_scaler_update_cpu(LossScalerState *state, float growth, float backoff, int interval);
@@ -53,12 +61,6 @@ void loss_scaler_check_cuda(const void *grads, DType dtype, size_t n, LossScaler
                             cudaStream_t stream);
 void loss_scaler_update_cuda(LossScalerState *state_dev, float growth, float backoff,
                              int interval, cudaStream_t stream);
-
-/* The face (op_context.h): state in ctx's device memory; check's grads are
- * of dtype (float32 on the CPU). */
-void loss_scaler_begin_step(const OpContext *ctx, LossScalerState *state);
-void loss_scaler_check(const OpContext *ctx, const void *grads, DType dtype, size_t n, LossScalerState *state);
-void loss_scaler_update(const OpContext *ctx, LossScalerState *state, float growth, float backoff, int interval);
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,8 @@ void lr_schedule_step_cpu(const LrSchedule *s, int64_t *step_counter, float *lr_
 }
 
 void lr_schedule_step(const OpContext *ctx, const LrSchedule *s, int64_t *step_counter, float *lr_out) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) lr_schedule_step_cpu(s, step_counter, lr_out);
     else GPU_ONLY(lr_schedule_step_cuda(s, step_counter, lr_out, ctx->stream));
+    op_end(ctx, __func__);
 }

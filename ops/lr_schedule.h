@@ -61,6 +61,13 @@ typedef struct {
 void lr_schedule_check(const LrSchedule *s);
 /* Host: the lr of optimizer step 'step', for logging and the CPU path. */
 float lr_schedule_at(const LrSchedule *s, long step);
+
+/* The face (op_context.h): writes the lr for *step_counter into *lr_out, then
+ * increments *step_counter; both in ctx's device memory. */
+void lr_schedule_step(const OpContext *ctx, const LrSchedule *s, int64_t *step_counter, float *lr_out);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 /* Writes the lr for *step_counter into *lr_out, then increments *step_counter. */
 void lr_schedule_step_cpu(const LrSchedule *s, int64_t *step_counter, float *lr_out);
 /* The same on the device, one single-thread kernel on 'stream': reads
@@ -68,8 +75,6 @@ void lr_schedule_step_cpu(const LrSchedule *s, int64_t *step_counter, float *lr_
  * is passed by value, so a captured graph keeps the one given at capture. */
 void lr_schedule_step_cuda(const LrSchedule *s, int64_t *step_counter_dev, float *lr_dev,
                            cudaStream_t stream);
-/* The face (op_context.h): the counter and lr in ctx's device memory. */
-void lr_schedule_step(const OpContext *ctx, const LrSchedule *s, int64_t *step_counter, float *lr_out);
 
 #ifdef __cplusplus
 }

@@ -66,12 +66,16 @@ void maxpool_destroy(const OpContext *ctx, MaxPool2d *p) {
 }
 
 void maxpool_forward(const OpContext *ctx, const MaxPool2d *p, const void *x, void *y) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) maxpool2x2_forward_cpu(&p->shape, x, y);
     else GPU_ONLY(maxpool2x2_forward_cuda(&p->cuda, ctx->cudnn, x, y));
+    op_end(ctx, __func__);
 }
 
 void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, const void *y, const void *dy,
                       void *dx) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) maxpool2x2_backward_cpu(&p->shape, x, y, dy, dx);
     else GPU_ONLY(maxpool2x2_backward_cuda(&p->cuda, ctx->cudnn, x, y, dy, dx));
+    op_end(ctx, __func__);
 }

@@ -21,10 +21,7 @@ int pool2d_stride(const Pool2dShape *s);
 int pool2d_out_h(const Pool2dShape *s);
 int pool2d_out_w(const Pool2dShape *s);
 
-void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y);
-void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
-                             const float *dy, float *dx);
-
+/* The CUDA path's state of one max-pool (cuDNN descriptors). */
 typedef struct {
     Pool2dShape shape;
     DType dtype;
@@ -32,13 +29,6 @@ typedef struct {
     cudnnPoolingDescriptor_t pool_desc;
     cudnnTensorDescriptor_t x_desc, y_desc;
 } MaxPoolCuda;
-
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc);
-void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
-
-void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
-void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
-                              const void *y, const void *dy, void *dx);
 
 /* The face (op_context.h): one max-pool on either device, ctx->dtype and
  * ctx->nhwc on the GPU (init makes its cuDNN descriptors there). */
@@ -52,6 +42,19 @@ void maxpool_destroy(const OpContext *ctx, MaxPool2d *p);
 void maxpool_forward(const OpContext *ctx, const MaxPool2d *p, const void *x, void *y);
 void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, const void *y, const void *dy,
                       void *dx);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
+void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y);
+void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
+                             const float *dy, float *dx);
+
+void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc);
+void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
+
+void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
+void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
+                              const void *y, const void *dy, void *dx);
 
 #ifdef __cplusplus
 }

@@ -22,14 +22,19 @@ OpContext op_context_gpu(const GpuContext *g, DType dtype, int nhwc) {
     return ctx;
 }
 
+/* The moves on the device are ops to the hooks too (an add's backward copies). */
 void op_copy(const OpContext *ctx, void *dst, const void *src, size_t bytes) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) memmove(dst, src, bytes);
     else gpu_copy_on_device(dst, src, bytes, ctx->stream);
+    op_end(ctx, __func__);
 }
 
 void op_fill(const OpContext *ctx, void *dst, int byte, size_t bytes) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) memset(dst, byte, bytes);
     else gpu_fill(dst, byte, bytes, ctx->stream);
+    op_end(ctx, __func__);
 }
 
 void op_copy_from_host(const OpContext *ctx, void *dst, const void *host, size_t bytes) {

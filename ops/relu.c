@@ -11,11 +11,15 @@ void relu_backward_cpu(const float *y, const float *dy, float *dx, size_t n) {
 }
 
 void relu_forward(const OpContext *ctx, const void *x, void *y, size_t n) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) relu_forward_cpu(x, y, n);
     else GPU_ONLY(relu_forward_cuda(ctx->dtype, x, y, n, ctx->stream));
+    op_end(ctx, __func__);
 }
 
 void relu_backward(const OpContext *ctx, const void *y, const void *dy, void *dx, size_t n) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) relu_backward_cpu(y, dy, dx, n);
     else GPU_ONLY(relu_backward_cuda(ctx->dtype, y, dy, dx, n, ctx->stream));
+    op_end(ctx, __func__);
 }

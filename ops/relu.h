@@ -14,15 +14,17 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): x, y, dy and dx of ctx->dtype on ctx's device. */
+void relu_forward(const OpContext *ctx, const void *x, void *y, size_t n);
+void relu_backward(const OpContext *ctx, const void *y, const void *dy, void *dx, size_t n);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void relu_forward_cpu(const float *x, float *y, size_t n);
 void relu_backward_cpu(const float *y, const float *dy, float *dx, size_t n);
 void relu_forward_cuda(DType dtype, const void *x, void *y, size_t n, cudaStream_t stream);
 void relu_backward_cuda(DType dtype, const void *y, const void *dy, void *dx, size_t n,
                         cudaStream_t stream);
-
-/* The face (op_context.h): x, y, dy and dx of ctx->dtype on ctx's device. */
-void relu_forward(const OpContext *ctx, const void *x, void *y, size_t n);
-void relu_backward(const OpContext *ctx, const void *y, const void *dy, void *dx, size_t n);
 
 #ifdef __cplusplus
 }

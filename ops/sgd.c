@@ -39,7 +39,9 @@ void sgd_step_mixed(const OpContext *ctx, float *master, const void *grad, float
                     size_t n, const float *lr, const LossScalerState *scaler, SgdParams p) {
     if (ctx->device == DEVICE_CPU && weights_half)
         TC_FATAL("sgd_step_mixed: the CPU path keeps no half-precision weights");
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) sgd_step_mixed_cpu(master, grad, momentum, n, lr, scaler, p);
     else GPU_ONLY(sgd_step_mixed_cuda(master, grad, ctx->dtype, momentum, weights_half, ctx->dtype, n, lr, scaler, p,
                                       ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -37,6 +37,14 @@ typedef struct {
     const float *grad_mult;
 } SgdParams;
 
+/* The face (op_context.h): the mixed-precision step (sgd_step_mixed_cpu below)
+ * with grad and weights_half of ctx->dtype, everything in ctx's device memory
+ * (weights_half NULL on the CPU). */
+void sgd_step_mixed(const OpContext *ctx, float *master, const void *grad, float *momentum, void *weights_half,
+                    size_t n, const float *lr, const LossScalerState *scaler, SgdParams p);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *lr,
                   SgdParams p);
 void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float *lr_device,
@@ -59,11 +67,6 @@ void sgd_step_mixed_cuda(float *master, const void *grad, DType grad_dtype, floa
                          void *weights_half, DType weights_dtype, size_t n,
                          const float *lr_device, const LossScalerState *scaler_dev, SgdParams p,
                          cudaStream_t stream);
-
-/* The face (op_context.h): the mixed step with grad and weights_half of
- * ctx->dtype, everything in ctx's device memory (weights_half NULL on the CPU). */
-void sgd_step_mixed(const OpContext *ctx, float *master, const void *grad, float *momentum, void *weights_half,
-                    size_t n, const float *lr, const LossScalerState *scaler, SgdParams p);
 
 #ifdef __cplusplus
 }

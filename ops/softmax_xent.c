@@ -49,9 +49,11 @@ void softmax_xent_smooth_cpu(const float *logits, const int32_t *labels, int n, 
 
 void softmax_xent_smooth(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
                          float smoothing, const float *grad_scale, float *loss, void *dlogits) {
+    op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU)
         softmax_xent_smooth_cpu(logits, labels, n, classes, smoothing, grad_scale, loss, dlogits);
     else
         GPU_ONLY(softmax_xent_smooth_cuda(ctx->dtype, logits, labels, n, classes, smoothing, grad_scale, loss, dlogits,
                                           ctx->stream));
+    op_end(ctx, __func__);
 }

@@ -28,6 +28,13 @@
 extern "C" {
 #endif
 
+/* The face (op_context.h): logits and dlogits of ctx->dtype, labels, loss and
+ * grad_scale in ctx's device memory. */
+void softmax_xent_smooth(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
+                         float smoothing, const float *grad_scale, float *loss, void *dlogits);
+
+/* ---- The paths the face picks; tests call them to compare ---------------- */
+
 void softmax_xent_cpu(const float *logits, const int32_t *labels, int n, int classes,
                       const float *grad_scale, float *loss, float *dlogits);
 void softmax_xent_cuda(DType dtype, const void *logits, const int32_t *labels, int n, int classes,
@@ -39,11 +46,6 @@ void softmax_xent_smooth_cpu(const float *logits, const int32_t *labels, int n, 
 void softmax_xent_smooth_cuda(DType dtype, const void *logits, const int32_t *labels, int n,
                               int classes, float smoothing, const float *grad_scale,
                               float *loss_device, void *dlogits, cudaStream_t stream);
-
-/* The face (op_context.h): logits and dlogits of ctx->dtype, labels, loss and
- * grad_scale in ctx's device memory. */
-void softmax_xent_smooth(const OpContext *ctx, const void *logits, const int32_t *labels, int n, int classes,
-                         float smoothing, const float *grad_scale, float *loss, void *dlogits);
 
 #ifdef __cplusplus
 }

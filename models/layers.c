@@ -1,0 +1,254 @@
+/* Running a model: each kind of layer's forward and backward (layer_kinds),
+ * each a few calls to op faces on m->ops, and the passes over the layers. */
+#include "models/layers.h"
+
+#include "ops/add.h"
+#include "ops/avgpool.h"
+#include "ops/bias_relu.h"
+#include "ops/bias_relu_pool.h"
+#include "ops/cast.h"
+#include "ops/gelu.h"
+#include "ops/relu.h"
+#include "runtime/gpu.h"
+
+/* What a layer's ops read and write, from the model's buffers. */
+static const void *x_of(const Model *m, const Layer *l) { return m->acts[l->in].value; }
+static void *y_of(const Model *m, const Layer *l) { return m->acts[l->out].value; }
+static const void *w_of(const Model *m, const Layer *l) { return element(m, m->weights, l->w_off); }
+static const void *b_of(const Model *m, const Layer *l) {
+    return l->b_count ? element(m, m->weights, l->b_off) : NULL;
+}
+static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out); }
+
+/* ---- convolution: fused, the bias and the ReLU after it (bias_relu), or in
+ * the max-pool after it (bias_by_pool) ---- */
+
+static void conv_forward(Model *m, const Layer *l) {
+    const Conv2dShape *s = &l->conv.shape;
+    conv2d_forward(&m->ops, &l->conv, x_of(m, l), w_of(m, l), l->fused ? NULL : b_of(m, l), y_of(m, l));
+    if (l->fused && !l->bias_by_pool)
+        bias_relu_forward(&m->ops, b_of(m, l), y_of(m, l), s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
+}
+
+static void conv_backward(Model *m, const Layer *l) {
+    const OpContext *ctx = &m->ops;
+    void *dy = grad_of(m, l->out), *dx = grad_of(m, l->in), *dw = element(m, m->grads, l->w_off);
+    void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
+    int acc = l->dx_accumulate[0];
+    if (!l->fused) {
+        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, db, acc);
+        return;
+    }
+    /* The fused ReLU's backward, in place (the max-pool did it under bias_by_pool), then the bias and the
+     * convolution. */
+    if (!l->bias_by_pool) relu_backward(ctx, y_of(m, l), dy, dy, n_of(m, l));
+    conv2d_bias_grad(ctx, &l->conv, dy, db);
+    conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, NULL, acc);
+}
+
+/* ---- ReLU: in place; fused, done by the layer before it (or the max-pool after it) ---- */
+
+static void relu_layer_forward(Model *m, const Layer *l) {
+    if (!l->fused) relu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
+}
+
+static void relu_layer_backward(Model *m, const Layer *l) {
+    void *dx = grad_of(m, l->in);
+    if (dx && !l->fused) relu_backward(&m->ops, y_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
+}
+
+/* ---- GELU: backward reads its input ---- */
+
+static void gelu_layer_forward(Model *m, const Layer *l) {
+    gelu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
+}
+
+static void gelu_layer_backward(Model *m, const Layer *l) {
+    void *dx = grad_of(m, l->in);
+    if (dx) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
+}
+
+/* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first ---- */
+
+/* A fused max-pool's bias: its conv's, in the weights the layers read. */
+static const void *pool_bias(const Model *m, const Layer *pool) {
+    return element(m, m->weights, m->layers[pool->bias_layer].b_off);
+}
+
+static void maxpool_layer_forward(Model *m, const Layer *l) {
+    if (l->fused) bias_relu_pool_forward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), y_of(m, l));
+    else maxpool_forward(&m->ops, &l->pool, x_of(m, l), y_of(m, l));
+}
+
+static void maxpool_layer_backward(Model *m, const Layer *l) {
+    void *dx = grad_of(m, l->in), *dy = grad_of(m, l->out);
+    if (dx && l->fused) bias_relu_pool_backward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), dy, dx);
+    else if (dx) maxpool_backward(&m->ops, &l->pool, x_of(m, l), y_of(m, l), dy, dx);
+}
+
+/* ---- linear ---- */
+
+static void linear_layer_forward(Model *m, const Layer *l) {
+    linear_forward(&m->ops, &l->linear, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
+}
+
+static void linear_layer_backward(Model *m, const Layer *l) {
+    void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
+    linear_backward(&m->ops, &l->linear, x_of(m, l), w_of(m, l), grad_of(m, l->out), grad_of(m, l->in),
+                    element(m, m->grads, l->w_off), db);
+}
+
+/* ---- batch norm: in training, the batch's statistics (over every rank with
+ * dist.sync_bn); in evaluation, the running ones ---- */
+
+static BatchNormMode bn_mode(const Model *m) {
+    if (!m->training) return BN_EVAL;
+    return m->bn_allreduce ? BN_TRAIN_SYNC : BN_TRAIN;
+}
+
+/* A layer's batch-norm buffers: gamma and beta from the fp32 masters. */
+static BatchNormParams bn_params(const Model *m, const Layer *l) {
+    BatchNormParams p;
+    p.gamma = m->params + l->w_off;
+    p.beta = m->params + l->b_off;
+    p.running_mean = m->bn_running + l->stat_off;
+    p.running_var = p.running_mean + l->bn.shape.c;
+    p.save_mean = m->bn_saved + l->stat_off;
+    p.save_invstd = p.save_mean + l->bn.shape.c;
+    /* A checkpointed block's second forward must not count its batch twice. */
+    p.momentum = m->recomputing ? 0.0f : m->bn_momentum;
+    p.eps = m->bn_eps;
+    p.reduce = m->bn_allreduce;
+    p.reduce_ctx = m->bn_allreduce_ctx;
+    return p;
+}
+
+static void batchnorm_layer_forward(Model *m, const Layer *l) {
+    BatchNormParams p = bn_params(m, l);
+    batchnorm_forward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x_of(m, l), y_of(m, l));
+}
+
+static void batchnorm_layer_backward(Model *m, const Layer *l) {
+    BatchNormParams p = bn_params(m, l);
+    void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
+    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x_of(m, l), y_of(m, l), grad_of(m, l->out),
+                       grad_of(m, l->in), l->dx_accumulate[0], dgamma, dbeta);
+}
+
+/* ---- add: fused, the ReLU after it ---- */
+
+static void add_layer_forward(Model *m, const Layer *l) {
+    const void *b = m->acts[l->in2].value;
+    if (l->fused) add_relu_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));
+    else add_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));
+}
+
+/* An add passes dy to each input: as the input's own buffer (alias), copied,
+ * or added to what another layer wrote there. */
+static void add_layer_backward(Model *m, const Layer *l) {
+    const OpContext *ctx = &m->ops;
+    int ins[2] = {l->in, l->in2};
+    void *dy = grad_of(m, l->out);
+    size_t n = n_of(m, l);
+    /* The fused ReLU's backward first, in place: y is the ReLU's output. */
+    if (l->fused) relu_backward(ctx, y_of(m, l), dy, dy, n);
+    for (int k = 0; k < 2; k++) {
+        void *dx = grad_of(m, ins[k]);
+        if (!dx || l->dx_alias[k]) continue;
+        if (l->dx_accumulate[k]) add_accumulate(ctx, dx, dy, n);
+        else op_copy(ctx, dx, dy, n * dtype_size(m->act_dtype));
+    }
+}
+
+/* ---- global average pooling ---- */
+
+static void avgpool_layer_forward(Model *m, const Layer *l) {
+    const Activation *a = &m->acts[l->in];
+    avgpool_forward(&m->ops, x_of(m, l), y_of(m, l), m->batch, a->c, a->h * a->w);
+}
+
+static void avgpool_layer_backward(Model *m, const Layer *l) {
+    const Activation *a = &m->acts[l->in];
+    void *dx = grad_of(m, l->in);
+    if (dx) avgpool_backward(&m->ops, grad_of(m, l->out), dx, l->dx_accumulate[0], m->batch, a->c, a->h * a->w);
+}
+
+const LayerKindOps layer_kinds[LAYER_KINDS] = {
+    [LAYER_CONV] = {"conv", conv_forward, conv_backward, 1},
+    [LAYER_RELU] = {"relu", relu_layer_forward, relu_layer_backward, 0},
+    [LAYER_MAXPOOL] = {"maxpool", maxpool_layer_forward, maxpool_layer_backward, 0},
+    [LAYER_LINEAR] = {"linear", linear_layer_forward, linear_layer_backward, 0},
+    [LAYER_BATCHNORM] = {"batchnorm", batchnorm_layer_forward, batchnorm_layer_backward, 1},
+    [LAYER_ADD] = {"add", add_layer_forward, add_layer_backward, 1},
+    [LAYER_AVGPOOL] = {"avgpool", avgpool_layer_forward, avgpool_layer_backward, 1},
+    [LAYER_GELU] = {"gelu", gelu_layer_forward, gelu_layer_backward, 0},
+};
+
+/* ---- the passes ---------------------------------------------------------- */
+
+static void nvtx_begin(void *user, const OpContext *ctx, const char *op, const char *label) {
+    (void)user, (void)ctx, (void)op;
+    if (label) gpu_range_push(label);
+}
+
+static void nvtx_end(void *user, const OpContext *ctx, const char *op, const char *label) {
+    (void)user, (void)ctx, (void)op;
+    if (label) gpu_range_pop();
+}
+
+const OpHooks layer_nvtx_hooks = {nvtx_begin, nvtx_end, NULL};
+
+/* The layer's ops carry its name to the hooks; ops between layers carry none. */
+static void layer_forward(Model *m, const Layer *l) {
+    m->ops.label = l->name;
+    layer_kinds[l->kind].forward(m, l);
+    m->ops.label = NULL;
+}
+
+static void layer_backward(Model *m, const Layer *l) {
+    m->ops.label = l->name;
+    layer_kinds[l->kind].backward(m, l);
+    m->ops.label = NULL;
+}
+
+/* The fp32 NCHW batch into the input activation, where they differ (AMP, NHWC). */
+static void cast_input(Model *m) {
+    const Activation *in = &m->acts[0];
+    if (m->nhwc)
+        cast_nchw_to_nhwc(&m->ops, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c);
+    else if (m->input_f32)
+        cast_from_f32(&m->ops, m->input_f32, in->value, act_floats(m, 0));
+}
+
+void model_forward(Model *m) {
+    cast_input(m);
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (m->weights_needed && l->w_count) /* the bias follows the weights (add_params) */
+            m->weights_needed(m->weights_needed_ctx, l->w_off, l->w_off + l->w_count + l->b_count);
+        layer_forward(m, l);
+    }
+}
+
+/* Under checkpointing, reaching a block's last layer runs the block forward
+ * again from its kept input, refilling the inside that later blocks overwrote. */
+static void recompute_block(Model *m, int last) {
+    int first = last;
+    while (first > 0 && m->layers[first - 1].block == m->layers[last].block) first--;
+    gpu_range_push("recompute");
+    m->recomputing = 1;
+    for (int i = first; i <= last; i++) layer_forward(m, &m->layers[i]);
+    m->recomputing = 0;
+    gpu_range_pop();
+}
+
+void model_backward(Model *m) {
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        const Layer *l = &m->layers[i];
+        int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
+        /* The last block's inside is still in place from the forward pass. */
+        if (m->checkpoint && block_end && l->block != m->n_blocks - 1) recompute_block(m, i);
+        layer_backward(m, l);
+        if (m->grads_ready && l->w_count) m->grads_ready(m->grads_ready_ctx, l->w_off);
+    }
+}

@@ -1,0 +1,43 @@
+/* Inside models/ only: what each kind of layer runs (models/layers.c), and
+ * the helpers that the model's planning (model.c) and its running share.
+ * Adding an op to the model form is one LayerKind, one entry in layer_kinds
+ * and one builder in model.c. */
+#ifndef TRAINC_MODELS_LAYERS_H
+#define TRAINC_MODELS_LAYERS_H
+
+#include "models/model.h"
+
+typedef struct {
+    const char *name;  /* layer i of this kind is named "<name> i" (NVTX ranges, hooks) */
+    /* One layer's forward and backward, through the op faces on m->ops. */
+    void (*forward)(Model *m, const Layer *l);
+    void (*backward)(Model *m, const Layer *l);
+    int adds_dx;       /* backward can add its input gradient to one already there (dx_accumulate) */
+} LayerKindOps;
+
+extern const LayerKindOps layer_kinds[LAYER_KINDS];
+
+/* model.nvtx_layers: an NVTX range around each op of a layer, named by the
+ * layer ("conv 3"); ops outside the layers get none. */
+extern const OpHooks layer_nvtx_hooks;
+
+/* Element i of a buffer of the activation dtype. */
+static inline void *element(const Model *m, void *base, size_t i) {
+    return (char *)base + i * dtype_size(m->act_dtype);
+}
+
+static inline size_t act_floats(const Model *m, int id) {
+    const Activation *a = &m->acts[id];
+    return (size_t)m->batch * a->c * a->h * a->w;
+}
+
+/* Where d(loss)/d(activation id) lives; NULL for the input image and for an
+ * activation no gradient reaches. */
+static inline void *grad_of(const Model *m, int id) {
+    const Activation *a = &m->acts[id];
+    if (id <= 0) return NULL;
+    if (a->grad_in_value) return a->value;
+    return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
+}
+
+#endif

@@ -2,8 +2,8 @@
 
 #include <stdint.h>
 
-#include "ops/cuda_launch.h"
-#include "ops/dtype_cuda.cuh"
+#include "runtime/cuda_launch.h"
+#include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
 
 /* gelu.c's formulas in float. */

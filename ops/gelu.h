@@ -11,7 +11,7 @@
 #include <stddef.h>
 
 #include "ops/op_context.h"
-#include "runtime/tensor.h"
+#include "runtime/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,6 +19,17 @@ static float *to_host(const float *dev, size_t n) {
     return h;
 }
 
+/* Every activation of the CPU model (fp32, NCHW, unfused: the same plan as
+ * the GPU's here) set to the GPU model's. */
+static void use_gpu_activations(Model *cpu, const Model *dev) {
+    for (int a = 0; a < cpu->n_acts; a++) {
+        const Activation *act = &cpu->acts[a];
+        size_t bytes = (size_t)cpu->batch * act->c * act->h * act->w * sizeof(float);
+        if (act->value && act->shares_with < 0)
+            CUDA_CHECK(cudaMemcpy(act->value, dev->acts[a].value, bytes, cudaMemcpyDeviceToHost));
+    }
+}
+
 int main(void) {
     test_require_gpu();
     uint64_t rng = test_seed();
@@ -57,21 +68,29 @@ int main(void) {
         float loss_cpu, loss_gpu;
         model_forward(&cpu);
         softmax_xent_cpu(model_logits(&cpu), labels, BATCH, CLASSES, NULL, &loss_cpu, model_logits_grad(&cpu));
-        model_zero_grads(&cpu);
-        model_backward(&cpu);
-
         model_forward(&dev);
         softmax_xent_cuda(DTYPE_F32, model_logits(&dev), labels_dev, BATCH, CLASSES, NULL, loss_dev,
                           model_logits_grad(&dev), gpu.compute);
-        model_zero_grads(&dev);
-        model_backward(&dev);
         CUDA_CHECK(cudaStreamSynchronize(gpu.compute));
         CUDA_CHECK(cudaMemcpy(&loss_gpu, loss_dev, sizeof(float), cudaMemcpyDeviceToHost));
-
         float *logits = to_host(model_logits(&dev), BATCH * CLASSES);
         double e_logits = test_rel_error(logits, model_logits(&cpu), BATCH * CLASSES);
         CHECK_MSG(e_logits < 1e-4, "step %d logits rel error %.3g", step, e_logits);
         CHECK_NEAR(loss_gpu, loss_cpu, 1e-4 * fabs(loss_cpu) + 1e-6);
+
+        /* A ReLU or max-pool input within rounding of its kink can be decided
+         * differently on the two devices (about 1 seed in 13), and that one
+         * decision moves a weight gradient by 1e-3 to 1e-2 relative: backward on
+         * the CPU starts from the GPU's activations, so that backward is checked
+         * on its own, as each step is. */
+        use_gpu_activations(&cpu, &dev);
+        softmax_xent_cpu(model_logits(&cpu), labels, BATCH, CLASSES, NULL, &loss_cpu, model_logits_grad(&cpu));
+        model_zero_grads(&cpu);
+        model_backward(&cpu);
+        model_zero_grads(&dev);
+        model_backward(&dev);
+        CUDA_CHECK(cudaStreamSynchronize(gpu.compute));
+
         float *grads = to_host(dev.grads, dev.n_params);
         for (int i = 0; i < cpu.n_layers; i++) {
             const Layer *l = &cpu.layers[i];

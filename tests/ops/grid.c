@@ -13,6 +13,7 @@
 /* The op table: one line per op, its GridOp in tests/ops/NAME.c. */
 #define GRID_OPS(X) \
     X(relu) \
+    X(gelu) \
     X(linear) \
     X(maxpool) \
     X(conv2d) \

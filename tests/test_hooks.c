@@ -178,5 +178,5 @@ int main(void) {
     uint64_t rng = test_seed();
     for (int fuse = 0; fuse < 2; fuse++)
         for (int checkpoint = 0; checkpoint < 2; checkpoint++) check_model(fuse, checkpoint, &rng);
-    return test_finish("test_op_hook");
+    return test_finish("test_hooks");
 }

@@ -1,0 +1,136 @@
+/* GELU as a layer (its op is in the grid, tests/ops/gelu.c): a small net's
+ * gradients against finite differences, a net with a ReLU working in place on
+ * a GELU's output learning one batch, and the planner refusing an in-place
+ * ReLU over a GELU's input (which its backward reads). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "models/model.h"
+#include "ops/sgd.h"
+#include "ops/softmax_xent.h"
+#include "tests/harness.h"
+#include "tests/op_checks.h"
+
+enum { BATCH = 8, CLASSES = 3, SIZE = 6 };
+
+/* conv -> GELU -> conv -> GELU -> pool -> linear; relu: a ReLU (in place) after the first GELU. */
+static void build(Model *m, int relu) {
+    model_init(m, BATCH, CLASSES, 0);
+    int x = model_input(m, 2, SIZE, SIZE);
+    x = model_gelu(m, model_conv(m, x, 6, 3, 1, 1));
+    if (relu) x = model_relu(m, x);
+    x = model_gelu(m, model_conv(m, x, 6, 3, 1, 1));
+    model_linear(m, model_avgpool(m, x), CLASSES);
+}
+
+typedef struct {
+    Model *m;
+    const float *input, *r;
+} ModelLoss;
+
+/* sum of logits * r: its gradient with respect to the logits is r. */
+static double model_loss(void *p) {
+    ModelLoss *l = p;
+    memcpy(model_input_buffer(l->m), l->input, model_input_floats(l->m) * sizeof(float));
+    model_forward(l->m);
+    return weighted_sum(model_logits(l->m), l->r, BATCH * CLASSES);
+}
+
+static void check_model_gradients(uint64_t *rng) {
+    Model m;
+    build(&m, 0); /* smooth: central differences across a ReLU's kink would be off */
+    model_finalize(&m, NULL, 5);
+    float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
+    ModelLoss loss = {&m, input, r};
+    model_loss(&loss);
+    memcpy(model_logits_grad(&m), r, sizeof r);
+    model_zero_grads(&m);
+    model_backward(&m);
+    float *analytic = malloc(m.n_params * sizeof(float));
+    double *numeric = malloc(m.n_params * sizeof(double));
+    memcpy(analytic, m.grads, m.n_params * sizeof(float));
+    numeric_gradient(m.params, m.n_params, 1e-4f, model_loss, &loss, numeric);
+    check_gradient("conv, gelu, conv, gelu, avgpool, linear: every parameter", analytic, numeric,
+                   m.n_params);
+    free(input), free(analytic), free(numeric);
+    model_destroy(&m);
+}
+
+static float train_step(Model *m, const float *input, const int32_t *labels, float lr) {
+    float loss;
+    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL};
+    memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
+    model_forward(m);
+    softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));
+    model_zero_grads(m);
+    model_backward(m);
+    sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, &lr, sgd);
+    return loss;
+}
+
+/* Fitting one batch of random images to random labels: the loss must fall well below chance. */
+static void check_training(uint64_t *rng) {
+    enum { STEPS = 100 };
+    Model m;
+    build(&m, 1);
+    model_finalize(&m, NULL, 7);
+    float *input = malloc(model_input_floats(&m) * sizeof(float));
+    int32_t labels[BATCH];
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    for (int i = 0; i < BATCH; i++) labels[i] = i % CLASSES;
+    float first = train_step(&m, input, labels, 0.1f), last = first;
+    for (int s = 1; s < STEPS; s++) last = train_step(&m, input, labels, 0.1f);
+    printf("gelu net: loss %.4f after one step, %.4f after %d\n", first, last, STEPS);
+    CHECK_MSG(isfinite(last) && last < 0.5f * first, "loss %.4f -> %.4f: the net did not learn", first, last);
+    free(input);
+    model_destroy(&m);
+}
+
+/* GELU's input also read by a ReLU, which would overwrite it in place: model_finalize must refuse. */
+static void finalize_relu_over_gelu_input(void) {
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    int x = model_conv(&m, model_input(&m, 2, SIZE, SIZE), 6, 3, 1, 1);
+    int y = model_add(&m, model_gelu(&m, x), model_relu(&m, x));
+    model_linear(&m, model_avgpool(&m, y), CLASSES);
+    model_finalize(&m, NULL, 1);
+}
+
+static void check_input_kept(void) {
+    char log[512];
+    snprintf(log, sizeof log, "%s/stderr", test_tmpdir("test_gelu_layer"));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(log, "w", stderr)) _exit(3);
+        finalize_relu_over_gelu_input();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0, "a ReLU over a GELU's input: exit status %d", status);
+    char text[1024] = "";
+    FILE *f = fopen(log, "r");
+    if (f) {
+        text[fread(text, 1, sizeof text - 1, f)] = 0;
+        fclose(f);
+    }
+    /* Either rule refuses it, by the order of the layers: GELU, as ReLU, cannot add its input's gradient to
+     * another layer's, and a ReLU works in place only on an activation no other layer reads. */
+    CHECK_MSG(strstr(text, "works in place") || strstr(text, "cannot add its gradient"),
+              "a ReLU over a GELU's input: '%s'", text);
+}
+
+int main(void) {
+    uint64_t rng = test_seed();
+    check_model_gradients(&rng);
+    check_training(&rng);
+    check_input_kept();
+    return test_finish("test_gelu_layer");
+}

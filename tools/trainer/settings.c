@@ -13,7 +13,9 @@
 #include "tools/trainer/keys.h"
 #include "tools/trainer/train.h"
 
-static int is(const Config *cfg, const char *key, const char *value) { return strcmp(config_str(cfg, key), value) == 0; }
+static int is(const Config *cfg, const char *key, const char *value) {
+    return strcmp(config_str(cfg, key), value) == 0;
+}
 
 /* run.profile_steps = "a:b"; 0, or -1 when it is not two step numbers 1 <= a <= b. */
 static int parse_profile_steps(const char *v, long *first, long *last) {

@@ -65,7 +65,8 @@ static void count_bad_steps(Trainer *t, int epoch) {
     else if (bad == elapsed) t->seen.bad_run += bad;     /* every step since the last look was bad */
     else t->seen.bad_run = 1;                            /* at least the last one */
     log_warn("step %ld: %ld of the last %ld steps skipped for a non-finite loss or gradient (%d in all%s)", t->step,
-             bad, elapsed, t->seen.scaler.skipped_steps, t->set.precision.amp != DTYPE_F32 ? ", loss scale backed off" : "");
+             bad, elapsed, t->seen.scaler.skipped_steps,
+             t->set.precision.amp != DTYPE_F32 ? ", loss scale backed off" : "");
     write_metric_skipped(t, epoch);
 }
 

@@ -125,6 +125,44 @@ static void rotate_checkpoints(Trainer *t) {
     free(steps);
 }
 
+/* The sections, written to a temporary file and renamed into place at the
+ * commit; 0, or -1 with the reason in err. */
+static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_micro, char *err, size_t n) {
+    int rc = -1;
+    Model *m = &t->model;
+    CkptModel cm = ckpt_model_of(t);
+    CkptPosition pos = {t->step, epoch, epoch_micro};
+    CkptData data = {(int64_t)t->set.run.seed, t->set.train.batch, t->data.train_set.n, t->set.data.shuffle};
+    LossScalerState scaler;
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
+    op_copy_to_host(&m->ops, &scaler, t->buf.scaler, sizeof scaler);
+    op_sync(&m->ops);
+    size_t stat_bytes = m->n_bn_stats * sizeof(float);
+    float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
+    if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
+    model_get_bn_stats(m, stats);
+    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 7 : 6, err, n);
+    if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, n) == 0 &&
+        ckpt_write_section(w, "position", &pos, sizeof pos, err, n) == 0 &&
+        ckpt_write_section(w, "data", &data, sizeof data, err, n) == 0 &&
+        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, n) == 0 &&
+        (!stat_bytes || ckpt_write_section(w, "bn_stats", stats, stat_bytes, err, n) == 0)) {
+        model_get_params(m, host);
+        if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, n) == 0) {
+            model_get_momentum(m, host);
+            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, n) == 0) {
+                rc = ckpt_write_commit(w, err, n);
+                w = NULL;
+            }
+        }
+    }
+    if (w) ckpt_write_abort(w);
+    free(host);
+    free(stats);
+    return rc;
+}
+
 /* Writes the state after t->step optimizer steps into run.checkpoint_dir;
  * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
 int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
@@ -150,38 +188,7 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     }
     gpu_range_push("checkpoint");
     double start = now_seconds();
-    Model *m = &t->model;
-    CkptModel cm = ckpt_model_of(t);
-    CkptPosition pos = {t->step, epoch, epoch_micro};
-    CkptData data = {(int64_t)t->set.run.seed, t->set.train.batch, t->data.train_set.n, t->set.data.shuffle};
-    LossScalerState scaler;
-    float *host = malloc(m->n_params * sizeof(float));
-    if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
-    op_copy_to_host(&m->ops, &scaler, t->buf.scaler, sizeof scaler);
-    op_sync(&m->ops);
-    int rc = -1;
-    size_t stat_bytes = m->n_bn_stats * sizeof(float);
-    float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
-    if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
-    model_get_bn_stats(m, stats);
-    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 7 : 6, err, sizeof err);
-    if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "position", &pos, sizeof pos, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "data", &data, sizeof data, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) == 0 &&
-        (!stat_bytes || ckpt_write_section(w, "bn_stats", stats, stat_bytes, err, sizeof err) == 0)) {
-        model_get_params(m, host);
-        if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
-            model_get_momentum(m, host);
-            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
-                rc = ckpt_write_commit(w, err, sizeof err);
-                w = NULL;
-            }
-        }
-    }
-    if (w) ckpt_write_abort(w);
-    free(host);
-    free(stats);
+    int rc = write_checkpoint(t, path, epoch, epoch_micro, err, sizeof err);
     gpu_range_pop();
     if (rc != 0) {
         log_warn("checkpoint at step %ld not written: %s", t->step, err);
@@ -235,9 +242,11 @@ static CkptFile *open_resume_latest(const Trainer *t) {
     remove_stale_temporaries(t);
     int n = list_checkpoints(t->set.checkpoint.dir, &steps);
     if (n < 0)
-        TC_USER_ERROR("run.resume = latest: cannot read run.checkpoint_dir = %s: %s", t->set.checkpoint.dir, strerror(errno));
+        TC_USER_ERROR("run.resume = latest: cannot read run.checkpoint_dir = %s: %s", t->set.checkpoint.dir,
+                      strerror(errno));
     if (n == 0)
-        TC_USER_ERROR("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s", t->set.checkpoint.dir);
+        TC_USER_ERROR("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s",
+                      t->set.checkpoint.dir);
     CkptFile *f = NULL;
     for (int i = 0; i < n && !f; i++) {
         CkptStatus status;
@@ -283,6 +292,57 @@ void check_checkpoint_dir(const Trainer *t, long resume_step) {
     free(steps);
 }
 
+/* A checkpoint of another net, precision, layout or accumulation is refused;
+ * another data order only warned of. */
+static void check_fits(const Trainer *t, const char *path, const CkptModel *have, const CkptModel *want,
+                       const CkptData *data, const CkptPosition *pos) {
+    if (strcmp(have->name, want->name) != 0 || have->n_params != want->n_params ||
+        have->shape_fingerprint != want->shape_fingerprint || have->num_classes != want->num_classes)
+        TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
+                 "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
+                 path, have->name, (long long)have->n_params, (unsigned long long)have->shape_fingerprint, want->name,
+                 (long long)want->n_params, (unsigned long long)want->shape_fingerprint);
+    if (have->act_dtype != want->act_dtype || have->nhwc != want->nhwc)
+        TC_USER_ERROR("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
+                 "and %s", path, dtype_name((DType)have->act_dtype), have->nhwc ? "nhwc" : "nchw",
+                 dtype_name(t->set.precision.amp), t->model.nhwc ? "nhwc" : "nchw");
+    if (have->accumulate != want->accumulate)
+        TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
+                 "buffer holds k times its value)", path, (long long)have->accumulate, t->set.memory.accumulate);
+    if (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
+        data->train_images != t->data.train_set.n || data->shuffle != t->set.data.shuffle)
+        log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
+                 "data.shuffle = %s; the data order from here on differs from that run's", path,
+                 (long long)data->seed, (long long)data->batch, (long long)data->train_images,
+                 data->shuffle ? "on" : "off");
+    if (pos->step < 0 || pos->epoch < 0 || pos->epoch_micro < 0)
+        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos->step,
+                 (long long)pos->epoch);
+}
+
+/* Parameters, momentum and batch-norm statistics into the built model. */
+static void load_weights(Trainer *t, CkptFile *f, const char *path) {
+    char err[4400];
+    float *host = malloc(t->model.n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
+    if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
+        TC_USER_ERROR("run.resume: %s", err);
+    model_set_params(&t->model, host);
+    if (ckpt_read_section(f, "momentum", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
+        TC_USER_ERROR("run.resume: %s", err);
+    model_set_momentum(&t->model, host);
+    free(host);
+    if (t->model.n_bn_stats) {
+        size_t stat_bytes = t->model.n_bn_stats * sizeof(float);
+        float *stats = malloc(stat_bytes);
+        if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
+        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0)
+            TC_USER_ERROR("run.resume: %s", err);
+        model_set_bn_stats(&t->model, stats);
+        free(stats);
+    }
+}
+
 /* Loads a checkpoint into the built model; returns where the data order goes on. */
 CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
     char err[4400];
@@ -297,46 +357,8 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
         ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
         TC_USER_ERROR("run.resume: %s", err);
     have.name[sizeof have.name - 1] = 0;
-    if (strcmp(have.name, want.name) != 0 || have.n_params != want.n_params ||
-        have.shape_fingerprint != want.shape_fingerprint || have.num_classes != want.num_classes)
-        TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
-                 "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
-                 path, have.name, (long long)have.n_params, (unsigned long long)have.shape_fingerprint, want.name,
-                 (long long)want.n_params, (unsigned long long)want.shape_fingerprint);
-    if (have.act_dtype != want.act_dtype || have.nhwc != want.nhwc)
-        TC_USER_ERROR("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
-                 "and %s", path, dtype_name((DType)have.act_dtype), have.nhwc ? "nhwc" : "nchw",
-                 dtype_name(t->set.precision.amp), t->model.nhwc ? "nhwc" : "nchw");
-    if (have.accumulate != want.accumulate)
-        TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
-                 "buffer holds k times its value)", path, (long long)have.accumulate, t->set.memory.accumulate);
-    if (data.seed != (int64_t)t->set.run.seed || data.batch != t->set.train.batch ||
-        data.train_images != t->data.train_set.n || data.shuffle != t->set.data.shuffle)
-        log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
-                 "data.shuffle = %s; the data order from here on differs from that run's", path,
-                 (long long)data.seed, (long long)data.batch, (long long)data.train_images,
-                 data.shuffle ? "on" : "off");
-    if (pos.step < 0 || pos.epoch < 0 || pos.epoch_micro < 0)
-        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos.step,
-                 (long long)pos.epoch);
-
-    float *host = malloc(t->model.n_params * sizeof(float));
-    if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
-    if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
-    model_set_params(&t->model, host);
-    if (ckpt_read_section(f, "momentum", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
-    model_set_momentum(&t->model, host);
-    free(host);
-    if (t->model.n_bn_stats) {
-        size_t stat_bytes = t->model.n_bn_stats * sizeof(float);
-        float *stats = malloc(stat_bytes);
-        if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
-        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0) TC_USER_ERROR("run.resume: %s", err);
-        model_set_bn_stats(&t->model, stats);
-        free(stats);
-    }
+    check_fits(t, path, &have, &want, &data, &pos);
+    load_weights(t, f, path);
     if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
     t->seen.scaler = scaler;
     op_copy_from_host(&t->model.ops, t->buf.scaler, &scaler, sizeof scaler);

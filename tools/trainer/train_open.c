@@ -2,6 +2,9 @@
  * monitoring, resume) and closing it. */
 #include "tools/trainer/trainer.h"
 
+/* ---- the parts -------------------------------------------------------------- */
+
+/* The schedule in optimizer steps, once the epoch's length is known. */
 static void plan_schedule(Trainer *t, long steps_per_epoch) {
     t->optim.schedule.base_lr = t->set.optim.lr;
     t->optim.schedule.total_steps = steps_per_epoch * t->set.run.epochs;
@@ -144,13 +147,11 @@ static void open_gpu(Trainer *t, TrainSummary *out) {
     t->device.monitor = gpu_monitor_start(ordinal, 0.1);
 }
 
-
 static FILE *fatal_metrics; /* flushed by the fatal hook */
 static void flush_on_fatal(void) {
     log_progress_end(); /* the error goes on a line of its own */
     if (fatal_metrics) fflush(fatal_metrics);
 }
-
 
 /* ---- opening: settings, GPU, data, model, optimizer, dist, resume, loaders -- */
 

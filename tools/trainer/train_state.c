@@ -7,8 +7,9 @@
 /* Runs twice, as the model's buffers do: on a counting arena, then the real one. */
 static void carve_aux(Trainer *t, Arena *a) {
     size_t image_floats = model_input_floats(&t->model);
+    int batch = t->set.train.batch;
     const Dataset *d = &t->data.train_set;
-    t->buf.labels = arena_alloc(a, t->set.train.batch * sizeof(int32_t), "labels");
+    t->buf.labels = arena_alloc(a, batch * sizeof(int32_t), "labels");
     t->buf.loss = arena_alloc(a, sizeof(float), "loss");
     t->buf.lr = arena_alloc(a, sizeof(float), "learning rate");
     t->buf.lr_step = arena_alloc(a, sizeof(int64_t), "learning-rate step");
@@ -24,10 +25,11 @@ static void carve_aux(Trainer *t, Arena *a) {
         if (t->set.data.async_copy && !t->set.data.transform_on_gpu)
             t->input.staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
         if (t->set.data.async_copy)
-            t->input.staging_labels[s] = arena_alloc(a, t->set.train.batch * sizeof(int32_t), "label staging");
+            t->input.staging_labels[s] = arena_alloc(a, batch * sizeof(int32_t), "label staging");
         if (t->set.data.transform_on_gpu) {
-            t->input.staging_raw[s] = arena_alloc(a, gpu_transform_raw_bytes(t->set.train.batch, d->c, d->h, d->w), "uint8 batch staging");
-            t->input.staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(t->set.train.batch), "transform parameters");
+            size_t raw_bytes = gpu_transform_raw_bytes(batch, d->c, d->h, d->w);
+            t->input.staging_raw[s] = arena_alloc(a, raw_bytes, "uint8 batch staging");
+            t->input.staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(batch), "transform parameters");
         }
     }
 }
@@ -90,7 +92,8 @@ void upload_sync(Trainer *t, const Batch *b) {
     size_t image_bytes = (size_t)b->n * (model_input_floats(&t->model) / t->set.train.batch) * sizeof(float);
     int32_t *padded_labels = t->input.host_labels;
     memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
-    for (int i = b->n; i < t->set.train.batch; i++) padded_labels[i] = -1; /* a partial batch's extra rows count for nothing */
+    /* a partial batch's extra rows count for nothing */
+    for (int i = b->n; i < t->set.train.batch; i++) padded_labels[i] = -1;
     /* On the compute stream: the previous step may still be reading these buffers. */
     if (b->raw_images) {
         send_raw(t, b, 0, ctx->stream);
@@ -131,8 +134,8 @@ void upload_async(Trainer *t, Loader *l, const Batch *b) {
     if (b->raw_images)
         run_gpu_transform(t, b, s, compute);
     else
-        gpu_copy_on_device(model_input_buffer(&t->model), t->input.staging_images[s], (size_t)b->n * per_sample * sizeof(float),
-                           compute);
+        gpu_copy_on_device(model_input_buffer(&t->model), t->input.staging_images[s],
+                           (size_t)b->n * per_sample * sizeof(float), compute);
     gpu_copy_on_device(t->buf.labels, t->input.staging_labels[s], b->n * sizeof(int32_t), compute);
     gpu_event_record(t->input.consumed[s], compute);
     t->input.held = *b;

@@ -73,8 +73,9 @@ static void micro_step(Trainer *t, int first, int last) {
     m->weights_needed = NULL;
     /* The loss gradient is scaled under AMP only; fp32's scale is 1. A
      * non-finite loss marks the step bad as a non-finite gradient does. */
-    softmax_xent_smooth(ctx, model_logits(m), t->buf.labels, t->set.train.batch, m->num_classes, t->set.optim.label_smoothing,
-                        t->set.precision.amp != DTYPE_F32 ? &t->buf.scaler->scale : NULL, t->buf.loss, model_logits_grad(m));
+    softmax_xent_smooth(ctx, model_logits(m), t->buf.labels, t->set.train.batch, m->num_classes,
+                        t->set.optim.label_smoothing, t->set.precision.amp != DTYPE_F32 ? &t->buf.scaler->scale : NULL,
+                        t->buf.loss, model_logits_grad(m));
     loss_scaler_check(ctx, t->buf.loss, DTYPE_F32, 1, t->buf.scaler);
     /* run.inject_nan_step (tests): poison the first element of the loss gradient (all bits set: a NaN). */
     if (t->set.checkpoint.inject_nan_step && t->step + 1 == t->set.checkpoint.inject_nan_step)
@@ -134,8 +135,8 @@ static void update_whole(Trainer *t) {
     loss_scaler_check(ctx, m->grads, m->act_dtype, m->n_params, t->buf.scaler);
     if (!t->set.run.use_gpu) t->buf.scaler->found_inf = dist_any_host(t->ddp.dist, t->buf.scaler->found_inf);
     if (t->set.optim.clip_norm > 0)
-        grad_clip_factor(ctx, m->grads, m->n_params, t->buf.scaler, 1.0f / (float)t->set.memory.accumulate, t->set.optim.clip_norm,
-                         t->buf.grad_norm_scratch, t->buf.grad_norm, t->buf.clip_factor);
+        grad_clip_factor(ctx, m->grads, m->n_params, t->buf.scaler, 1.0f / (float)t->set.memory.accumulate,
+                         t->set.optim.clip_norm, t->buf.grad_norm_scratch, t->buf.grad_norm, t->buf.clip_factor);
     sgd_range(t, 0, m->n_params);
 }
 
@@ -155,7 +156,8 @@ static void optimizer_step(Trainer *t) {
     if (t->optim.schedule.kind != LR_CONSTANT) lr_schedule_step(ctx, &t->optim.schedule, t->buf.lr_step, t->buf.lr);
     if (t->ddp.shard_optimizer) update_sharded(t);
     else update_whole(t);
-    loss_scaler_update(ctx, t->buf.scaler, t->set.precision.scale_growth, t->set.precision.scale_backoff, t->set.precision.scale_interval);
+    loss_scaler_update(ctx, t->buf.scaler, t->set.precision.scale_growth, t->set.precision.scale_backoff,
+                       t->set.precision.scale_interval);
     gpu_range_pop();
 }
 
@@ -196,7 +198,6 @@ float read_loss(Trainer *t) {
     t->seen.loss = loss;
     return loss;
 }
-
 
 /* ---- evaluation ------------------------------------------------------------ */
 

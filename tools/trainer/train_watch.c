@@ -132,7 +132,9 @@ void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) 
 /* run.profile_steps = a:b: cudaProfilerStart before step a, Stop after step b. */
 void profile_step_begin(Trainer *t) {
     long next = t->step + 1;
-    if (!t->set.run.use_gpu || !t->set.run.profile_first || t->watch.profiling || t->watch.profiled || next < t->set.run.profile_first) return;
+    if (!t->set.run.use_gpu || !t->set.run.profile_first || t->watch.profiling || t->watch.profiled ||
+        next < t->set.run.profile_first)
+        return;
     device_sync(t); /* the range holds this step's work only */
     gpu_profiler_start();
     t->watch.profiling = 1;
@@ -209,10 +211,11 @@ void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
     double now = now_seconds(), wait = loader_wait_seconds(t->data.train_loader);
     double rate = (t->step - lw->start_step) * t->set.train.batch * t->set.memory.accumulate / (now - lw->start);
     if (!t->watch.progress && t->buf.grad_norm)
-        log_info("epoch %d step %ld/%ld loss %.4f grad norm %.4g %.1f samples/s", epoch + 1, t->step, t->watch.total_steps,
-                 loss, t->seen.grad_norm, rate);
+        log_info("epoch %d step %ld/%ld loss %.4f grad norm %.4g %.1f samples/s", epoch + 1, t->step,
+                 t->watch.total_steps, loss, t->seen.grad_norm, rate);
     else if (!t->watch.progress)
-        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->watch.total_steps, loss, rate);
+        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->watch.total_steps, loss,
+                 rate);
     write_metric_step(t, epoch, loss, rate);
     prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);
     phases_collect(t, 0);
@@ -236,5 +239,6 @@ void progress_draw(Trainer *t, int epoch, int force) {
     if (left >= 3600) snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
     else snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
     log_progress("epoch %d/%d  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->set.run.epochs, t->step,
-                 t->watch.total_steps, loss, t->watch.progress_rate * t->set.train.batch * t->set.memory.accumulate, eta);
+                 t->watch.total_steps, loss, t->watch.progress_rate * t->set.train.batch * t->set.memory.accumulate,
+                 eta);
 }

@@ -156,6 +156,14 @@ static void check_gpu_only(ConfigProblems *p, const TrainSettings *s, int world)
     require_gpu(p, s, !s->model.nhwc, "model.layout", "nchw");
     require_gpu(p, s, !s->model.fuse, "model.fuse", "off");
     require_gpu(p, s, world == 1 || !s->dist.half_allreduce, "dist.allreduce_dtype", "fp32");
+    /* CPU ranks average their gradients over MPI: the copy engines, and the
+     * sharded optimizer that rides on them, are the GPU's ("auto" is off there). */
+    const char *copy_keys[] = {"dist.copy_engine", "dist.shard_optimizer"};
+    Switch copy_modes[] = {s->dist.copy_engine, s->dist.shard_optimizer};
+    for (int i = 0; i < 2 && world > 1 && !s->run.use_gpu; i++)
+        if (copy_modes[i] == SWITCH_ON)
+            config_problem(p, copy_keys[i], "needs run.device = cuda (CPU ranks average their gradients over MPI); "
+                           "for the CPU set %s = auto", copy_keys[i]);
 }
 
 static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {

@@ -119,17 +119,6 @@ static void shard_optimizer(Trainer *t) {
     if (t->ddp.dist->rank == 0) log_info("dist.shard_optimizer = auto: every rank updates every parameter, as %s", why);
 }
 
-/* CPU ranks average their gradients over MPI: the copy engines, and the
- * sharded optimizer that rides on them, are the GPU's ("auto" is off here). */
-static void check_cpu_dist_settings(const TrainSettings *s) {
-    const char *gpu_only[] = {"dist.copy_engine", "dist.shard_optimizer"};
-    Switch mode[] = {s->dist.copy_engine, s->dist.shard_optimizer};
-    for (size_t i = 0; i < sizeof gpu_only / sizeof *gpu_only; i++)
-        if (mode[i] == SWITCH_ON)
-            settings_fail(s, gpu_only[i], "needs run.device = cuda (CPU ranks average their gradients over MPI); "
-                          "for the CPU set %s = auto", gpu_only[i]);
-}
-
 /* The GPU of this rank, and with several ranks NCCL. */
 static void open_gpu(Trainer *t, TrainSummary *out) {
     Dist *dist = t->ddp.dist;
@@ -242,12 +231,11 @@ static void open_dist(Trainer *t) {
             layer_starts[n_starts++] = t->model.layers[i].w_off;
     grad_buckets_init_layers(&t->ddp.buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
                              t->set.dist.bucket_bytes, t->set.dist.allreduce_dtype, layer_starts, n_starts);
+    /* On the CPU, ranks average over MPI: settings_read refused the copy engines there. */
     if (t->set.run.use_gpu) {
         GPU_ONLY(grad_buckets_reduce_flag(&t->ddp.buckets, &t->buf.scaler->found_inf));
         use_copy_engines(t);
         shard_optimizer(t);
-    } else {
-        check_cpu_dist_settings(&t->set);
     }
     log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
              dist->world, t->set.train.batch, t->set.memory.accumulate,

@@ -25,8 +25,8 @@
 #include "runtime/checkpoint.h"
 #include "runtime/config.h"
 #include "tests/harness.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 /* 512 synthetic images of 32x32 in batches of 16: 32 steps an epoch. */
 static const char *base_sets[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=32",

@@ -13,8 +13,8 @@
 #include "models/zoo.h"
 #include "runtime/config.h"
 #include "tests/harness.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 enum { SEED = 3, STEPS = 4, MAX_LOGGED = 16 };
 static const float LR = 0.05f, MOMENTUM = 0.9f;

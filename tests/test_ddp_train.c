@@ -19,8 +19,8 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 typedef struct {
     const char *name, *lr;

@@ -27,7 +27,7 @@
 #include "runtime/json_out.h"
 #include "runtime/prometheus.h"
 #include "tests/harness.h"
-#include "tools/find_batch.h"
+#include "tools/trainer/find_batch.h"
 
 static char output[1 << 17];
 

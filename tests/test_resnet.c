@@ -14,8 +14,8 @@
 #include "ops/softmax_xent.h"
 #include "runtime/check.h"
 #include "tests/harness.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 enum { SMALL_BATCH = 6, SMALL_SIZE = 8, SMALL_CLASSES = 5 };
 

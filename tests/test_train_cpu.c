@@ -12,8 +12,8 @@
 
 #include "runtime/config.h"
 #include "tests/harness.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 enum { EPOCHS = 3, TRAIN_IMAGES = 3000, BATCH = 32 };
 

@@ -13,8 +13,8 @@
 #include "ops/softmax_xent.h"
 #include "runtime/check.h"
 #include "tests/harness.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 enum { BATCH = 4, SIZE = 32, CLASSES = 10 };
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "tests/harness.h"
-#include "tools/keys.h"
+#include "tools/trainer/keys.h"
 
 static char output[1 << 17];
 

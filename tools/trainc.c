@@ -24,10 +24,10 @@
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/version.h"
-#include "tools/bench_loader.h"
-#include "tools/find_batch.h"
-#include "tools/keys.h"
-#include "tools/train.h"
+#include "tools/trainer/bench_loader.h"
+#include "tools/trainer/find_batch.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -190,7 +190,7 @@ static Config *load_config(const Args *a) {
 /* docs/config-keys.md is this output; a test keeps them equal. */
 static void print_keys(FILE *f) {
     fputs("# Config keys\n\n"
-          "Every key trainc reads, from the key schema in tools/keys.c (`build/trainc keys` prints this\n"
+          "Every key trainc reads, from the key schema in tools/trainer/keys.c (`build/trainc keys` prints this\n"
           "page). A value outside its allowed range, of the wrong type or under an unknown key stops\n"
           "trainc with the file and line it came from. Intervals: `[a, b]` includes both ends, `(a, b]`\n"
           "leaves a out.\n\n", f);

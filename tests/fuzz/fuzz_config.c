@@ -13,7 +13,7 @@
 
 #include "runtime/config.h"
 #include "tests/fuzz/fuzz_common.h"
-#include "tools/keys.h"
+#include "tools/trainer/keys.h"
 
 #define MAX_SETS 4
 

@@ -13,7 +13,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/config.h"
 #include "tests/fuzz/fuzz_common.h"
-#include "tools/keys.h"
+#include "tools/trainer/keys.h"
 
 typedef struct {
     uint8_t *bytes;

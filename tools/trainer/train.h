@@ -1,6 +1,6 @@
 /* One training run as a config describes it. */
-#ifndef TRAINC_TOOLS_TRAIN_H
-#define TRAINC_TOOLS_TRAIN_H
+#ifndef TRAINC_TOOLS_TRAINER_TRAIN_H
+#define TRAINC_TOOLS_TRAINER_TRAIN_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +10,7 @@
 #include "data/loader.h"
 #include "dist/dist.h"
 #include "runtime/config.h"
+#include "tools/trainer/settings.h"
 
 typedef struct {
     char name[128];
@@ -61,9 +62,9 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
 void train_summary_print_json(const TrainSummary *s, FILE *f);
 
 /* Loads the training (train = 1) or test split that the data.* keys name. */
-void train_load_dataset(const Config *cfg, Dataset *d, int train);
+void train_load_dataset(const TrainSettings *s, Dataset *d, int train);
 /* The loader settings that the data.* and train.batch keys give, for the
  * training (train = 1) or test split. */
-void train_loader_config(const Config *cfg, int train, LoaderConfig *lc);
+void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc);
 
 #endif

@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 
-#include "tools/trainer.h"
+#include "tools/trainer/trainer.h"
 
 /* A checkpoint (runtime/checkpoint.h) holds these sections:
  *   model        CkptModel: which net, so another one is refused
@@ -44,16 +44,16 @@ static uint64_t shape_fingerprint(const Model *m) {
     return h;
 }
 
-static CkptModel ckpt_model_of(const Trainer *t, const char *name) {
+static CkptModel ckpt_model_of(const Trainer *t) {
     CkptModel cm;
     memset(&cm, 0, sizeof cm);
-    snprintf(cm.name, sizeof cm.name, "%s", name);
+    snprintf(cm.name, sizeof cm.name, "%s", t->set.model.name);
     cm.n_params = (int64_t)t->model.n_params;
     cm.shape_fingerprint = shape_fingerprint(&t->model);
-    cm.act_dtype = t->amp;
+    cm.act_dtype = t->set.precision.amp;
     cm.nhwc = t->model.nhwc;
     cm.num_classes = t->model.num_classes;
-    cm.accumulate = t->accumulate;
+    cm.accumulate = t->set.memory.accumulate;
     return cm;
 }
 
@@ -109,72 +109,50 @@ static void checkpoint_path(char *out, size_t n, const char *dir, long step) {
 /* The temporary files of checkpoint writes that never finished (a process
  * killed mid-write); rank 0 alone writes, and only its host knows its pids. */
 static void remove_stale_temporaries(const Trainer *t) {
-    if (t->dist->rank == 0) ckpt_remove_stale_temporaries(t->checkpoint_dir, "ckpt-", ".trc");
+    if (t->ddp.dist->rank == 0) ckpt_remove_stale_temporaries(t->set.checkpoint.dir, "ckpt-", ".trc");
 }
 
 /* run.keep_checkpoints: delete all but the newest K, never the one just written. */
 static void rotate_checkpoints(Trainer *t) {
     long *steps;
-    int n = list_checkpoints(t->checkpoint_dir, &steps);
-    for (int i = t->keep_checkpoints; t->keep_checkpoints > 0 && i < n; i++) {
+    int n = list_checkpoints(t->set.checkpoint.dir, &steps);
+    for (int i = t->set.checkpoint.keep; t->set.checkpoint.keep > 0 && i < n; i++) {
         char path[4200];
-        if (steps[i] == t->last_checkpoint_step) continue;
-        checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
+        if (steps[i] == t->ckpt.step) continue;
+        checkpoint_path(path, sizeof path, t->set.checkpoint.dir, steps[i]);
         if (unlink(path) != 0) log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
     }
     free(steps);
 }
 
-/* Writes the state after t->step optimizer steps into run.checkpoint_dir;
- * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
-int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) {
-    char path[4200], err[4400];
-    if (t->last_checkpoint_step == t->step && t->last_checkpoint[0]) return 0; /* this state is saved */
-    sync_sharded_state(t);
-    if (t->dist->rank != 0) {
-        /* Rank 0 writes; every rank holds the same weights. */
-        checkpoint_path(t->last_checkpoint, sizeof t->last_checkpoint, t->checkpoint_dir, t->step);
-        t->last_checkpoint_step = t->step;
-        return 0;
-    }
-    if (mkdir_p(t->checkpoint_dir) != 0) {
-        log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->checkpoint_dir,
-                 strerror(errno), t->step);
-        return -1;
-    }
-    remove_stale_temporaries(t);
-    checkpoint_path(path, sizeof path, t->checkpoint_dir, t->step);
-    if (access(path, F_OK) == 0) {
-        log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
-        return -1;
-    }
-    gpu_range_push("checkpoint");
-    double start = now_seconds();
+/* The sections, written to a temporary file and renamed into place at the
+ * commit; 0, or -1 with the reason in err. */
+static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_micro, char *err, size_t n) {
+    int rc = -1;
     Model *m = &t->model;
-    CkptModel cm = ckpt_model_of(t, config_str(cfg, "model.name"));
+    CkptModel cm = ckpt_model_of(t);
     CkptPosition pos = {t->step, epoch, epoch_micro};
-    CkptData data = {config_int(cfg, "run.seed"), t->batch, t->train_set.n, config_bool(cfg, "data.shuffle")};
+    CkptData data = {(int64_t)t->set.run.seed, t->set.train.batch, t->data.train_set.n, t->set.data.shuffle};
     LossScalerState scaler;
     float *host = malloc(m->n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
-    op_copy_to_host(&m->ops, &scaler, t->scaler, sizeof scaler);
+    op_copy_to_host(&m->ops, &scaler, t->buf.scaler, sizeof scaler);
     op_sync(&m->ops);
-    int rc = -1;
     size_t stat_bytes = m->n_bn_stats * sizeof(float);
     float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
     if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
     model_get_bn_stats(m, stats);
-    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 7 : 6, err, sizeof err);
-    if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "position", &pos, sizeof pos, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "data", &data, sizeof data, err, sizeof err) == 0 &&
-        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) == 0 &&
-        (!stat_bytes || ckpt_write_section(w, "bn_stats", stats, stat_bytes, err, sizeof err) == 0)) {
+    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 7 : 6, err, n);
+    if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, n) == 0 &&
+        ckpt_write_section(w, "position", &pos, sizeof pos, err, n) == 0 &&
+        ckpt_write_section(w, "data", &data, sizeof data, err, n) == 0 &&
+        ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, n) == 0 &&
+        (!stat_bytes || ckpt_write_section(w, "bn_stats", stats, stat_bytes, err, n) == 0)) {
         model_get_params(m, host);
-        if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
+        if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, n) == 0) {
             model_get_momentum(m, host);
-            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, sizeof err) == 0) {
-                rc = ckpt_write_commit(w, err, sizeof err);
+            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, n) == 0) {
+                rc = ckpt_write_commit(w, err, n);
                 w = NULL;
             }
         }
@@ -182,13 +160,42 @@ int save_checkpoint(Trainer *t, const Config *cfg, int epoch, long epoch_micro) 
     if (w) ckpt_write_abort(w);
     free(host);
     free(stats);
+    return rc;
+}
+
+/* Writes the state after t->step optimizer steps into run.checkpoint_dir;
+ * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
+int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
+    char path[4200], err[4400];
+    if (t->ckpt.step == t->step && t->ckpt.path[0]) return 0; /* this state is saved */
+    sync_sharded_state(t);
+    if (t->ddp.dist->rank != 0) {
+        /* Rank 0 writes; every rank holds the same weights. */
+        checkpoint_path(t->ckpt.path, sizeof t->ckpt.path, t->set.checkpoint.dir, t->step);
+        t->ckpt.step = t->step;
+        return 0;
+    }
+    if (mkdir_p(t->set.checkpoint.dir) != 0) {
+        log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->set.checkpoint.dir,
+                 strerror(errno), t->step);
+        return -1;
+    }
+    remove_stale_temporaries(t);
+    checkpoint_path(path, sizeof path, t->set.checkpoint.dir, t->step);
+    if (access(path, F_OK) == 0) {
+        log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
+        return -1;
+    }
+    gpu_range_push("checkpoint");
+    double start = now_seconds();
+    int rc = write_checkpoint(t, path, epoch, epoch_micro, err, sizeof err);
     gpu_range_pop();
     if (rc != 0) {
         log_warn("checkpoint at step %ld not written: %s", t->step, err);
         return -1;
     }
-    snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
-    t->last_checkpoint_step = t->step;
+    snprintf(t->ckpt.path, sizeof t->ckpt.path, "%s", path);
+    t->ckpt.step = t->step;
     log_info("checkpoint: %s (%.2f s)", path, now_seconds() - start);
     rotate_checkpoints(t);
     return 0;
@@ -233,32 +240,34 @@ static CkptFile *open_resume_latest(const Trainer *t) {
     char err[4400], path[4200], aside[4300];
     long *steps;
     remove_stale_temporaries(t);
-    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    int n = list_checkpoints(t->set.checkpoint.dir, &steps);
     if (n < 0)
-        TC_USER_ERROR("run.resume = latest: cannot read run.checkpoint_dir = %s: %s", t->checkpoint_dir, strerror(errno));
+        TC_USER_ERROR("run.resume = latest: cannot read run.checkpoint_dir = %s: %s", t->set.checkpoint.dir,
+                      strerror(errno));
     if (n == 0)
-        TC_USER_ERROR("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s", t->checkpoint_dir);
+        TC_USER_ERROR("run.resume = latest: no checkpoint (ckpt-*.trc) in run.checkpoint_dir = %s",
+                      t->set.checkpoint.dir);
     CkptFile *f = NULL;
     for (int i = 0; i < n && !f; i++) {
         CkptStatus status;
-        checkpoint_path(path, sizeof path, t->checkpoint_dir, steps[i]);
+        checkpoint_path(path, sizeof path, t->set.checkpoint.dir, steps[i]);
         f = ckpt_open_status(path, &status, err, sizeof err);
-        if (f || t->dist->rank != 0) continue;
+        if (f || t->ddp.dist->rank != 0) continue;
         if (status != CKPT_ERR_CORRUPT)
             TC_USER_ERROR("run.resume = latest: the newest checkpoint cannot be used: %s. Make it readable, move it "
                      "out of %s to resume from the one before it, or name a checkpoint with --resume FILE",
-                     err, t->checkpoint_dir);
+                     err, t->set.checkpoint.dir);
         if (move_aside(path, aside, sizeof aside) != 0)
             TC_USER_ERROR("run.resume = latest: %s; it cannot be moved aside (%s): move it out of %s to resume from "
                      "the one before it, or name a checkpoint with --resume FILE", err, strerror(errno),
-                     t->checkpoint_dir);
+                     t->set.checkpoint.dir);
         log_warn("run.resume = latest: %s. Moved it aside to %s (kept, not deleted); trying the one before it",
                  err, aside);
     }
     free(steps);
     if (!f)
         TC_USER_ERROR("run.resume = latest: no valid checkpoint in %s (the damaged ones are moved aside to *.corrupt; "
-                 "see the warnings above)", t->checkpoint_dir);
+                 "see the warnings above)", t->set.checkpoint.dir);
     return f;
 }
 
@@ -272,54 +281,48 @@ CkptFile *open_resume(const Trainer *t, const char *resume) {
 void check_checkpoint_dir(const Trainer *t, long resume_step) {
     long *steps;
     remove_stale_temporaries(t);
-    int n = list_checkpoints(t->checkpoint_dir, &steps);
+    int n = list_checkpoints(t->set.checkpoint.dir, &steps);
     if (n > 0 && resume_step < 0)
         TC_USER_ERROR("run.checkpoint_dir = %s already holds checkpoints (newest ckpt-%08ld.trc): resume with "
-                 "--resume latest, or set another run.checkpoint_dir", t->checkpoint_dir, steps[0]);
+                 "--resume latest, or set another run.checkpoint_dir", t->set.checkpoint.dir, steps[0]);
     if (n > 0 && steps[0] > resume_step)
         TC_USER_ERROR("run.checkpoint_dir = %s holds ckpt-%08ld.trc, newer than the resumed step %ld: move it "
                  "away or set another run.checkpoint_dir (trainc never overwrites checkpoints)",
-                 t->checkpoint_dir, steps[0], resume_step);
+                 t->set.checkpoint.dir, steps[0], resume_step);
     free(steps);
 }
 
-/* Loads a checkpoint into the built model; returns where the data order goes on. */
-CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
-    char err[4400];
-    const char *path = ckpt_path(f);
-    CkptModel have, want = ckpt_model_of(t, config_str(cfg, "model.name"));
-    CkptPosition pos;
-    CkptData data;
-    LossScalerState scaler;
-    if (ckpt_read_section(f, "model", &have, sizeof have, err, sizeof err) != 0 ||
-        ckpt_read_section(f, "position", &pos, sizeof pos, err, sizeof err) != 0 ||
-        ckpt_read_section(f, "data", &data, sizeof data, err, sizeof err) != 0 ||
-        ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
-    have.name[sizeof have.name - 1] = 0;
-    if (strcmp(have.name, want.name) != 0 || have.n_params != want.n_params ||
-        have.shape_fingerprint != want.shape_fingerprint || have.num_classes != want.num_classes)
+/* A checkpoint of another net, precision, layout or accumulation is refused;
+ * another data order only warned of. */
+static void check_fits(const Trainer *t, const char *path, const CkptModel *have, const CkptModel *want,
+                       const CkptData *data, const CkptPosition *pos) {
+    if (strcmp(have->name, want->name) != 0 || have->n_params != want->n_params ||
+        have->shape_fingerprint != want->shape_fingerprint || have->num_classes != want->num_classes)
         TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
                  "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
-                 path, have.name, (long long)have.n_params, (unsigned long long)have.shape_fingerprint, want.name,
-                 (long long)want.n_params, (unsigned long long)want.shape_fingerprint);
-    if (have.act_dtype != want.act_dtype || have.nhwc != want.nhwc)
+                 path, have->name, (long long)have->n_params, (unsigned long long)have->shape_fingerprint, want->name,
+                 (long long)want->n_params, (unsigned long long)want->shape_fingerprint);
+    if (have->act_dtype != want->act_dtype || have->nhwc != want->nhwc)
         TC_USER_ERROR("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
-                 "and %s", path, dtype_name((DType)have.act_dtype), have.nhwc ? "nhwc" : "nchw",
-                 dtype_name(t->amp), t->model.nhwc ? "nhwc" : "nchw");
-    if (have.accumulate != want.accumulate)
+                 "and %s", path, dtype_name((DType)have->act_dtype), have->nhwc ? "nhwc" : "nchw",
+                 dtype_name(t->set.precision.amp), t->model.nhwc ? "nhwc" : "nchw");
+    if (have->accumulate != want->accumulate)
         TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
-                 "buffer holds k times its value)", path, (long long)have.accumulate, t->accumulate);
-    if (data.seed != config_int(cfg, "run.seed") || data.batch != t->batch || data.train_images != t->train_set.n ||
-        data.shuffle != config_bool(cfg, "data.shuffle"))
+                 "buffer holds k times its value)", path, (long long)have->accumulate, t->set.memory.accumulate);
+    if (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
+        data->train_images != t->data.train_set.n || data->shuffle != t->set.data.shuffle)
         log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
                  "data.shuffle = %s; the data order from here on differs from that run's", path,
-                 (long long)data.seed, (long long)data.batch, (long long)data.train_images,
-                 data.shuffle ? "on" : "off");
-    if (pos.step < 0 || pos.epoch < 0 || pos.epoch_micro < 0)
-        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos.step,
-                 (long long)pos.epoch);
+                 (long long)data->seed, (long long)data->batch, (long long)data->train_images,
+                 data->shuffle ? "on" : "off");
+    if (pos->step < 0 || pos->epoch < 0 || pos->epoch_micro < 0)
+        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos->step,
+                 (long long)pos->epoch);
+}
 
+/* Parameters, momentum and batch-norm statistics into the built model. */
+static void load_weights(Trainer *t, CkptFile *f, const char *path) {
+    char err[4400];
     float *host = malloc(t->model.n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
     if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
@@ -333,20 +336,39 @@ CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
         size_t stat_bytes = t->model.n_bn_stats * sizeof(float);
         float *stats = malloc(stat_bytes);
         if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
-        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0) TC_USER_ERROR("run.resume: %s", err);
+        if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0)
+            TC_USER_ERROR("run.resume: %s", err);
         model_set_bn_stats(&t->model, stats);
         free(stats);
     }
-    if (t->amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
-    t->scaler_seen = scaler;
-    op_copy_from_host(&t->model.ops, t->scaler, &scaler, sizeof scaler);
-    t->step = t->first_step = t->seen_step = (long)pos.step;
+}
+
+/* Loads a checkpoint into the built model; returns where the data order goes on. */
+CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
+    char err[4400];
+    const char *path = ckpt_path(f);
+    CkptModel have, want = ckpt_model_of(t);
+    CkptPosition pos;
+    CkptData data;
+    LossScalerState scaler;
+    if (ckpt_read_section(f, "model", &have, sizeof have, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "position", &pos, sizeof pos, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "data", &data, sizeof data, err, sizeof err) != 0 ||
+        ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
+        TC_USER_ERROR("run.resume: %s", err);
+    have.name[sizeof have.name - 1] = 0;
+    check_fits(t, path, &have, &want, &data, &pos);
+    load_weights(t, f, path);
+    if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
+    t->seen.scaler = scaler;
+    op_copy_from_host(&t->model.ops, t->buf.scaler, &scaler, sizeof scaler);
+    t->step = t->first_step = t->seen.step = (long)pos.step;
     int64_t lr_step = pos.step; /* the schedule goes on from the checkpoint's step */
-    op_copy_from_host(&t->model.ops, t->lr_step, &lr_step, sizeof lr_step);
+    op_copy_from_host(&t->model.ops, t->buf.lr_step, &lr_step, sizeof lr_step);
     op_sync(&t->model.ops);
-    t->seen_bad_total = scaler.skipped_steps;
-    snprintf(t->last_checkpoint, sizeof t->last_checkpoint, "%s", path);
-    t->last_checkpoint_step = t->step;
+    t->seen.bad_total = scaler.skipped_steps;
+    snprintf(t->ckpt.path, sizeof t->ckpt.path, "%s", path);
+    t->ckpt.step = t->step;
     log_info("resumed from %s: step %ld, epoch %lld, %lld micro-batches into it", path, t->step,
              (long long)pos.epoch + 1, (long long)pos.epoch_micro);
     return pos;
@@ -357,10 +379,10 @@ CkptPosition load_checkpoint(Trainer *t, const Config *cfg, CkptFile *f) {
 long skip_batches(Trainer *t, long n) {
     Batch b;
     for (long i = 0; i < n; i++) {
-        if (t->resident && i > 0) continue;
-        if (!loader_next(t->train_loader, &b)) return i;
-        if (t->resident) upload_sync(t, &b);
-        loader_release(t->train_loader, &b);
+        if (t->set.data.resident && i > 0) continue;
+        if (!loader_next(t->data.train_loader, &b)) return i;
+        if (t->set.data.resident) upload_sync(t, &b);
+        loader_release(t->data.train_loader, &b);
     }
     return n;
 }

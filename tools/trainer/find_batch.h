@@ -1,6 +1,6 @@
 /* trainc find-batch: the batch size that trains fastest on this card. */
-#ifndef TRAINC_TOOLS_FIND_BATCH_H
-#define TRAINC_TOOLS_FIND_BATCH_H
+#ifndef TRAINC_TOOLS_TRAINER_FIND_BATCH_H
+#define TRAINC_TOOLS_TRAINER_FIND_BATCH_H
 
 #include <stddef.h>
 

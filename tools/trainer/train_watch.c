@@ -1,24 +1,24 @@
 /* Watching a training run: phase timing from events on the compute stream,
  * the metrics file (run.metrics_file), the profiler range (run.profile_steps),
  * log points, the progress line and the Prometheus gauges (monitor.*). */
-#include "tools/trainer.h"
+#include "tools/trainer/trainer.h"
 #include "runtime/json_out.h"
 
 /* ---- phase timing ------------------------------------------------------------ */
 
 void phases_init(Trainer *t) {
-    Phases *p = &t->phases;
+    Phases *p = &t->watch.phases;
     memset(p, 0, sizeof *p);
     p->open = -1;
-    if (!t->use_gpu) return;
+    if (!t->set.run.use_gpu) return;
     for (int i = 0; i < PHASE_RING; i++)
         for (int m = 0; m < PH_MARKS; m++) gpu_event_create(&p->ring[i].ev[m], 1);
 }
 
 void phases_destroy(Trainer *t) {
-    if (!t->use_gpu) return;
+    if (!t->set.run.use_gpu) return;
     for (int i = 0; i < PHASE_RING; i++)
-        for (int m = 0; m < PH_MARKS; m++) gpu_event_destroy(t->phases.ring[i].ev[m]);
+        for (int m = 0; m < PH_MARKS; m++) gpu_event_destroy(t->watch.phases.ring[i].ev[m]);
 }
 
 /* Adds a finished set's phases to the sums (when it was timed). */
@@ -28,9 +28,9 @@ static void collect_set(Trainer *t, PhaseSet *s) {
         if (!(s->marked & (1u << m))) continue;
         if (prev >= 0 && s->timed) {
             float ms;
-            if (t->use_gpu) ms = gpu_event_ms(s->ev[prev], s->ev[m]);
+            if (t->set.run.use_gpu) ms = gpu_event_ms(s->ev[prev], s->ev[m]);
             else ms = (float)(1000 * (s->host[m] - s->host[prev]));
-            t->phases.timed_ms[prev] += ms;
+            t->watch.phases.timed_ms[prev] += ms;
         }
         prev = m;
     }
@@ -40,21 +40,21 @@ static void collect_set(Trainer *t, PhaseSet *s) {
 /* Reads back the sets whose last event has completed; wait: all of them. */
 void phases_collect(Trainer *t, int wait) {
     for (int i = 0; i < PHASE_RING; i++) {
-        PhaseSet *s = &t->phases.ring[i];
+        PhaseSet *s = &t->watch.phases.ring[i];
         if (!s->pending) continue;
-        if (t->use_gpu && wait) gpu_event_sync(s->ev[PH_END]);
-        else if (t->use_gpu && !gpu_event_done(s->ev[PH_END])) continue; /* not there yet */
+        if (t->set.run.use_gpu && wait) gpu_event_sync(s->ev[PH_END]);
+        else if (t->set.run.use_gpu && !gpu_event_done(s->ev[PH_END])) continue; /* not there yet */
         collect_set(t, s);
     }
 }
 
 /* The start of phase m of this micro-batch (the first mark opens a set). */
 void phase_mark(Trainer *t, int m) {
-    Phases *p = &t->phases;
+    Phases *p = &t->watch.phases;
     if (p->open < 0) {
         PhaseSet *s = &p->ring[p->next];
         if (s->pending) {
-            if (t->use_gpu) gpu_event_sync(s->ev[PH_END]);
+            if (t->set.run.use_gpu) gpu_event_sync(s->ev[PH_END]);
             collect_set(t, s);
         }
         s->marked = 0;
@@ -62,14 +62,14 @@ void phase_mark(Trainer *t, int m) {
         p->next = (p->next + 1) % PHASE_RING;
     }
     PhaseSet *s = &p->ring[p->open];
-    if (t->use_gpu) gpu_event_record(s->ev[m], t->gpu.compute);
+    if (t->set.run.use_gpu) gpu_event_record(s->ev[m], t->device.gpu.compute);
     else s->host[m] = now_seconds();
     s->marked |= 1u << m;
 }
 
 /* The end of the micro-batch's last phase. */
 void phase_close(Trainer *t, int timed) {
-    Phases *p = &t->phases;
+    Phases *p = &t->watch.phases;
     if (p->open < 0) return;
     phase_mark(t, PH_END);
     p->ring[p->open].timed = timed;
@@ -80,7 +80,7 @@ void phase_close(Trainer *t, int timed) {
 /* Forward, backward and optimizer are timed one by one only when run eagerly:
  * under perf.cuda_graph they are inside the graph (PH_GRAPH times it whole). */
 void eager_mark(Trainer *t, int m) {
-    if (!t->cuda_graph) phase_mark(t, m);
+    if (!t->set.perf.cuda_graph) phase_mark(t, m);
 }
 
 /* ---- the metrics file (run.metrics_file) ------------------------------------ */
@@ -95,30 +95,30 @@ static cJSON *metric_step_line(Trainer *t, int epoch) {
 }
 
 static void write_metric_line(Trainer *t, cJSON *o) {
-    if (json_write_line(t->metrics, o) != 0) TC_FATAL("run.metrics_file: cannot write: %s", strerror(errno));
+    if (json_write_line(t->watch.metrics, o) != 0) TC_FATAL("run.metrics_file: cannot write: %s", strerror(errno));
 }
 
 void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
-    if (!t->metrics) return;
+    if (!t->watch.metrics) return;
     cJSON *o = metric_step_line(t, epoch);
     json_add_number(o, "loss", loss, 6);
     json_add_number(o, "samples_per_s", samples_per_s, 6);
-    json_add_number(o, "lr", t->lr * t->accumulate, 6);
+    json_add_number(o, "lr", t->set.optim.lr * t->set.memory.accumulate, 6);
     /* before clipping, as clip_grad_norm_ returns it; null when not finite */
-    if (t->grad_norm) json_add_number(o, "grad_norm", t->grad_norm_seen, 6);
+    if (t->buf.grad_norm) json_add_number(o, "grad_norm", t->seen.grad_norm, 6);
     write_metric_line(t, o);
 }
 
 void write_metric_skipped(Trainer *t, int epoch) {
-    if (!t->metrics) return;
+    if (!t->watch.metrics) return;
     cJSON *o = metric_step_line(t, epoch);
-    json_add_int(o, "skipped_steps", t->scaler_seen.skipped_steps);
-    json_add_int(o, "bad_in_a_row", t->bad_run);
+    json_add_int(o, "skipped_steps", t->seen.scaler.skipped_steps);
+    json_add_int(o, "bad_in_a_row", t->seen.bad_run);
     write_metric_line(t, o);
 }
 
 void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) {
-    if (!t->metrics) return;
+    if (!t->watch.metrics) return;
     cJSON *o = json_object_new();
     json_add_int(o, "epoch_end", epoch + 1);
     json_add_int(o, "step", t->step);
@@ -132,24 +132,26 @@ void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) 
 /* run.profile_steps = a:b: cudaProfilerStart before step a, Stop after step b. */
 void profile_step_begin(Trainer *t) {
     long next = t->step + 1;
-    if (!t->use_gpu || !t->profile_first || t->profiling || t->profiled || next < t->profile_first) return;
+    if (!t->set.run.use_gpu || !t->set.run.profile_first || t->watch.profiling || t->watch.profiled ||
+        next < t->set.run.profile_first)
+        return;
     device_sync(t); /* the range holds this step's work only */
     gpu_profiler_start();
-    t->profiling = 1;
+    t->watch.profiling = 1;
     log_info("run.profile_steps: cudaProfilerStart before step %ld", next);
 }
 
 void profile_finish(Trainer *t) {
-    if (!t->profiling) return;
+    if (!t->watch.profiling) return;
     device_sync(t);
     gpu_profiler_stop();
-    t->profiling = 0;
-    t->profiled = 1;
+    t->watch.profiling = 0;
+    t->watch.profiled = 1;
     log_info("run.profile_steps: cudaProfilerStop after step %ld", t->step);
 }
 
 void profile_step_end(Trainer *t) {
-    if (t->profiling && t->step >= t->profile_last) profile_finish(t);
+    if (t->watch.profiling && t->step >= t->set.run.profile_last) profile_finish(t);
 }
 
 enum { G_SAMPLES, G_LOSS, G_SCALE, G_SKIPPED, G_WAIT, G_STEP, G_UTIL, G_MEM, G_TEMP, G_POWER, G_COUNT };
@@ -170,7 +172,7 @@ static const struct {
     {"trainc_gpu_power_watts", "NVML board power draw, watts.", PROM_GAUGE},
 };
 
-static void set_metric(Trainer *t, int g, double v) { prom_set(t->prom, metrics[g].name, v); }
+static void set_metric(Trainer *t, int g, double v) { prom_set(t->watch.prom, metrics[g].name, v); }
 
 /* A reading NVML did not give (< 0) leaves the metric as it was: absent until one does. */
 static void set_reading(Trainer *t, int g, double v, double scale) {
@@ -181,20 +183,20 @@ static void set_reading(Trainer *t, int g, double v, double scale) {
  * in the exposition from its first value on. */
 void prometheus_start(Trainer *t) {
     char err[512];
-    if (!t->prometheus_port) return;
-    t->prom = prom_start(t->prometheus_port, err, sizeof err);
-    if (!t->prom) TC_FATAL("monitor.prometheus_port = %d: %s", t->prometheus_port, err);
-    for (int g = 0; g < G_COUNT; g++) prom_declare(t->prom, metrics[g].name, metrics[g].help, metrics[g].type);
-    log_info("monitor.prometheus_port: serving http://127.0.0.1:%d/metrics", prom_port(t->prom));
+    if (!t->set.monitor.prometheus_port) return;
+    t->watch.prom = prom_start(t->set.monitor.prometheus_port, err, sizeof err);
+    if (!t->watch.prom) TC_FATAL("monitor.prometheus_port = %d: %s", t->set.monitor.prometheus_port, err);
+    for (int g = 0; g < G_COUNT; g++) prom_declare(t->watch.prom, metrics[g].name, metrics[g].help, metrics[g].type);
+    log_info("monitor.prometheus_port: serving http://127.0.0.1:%d/metrics", prom_port(t->watch.prom));
 }
 
 void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss) {
-    if (!t->prom) return;
-    GpuSample g = gpu_monitor_latest(t->monitor);
+    if (!t->watch.prom) return;
+    GpuSample g = gpu_monitor_latest(t->device.monitor);
     set_metric(t, G_SAMPLES, samples_per_s);
     set_metric(t, G_LOSS, loss);
-    set_metric(t, G_SCALE, t->scaler_seen.scale);
-    set_metric(t, G_SKIPPED, t->scaler_seen.skipped_steps);
+    set_metric(t, G_SCALE, t->seen.scaler.scale);
+    set_metric(t, G_SKIPPED, t->seen.scaler.skipped_steps);
     set_metric(t, G_WAIT, wait_frac);
     set_metric(t, G_STEP, (double)t->step);
     set_reading(t, G_UTIL, g.util_pct, 0.01);
@@ -206,13 +208,14 @@ void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float
 /* Every run.log_every steps: the log line (unless the progress line shows),
  * the metrics line, the Prometheus gauges, and the phase sets done so far. */
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
-    double now = now_seconds(), wait = loader_wait_seconds(t->train_loader);
-    double rate = (t->step - lw->start_step) * t->batch * t->accumulate / (now - lw->start);
-    if (!t->progress && t->grad_norm)
-        log_info("epoch %d step %ld/%ld loss %.4f grad norm %.4g %.1f samples/s", epoch + 1, t->step, t->total_steps,
-                 loss, t->grad_norm_seen, rate);
-    else if (!t->progress)
-        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->total_steps, loss, rate);
+    double now = now_seconds(), wait = loader_wait_seconds(t->data.train_loader);
+    double rate = (t->step - lw->start_step) * t->set.train.batch * t->set.memory.accumulate / (now - lw->start);
+    if (!t->watch.progress && t->buf.grad_norm)
+        log_info("epoch %d step %ld/%ld loss %.4f grad norm %.4g %.1f samples/s", epoch + 1, t->step,
+                 t->watch.total_steps, loss, t->seen.grad_norm, rate);
+    else if (!t->watch.progress)
+        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->watch.total_steps, loss,
+                 rate);
     write_metric_step(t, epoch, loss, rate);
     prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);
     phases_collect(t, 0);
@@ -224,17 +227,18 @@ void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
 /* On a terminal: "epoch 1/3  step 120/4686  loss 2.1034  1350 samples/s  ETA 3:21",
  * redrawn at most 4 times a second (force: now). */
 void progress_draw(Trainer *t, int epoch, int force) {
-    double now = now_seconds(), dt = now - t->progress_drawn;
+    double now = now_seconds(), dt = now - t->watch.progress_drawn;
     if (!force && dt < 0.25) return;
-    if (t->step > t->progress_step && dt > 0) t->progress_rate = (t->step - t->progress_step) / dt;
-    t->progress_drawn = now;
-    t->progress_step = t->step;
-    if (t->progress_rate <= 0) return;
+    if (t->step > t->watch.progress_step && dt > 0) t->watch.progress_rate = (t->step - t->watch.progress_step) / dt;
+    t->watch.progress_drawn = now;
+    t->watch.progress_step = t->step;
+    if (t->watch.progress_rate <= 0) return;
     char loss[32] = "-", eta[32];
-    if (isfinite(t->last_loss)) snprintf(loss, sizeof loss, "%.4f", t->last_loss);
-    long left = (long)((t->total_steps - t->step) / t->progress_rate + 0.5);
+    if (isfinite(t->seen.loss)) snprintf(loss, sizeof loss, "%.4f", t->seen.loss);
+    long left = (long)((t->watch.total_steps - t->step) / t->watch.progress_rate + 0.5);
     if (left >= 3600) snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
     else snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
-    log_progress("epoch %d/%d  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->epochs, t->step,
-                 t->total_steps, loss, t->progress_rate * t->batch * t->accumulate, eta);
+    log_progress("epoch %d/%d  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->set.run.epochs, t->step,
+                 t->watch.total_steps, loss, t->watch.progress_rate * t->set.train.batch * t->set.memory.accumulate,
+                 eta);
 }

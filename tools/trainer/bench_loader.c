@@ -4,7 +4,7 @@
  * size cross the bus, one kernel makes the output). Prints samples/s as a table.
  *
  *   trainc bench-loader --config configs/dataloader.ini [--set k=v]... */
-#include "tools/bench_loader.h"
+#include "tools/trainer/bench_loader.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +16,7 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
-#include "tools/train.h"
+#include "tools/trainer/train.h"
 
 #define BENCH_SECONDS 0.6
 #define BENCH_WARMUP_BATCHES 3
@@ -103,11 +103,13 @@ int bench_loader_main(const Config *cfg) {
         tc_fatal(NULL, 0, "trainc bench-loader measures copies to the GPU, and this trainc was built without CUDA "
                  "(TRAINC_CUDA=OFF)");
     if (gpu_count() == 0) TC_FATAL("bench-loader measures copies to the GPU, and no GPU is visible");
+    TrainSettings set;
+    settings_fill(cfg, &set);
     GpuContext gpu;
-    gpu_context_init(&gpu, (int)config_int(cfg, "run.gpu"));
+    gpu_context_init(&gpu, set.run.gpu);
     Dataset data;
-    train_load_dataset(cfg, &data, 1);
-    Bench b = {.gpu = &gpu, .data = &data, .image_size = (int)config_int(cfg, "data.image_size")};
+    train_load_dataset(&set, &data, 1);
+    Bench b = {.gpu = &gpu, .data = &data, .image_size = set.data.image_size};
     size_t out_bytes = (size_t)256 * 3 * b.image_size * b.image_size * sizeof(float);
     for (int s = 0; s < 2; s++) {
         b.device_images[s] = device_buffer(out_bytes, "output batches");
@@ -116,15 +118,15 @@ int bench_loader_main(const Config *cfg) {
         gpu_event_create(&b.done[s], 0);
     }
     printf("loading + copying alone, %d training images %dx%d -> %dx%d, flip %s, crop_pad %lld, on %s\n",
-           data.n, data.h, data.w, b.image_size, b.image_size, config_bool(cfg, "data.flip") ? "on" : "off",
-           (long long)config_int(cfg, "data.crop_pad"), gpu.name);
+           data.n, data.h, data.w, b.image_size, b.image_size, set.data.flip ? "on" : "off",
+           (long long)set.data.crop_pad, gpu.name);
     printf("%-9s %5s %7s %6s %12s\n", "transform", "batch", "workers", "pinned", "samples/s");
     for (int on_gpu = 0; on_gpu < 2; on_gpu++)
         for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++)
             for (size_t wi = 0; wi < sizeof workers / sizeof *workers; wi++)
                 for (int pinned = 0; pinned < 2; pinned++) {
                     LoaderConfig lc;
-                    train_loader_config(cfg, 1, &lc);
+                    train_loader_config(&set, 1, &lc);
                     lc.batch = batches[bi];
                     lc.workers = workers[wi];
                     lc.pinned = pinned;

@@ -1,4 +1,4 @@
-#include "tools/keys.h"
+#include "tools/trainer/keys.h"
 
 const CfgKeySpec trainc_keys[] = {
     {"run.name", CFG_STRING, "trainc", 0, "name of the run, written into the summary", 0},

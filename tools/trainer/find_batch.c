@@ -8,7 +8,7 @@
  * device (data.resident = on, no evaluation, 10 warm-up steps), so a size
  * that runs out of memory takes only its own process down. Prints a table of
  * batch, samples/s and peak memory, and the best batch (highest samples/s). */
-#include "tools/find_batch.h"
+#include "tools/trainer/find_batch.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -22,8 +22,7 @@
 #include <cJSON.h>
 
 #include "runtime/check.h"
-#include "runtime/config.h"
-#include "tools/keys.h"
+#include "tools/trainer/settings.h"
 
 enum { MAX_ARGS = 256, TAIL = 1 << 16, TRIAL_STEPS = 30, TRIAL_WARMUP = 10 };
 #define MIN_GAIN 1.05
@@ -199,11 +198,10 @@ static void run_trial(char **base, int n_base, int batch, Trial *t) {
 }
 
 int find_batch_main(int argc, char **argv) {
-    const char *config_path = NULL;
+    const char *ini_path = NULL;
     char *base[MAX_ARGS];
     int n_base = 0;
     long max_batch = 65536;
-    Config *cfg = config_new(trainc_keys, trainc_n_keys);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -227,7 +225,7 @@ int find_batch_main(int argc, char **argv) {
                 }
                 continue;
             }
-            if (strcmp(a, "--config") == 0) config_path = v;
+            if (strcmp(a, "--config") == 0) ini_path = v;
             if (n_base + 2 > MAX_ARGS) {
                 fprintf(stderr, "trainc find-batch: error: too many arguments\n");
                 return 2;
@@ -242,32 +240,29 @@ int find_batch_main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!config_path) {
+    if (!ini_path) {
         fprintf(stderr, "trainc find-batch: error: --config FILE is required\n");
         usage(stderr);
         return 2;
     }
     /* The config is checked here first, so that a typo is one message, not a failed size. */
-    char *err = NULL;
-    if (config_load_file_msg(cfg, config_path, &err) != 0) {
-        fprintf(stderr, "trainc: error: %s\n", err);
-        return 1;
-    }
-    for (int i = 0; i < n_base && !err; i += 2) {
+    char *assignments[MAX_ARGS];
+    int n_assignments = 0;
+    for (int i = 0; i < n_base; i += 2) {
         if (strcmp(base[i], "--config") == 0) continue;
         const char *prefix = strcmp(base[i], "--device") == 0 ? "run.device=" : "";
         char *assignment = malloc(strlen(prefix) + strlen(base[i + 1]) + 1);
         if (!assignment) TC_FATAL("out of memory");
-        strcat(strcpy(assignment, prefix), base[i + 1]);
-        config_set_msg(cfg, assignment, &err);
-        free(assignment);
+        assignments[n_assignments++] = strcat(strcpy(assignment, prefix), base[i + 1]);
     }
-    if (err) {
+    char *err = NULL;
+    long batch = 0;
+    int rc = settings_peek_batch(ini_path, assignments, n_assignments, &batch, &err);
+    for (int i = 0; i < n_assignments; i++) free(assignments[i]);
+    if (rc != 0) {
         fprintf(stderr, "trainc: error: %s\n", err);
         return 1;
     }
-    long batch = (long)config_int(cfg, "train.batch");
-    config_free(cfg);
     if (batch < 1 || batch > max_batch) {
         fprintf(stderr, "trainc find-batch: error: train.batch = %ld: must be between 1 and --max-batch %ld\n",
                 batch, max_batch);
@@ -282,7 +277,7 @@ int find_batch_main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, &old_term);
 
     printf("find-batch: %s, train.batch doubling from %ld up to %ld; each size %d steps on a resident batch "
-           "(%d warm-up)\n", config_path, batch, max_batch, TRIAL_STEPS, TRIAL_WARMUP);
+           "(%d warm-up)\n", ini_path, batch, max_batch, TRIAL_STEPS, TRIAL_WARMUP);
     printf("%10s %14s %14s\n", "batch", "samples/s", "peak MiB");
     fflush(stdout);
     long best_batch = 0;

@@ -1,0 +1,236 @@
+/* The one reader of the Config: fills TrainSettings and checks the rules that
+ * join keys. */
+#include "tools/trainer/settings.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/train.h"
+
+static int is(const Config *cfg, const char *key, const char *value) {
+    return strcmp(config_str(cfg, key), value) == 0;
+}
+
+/* run.profile_steps = "a:b"; 0, or -1 when it is not two step numbers 1 <= a <= b. */
+static int parse_profile_steps(const char *v, long *first, long *last) {
+    char *end;
+    errno = 0;
+    long a = strtol(v, &end, 10);
+    if (end == v || *end != ':' || errno) return -1;
+    const char *second = end + 1;
+    long b = strtol(second, &end, 10);
+    if (end == second || *end || errno || a < 1 || b < a) return -1;
+    *first = a;
+    *last = b;
+    return 0;
+}
+
+static Switch read_switch(const Config *cfg, const char *key) {
+    return is(cfg, key, "off") ? SWITCH_OFF : is(cfg, key, "on") ? SWITCH_ON : SWITCH_AUTO;
+}
+
+static void fill_run(const Config *cfg, TrainSettings *s) {
+    s->run.name = config_str(cfg, "run.name");
+    s->run.metrics_file = config_str(cfg, "run.metrics_file");
+    s->run.resume = config_str(cfg, "run.resume");
+    s->run.use_gpu = is(cfg, "run.device", "cuda");
+    s->run.gpu = (int)config_int(cfg, "run.gpu");
+    s->run.epochs = (int)config_int(cfg, "run.epochs");
+    s->run.log_every = (int)config_int(cfg, "run.log_every");
+    s->run.warmup_steps = (int)config_int(cfg, "run.warmup_steps");
+    s->run.eval = config_bool(cfg, "run.eval");
+    s->run.nvtx_layers = config_bool(cfg, "run.nvtx_layers");
+    s->run.max_steps = (long)config_int(cfg, "run.max_steps");
+    s->run.seed = (uint64_t)config_int(cfg, "run.seed");
+    const char *profile = config_str(cfg, "run.profile_steps");
+    if (profile[0]) parse_profile_steps(profile, &s->run.profile_first, &s->run.profile_last);
+    s->checkpoint.dir = config_str(cfg, "run.checkpoint_dir");
+    s->checkpoint.every = (long)config_int(cfg, "run.checkpoint_every");
+    s->checkpoint.keep = (int)config_int(cfg, "run.keep_checkpoints");
+    s->checkpoint.max_bad_steps = (int)config_int(cfg, "run.max_bad_steps");
+    s->checkpoint.inject_nan_step = (long)config_int(cfg, "run.inject_nan_step");
+    s->monitor.sample_every_s = config_float(cfg, "monitor.sample_every_s");
+    s->monitor.prometheus_port = (int)config_int(cfg, "monitor.prometheus_port");
+}
+
+static void fill_data(const Config *cfg, TrainSettings *s) {
+    s->data.source = config_str(cfg, "data.source");
+    s->data.path = config_str(cfg, "data.path");
+    s->data.image_size = (int)config_int(cfg, "data.image_size");
+    s->data.train_limit = (int)config_int(cfg, "data.train_limit");
+    s->data.test_limit = (int)config_int(cfg, "data.test_limit");
+    s->data.synthetic_train = (int)config_int(cfg, "data.synthetic_train");
+    s->data.synthetic_test = (int)config_int(cfg, "data.synthetic_test");
+    s->data.workers = (int)config_int(cfg, "data.workers");
+    s->data.prefetch = (int)config_int(cfg, "data.prefetch");
+    s->data.pinned = config_bool(cfg, "data.pinned");
+    s->data.async_copy = config_bool(cfg, "data.async_copy");
+    s->data.shuffle = config_bool(cfg, "data.shuffle");
+    s->data.flip = config_bool(cfg, "data.flip");
+    s->data.crop_pad = (int)config_int(cfg, "data.crop_pad");
+    s->data.cutout = (int)config_int(cfg, "data.cutout");
+    s->data.transform_on_gpu = is(cfg, "data.transform_on", "gpu");
+    s->data.resident = config_bool(cfg, "data.resident");
+}
+
+static DType read_dtype(const Config *cfg, const char *key, DType otherwise) {
+    return is(cfg, key, "fp16") ? DTYPE_F16 : is(cfg, key, "bf16") ? DTYPE_BF16 : otherwise;
+}
+
+static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
+    s->model.name = config_str(cfg, "model.name");
+    s->model.num_classes = (int)config_int(cfg, "model.num_classes");
+    s->model.fuse = config_bool(cfg, "model.fuse");
+    s->model.nhwc = is(cfg, "model.layout", "nhwc");
+    s->train.batch = (int)config_int(cfg, "train.batch");
+    s->train.read_loss_every = (int)config_int(cfg, "train.read_loss_every");
+    s->train.sync_after_step = config_bool(cfg, "train.sync_after_step");
+    s->optim.lr = (float)config_float(cfg, "optim.lr");
+    s->optim.momentum = (float)config_float(cfg, "optim.momentum");
+    s->optim.weight_decay = (float)config_float(cfg, "optim.weight_decay");
+    s->optim.nesterov = config_bool(cfg, "optim.nesterov");
+    s->optim.decay_bn_bias = config_bool(cfg, "optim.decay_bn_bias");
+    s->optim.schedule = is(cfg, "optim.schedule", "cosine") ? LR_COSINE
+                      : is(cfg, "optim.schedule", "onecycle") ? LR_ONECYCLE : LR_CONSTANT;
+    s->optim.warmup_epochs = (float)config_float(cfg, "optim.warmup_epochs");
+    s->optim.final_lr = (float)config_float(cfg, "optim.final_lr");
+    s->optim.label_smoothing = (float)config_float(cfg, "optim.label_smoothing");
+    s->optim.clip_norm = (float)config_float(cfg, "optim.clip_norm");
+}
+
+static void fill_device(const Config *cfg, TrainSettings *s) {
+    s->precision.amp = read_dtype(cfg, "precision.amp", DTYPE_F32);
+    s->precision.tf32 = config_bool(cfg, "precision.tf32");
+    s->precision.scale_init = (float)config_float(cfg, "precision.loss_scale");
+    s->precision.scale_growth = (float)config_float(cfg, "precision.loss_scale_growth");
+    s->precision.scale_backoff = (float)config_float(cfg, "precision.loss_scale_backoff");
+    s->precision.scale_interval = (int)config_int(cfg, "precision.loss_scale_interval");
+    s->memory.accumulate = (int)config_int(cfg, "memory.accumulate");
+    s->memory.checkpoint_blocks = is(cfg, "memory.checkpoint", "blocks");
+    s->perf.cuda_graph = config_bool(cfg, "perf.cuda_graph");
+    s->perf.graph_node_priority = config_bool(cfg, "perf.graph_node_priority");
+    s->perf.deterministic = config_bool(cfg, "perf.deterministic");
+    s->perf.conv_benchmark = config_bool(cfg, "perf.conv_benchmark");
+    s->perf.conv_workspace_bytes = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;
+    s->dist.sync_bn = config_bool(cfg, "dist.sync_bn");
+    s->dist.allreduce_dtype =
+        is(cfg, "dist.allreduce_dtype", "fp32") ? DTYPE_F32 : read_dtype(cfg, "dist.allreduce_dtype", s->precision.amp);
+    s->dist.half_allreduce = is(cfg, "dist.allreduce_dtype", "fp16") || is(cfg, "dist.allreduce_dtype", "bf16");
+    s->dist.bucket_bytes = (size_t)config_int(cfg, "dist.bucket_mb") << 20;
+    s->dist.copy_engine = read_switch(cfg, "dist.copy_engine");
+    s->dist.shard_optimizer = read_switch(cfg, "dist.shard_optimizer");
+}
+
+void settings_fill(const Config *cfg, TrainSettings *s) {
+    memset(s, 0, sizeof *s);
+    s->config = cfg;
+    fill_run(cfg, s);
+    fill_data(cfg, s);
+    fill_model_and_optim(cfg, s);
+    fill_device(cfg, s);
+}
+
+/* A rule of the settings broken: gathered, so that one message names them all. */
+static void require(ConfigProblems *p, int ok, const char *key, const char *what) {
+    if (!ok) config_problem(p, key, "%s", what);
+}
+
+/* A key whose value needs the GPU; cpu_value is what to set instead. */
+static void require_gpu(ConfigProblems *p, const TrainSettings *s, int ok, const char *key, const char *cpu_value) {
+    if (!ok && !s->run.use_gpu)
+        config_problem(p, key, "needs run.device = cuda; for the CPU set %s = %s", key, cpu_value);
+}
+
+/* What only the GPU does, all named at once: a GPU config run with --device cpu. */
+static void check_gpu_only(ConfigProblems *p, const TrainSettings *s, int world) {
+    require_gpu(p, s, s->precision.amp == DTYPE_F32, "precision.amp", "off");
+    require_gpu(p, s, !s->perf.cuda_graph, "perf.cuda_graph", "off");
+    require_gpu(p, s, !s->data.pinned, "data.pinned", "off");
+    require_gpu(p, s, !s->data.transform_on_gpu, "data.transform_on", "cpu");
+    require_gpu(p, s, !s->model.nhwc, "model.layout", "nchw");
+    require_gpu(p, s, !s->model.fuse, "model.fuse", "off");
+    require_gpu(p, s, world == 1 || !s->dist.half_allreduce, "dist.allreduce_dtype", "fp32");
+    /* CPU ranks average their gradients over MPI: the copy engines, and the
+     * sharded optimizer that rides on them, are the GPU's ("auto" is off there). */
+    const char *copy_keys[] = {"dist.copy_engine", "dist.shard_optimizer"};
+    Switch copy_modes[] = {s->dist.copy_engine, s->dist.shard_optimizer};
+    for (int i = 0; i < 2 && world > 1 && !s->run.use_gpu; i++)
+        if (copy_modes[i] == SWITCH_ON)
+            config_problem(p, copy_keys[i], "needs run.device = cuda (CPU ranks average their gradients over MPI); "
+                           "for the CPU set %s = auto", copy_keys[i]);
+}
+
+static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
+    const Config *cfg = s->config;
+    long first, last;
+    const char *profile = config_str(cfg, "run.profile_steps");
+    require(p, !s->perf.graph_node_priority || s->perf.cuda_graph, "perf.graph_node_priority",
+            "needs perf.cuda_graph = on");
+    require(p, s->checkpoint.dir[0] != 0, "run.checkpoint_dir", "must not be empty");
+    require(p, !s->checkpoint.inject_nan_step || !s->perf.cuda_graph, "run.inject_nan_step",
+            "needs perf.cuda_graph = off (the graph replays the step as captured)");
+    require(p, !profile[0] || parse_profile_steps(profile, &first, &last) == 0, "run.profile_steps",
+            "must be a:b, optimizer steps with 1 <= a <= b (e.g. 100:120), or empty (off)");
+    require(p, s->optim.warmup_epochs <= s->run.epochs, "optim.warmup_epochs", "must be at most run.epochs");
+    require(p, s->optim.schedule != LR_CONSTANT || s->optim.warmup_epochs == 0, "optim.warmup_epochs",
+            "needs optim.schedule = cosine or onecycle");
+    require(p, !s->optim.nesterov || s->optim.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
+    /* The async path holds the previous batch while its copy is in flight. */
+    require(p, !s->data.async_copy || s->data.prefetch >= 2, "data.prefetch",
+            "must be at least 2 with data.async_copy = on");
+}
+
+void settings_read(const Config *cfg, int world, TrainSettings *s) {
+    ConfigProblems problems = {.config = cfg}, *p = &problems;
+    settings_fill(cfg, s);
+    require(p, strlen(s->run.name) < sizeof ((TrainSummary *)0)->name, "run.name", "is longer than 127 bytes");
+    check_gpu_only(p, s, world);
+    check_joined_keys(p, s);
+    config_problems_check(p);
+    if (s->precision.amp == DTYPE_F32) {
+        /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */
+        s->precision.scale_init = 1;
+        s->precision.scale_growth = 1;
+        s->precision.scale_backoff = 1;
+        s->precision.scale_interval = INT_MAX;
+    }
+    /* k micro-batches each add the gradient of their own mean loss, so the
+     * buffer holds k times the mean gradient of the whole batch. SGD on k*g
+     * with lr/k, weight decay k*wd and momentum as usual takes exactly the step
+     * of SGD on g with lr and wd (the momentum buffer holds k times its value). */
+    s->optim.lr /= (float)s->memory.accumulate;
+    s->optim.final_lr /= (float)s->memory.accumulate;
+    s->optim.weight_decay *= (float)s->memory.accumulate;
+}
+
+void settings_fail(const TrainSettings *s, const char *key, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *what = malloc((size_t)n + 1);
+    if (!what) TC_FATAL("out of host memory");
+    va_start(ap, fmt);
+    vsnprintf(what, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    config_fail(s->config, key, "%s", what);
+}
+
+const char *settings_origin(const TrainSettings *s, const char *key) { return config_origin(s->config, key); }
+
+int settings_peek_batch(const char *config_file, char *const *assignments, int n, long *batch, char **err) {
+    Config *cfg = config_new(trainc_keys, trainc_n_keys);
+    *err = NULL;
+    if (config_load_file_msg(cfg, config_file, err) != 0) return -1;
+    for (int i = 0; i < n && !*err; i++) config_set_msg(cfg, assignments[i], err);
+    if (*err) return -1;
+    *batch = (long)config_int(cfg, "train.batch");
+    config_free(cfg);
+    return 0;
+}

@@ -1,0 +1,96 @@
+/* The trainer's settings: the Config read once, into typed groups. This file
+ * and the key schema (keys.c) are the trainer's only readers of the Config;
+ * every other file reads TrainSettings. Each value alone was checked against
+ * its range when the Config read it (keys.c); settings_read adds the rules that
+ * join keys, all broken ones named in one message with their file:line. */
+#ifndef TRAINC_TOOLS_TRAINER_SETTINGS_H
+#define TRAINC_TOOLS_TRAINER_SETTINGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/lr_schedule.h"
+#include "ops/op_context.h" /* DType */
+#include "runtime/config.h"
+
+/* dist.copy_engine, dist.shard_optimizer */
+typedef enum { SWITCH_OFF, SWITCH_ON, SWITCH_AUTO } Switch;
+
+typedef struct {
+    const Config *config; /* where each value came from, for the messages */
+    struct {
+        const char *name, *metrics_file, *resume;
+        int use_gpu, gpu, epochs, log_every, warmup_steps, eval, nvtx_layers;
+        long max_steps;
+        uint64_t seed;
+        long profile_first, profile_last; /* run.profile_steps; 0: off */
+    } run;
+    struct {
+        const char *source, *path;
+        int image_size, train_limit, test_limit, synthetic_train, synthetic_test;
+        int workers, prefetch, pinned, async_copy, shuffle, flip, crop_pad, cutout, transform_on_gpu, resident;
+    } data;
+    struct {
+        const char *name;
+        int num_classes, fuse, nhwc;
+    } model;
+    struct {
+        int batch, read_loss_every, sync_after_step;
+    } train;
+    /* lr, final_lr and weight_decay as the accumulated gradient needs them
+     * (see settings_read). */
+    struct {
+        float lr, momentum, weight_decay, warmup_epochs, final_lr, label_smoothing, clip_norm;
+        int nesterov, decay_bn_bias;
+        LrScheduleKind schedule;
+    } optim;
+    /* fp32 (amp F32) keeps the scaler only to skip non-finite steps: scale 1. */
+    struct {
+        DType amp; /* F32: off */
+        int tf32;
+        float scale_init, scale_growth, scale_backoff;
+        int scale_interval;
+    } precision;
+    struct {
+        int accumulate, checkpoint_blocks;
+    } memory;
+    struct {
+        int cuda_graph, graph_node_priority, deterministic, conv_benchmark;
+        size_t conv_workspace_bytes;
+    } perf;
+    struct {
+        const char *dir;
+        long every, inject_nan_step;
+        int keep, max_bad_steps;
+    } checkpoint;
+    struct {
+        double sample_every_s;
+        int prometheus_port;
+    } monitor;
+    struct {
+        int sync_bn;
+        DType allreduce_dtype; /* dist.allreduce_dtype; auto: precision.amp's */
+        int half_allreduce;    /* fp16 or bf16 set explicitly */
+        size_t bucket_bytes;
+        Switch copy_engine, shard_optimizer;
+    } dist;
+} TrainSettings;
+
+/* Fills *s from cfg and checks the rules that join keys for a run of world
+ * ranks; a broken rule ends the process, every one named at once. */
+void settings_read(const Config *cfg, int world, TrainSettings *s);
+/* Only fills *s (no rule checked): for tools that need a few values. */
+void settings_fill(const Config *cfg, TrainSettings *s);
+
+/* A value the run found wrong (the data, the GPU): "trainc: error: <file:line
+ * of key>: ..." and exit status 1, as config_fail. */
+void settings_fail(const TrainSettings *s, const char *key, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+/* Where key's value came from ("file:line", "--set", "default"). */
+const char *settings_origin(const TrainSettings *s, const char *key);
+
+/* find-batch: train.batch of a config file with its "k=v" assignments applied
+ * in order; 0, or -1 with *err set (the config's message). */
+int settings_peek_batch(const char *config_file, char *const *assignments, int n, long *batch, char **err);
+
+#endif

@@ -1,0 +1,379 @@
+/* The training run, top to bottom: open it (settings, data, model, optimizer,
+ * dist, monitoring, resume), then for each epoch train and evaluate, then sum
+ * it up and close it. A step: wait for a batch, copy it to the device,
+ * forward, loss, backward, optimizer (train_step.c).
+ *
+ * The step itself never waits for the host unless a switch asks for it
+ * (train.sync_after_step, train.read_loss_every, data.async_copy = off): those
+ * are the lab's baseline habits, kept so that their cost can be measured. */
+#include "tools/trainer/trainer.h"
+#include "runtime/json_out.h"
+
+/* ---- stopping: signals and bad steps --------------------------------------- */
+
+static volatile sig_atomic_t stop_signal;
+
+/* SIGINT, SIGTERM: the first asks the loop to stop after the current step, a
+ * second ends the process at once. */
+static void on_stop_signal(int signo) {
+    if (stop_signal) {
+        static const char msg[] = "trainc: second signal: exiting now\n";
+        ssize_t unused = write(2, msg, sizeof msg - 1);
+        (void)unused;
+        ckpt_remove_pending(); /* a checkpoint being written is left unfinished */
+        _exit(128 + signo);
+    }
+    stop_signal = signo;
+}
+
+/* A signal on any rank stops every rank at the same step (a collective, so
+ * every rank asks at the same points). */
+static int stop_requested(Trainer *t) {
+    int any = dist_any_host(t->ddp.dist, stop_signal != 0);
+    if (any && !stop_signal) stop_signal = SIGTERM;
+    return any;
+}
+
+static void install_stop_handlers(struct sigaction old[2]) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+}
+
+static void restore_stop_handlers(const struct sigaction old[2]) {
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGTERM, &old[1], NULL);
+}
+
+/* After a read-back: the steps skipped since the last one (a non-finite loss or
+ * gradient), logged; bad_run counts them in a row as far as the read-backs
+ * tell (exactly with train.read_loss_every = 1). */
+static void count_bad_steps(Trainer *t, int epoch) {
+    long bad = t->seen.scaler.skipped_steps - (t->seen.bad_total), elapsed = t->step - t->seen.step;
+    t->seen.bad_total = t->seen.scaler.skipped_steps;
+    t->seen.step = t->step;
+    if (bad <= 0) {
+        t->seen.bad_run = 0;
+        return;
+    }
+    if (!t->seen.scaler.found_inf) t->seen.bad_run = 0;  /* the last step was good */
+    else if (bad == elapsed) t->seen.bad_run += bad;     /* every step since the last look was bad */
+    else t->seen.bad_run = 1;                            /* at least the last one */
+    log_warn("step %ld: %ld of the last %ld steps skipped for a non-finite loss or gradient (%d in all%s)", t->step,
+             bad, elapsed, t->seen.scaler.skipped_steps,
+             t->set.precision.amp != DTYPE_F32 ? ", loss scale backed off" : "");
+    write_metric_skipped(t, epoch);
+}
+
+/* phase_ms of the summary: each phase's sum over the timed window per timed step. */
+static void summarize_phases(Trainer *t, TrainSummary *out, double timed_wait_s) {
+    phases_collect(t, 1);
+    double n = (double)out->timed_steps, *ms = t->watch.phases.timed_ms;
+    out->phase_data_wait_ms = out->phase_input_ms = out->phase_forward_ms = NAN;
+    out->phase_backward_ms = out->phase_optimizer_ms = out->phase_graph_ms = NAN;
+    if (n <= 0) return;
+    out->phase_data_wait_ms = 1000 * timed_wait_s / n;
+    out->phase_input_ms = ms[PH_INPUT] / n;
+    if (t->set.perf.cuda_graph) {
+        out->phase_graph_ms = ms[PH_GRAPH] / n;
+    } else {
+        out->phase_forward_ms = ms[PH_FORWARD] / n;
+        out->phase_backward_ms = ms[PH_BACKWARD] / n;
+        out->phase_optimizer_ms = ms[PH_OPTIMIZER] / n;
+    }
+}
+
+static void log_phases(const Trainer *t, const TrainSummary *s) {
+    const char *clock = t->set.run.use_gpu ? "device time between events on the compute stream" : "host time";
+    if (t->set.perf.cuda_graph) {
+        double sum = s->phase_data_wait_ms + s->phase_input_ms + s->phase_graph_ms;
+        log_info("phases, ms per timed step: data wait %.3f (host time in loader_next), input %.3f (copy and "
+                 "transform into the model's input), graph %.3f (forward, backward and optimizer replayed as one "
+                 "CUDA graph: perf.cuda_graph = on times them only as a whole); sum %.3f of the %.3f ms step "
+                 "(%.1f%%; %s)", s->phase_data_wait_ms, s->phase_input_ms, s->phase_graph_ms, sum, s->step_ms,
+                 100 * sum / s->step_ms, clock);
+        return;
+    }
+    double sum = s->phase_data_wait_ms + s->phase_input_ms + s->phase_forward_ms + s->phase_backward_ms +
+                 s->phase_optimizer_ms;
+    log_info("phases, ms per timed step: data wait %.3f (host time in loader_next), input %.3f (copy and "
+             "transform into the model's input), forward %.3f (loss scaler reset, forward, loss), backward %.3f "
+             "(zero gradients, backward), optimizer %.3f (gradient check, SGD, loss scaler update); sum %.3f of "
+             "the %.3f ms step (%.1f%%; %s)", s->phase_data_wait_ms, s->phase_input_ms, s->phase_forward_ms,
+             s->phase_backward_ms, s->phase_optimizer_ms, sum, s->step_ms, 100 * sum / s->step_ms, clock);
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+typedef enum { RUN_ON, STOP_MAX_STEPS, STOP_SIGNAL, STOP_BAD_STEPS } StopReason;
+
+/* What the run adds up for its summary. */
+typedef struct {
+    double timed_s, timed_wait_s, epoch_s_sum; /* the timed window; the epochs' training */
+    long timed_samples;
+    float loss;               /* as last read back */
+    StopReason why;
+    int last_step_epoch;      /* the loop's epoch goes one past it when an epoch ends */
+} RunTally;
+
+/* Where an epoch stands. */
+typedef struct {
+    double start, window_start, window_wait_start; /* window_start < 0: the timed window has not begun */
+    LogWindow lw;
+    int micro;                /* micro-batch within the optimizer step */
+    long epoch_micro;         /* micro-batches taken this epoch */
+} EpochClock;
+
+/* 0 when the epoch ends before the next micro-batch: its data is done, or the
+ * run stops (r->why). */
+static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c) {
+    if (c->micro == 0 && stop_requested(t)) { /* between optimizer steps */
+        r->why = STOP_SIGNAL;
+        return 0;
+    }
+    if (t->set.run.max_steps && t->step >= t->set.run.max_steps) {
+        r->why = STOP_MAX_STEPS;
+        return 0;
+    }
+    return c->epoch_micro != (long)t->steps_per_epoch * t->set.memory.accumulate;
+}
+
+/* Before an optimizer step's first micro-batch: the timed window opens after
+ * run.warmup_steps, and the profiler range may start. */
+static void begin_step(Trainer *t, EpochClock *c) {
+    if (c->window_start < 0 && t->step >= t->set.run.warmup_steps) {
+        device_sync(t);
+        c->window_start = now_seconds();
+        c->window_wait_start = loader_wait_seconds(t->data.train_loader);
+        gpu_monitor_window_begin(t->device.monitor);
+    }
+    profile_step_begin(t);
+}
+
+/* After an optimizer step: the read-back, log point and checkpoint that fall
+ * due. 0 when the run stops (run.max_bad_steps). */
+static int end_step(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
+    const TrainSettings *s = &t->set;
+    t->step++;
+    r->last_step_epoch = epoch;
+    if (s->train.sync_after_step) device_sync(t);
+    profile_step_end(t);
+    if (c->window_start >= 0) r->timed_samples += (long)s->train.batch * s->memory.accumulate;
+    int log_now = t->step % s->run.log_every == 0;
+    if (log_now || (s->train.read_loss_every && t->step % s->train.read_loss_every == 0)) {
+        r->loss = read_loss(t);
+        count_bad_steps(t, epoch);
+    }
+    if (log_now) log_point(t, epoch, r->loss, &c->lw);
+    if (t->watch.progress) progress_draw(t, epoch, 0);
+    if (s->checkpoint.max_bad_steps && t->seen.bad_run >= s->checkpoint.max_bad_steps) {
+        r->why = STOP_BAD_STEPS;
+        return 0;
+    }
+    if (s->checkpoint.every && t->step % s->checkpoint.every == 0) save_checkpoint(t, epoch, c->epoch_micro);
+    return 1;
+}
+
+static void train_steps(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
+    int accumulate = t->set.memory.accumulate;
+    while (may_take_batch(t, r, c)) {
+        if (c->micro == 0) begin_step(t, c);
+        if (!take_batch(t, c->epoch_micro)) break;
+        run_micro_batch(t, c->micro == 0, c->micro == accumulate - 1);
+        phase_close(t, c->window_start >= 0);
+        c->epoch_micro++;
+        if (++c->micro < accumulate) continue;
+        c->micro = 0;
+        if (!end_step(t, r, c, epoch)) break;
+    }
+}
+
+/* One epoch's training (a resumed one skips the micro-batches its checkpoint
+ * had taken); returns its wall time. A stop writes the checkpoint of where
+ * the data order stands. */
+static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro) {
+    EpochClock c = {.start = now_seconds(), .window_start = -1};
+    c.lw = (LogWindow){now_seconds(), loader_wait_seconds(t->data.train_loader), t->step};
+    t->watch.progress_drawn = c.lw.start; /* the rate leaves out the evaluation */
+    t->watch.progress_step = t->step;
+    loader_start_epoch(t->data.train_loader, epoch);
+    if (resume_micro) c.epoch_micro = skip_batches(t, resume_micro);
+    train_steps(t, r, &c, epoch);
+    if (t->set.run.use_gpu) release_held(t, t->data.train_loader);
+    device_sync(t);
+    double end = now_seconds();
+    if (c.window_start >= 0) {
+        r->timed_s += end - c.window_start;
+        r->timed_wait_s += loader_wait_seconds(t->data.train_loader) - c.window_wait_start;
+        gpu_monitor_window_end(t->device.monitor);
+    }
+    if (t->watch.progress) progress_draw(t, epoch, 1);
+    /* The state after the last finished step, where the data order stands. */
+    if (r->why == STOP_SIGNAL || r->why == STOP_BAD_STEPS) save_checkpoint(t, epoch, c.epoch_micro);
+    return end - c.start;
+}
+
+static void end_epoch(Trainer *t, RunTally *r, TrainSummary *out, int epoch, double epoch_s) {
+    r->epoch_s_sum += epoch_s;
+    out->epochs = epoch + 1;
+    if (t->set.run.eval) {
+        out->test_acc = evaluate(t, epoch);
+        log_info("epoch %d: %.1f s, test accuracy %.2f%%", epoch + 1, epoch_s, 100 * out->test_acc);
+    }
+    write_metric_epoch(t, epoch, epoch_s, out->test_acc);
+}
+
+/* ---- the summary ---------------------------------------------------------------- */
+
+/* The last read-back, and why the run stopped early. */
+static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
+    log_progress_end();
+    profile_finish(t);
+    if (r->why == RUN_ON && stop_signal) {
+        /* The signal came after the last step (during the last evaluation). */
+        r->why = STOP_SIGNAL;
+        save_checkpoint(t, t->set.run.epochs - 1, (long)t->steps_per_epoch * t->set.memory.accumulate);
+    }
+    if (t->step > t->first_step) {
+        r->loss = read_loss(t);
+        if (r->why != STOP_BAD_STEPS) count_bad_steps(t, r->last_step_epoch);
+    }
+    if (r->why == STOP_SIGNAL) {
+        out->stopped = 1;
+        out->exit_status = 128 + stop_signal;
+        snprintf(out->stop_signal, sizeof out->stop_signal, "%s", stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    } else if (r->why == STOP_BAD_STEPS) {
+        out->stopped = 1;
+        out->exit_status = 1;
+        fflush(stdout);
+        fprintf(stderr, "trainc: error: run.max_bad_steps = %d: %ld steps in a row had a non-finite loss or "
+                "gradient and were skipped; stopped at step %ld with the parameters of step %ld%s%s\n",
+                t->set.checkpoint.max_bad_steps, t->seen.bad_run, t->step, t->step - t->seen.bad_run,
+                t->ckpt.step == t->step ? ", saved in " : " (no checkpoint written)",
+                t->ckpt.step == t->step ? t->ckpt.path : "");
+    }
+    _Static_assert(sizeof out->checkpoint == sizeof t->ckpt.path, "checkpoint path sizes");
+    memcpy(out->checkpoint, t->ckpt.path, sizeof out->checkpoint);
+}
+
+static void summarize_timing(Trainer *t, const RunTally *r, TrainSummary *out) {
+    long step_samples = (long)t->set.train.batch * t->set.memory.accumulate;
+    out->steps = t->step;
+    out->timed_steps = r->timed_samples / step_samples;
+    out->samples_per_s = r->timed_s > 0 ? r->timed_samples / r->timed_s : 0;
+    dist_allreduce_sum_host_double(t->ddp.dist, &out->samples_per_s, 1); /* every rank's, together */
+    out->step_ms = out->timed_steps ? 1000 * r->timed_s / out->timed_steps : 0;
+    out->epoch_s = out->epochs ? r->epoch_s_sum / out->epochs : 0;
+    out->data_wait_frac = r->timed_s > 0 ? r->timed_wait_s / r->timed_s : 0;
+    summarize_phases(t, out, r->timed_wait_s);
+    out->final_loss = r->loss;
+}
+
+/* The loss scaler, memory and GPU use; the closing log lines and gauges. */
+static void summarize_device(Trainer *t, const RunTally *r, TrainSummary *out) {
+    LossScalerState s;
+    int amp = t->set.precision.amp != DTYPE_F32;
+    op_copy_to_host(&t->model.ops, &s, t->buf.scaler, sizeof s);
+    op_sync(&t->model.ops);
+    out->loss_scale = amp ? s.scale : NAN;
+    out->skipped_steps = s.skipped_steps;
+    if (s.skipped_steps && amp)
+        log_info("%d steps skipped for an inf/NaN loss or gradients, loss scale now %g", s.skipped_steps, s.scale);
+    else if (s.skipped_steps)
+        log_info("%d steps skipped for an inf/NaN loss or gradients", s.skipped_steps);
+    out->peak_mem_bytes = t->model.arena.peak + t->buf.arena.peak;
+    if (t->set.run.use_gpu) {
+        size_t free_b, total_b;
+        gpu_memory_info(&free_b, &total_b);
+        out->driver_mem_bytes = total_b - free_b;
+        out->gpu_util = gpu_monitor_window_util(t->device.monitor);
+    }
+    if (r->timed_samples == 0)
+        log_warn("no step fell inside the timed window (run.warmup_steps = %d, %ld steps taken): "
+                 "samples_per_s is 0", t->set.run.warmup_steps, t->step);
+    else
+        log_phases(t, out);
+    if (t->step > t->first_step) prometheus_update(t, out->samples_per_s, out->data_wait_frac, r->loss);
+}
+
+/* params_crc, and the parameters themselves when asked for. */
+static void summarize_params(Trainer *t, TrainSummary *out, float **params_out) {
+    float *params = malloc(t->model.n_params * sizeof(float));
+    if (!params) TC_FATAL("out of host memory copying %zu parameters", t->model.n_params);
+    sync_sharded_state(t);
+    model_get_params(&t->model, params);
+    out->params_crc = ckpt_crc32(0, params, t->model.n_params * sizeof(float));
+    if (params_out) *params_out = params;
+    else free(params);
+}
+
+void train_run(const Config *cfg, TrainSummary *out) { train_run_keep_params(cfg, out, NULL); }
+
+void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out) {
+    Dist solo;
+    dist_init_solo(&solo);
+    train_run_dist(cfg, out, params_out, &solo);
+}
+
+void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
+    Trainer trainer = {0}, *t = &trainer;
+    double run_start = now_seconds();
+    struct sigaction old_handlers[2];
+    install_stop_handlers(old_handlers);
+    CkptPosition start = trainer_open(t, cfg, dist, out, run_start);
+    RunTally r = {.loss = NAN, .why = RUN_ON, .last_step_epoch = (int)start.epoch};
+    for (int epoch = (int)start.epoch; epoch < t->set.run.epochs && r.why == RUN_ON; epoch++) {
+        double epoch_s = train_epoch(t, &r, epoch, epoch == start.epoch ? (long)start.epoch_micro : 0);
+        if (r.why == STOP_SIGNAL || r.why == STOP_BAD_STEPS) break;
+        end_epoch(t, &r, out, epoch, epoch_s);
+    }
+    finish_run(t, &r, out);
+    summarize_timing(t, &r, out);
+    summarize_device(t, &r, out);
+    summarize_params(t, out, params_out);
+    trainer_close(t);
+    restore_stop_handlers(old_handlers);
+}
+
+/* Measured values keep 6 significant digits. */
+static void json_measure(cJSON *obj, const char *key, double v) { json_add_number(obj, key, v, 6); }
+
+void train_summary_print_json(const TrainSummary *s, FILE *f) {
+    cJSON *o = json_object_new();
+    json_add_string(o, "name", s->name);
+    json_add_string(o, "device", s->device);
+    json_add_string(o, "gpu", s->gpu_name);
+    json_add_int(o, "world", s->world);
+    json_add_int(o, "steps", s->steps);
+    json_add_int(o, "timed_steps", s->timed_steps);
+    json_add_int(o, "epochs", s->epochs);
+    json_measure(o, "samples_per_s", s->samples_per_s);
+    json_measure(o, "step_ms", s->step_ms);
+    json_measure(o, "epoch_s", s->epoch_s);
+    json_measure(o, "data_wait_frac", s->data_wait_frac);
+    json_measure(o, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN);
+    json_measure(o, "final_loss", s->final_loss);
+    json_measure(o, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN);
+    json_measure(o, "loss_scale", s->loss_scale);
+    json_add_int(o, "skipped_steps", s->skipped_steps);
+    json_add_bool(o, "stopped", s->stopped);
+    json_add_int(o, "params_crc", s->params_crc);
+    json_add_string(o, "checkpoint", s->checkpoint);
+    json_add_int(o, "peak_mem_bytes", (long long)s->peak_mem_bytes);
+    json_add_int(o, "driver_mem_bytes", (long long)s->driver_mem_bytes);
+    cJSON *phases = json_add_object(o, "phase_ms");
+    json_measure(phases, "data_wait", s->phase_data_wait_ms);
+    json_measure(phases, "input", s->phase_input_ms);
+    json_measure(phases, "forward", s->phase_forward_ms);
+    json_measure(phases, "backward", s->phase_backward_ms);
+    json_measure(phases, "optimizer", s->phase_optimizer_ms);
+    json_measure(phases, "graph", s->phase_graph_ms);
+    json_measure(phases, "step", s->timed_steps ? s->step_ms : NAN);
+    if (json_write_line(f, o) != 0) TC_USER_ERROR("writing the run's summary: %s", strerror(errno));
+}
+

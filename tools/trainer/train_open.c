@@ -1,0 +1,321 @@
+/* Opening a run (settings, the GPU, data, model, optimizer, dist,
+ * monitoring, resume) and closing it. */
+#include "tools/trainer/trainer.h"
+
+/* ---- the parts -------------------------------------------------------------- */
+
+/* The schedule in optimizer steps, once the epoch's length is known. */
+static void plan_schedule(Trainer *t, long steps_per_epoch) {
+    t->optim.schedule.base_lr = t->set.optim.lr;
+    t->optim.schedule.total_steps = steps_per_epoch * t->set.run.epochs;
+    t->optim.schedule.warmup_steps = (long)llround(t->set.optim.warmup_epochs * (double)steps_per_epoch);
+    t->optim.schedule.warmup_start_factor = 0.1f;
+    lr_schedule_check(&t->optim.schedule);
+}
+
+void train_load_dataset(const TrainSettings *s, Dataset *d, int train) {
+    const char *source = s->data.source, *path = s->data.path;
+    int limit = train ? s->data.train_limit : s->data.test_limit;
+    char err[1024];
+    int rc = 0;
+    if (strcmp(source, "synthetic") == 0) {
+        int n = train ? s->data.synthetic_train : s->data.synthetic_test;
+        if (limit > 0 && limit < n) n = limit;
+        synthetic_make(d, n, 3, 32, 32, s->model.num_classes, s->run.seed * 2 + (uint64_t)train);
+    } else if (strcmp(source, "cifar_bin") == 0) {
+        rc = cifar_bin_load(d, path, train, limit, err, sizeof err);
+    } else {
+        rc = image_folder_load(d, path, train ? "train" : "test", limit, err, sizeof err);
+    }
+    if (rc != 0)
+        settings_fail(s, "data.path", "%s (data.source = %s; set data.path to the data set, or "
+                      "data.source = synthetic to measure throughput without it)", err, source);
+    if (d->num_classes > s->model.num_classes)
+        settings_fail(s, "model.num_classes", "%s holds %d classes, more than that", path, d->num_classes);
+}
+
+void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc) {
+    memset(lc, 0, sizeof *lc);
+    lc->batch = s->train.batch;
+    lc->workers = s->data.workers;
+    lc->prefetch = s->data.prefetch;
+    lc->pinned = s->data.pinned;
+    lc->shuffle = train && s->data.shuffle;
+    lc->drop_last = train; /* every training step sees a full batch */
+    lc->augment = train;
+    lc->raw = s->data.transform_on_gpu;
+    lc->seed = s->run.seed;
+    transform_spec_default(&lc->transform, s->data.image_size, s->data.image_size);
+    lc->transform.flip = s->data.flip;
+    lc->transform.crop_pad = s->data.crop_pad;
+    lc->transform.cutout = s->data.cutout;
+}
+
+static Loader *make_loader(Trainer *t, const Dataset *d, int train) {
+    LoaderConfig lc;
+    train_loader_config(&t->set, train, &lc);
+    lc.rank = t->ddp.dist->rank; /* each rank its shard of the same shuffle */
+    lc.world = t->ddp.dist->world;
+    if (t->set.data.transform_on_gpu)
+        gpu_transform_args_init(&t->input.transform_args, &lc.transform, d->c, d->h, d->w);
+    if (train && d->n / t->ddp.dist->world < t->set.train.batch)
+        settings_fail(&t->set, "train.batch", "is larger than the %d training images%s", d->n / t->ddp.dist->world,
+                      t->ddp.dist->world > 1 ? " of this rank's shard" : "");
+    return loader_create(d, &lc);
+}
+
+/* cuDNN describes a tensor of at most 2^31 elements. A batch that makes one
+ * activation larger fails here, before cuDNN is asked: as out of GPU memory
+ * (the arena's words) when that activation alone is more than the GPU holds,
+ * else naming the limit. */
+static void check_activation_sizes(const Trainer *t) {
+    const Model *m = &t->model;
+    for (int i = 0; i < m->n_acts; i++) {
+        const Activation *a = &m->acts[i];
+        size_t elems = (size_t)m->batch * (size_t)a->c * (size_t)a->h * (size_t)a->w;
+        if (elems <= (size_t)INT_MAX) continue;
+        double bytes = (double)elems * (double)dtype_size(t->set.precision.amp);
+        size_t free_b = 0, total_b = 0;
+        gpu_memory_info(&free_b, &total_b);
+        if (bytes > (double)total_b)
+            TC_USER_ERROR("out of GPU memory: train.batch = %d needs %.1f MiB for one %dx%dx%d activation alone; "
+                     "%.1f MiB free of %.1f MiB. Try a smaller train.batch, precision.amp = fp16, "
+                     "memory.checkpoint = blocks or memory.accumulate = k", m->batch, bytes / 1048576.0, a->c, a->h,
+                     a->w, free_b / 1048576.0, total_b / 1048576.0);
+        TC_USER_ERROR("train.batch = %d makes the %dx%dx%d activation %zu elements, more than the 2^31 a cuDNN tensor "
+                 "may hold: use a smaller train.batch (with memory.accumulate = k for the same step)", m->batch,
+                 a->c, a->h, a->w, elems);
+    }
+}
+
+/* dist.copy_engine: all-reduces of at least this much go through the copy
+ * engines; below it NCCL's latency is lower. */
+#define COPY_ENGINE_MIN_BYTES ((size_t)1 << 20)
+
+static void use_copy_engines(Trainer *t) {
+    Switch mode = t->set.dist.copy_engine;
+    if (mode == SWITCH_OFF) return;
+    char why[256] = "";
+    int linked = 0;
+    GPU_ONLY(linked = grad_buckets_use_peer_link(&t->ddp.buckets, COPY_ENGINE_MIN_BYTES, why, sizeof why));
+    if (linked) return;
+    if (mode == SWITCH_ON) settings_fail(&t->set, "dist.copy_engine", "%s (auto falls back to NCCL)", why);
+    if (t->ddp.dist->rank == 0) log_info("dist.copy_engine = auto: NCCL alone, as %s", why);
+}
+
+static void shard_optimizer(Trainer *t) {
+    Switch mode = t->set.dist.shard_optimizer;
+    if (mode == SWITCH_OFF) return;
+    char why[256] = "";
+    if (t->set.optim.clip_norm > 0)
+        snprintf(why, sizeof why, "optim.clip_norm needs the whole gradient on every rank");
+    else
+        GPU_ONLY(t->ddp.shard_optimizer = grad_buckets_shard_optimizer(&t->ddp.buckets, t->model.weights,
+                                                                       t->model.act_dtype, why, sizeof why));
+    t->ddp.state_synced_step = -1;
+    if (t->ddp.shard_optimizer) return;
+    if (mode == SWITCH_ON)
+        settings_fail(&t->set, "dist.shard_optimizer", "%s (auto falls back to every rank updating)", why);
+    if (t->ddp.dist->rank == 0) log_info("dist.shard_optimizer = auto: every rank updates every parameter, as %s", why);
+}
+
+/* The GPU of this rank, and with several ranks NCCL. */
+static void open_gpu(Trainer *t, TrainSummary *out) {
+    Dist *dist = t->ddp.dist;
+    if (!TRAINC_CUDA)
+        settings_fail(&t->set, "run.device", "this trainc was built without CUDA (TRAINC_CUDA=OFF), so it trains on "
+                      "the CPU only: use --device cpu (or configs/cpu.ini)");
+    int devices = gpu_count();
+    int ordinal = t->set.run.gpu;
+    if (devices == 0) settings_fail(&t->set, "run.device", "no GPU is visible (use --device cpu)");
+    if (dist->world > 1) ordinal = dist->local_rank; /* one GPU per rank of this host */
+    if (ordinal >= devices) settings_fail(&t->set, "run.gpu", "names no visible GPU (%d visible)", devices);
+    gpu_context_init(&t->device.gpu, ordinal);
+    if (dist->world > 1 && !dist->nccl) GPU_ONLY(dist_init_nccl(dist, ordinal));
+    snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->device.gpu.name);
+    t->device.monitor = gpu_monitor_start(ordinal, 0.1);
+}
+
+static FILE *fatal_metrics; /* flushed by the fatal hook */
+static void flush_on_fatal(void) {
+    log_progress_end(); /* the error goes on a line of its own */
+    if (fatal_metrics) fflush(fatal_metrics);
+}
+
+/* ---- opening: settings, GPU, data, model, optimizer, dist, resume, loaders -- */
+
+static void open_settings(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out) {
+    static int hook_registered;
+    t->ddp.dist = dist;
+    memset(out, 0, sizeof *out);
+    settings_read(cfg, dist->world, &t->set);
+    if (t->set.run.profile_first && !t->set.run.use_gpu)
+        log_warn("run.profile_steps: the CPU path has no CUDA profiler range; ignored");
+    if (dist->rank == 0) prometheus_start(t);
+    if (!hook_registered) tc_on_fatal(flush_on_fatal);
+    hook_registered = 1;
+}
+
+static void open_summary(const Trainer *t, TrainSummary *out) {
+    snprintf(out->name, sizeof out->name, "%s", t->set.run.name);
+    out->world = t->ddp.dist->world;
+    snprintf(out->device, sizeof out->device, "%s", t->set.run.use_gpu ? "cuda" : "cpu");
+    out->gpu_util = -1;
+    out->test_acc = -1;
+}
+
+static void open_data(Trainer *t) {
+    const Dataset *train = &t->data.train_set, *test = &t->data.test_set;
+    gpu_range_push("load data");
+    train_load_dataset(&t->set, &t->data.train_set, 1);
+    if (t->set.run.eval) train_load_dataset(&t->set, &t->data.test_set, 0);
+    gpu_range_pop();
+    if (t->set.run.eval && (test->c != train->c || test->h != train->h || test->w != train->w))
+        TC_USER_ERROR("%s: test images are %dx%dx%d, training images %dx%dx%d", t->set.data.path, test->c, test->h,
+                      test->w, train->c, train->h, train->w);
+    log_info("data: %d training images%s, %dx%d, %d classes", train->n, t->set.run.eval ? "" : " (no evaluation)",
+             train->h, train->w, train->num_classes);
+}
+
+/* The net as model.* says, with its policies and the dist.sync_bn hook. */
+static void build_model(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    Model *m = &t->model;
+    char err[512];
+    if (model_build(m, s->model.name, s->train.batch, s->data.image_size, s->model.num_classes, s->model.nhwc, err,
+                    sizeof err) != 0)
+        tc_fatal(NULL, 0, "%s (model.name from %s, data.image_size from %s)", err, settings_origin(s, "model.name"),
+                 settings_origin(s, "data.image_size"));
+    m->conv_policy.workspace_limit = s->perf.conv_workspace_bytes;
+    m->conv_policy.allow_tf32 = s->precision.tf32;
+    m->conv_policy.deterministic = s->perf.deterministic;
+    m->conv_policy.benchmark = s->perf.conv_benchmark;
+    m->checkpoint = s->memory.checkpoint_blocks;
+    m->fuse = s->model.fuse;
+    m->nvtx_layers = s->run.nvtx_layers;
+    m->act_dtype = s->precision.amp;
+    m->no_decay_bn_bias = !s->optim.decay_bn_bias;
+    if (s->dist.sync_bn && !m->n_bn_stats) {
+        if (t->ddp.dist->rank == 0) log_warn("dist.sync_bn = on: %s has no batch norm; ignored", s->model.name);
+    } else if (s->dist.sync_bn && t->ddp.dist->world > 1) {
+        m->bn_allreduce = sync_bn_allreduce;
+        m->bn_allreduce_ctx = t;
+    }
+}
+
+/* The model's buffers and ours on the device, and the SGD step's masks. */
+static void open_model(Trainer *t) {
+    build_model(t);
+    if (t->set.run.use_gpu && t->set.precision.tf32) gpu_allow_tf32_gemm(&t->device.gpu);
+    if (t->set.run.use_gpu) check_activation_sizes(t);
+    model_finalize(&t->model, t->set.run.use_gpu ? &t->device.gpu : NULL, t->set.run.seed);
+    state_alloc(t);
+    t->optim.sgd.momentum = t->set.optim.momentum;
+    t->optim.sgd.weight_decay = t->set.optim.weight_decay;
+    t->optim.sgd.nesterov = t->set.optim.nesterov;
+    t->optim.sgd.decay_mask = t->model.decay_mask;
+    t->optim.sgd.grad_mult = t->buf.clip_factor; /* NULL: no clipping */
+    t->optim.schedule.kind = t->set.optim.schedule;
+    t->optim.schedule.final_lr = t->set.optim.final_lr;
+}
+
+/* Data-parallel: the gradient buckets, the copy engines, the sharded optimizer. */
+static void open_dist(Trainer *t) {
+    Dist *dist = t->ddp.dist;
+    if (dist->world == 1) return;
+    /* Buckets follow the layers, whose gradients backward finishes one at a time. */
+    size_t layer_starts[MODEL_MAX_LAYERS];
+    int n_starts = 0;
+    for (int i = 0; i < t->model.n_layers; i++)
+        if (t->model.layers[i].w_count && t->model.layers[i].w_off > 0)
+            layer_starts[n_starts++] = t->model.layers[i].w_off;
+    grad_buckets_init_layers(&t->ddp.buckets, dist, t->model.grads, t->model.act_dtype, t->model.n_params,
+                             t->set.dist.bucket_bytes, t->set.dist.allreduce_dtype, layer_starts, n_starts);
+    /* On the CPU, ranks average over MPI: settings_read refused the copy engines there. */
+    if (t->set.run.use_gpu) {
+        GPU_ONLY(grad_buckets_reduce_flag(&t->ddp.buckets, &t->buf.scaler->found_inf));
+        use_copy_engines(t);
+        shard_optimizer(t);
+    }
+    log_info("data-parallel: %d ranks x train.batch %d x memory.accumulate %d = a global batch of %d%s",
+             dist->world, t->set.train.batch, t->set.memory.accumulate,
+             dist->world * t->set.train.batch * t->set.memory.accumulate,
+             t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");
+}
+
+/* run.resume (opened before anything was loaded), and the checkpoint folder's check. */
+static CkptPosition open_resume_point(Trainer *t, CkptFile *resume) {
+    CkptPosition start = {0, 0, 0};
+    if (resume) {
+        start = load_checkpoint(t, resume);
+        ckpt_close(resume);
+    }
+    if (t->set.checkpoint.every) check_checkpoint_dir(t, resume ? t->step : -1);
+    return start;
+}
+
+/* The loaders, the metrics file, the GPU samples into it, the schedule and the phase ring. */
+static void open_loop(Trainer *t, double run_start) {
+    const TrainSettings *s = &t->set;
+    t->data.train_loader = make_loader(t, &t->data.train_set, 1);
+    if (s->run.eval) t->data.test_loader = make_loader(t, &t->data.test_set, 0);
+    if (s->run.metrics_file[0] && t->ddp.dist->rank == 0) {
+        t->watch.metrics = fopen(s->run.metrics_file, "a");
+        if (!t->watch.metrics)
+            TC_USER_ERROR("run.metrics_file = %s: cannot open it for appending: %s", s->run.metrics_file,
+                          strerror(errno));
+        fatal_metrics = t->watch.metrics;
+    }
+    if (t->watch.metrics && t->device.monitor && s->monitor.sample_every_s > 0)
+        gpu_monitor_record_to(t->device.monitor, t->watch.metrics, s->monitor.sample_every_s, run_start);
+    t->steps_per_epoch = loader_batches_per_epoch(t->data.train_loader) / s->memory.accumulate;
+    if (t->steps_per_epoch == 0)
+        settings_fail(s, "memory.accumulate", "micro-batches of train.batch = %d are more than an epoch of %d images",
+                      s->train.batch, t->data.train_set.n);
+    plan_schedule(t, t->steps_per_epoch);
+    t->watch.total_steps = (long)t->steps_per_epoch * s->run.epochs;
+    if (s->run.max_steps && s->run.max_steps < t->watch.total_steps) t->watch.total_steps = s->run.max_steps;
+    phases_init(t);
+    t->watch.progress = isatty(2) && !log_is_quiet();
+    t->seen.loss = NAN;
+}
+
+CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out, double run_start) {
+    open_settings(t, cfg, dist, out);
+    /* run.resume: the file is checked end to end before anything is loaded. */
+    CkptFile *resume = t->set.run.resume[0] ? open_resume(t, t->set.run.resume) : NULL;
+    open_summary(t, out);
+    if (t->set.run.use_gpu) open_gpu(t, out);
+    open_data(t);
+    open_model(t);
+    open_dist(t);
+    log_info("model: %s, %zu parameters, %.1f MiB on %s", t->set.model.name, t->model.n_params,
+             model_bytes(&t->model) / 1048576.0, out->device);
+    CkptPosition start = open_resume_point(t, resume);
+    open_loop(t, run_start);
+    return start;
+}
+
+/* ---- closing ------------------------------------------------------------------ */
+
+void trainer_close(Trainer *t) {
+    for (int first = 0; first < 2; first++)
+        for (int last = 0; last < 2; last++)
+            if (t->optim.graphs[first][last]) gpu_graph_destroy(t->optim.graphs[first][last]);
+    if (t->ddp.dist->world > 1) grad_buckets_free(&t->ddp.buckets);
+    gpu_monitor_record_to(t->device.monitor, NULL, 0, 0);
+    if (t->watch.metrics) fclose(t->watch.metrics);
+    fatal_metrics = NULL;
+    prom_stop(t->watch.prom);
+    phases_destroy(t);
+    loader_destroy(t->data.train_loader);
+    if (t->data.test_loader) loader_destroy(t->data.test_loader);
+    model_destroy(&t->model);
+    state_free(t);
+    dataset_free(&t->data.train_set);
+    dataset_free(&t->data.test_set);
+    if (t->set.run.use_gpu) {
+        gpu_monitor_stop(t->device.monitor);
+        gpu_context_destroy(&t->device.gpu);
+    }
+}

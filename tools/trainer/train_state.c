@@ -1,0 +1,157 @@
+/* The device state beside the model's: the small buffers (labels, loss, lr,
+ * loss scaler, ...), moving a batch into the model's input, and syncs. */
+#include "tools/trainer/trainer.h"
+
+/* ---- the buffers beside the model's ---------------------------------------- */
+
+/* Runs twice, as the model's buffers do: on a counting arena, then the real one. */
+static void carve_aux(Trainer *t, Arena *a) {
+    size_t image_floats = model_input_floats(&t->model);
+    int batch = t->set.train.batch;
+    const Dataset *d = &t->data.train_set;
+    t->buf.labels = arena_alloc(a, batch * sizeof(int32_t), "labels");
+    t->buf.loss = arena_alloc(a, sizeof(float), "loss");
+    t->buf.lr = arena_alloc(a, sizeof(float), "learning rate");
+    t->buf.lr_step = arena_alloc(a, sizeof(int64_t), "learning-rate step");
+    t->buf.correct = arena_alloc(a, sizeof(int), "accuracy counter");
+    t->buf.scaler = arena_alloc(a, sizeof(LossScalerState), "loss scaler");
+    if (t->set.optim.clip_norm > 0) {
+        size_t scratch = grad_clip_scratch_bytes(&t->model.ops, t->model.n_params);
+        t->buf.grad_norm = arena_alloc(a, sizeof(float), "gradient norm");
+        t->buf.clip_factor = arena_alloc(a, sizeof(float), "gradient clip factor");
+        if (scratch) t->buf.grad_norm_scratch = arena_alloc(a, scratch, "gradient norm scratch");
+    }
+    for (int s = 0; s < 2; s++) {
+        if (t->set.data.async_copy && !t->set.data.transform_on_gpu)
+            t->input.staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
+        if (t->set.data.async_copy)
+            t->input.staging_labels[s] = arena_alloc(a, batch * sizeof(int32_t), "label staging");
+        if (t->set.data.transform_on_gpu) {
+            size_t raw_bytes = gpu_transform_raw_bytes(batch, d->c, d->h, d->w);
+            t->input.staging_raw[s] = arena_alloc(a, raw_bytes, "uint8 batch staging");
+            t->input.staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(batch), "transform parameters");
+        }
+    }
+}
+
+/* After model_finalize: the buffers, the lr and the loss scaler's first state
+ * on the device, and the staging events. */
+void state_alloc(Trainer *t) {
+    DeviceKind where = t->set.run.use_gpu ? DEVICE_CUDA : DEVICE_CPU;
+    Arena sizing;
+    arena_init_counting(&sizing, where);
+    carve_aux(t, &sizing);
+    arena_init(&t->buf.arena, where, sizing.used);
+    carve_aux(t, &t->buf.arena);
+    t->input.host_labels = host_alloc(t->set.train.batch * sizeof(int32_t), 0, "labels");
+    t->seen.scaler = loss_scaler_initial(t->set.precision.scale_init);
+    t->seen.grad_norm = NAN;
+    const OpContext *ctx = &t->model.ops;
+    op_copy_from_host(ctx, t->buf.lr, &t->set.optim.lr, sizeof(float));
+    op_fill(ctx, t->buf.lr_step, 0, sizeof(int64_t));
+    op_copy_from_host(ctx, t->buf.scaler, &t->seen.scaler, sizeof t->seen.scaler);
+    op_sync(ctx);
+    for (int s = 0; s < 2 && t->set.run.use_gpu; s++) {
+        gpu_event_create(&t->input.staged[s], 0);
+        gpu_event_create(&t->input.consumed[s], 0);
+    }
+}
+
+void state_free(Trainer *t) {
+    for (int s = 0; s < 2 && t->set.run.use_gpu; s++) {
+        gpu_event_destroy(t->input.staged[s]);
+        gpu_event_destroy(t->input.consumed[s]);
+    }
+    arena_free(&t->buf.arena);
+    host_free(t->input.host_labels, 0);
+}
+
+/* ---- moving a batch to the model ---------------------------------------- */
+
+/* Transform on the GPU: the stored uint8 images and their params go to staging
+ * set s, and one kernel writes the model's input from them. */
+static void send_raw(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
+    const Dataset *d = &t->data.train_set;
+    gpu_copy_to_device(t->input.staging_raw[s], b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w), stream);
+    gpu_copy_to_device(t->input.staging_params[s], b->params, gpu_transform_params_bytes(b->n), stream);
+}
+
+static void run_gpu_transform(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
+    GPU_ONLY(GpuTransformArgs a = t->input.transform_args;
+             a.raw_images = t->input.staging_raw[s];
+             a.params = t->input.staging_params[s];
+             a.out = model_input_buffer(&t->model);
+             a.n = b->n;
+             gpu_transform_batch(&a, stream));
+}
+
+/* Baseline path: a synchronous copy straight into the model's input, then a
+ * device sync, and the slot goes back at once. On the CPU: a memcpy. */
+void upload_sync(Trainer *t, const Batch *b) {
+    const OpContext *ctx = &t->model.ops;
+    size_t image_bytes = (size_t)b->n * (model_input_floats(&t->model) / t->set.train.batch) * sizeof(float);
+    int32_t *padded_labels = t->input.host_labels;
+    memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
+    /* a partial batch's extra rows count for nothing */
+    for (int i = b->n; i < t->set.train.batch; i++) padded_labels[i] = -1;
+    /* On the compute stream: the previous step may still be reading these buffers. */
+    if (b->raw_images) {
+        send_raw(t, b, 0, ctx->stream);
+        run_gpu_transform(t, b, 0, ctx->stream);
+    } else {
+        op_copy_from_host(ctx, model_input_buffer(&t->model), b->images, image_bytes);
+    }
+    op_copy_from_host(ctx, t->buf.labels, padded_labels, t->set.train.batch * sizeof(int32_t));
+    op_sync(ctx);
+}
+
+void release_held(Trainer *t, Loader *l) {
+    if (!t->input.held_slot_valid) return;
+    gpu_event_sync(t->input.staged[t->input.held_staging]);
+    loader_release(l, &t->input.held);
+    t->input.held_slot_valid = 0;
+}
+
+/* Async path: the copy stream fills staging buffer k%2 once the step that last
+ * read it has copied it out; the compute stream waits for the fill and copies
+ * staging into the model's fixed input buffer (a device-to-device copy of a
+ * few microseconds, which keeps the input address fixed for CUDA graphs). The
+ * host slot goes back once its copy has finished, checked one step later. */
+void upload_async(Trainer *t, Loader *l, const Batch *b) {
+    int s = (int)(t->step & 1);
+    size_t per_sample = model_input_floats(&t->model) / t->set.train.batch;
+    cudaStream_t copy = t->device.gpu.copy, compute = t->device.gpu.compute;
+    if (b->n != t->set.train.batch) TC_FATAL("internal: partial training batch on the async path");
+    release_held(t, l);
+    gpu_wait_event(copy, t->input.consumed[s]);
+    if (b->raw_images)
+        send_raw(t, b, s, copy);
+    else
+        gpu_copy_to_device(t->input.staging_images[s], b->images, (size_t)b->n * per_sample * sizeof(float), copy);
+    gpu_copy_to_device(t->input.staging_labels[s], b->labels, b->n * sizeof(int32_t), copy);
+    gpu_event_record(t->input.staged[s], copy);
+    gpu_wait_event(compute, t->input.staged[s]);
+    if (b->raw_images)
+        run_gpu_transform(t, b, s, compute);
+    else
+        gpu_copy_on_device(model_input_buffer(&t->model), t->input.staging_images[s],
+                           (size_t)b->n * per_sample * sizeof(float), compute);
+    gpu_copy_on_device(t->buf.labels, t->input.staging_labels[s], b->n * sizeof(int32_t), compute);
+    gpu_event_record(t->input.consumed[s], compute);
+    t->input.held = *b;
+    t->input.held_staging = s;
+    t->input.held_slot_valid = 1;
+}
+
+/* ---- syncs ------------------------------------------------------------------ */
+
+void device_sync(Trainer *t) { op_sync(&t->model.ops); }
+
+void sync_sharded_state(Trainer *t) {
+    /* Every rank has the same step count, so all skip a second call alike. */
+    if (!t->ddp.shard_optimizer || t->ddp.state_synced_step == t->step) return;
+    GPU_ONLY(grad_buckets_sync_state(&t->ddp.buckets, t->model.params, t->model.momentum, t->device.gpu.compute));
+    device_sync(t);
+    t->ddp.state_synced_step = t->step;
+}
+

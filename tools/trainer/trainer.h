@@ -1,0 +1,235 @@
+/* The trainer's state, shared by the files of the training run. They form
+ * layers; each calls only the ones above it:
+ *   settings.c          the Config read once into TrainSettings (and keys.c, the schema)
+ *   train_state.c       the buffers beside the model's, moving a batch in, syncs
+ *   train_watch.c       phase timing, the metrics file, profiler range, log
+ *                       points, progress line, Prometheus
+ *   train_step.c        one micro-batch and the optimizer, reading the loss back,
+ *                       evaluation
+ *   train_checkpoint.c  checkpoints and resume
+ *   train_open.c        opening a run (data, model, optimizer, dist, monitoring,
+ *                       resume) and closing it
+ *   train.c             the run, top to bottom
+ * Private to tools/trainer/. */
+#ifndef TRAINC_TOOLS_TRAINER_TRAINER_H
+#define TRAINC_TOOLS_TRAINER_TRAINER_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "data/dataset.h"
+#include "data/gpu_transform.h"
+#include "data/loader.h"
+#include "dist/dist.h"
+#include "dist/grad_buckets.h"
+#include "models/model.h"
+#include "models/zoo.h"
+#include "ops/accuracy.h"
+#include "ops/grad_norm.h"
+#include "ops/loss_scaler.h"
+#include "ops/lr_schedule.h"
+#include "ops/sgd.h"
+#include "ops/softmax_xent.h"
+#include "runtime/arena.h"
+#include "runtime/check.h"
+#include "runtime/checkpoint.h"
+#include "runtime/gpu.h"
+#include "runtime/gpu_monitor.h"
+#include "runtime/log.h"
+#include "runtime/prometheus.h"
+#include "tools/trainer/settings.h"
+#include "tools/trainer/train.h"
+
+/* Phase timing: each micro-batch's marks go into one set of a small ring: an
+ * event on the compute stream per mark (a host time on the CPU). A phase runs
+ * from its mark to the next one taken. Sets are read back only at log points,
+ * at the end, or when the ring comes round to a set still unread (then its
+ * last event, PHASE_RING micro-batches old, is waited for): never a sync
+ * inside a step. */
+enum { PH_INPUT, PH_FORWARD, PH_BACKWARD, PH_OPTIMIZER, PH_GRAPH, PH_END, PH_MARKS };
+#define PHASE_RING 16
+
+typedef struct {
+    cudaEvent_t ev[PH_MARKS];
+    double host[PH_MARKS];
+    unsigned marked;          /* bit m: mark m was taken */
+    int pending, timed;       /* taken and not read back yet; inside the timed window */
+} PhaseSet;
+
+typedef struct {
+    PhaseSet ring[PHASE_RING];
+    int open;                 /* the set being marked, -1: none */
+    int next;
+    double timed_ms[PH_END];  /* each phase's sum over the timed window */
+} Phases;
+
+/* The last log point, to rate the interval since. */
+typedef struct {
+    double start, wait_start;
+    long start_step;
+} LogWindow;
+
+/* Where the run's time went: the phase ring, and the watchers of the run. */
+typedef struct {
+    Phases phases;
+    FILE *metrics;            /* run.metrics_file; NULL: none (or not rank 0) */
+    PromServer *prom;         /* monitor.prometheus_port */
+    int profiling, profiled;  /* run.profile_steps: inside the range; the range is done */
+    int progress;             /* a progress line on the terminal instead of the step log lines */
+    double progress_drawn;    /* when it was last drawn */
+    long progress_step;       /* at that time */
+    double progress_rate;     /* steps per second between the last two draws */
+    long total_steps;
+} TrainWatch;
+
+typedef struct {
+    GpuContext gpu;
+    GpuMonitor *monitor;
+} TrainDevice;
+
+typedef struct {
+    Dist *dist;               /* world 1: a plain run */
+    GradBuckets buckets;      /* world > 1: the gradient all-reduce */
+    int shard_optimizer;      /* dist.shard_optimizer in effect (grad_buckets_shard_optimizer) */
+    long state_synced_step;   /* sharded: the step whose whole state sync_sharded_state last gathered */
+} TrainDist;
+
+typedef struct {
+    Dataset train_set, test_set;
+    Loader *train_loader, *test_loader;
+} TrainData;
+
+/* Small device buffers beside the model's (host memory on the CPU), carved
+ * from one arena. */
+typedef struct {
+    Arena arena;
+    int32_t *labels;
+    float *loss;
+    float *lr;
+    int64_t *lr_step;         /* the schedule's step counter, beside lr */
+    int *correct;             /* the evaluation's counter */
+    /* Every run has a loss scaler (fp32: scale 1, never grows or backs off),
+     * so a step with a non-finite loss or gradient is skipped on the device. */
+    LossScalerState *scaler;
+    /* optim.clip_norm > 0: the gradient's norm and clip factor (SgdParams.grad_mult),
+     * made on the device each step, and the norm's scratch; NULL when off. */
+    float *grad_norm, *clip_factor;
+    void *grad_norm_scratch;
+} TrainBuffers;
+
+/* Moving a batch in: two staging buffers that the copy stream fills while the
+ * previous step runs (data.async_copy), and the batch still held for its copy. */
+typedef struct {
+    int32_t *host_labels;     /* a batch of labels padded with -1 (host) */
+    float *staging_images[2];  /* async copies of float batches */
+    uint8_t *staging_raw[2];   /* transform on the GPU: stored-size uint8 batches ... */
+    TransformParams *staging_params[2]; /* ... and each sample's random choices */
+    int32_t *staging_labels[2];
+    GpuTransformArgs transform_args;
+    cudaEvent_t staged[2], consumed[2];
+    int held_slot_valid;
+    Batch held;               /* the batch whose copy may still be in flight */
+    int held_staging;
+} TrainInput;
+
+typedef struct {
+    SgdParams sgd;
+    LrSchedule schedule;      /* kind LR_CONSTANT: the lr buffer keeps optim.lr */
+    cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
+} TrainOptim;
+
+/* What the host last read back from the device, and the bad steps it tells of. */
+typedef struct {
+    LossScalerState scaler;
+    float grad_norm;          /* NaN before the first read-back, or when optim.clip_norm is off */
+    float loss;
+    long step;                /* the step at that read-back */
+    long bad_total;           /* skipped_steps at that read-back */
+    long bad_run;             /* bad steps in a row, as far as the read-backs tell */
+} TrainSeen;
+
+typedef struct {
+    char path[4200];          /* written (or resumed from) at step */
+    long step;
+} TrainLastCheckpoint;
+
+typedef struct {
+    TrainSettings set;        /* read once; nothing else reads the Config */
+    TrainDevice device;
+    TrainDist ddp;
+    TrainData data;
+    Model model;
+    TrainBuffers buf;
+    TrainInput input;
+    TrainOptim optim;
+    TrainSeen seen;
+    TrainLastCheckpoint ckpt;
+    TrainWatch watch;
+    int steps_per_epoch;      /* optimizer steps */
+    long step;
+    long first_step;          /* 0, or the step a resumed run starts from */
+} Trainer;
+
+/* Where in the data order a checkpoint's next step starts. */
+typedef struct {
+    int64_t step, epoch, epoch_micro; /* micro-batches of that epoch already taken */
+} CkptPosition;
+
+/* train_state.c */
+void state_alloc(Trainer *t);
+void state_free(Trainer *t);
+void upload_sync(Trainer *t, const Batch *b);
+void upload_async(Trainer *t, Loader *l, const Batch *b);
+void release_held(Trainer *t, Loader *l);
+void device_sync(Trainer *t);
+/* dist.shard_optimizer: every rank gets the whole state (the owners' master
+ * weights, momentum and weights), before a checkpoint, an evaluation or the
+ * run's end. Collective; nothing without sharding. */
+void sync_sharded_state(Trainer *t);
+
+/* train_watch.c */
+void phases_init(Trainer *t);
+void phases_destroy(Trainer *t);
+void phase_mark(Trainer *t, int m);
+void eager_mark(Trainer *t, int m);
+void phase_close(Trainer *t, int timed);
+void phases_collect(Trainer *t, int wait);
+void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc);
+void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s);
+void write_metric_skipped(Trainer *t, int epoch);
+void profile_step_begin(Trainer *t);
+void profile_step_end(Trainer *t);
+void profile_finish(Trainer *t);
+void prometheus_start(Trainer *t);
+void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss);
+void log_point(Trainer *t, int epoch, float loss, LogWindow *lw);
+void progress_draw(Trainer *t, int epoch, int force);
+
+/* train_step.c */
+int take_batch(Trainer *t, long epoch_micro);
+void run_micro_batch(Trainer *t, int first, int last);
+float read_loss(Trainer *t);
+double evaluate(Trainer *t, int epoch);
+void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream);
+
+/* train_checkpoint.c */
+int save_checkpoint(Trainer *t, int epoch, long epoch_micro);
+CkptFile *open_resume(const Trainer *t, const char *resume);
+void check_checkpoint_dir(const Trainer *t, long resume_step);
+CkptPosition load_checkpoint(Trainer *t, CkptFile *f);
+long skip_batches(Trainer *t, long n);
+
+/* train_open.c */
+/* Everything the loop needs, in order: settings, the GPU, data, model,
+ * optimizer, dist, resume, loaders, metrics file, schedule. Returns where
+ * the data order starts. */
+CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out, double run_start);
+void trainer_close(Trainer *t);
+
+#endif

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "ops/lr_schedule.h"
-#include "ops/op_context.h" /* DType */
+#include "runtime/dtype.h"
 #include "runtime/config.h"
 
 /* dist.copy_engine, dist.shard_optimizer */

@@ -7,7 +7,7 @@
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
  * find-batch doubles train.batch over child runs to find the fastest size
- * (tools/find_batch.c).
+ * (tools/trainer/find_batch.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary.

@@ -32,7 +32,8 @@ const CfgKeySpec trainc_keys[] = {
      "nsys profile --capture-range=cudaProfilerApi (empty: off; GPU)", 0},
 
     {"run.nvtx_layers", CFG_BOOL, "off", 0,
-     "an NVTX range around each layer's forward and backward (\"conv 3\", \"batchnorm 4\"), for nsys and ncu", 0},
+     "an NVTX range around each op of a layer's forward and backward, named by the layer (\"conv 3\", "
+     "\"batchnorm 4\"), for nsys and ncu (an op hook, ops/op_context.h)", 0},
 
     {"monitor.sample_every_s", CFG_FLOAT, "1", 0,
      "append the NVML sample (GPU util, memory, temperature, power) to run.metrics_file as a gpu_sample "

@@ -3,11 +3,13 @@
  *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
  *          [--resume FILE|latest] [--print-config] [--quiet]
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
+ *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
  * find-batch doubles train.batch over child runs to find the fastest size
- * (tools/trainer/find_batch.c).
+ * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
+ * them by layer, a diagnosis and the memory split (tools/trainer/profile.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary.
@@ -27,6 +29,7 @@
 #include "tools/trainer/bench_loader.h"
 #include "tools/trainer/find_batch.h"
 #include "tools/trainer/keys.h"
+#include "tools/trainer/profile.h"
 #include "tools/trainer/train.h"
 
 static void usage(FILE *f) {
@@ -34,11 +37,15 @@ static void usage(FILE *f) {
             "usage: trainc [bench-loader] --config FILE [--set section.key=value]...\n"
             "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
             "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
+            "       trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
             "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
             "                    up to --max-batch (65536); prints the table and the best batch\n"
+            "  profile           run the config's steps 1..B, time steps A..B (--steps, default %d:%d) op by op\n"
+            "                    through the op hook and print them by layer, a diagnosis by phase and the\n"
+            "                    memory split; --trace writes them as Chrome trace-event JSON (Perfetto)\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -47,7 +54,7 @@ static void usage(FILE *f) {
             "  --print-config    print the effective config and exit\n"
             "  --quiet           only warnings, errors and the summary\n"
             "  --version         trainc's version and commit, and the CUDA, cuDNN and NCCL it finds\n"
-            "  --help            this text\n");
+            "  --help            this text\n", PROFILE_DEFAULT_FIRST, PROFILE_DEFAULT_LAST);
 }
 
 static void fail_usage(const char *msg, const char *arg) {
@@ -66,6 +73,7 @@ typedef struct {
 typedef struct {
     const char *program; /* argv[0], as invoked */
     const char *config_path;
+    const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
     Override *overrides;
     int n_overrides;
     int print_config, quiet, version, help;
@@ -99,6 +107,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"device", required_argument, NULL, 'd'},  {"resume", required_argument, NULL, 'r'},
         {"print-config", no_argument, NULL, 'p'},  {"quiet", no_argument, NULL, 'q'},
         {"version", no_argument, NULL, 'V'},       {"help", no_argument, NULL, 'h'},
+        {"steps", required_argument, NULL, 'S'},   {"trace", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
@@ -116,13 +125,16 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'q': a->quiet = 1; break;
         case 'V': a->version = 1; break;
         case 'h': a->help = 1; break;
+        case 'S': a->steps = optarg; break;
+        case 'T': a->trace = optarg; break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
         }
     }
     if (optind < argc)
-        fail_usage(strcmp(argv[optind], "bench-loader") == 0 || strcmp(argv[optind], "find-batch") == 0
+        fail_usage(strcmp(argv[optind], "bench-loader") == 0 || strcmp(argv[optind], "find-batch") == 0 ||
+                       strcmp(argv[optind], "profile") == 0
                        ? "a subcommand comes first, before any option"
                        : "unexpected argument",
                    argv[optind]);
@@ -187,6 +199,19 @@ static Config *load_config(const Args *a) {
     return cfg;
 }
 
+/* trainc profile: the report on stdout; exits 2 on a bad --steps. */
+static int profile_main(const Args *a, Config *cfg) {
+    long first = PROFILE_DEFAULT_FIRST, last = PROFILE_DEFAULT_LAST;
+    char err[256];
+    if (a->steps && profile_parse_steps(a->steps, &first, &last, err, sizeof err) != 0) fail_usage(err, NULL);
+    ProfileReport r;
+    profile_run(cfg, first, last, a->trace, &r);
+    profile_print(&r, stdout);
+    train_summary_print_json(&r.summary, stdout);
+    profile_report_free(&r);
+    return 0;
+}
+
 /* docs/config-keys.md is this output; a test keeps them equal. */
 static void print_keys(FILE *f) {
     fputs("# Config keys\n\n"
@@ -200,7 +225,8 @@ static void print_keys(FILE *f) {
 int main(int argc, char **argv) {
     Dist dist;
     dist_init(&dist); /* first: its fatal hook must run after every other */
-    const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0)
+    const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0 ||
+                                          strcmp(argv[1], "profile") == 0)
                            ? argv[1] : NULL;
     if (subcommand && dist.world > 1) TC_FATAL("%s runs in one process, not under mpirun", subcommand);
     if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
@@ -220,6 +246,8 @@ int main(int argc, char **argv) {
         dist_finalize(&dist);
         return 0;
     }
+    int profiling = subcommand && strcmp(subcommand, "profile") == 0;
+    if ((args.steps || args.trace) && !profiling) fail_usage("--steps and --trace belong to trainc profile", NULL);
     if (args.quiet) log_set_quiet(1);
     Config *cfg = load_config(&args);
     int rc = 0;
@@ -227,6 +255,8 @@ int main(int argc, char **argv) {
         config_print(cfg, stdout);
     } else if (!args.config_path) {
         fail_usage("--config FILE is required", NULL);
+    } else if (profiling) {
+        rc = profile_main(&args, cfg);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

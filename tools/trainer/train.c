@@ -153,6 +153,7 @@ static void begin_step(Trainer *t, EpochClock *c) {
         gpu_monitor_window_begin(t->device.monitor);
     }
     profile_step_begin(t);
+    if (t->observer && t->observer->step_begin) t->observer->step_begin(t->observer->user, t->step + 1);
 }
 
 /* After an optimizer step: the read-back, log point and checkpoint that fall
@@ -163,6 +164,7 @@ static int end_step(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
     r->last_step_epoch = epoch;
     if (s->train.sync_after_step) device_sync(t);
     profile_step_end(t);
+    if (t->observer && t->observer->step_end) t->observer->step_end(t->observer->user, t->step);
     if (c->window_start >= 0) r->timed_samples += (long)s->train.batch * s->memory.accumulate;
     int log_now = t->step % s->run.log_every == 0;
     if (log_now || (s->train.read_loss_every && t->step % s->train.read_loss_every == 0)) {
@@ -320,12 +322,14 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
     train_run_dist(cfg, out, params_out, &solo);
 }
 
-void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
-    Trainer trainer = {0}, *t = &trainer;
+static void run_observed(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist,
+                         const TrainObserver *obs) {
+    Trainer trainer = {.observer = obs}, *t = &trainer;
     double run_start = now_seconds();
     struct sigaction old_handlers[2];
     install_stop_handlers(old_handlers);
     CkptPosition start = trainer_open(t, cfg, dist, out, run_start);
+    if (obs && obs->opened) obs->opened(obs->user, &t->model);
     RunTally r = {.loss = NAN, .why = RUN_ON, .last_step_epoch = (int)start.epoch};
     for (int epoch = (int)start.epoch; epoch < t->set.run.epochs && r.why == RUN_ON; epoch++) {
         double epoch_s = train_epoch(t, &r, epoch, epoch == start.epoch ? (long)start.epoch_micro : 0);
@@ -336,8 +340,19 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
     summarize_timing(t, &r, out);
     summarize_device(t, &r, out);
     summarize_params(t, out, params_out);
+    if (obs && obs->closing) obs->closing(obs->user, &t->model);
     trainer_close(t);
     restore_stop_handlers(old_handlers);
+}
+
+void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist) {
+    run_observed(cfg, out, params_out, dist, NULL);
+}
+
+void train_run_observed(const Config *cfg, TrainSummary *out, const TrainObserver *obs) {
+    Dist solo;
+    dist_init_solo(&solo);
+    run_observed(cfg, out, NULL, &solo, obs);
 }
 
 /* Measured values keep 6 significant digits. */

@@ -9,6 +9,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "dist/dist.h"
+#include "models/model.h"
 #include "runtime/config.h"
 #include "tools/trainer/settings.h"
 
@@ -59,6 +60,20 @@ void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_
  * run). Every rank returns the same summary; only rank 0 writes checkpoints
  * and the metrics file. */
 void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Dist *dist);
+/* Someone watching a run from outside its files (the profiler, profile.c):
+ * opened once the model exists (to install op hooks on m->ops), step_begin
+ * before optimizer step number `step` (counting from 1) and step_end after
+ * it, closing after the summary and before the model is freed (to read its
+ * events back). Any may be NULL. The run calls nothing else of it. */
+typedef struct {
+    void (*opened)(void *user, Model *m);
+    void (*step_begin)(void *user, long step);
+    void (*step_end)(void *user, long step);
+    void (*closing)(void *user, Model *m);
+    void *user;
+} TrainObserver;
+/* train_run with an observer (one process). */
+void train_run_observed(const Config *cfg, TrainSummary *out, const TrainObserver *obs);
 void train_summary_print_json(const TrainSummary *s, FILE *f);
 
 /* Loads the training (train = 1) or test split that the data.* keys name. */

@@ -174,6 +174,7 @@ typedef struct {
     int steps_per_epoch;      /* optimizer steps */
     long step;
     long first_step;          /* 0, or the step a resumed run starts from */
+    const TrainObserver *observer; /* NULL: none (train_run_observed) */
 } Trainer;
 
 /* Where in the data order a checkpoint's next step starts. */

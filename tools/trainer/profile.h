@@ -1,0 +1,61 @@
+/* trainc profile: the config's training steps, warmed up, then a window of
+ * steps timed op by op through the op hook (OpHooks: a cudaEvent pair per op
+ * on the compute stream, host time on the CPU). It prints the time by layer
+ * with FLOPs and bytes from the shapes, a diagnosis from the trainer's phase
+ * timing, the model's memory split, and optionally a Chrome trace.
+ *
+ * It watches the run through train_run_observed (train.h) only: nothing in
+ * the run calls back into this file except through that observer and the op
+ * hook, and without `trainc profile` neither is installed. */
+#ifndef TRAINC_TOOLS_TRAINER_PROFILE_H
+#define TRAINC_TOOLS_TRAINER_PROFILE_H
+
+#include <stdio.h>
+
+#include "runtime/config.h"
+#include "tools/trainer/train.h"
+
+#define PROFILE_DEFAULT_FIRST 11
+#define PROFILE_DEFAULT_LAST 30
+
+typedef struct {
+    char name[24];            /* the layer's ("conv 3") */
+    char ops[96];             /* its ops' names, forward first, as the hook saw them */
+    int n, c, h, w;           /* output shape */
+    double forward_ms, backward_ms;           /* per step */
+    double forward_flops, backward_flops;     /* per step, from the shapes */
+    double forward_bytes, backward_bytes;     /* per step, from the shapes */
+} ProfileLayer;
+
+typedef struct {
+    size_t weights, gradients, optimizer, activations, activation_grads, workspace, other, peak;
+} ProfileMemory;
+
+typedef struct {
+    TrainSummary summary;     /* the run's, timed window = the profiled steps */
+    long first, last;         /* the profiled steps */
+    int gpu;                  /* timed with events on the compute stream (else host time) */
+    int n_layers;
+    ProfileLayer *layers;     /* n_layers, in the model's order */
+    double layers_ms;         /* per step: the layers' forward and backward together */
+    double outside_ms;        /* per step: ops with no layer (input copy, loss, optimizer, zeroing) */
+    long n_ops;               /* ops timed in the window */
+    long dropped;             /* ops past the event pool (GPU; 0 normally) */
+    ProfileMemory memory;
+    const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
+} ProfileReport;
+
+/* "A:B" with 2 <= A <= B (step 1 at least is warm-up); 0, or -1 with why in err. */
+int profile_parse_steps(const char *text, long *first, long *last, char *err, size_t errlen);
+
+/* Runs cfg's training for steps 1..last in one process (run.max_steps =
+ * last, run.warmup_steps = first - 1, run.eval off, checkpoints off,
+ * perf.cuda_graph off) with the op hook timing steps first..last; fills r
+ * (free with profile_report_free), writes the Chrome trace to trace_path
+ * unless NULL. Bad config values end the process as a training run would. */
+void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r);
+void profile_report_free(ProfileReport *r);
+/* The three sections: per layer, diagnosis, memory. */
+void profile_print(ProfileReport *r, FILE *f); /* sets r->top_phase */
+
+#endif

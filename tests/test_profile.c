@@ -1,0 +1,158 @@
+/* trainc profile on the CPU: SimpleNet at 16x16 on synthetic data, batch 4,
+ * steps 3..5 timed op by op (host time).
+ * - Every layer is listed, with forward and backward times >= 0, and both
+ *   its forward and its backward op seen.
+ * - The layers' and the other ops' times together are at most the measured
+ *   step: on the CPU the ops run one after another on the training thread,
+ *   each timed inside the trainer's timed window on the same clock
+ *   (now_seconds, CLOCK_MONOTONIC), and step_ms is that window over its
+ *   steps. So the bound is exact, up to rounding (1e-6 ms).
+ * - conv 0's FLOPs are 2*N*K*C*R*S*OH*OW forward and twice that backward.
+ * - The diagnosis' first line names the largest of the trainer's phases.
+ * - The trace parses (cJSON) with 2 thread names, a span per step and a span
+ *   per op: each layer's ops 2 per step (one forward face, one backward face
+ *   on the CPU), and the ops outside the layers the same number each step.
+ * - A bad --steps: one message naming it, exit status 2. */
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "runtime/config.h"
+#include "tests/harness.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/profile.h"
+
+enum { BATCH = 4, SIZE = 16, FIRST = 3, LAST = 5, STEPS = LAST - FIRST + 1 };
+
+static Config *tiny_config(void) {
+    static const char *sets[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=16",
+                                 "data.synthetic_train=64", "data.synthetic_test=8", "train.batch=4",
+                                 "model.name=simplenet", "run.log_every=1000"};
+    Config *c = config_new(trainc_keys, trainc_n_keys);
+    char err[512];
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+        CHECK_MSG(config_set(c, sets[i], err, sizeof err) == 0, "%s", err);
+    return c;
+}
+
+static void check_layers(const ProfileReport *r) {
+    CHECK(r->n_layers == 12); /* SimpleNet: 3 x (conv, relu, maxpool), linear, relu, linear */
+    for (int i = 0; i < r->n_layers; i++) {
+        const ProfileLayer *l = &r->layers[i];
+        CHECK_MSG(l->forward_ms >= 0 && l->backward_ms >= 0, "%s: %g, %g ms", l->name, l->forward_ms,
+                  l->backward_ms);
+        CHECK_MSG(strstr(l->ops, "forward") && strstr(l->ops, "backward"), "%s: ops %s", l->name, l->ops);
+    }
+    double ops_ms = r->layers_ms + r->outside_ms;
+    CHECK_MSG(r->layers_ms > 0 && ops_ms <= r->summary.step_ms + 1e-6, "layers %g + outside %g ms, step %g ms",
+              r->layers_ms, r->outside_ms, r->summary.step_ms);
+    const ProfileLayer *conv = &r->layers[0];
+    CHECK(strcmp(conv->name, "conv 0") == 0);
+    double flops = 2.0 * BATCH * 64 * 3 * 3 * 3 * SIZE * SIZE;
+    CHECK_NEAR(conv->forward_flops, flops, 0);
+    CHECK_NEAR(conv->backward_flops, 2 * flops, 0);
+}
+
+/* The largest phase by the summary's own figures. */
+static const char *largest_phase(const TrainSummary *s) {
+    const char *names[] = {"data wait", "input", "forward", "backward", "optimizer"};
+    double ms[] = {s->phase_data_wait_ms, s->phase_input_ms, s->phase_forward_ms, s->phase_backward_ms,
+                   s->phase_optimizer_ms};
+    int best = 0;
+    for (int i = 1; i < 5; i++)
+        if (ms[i] > ms[best]) best = i;
+    return names[best];
+}
+
+static void check_diagnosis(ProfileReport *r) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    CHECK(f != NULL);
+    if (!f) return;
+    profile_print(r, f);
+    fclose(f);
+    char want[64];
+    snprintf(want, sizeof want, "1. %s ", largest_phase(&r->summary));
+    /* "outside the phases" could come first only if the phases left most of the step unaccounted */
+    CHECK_MSG(strstr(text, want) != NULL, "no '%s' in:\n%s", want, text);
+    CHECK(strstr(text, "== memory") != NULL && strstr(text, "conv 6") != NULL);
+    free(text);
+}
+
+static char *read_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void check_trace(const ProfileReport *r, const char *path) {
+    char *text = read_all(path);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    CHECK_MSG(root != NULL, "%s does not parse as JSON", path);
+    free(text);
+    if (!root) return;
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+    CHECK(cJSON_IsArray(events));
+    CHECK_NEAR(cJSON_GetArraySize(events), 2 + STEPS + r->n_ops, 0);
+    long layer_ops = 0;
+    for (int i = 0; i < r->n_layers; i++) {
+        char prefix[40];
+        int n = snprintf(prefix, sizeof prefix, "%s: ", r->layers[i].name), count = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, events) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+            if (cJSON_IsString(name) && strncmp(name->valuestring, prefix, (size_t)n) == 0) count++;
+        }
+        CHECK_MSG(count == 2 * STEPS, "%s: %d op events, want %d", r->layers[i].name, count, 2 * STEPS);
+        layer_ops += count;
+    }
+    CHECK_MSG(r->n_ops > layer_ops && (r->n_ops - layer_ops) % STEPS == 0, "%ld ops, %ld of them the layers'",
+              r->n_ops, layer_ops);
+    cJSON_Delete(root);
+}
+
+static void check_bad_steps(void) {
+    char err[256];
+    long a, b;
+    const char *bad[] = {"1:3", "5:4", "3", "a:b", "3:", ":5", "3:5x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CHECK_MSG(profile_parse_steps(bad[i], &a, &b, err, sizeof err) != 0, "--steps %s accepted", bad[i]);
+    CHECK(profile_parse_steps("11:30", &a, &b, err, sizeof err) == 0 && a == 11 && b == 30);
+    const char *build = getenv("TRAINC_BUILD_DIR");
+    char cmd[1200], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "%s/trainc profile --config configs/cpu.ini --steps 9:2 2>&1", build ? build : "build");
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p) return;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int status = pclose(p);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 2, "exit status %d:\n%s", status, out);
+    CHECK_MSG(strstr(out, "trainc: error: --steps 9:2") != NULL, "%s", out);
+}
+
+int main(void) {
+    char trace[700];
+    snprintf(trace, sizeof trace, "%s/trace.json", test_tmpdir("profile"));
+    Config *c = tiny_config();
+    ProfileReport r;
+    profile_run(c, FIRST, LAST, trace, &r);
+    config_free(c);
+    CHECK(r.summary.timed_steps == STEPS && r.dropped == 0 && !r.gpu);
+    check_layers(&r);
+    check_diagnosis(&r);
+    check_trace(&r, trace);
+    profile_report_free(&r);
+    check_bad_steps();
+    return test_finish("test_profile");
+}

@@ -36,7 +36,8 @@ typedef struct {
     long n_rec, cap_rec, open, dropped;
     double *step_t0, *step_t1;/* host seconds of each window step's begin and end */
     cudaEvent_t base;         /* GPU: recorded at the window's start ... */
-    double base_host;         /* ... when the host clock read this */
+    double base_host;         /* ... when the host clock read this (the trace puts the two tracks together
+                                 there: the device's ops are queued, so they run at or after it) */
     ProfileReport *report;
     const char *trace_path;
 } Profiler;
@@ -106,6 +107,7 @@ static void on_step_begin(void *user, long step) {
     if (step == p->first - 1) p->counted = 0;
     if (step < p->first || step > p->last) return;
     if (step == p->first) {
+        if (!p->rec) allocate_pool(p); /* no step before the window was seen (a resumed run) */
         p->active = 1;
         p->open = -1;
         p->base_host = now_seconds();

@@ -202,6 +202,8 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
         add_op_name(pl, o->op);
         r->layers_ms += ms;
     }
+    for (int i = 0; i < m->n_layers; i++) /* an add whose input gradients are dy itself runs no backward */
+        if (!strstr(r->layers[i].ops, "backward")) r->layers[i].backward_flops = r->layers[i].backward_bytes = 0;
 }
 
 static void split_memory(const Model *m, ProfileReport *r) {

@@ -3,14 +3,31 @@
 # this user can (root, or sudo without a password); otherwise prints the
 # command to run. Exit 1 only when a package the build needs is missing.
 #   tools/install_deps.sh          what the build and the tests need
-#   tools/install_deps.sh --ci     also what CI alone uses (the fuzzers' clang, libFuzzer, symbolizer)
+#   tools/install_deps.sh --ci     also what CI alone uses (the fuzzers' clang, libFuzzer, symbolizer;
+#                                  pip and PyPI's tensorboard)
 set -euo pipefail
+ci=0
+[ "${1:-}" = --ci ] && ci=1
 
 required=(cmake pkg-config libstb-dev zlib1g-dev libcjson-dev)
 # Without these trainc still builds: plain loops instead of BLAS, one process
 # instead of MPI ranks.
 optional=(libopenblas-dev libopenmpi-dev openmpi-bin)
-[ "${1:-}" = --ci ] && optional+=(clang libclang-rt-dev llvm)
+[ $ci = 1 ] && optional+=(clang libclang-rt-dev llvm python3-pip)
+
+# CI only: test_tensorboard_py reads run.tensorboard_dir's event files with
+# TensorBoard's own reader, the one check of the writer that is not trainc's
+# code; no Debian 12 package has it, so pip installs it (quietly, for the user
+# where the system Python refuses: PEP 668). Without it that test skips.
+install_tensorboard() {
+  python3 -c 'import tensorboard' 2>/dev/null && return 0
+  echo "install_deps: pip install tensorboard"
+  python3 -m pip install --quiet --disable-pip-version-check tensorboard 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --user --break-system-packages tensorboard ||
+    echo "install_deps: pip could not install tensorboard: test_tensorboard_py will skip" >&2
+}
+# On every way out, after apt-get: the steps below exit early.
+[ $ci = 1 ] && trap install_tensorboard EXIT
 
 missing() {
   local pkg

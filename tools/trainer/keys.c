@@ -11,6 +11,10 @@ const CfgKeySpec trainc_keys[] = {
     {"run.warmup_steps", CFG_INT, "20", 0, "steps left out of the timed throughput window", "[0, 1000000000]"},
     {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps", "[1, 1000000000]"},
     {"run.metrics_file", CFG_STRING, "", 0, "JSON-lines metrics file (empty: none)", 0},
+    {"run.tensorboard_dir", CFG_STRING, "", 0,
+     "write TensorBoard event files here (created if missing; rank 0 alone under mpirun): loss, lr, "
+     "samples/s, loss scale, GPU utilisation and memory at each log point, test accuracy at each epoch's "
+     "end; view with tensorboard --logdir DIR (empty: off)", 0},
     {"run.eval", CFG_BOOL, "on", 0, "evaluate top-1 accuracy on the test split after each epoch", 0},
     {"run.checkpoint_every", CFG_INT, "0", 0,
      "write a checkpoint (weights, momentum, loss scaler, data position) every N steps (0: off; "

@@ -38,6 +38,7 @@ static Switch read_switch(const Config *cfg, const char *key) {
 static void fill_run(const Config *cfg, TrainSettings *s) {
     s->run.name = config_str(cfg, "run.name");
     s->run.metrics_file = config_str(cfg, "run.metrics_file");
+    s->run.tensorboard_dir = config_str(cfg, "run.tensorboard_dir");
     s->run.resume = config_str(cfg, "run.resume");
     s->run.use_gpu = is(cfg, "run.device", "cuda");
     s->run.gpu = (int)config_int(cfg, "run.gpu");

@@ -152,6 +152,7 @@ static void open_settings(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     if (t->set.run.profile_first && !t->set.run.use_gpu)
         log_warn("run.profile_steps: the CPU path has no CUDA profiler range; ignored");
     if (dist->rank == 0) prometheus_start(t);
+    if (dist->rank == 0) tensorboard_start(t);
     if (!hook_registered) tc_on_fatal(flush_on_fatal);
     hook_registered = 1;
 }
@@ -307,6 +308,7 @@ void trainer_close(Trainer *t) {
     if (t->watch.metrics) fclose(t->watch.metrics);
     fatal_metrics = NULL;
     prom_stop(t->watch.prom);
+    tensorboard_stop(t);
     phases_destroy(t);
     loader_destroy(t->data.train_loader);
     if (t->data.test_loader) loader_destroy(t->data.test_loader);

@@ -1,6 +1,7 @@
 /* Watching a training run: phase timing from events on the compute stream,
  * the metrics file (run.metrics_file), the profiler range (run.profile_steps),
- * log points, the progress line and the Prometheus gauges (monitor.*). */
+ * log points, the progress line, the Prometheus gauges (monitor.*) and the
+ * TensorBoard event file (run.tensorboard_dir). */
 #include "tools/trainer/trainer.h"
 #include "runtime/json_out.h"
 
@@ -117,7 +118,10 @@ void write_metric_skipped(Trainer *t, int epoch) {
     write_metric_line(t, o);
 }
 
+static void tensorboard_epoch(Trainer *t, double test_acc);
+
 void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc) {
+    tensorboard_epoch(t, test_acc);
     if (!t->watch.metrics) return;
     cJSON *o = json_object_new();
     json_add_int(o, "epoch_end", epoch + 1);
@@ -205,8 +209,65 @@ void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float
     set_reading(t, G_POWER, g.power_w, 1);
 }
 
+/* ---- TensorBoard (run.tensorboard_dir) -------------------------------------- */
+
+/* Rank 0 alone writes (train_open.c starts it there): one file per run, with
+ * no rank in its name; the loss and rate it logs are rank 0's, as the log's. */
+void tensorboard_start(Trainer *t) {
+    char err[4608];
+    const char *dir = t->set.run.tensorboard_dir;
+    if (!dir[0]) return;
+    t->watch.tb = tb_open(dir, -1, err, sizeof err);
+    if (!t->watch.tb) TC_USER_ERROR("run.tensorboard_dir = %s: %s", dir, err);
+    log_info("run.tensorboard_dir: writing %s (tensorboard --logdir %s)", tb_path(t->watch.tb), dir);
+}
+
+void tensorboard_stop(Trainer *t) {
+    if (t->watch.tb && tb_close(t->watch.tb) != 0)
+        log_warn("run.tensorboard_dir: the last events may be lost: %s", strerror(errno));
+    t->watch.tb = NULL;
+}
+
+static void tb_write(Trainer *t, const char *tag, double value) {
+    if (tb_scalar(t->watch.tb, tag, t->step, (float)value) != 0)
+        TC_USER_ERROR("run.tensorboard_dir: cannot write %s: %s", tb_path(t->watch.tb), strerror(errno));
+}
+
+static void tb_flush_or_fail(Trainer *t) {
+    if (tb_flush(t->watch.tb) != 0)
+        TC_USER_ERROR("run.tensorboard_dir: cannot write %s: %s", tb_path(t->watch.tb), strerror(errno));
+}
+
+/* The lr of the step just taken, from the schedule on the host (optim.lr is
+ * kept divided by memory.accumulate, see settings_read). */
+static double step_lr(const Trainer *t) {
+    long step = t->step > 0 ? t->step - 1 : 0;
+    return (double)lr_schedule_at(&t->optim.schedule, step) * t->set.memory.accumulate;
+}
+
+/* A log point's scalars; the GPU's only where NVML gave them. */
+static void tensorboard_log_point(Trainer *t, float loss, double samples_per_s) {
+    if (!t->watch.tb) return;
+    tb_write(t, "train/loss", loss);
+    tb_write(t, "train/lr", step_lr(t));
+    tb_write(t, "train/samples_per_s", samples_per_s);
+    tb_write(t, "train/loss_scale", t->seen.scaler.scale);
+    GpuSample g = gpu_monitor_latest(t->device.monitor);
+    if (g.util_pct >= 0) tb_write(t, "gpu/utilization_pct", g.util_pct);
+    if (g.mem_used_bytes >= 0) tb_write(t, "gpu/memory_used_gib", g.mem_used_bytes / 1073741824.0);
+    tb_flush_or_fail(t);
+}
+
+/* test_acc < 0: no evaluation this epoch. */
+static void tensorboard_epoch(Trainer *t, double test_acc) {
+    if (!t->watch.tb || test_acc < 0) return;
+    tb_write(t, "eval/test_acc", test_acc);
+    tb_flush_or_fail(t);
+}
+
 /* Every run.log_every steps: the log line (unless the progress line shows),
- * the metrics line, the Prometheus gauges, and the phase sets done so far. */
+ * the metrics line, the Prometheus gauges, TensorBoard, and the phase sets
+ * done so far. */
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
     double now = now_seconds(), wait = loader_wait_seconds(t->data.train_loader);
     double rate = (t->step - lw->start_step) * t->set.train.batch * t->set.memory.accumulate / (now - lw->start);
@@ -217,6 +278,7 @@ void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
         log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->watch.total_steps, loss,
                  rate);
     write_metric_step(t, epoch, loss, rate);
+    tensorboard_log_point(t, loss, rate);
     prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);
     phases_collect(t, 0);
     lw->start = now;

@@ -3,7 +3,7 @@
  *   settings.c          the Config read once into TrainSettings (and keys.c, the schema)
  *   train_state.c       the buffers beside the model's, moving a batch in, syncs
  *   train_watch.c       phase timing, the metrics file, profiler range, log
- *                       points, progress line, Prometheus
+ *                       points, progress line, Prometheus, TensorBoard
  *   train_step.c        one micro-batch and the optimizer, reading the loss back,
  *                       evaluation
  *   train_checkpoint.c  checkpoints and resume
@@ -43,6 +43,7 @@
 #include "runtime/gpu_monitor.h"
 #include "runtime/log.h"
 #include "runtime/prometheus.h"
+#include "runtime/tensorboard.h"
 #include "tools/trainer/settings.h"
 #include "tools/trainer/train.h"
 
@@ -80,6 +81,7 @@ typedef struct {
     Phases phases;
     FILE *metrics;            /* run.metrics_file; NULL: none (or not rank 0) */
     PromServer *prom;         /* monitor.prometheus_port */
+    TbWriter *tb;             /* run.tensorboard_dir; NULL: none (or not rank 0) */
     int profiling, profiled;  /* run.profile_steps: inside the range; the range is done */
     int progress;             /* a progress line on the terminal instead of the step log lines */
     double progress_drawn;    /* when it was last drawn */
@@ -209,6 +211,8 @@ void profile_step_end(Trainer *t);
 void profile_finish(Trainer *t);
 void prometheus_start(Trainer *t);
 void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss);
+void tensorboard_start(Trainer *t);
+void tensorboard_stop(Trainer *t);
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw);
 void progress_draw(Trainer *t, int epoch, int force);
 

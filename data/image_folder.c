@@ -243,6 +243,31 @@ static int check_bmp_complete(const char *path, const uint8_t *buf, size_t len, 
     return 0;
 }
 
+static uint32_t read_be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* stb_image grows its PNG data buffer to each chunk's claimed length before
+ * reading it, so one corrupt length asks for gigabytes: every chunk up to
+ * IEND must fit in the file. */
+static int check_png_complete(const char *path, const uint8_t *buf, size_t len, char *err,
+                              size_t errlen) {
+    size_t at = 8; /* the signature */
+    while (at + 12 <= len) {
+        uint32_t chunk_bytes = read_be32(buf + at);
+        if (chunk_bytes > len - at - 12) {
+            snprintf(err, errlen,
+                     "%s: cannot decode this PNG: it is truncated or corrupt (the chunk at byte %zu "
+                     "claims %u bytes, the file has %zu after it)",
+                     path, at, chunk_bytes, len - at - 12);
+            return -1;
+        }
+        if (memcmp(buf + at + 4, "IEND", 4) == 0) return 0;
+        at += 12 + (size_t)chunk_bytes;
+    }
+    return 0; /* no IEND: stb_image refuses it itself */
+}
+
 /* Reads and decodes one image file to RGB, HWC (stbi_image_free it): a whole
  * JPEG, PNG or BMP of a size the reader takes, or NULL with a message. */
 static uint8_t *decode_file(const char *path, uint8_t **buf, size_t *cap, int *w, int *h,
@@ -267,6 +292,7 @@ static uint8_t *decode_file(const char *path, uint8_t **buf, size_t *cap, int *w
     if (check_image_shape(path, *w, *h < 0 ? -(long long)*h : *h, channels, err, errlen) != 0)
         return NULL;
     if (kind == IMAGE_BMP && check_bmp_complete(path, *buf, len, err, errlen) != 0) return NULL;
+    if (kind == IMAGE_PNG && check_png_complete(path, *buf, len, err, errlen) != 0) return NULL;
     uint8_t *hwc = stbi_load_from_memory(*buf, (int)len, w, h, &channels, 3);
     if (!hwc) {
         const char *reason = stb_reason(kind);

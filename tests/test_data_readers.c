@@ -410,6 +410,16 @@ static void test_bad_files(void) {
                     "header");
     expect_bad_file("PNG cut in half", png.data, png.len / 2, "1.png", "cannot decode this PNG",
                     "truncated or corrupt");
+    /* A chunk length near 2 GiB: refused before stb_image allocates it. */
+    uint8_t *huge_chunk = malloc(png.len);
+    memcpy(huge_chunk, png.data, png.len);
+    size_t idat = 8;
+    while (idat + 8 < png.len && memcmp(huge_chunk + idat + 4, "IDAT", 4) != 0) idat++;
+    CHECK(idat + 8 < png.len);
+    memcpy(huge_chunk + idat, "\x7f\xff\x00\x00", 4);
+    expect_bad_file("PNG with a 2 GiB chunk", huge_chunk, png.len, "1.png",
+                    "cannot decode this PNG", "claims 2147418112 bytes");
+    free(huge_chunk);
     uint8_t corrupt[64];
     memcpy(corrupt, png.data, 8);
     for (int i = 8; i < 64; i++) corrupt[i] = (uint8_t)(i * 29);

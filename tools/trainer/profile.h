@@ -31,6 +31,57 @@ typedef struct {
     size_t weights, gradients, optimizer, activations, activation_grads, workspace, other, peak;
 } ProfileMemory;
 
+/* The card's measured peaks (tools/trainer/peaks.c): a large half-precision
+ * GEMM and a device-to-device copy on the GPU; an fp32 GEMM and a memcpy on
+ * the CPU. Measured once per device and cached. */
+typedef struct {
+    double flops_per_s;       /* 0: not known (the roofline falls back to nominal) */
+    double bytes_per_s;
+    char device[256];         /* what they were measured on (the GPU's name and UUID, the CPU's model) */
+    int from_cache;           /* read from the cache file, not measured in this run */
+} ProfilePeaks;
+
+#define PROFILE_TOP_KERNELS 10
+#define PROFILE_MAX_STREAMS 8
+
+typedef struct {
+    char name[128];           /* the kernel's (demangled where CUPTI gives it so) */
+    long count;               /* per step */
+    double ms;                /* per step, all its launches together */
+} ProfileKernelName;
+
+typedef struct {
+    unsigned id;              /* CUPTI's stream id */
+    int compute;              /* the model's compute stream */
+    double busy_ms;           /* per step: the union of its kernels, copies and memsets */
+} ProfileStream;
+
+/* The GPU's activity over the window from CUPTI activity records (kernels,
+ * copies and memsets, graph nodes included) and runtime API records; every
+ * time is per step. Filled by profile_kernels.c; available = 0 on the CPU, or
+ * where CUPTI could not be loaded (why_not says why). */
+typedef struct {
+    int available;
+    char why_not[256];
+    double window_ms;         /* the window on the GPU's clock: first record's start to last one's end */
+    double kernels, copies, memsets;  /* counts per step */
+    double kernel_ms;         /* the kernels' durations together */
+    double mean_kernel_us;
+    double active_ms;         /* the union of all kernels' intervals: kernel-active time */
+    ProfileKernelName longest[PROFILE_TOP_KERNELS]; /* by ms, largest first; empty names past the end */
+    int n_streams;
+    ProfileStream streams[PROFILE_MAX_STREAMS];
+    double gap_ms, longest_gap_ms;   /* the compute stream idle between its first and last record */
+    double h2d_ms, d2h_ms;           /* copies' durations */
+    double copy_overlap_ms;          /* of h2d + d2h, the time some kernel ran meanwhile */
+    double launch_ms;                /* host time inside launch calls (kernels, copies, graphs) */
+    double launches;                 /* launch calls per step */
+    double sync_ms;                  /* host time inside synchronizing calls (stream, event, device syncs,
+                                        synchronous copies) */
+    double comm_ms;                  /* communication: NCCL kernels and peer copies */
+    double comm_exposed_ms;          /* of comm_ms, the time no compute-stream kernel ran meanwhile */
+} ProfileKernels;
+
 typedef struct {
     TrainSummary summary;     /* the run's, timed window = the profiled steps */
     long first, last;         /* the profiled steps */
@@ -42,6 +93,9 @@ typedef struct {
     long n_ops;               /* ops timed in the window */
     long dropped;             /* ops past the event pool (GPU; 0 normally) */
     ProfileMemory memory;
+    ProfilePeaks peaks;
+    ProfileKernels kernels;
+    int rank, world;          /* this process's rank; the run's ranks (1: one process) */
     const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
 } ProfileReport;
 

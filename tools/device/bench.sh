@@ -36,6 +36,10 @@
 #            BASE: BASE's trainc in a second table ($OUT/scaling.csv, scaling_*.svg)
 #   memory   the memory grid: tools/bench_memory.py on configs/model.ini (batches x precision)
 #   phases   the phase breakdown of one epoch of CONFIG (configs/final.ini), trainc and BASE's
+#   profile  `trainc profile` of each of STAGES (default the lab's five configs) over steps
+#            PROFILE_STEPS (11:30) with its trace ($OUT/profile/<stage>.txt, .json), the same
+#            window unprofiled (the profiler's overhead), then tools/device/ncu_check.py on the
+#            trace of CHECK (configs/final.ini; CHECK=none: no ncu)
 #
 # Parameters (environment):
 #   NP=n          GPUs per run of step and loader (default 1; > 1: mpirun -np n)
@@ -64,11 +68,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 
 ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 ddp"
 ALL_PARTS="simplenet-resident resnet18-resident simplenet-loader resnet18-loader"
-usage() { echo "usage: bash tools/device/bench.sh WHAT... (lab step resnet acc loader scaling memory phases); see its head comment" >&2; exit 2; }
+usage() { echo "usage: bash tools/device/bench.sh WHAT... (lab step resnet acc loader scaling memory phases profile); see its head comment" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for what in "$@"; do
-  case $what in lab | step | resnet | acc | loader | scaling | memory | phases) ;;
-  *) echo "bench.sh: unknown benchmark '$what' (lab step resnet acc loader scaling memory phases)" >&2; exit 2 ;;
+  case $what in lab | step | resnet | acc | loader | scaling | memory | phases | profile) ;;
+  *) echo "bench.sh: unknown benchmark '$what' (lab step resnet acc loader scaling memory phases profile)" >&2; exit 2 ;;
   esac
 done
 for c in ${CASES:-}; do
@@ -433,6 +437,37 @@ bench_phases() {
   done
 }
 
+bench_profile() {
+  local steps=${PROFILE_STEPS:-11:30} dir=$OUT/profile cfg name check=${CHECK:-configs/final.ini}
+  local stages=${STAGES:-configs/baseline.ini configs/dataloader.ini configs/model.ini configs/memory.ini configs/final.ini}
+  mkdir -p "$dir"
+  for cfg in $stages; do
+    name=$(basename "$cfg" .ini)
+    echo "== trainc profile --config $cfg --steps $steps"
+    timeout "$RUN_LIMIT" build/trainc profile --config "$cfg" --steps "$steps" --trace "$dir/$name.json" $SETS_ALL \
+      > "$dir/$name.txt" 2> "$dir/$name.err" || echo "profile of $cfg failed: $(tail -2 "$dir/$name.err")"
+    sed -n '/^== kernels/,$p' "$dir/$name.txt" | cut -c1-400
+    measure "unprofiled_$name" "$RUN_LIMIT" build/trainc --config "$cfg" --quiet --set "run.max_steps=${steps#*:}" \
+      --set "run.warmup_steps=$((${steps%:*} - 1))" --set run.epochs=100000 --set run.eval=off \
+      --set run.checkpoint_every=0 --set perf.cuda_graph=off $SETS_ALL
+    python3 - "$dir/$name.txt" "$JSONL" "$name" <<'PY'
+import json, sys
+prof = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+plain = [json.loads(l) for l in open(sys.argv[2]) if l.strip() and json.loads(l).get("tag") == "unprofiled_" + sys.argv[3]]
+if prof and plain and plain[-1].get("step_ms"):
+    a, b = prof[-1]["step_ms"], plain[-1]["step_ms"]
+    print(f"overhead: profiled step {a:.4f} ms, unprofiled {b:.4f} ms: {100 * (a / b - 1):+.1f}%")
+PY
+  done
+  if [ "$check" != none ]; then
+    name=$(basename "$check" .ini)
+    [ -s "$dir/$name.json" ] || timeout "$RUN_LIMIT" build/trainc profile --config "$check" --steps "$steps" \
+      --trace "$dir/$name.json" $SETS_ALL > "$dir/$name.txt" 2> "$dir/$name.err"
+    timeout "$RUN_LIMIT" python3 tools/device/ncu_check.py --trainc build/trainc --config "$check" \
+      --trace "$dir/$name.json" $SETS_ALL 2>&1 | tee "$dir/ncu_check_$name.txt" | cut -c1-300
+  fi
+}
+
 summary() {
   echo
   echo "== summary ($JSONL)"
@@ -470,6 +505,7 @@ for what in "$@"; do
   scaling) bench_scaling ;;
   memory) echo "== memory grid"; timeout 600 python3 tools/bench_memory.py $SETS_ALL ;;
   phases) bench_phases ;;
+  profile) bench_profile ;;
   esac
   pack_logs
 done

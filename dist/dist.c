@@ -1,5 +1,6 @@
 #include "dist/dist.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +239,48 @@ void dist_bcast_host(Dist *d, void *buf, size_t bytes, int root) {
 void dist_barrier(Dist *d) {
     if (d->world == 1) return;
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
+/* The byte counts of a gather and where each rank's part starts; the total. */
+static size_t gather_layout(const int *sizes, int world, int *displs, size_t *counts) {
+    size_t total = 0;
+    for (int r = 0; r < world; r++) {
+        if (total > INT_MAX) break;
+        displs[r] = (int)total;
+        counts[r] = (size_t)sizes[r];
+        total += (size_t)sizes[r];
+    }
+    if (total > INT_MAX) TC_FATAL("dist_gather_bytes: the ranks' parts together are more than %d bytes", INT_MAX);
+    return total;
+}
+
+char *dist_gather_bytes(Dist *d, const void *buf, size_t bytes, int root, size_t *counts) {
+    int is_root = d->rank == root;
+    if (bytes > INT_MAX) TC_FATAL("dist_gather_bytes: rank %d's %zu bytes are more than %d", d->rank, bytes, INT_MAX);
+    char *all = NULL;
+    if (d->world == 1) {
+        all = malloc(bytes ? bytes : 1);
+        if (!all) TC_FATAL("out of host memory gathering %zu bytes", bytes);
+        memcpy(all, buf, bytes);
+        counts[0] = bytes;
+        return all;
+    }
+    int mine = (int)bytes, *sizes = NULL, *displs = NULL;
+    if (is_root) {
+        sizes = calloc((size_t)d->world, sizeof *sizes);
+        displs = calloc((size_t)d->world, sizeof *displs);
+        if (!sizes || !displs) TC_FATAL("out of host memory gathering from %d ranks", d->world);
+    }
+    MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, sizes, 1, MPI_INT, root, MPI_COMM_WORLD));
+    if (is_root) {
+        size_t total = gather_layout(sizes, d->world, displs, counts);
+        all = malloc(total ? total : 1);
+        if (!all) TC_FATAL("out of host memory gathering %zu bytes", total);
+    }
+    MPI_CHECK(MPI_Gatherv(buf, mine, MPI_BYTE, all, sizes, displs, MPI_BYTE, root, MPI_COMM_WORLD));
+    free(sizes);
+    free(displs);
+    return all;
 }
 
 int dist_any_host(Dist *d, int flag) {

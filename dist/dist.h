@@ -56,6 +56,12 @@ void dist_abort(Dist *d, int code) __attribute__((noreturn));
 void dist_allreduce_sum_host_double(Dist *d, double *vals, int n);
 void dist_bcast_host(Dist *d, void *buf, size_t bytes, int root);
 void dist_barrier(Dist *d);
+/* Every rank's `bytes` bytes to root, in rank order: on root a malloc'ed
+ * buffer holding them all (the caller frees it) and counts[r] the bytes of
+ * rank r (counts has world entries); NULL on the other ranks. World 1: a copy
+ * of buf. Each rank's part, and all of them together, must fit an int (MPI's
+ * counts): more stops the run with a message. */
+char *dist_gather_bytes(Dist *d, const void *buf, size_t bytes, int root, size_t *counts);
 /* Logical OR of flag over the ranks: a stop asked for on one rank stops all
  * ranks at the same step. */
 int dist_any_host(Dist *d, int flag);

@@ -151,6 +151,20 @@ const char *test_write_file(const char *dir, const char *name, const void *data,
     return path;
 }
 
+char *test_read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && (fseek(f, 0, SEEK_SET) != 0 || fread(s, 1, (size_t)n, f) != (size_t)n)) {
+        free(s);
+        s = NULL;
+    }
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
 const char *test_cifar10_jpg_root(void) {
     static char root[512];
     struct stat st;

@@ -42,6 +42,8 @@ double test_rel_error(const float *a, const float *b, size_t n);
 const char *test_tmpdir(const char *name);
 /* Writes bytes to dir/name; returns the full path (static buffer). */
 const char *test_write_file(const char *dir, const char *name, const void *data, size_t n);
+/* The whole of a file, malloc'ed and 0-terminated (free it); NULL when it cannot be read. */
+char *test_read_file(const char *path);
 /* CIFAR-10 as JPEGs: .data/cifar10-jpg where tools/get_data.sh put it, else
  * ../shared/data/cifar10-jpg.tar.gz (or .data/'s) unpacked once into $TMPDIR
  * (or /tmp) as trainc-cifar10-jpg-<uid>, a cache kept between runs; NULL when absent. */

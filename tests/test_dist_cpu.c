@@ -1,5 +1,6 @@
 /* The process group and the gradient buckets on the CPU path, as MPI ranks
- * (ctest starts 2 under mpirun): distinct ranks, the host collectives, and
+ * (ctest starts 2 under mpirun): distinct ranks, the host collectives (a
+ * gather of each rank's bytes among them), and
  * grad_buckets over a host buffer averaging each bucket once backward has
  * declared it final, the same on every rank. Started alone it is world 1,
  * where every collective must be a no-op.
@@ -59,6 +60,27 @@ static void test_host_collectives(void) {
     CHECK(bad == 0);
     free(buf);
     dist_barrier(&d);
+}
+
+/* Each rank sends rank * 1000 bytes (rank 0 none) of the value rank + 1; the
+ * last rank, the root, gets them in rank order with their counts. */
+static void test_gather_bytes(void) {
+    int root = d.world - 1;
+    size_t mine = (size_t)d.rank * 1000, *counts = calloc((size_t)d.world, sizeof *counts);
+    unsigned char *buf = malloc(mine + 1);
+    memset(buf, d.rank + 1, mine);
+    unsigned char *all = (unsigned char *)dist_gather_bytes(&d, buf, mine, root, counts);
+    CHECK((all != NULL) == (d.rank == root));
+    size_t at = 0, bad = 0;
+    for (int r = 0; all && r < d.world; r++) {
+        CHECK_MSG(counts[r] == (size_t)r * 1000, "rank %d: %zu bytes", r, counts[r]);
+        for (size_t i = 0; i < counts[r]; i++) bad += all[at + i] != r + 1;
+        at += counts[r];
+    }
+    CHECK(bad == 0);
+    free(all);
+    free(buf);
+    free(counts);
 }
 
 /* Every rank's gradients for one pass, so that each can compute the average. */
@@ -227,6 +249,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "abort") == 0) abort_mode();
     test_ranks();
     test_host_collectives();
+    test_gather_bytes();
     test_layer_buckets();
     test_grad_buckets(10007, 4096); /* 1024 floats a bucket: 10 buckets */
     test_grad_buckets(3000, 0);     /* one bucket */

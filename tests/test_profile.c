@@ -9,9 +9,11 @@
  *   steps. So the bound is exact, up to rounding (1e-6 ms).
  * - conv 0's FLOPs are 2*N*K*C*R*S*OH*OW forward and twice that backward.
  * - The diagnosis' first line names the largest of the trainer's phases.
- * - The trace parses (cJSON) with 2 thread names, a span per step and a span
- *   per op: each layer's ops 2 per step (one forward face, one backward face
- *   on the CPU), and the ops outside the layers the same number each step.
+ * - The trace parses (cJSON) with a process name ("rank 0"), 3 thread names,
+ *   a span per step, a span per host phase (data wait, input, forward,
+ *   backward, optimizer: one of each per step) and a span per op: each
+ *   layer's ops 2 per step (one forward face, one backward face on the CPU),
+ *   and the ops outside the layers the same number each step.
  * - A bad --steps: one message naming it, exit status 2.
  * With a GPU (the lead's run) the same on cuda, timed by events: there the
  * ops' device intervals lie one after another on the compute stream between
@@ -90,28 +92,40 @@ static void check_diagnosis(ProfileReport *r) {
     free(text);
 }
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
+/* Events of process 0 whose key (name or cat) is value. */
+static int count_events(const cJSON *events, const char *key, const char *value) {
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key), *pid = cJSON_GetObjectItemCaseSensitive(e, "pid");
+        n += cJSON_IsString(v) && strcmp(v->valuestring, value) == 0 && cJSON_IsNumber(pid) && pid->valueint == 0;
+    }
+    return n;
+}
+
+static void check_phases(const cJSON *events) {
+    const char *phases[] = {"data wait", "input", "forward", "backward", "optimizer"};
+    enum { N_PHASES = sizeof phases / sizeof *phases };
+    CHECK_NEAR(count_events(events, "cat", "phase"), N_PHASES * STEPS, 0);
+    for (int i = 0; i < N_PHASES; i++)
+        CHECK_MSG(count_events(events, "name", phases[i]) == STEPS, "%s: %d spans, want %d", phases[i],
+                  count_events(events, "name", phases[i]), STEPS);
+    CHECK(count_events(events, "name", "process_name") == 1 && count_events(events, "name", "thread_name") == 3);
 }
 
 static void check_trace(const ProfileReport *r, const char *path) {
-    char *text = read_all(path);
+    char *text = test_read_file(path);
     cJSON *root = text ? cJSON_Parse(text) : NULL;
     CHECK_MSG(root != NULL, "%s does not parse as JSON", path);
     free(text);
     if (!root) return;
     const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
     CHECK(cJSON_IsArray(events));
-    CHECK_NEAR(cJSON_GetArraySize(events), 2 + STEPS + r->n_ops, 0);
+    if (!r->gpu) /* on the GPU the kernels and copies may come too */
+        CHECK_NEAR(cJSON_GetArraySize(events), 4 + STEPS + 5 * STEPS + r->n_ops, 0);
+    CHECK_NEAR(count_events(events, "cat", "step"), STEPS, 0);
+    CHECK_NEAR(count_events(events, "cat", "op"), r->n_ops, 0);
+    check_phases(events);
     long layer_ops = 0;
     for (int i = 0; i < r->n_layers; i++) {
         char prefix[40];

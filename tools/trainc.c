@@ -12,7 +12,7 @@
  * them by layer, a diagnosis and the memory split (tools/trainer/profile.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
- * the summary.
+ * the summary (profile: its own report, and the trace of every rank).
  * The last line of output is one JSON object summing up the run. SIGINT or
  * SIGTERM stops a run after its current step with a checkpoint, exit status
  * 128 + signal and a line saying how to resume. */
@@ -199,15 +199,20 @@ static Config *load_config(const Args *a) {
     return cfg;
 }
 
-/* trainc profile: the report on stdout; exits 2 on a bad --steps. */
-static int profile_main(const Args *a, Config *cfg) {
+/* trainc profile: the report on stdout (under mpirun rank 0's, with the
+ * trace of every rank); exits 2 on a bad --steps. */
+static int profile_main(const Args *a, Config *cfg, Dist *dist) {
     long first = PROFILE_DEFAULT_FIRST, last = PROFILE_DEFAULT_LAST;
     char err[256];
     if (a->steps && profile_parse_steps(a->steps, &first, &last, err, sizeof err) != 0) fail_usage(err, NULL);
+    if (dist->rank != 0) log_set_quiet(1);
     ProfileReport r;
-    profile_run(cfg, first, last, a->trace, &r);
-    profile_print(&r, stdout);
-    train_summary_print_json(&r.summary, stdout);
+    profile_run_dist(cfg, dist, first, last, a->trace, &r);
+    if (dist->rank == 0) {
+        profile_print(&r, stdout);
+        profile_print_ranks(&r, stdout);
+        train_summary_print_json(&r.summary, stdout);
+    }
     profile_report_free(&r);
     return 0;
 }
@@ -228,7 +233,8 @@ int main(int argc, char **argv) {
     const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0 ||
                                           strcmp(argv[1], "profile") == 0)
                            ? argv[1] : NULL;
-    if (subcommand && dist.world > 1) TC_FATAL("%s runs in one process, not under mpirun", subcommand);
+    if (subcommand && strcmp(subcommand, "profile") != 0 && dist.world > 1)
+        TC_FATAL("%s runs in one process, not under mpirun", subcommand);
     if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
 
     if (argc == 2 && strcmp(argv[1], "keys") == 0) {
@@ -256,7 +262,7 @@ int main(int argc, char **argv) {
     } else if (!args.config_path) {
         fail_usage("--config FILE is required", NULL);
     } else if (profiling) {
-        rc = profile_main(&args, cfg);
+        rc = profile_main(&args, cfg, &dist);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

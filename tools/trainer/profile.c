@@ -17,6 +17,12 @@
 #include "runtime/json_out.h"
 #include "runtime/log.h"
 
+/* One host phase of the window (the trainer's, through the observer). */
+typedef struct {
+    const char *name;
+    double t0, t1;            /* host seconds */
+} PhaseRecord;
+
 /* One op of the window. */
 typedef struct {
     const char *op, *label;   /* the face's name; the layer's name or NULL */
@@ -35,6 +41,9 @@ typedef struct {
     OpRecord *rec;
     long n_rec, cap_rec, open, dropped;
     double *step_t0, *step_t1;/* host seconds of each window step's begin and end */
+    PhaseRecord *phases;      /* the window's host phases, allocated with the op records */
+    long n_phases, cap_phases, counted_phases, dropped_phases;
+    Dist *dist;               /* the run's ranks: the window starts after a barrier, rank 0 writes the trace */
     cudaEvent_t base;         /* GPU: recorded at the window's start ... */
     double base_host;         /* ... when the host clock read this (the trace puts the two tracks together
                                  there: the device's ops are queued, so they run at or after it) */
@@ -85,15 +94,22 @@ static void on_opened(void *user, Model *m) {
     m->ops.hooks = &p->hooks;
 }
 
+/* Phases a step may have beyond the step before the window's (a resumed run
+ * sees none before it): data wait and the five marks. */
+#define PHASE_MARGIN 6
+
 /* After the step before the window: the pool, sized by that step's ops (and a
  * margin for ops that come only now and then, a log point's read-back). */
 static void allocate_pool(Profiler *p) {
     long steps = p->last - p->first + 1;
     p->cap_rec = (p->counted + 16) * steps;
+    p->cap_phases = (p->counted_phases + PHASE_MARGIN) * steps;
     p->rec = calloc((size_t)p->cap_rec, sizeof *p->rec);
+    p->phases = calloc((size_t)p->cap_phases, sizeof *p->phases);
     p->step_t0 = calloc((size_t)steps, sizeof *p->step_t0);
     p->step_t1 = calloc((size_t)steps, sizeof *p->step_t1);
-    if (!p->rec || !p->step_t0 || !p->step_t1) TC_FATAL("out of host memory: %ld op records", p->cap_rec);
+    if (!p->rec || !p->phases || !p->step_t0 || !p->step_t1)
+        TC_FATAL("out of host memory: %ld op records", p->cap_rec);
     if (!p->gpu) return;
     gpu_event_create(&p->base, 1);
     for (long i = 0; i < p->cap_rec; i++) {
@@ -104,12 +120,16 @@ static void allocate_pool(Profiler *p) {
 
 static void on_step_begin(void *user, long step) {
     Profiler *p = user;
-    if (step == p->first - 1) p->counted = 0;
+    if (step == p->first - 1) p->counted = p->counted_phases = 0;
     if (step < p->first || step > p->last) return;
     if (step == p->first) {
         if (!p->rec) allocate_pool(p); /* no step before the window was seen (a resumed run) */
         p->active = 1;
         p->open = -1;
+        /* The ranks' common time base: each takes it on leaving this barrier,
+         * so their tracks line up to the barrier's exit skew (microseconds on
+         * one host) whatever their clocks read. */
+        dist_barrier(p->dist);
         p->base_host = now_seconds();
         if (p->gpu) gpu_event_record(p->base, p->model->ops.stream);
     }
@@ -122,6 +142,17 @@ static void on_step_end(void *user, long step) {
     if (step < p->first || step > p->last) return;
     p->step_t1[step - p->first] = now_seconds();
     if (step == p->last) p->active = 0;
+}
+
+static void on_phase(void *user, long step, const char *name, double t0, double t1) {
+    Profiler *p = user;
+    if (step == p->first - 1) p->counted_phases++;
+    if (step < p->first || step > p->last) return;
+    if (p->n_phases == p->cap_phases) {
+        p->dropped_phases++;
+        return;
+    }
+    p->phases[p->n_phases++] = (PhaseRecord){name, t0, t1};
 }
 
 /* ---- FLOPs and bytes from the shapes -------------------------------------------- */
@@ -227,12 +258,12 @@ static void split_memory(const Model *m, ProfileReport *r) {
 
 /* ---- the Chrome trace ---------------------------------------------------------- */
 
+/* An event without its pid: write_trace gives every event its rank's at the end. */
 static cJSON *trace_event(cJSON *events, const char *name, const char *ph, int tid) {
     cJSON *e = cJSON_CreateObject();
     if (!e || !cJSON_AddItemToArray(events, e)) TC_FATAL("out of host memory writing the trace");
     cJSON_AddStringToObject(e, "name", name);
     cJSON_AddStringToObject(e, "ph", ph);
-    cJSON_AddNumberToObject(e, "pid", 0); /* the rank: profile runs one process */
     cJSON_AddNumberToObject(e, "tid", tid);
     return e;
 }
@@ -245,38 +276,95 @@ static void trace_span(cJSON *events, const char *name, const char *cat, int tid
     cJSON_AddNumberToObject(e, "dur", 1e6 * (t1 - t0));
 }
 
-static void trace_thread_name(cJSON *events, int tid, const char *name) {
-    cJSON *e = trace_event(events, "thread_name", "M", tid);
+/* A metadata event: "thread_name" or "process_name". */
+static void trace_name(cJSON *events, const char *what, int tid, const char *name) {
+    cJSON *e = trace_event(events, what, "M", tid);
     cJSON *args = cJSON_AddObjectToObject(e, "args");
     if (!args) TC_FATAL("out of host memory writing the trace");
     cJSON_AddStringToObject(args, "name", name);
 }
 
-/* {"traceEvents": [...]}: two thread names, a "step N" span per step (host),
- * an op span per op named "layer: op" (the compute stream's event times on
- * the GPU, host time on the CPU); ts and dur in microseconds. */
-static void write_trace(const Profiler *p) {
-    cJSON *root = cJSON_CreateObject(), *events = root ? cJSON_AddArrayToObject(root, "traceEvents") : NULL;
+static void trace_thread_name(cJSON *events, int tid, const char *name) {
+    trace_name(events, "thread_name", tid, name);
+}
+
+/* pid = the rank, on every event (those added by others too). */
+static void stamp_pid(cJSON *events, int rank) {
+    cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        cJSON *pid = cJSON_CreateNumber(rank);
+        if (!pid) TC_FATAL("out of host memory writing the trace");
+        if (cJSON_HasObjectItem(e, "pid")) cJSON_ReplaceItemInObjectCaseSensitive(e, "pid", pid);
+        else cJSON_AddItemToObject(e, "pid", pid);
+    }
+}
+
+/* This rank's events: its process name ("rank N"), three thread names, a
+ * "step N" span per step and a span per host phase (host), an op span per op
+ * named "layer: op" (the compute stream's event times on the GPU, host time
+ * on the CPU); ts and dur in microseconds from the window's start. */
+static cJSON *trace_events(const Profiler *p) {
+    cJSON *events = cJSON_CreateArray();
     if (!events) TC_FATAL("out of host memory writing the trace");
+    char rank_name[32];
+    snprintf(rank_name, sizeof rank_name, "rank %d", p->dist->rank);
+    trace_name(events, "process_name", 0, rank_name);
     trace_thread_name(events, 0, "host: steps");
     trace_thread_name(events, 1, p->gpu ? "compute stream: ops" : "host: ops");
+    trace_thread_name(events, 2, "host: phases");
     for (long s = 0; s <= p->last - p->first; s++) {
         char name[32];
         snprintf(name, sizeof name, "step %ld", p->first + s);
         trace_span(events, name, "step", 0, p->step_t0[s], p->step_t1[s], p->base_host);
     }
+    for (long i = 0; i < p->n_phases; i++)
+        trace_span(events, p->phases[i].name, "phase", 2, p->phases[i].t0, p->phases[i].t1, p->base_host);
     for (long i = 0; i < p->n_rec; i++) {
         const OpRecord *o = &p->rec[i];
         char name[160];
         snprintf(name, sizeof name, "%s: %s", o->label ? o->label : "outside layers", o->op);
         trace_span(events, name, "op", 1, o->t0, o->t1, p->base_host);
     }
+    return events;
+}
+
+/* Rank 0's file: its own events, then each other rank's as that rank sent them. */
+static void write_trace_file(const char *path, cJSON *events, const char *gathered, const size_t *counts,
+                             int world) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root || !cJSON_AddItemToObject(root, "traceEvents", events)) TC_FATAL("out of host memory writing the trace");
+    const char *at = gathered + counts[0];
+    for (int r = 1; r < world; r++) {
+        cJSON *theirs = cJSON_ParseWithLength(at, counts[r]), *e;
+        if (!cJSON_IsArray(theirs)) TC_FATAL("--trace: rank %d's events do not parse", r);
+        at += counts[r];
+        while ((e = cJSON_DetachItemFromArray(theirs, 0))) cJSON_AddItemToArray(events, e);
+        cJSON_Delete(theirs);
+    }
     char *text = cJSON_PrintUnformatted(root);
-    FILE *f = fopen(p->trace_path, "w");
+    FILE *f = fopen(path, "w");
     if (!text || !f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
-        TC_USER_ERROR("--trace %s: cannot write it", p->trace_path);
+        TC_USER_ERROR("--trace %s: cannot write it", path);
     free(text);
     cJSON_Delete(root);
+}
+
+/* {"traceEvents": [...]}, Chrome's trace-event JSON, one process per rank
+ * (pid = rank): each rank sends its events as text to rank 0, which writes
+ * them all to one file. */
+static void write_trace(const Profiler *p) {
+    cJSON *events = trace_events(p);
+    stamp_pid(events, p->dist->rank);
+    char *mine = cJSON_PrintUnformatted(events);
+    if (!mine) TC_FATAL("out of host memory writing the trace");
+    size_t *counts = calloc((size_t)p->dist->world, sizeof *counts);
+    if (!counts) TC_FATAL("out of host memory writing the trace");
+    char *gathered = dist_gather_bytes(p->dist, mine, strlen(mine), 0, counts);
+    free(mine);
+    if (p->dist->rank == 0) write_trace_file(p->trace_path, events, gathered, counts, p->dist->world);
+    else cJSON_Delete(events);
+    free(gathered);
+    free(counts);
 }
 
 static void on_closing(void *user, Model *m) {
@@ -286,6 +374,7 @@ static void on_closing(void *user, Model *m) {
     split_memory(m, p->report);
     p->report->n_ops = p->n_rec;
     p->report->dropped = p->dropped;
+    if (p->dropped_phases) log_warn("profile: %ld host phases past the pool are not in the trace", p->dropped_phases);
     if (p->trace_path) write_trace(p);
     m->ops.hooks = p->chained;
     if (p->gpu && p->rec) {
@@ -322,25 +411,57 @@ static void force(Config *cfg, const char *key, long v) {
     if (config_set(cfg, line, err, sizeof err) != 0) TC_USER_ERROR("profile: %s", err);
 }
 
+/* Each rank's step and data wait to rank 0, there their least and most. */
+static void gather_rank_times(Dist *dist, ProfileReport *r) {
+    double mine[2] = {r->summary.step_ms, r->summary.phase_data_wait_ms};
+    size_t *counts = calloc((size_t)dist->world, sizeof *counts);
+    if (!counts) TC_FATAL("out of host memory gathering the ranks' times");
+    double *all = (double *)dist_gather_bytes(dist, mine, sizeof mine, 0, counts);
+    r->step_ms_min = r->step_ms_max = mine[0];
+    r->wait_ms_min = r->wait_ms_max = mine[1];
+    for (int i = 1; all && i < dist->world; i++) {
+        r->step_ms_min = fmin(r->step_ms_min, all[2 * i]), r->step_ms_max = fmax(r->step_ms_max, all[2 * i]);
+        r->wait_ms_min = fmin(r->wait_ms_min, all[2 * i + 1]), r->wait_ms_max = fmax(r->wait_ms_max, all[2 * i + 1]);
+    }
+    free(all);
+    free(counts);
+}
+
 void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r) {
+    Dist solo;
+    dist_init_solo(&solo);
+    profile_run_dist(cfg, &solo, first, last, trace_path, r);
+}
+
+void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, ProfileReport *r) {
     memset(r, 0, sizeof *r);
     r->first = first, r->last = last;
+    r->rank = dist->rank, r->world = dist->world;
     force(cfg, "run.max_steps", last);
     force(cfg, "run.warmup_steps", first - 1);
     force(cfg, "run.epochs", 1000000); /* run.max_steps ends it */
     force(cfg, "run.eval", 0);
     force(cfg, "run.checkpoint_every", 0);
     force(cfg, "perf.cuda_graph", 0); /* events per op cannot be timed inside a replayed graph */
-    Profiler p = {.first = first, .last = last, .report = r, .trace_path = trace_path, .open = -1};
-    TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p};
-    train_run_observed(cfg, &r->summary, &obs);
+    Profiler p = {.first = first, .last = last, .report = r, .trace_path = trace_path, .open = -1, .dist = dist};
+    TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p, on_phase};
+    train_run_dist_observed(cfg, &r->summary, dist, &obs);
     r->gpu = p.gpu;
     if (r->summary.timed_steps != last - first + 1)
         TC_USER_ERROR("profile: the run timed %ld steps, not the %ld of --steps %ld:%ld", r->summary.timed_steps,
                       last - first + 1, first, last);
+    gather_rank_times(dist, r);
     free(p.rec);
+    free(p.phases);
     free(p.step_t0);
     free(p.step_t1);
+}
+
+void profile_print_ranks(const ProfileReport *r, FILE *f) {
+    if (r->world <= 1) return;
+    fprintf(f, "\n== ranks: %d ==\nstep %.4f to %.4f ms, data wait %.4f to %.4f ms per step (the fastest and the "
+            "slowest rank; the report above is rank 0's)\n", r->world, r->step_ms_min, r->step_ms_max, r->wait_ms_min,
+            r->wait_ms_max);
 }
 
 void profile_report_free(ProfileReport *r) {

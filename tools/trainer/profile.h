@@ -4,7 +4,7 @@
  * with FLOPs and bytes from the shapes, a diagnosis from the trainer's phase
  * timing, the model's memory split, and optionally a Chrome trace.
  *
- * It watches the run through train_run_observed (train.h) only: nothing in
+ * It watches the run through train_run_dist_observed (train.h) only: nothing in
  * the run calls back into this file except through that observer and the op
  * hook, and without `trainc profile` neither is installed. */
 #ifndef TRAINC_TOOLS_TRAINER_PROFILE_H
@@ -96,6 +96,8 @@ typedef struct {
     ProfilePeaks peaks;
     ProfileKernels kernels;
     int rank, world;          /* this process's rank; the run's ranks (1: one process) */
+    double step_ms_min, step_ms_max;  /* rank 0: the ranks' timed step, fastest and slowest (world 1: its own) */
+    double wait_ms_min, wait_ms_max;  /* rank 0: the ranks' data wait per step, least and most */
     const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
 } ProfileReport;
 
@@ -108,7 +110,14 @@ int profile_parse_steps(const char *text, long *first, long *last, char *err, si
  * (free with profile_report_free), writes the Chrome trace to trace_path
  * unless NULL. Bad config values end the process as a training run would. */
 void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r);
+/* The same on one rank of a data-parallel run (dist from dist_init): every
+ * rank calls it and profiles its own process; the window starts after a
+ * barrier, where each rank takes its trace's time zero; rank 0 gathers the
+ * ranks' trace events and writes the one file (pid = rank). */
+void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, ProfileReport *r);
 void profile_report_free(ProfileReport *r);
+/* Under mpirun (world > 1): a line with the ranks' step and data wait, least and most. */
+void profile_print_ranks(const ProfileReport *r, FILE *f);
 /* The three sections: per layer, diagnosis, memory. */
 void profile_print(ProfileReport *r, FILE *f); /* sets r->top_phase */
 

@@ -355,6 +355,10 @@ void train_run_observed(const Config *cfg, TrainSummary *out, const TrainObserve
     run_observed(cfg, out, NULL, &solo, obs);
 }
 
+void train_run_dist_observed(const Config *cfg, TrainSummary *out, Dist *dist, const TrainObserver *obs) {
+    run_observed(cfg, out, NULL, dist, obs);
+}
+
 /* Measured values keep 6 significant digits. */
 static void json_measure(cJSON *obj, const char *key, double v) { json_add_number(obj, key, v, 6); }
 

@@ -64,16 +64,23 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
  * opened once the model exists (to install op hooks on m->ops), step_begin
  * before optimizer step number `step` (counting from 1) and step_end after
  * it, closing after the summary and before the model is freed (to read its
- * events back). Any may be NULL. The run calls nothing else of it. */
+ * events back). phase, after each micro-batch of step `step`, once per host
+ * phase it had ("data wait", "input", "forward", "backward", "optimizer" or
+ * "graph", in that order), with the host times (now_seconds) the trainer
+ * marked its start and end: on the GPU when the host issued the work, not
+ * when it ran. Any may be NULL. The run calls nothing else of it. */
 typedef struct {
     void (*opened)(void *user, Model *m);
     void (*step_begin)(void *user, long step);
     void (*step_end)(void *user, long step);
     void (*closing)(void *user, Model *m);
     void *user;
+    void (*phase)(void *user, long step, const char *name, double t0, double t1);
 } TrainObserver;
 /* train_run with an observer (one process). */
 void train_run_observed(const Config *cfg, TrainSummary *out, const TrainObserver *obs);
+/* train_run_dist with an observer: each rank has its own. */
+void train_run_dist_observed(const Config *cfg, TrainSummary *out, Dist *dist, const TrainObserver *obs);
 void train_summary_print_json(const TrainSummary *s, FILE *f);
 
 /* Loads the training (train = 1) or test split that the data.* keys name. */

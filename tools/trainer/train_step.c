@@ -12,6 +12,7 @@ int take_batch(Trainer *t, long epoch_micro) {
     Batch b;
     int got;
     gpu_range_push("data");
+    phase_wait_begin(t);
     if (t->set.data.resident) {
         /* The epoch's first batch stays in the model's input buffer all epoch. */
         got = 1;

@@ -11,6 +11,7 @@ void phases_init(Trainer *t) {
     Phases *p = &t->watch.phases;
     memset(p, 0, sizeof *p);
     p->open = -1;
+    p->observed = t->observer && t->observer->phase;
     if (!t->set.run.use_gpu) return;
     for (int i = 0; i < PHASE_RING; i++)
         for (int m = 0; m < PH_MARKS; m++) gpu_event_create(&p->ring[i].ev[m], 1);
@@ -64,8 +65,29 @@ void phase_mark(Trainer *t, int m) {
     }
     PhaseSet *s = &p->ring[p->open];
     if (t->set.run.use_gpu) gpu_event_record(s->ev[m], t->device.gpu.compute);
-    else s->host[m] = now_seconds();
+    if (!t->set.run.use_gpu || p->observed) s->host[m] = now_seconds();
     s->marked |= 1u << m;
+}
+
+void phase_wait_begin(Trainer *t) {
+    if (t->watch.phases.observed) t->watch.phases.wait_t0 = now_seconds();
+}
+
+/* The observer's phases of a set just closed, by their host marks: the data
+ * wait (take_batch's start to the input mark) and each mark to the next. */
+static void observe_phases(Trainer *t, const PhaseSet *s) {
+    static const char *names[PH_END] = {"input", "forward", "backward", "optimizer", "graph"};
+    const TrainObserver *obs = t->observer;
+    long step = t->step + 1; /* the step in progress */
+    if ((s->marked & (1u << PH_INPUT)) && t->watch.phases.wait_t0 > 0)
+        obs->phase(obs->user, step, "data wait", t->watch.phases.wait_t0, s->host[PH_INPUT]);
+    t->watch.phases.wait_t0 = 0;
+    int prev = -1;
+    for (int m = 0; m < PH_MARKS; m++) {
+        if (!(s->marked & (1u << m))) continue;
+        if (prev >= 0) obs->phase(obs->user, step, names[prev], s->host[prev], s->host[m]);
+        prev = m;
+    }
 }
 
 /* The end of the micro-batch's last phase. */
@@ -73,6 +95,7 @@ void phase_close(Trainer *t, int timed) {
     Phases *p = &t->watch.phases;
     if (p->open < 0) return;
     phase_mark(t, PH_END);
+    if (p->observed) observe_phases(t, &p->ring[p->open]);
     p->ring[p->open].timed = timed;
     p->ring[p->open].pending = 1;
     p->open = -1;

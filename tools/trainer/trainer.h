@@ -68,6 +68,8 @@ typedef struct {
     int open;                 /* the set being marked, -1: none */
     int next;
     double timed_ms[PH_END];  /* each phase's sum over the timed window */
+    int observed;             /* the observer takes each set's phases (host times, on the GPU too) */
+    double wait_t0;           /* observed: the host time take_batch began waiting for the loader */
 } Phases;
 
 /* The last log point, to rate the interval since. */
@@ -202,6 +204,8 @@ void phases_destroy(Trainer *t);
 void phase_mark(Trainer *t, int m);
 void eager_mark(Trainer *t, int m);
 void phase_close(Trainer *t, int timed);
+/* Before loader_next: where the observer's data wait span starts. */
+void phase_wait_begin(Trainer *t);
 void phases_collect(Trainer *t, int wait);
 void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc);
 void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s);

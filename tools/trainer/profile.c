@@ -40,6 +40,7 @@ typedef struct {
                                  there: the device's ops are queued, so they run at or after it) */
     ProfileReport *report;
     const char *trace_path;
+    ProfileKernelsRun *kernels;  /* CUPTI's records (profile_kernels.c); NULL on the CPU */
 } Profiler;
 
 /* ---- the hook ------------------------------------------------------------------ */
@@ -83,6 +84,7 @@ static void on_opened(void *user, Model *m) {
     p->chained = m->ops.hooks;
     p->hooks = (OpHooks){hook_begin, hook_end, p};
     m->ops.hooks = &p->hooks;
+    p->kernels = profile_kernels_open(p->gpu, &p->report->kernels);
 }
 
 /* After the step before the window: the pool, sized by that step's ops (and a
@@ -112,6 +114,7 @@ static void on_step_begin(void *user, long step) {
         p->open = -1;
         p->base_host = now_seconds();
         if (p->gpu) gpu_event_record(p->base, p->model->ops.stream);
+        profile_kernels_window_begin(p->kernels, p->model->ops.stream);
     }
     p->step_t0[step - p->first] = now_seconds();
 }
@@ -122,6 +125,7 @@ static void on_step_end(void *user, long step) {
     if (step < p->first || step > p->last) return;
     p->step_t1[step - p->first] = now_seconds();
     if (step == p->last) p->active = 0;
+    if (step == p->last) profile_kernels_window_end(p->kernels);
 }
 
 /* ---- FLOPs and bytes from the shapes -------------------------------------------- */
@@ -271,6 +275,7 @@ static void write_trace(const Profiler *p) {
         snprintf(name, sizeof name, "%s: %s", o->label ? o->label : "outside layers", o->op);
         trace_span(events, name, "op", 1, o->t0, o->t1, p->base_host);
     }
+    profile_kernels_trace(p->kernels, events, p->report->rank, p->base_host);
     char *text = cJSON_PrintUnformatted(root);
     FILE *f = fopen(p->trace_path, "w");
     if (!text || !f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
@@ -282,11 +287,13 @@ static void write_trace(const Profiler *p) {
 static void on_closing(void *user, Model *m) {
     Profiler *p = user;
     read_back_times(p);
+    profile_kernels_collect(p->kernels, p->last - p->first + 1);
     tally_layers(p, p->report);
     split_memory(m, p->report);
     p->report->n_ops = p->n_rec;
     p->report->dropped = p->dropped;
     if (p->trace_path) write_trace(p);
+    profile_kernels_close(p->kernels);
     m->ops.hooks = p->chained;
     if (p->gpu && p->rec) {
         gpu_event_destroy(p->base);

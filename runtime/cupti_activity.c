@@ -55,7 +55,7 @@ enum { POOL_BUFFERS = 8, BUFFER_BYTES = 2 << 20, BUFFER_ALIGN = 8 };
 #define DECLARE_POINTER(f) static __typeof__(&f) p_##f;
 CUPTI_FUNCTIONS(DECLARE_POINTER)
 #define RESOLVE(f)                                                                                             \
-    if (!(p_##f = (__typeof__(&f))dlsym(lib, #f))) return fail("%s has no %s", path, #f);
+    if (!(p_##f = (__typeof__(&f))dlsym(lib, #f))) return fail("%s has no %s", g.path, #f);
 
 static const CUpti_ActivityKind kinds[] = {
     CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMCPY2,
@@ -65,9 +65,11 @@ enum { N_KINDS = sizeof kinds / sizeof *kinds };
 
 static struct {
     void *lib;
+    const char *path;                /* lib's */
+    int loaded;                      /* lib's functions resolved, its version checked */
     pthread_mutex_t lock;
     uint8_t *pool[POOL_BUFFERS];
-    int n_free;                      /* pool[0..n_free) are free */
+    int n_free;                      /* free_list[0..n_free) are free */
     uint8_t *free_list[POOL_BUFFERS];
     GpuActivity *act;
     long n_act, cap_act;
@@ -271,14 +273,13 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
 /* ---- the interface ------------------------------------------------------------------ */
 
 static int load(void) {
-    if (g.lib) return 0;
+    if (g.loaded) return 0;
     const char *paths[] = {TRAINC_CUPTI_LIBRARY, "libcupti.so"};
-    const char *path = NULL;
     char errors[2][160] = {"", ""};
-    for (int i = 0; i < 2 && !g.lib; i++) {
+    for (int i = 0; i < 2 && !g.lib; i++) { /* (a load that failed later keeps its g.lib) */
         if (!*paths[i]) continue;
-        path = paths[i];
-        g.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        g.path = paths[i];
+        g.lib = dlopen(g.path, RTLD_NOW | RTLD_LOCAL);
         const char *e = g.lib ? NULL : dlerror();
         snprintf(errors[i], sizeof errors[i], "%s", e ? e : "");
     }
@@ -290,7 +291,8 @@ static int load(void) {
     CUPTI_TRY(p_cuptiGetVersion(&version));
     /* The records' layout is the library's: it must be the one <cupti.h> describes. */
     if (version != CUPTI_API_VERSION)
-        return fail("%s is CUPTI API version %u, trainc was built against %u", path, version, CUPTI_API_VERSION);
+        return fail("%s is CUPTI API version %u, trainc was built against %u", g.path, version, CUPTI_API_VERSION);
+    g.loaded = 1;
     return 0;
 }
 

@@ -229,7 +229,7 @@ static void longest_kernels(const ProfileKernelsRun *kr, long steps, ProfileKern
     for (long i = 0; i < names && i < PROFILE_TOP_KERNELS; i++) {
         ProfileKernelName *kn = &k->longest[i];
         snprintf(kn->name, sizeof kn->name, "%s", t[i].name);
-        kn->count = t[i].count / steps;
+        kn->count = (t[i].count + steps / 2) / steps; /* rounded: a kernel not in every step still shows */
         kn->ms = ms_per_step(t[i].ns, steps);
     }
     free(t);

@@ -14,12 +14,18 @@
  *   backward, optimizer: one of each per step) and a span per op: each
  *   layer's ops 2 per step (one forward face, one backward face on the CPU),
  *   and the ops outside the layers the same number each step.
+ * - The kernels section (CUPTI) is not available on the CPU: the report
+ *   says so in one line, and the trace holds no GPU tracks.
  * - A bad --steps: one message naming it, exit status 2.
  * With a GPU (the lead's run) the same on cuda, timed by events: there the
  * ops' device intervals lie one after another on the compute stream between
  * the window's first and last event, so the bound adds only the events'
  * resolution (about 0.5 us each, 1 us allowed per op); each layer's ops come
- * the same number of times each step. */
+ * the same number of times each step. The kernels section there: available,
+ * kernels every step, the kernel-active time within the window (both unions
+ * of the same integer-ns records, divided alike), the compute stream among
+ * the streams, and an "X" event in the trace per kernel of the window on a
+ * stream track. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +95,8 @@ static void check_diagnosis(ProfileReport *r) {
     snprintf(want, sizeof want, "1. %s ", largest_phase(&r->summary));
     CHECK_MSG(strstr(text, want) != NULL, "no '%s' in:\n%s", want, text);
     CHECK(strstr(text, "== memory") != NULL && strstr(text, "conv 6") != NULL);
+    if (!r->gpu) CHECK_MSG(strstr(text, "\n== kernels: not available: ") != NULL, "%s", text);
+    else CHECK_MSG(strstr(text, "== kernels: the GPU's activity") != NULL, "%s", text);
     free(text);
 }
 
@@ -121,8 +129,21 @@ static void check_trace(const ProfileReport *r, const char *path) {
     if (!root) return;
     const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
     CHECK(cJSON_IsArray(events));
-    if (!r->gpu) /* on the GPU the kernels and copies may come too */
+    long gpu_events = 0, kernel_events = 0; /* the kernels section's tracks (profile_kernels_trace) */
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
+        const cJSON *tid = cJSON_GetObjectItemCaseSensitive(e, "tid");
+        if (cJSON_IsNumber(tid) && tid->valuedouble >= 999) gpu_events++;
+        if (cJSON_IsString(cat) && !strcmp(cat->valuestring, "kernel")) kernel_events++;
+    }
+    if (!r->gpu) { /* on the GPU the phases' data wait and input may come more than once a step */
+        CHECK(gpu_events == 0);
         CHECK_NEAR(cJSON_GetArraySize(events), 4 + STEPS + 5 * STEPS + r->n_ops, 0);
+    } else {
+        CHECK_MSG(kernel_events > 0 && kernel_events == (long)(r->kernels.kernels * STEPS + 0.5),
+                  "%ld kernel events, %g kernels per step", kernel_events, r->kernels.kernels);
+    }
     CHECK_NEAR(count_events(events, "cat", "step"), STEPS, 0);
     CHECK_NEAR(count_events(events, "cat", "op"), r->n_ops, 0);
     check_phases(events);
@@ -130,7 +151,6 @@ static void check_trace(const ProfileReport *r, const char *path) {
     for (int i = 0; i < r->n_layers; i++) {
         char prefix[40];
         int n = snprintf(prefix, sizeof prefix, "%s: ", r->layers[i].name), count = 0;
-        const cJSON *e;
         cJSON_ArrayForEach(e, events) {
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
             if (cJSON_IsString(name) && strncmp(name->valuestring, prefix, (size_t)n) == 0) count++;
@@ -142,6 +162,24 @@ static void check_trace(const ProfileReport *r, const char *path) {
     CHECK_MSG(r->n_ops > layer_ops && (r->n_ops - layer_ops) % STEPS == 0, "%ld ops, %ld of them the layers'",
               r->n_ops, layer_ops);
     cJSON_Delete(root);
+}
+
+static void check_kernels(const ProfileReport *r) {
+    const ProfileKernels *k = &r->kernels;
+    if (!r->gpu) {
+        CHECK_MSG(!k->available && k->why_not[0], "CPU: available %d, why_not '%s'", k->available, k->why_not);
+        return;
+    }
+    CHECK_MSG(k->available, "kernels not available: %s", k->why_not);
+    if (!k->available) return;
+    CHECK_MSG(k->kernels > 0 && k->kernel_ms > 0 && k->longest[0].name[0], "%g kernels, %g ms", k->kernels,
+              k->kernel_ms);
+    CHECK_MSG(k->active_ms > 0 && k->active_ms <= k->window_ms && k->active_ms <= k->kernel_ms + 1e-9,
+              "active %g ms, window %g ms, kernels %g ms", k->active_ms, k->window_ms, k->kernel_ms);
+    int compute = 0;
+    for (int i = 0; i < k->n_streams; i++) compute += k->streams[i].compute;
+    CHECK_MSG(compute == 1 && k->streams[0].compute, "%d of %d streams marked compute", compute, k->n_streams);
+    CHECK(k->launches > 0 && k->launch_ms > 0 && k->gap_ms >= 0 && k->longest_gap_ms >= 0);
 }
 
 static void check_bad_steps(void) {
@@ -175,6 +213,7 @@ static void check_device(const char *device) {
     CHECK(r.summary.timed_steps == STEPS && r.dropped == 0 && r.gpu == (strcmp(device, "cuda") == 0));
     check_layers(&r);
     check_diagnosis(&r);
+    check_kernels(&r);
     check_trace(&r, trace);
     profile_report_free(&r);
 }

@@ -49,6 +49,7 @@ typedef struct {
                                  there: the device's ops are queued, so they run at or after it) */
     ProfileReport *report;
     const char *trace_path;
+    ProfileKernelsRun *kernels;  /* CUPTI's records (profile_kernels.c); NULL on the CPU */
 } Profiler;
 
 /* ---- the hook ------------------------------------------------------------------ */
@@ -92,6 +93,7 @@ static void on_opened(void *user, Model *m) {
     p->chained = m->ops.hooks;
     p->hooks = (OpHooks){hook_begin, hook_end, p};
     m->ops.hooks = &p->hooks;
+    p->kernels = profile_kernels_open(p->gpu, &p->report->kernels);
 }
 
 /* Phases a step may have beyond the step before the window's (a resumed run
@@ -132,6 +134,7 @@ static void on_step_begin(void *user, long step) {
         dist_barrier(p->dist);
         p->base_host = now_seconds();
         if (p->gpu) gpu_event_record(p->base, p->model->ops.stream);
+        profile_kernels_window_begin(p->kernels, p->model->ops.stream);
     }
     p->step_t0[step - p->first] = now_seconds();
 }
@@ -142,6 +145,7 @@ static void on_step_end(void *user, long step) {
     if (step < p->first || step > p->last) return;
     p->step_t1[step - p->first] = now_seconds();
     if (step == p->last) p->active = 0;
+    if (step == p->last) profile_kernels_window_end(p->kernels);
 }
 
 static void on_phase(void *user, long step, const char *name, double t0, double t1) {
@@ -325,6 +329,7 @@ static cJSON *trace_events(const Profiler *p) {
         snprintf(name, sizeof name, "%s: %s", o->label ? o->label : "outside layers", o->op);
         trace_span(events, name, "op", 1, o->t0, o->t1, p->base_host);
     }
+    profile_kernels_trace(p->kernels, events, p->report->rank, p->base_host);
     return events;
 }
 
@@ -370,12 +375,14 @@ static void write_trace(const Profiler *p) {
 static void on_closing(void *user, Model *m) {
     Profiler *p = user;
     read_back_times(p);
+    profile_kernels_collect(p->kernels, p->last - p->first + 1);
     tally_layers(p, p->report);
     split_memory(m, p->report);
     p->report->n_ops = p->n_rec;
     p->report->dropped = p->dropped;
     if (p->dropped_phases) log_warn("profile: %ld host phases past the pool are not in the trace", p->dropped_phases);
     if (p->trace_path) write_trace(p);
+    profile_kernels_close(p->kernels);
     m->ops.hooks = p->chained;
     if (p->gpu && p->rec) {
         gpu_event_destroy(p->base);

@@ -10,6 +10,7 @@
 #ifndef TRAINC_TOOLS_TRAINER_PROFILE_H
 #define TRAINC_TOOLS_TRAINER_PROFILE_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "runtime/config.h"
@@ -80,6 +81,8 @@ typedef struct {
                                         synchronous copies) */
     double comm_ms;                  /* communication: NCCL kernels and peer copies */
     double comm_exposed_ms;          /* of comm_ms, the time no compute-stream kernel ran meanwhile */
+    int streams_seen;                /* streams with records in the window (streams[] holds the busiest) */
+    long dropped;                    /* records CUPTI dropped (no free buffer): the figures miss them */
 } ProfileKernels;
 
 typedef struct {
@@ -100,6 +103,37 @@ typedef struct {
     double wait_ms_min, wait_ms_max;  /* rank 0: the ranks' data wait per step, least and most */
     const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
 } ProfileReport;
+
+/* ---- the kernels section (profile_kernels.c) ---- */
+
+/* [start, end) in ns. */
+typedef struct {
+    uint64_t start, end;
+} ProfileSpan;
+
+/* Sorts s and merges the spans that overlap or touch; returns how many are left. */
+long profile_spans_merge(ProfileSpan *s, long n);
+uint64_t profile_spans_length(const ProfileSpan *s, long n); /* their lengths together */
+/* The gaps between merged spans: their sum, and the longest in *longest. */
+uint64_t profile_spans_gaps(const ProfileSpan *merged, long n, uint64_t *longest);
+/* Of each of s's spans (any order, overlapping or not), the part inside
+ * merged's; summed over s. */
+uint64_t profile_spans_overlap(const ProfileSpan *s, long n, const ProfileSpan *merged, long n_merged);
+
+/* profile.c's observer drives these; each takes NULL (the CPU, or CUPTI not
+ * available: k->why_not says why) and then does nothing. */
+typedef struct ProfileKernelsRun ProfileKernelsRun;
+ProfileKernelsRun *profile_kernels_open(int gpu, ProfileKernels *k);       /* at opened */
+void profile_kernels_window_begin(ProfileKernelsRun *kr, cudaStream_t compute); /* step_begin(first) */
+void profile_kernels_window_end(ProfileKernelsRun *kr);                   /* step_end(last) */
+void profile_kernels_collect(ProfileKernelsRun *kr, long steps);          /* at closing: fills k */
+/* Every kernel, copy and memset of the window as an "X" event on a track per
+ * stream, and the window's launch and sync calls on a "cuda api" track; ts in
+ * us from base_host (now_seconds) as the host's events. */
+struct cJSON;
+void profile_kernels_trace(const ProfileKernelsRun *kr, struct cJSON *events, int pid, double base_host);
+void profile_kernels_close(ProfileKernelsRun *kr);
+void profile_kernels_print(const ProfileReport *r, FILE *f);
 
 /* "A:B" with 2 <= A <= B (step 1 at least is warm-up); 0, or -1 with why in err. */
 int profile_parse_steps(const char *text, long *first, long *last, char *err, size_t errlen);

@@ -110,6 +110,7 @@ static void print_memory(const ProfileReport *r, FILE *f) {
 
 void profile_print(ProfileReport *r, FILE *f) {
     print_layers(r, f);
+    profile_kernels_print(r, f);
     print_diagnosis(r, f);
     print_memory(r, f);
 }

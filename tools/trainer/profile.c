@@ -16,6 +16,7 @@
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
 #include "runtime/log.h"
+#include "tools/trainer/peaks.h"
 
 /* One op of the window. */
 typedef struct {
@@ -322,9 +323,23 @@ static void force(Config *cfg, const char *key, long v) {
     if (config_set(cfg, line, err, sizeof err) != 0) TC_USER_ERROR("profile: %s", err);
 }
 
+/* The switches the diagnosis reads, before profile forces its own. */
+static void note_settings(const Config *cfg, ProfileSettings *o) {
+    TrainSettings s;
+    settings_fill(cfg, &s);
+    *o = (ProfileSettings){s.run.use_gpu, s.run.gpu, s.data.workers, s.data.prefetch, s.data.pinned,
+                           s.data.async_copy, s.data.transform_on_gpu, s.train.batch, s.train.sync_after_step,
+                           s.train.read_loss_every, s.model.fuse, s.model.nhwc, s.precision.amp != DTYPE_F32,
+                           s.precision.tf32, s.perf.conv_benchmark, s.perf.cuda_graph, s.perf.graph_node_priority,
+                           (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
+                           s.dist.half_allreduce};
+}
+
 void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r) {
     memset(r, 0, sizeof *r);
     r->first = first, r->last = last;
+    note_settings(cfg, &r->settings);
+    peaks_get(r->settings.use_gpu, r->settings.gpu, &r->peaks);
     force(cfg, "run.max_steps", last);
     force(cfg, "run.warmup_steps", first - 1);
     force(cfg, "run.epochs", 1000000); /* run.max_steps ends it */

@@ -128,7 +128,9 @@ static void find_syncs(const ProfileReport *r, Findings *fs) {
     const ProfileSettings *c = &r->settings;
     const ProfileKernels *k = &r->kernels;
     double ms = outside_phases_ms(&r->summary);
-    ProfileFinding *f = add(fs, r->gpu ? "host syncs" : "trainer work outside the phases", ms, ms);
+    int syncing = c->sync_after_step || !c->async_copy || (c->read_loss_every > 0 && c->read_loss_every < 100);
+    ProfileFinding *f = add(fs, !r->gpu ? "trainer work outside the phases" : syncing ? "host syncs" :
+                            "host work between the phases", ms, ms);
     int n = snprintf(f->from, sizeof f->from, "step wall time less data wait and the device phases");
     if (k->available)
         snprintf(f->from + n, sizeof f->from - n, "; CUPTI: the host blocked %.3f ms per step in sync calls",
@@ -137,6 +139,7 @@ static void find_syncs(const ProfileReport *r, Findings *fs) {
     suggest(f, c->sync_after_step, "train.sync_after_step=off");
     suggest(f, c->read_loss_every > 0 && c->read_loss_every < 100, "train.read_loss_every=0");
     suggest(f, !c->async_copy, "data.async_copy=on");
+    suggest(f, !syncing && !c->cuda_graph, "perf.cuda_graph=on");
 }
 
 /* With CUPTI the copies' time no kernel ran under; else the input phase when

@@ -63,6 +63,7 @@ static void check_get_and_corrupt(const char *dir) {
         fputs(bad[i], f);
         fclose(f);
         CHECK(peaks_cache_read(path, &fixed, why, sizeof why) == -1 && why[0]);
+        if (i % 2) continue; /* every one is refused; three are remeasured (each about a second) */
         peaks_get(0, 0, &fixed);
         CHECK_MSG(fixed.from_cache == 0, "corrupt cache %zu read as valid", i);
         check_plausible(&fixed);

@@ -6,13 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "ops/gemm_cpu.h"
 #include "ops/linear.h"
 #include "ops/op_context.h"
 #include "runtime/check.h"
+#include "runtime/files.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
 
@@ -266,19 +266,6 @@ int peaks_cache_read(const char *path, ProfilePeaks *out, char *why, size_t whyl
     return 0;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *dir) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *c = path + 1; *c; c++) {
-        if (*c != '/') continue;
-        *c = 0;
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
-        *c = '/';
-    }
-    return mkdir(path, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 /* Written beside, then renamed: a reader never sees half a file. */
 int peaks_cache_write(const char *path, const ProfilePeaks *p) {
     char dir[1024], tmp[1100];
@@ -286,7 +273,7 @@ int peaks_cache_write(const char *path, const ProfilePeaks *p) {
     char *slash = strrchr(dir, '/');
     if (slash && slash != dir) {
         *slash = 0;
-        if (make_dirs(dir) != 0) return -1;
+        if (files_make_dirs(dir) != 0) return -1;
     }
     snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
     FILE *f = fopen(tmp, "w");

@@ -6,6 +6,14 @@
 #include <cblas.h>
 #endif
 
+int cpu_sgemm_threads(void) {
+#if defined(TRAINC_HAVE_CBLAS) && defined(OPENBLAS_VERSION)
+    return openblas_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
 static void scale_rows(int m, int n, float beta, float *c, int ldc) {
     for (int i = 0; i < m; i++) {
         float *row = c + (size_t)i * ldc;

@@ -13,6 +13,9 @@ extern "C" {
 /* cblas_sgemm when built with a CBLAS (TRAINC_HAVE_CBLAS), else cpu_sgemm_loops. */
 void cpu_sgemm(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                int lda, const float *b, int ldb, float beta, float *c, int ldc);
+/* The threads cpu_sgemm uses: OpenBLAS's (OPENBLAS_NUM_THREADS or its
+ * default), 1 with another CBLAS or the loops. */
+int cpu_sgemm_threads(void);
 /* The plain-loop version, always built, so tests can check it beside the BLAS one. */
 void cpu_sgemm_loops(int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                      int lda, const float *b, int ldb, float beta, float *c, int ldc);

@@ -79,6 +79,14 @@ void gpu_host_free(void *p) { CUDA_CHECK(cudaFreeHost(p)); }
 
 void gpu_pci_bus_id(int device, char *buf, int len) { CUDA_CHECK(cudaDeviceGetPCIBusId(buf, len, device)); }
 
+void gpu_uuid(int device, char *buf, int len) {
+    struct cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
+    snprintf(buf, (size_t)len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
 void gpu_copy_to_device(void *dst, const void *host, size_t bytes, cudaStream_t stream) {
     CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream));
 }
@@ -173,6 +181,7 @@ void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) { gpu_unavailable(
 void *gpu_try_host_alloc(size_t bytes, const char **error) { gpu_unavailable("pinned host memory (data.pinned)"); }
 void gpu_host_free(void *p) { gpu_unavailable("gpu_host_free"); }
 void gpu_pci_bus_id(int device, char *buf, int len) { gpu_unavailable("gpu_pci_bus_id"); }
+void gpu_uuid(int device, char *buf, int len) { gpu_unavailable("gpu_uuid"); }
 void gpu_copy_to_device(void *dst, const void *host, size_t bytes, cudaStream_t stream) {
     gpu_unavailable("gpu_copy_to_device");
 }

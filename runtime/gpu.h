@@ -47,6 +47,9 @@ void gpu_host_free(void *p);
 /* The PCI bus id of CUDA device 'device' ("0000:3B:00.0"): how NVML finds it. */
 void gpu_pci_bus_id(int device, char *buf, int len);
 
+/* The UUID of CUDA device 'device' as nvidia-smi writes it ("GPU-8c1e...-..."). */
+void gpu_uuid(int device, char *buf, int len);
+
 /* Copies and fills, ordered on 'stream' (they return before they are done). */
 void gpu_copy_to_device(void *dst, const void *host, size_t bytes, cudaStream_t stream);
 void gpu_copy_to_host(void *host, const void *src, size_t bytes, cudaStream_t stream);

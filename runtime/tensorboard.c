@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/files.h"
+
 struct TbWriter {
     FILE *f;
     char path[4352];
@@ -113,32 +115,8 @@ static int write_record(TbWriter *w, const PbBuf *data) {
 
 /* ---- the writer ------------------------------------------------------------------ */
 
-/* mkdir -p: 0, or -1 with errno from the component that failed. */
-static int make_dirs(const char *dir) {
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = path + 1;; p++) {
-        if (*p != '/' && *p) continue;
-        char was = *p;
-        *p = 0;
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-        *p = was;
-        if (!was) break;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 TbWriter *tb_open(const char *dir, int rank, char *err, size_t errlen) {
-    if (make_dirs(dir) != 0) {
+    if (files_make_dirs(dir) != 0) {
         snprintf(err, errlen, "cannot create the directory %s: %s", dir, strerror(errno));
         return NULL;
     }

@@ -455,6 +455,37 @@ static int python3(const char *args) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+/* The first line of path that holds part (in a static buffer), or NULL. */
+static const char *file_line_with(const char *path, const char *part) {
+    static char line[4096];
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    const char *found = NULL;
+    while (!found && fgets(line, sizeof line, f))
+        if (strstr(line, part)) found = line;
+    fclose(f);
+    return found;
+}
+
+/* lab_table.py --diagnose: each stage's trainc profile findings in the printed
+ * table and the markdown report, and the chart's per-phase breakdown of the
+ * step (a run that times steps has phase_ms). */
+static void check_lab_diagnosis(const char *dir, const char *sets) {
+    char args[4096], report[1024], svg[1024];
+    snprintf(report, sizeof report, "%s/lab.md", dir);
+    snprintf(svg, sizeof svg, "%s/lab.svg", dir);
+    snprintf(args, sizeof args, "tools/lab_table.py --trainc %s --configs configs/baseline.ini %s "
+             "--set run.warmup_steps=1 --set run.max_steps=3 --diagnose --diagnose-steps 2:3 --csv %s/lab.csv "
+             "--svg %s --report %s", trainc_path(), sets, dir, svg, report);
+    int rc = python3(args);
+    CHECK_MSG(rc == 0 && strstr(output, "diagnosis of trainc baseline (trainc profile --steps 2:3):\n  1. "),
+              "lab_table --diagnose: exit %d:\n%s", rc, output);
+    CHECK_MSG(file_line_with(report, "## trainc baseline") && file_line_with(report, "1. **"), "%s: no findings",
+              report);
+    CHECK_MSG(file_line_with(svg, "ms per step by phase") && file_line_with(svg, "<title>backward "),
+              "%s: no breakdown of the step", svg);
+}
+
 /* lab_table.py: a run that times nothing, or fails, shows why beside its 0. */
 static void check_lab_table(const char *dir) {
     char args[4096];
@@ -473,6 +504,7 @@ static void check_lab_table(const char *dir) {
     rc = python3(args);
     CHECK_MSG(rc == 1 && strstr(output, "(exit status 1: trainc: error: run.metrics_file = ") &&
               strstr(output, "some runs failed"), "lab_table with a failing run: exit %d:\n%s", rc, output);
+    check_lab_diagnosis(dir, sets);
 }
 
 /* Every point of plot_run.py's hand-drawn SVG lies inside its panel: the axes

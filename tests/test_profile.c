@@ -8,7 +8,10 @@
  *   (now_seconds, CLOCK_MONOTONIC), and step_ms is that window over its
  *   steps. So the bound is exact, up to rounding (1e-6 ms).
  * - conv 0's FLOPs are 2*N*K*C*R*S*OH*OW forward and twice that backward.
- * - The diagnosis' first line names the largest of the trainer's phases.
+ * - The diagnosis' phases line names the largest of the trainer's phases;
+ *   its findings come ranked, each printed as its "finding N:" line; the
+ *   roofline is against measured peaks (the CPU's, cached in the build tree:
+ *   $TRAINC_CACHE_DIR).
  * - The trace parses (cJSON) with a process name ("rank 0"), 3 thread names,
  *   a span per step, a span per host phase (data wait, input, forward,
  *   backward, optimizer: one of each per step) and a span per op: each
@@ -83,6 +86,26 @@ static const char *largest_phase(const TrainSummary *s) {
     return names[best];
 }
 
+/* The findings: ranked by ms, each over the minimum share, the gain within
+ * the finding's time (layers: their time less theirs at the roof), and each
+ * printed as its "finding N: what | ms ms/step | ..." line. */
+static void check_findings(const ProfileReport *r, const char *text) {
+    ProfileFinding fs[PROFILE_MAX_FINDINGS];
+    int n = profile_findings(r, fs, PROFILE_MAX_FINDINGS);
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(i == 0 || fs[i].ms <= fs[i - 1].ms, "finding %d: %g ms after %g", i + 1, fs[i].ms, fs[i - 1].ms);
+        CHECK_MSG(fs[i].share >= PROFILE_FINDING_MIN_SHARE && fs[i].gain_ms >= 0 && fs[i].gain_ms <= fs[i].ms + 1e-9,
+                  "%s: share %g, gain %g of %g ms", fs[i].what, fs[i].share, fs[i].gain_ms, fs[i].ms);
+        CHECK_MSG(fs[i].switches[0] && fs[i].from[0], "%s: no switches or no source", fs[i].what);
+        char line[160];
+        snprintf(line, sizeof line, "finding %d: %.63s | %.4f ms/step | ", i + 1, fs[i].what, fs[i].ms);
+        CHECK_MSG(strstr(text, line) != NULL, "no '%s' in:\n%s", line, text);
+    }
+    char past[32];
+    snprintf(past, sizeof past, "finding %d: ", n + 1);
+    CHECK(strstr(text, past) == NULL && (n > 0 || strstr(text, "no bottleneck over")));
+}
+
 static void check_diagnosis(ProfileReport *r) {
     char *text = NULL;
     size_t len = 0;
@@ -91,12 +114,15 @@ static void check_diagnosis(ProfileReport *r) {
     if (!f) return;
     profile_print(r, f);
     fclose(f);
-    char want[64];
-    snprintf(want, sizeof want, "1. %s ", largest_phase(&r->summary));
+    char want[80];
+    snprintf(want, sizeof want, "phases, ms per step (largest: %s)", largest_phase(&r->summary));
     CHECK_MSG(strstr(text, want) != NULL, "no '%s' in:\n%s", want, text);
     CHECK(strstr(text, "== memory") != NULL && strstr(text, "conv 6") != NULL);
     if (!r->gpu) CHECK_MSG(strstr(text, "\n== kernels: not available: ") != NULL, "%s", text);
     else CHECK_MSG(strstr(text, "== kernels: the GPU's activity") != NULL, "%s", text);
+    CHECK(strstr(text, r->gpu ? "GPU utilisation: k" : "GPU utilisation: does not apply") != NULL);
+    CHECK(r->peaks.flops_per_s > 0 && r->peaks.bytes_per_s > 0 && strstr(text, "measured on "));
+    check_findings(r, text);
     free(text);
 }
 

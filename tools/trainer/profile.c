@@ -16,6 +16,7 @@
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
 #include "runtime/log.h"
+#include "tools/trainer/peaks.h"
 
 /* One host phase of the window (the trainer's, through the observer). */
 typedef struct {
@@ -272,12 +273,22 @@ static cJSON *trace_event(cJSON *events, const char *name, const char *ph, int t
     return e;
 }
 
-static void trace_span(cJSON *events, const char *name, const char *cat, int tid, double t0, double t1,
-                       double base) {
+static cJSON *trace_span(cJSON *events, const char *name, const char *cat, int tid, double t0, double t1,
+                         double base) {
     cJSON *e = trace_event(events, name, "X", tid);
     cJSON_AddStringToObject(e, "cat", cat);
     cJSON_AddNumberToObject(e, "ts", 1e6 * (t0 - base));
     cJSON_AddNumberToObject(e, "dur", 1e6 * (t1 - t0));
+    return e;
+}
+
+/* A layer's op span carries its layer's FLOPs and bytes of that pass (from
+ * the shapes, as in the table): a tool reading the trace gets TFLOP/s per op. */
+static void trace_op_cost(cJSON *span, const ProfileLayer *l, int backward) {
+    cJSON *args = cJSON_AddObjectToObject(span, "args");
+    if (!args) TC_FATAL("out of host memory writing the trace");
+    cJSON_AddNumberToObject(args, "flops", backward ? l->backward_flops : l->forward_flops);
+    cJSON_AddNumberToObject(args, "bytes", backward ? l->backward_bytes : l->forward_bytes);
 }
 
 /* A metadata event: "thread_name" or "process_name". */
@@ -327,7 +338,9 @@ static cJSON *trace_events(const Profiler *p) {
         const OpRecord *o = &p->rec[i];
         char name[160];
         snprintf(name, sizeof name, "%s: %s", o->label ? o->label : "outside layers", o->op);
-        trace_span(events, name, "op", 1, o->t0, o->t1, p->base_host);
+        cJSON *span = trace_span(events, name, "op", 1, o->t0, o->t1, p->base_host);
+        int li = layer_of(p->model, o->label);
+        if (li >= 0) trace_op_cost(span, &p->report->layers[li], strstr(o->op, "backward") != NULL);
     }
     profile_kernels_trace(p->kernels, events, p->report->rank, p->base_host);
     return events;
@@ -434,6 +447,18 @@ static void gather_rank_times(Dist *dist, ProfileReport *r) {
     free(counts);
 }
 
+/* The switches the diagnosis reads, before profile forces its own. */
+static void note_settings(const Config *cfg, ProfileSettings *o) {
+    TrainSettings s;
+    settings_fill(cfg, &s);
+    *o = (ProfileSettings){s.run.use_gpu, s.run.gpu, s.data.workers, s.data.prefetch, s.data.pinned,
+                           s.data.async_copy, s.data.transform_on_gpu, s.train.batch, s.train.sync_after_step,
+                           s.train.read_loss_every, s.model.fuse, s.model.nhwc, s.precision.amp != DTYPE_F32,
+                           s.precision.tf32, s.perf.conv_benchmark, s.perf.cuda_graph, s.perf.graph_node_priority,
+                           (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
+                           s.dist.half_allreduce};
+}
+
 void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r) {
     Dist solo;
     dist_init_solo(&solo);
@@ -444,6 +469,9 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     memset(r, 0, sizeof *r);
     r->first = first, r->last = last;
     r->rank = dist->rank, r->world = dist->world;
+    note_settings(cfg, &r->settings);
+    if (dist->world > 1) r->settings.gpu = dist->local_rank; /* as train_open picks it: one GPU per rank */
+    peaks_get(r->settings.use_gpu, r->settings.gpu, &r->peaks);
     force(cfg, "run.max_steps", last);
     force(cfg, "run.warmup_steps", first - 1);
     force(cfg, "run.epochs", 1000000); /* run.max_steps ends it */

@@ -85,6 +85,18 @@ typedef struct {
     long dropped;                    /* records CUPTI dropped (no free buffer): the figures miss them */
 } ProfileKernels;
 
+/* The switches the diagnosis names, as the config set them (before profile
+ * forces its own: perf.cuda_graph is off while profiling), so that one
+ * already on is not suggested. */
+typedef struct {
+    int use_gpu, gpu;
+    int workers, prefetch, pinned, async_copy, transform_on_gpu;
+    int batch, sync_after_step, read_loss_every;
+    int fuse, nhwc, amp, tf32, conv_benchmark, cuda_graph, graph_node_priority;
+    long bucket_mb;
+    int copy_engine_off, half_allreduce;
+} ProfileSettings;
+
 typedef struct {
     TrainSummary summary;     /* the run's, timed window = the profiled steps */
     long first, last;         /* the profiled steps */
@@ -102,6 +114,7 @@ typedef struct {
     double step_ms_min, step_ms_max;  /* rank 0: the ranks' timed step, fastest and slowest (world 1: its own) */
     double wait_ms_min, wait_ms_max;  /* rank 0: the ranks' data wait per step, least and most */
     const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
+    ProfileSettings settings;
 } ProfileReport;
 
 /* ---- the kernels section (profile_kernels.c) ---- */
@@ -134,6 +147,34 @@ struct cJSON;
 void profile_kernels_trace(const ProfileKernelsRun *kr, struct cJSON *events, int pid, double base_host);
 void profile_kernels_close(ProfileKernelsRun *kr);
 void profile_kernels_print(const ProfileReport *r, FILE *f);
+
+/* ---- the diagnosis (profile_report.c) -------------------------------------------- */
+
+/* A bottleneck: the step time it takes, the gain if it were removed, and the
+ * config switches that address it (those not already on). */
+typedef struct {
+    char what[64];            /* "data wait", "host syncs", "memory-bound layers", ... */
+    double ms;                /* per step */
+    double share;             /* ms / the step */
+    double gain_ms;           /* estimated, per step, if it were removed */
+    char switches[192];       /* "data.workers, data.prefetch"; "none left" when all are on */
+    char from[512];           /* what it is measured from (the roofline's places for layers) */
+} ProfileFinding;
+
+#define PROFILE_MAX_FINDINGS 8
+/* Findings under this share of the step are left out: removing one gains at most 1/(1 - share). */
+#define PROFILE_FINDING_MIN_SHARE 0.05
+
+/* The findings of r, largest share of the step first, at most max; returns
+ * how many. The diagnosis prints them as "finding N: ..." lines (docs/usage.md). */
+int profile_findings(const ProfileReport *r, ProfileFinding *out, int max);
+/* A layer's place on the roofline against r's peaks (measured, else nominal):
+ * FLOPs per byte, attainable and achieved FLOP/s, compute-bound or not. */
+typedef struct {
+    double intensity, attainable, achieved, roof_share;
+    int compute_bound;
+} ProfileRoofline;
+ProfileRoofline profile_roofline(const ProfileReport *r, const ProfileLayer *l);
 
 /* "A:B" with 2 <= A <= B (step 1 at least is warm-up); 0, or -1 with why in err. */
 int profile_parse_steps(const char *text, long *first, long *last, char *err, size_t errlen);

@@ -6,31 +6,62 @@
 
 #include "tools/trainer/profile.h"
 
-/* ---- the report ---------------------------------------------------------------- */
+/* ---- the roofline ------------------------------------------------------------- */
 
-/* FLOPs per byte above which a layer counts as compute-bound: a nominal ridge
- * point (a GPU's fp16 tensor cores against its HBM, a CPU core's FMA units
- * against DRAM), not the card's measured peaks. */
-static double ridge(const ProfileReport *r) { return r->gpu ? 50.0 : 10.0; }
+/* Without measured peaks (TRAINC_PEAKS unset and nothing measured): nominal
+ * ones (an H100's dense fp16 tensor cores against its HBM; a CPU core's FMA
+ * units against DRAM), so that the bound still has a ridge. */
+static void peaks_or_nominal(const ProfileReport *r, double *flops, double *bytes) {
+    *flops = r->peaks.flops_per_s, *bytes = r->peaks.bytes_per_s;
+    if (*flops > 0 && *bytes > 0) return;
+    *flops = r->gpu ? 989e12 : 50e9;
+    *bytes = r->gpu ? 3.35e12 : 10e9;
+}
+
+static int measured_peaks(const ProfileReport *r) { return r->peaks.flops_per_s > 0 && r->peaks.bytes_per_s > 0; }
+
+ProfileRoofline profile_roofline(const ProfileReport *r, const ProfileLayer *l) {
+    double peak, bw, flops = l->forward_flops + l->backward_flops, bytes = l->forward_bytes + l->backward_bytes,
+                     ms = l->forward_ms + l->backward_ms;
+    peaks_or_nominal(r, &peak, &bw);
+    ProfileRoofline p = {0};
+    p.intensity = bytes > 0 ? flops / bytes : 0;
+    p.attainable = fmin(peak, p.intensity * bw);
+    p.achieved = ms > 0 ? flops / (ms / 1000) : 0;
+    p.roof_share = p.attainable > 0 ? p.achieved / p.attainable : 0;
+    p.compute_bound = p.intensity >= peak / bw;
+    return p;
+}
+
+/* ---- the per-layer table ------------------------------------------------------- */
 
 static void print_layers(const ProfileReport *r, FILE *f) {
     const TrainSummary *s = &r->summary;
     const char *rate = r->gpu ? "TFLOP/s" : "GFLOP/s";
-    double scale = r->gpu ? 1e12 : 1e9;
+    double scale = r->gpu ? 1e12 : 1e9, peak, bw;
+    peaks_or_nominal(r, &peak, &bw);
     fprintf(f, "== per layer: ms per step over steps %ld..%ld (%s), FLOPs and bytes from the shapes "
             "(backward counted as twice forward) ==\n", r->first, r->last,
             r->gpu ? "device time between a cudaEvent pair per op on the compute stream" : "host time per op");
-    fprintf(f, "%-14s %-44s %-18s %9s %9s %6s %10s %10s %8s %8s\n", "layer", "ops", "output", "fwd ms", "bwd ms",
-            "share", "GFLOP", "MB", rate, "GB/s");
+    if (measured_peaks(r))
+        fprintf(f, "roofline: %.4g %s and %.4g GB/s measured on %s%s; ridge %.1f FLOP/byte\n", peak / scale, rate,
+                bw / 1e9, r->peaks.device, r->peaks.from_cache ? " (cached)" : "", peak / bw);
+    else
+        fprintf(f, "roofline: no measured peaks; nominal %.4g %s and %.4g GB/s, ridge %.1f FLOP/byte\n",
+                peak / scale, rate, bw / 1e9, peak / bw);
+    fprintf(f, "%-14s %-44s %-18s %9s %9s %6s %10s %10s %8s %8s %8s %-7s %6s\n", "layer", "ops", "output", "fwd ms",
+            "bwd ms", "share", "GFLOP", "MB", rate, "GB/s", "FLOP/B", "bound", "% roof");
     for (int i = 0; i < r->n_layers; i++) {
         const ProfileLayer *l = &r->layers[i];
+        ProfileRoofline p = profile_roofline(r, l);
         char shape[40];
         snprintf(shape, sizeof shape, "%dx%dx%dx%d", l->n, l->c, l->h, l->w);
         double ms = l->forward_ms + l->backward_ms, flops = l->forward_flops + l->backward_flops,
                bytes = l->forward_bytes + l->backward_bytes;
-        fprintf(f, "%-14s %-44.44s %-18s %9.4f %9.4f %5.1f%% %10.4f %10.3f %8.2f %8.2f\n", l->name, l->ops, shape,
-                l->forward_ms, l->backward_ms, 100 * ms / s->step_ms, flops / 1e9, bytes / 1e6,
-                ms > 0 ? flops / (ms / 1000) / scale : 0, ms > 0 ? bytes / (ms / 1000) / 1e9 : 0);
+        fprintf(f, "%-14s %-44.44s %-18s %9.4f %9.4f %5.1f%% %10.4f %10.3f %8.2f %8.2f %8.2f %-7s %5.1f%%\n",
+                l->name, l->ops, shape, l->forward_ms, l->backward_ms, 100 * ms / s->step_ms, flops / 1e9,
+                bytes / 1e6, p.achieved / scale, ms > 0 ? bytes / (ms / 1000) / 1e9 : 0, p.intensity,
+                p.compute_bound ? "compute" : "memory", 100 * p.roof_share);
     }
     fprintf(f, "layers together %.4f ms of the %.4f ms step (%.1f%%; the step: wall time of a timed step); "
             "outside the layers %.4f ms (input copy, loss, zeroing, optimizer ops); the rest %.4f ms is host "
@@ -39,62 +70,290 @@ static void print_layers(const ProfileReport *r, FILE *f) {
     if (r->dropped) fprintf(f, "warning: %ld ops past the event pool were not timed\n", r->dropped);
 }
 
+/* ---- the findings -------------------------------------------------------------- */
+
+static double finite_or_0(double v) { return isfinite(v) ? v : 0; }
+
+/* The device phases (input, forward, backward, optimizer; graph with perf.cuda_graph). */
+static double device_phases_ms(const TrainSummary *s) {
+    return finite_or_0(s->phase_input_ms) + finite_or_0(s->phase_forward_ms) + finite_or_0(s->phase_backward_ms) +
+           finite_or_0(s->phase_optimizer_ms) + finite_or_0(s->phase_graph_ms);
+}
+
+/* What lies between the phases: step wall time less data wait and the device phases. */
+static double outside_phases_ms(const TrainSummary *s) {
+    return fmax(0, s->step_ms - finite_or_0(s->phase_data_wait_ms) - device_phases_ms(s));
+}
+
+/* "key=value" appended to a finding's switches when 'apply' (the switch not already on). */
+static void suggest(ProfileFinding *f, int apply, const char *text) {
+    if (!apply) return;
+    size_t used = strlen(f->switches);
+    snprintf(f->switches + used, sizeof f->switches - used, "%s%s", used ? ", " : "", text);
+}
+
 typedef struct {
-    const char *what, *from, *switches;
-    double ms;
-} Finding;
+    ProfileFinding *out;
+    int n, max;
+    double step_ms;
+} Findings;
+
+static ProfileFinding *add(Findings *fs, const char *what, double ms, double gain_ms) {
+    static ProfileFinding spare; /* past max: filled and dropped */
+    ProfileFinding *f = fs->n < fs->max ? &fs->out[fs->n] : &spare;
+    memset(f, 0, sizeof *f);
+    snprintf(f->what, sizeof f->what, "%s", what);
+    f->ms = fmax(0, ms);
+    f->share = f->ms / fs->step_ms;
+    f->gain_ms = fmin(fmax(0, gain_ms), fs->step_ms);
+    if (f->share >= PROFILE_FINDING_MIN_SHARE && fs->n < fs->max) fs->n++;
+    return f;
+}
+
+static void find_data_wait(const ProfileReport *r, Findings *fs) {
+    const ProfileSettings *c = &r->settings;
+    double ms = finite_or_0(r->summary.phase_data_wait_ms);
+    ProfileFinding *f = add(fs, "data wait", ms, ms);
+    snprintf(f->from, sizeof f->from, "host time in loader_next (data.workers = %d, data.prefetch = %d)", c->workers,
+             c->prefetch);
+    suggest(f, c->workers == 0, "data.workers=8");
+    suggest(f, c->workers > 0, "more data.workers");
+    suggest(f, c->workers > 0, "data.prefetch");
+    suggest(f, r->gpu && !c->transform_on_gpu, "data.transform_on=gpu");
+}
+
+/* The GPU idles while the host syncs, reads the loss back and does its own
+ * work between the phases: that time is what the syncs cost the step. */
+static void find_syncs(const ProfileReport *r, Findings *fs) {
+    const ProfileSettings *c = &r->settings;
+    const ProfileKernels *k = &r->kernels;
+    double ms = outside_phases_ms(&r->summary);
+    int syncing = c->sync_after_step || !c->async_copy || (c->read_loss_every > 0 && c->read_loss_every < 100);
+    ProfileFinding *f = add(fs, !r->gpu ? "trainer work outside the phases" : syncing ? "host syncs" :
+                            "host work between the phases", ms, ms);
+    int n = snprintf(f->from, sizeof f->from, "step wall time less data wait and the device phases");
+    if (k->available)
+        snprintf(f->from + n, sizeof f->from - n, "; CUPTI: the host blocked %.3f ms per step in sync calls",
+                 k->sync_ms);
+    if (!r->gpu) return;
+    suggest(f, c->sync_after_step, "train.sync_after_step=off");
+    suggest(f, c->read_loss_every > 0 && c->read_loss_every < 100, "train.read_loss_every=0");
+    suggest(f, !c->async_copy, "data.async_copy=on");
+    suggest(f, !syncing && !c->cuda_graph, "perf.cuda_graph=on");
+}
+
+/* With CUPTI the copies' time no kernel ran under; else the input phase when
+ * the copy is synchronous (data.async_copy off), the copy and a device sync. */
+static void find_copies(const ProfileReport *r, Findings *fs) {
+    const ProfileSettings *c = &r->settings;
+    const ProfileKernels *k = &r->kernels;
+    ProfileFinding *f;
+    if (k->available) {
+        double ms = k->h2d_ms + k->d2h_ms - k->copy_overlap_ms;
+        f = add(fs, "copies not overlapped", ms, ms);
+        snprintf(f->from, sizeof f->from, "CUPTI: H2D %.3f + D2H %.3f ms per step, %.3f of it under kernels",
+                 k->h2d_ms, k->d2h_ms, k->copy_overlap_ms);
+    } else {
+        double ms = r->gpu && c->async_copy ? 0 : finite_or_0(r->summary.phase_input_ms);
+        f = add(fs, r->gpu ? "copies not overlapped" : "input copy", ms, ms);
+        snprintf(f->from, sizeof f->from, "%s", r->gpu ? "the input phase: a synchronous copy on the compute "
+                 "stream (data.async_copy off; no CUPTI)" : "the input phase (host time)");
+    }
+    if (!r->gpu) return;
+    suggest(f, !c->async_copy, "data.async_copy=on");
+    suggest(f, !c->pinned, "data.pinned=on");
+    suggest(f, !c->transform_on_gpu, "data.transform_on=gpu");
+}
+
+/* The compute stream idle inside the device phases: the GPU waiting for the
+ * host to launch the next kernel (or op). */
+static double launch_gaps_ms(const ProfileReport *r, double *mean_us, char *from, size_t len) {
+    const ProfileKernels *k = &r->kernels;
+    double steps = (double)(r->last - r->first + 1), busy;
+    if (k->available) {
+        busy = k->active_ms;
+        *mean_us = k->mean_kernel_us;
+        snprintf(from, len, "the device phases less CUPTI's kernel-active time; %.0f kernels per step, mean %.1f "
+                 "us; %.3f ms per step in launch calls", k->kernels, k->mean_kernel_us, k->launch_ms);
+    } else {
+        busy = r->layers_ms + r->outside_ms;
+        *mean_us = r->n_ops ? 1000 * busy * steps / r->n_ops : 0;
+        snprintf(from, len, "the device phases less the ops' event times (no CUPTI); %.0f ops per step, mean %.1f "
+                 "us", r->n_ops / steps, *mean_us);
+    }
+    return fmax(0, device_phases_ms(&r->summary) - busy);
+}
+
+/* Launch-bound: many short kernels leave the GPU waiting on launches. */
+static double find_launch_bound(const ProfileReport *r, Findings *fs) {
+    const ProfileSettings *c = &r->settings;
+    char from[512];
+    double mean_us, ms = launch_gaps_ms(r, &mean_us, from, sizeof from);
+    if (!r->gpu) return 0;
+    ProfileFinding *f = add(fs, mean_us < 20 ? "launch-bound small kernels" : "idle gaps between kernels", ms, ms);
+    snprintf(f->from, sizeof f->from, "%s", from);
+    suggest(f, !c->cuda_graph, "perf.cuda_graph=on");
+    suggest(f, !c->fuse, "model.fuse=on");
+    suggest(f, 1, "a larger train.batch");
+    return ms;
+}
+
+/* What a step costs whatever its batch (host work between the phases, launch
+ * gaps, the optimizer): twice the batch halves it per sample, a gain of half
+ * of it per step's worth of samples. */
+static void find_small_batch(const ProfileReport *r, Findings *fs, double gaps_ms) {
+    const TrainSummary *s = &r->summary;
+    double fixed = outside_phases_ms(s) + gaps_ms + finite_or_0(s->phase_optimizer_ms);
+    if (!r->gpu) return;
+    ProfileFinding *f = add(fs, "small batch", fixed, fixed / 2);
+    snprintf(f->from, sizeof f->from, "per-step costs that do not grow with the batch of %d: between the phases "
+             "%.3f, launch gaps %.3f, optimizer %.3f ms; the gain is doubling the batch's", r->settings.batch,
+             outside_phases_ms(s), gaps_ms, finite_or_0(s->phase_optimizer_ms));
+    char batch[48];
+    snprintf(batch, sizeof batch, "train.batch=%d", 2 * r->settings.batch);
+    suggest(f, 1, batch);
+}
+
+/* The layers on one side of the ridge: their time, the gain at the roof, and
+ * the three longest with their place on the roofline. */
+static double layers_at(const ProfileReport *r, int compute, double *gain_ms, char *where, size_t len) {
+    double ms = 0, scale = r->gpu ? 1e12 : 1e9, peak, bw;
+    peaks_or_nominal(r, &peak, &bw);
+    int top[3] = {-1, -1, -1};
+    *gain_ms = 0;
+    for (int i = 0; i < r->n_layers; i++) {
+        const ProfileLayer *l = &r->layers[i];
+        ProfileRoofline p = profile_roofline(r, l);
+        double t = l->forward_ms + l->backward_ms, flops = l->forward_flops + l->backward_flops;
+        if (p.compute_bound != compute || t <= 0) continue;
+        ms += t;
+        *gain_ms += fmax(0, t - 1000 * flops / p.attainable);
+        for (int j = 0; j < 3; j++) {
+            const ProfileLayer *o = top[j] >= 0 ? &r->layers[top[j]] : NULL;
+            if (o && o->forward_ms + o->backward_ms >= t) continue;
+            for (int m = 2; m > j; m--) top[m] = top[m - 1];
+            top[j] = i;
+            break;
+        }
+    }
+    int n = snprintf(where, len, "layers %s the ridge (%.1f FLOP/byte, %s peaks); the gain is theirs at the roof",
+                     compute ? "at or over" : "under", peak / bw, measured_peaks(r) ? "measured" : "nominal");
+    for (int j = 0; j < 3 && top[j] >= 0 && n < (int)len; j++) {
+        const ProfileLayer *l = &r->layers[top[j]];
+        ProfileRoofline p = profile_roofline(r, l);
+        n += snprintf(where + n, len - n, "; %s %.3f ms, %.1f FLOP/byte, %.3g of %.3g %s attainable (%.0f%%)",
+                      l->name, l->forward_ms + l->backward_ms, p.intensity, p.achieved / scale,
+                      p.attainable / scale, r->gpu ? "TFLOP/s" : "GFLOP/s", 100 * p.roof_share);
+    }
+    return ms;
+}
+
+static void find_layers(const ProfileReport *r, Findings *fs) {
+    const ProfileSettings *c = &r->settings;
+    char where[512];
+    double gain, ms = layers_at(r, 0, &gain, where, sizeof where);
+    ProfileFinding *f = add(fs, "memory-bound layers", ms, gain);
+    snprintf(f->from, sizeof f->from, "%s", where);
+    suggest(f, r->gpu && !c->fuse, "model.fuse=on");
+    suggest(f, r->gpu && !c->amp, "precision.amp=fp16");
+    suggest(f, r->gpu && !c->nhwc, "model.layout=nhwc");
+    ms = layers_at(r, 1, &gain, where, sizeof where);
+    f = add(fs, "compute-bound layers", ms, gain);
+    snprintf(f->from, sizeof f->from, "%s", where);
+    suggest(f, r->gpu && !c->amp, "precision.amp=fp16");
+    suggest(f, r->gpu && !c->amp && !c->tf32, "precision.tf32=on");
+    suggest(f, r->gpu && !c->nhwc, "model.layout=nhwc");
+    suggest(f, r->gpu && !c->conv_benchmark, "perf.conv_benchmark=on");
+}
+
+static void find_communication(const ProfileReport *r, Findings *fs) {
+    const ProfileSettings *c = &r->settings;
+    const ProfileKernels *k = &r->kernels;
+    if (r->world <= 1 || !k->available) return;
+    ProfileFinding *f = add(fs, "communication not hidden", k->comm_exposed_ms, k->comm_exposed_ms);
+    snprintf(f->from, sizeof f->from, "CUPTI: %.3f ms per step of all-reduce, %.3f of it with no compute-stream "
+             "kernel running", k->comm_ms, k->comm_exposed_ms);
+    suggest(f, c->bucket_mb == 0, "dist.bucket_mb=25");
+    suggest(f, c->bucket_mb > 0, "dist.bucket_mb (smaller: earlier all-reduces)");
+    suggest(f, c->copy_engine_off, "dist.copy_engine=auto");
+    suggest(f, c->cuda_graph && !c->graph_node_priority, "perf.graph_node_priority=on");
+}
 
 static int by_ms_desc(const void *a, const void *b) {
-    double x = ((const Finding *)a)->ms, y = ((const Finding *)b)->ms;
+    double x = ((const ProfileFinding *)a)->ms, y = ((const ProfileFinding *)b)->ms;
     return (x < y) - (x > y);
 }
 
-/* The layers' time, split by arithmetic intensity against the nominal ridge. */
-static void bound_times(const ProfileReport *r, double *memory_ms, double *compute_conv_ms) {
-    *memory_ms = *compute_conv_ms = 0;
-    for (int i = 0; i < r->n_layers; i++) {
-        const ProfileLayer *l = &r->layers[i];
-        double intensity = (l->forward_flops + l->backward_flops) / (l->forward_bytes + l->backward_bytes);
-        if (intensity < ridge(r)) *memory_ms += l->forward_ms + l->backward_ms;
-        else if (!strncmp(l->name, "conv", 4)) *compute_conv_ms += l->forward_ms + l->backward_ms;
+int profile_findings(const ProfileReport *r, ProfileFinding *out, int max) {
+    ProfileFinding all[PROFILE_MAX_FINDINGS + 2];
+    Findings fs = {all, 0, PROFILE_MAX_FINDINGS + 2, r->summary.step_ms > 0 ? r->summary.step_ms : 1};
+    find_data_wait(r, &fs);
+    find_syncs(r, &fs);
+    find_copies(r, &fs);
+    double gaps = find_launch_bound(r, &fs);
+    find_small_batch(r, &fs, gaps);
+    find_layers(r, &fs);
+    find_communication(r, &fs);
+    qsort(all, (size_t)fs.n, sizeof *all, by_ms_desc);
+    int n = fs.n < max ? fs.n : max;
+    for (int i = 0; i < n; i++)
+        if (!all[i].switches[0]) snprintf(all[i].switches, sizeof all[i].switches, "%s",
+                                          r->gpu ? "none left (all on)" : "none on the CPU");
+    memcpy(out, all, (size_t)n * sizeof *out);
+    return n;
+}
+
+/* ---- the diagnosis ------------------------------------------------------------- */
+
+static void print_utilisation(const ProfileReport *r, FILE *f) {
+    const TrainSummary *s = &r->summary;
+    if (!r->gpu) {
+        fprintf(f, "GPU utilisation: does not apply (the CPU)\n");
+        return;
     }
+    char nvml[64];
+    if (s->gpu_util >= 0) snprintf(nvml, sizeof nvml, "%.0f%%", s->gpu_util);
+    else snprintf(nvml, sizeof nvml, "not measured");
+    if (r->kernels.available)
+        fprintf(f, "GPU utilisation: kernels active %.1f%% of the step (CUPTI: %.3f of %.3f ms); NVML %s\n",
+                100 * r->kernels.active_ms / s->step_ms, r->kernels.active_ms, s->step_ms, nvml);
+    else
+        fprintf(f, "GPU utilisation: kernel-active share not measured (CUPTI: %s); NVML %s\n",
+                r->kernels.why_not[0] ? r->kernels.why_not : "no records", nvml);
+}
+
+/* The trainer's phases in one line; sets r->top_phase. */
+static void print_phases(ProfileReport *r, FILE *f) {
+    const TrainSummary *s = &r->summary;
+    const char *names[] = {"data wait", "input", "forward", "backward", "optimizer", "outside the phases"};
+    double ms[] = {finite_or_0(s->phase_data_wait_ms), finite_or_0(s->phase_input_ms),
+                   finite_or_0(s->phase_forward_ms), finite_or_0(s->phase_backward_ms),
+                   finite_or_0(s->phase_optimizer_ms), outside_phases_ms(s)};
+    int top = 0;
+    for (int i = 1; i < 6; i++)
+        if (ms[i] > ms[top]) top = i;
+    r->top_phase = names[top];
+    fprintf(f, "phases, ms per step (largest: %s):", r->top_phase);
+    for (int i = 0; i < 6; i++) fprintf(f, " %s %.4f (%.1f%%)%s", names[i], ms[i], 100 * ms[i] / s->step_ms,
+                                        i < 5 ? "," : "\n");
 }
 
 static void print_diagnosis(ProfileReport *r, FILE *f) {
     const TrainSummary *s = &r->summary;
-    double phases = s->phase_data_wait_ms + s->phase_input_ms + s->phase_forward_ms + s->phase_backward_ms +
-                    s->phase_optimizer_ms;
-    const char *dev = r->gpu ? "device time between events on the compute stream" : "host time";
-    Finding phase[] = {
-        {"data wait", "host time in loader_next", "data.workers, data.pinned, data.async_copy, data.transform_on",
-         s->phase_data_wait_ms},
-        {"input", dev, "data.async_copy, data.pinned, data.transform_on", s->phase_input_ms},
-        {"forward", dev, "see the layer lines below", s->phase_forward_ms},
-        {"backward", dev, "see the layer lines below", s->phase_backward_ms},
-        {"optimizer", dev, "train.batch (the same update for more samples)", s->phase_optimizer_ms},
-        {"outside the phases", "step wall time less the phases: host syncs, read-backs, log points",
-         "train.sync_after_step, train.read_loss_every, run.log_every", fmax(0, s->step_ms - phases)},
-    };
-    enum { N_PHASES = sizeof phase / sizeof *phase };
-    qsort(phase, N_PHASES, sizeof *phase, by_ms_desc);
-    r->top_phase = phase[0].what;
-    fprintf(f, "\n== diagnosis: the step's phases (the trainer's phase timing over the same steps), largest first "
-            "==\n");
-    for (int i = 0; i < N_PHASES; i++)
-        fprintf(f, "%d. %-19s %9.4f ms %5.1f%%  measured as %s; switches: %s\n", i + 1, phase[i].what, phase[i].ms,
-                100 * phase[i].ms / s->step_ms, phase[i].from, phase[i].switches);
-    double memory_ms, compute_ms, mean_op_ms = r->n_ops ? (r->layers_ms + r->outside_ms) * (r->last - r->first + 1) / r->n_ops : 0;
-    bound_times(r, &memory_ms, &compute_ms);
-    fprintf(f, "layers under %.0f FLOP/byte (memory-bound by their shapes; a nominal ridge, not measured peaks): "
-            "%.4f ms (%.1f%%); switches: model.fuse, model.layout, precision.amp\n", ridge(r), memory_ms,
-            100 * memory_ms / s->step_ms);
-    fprintf(f, "convolutions at or over it (compute-bound): %.4f ms (%.1f%%); switches: precision.amp, "
-            "model.layout\n", compute_ms, 100 * compute_ms / s->step_ms);
-    fprintf(f, "ops: %.1f per step, mean %.1f us%s\n", (double)r->n_ops / (r->last - r->first + 1),
-            1000 * mean_op_ms,
-            r->gpu && mean_op_ms < 0.02 ? ": launch-bound small ops; switches: train.batch, perf.cuda_graph" : "");
-    fprintf(f, "perf.cuda_graph was off while profiling (events per op cannot be timed inside a replayed graph); "
-            "a run with it on gives the graph's step time (trainc --set perf.cuda_graph=on)\n");
+    fprintf(f, "\n== diagnosis: the bottlenecks over %.0f%% of the %.4f ms step, largest first; each one's "
+            "estimated gain if removed (they overlap: gains do not add) ==\n", 100 * PROFILE_FINDING_MIN_SHARE,
+            s->step_ms);
+    print_utilisation(r, f);
+    print_phases(r, f);
+    ProfileFinding fs[PROFILE_MAX_FINDINGS];
+    int n = profile_findings(r, fs, PROFILE_MAX_FINDINGS);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "finding %d: %s | %.4f ms/step | %.1f%% of the step | gain %.4f ms (%.2fx) | switches: %s | "
+                "from: %s\n", i + 1, fs[i].what, fs[i].ms, 100 * fs[i].share, fs[i].gain_ms,
+                s->step_ms / fmax(s->step_ms - fs[i].gain_ms, 1e-9), fs[i].switches, fs[i].from);
+    if (!n) fprintf(f, "no bottleneck over %.0f%% of the step\n", 100 * PROFILE_FINDING_MIN_SHARE);
+    fprintf(f, "perf.cuda_graph was off while profiling (events per op cannot be timed inside a replayed graph)%s\n",
+            r->settings.cuda_graph ? "; the config has it on: trainc --config ... gives the graph's step time" : "");
 }
 
 static void print_memory(const ProfileReport *r, FILE *f) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 
+#include "runtime/files.h"
 #include "tools/trainer/trainer.h"
 
 /* A checkpoint (runtime/checkpoint.h) holds these sections:
@@ -55,18 +56,6 @@ static CkptModel ckpt_model_of(const Trainer *t) {
     cm.num_classes = t->model.num_classes;
     cm.accumulate = t->set.memory.accumulate;
     return cm;
-}
-
-static int mkdir_p(const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s", dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(path, 0777) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 /* Steps of the checkpoints (ckpt-<step>.trc) in dir, newest first; -1 when the
@@ -175,7 +164,7 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
         t->ckpt.step = t->step;
         return 0;
     }
-    if (mkdir_p(t->set.checkpoint.dir) != 0) {
+    if (files_make_dirs(t->set.checkpoint.dir) != 0) {
         log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->set.checkpoint.dir,
                  strerror(errno), t->step);
         return -1;

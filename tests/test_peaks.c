@@ -19,6 +19,7 @@
 
 static void check_plausible(const ProfilePeaks *p) {
     CHECK_MSG(p->flops_per_s > 1e8 && p->flops_per_s < 1e15, "%g FLOP/s", p->flops_per_s);
+    CHECK(p->flops_f32_per_s == p->flops_per_s && p->flops_tf32_per_s == p->flops_per_s); /* the CPU's one GEMM */
     CHECK_MSG(p->bytes_per_s > 1e8 && p->bytes_per_s < 1e13, "%g B/s", p->bytes_per_s);
     CHECK_MSG(strstr(p->device, "BLAS threads") != NULL, "device %s", p->device);
 }
@@ -30,6 +31,7 @@ static void check_round_trip(const char *dir, const ProfilePeaks *measured) {
     ProfilePeaks back;
     CHECK_MSG(peaks_cache_read(path, &back, why, sizeof why) == 0, "%s", why);
     CHECK(back.flops_per_s == measured->flops_per_s && back.bytes_per_s == measured->bytes_per_s);
+    CHECK(back.flops_f32_per_s == measured->flops_f32_per_s && back.flops_tf32_per_s == measured->flops_tf32_per_s);
     CHECK(strcmp(back.device, measured->device) == 0 && back.from_cache == 1);
     snprintf(path, sizeof path, "%s/no-such-file.txt", dir);
     CHECK(peaks_cache_read(path, &back, why, sizeof why) == -1 && why[0] == 0);

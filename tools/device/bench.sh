@@ -464,7 +464,7 @@ PY
     [ -s "$dir/$name.json" ] || timeout "$RUN_LIMIT" build/trainc profile --config "$check" --steps "$steps" \
       --trace "$dir/$name.json" $SETS_ALL > "$dir/$name.txt" 2> "$dir/$name.err"
     timeout "$RUN_LIMIT" python3 tools/device/ncu_check.py --trainc build/trainc --config "$check" \
-      --trace "$dir/$name.json" $SETS_ALL 2>&1 | tee "$dir/ncu_check_$name.txt" | cut -c1-300
+      --trace "$dir/$name.json" --report "$dir/$name.txt" $SETS_ALL 2>&1 | tee "$dir/ncu_check_$name.txt" | cut -c1-300
   fi
 }
 

@@ -2,15 +2,16 @@
 """Checks `trainc profile`'s figures against Nsight Compute on a lent GPU machine.
 
   python3 tools/device/ncu_check.py --trainc build/trainc --config configs/final.ini \
-      --trace final.json [--set k=v ...] [--skip-steps 12]
+      --trace final.json [--report final.txt] [--set k=v ...] [--skip-steps 20]
 
 TRACE is `trainc profile --config CONFIG --trace TRACE` of the same config. Checks:
 1. kernel durations: ncu's gpu__time_duration over one steady step (the launches after
    SKIP_STEPS steps, as many as the trace has per step) against the trace's kernel
    events per step, kernel by kernel name: the ten names with the most time, each
    within 10%;
-2. the layers' sum against the step: the trace's op spans of the layers per step
-   against the step spans (within 5%);
+2. the per-layer rows' sum against the step: the trace's op spans (the layers' and
+   the ops' outside them, the profile table's rows) per step against REPORT's
+   step_ms (within 5%);
 3. the largest convolution's achieved TFLOP/s (its forward op: the FLOPs in the op
    span's args over its duration) against ncu's over the same kernels (the kernels
    the trace shows inside that op; ncu's FLOPs from the tensor-pipe and FMA counters,
@@ -59,7 +60,8 @@ def run_ncu(cmd, what):
     if p.returncode != 0 or not rows:
         tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])
         sys.exit(f"ncu_check: ncu ({what}) failed, exit {p.returncode}:\n{tail}")
-    return list(csv.DictReader(io.StringIO("\n".join(rows))))
+    # The raw page's second row holds the units ("ns", ...), not a kernel.
+    return [r for r in csv.DictReader(io.StringIO("\n".join(rows))) if metric(r, "gpu__time_duration.sum") is not None]
 
 
 def metric(row, name):
@@ -93,7 +95,7 @@ def check_durations(a, steps, kernels):
     per_step = round(len(kernels) / n_steps)
     rows = run_ncu(ncu_base(a) + ["--metrics", "gpu__time_duration.sum", "--launch-skip",
                                   str(per_step * a.skip_steps), "--launch-count", str(per_step)]
-                   + trainc_cmd(a, a.skip_steps + 3, False), "durations")
+                   + trainc_cmd(a, 2 * a.skip_steps + 5, False), "durations")
     ncu_name = collections.defaultdict(float)
     for r in rows:
         ncu_name[r["Kernel Name"]] += metric(r, "gpu__time_duration.sum") / 1e6  # ns -> ms
@@ -112,8 +114,14 @@ def check_durations(a, steps, kernels):
     return worst <= 0.10, f"kernel durations: the worst of the top 10 off by {100 * worst:.1f}% (10% allowed)"
 
 
-def check_layer_sum(steps, ops):
-    step_ms = sum(s["dur"] for s in steps) / 1000.0 / len(steps)
+def check_layer_sum(steps, ops, report):
+    """The step: the summary's step_ms from REPORT (trainc profile's output: the wall time of a timed step;
+    the host's step spans run ahead of the GPU), else the ops' span from first to last over the steps."""
+    summary = [json.loads(l) for l in open(report) if l.startswith("{")] if report else []
+    if summary and summary[-1].get("step_ms"):
+        step_ms = summary[-1]["step_ms"]
+    else:
+        step_ms = (max(o["ts"] + o["dur"] for o in ops) - min(o["ts"] for o in ops)) / 1000.0 / len(steps)
     in_layers = sum(o["dur"] for o in ops if not o["name"].startswith("outside layers")) / 1000.0 / len(steps)
     all_ops = sum(o["dur"] for o in ops) / 1000.0 / len(steps)
     print(f"\n== layers against the step: layers {in_layers:.4f} ms, all ops {all_ops:.4f} ms, "
@@ -122,30 +130,47 @@ def check_layer_sum(steps, ops):
     return off <= 0.05, f"per-op times sum to {100 * all_ops / step_ms:.1f}% of the step (within 5% needed)"
 
 
-def largest_conv(ops, steps):
-    """The forward op span of the convolution with the most FLOPs in the first profiled step."""
-    t0, t1 = steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]
-    convs = [o for o in ops if re.match(r"conv \d+: conv2d.*forward", o["name"]) and t0 <= o["ts"] <= t1
-             and o.get("args", {}).get("flops")]
+def largest_conv(ops):
+    """The first forward op span of the convolution with the most FLOPs."""
+    convs = [o for o in ops if re.match(r"conv \d+: conv2d.*forward", o["name"]) and o.get("args", {}).get("flops")]
     if not convs:
-        sys.exit("ncu_check: no conv forward op spans with FLOPs in the trace's first step")
-    return max(convs, key=lambda o: o["args"]["flops"])
+        sys.exit("ncu_check: no conv forward op spans with FLOPs in the trace")
+    most = max(o["args"]["flops"] for o in convs)
+    return min((o for o in convs if o["args"]["flops"] == most), key=lambda o: o["ts"])
 
 
-def check_conv(a, steps, kernels, ops):
-    op = largest_conv(ops, steps)
+def kernels_in(op, kernels):
+    """The kernel events of an op span. The op spans are anchored where the host recorded the window's first
+    event, the kernels on CUPTI's clock, so the kernels lie some tens of us later: the op's kernels are those
+    from the first kernel at or after the op's start that end within the op's duration of it."""
+    after = [k for k in kernels if k["ts"] >= op["ts"] and k["ts"] - op["ts"] < op["dur"] + 100]
+    if not after:
+        return []
+    first = min(k["ts"] for k in after)
+    return [k for k in kernels if first <= k["ts"] and k["ts"] + k["dur"] <= first + op["dur"] + 1]
+
+
+def check_conv(a, kernels, ops):
+    op = largest_conv(ops)
     layer = op["name"].split(":")[0]
-    inside = [k for k in kernels if op["ts"] <= k["ts"] and k["ts"] + k["dur"] <= op["ts"] + op["dur"] + 0.5]
-    layer_ops = [o for o in ops if o["name"].startswith(layer + ":") and steps[0]["ts"] <= o["ts"]
-                 <= steps[0]["ts"] + steps[0]["dur"]]
-    layer_kernels = [k for k in kernels for o in layer_ops
-                     if o["ts"] <= k["ts"] and k["ts"] + k["dur"] <= o["ts"] + o["dur"] + 0.5]
+    inside = kernels_in(op, kernels)
+    # The layer's ops of the same step (forward and backward): NVTX's range for the layer holds all of them.
+    step_ops = sorted((o for o in ops if o["name"].startswith(layer + ":") and o["ts"] >= op["ts"]),
+                      key=lambda o: o["ts"])
+    layer_ops = [op] + [o for o in step_ops[1:] if "backward" in o["name"]][:1]
+    layer_kernels = [k for o in layer_ops for k in kernels_in(o, kernels)]
+    if not inside:
+        sys.exit(f"ncu_check: no kernel events inside {op['name']}")
     flops = op["args"]["flops"]
     ours = flops / (op["dur"] * 1e-6) / 1e12
     metrics = ["gpu__time_duration.sum"] + TENSOR_METRICS + FMA_METRICS + ADD_MUL_METRICS
-    rows = run_ncu(ncu_base(a) + ["--nvtx", "--nvtx-include", f"{layer}/", "--metrics", ",".join(metrics),
-                                  "--launch-skip", str(len(layer_kernels) * a.skip_steps), "--launch-count",
-                                  str(len(layer_kernels))] + trainc_cmd(a, a.skip_steps + 3, True), "the conv")
+    # The layer's NVTX range (run.nvtx_layers) sits inside the trainer's forward and backward ranges. Two
+    # steps' worth of its launches: a whole step's lies inside whatever the count per step.
+    nvtx = ["--nvtx", "--nvtx-include", f"forward/{layer}/", "--nvtx-include", f"backward/{layer}/"]
+    rows = run_ncu(ncu_base(a) + nvtx + ["--metrics", ",".join(metrics), "--launch-skip",
+                                         str(len(layer_kernels) * a.skip_steps), "--launch-count",
+                                         str(2 * len(layer_kernels))] + trainc_cmd(a, 2 * a.skip_steps + 5, True),
+                   "the conv")
     names = collections.Counter(k["name"] for k in inside)
     picked, ns, ncu_flops = [], 0.0, 0.0
     for r in rows:
@@ -162,7 +187,7 @@ def check_conv(a, steps, kernels, ops):
     ncu_tflops_shape = flops / (ns * 1e-9) / 1e12
     ncu_tflops = ncu_flops / (ns * 1e-9) / 1e12
     print(f"\n== the largest convolution: {op['name']} ({flops / 1e9:.2f} GFLOP from its shape), "
-          f"{len(inside)} kernels: {', '.join(sorted(set(k['name'][:40] for k in inside)))}")
+          f"{len(inside)} kernels: {', '.join(sorted(set(k['name'][:60] for k in inside)))}")
     print(f"trainc: op {op['dur'] / 1000:.4f} ms (its kernels {kernel_ms:.4f} ms) -> {ours:.1f} TFLOP/s")
     print(f"ncu:    {ns / 1e6:.4f} ms -> {ncu_tflops_shape:.1f} TFLOP/s with the shape's FLOPs; "
           f"{ncu_flops / 1e9:.2f} GFLOP counted ({100 * ncu_flops / flops:.1f}% of the shape's) -> "
@@ -178,12 +203,13 @@ def main():
     ap.add_argument("--ncu", default="ncu")
     ap.add_argument("--config", required=True)
     ap.add_argument("--trace", required=True)
+    ap.add_argument("--report", help="trainc profile's output of the same run (its summary line's step_ms)")
     ap.add_argument("--set", action="append", default=[])
-    ap.add_argument("--skip-steps", type=int, default=12)
+    ap.add_argument("--skip-steps", type=int, default=20)
     ap.add_argument("--kernel-base", default="mangled", choices=["mangled", "demangled", "function"])
     a = ap.parse_args()
     steps, kernels, ops = load_trace(a.trace)
-    results = [check_durations(a, steps, kernels), check_layer_sum(steps, ops), check_conv(a, steps, kernels, ops)]
+    results = [check_durations(a, steps, kernels), check_layer_sum(steps, ops, a.report), check_conv(a, kernels, ops)]
     print()
     for ok, what in results:
         print(("PASS " if ok else "FAIL ") + what)

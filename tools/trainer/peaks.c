@@ -93,7 +93,7 @@ static double cpu_copy_bytes(void) {
 void peaks_measure_cpu(ProfilePeaks *out) {
     memset(out, 0, sizeof *out);
     cpu_device(out->device, sizeof out->device);
-    out->flops_per_s = cpu_gemm_flops();
+    out->flops_per_s = out->flops_f32_per_s = out->flops_tf32_per_s = cpu_gemm_flops(); /* float32 throughout */
     out->bytes_per_s = cpu_copy_bytes();
 }
 
@@ -140,17 +140,21 @@ static void run_gemm(void *arg) {
     linear_forward(&g->ctx, &g->s, g->x, g->w, g->b, g->y);
 }
 
-/* y[8192][8192] = x[8192][16384] w^T in fp16 with fp32 accumulation; the
- * bias pass after it (n x out elements, about 4% of the time on an H100) is
- * timed with it, so the figure is a little under cuBLAS's own. Every element
- * is 0x2020 (about 0.0083): sums stay far from fp16's range. */
-static double gpu_gemm_flops(const GpuContext *g) {
-    GemmRun r = {op_context_gpu(g, DTYPE_F16, 0), {8192, 16384, 8192}, NULL, NULL, NULL, NULL};
+/* y[8192][8192] = x[8192][16384] w^T in dtype (fp16 with fp32 accumulation,
+ * or float32 on FMA units or, with tf32, on TF32 tensor cores); the bias
+ * pass after it (n x out elements, about 4% of the time on an H100 in fp16)
+ * is timed with it, so the figure is a little under cuBLAS's own. Every
+ * element is 0x2020 (about 0.0083 in fp16, 1.4e-19 in float32): sums stay far
+ * from the type's range. */
+static double gpu_gemm_flops(GpuContext *g, DType dtype, int tf32) {
+    GemmRun r = {op_context_gpu(g, dtype, 0), {8192, 16384, 8192}, NULL, NULL, NULL, NULL};
     size_t in = (size_t)r.s.n * r.s.in, wts = (size_t)r.s.out * r.s.in, out = (size_t)r.s.n * r.s.out;
-    r.x = device_buffer(in * 2, 0x20, g->compute);
-    r.w = device_buffer(wts * 2, 0x20, g->compute);
-    r.b = device_buffer((size_t)r.s.out * 2, 0, g->compute);
-    r.y = device_buffer(out * 2, 0, g->compute);
+    size_t esize = dtype_size(dtype);
+    if (tf32) gpu_allow_tf32_gemm(g);
+    r.x = device_buffer(in * esize, 0x20, g->compute);
+    r.w = device_buffer(wts * esize, 0x20, g->compute);
+    r.b = device_buffer((size_t)r.s.out * esize, 0, g->compute);
+    r.y = device_buffer(out * esize, 0, g->compute);
     double flops = 0;
     if (r.x && r.w && r.b && r.y) flops = (2.0 * r.s.n * r.s.in * r.s.out + (double)out) /
                                           (time_gpu(g->compute, run_gemm, &r) / 1000);
@@ -189,7 +193,9 @@ void peaks_measure_gpu(int gpu, ProfilePeaks *out) {
     char uuid[64];
     gpu_uuid(gpu, uuid, sizeof uuid);
     snprintf(out->device, sizeof out->device, "%.190s (%.60s)", g.name, uuid);
-    out->flops_per_s = gpu_gemm_flops(&g);
+    out->flops_per_s = gpu_gemm_flops(&g, DTYPE_F16, 0);
+    out->flops_f32_per_s = gpu_gemm_flops(&g, DTYPE_F32, 0);
+    out->flops_tf32_per_s = gpu_gemm_flops(&g, DTYPE_F32, 1); /* last: the handle keeps TF32 on */
     out->bytes_per_s = gpu_copy_bytes(&g);
     gpu_sync(g.compute);
     gpu_context_destroy(&g);
@@ -252,14 +258,19 @@ int peaks_cache_read(const char *path, ProfilePeaks *out, char *why, size_t whyl
             have |= out->device[0] ? 1 : 0;
         } else if (!strcmp(line, "flops_per_s") && read_rate(value, &out->flops_per_s) == 0) {
             have |= 2;
+        } else if (!strcmp(line, "flops_f32_per_s") && read_rate(value, &out->flops_f32_per_s) == 0) {
+            have |= 8;
+        } else if (!strcmp(line, "flops_tf32_per_s") && read_rate(value, &out->flops_tf32_per_s) == 0) {
+            have |= 16;
         } else if (!strcmp(line, "bytes_per_s") && read_rate(value, &out->bytes_per_s) == 0) {
             have |= 4;
         }
     }
     int failed = ferror(f);
     fclose(f);
-    if (failed || have != 7) {
-        snprintf(why, whylen, "%s", failed ? "read error" : "not the device, flops_per_s and bytes_per_s it should hold");
+    if (failed || have != 31) {
+        snprintf(why, whylen, "%s", failed ? "read error" : "not the device, flops_per_s, flops_f32_per_s, "
+                 "flops_tf32_per_s and bytes_per_s it should hold");
         return -1;
     }
     out->from_cache = 1;
@@ -279,8 +290,9 @@ int peaks_cache_write(const char *path, const ProfilePeaks *p) {
     FILE *f = fopen(tmp, "w");
     if (!f) return -1;
     int bad = fprintf(f, "# trainc profile's measured peaks (tools/trainer/peaks.c); delete the file to remeasure\n"
-                         "device = %s\nflops_per_s = %.17g\nbytes_per_s = %.17g\n", p->device, p->flops_per_s,
-                      p->bytes_per_s) < 0;
+                         "device = %s\nflops_per_s = %.17g\nflops_f32_per_s = %.17g\nflops_tf32_per_s = %.17g\n"
+                         "bytes_per_s = %.17g\n", p->device, p->flops_per_s, p->flops_f32_per_s,
+                      p->flops_tf32_per_s, p->bytes_per_s) < 0;
     bad |= fclose(f) != 0;
     if (bad || rename(tmp, path) != 0) {
         remove(tmp);
@@ -300,6 +312,7 @@ static int from_env(ProfilePeaks *out) {
     memset(out, 0, sizeof *out);
     if (!comma || read_rate(first, &out->flops_per_s) != 0 || read_rate(comma + 1, &out->bytes_per_s) != 0)
         TC_USER_ERROR("TRAINC_PEAKS=%s: want FLOPS,BYTES per second, two positive numbers (e.g. 7e14,5e12)", text);
+    out->flops_f32_per_s = out->flops_tf32_per_s = out->flops_per_s; /* one figure for every precision */
     snprintf(out->device, sizeof out->device, "TRAINC_PEAKS");
     return 1;
 }
@@ -308,7 +321,8 @@ static void measure(int use_gpu, int gpu, ProfilePeaks *out) {
     log_info("measuring the %s's peaks for the roofline (once; cached)", use_gpu ? "GPU" : "CPU");
     if (use_gpu) peaks_measure_gpu(gpu, out);
     else peaks_measure_cpu(out);
-    log_info("peaks of %s: %.3g FLOP/s, %.3g B/s", out->device, out->flops_per_s, out->bytes_per_s);
+    log_info("peaks of %s: %.3g FLOP/s (half), %.3g (float32), %.3g (TF32), %.3g B/s", out->device, out->flops_per_s,
+             out->flops_f32_per_s, out->flops_tf32_per_s, out->bytes_per_s);
 }
 
 void peaks_get(int use_gpu, int gpu, ProfilePeaks *out) {
@@ -328,7 +342,8 @@ void peaks_get(int use_gpu, int gpu, ProfilePeaks *out) {
     if (peaks_cache_read(path, out, why, sizeof why) == 0) return;
     if (why[0]) log_warn("peaks: cache %s: %s; measuring again and rewriting it", path, why);
     measure(use_gpu, gpu, out);
-    if (out->flops_per_s <= 0 || out->bytes_per_s <= 0) return; /* not measured: not cached either */
+    if (out->flops_per_s <= 0 || out->flops_f32_per_s <= 0 || out->flops_tf32_per_s <= 0 || out->bytes_per_s <= 0)
+        return; /* not measured: not cached either */
     if (peaks_cache_write(path, out) != 0 && !warned_write++)
         log_warn("peaks: cannot write the cache %s: %s; measured each run", path, strerror(errno));
 }

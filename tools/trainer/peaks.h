@@ -1,7 +1,9 @@
 /* The device's measured peaks for trainc profile's roofline (ProfilePeaks,
- * profile.h). The GPU: a half-precision GEMM (fp16 in and out, fp32
- * accumulate) through the linear face, and a device-to-device copy. The CPU:
- * an fp32 GEMM through the same face, and a memcpy. A copy's bytes_per_s
+ * profile.h). The GPU: GEMMs through the linear face in half precision (fp16
+ * in and out, fp32 accumulate), in float32 on FMA units and in float32 on
+ * TF32 tensor cores (the roofline takes the one of the run's precision), and
+ * a device-to-device copy. The CPU: an fp32 GEMM through the same face (all
+ * three figures), and a memcpy. A copy's bytes_per_s
  * counts what it reads and what it writes (2 x its size per copy), as the
  * roofline's bytes count a layer's reads and writes. Each figure is the best
  * of several timed runs after warm-up.
@@ -11,7 +13,8 @@
  * as peaks-<GPU UUID>.txt, or on the CPU peaks-cpu-<model>-<BLAS threads>.txt.
  * A cache that does not read back is remeasured and rewritten with a warning;
  * one that cannot be written is warned about once. TRAINC_PEAKS="FLOPS,BYTES"
- * (per second; e.g. "7e14,5e12") skips both the measurement and the cache. */
+ * (per second; e.g. "7e14,5e12"; FLOPS for every precision) skips both the
+ * measurement and the cache. */
 #ifndef TRAINC_TOOLS_TRAINER_PEAKS_H
 #define TRAINC_TOOLS_TRAINER_PEAKS_H
 

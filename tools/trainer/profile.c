@@ -211,6 +211,15 @@ static int layer_of(const Model *m, const char *label) {
     return (int)((label - lo) / (ptrdiff_t)sizeof(Layer));
 }
 
+static void add_outside(ProfileReport *r, const char *op, double ms) {
+    int i = 0;
+    while (i < r->n_outside && strcmp(r->outside[i].op, op) != 0) i++;
+    if (i == PROFILE_MAX_OUTSIDE) i--;
+    else if (i == r->n_outside) snprintf(r->outside[r->n_outside++].op, sizeof r->outside[i].op, "%s", op);
+    r->outside[i].ms += ms;
+    r->outside_ms += ms;
+}
+
 static void tally_layers(Profiler *p, ProfileReport *r) {
     const Model *m = p->model;
     double steps = (double)(p->last - p->first + 1);
@@ -229,7 +238,7 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
         double ms = 1000 * (o->t1 - o->t0) / steps;
         int li = layer_of(m, o->label);
         if (li < 0) {
-            r->outside_ms += ms;
+            add_outside(r, o->op, ms);
             continue;
         }
         ProfileLayer *pl = &r->layers[li];

@@ -28,6 +28,14 @@ typedef struct {
     double forward_bytes, backward_bytes;     /* per step, from the shapes */
 } ProfileLayer;
 
+#define PROFILE_MAX_OUTSIDE 16
+
+/* An op outside the layers (the input's cast, the loss, the optimizer): ms per step. */
+typedef struct {
+    char op[40];
+    double ms;
+} ProfileOutsideOp;
+
 typedef struct {
     size_t weights, gradients, optimizer, activations, activation_grads, workspace, other, peak;
 } ProfileMemory;
@@ -36,7 +44,9 @@ typedef struct {
  * GEMM and a device-to-device copy on the GPU; an fp32 GEMM and a memcpy on
  * the CPU. Measured once per device and cached. */
 typedef struct {
-    double flops_per_s;       /* 0: not known (the roofline falls back to nominal) */
+    double flops_per_s;       /* half precision (fp16 in, fp32 accumulate); 0: not known (nominal then) */
+    double flops_f32_per_s;   /* float32 on FMA units (no TF32); the CPU's one GEMM figure fills all three */
+    double flops_tf32_per_s;  /* float32 on TF32 tensor cores */
     double bytes_per_s;
     char device[256];         /* what they were measured on (the GPU's name and UUID, the CPU's model) */
     int from_cache;           /* read from the cache file, not measured in this run */
@@ -105,6 +115,9 @@ typedef struct {
     ProfileLayer *layers;     /* n_layers, in the model's order */
     double layers_ms;         /* per step: the layers' forward and backward together */
     double outside_ms;        /* per step: ops with no layer (input copy, loss, optimizer, zeroing) */
+    int n_outside;
+    ProfileOutsideOp outside[PROFILE_MAX_OUTSIDE]; /* those ops by name, in the order first seen (the rest
+                                                      past PROFILE_MAX_OUTSIDE under the last) */
     long n_ops;               /* ops timed in the window */
     long dropped;             /* ops past the event pool (GPU; 0 normally) */
     ProfileMemory memory;

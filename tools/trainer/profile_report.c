@@ -8,17 +8,32 @@
 
 /* ---- the roofline ------------------------------------------------------------- */
 
-/* Without measured peaks (TRAINC_PEAKS unset and nothing measured): nominal
- * ones (an H100's dense fp16 tensor cores against its HBM; a CPU core's FMA
- * units against DRAM), so that the bound still has a ridge. */
+/* The GEMM peak of the run's precision: half with precision.amp, else
+ * float32 on TF32 tensor cores with precision.tf32, else float32 on FMA
+ * units. Without measured peaks (none measured, TRAINC_PEAKS unset): nominal
+ * ones (an H100 SXM's dense tensor cores or FMA units against its HBM; a CPU
+ * core's FMA units against DRAM), so that the bound still has a ridge. */
 static void peaks_or_nominal(const ProfileReport *r, double *flops, double *bytes) {
-    *flops = r->peaks.flops_per_s, *bytes = r->peaks.bytes_per_s;
+    const ProfilePeaks *p = &r->peaks;
+    int half = r->settings.amp, tf32 = !half && r->settings.tf32;
+    *flops = half ? p->flops_per_s : tf32 ? p->flops_tf32_per_s : p->flops_f32_per_s;
+    *bytes = p->bytes_per_s;
     if (*flops > 0 && *bytes > 0) return;
-    *flops = r->gpu ? 989e12 : 50e9;
+    *flops = !r->gpu ? 50e9 : half ? 989e12 : tf32 ? 494e12 : 67e12;
     *bytes = r->gpu ? 3.35e12 : 10e9;
 }
 
-static int measured_peaks(const ProfileReport *r) { return r->peaks.flops_per_s > 0 && r->peaks.bytes_per_s > 0; }
+static const char *peak_precision(const ProfileReport *r) {
+    return r->settings.amp ? "half-precision GEMM" : r->settings.tf32 ? "TF32 GEMM" : "float32 GEMM";
+}
+
+static int measured_peaks(const ProfileReport *r) {
+    double flops, bytes;
+    peaks_or_nominal(r, &flops, &bytes);
+    return flops == (r->settings.amp ? r->peaks.flops_per_s : r->settings.tf32 ? r->peaks.flops_tf32_per_s
+                                                                                : r->peaks.flops_f32_per_s) &&
+           bytes == r->peaks.bytes_per_s;
+}
 
 ProfileRoofline profile_roofline(const ProfileReport *r, const ProfileLayer *l) {
     double peak, bw, flops = l->forward_flops + l->backward_flops, bytes = l->forward_bytes + l->backward_bytes,
@@ -44,11 +59,12 @@ static void print_layers(const ProfileReport *r, FILE *f) {
             "(backward counted as twice forward) ==\n", r->first, r->last,
             r->gpu ? "device time between a cudaEvent pair per op on the compute stream" : "host time per op");
     if (measured_peaks(r))
-        fprintf(f, "roofline: %.4g %s and %.4g GB/s measured on %s%s; ridge %.1f FLOP/byte\n", peak / scale, rate,
-                bw / 1e9, r->peaks.device, r->peaks.from_cache ? " (cached)" : "", peak / bw);
+        fprintf(f, "roofline: %.4g %s (%s) and %.4g GB/s (device copy) measured on %s%s; ridge %.1f FLOP/byte\n",
+                peak / scale, rate, peak_precision(r), bw / 1e9, r->peaks.device, r->peaks.from_cache ? " (cached)" : "",
+                peak / bw);
     else
-        fprintf(f, "roofline: no measured peaks; nominal %.4g %s and %.4g GB/s, ridge %.1f FLOP/byte\n",
-                peak / scale, rate, bw / 1e9, peak / bw);
+        fprintf(f, "roofline: no measured peaks; nominal %.4g %s (%s) and %.4g GB/s, ridge %.1f FLOP/byte\n",
+                peak / scale, rate, peak_precision(r), bw / 1e9, peak / bw);
     fprintf(f, "%-14s %-44s %-18s %9s %9s %6s %10s %10s %8s %8s %8s %-7s %6s\n", "layer", "ops", "output", "fwd ms",
             "bwd ms", "share", "GFLOP", "MB", rate, "GB/s", "FLOP/B", "bound", "% roof");
     for (int i = 0; i < r->n_layers; i++) {
@@ -63,10 +79,15 @@ static void print_layers(const ProfileReport *r, FILE *f) {
                 bytes / 1e6, p.achieved / scale, ms > 0 ? bytes / (ms / 1000) / 1e9 : 0, p.intensity,
                 p.compute_bound ? "compute" : "memory", 100 * p.roof_share);
     }
-    fprintf(f, "layers together %.4f ms of the %.4f ms step (%.1f%%; the step: wall time of a timed step); "
-            "outside the layers %.4f ms (input copy, loss, zeroing, optimizer ops); the rest %.4f ms is host "
-            "work between ops (data wait, launches, syncs)\n", r->layers_ms, s->step_ms,
-            100 * r->layers_ms / s->step_ms, r->outside_ms, s->step_ms - r->layers_ms - r->outside_ms);
+    for (int i = 0; i < r->n_outside; i++)
+        fprintf(f, "%-14s %-44.44s %-18s %9.4f %9s %5.1f%%\n", "(no layer)", r->outside[i].op, "", r->outside[i].ms,
+                "", 100 * r->outside[i].ms / s->step_ms);
+    double ops_ms = r->layers_ms + r->outside_ms;
+    fprintf(f, "the rows together %.4f ms of the %.4f ms step (%.1f%%; the step: wall time of a timed step): the "
+            "layers %.4f ms (%.1f%%), the ops outside them %.4f ms; the rest %.4f ms is %s between ops (data "
+            "wait, launches, syncs)\n", ops_ms, s->step_ms, 100 * ops_ms / s->step_ms, r->layers_ms,
+            100 * r->layers_ms / s->step_ms, r->outside_ms, s->step_ms - ops_ms,
+            r->gpu ? "the compute stream's time" : "host time");
     if (r->dropped) fprintf(f, "warning: %ld ops past the event pool were not timed\n", r->dropped);
 }
 
@@ -122,19 +143,25 @@ static void find_data_wait(const ProfileReport *r, Findings *fs) {
     suggest(f, r->gpu && !c->transform_on_gpu, "data.transform_on=gpu");
 }
 
-/* The GPU idles while the host syncs, reads the loss back and does its own
- * work between the phases: that time is what the syncs cost the step. */
+/* A sync stops the host from queuing the next step's work while the GPU runs
+ * this one, so the GPU idles through whatever the host does next (loading,
+ * copying, launching). With CUPTI: the compute stream's idle time, as far as
+ * the host spent at least as long blocked in sync calls; without it, the
+ * host's time between the phases. */
 static void find_syncs(const ProfileReport *r, Findings *fs) {
     const ProfileSettings *c = &r->settings;
     const ProfileKernels *k = &r->kernels;
-    double ms = outside_phases_ms(&r->summary);
+    double between = outside_phases_ms(&r->summary);
+    double ms = k->available ? fmin(k->sync_ms, k->gap_ms) : between;
     int syncing = c->sync_after_step || !c->async_copy || (c->read_loss_every > 0 && c->read_loss_every < 100);
     ProfileFinding *f = add(fs, !r->gpu ? "trainer work outside the phases" : syncing ? "host syncs" :
                             "host work between the phases", ms, ms);
-    int n = snprintf(f->from, sizeof f->from, "step wall time less data wait and the device phases");
     if (k->available)
-        snprintf(f->from + n, sizeof f->from - n, "; CUPTI: the host blocked %.3f ms per step in sync calls",
-                 k->sync_ms);
+        snprintf(f->from, sizeof f->from, "CUPTI: the compute stream idle %.3f ms per step while the host blocked "
+                 "%.3f ms in sync calls (stream, event, device syncs, synchronous copies); %.3f ms between the "
+                 "phases", k->gap_ms, k->sync_ms, between);
+    else
+        snprintf(f->from, sizeof f->from, "step wall time less data wait and the device phases");
     if (!r->gpu) return;
     suggest(f, c->sync_after_step, "train.sync_after_step=off");
     suggest(f, c->read_loss_every > 0 && c->read_loss_every < 100, "train.read_loss_every=0");

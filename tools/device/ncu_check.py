@@ -14,8 +14,9 @@ TRACE is `trainc profile --config CONFIG --trace TRACE` of the same config. Chec
    step_ms (within 5%);
 3. the largest convolution's achieved TFLOP/s (its forward op: the FLOPs in the op
    span's args over its duration) against ncu's over the same kernels (the kernels
-   the trace shows inside that op; ncu's FLOPs from the tensor-pipe and FMA counters,
-   its time gpu__time_duration), within 10%.
+   the trace shows inside that op): the same FLOPs over ncu's gpu__time_duration,
+   within 10%. ncu's own FLOP count (tensor-pipe and FMA counters) is printed beside;
+   on Hopper its tensor counters miss the warpgroup MMA instructions.
 ncu runs the plain training (trainc --config CONFIG, CUDA graphs off as in the
 profile, run.nvtx_layers on for the third check) with --clock-control none and
 --cache-control none, so that the kernels run as in training. Prints a table per check
@@ -192,9 +193,11 @@ def check_conv(a, kernels, ops):
     print(f"ncu:    {ns / 1e6:.4f} ms -> {ncu_tflops_shape:.1f} TFLOP/s with the shape's FLOPs; "
           f"{ncu_flops / 1e9:.2f} GFLOP counted ({100 * ncu_flops / flops:.1f}% of the shape's) -> "
           f"{ncu_tflops:.1f} TFLOP/s")
-    off = abs(ours / ncu_tflops - 1) if ncu_tflops > 0 else 1.0
-    return off <= 0.10, (f"largest conv: trainc {ours:.1f} TFLOP/s, ncu {ncu_tflops:.1f} (counted FLOPs), "
-                         f"{ncu_tflops_shape:.1f} (shape FLOPs): off by {100 * off:.1f}% (10% allowed)")
+    # The comparison takes the shape's FLOPs over ncu's time: the tensor-pipe counters miss Hopper's
+    # warpgroup MMA (wgmma) instructions, so the counted FLOPs are shown but not compared.
+    off = abs(ours / ncu_tflops_shape - 1) if ncu_tflops_shape > 0 else 1.0
+    return off <= 0.10, (f"largest conv ({layer}): trainc {ours:.1f} TFLOP/s, ncu {ncu_tflops_shape:.1f} (the "
+                         f"shape's FLOPs over ncu's gpu__time_duration): off by {100 * off:.1f}% (10% allowed)")
 
 
 def main():

@@ -7,7 +7,7 @@
  *   small batch, each with its switch (data.workers, train.sync_after_step,
  *   train.batch), and the input copy (data.async_copy, data.pinned);
  * - configs/final.ini's (batch 256, fp16, NHWC, fused, asynchronous loading;
- *   convolutions 11.5 of the 15.1 ms step) finds compute-bound layers first,
+ *   convolutions 11.5 of the 15.1 ms step) finds compute-bound convolutions first,
  *   with the longest convolution's place on the roofline against the
  *   measured peaks, and suggests no switch that final.ini has on;
  * - with CUPTI's figures: the utilisation line gives the kernel-active share
@@ -95,7 +95,7 @@ static void check_baseline(void) {
     check_found(fs, n, "host syncs", "train.read_loss_every=0");
     check_found(fs, n, "small batch", "train.batch=64");
     check_found(fs, n, "copies not overlapped", "data.async_copy=on");
-    check_found(fs, n, "compute-bound layers", "precision.amp=fp16");
+    check_found(fs, n, "compute-bound convolutions", "precision.amp=fp16");
     const ProfileFinding *batch = find(fs, n, "small batch");
     if (batch) CHECK_NEAR(batch->gain_ms, batch->ms / 2, 1e-12);
     char *text = print(&r);
@@ -119,7 +119,7 @@ static void check_final(void) {
     r.n_layers = 4, r.layers_ms = 10.5, r.outside_ms = 2.8, r.n_ops = 20 * 30;
     ProfileFinding fs[PROFILE_MAX_FINDINGS];
     int n = profile_findings(&r, fs, PROFILE_MAX_FINDINGS);
-    CHECK_MSG(n > 0 && !strcmp(fs[0].what, "compute-bound layers"), "first finding %s", n ? fs[0].what : "none");
+    CHECK_MSG(n > 0 && !strcmp(fs[0].what, "compute-bound convolutions"), "first finding %s", n ? fs[0].what : "none");
     if (n > 0) {
         CHECK_MSG(strstr(fs[0].from, "conv 1 4.400 ms, 383.7 FLOP/byte, 322 of 700 TFLOP/s attainable (46%)") != NULL,
                   "%s", fs[0].from);

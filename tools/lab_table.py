@@ -203,7 +203,7 @@ def main():
     ap.add_argument("--diagnose", action="store_true",
                     help="also run `trainc profile` on each config and add its top findings (and --report)")
     ap.add_argument("--diagnose-steps", default="11:30", help="the profiled window, trainc profile's --steps A:B")
-    ap.add_argument("--top", type=int, default=3, help="findings shown per stage")
+    ap.add_argument("--top", type=int, default=8, help="findings shown per stage (default: all, 8 at most)")
     ap.add_argument("--report", default="lab_report.md", help="with --diagnose: the markdown report")
     args = ap.parse_args()
 

@@ -7,7 +7,7 @@
 #       .base, when BASE is used) in the call's carry.
 #   bash tools/device/prepare.sh           there: prints the cards, unpacks CIFAR-10,
 #       builds this tree into build/ (Release) and, with BASE=dir, that tree into
-#       build-base/. test.sh, bench.sh and trace.sh source it first, which also sends
+#       build-base/. test.sh and bench.sh source it first, which also sends
 #       everything they print to $OUT/log.txt, lets Open MPI run as root and keeps
 #       NVLink multicast off.
 #
@@ -76,7 +76,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then  # run, not sourced
   "") set -uo pipefail; prepare_machine ;;
   *) echo "prepare.sh: unknown argument '$1' (carry, or none on the GPU machine)" >&2; exit 2 ;;
   esac
-else  # sourced by test.sh, bench.sh, trace.sh
+else  # sourced by test.sh, bench.sh
   set -uo pipefail
   export OUT=${OUT:-/tmp/out}
   mkdir -p "$OUT"

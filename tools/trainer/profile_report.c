@@ -243,7 +243,8 @@ static void find_small_batch(const ProfileReport *r, Findings *fs, double gaps_m
 
 /* The layers on one side of the ridge: their time, the gain at the roof, and
  * the three longest with their place on the roofline. */
-static double layers_at(const ProfileReport *r, int compute, double *gain_ms, char *where, size_t len) {
+static double layers_at(const ProfileReport *r, int compute, double *gain_ms, int *all_conv, char *where,
+                        size_t len) {
     double ms = 0, scale = r->gpu ? 1e12 : 1e9, peak, bw;
     peaks_or_nominal(r, &peak, &bw);
     int top[3] = {-1, -1, -1};
@@ -254,6 +255,7 @@ static double layers_at(const ProfileReport *r, int compute, double *gain_ms, ch
         double t = l->forward_ms + l->backward_ms, flops = l->forward_flops + l->backward_flops;
         if (p.compute_bound != compute || t <= 0) continue;
         ms += t;
+        *all_conv &= strstr(l->ops, "conv2d") != NULL;
         *gain_ms += fmax(0, t - 1000 * flops / p.attainable);
         for (int j = 0; j < 3; j++) {
             const ProfileLayer *o = top[j] >= 0 ? &r->layers[top[j]] : NULL;
@@ -278,14 +280,16 @@ static double layers_at(const ProfileReport *r, int compute, double *gain_ms, ch
 static void find_layers(const ProfileReport *r, Findings *fs) {
     const ProfileSettings *c = &r->settings;
     char where[512];
-    double gain, ms = layers_at(r, 0, &gain, where, sizeof where);
-    ProfileFinding *f = add(fs, "memory-bound layers", ms, gain);
+    int all_conv = 1;
+    double gain, ms = layers_at(r, 0, &gain, &all_conv, where, sizeof where);
+    ProfileFinding *f = add(fs, all_conv ? "memory-bound convolutions" : "memory-bound layers", ms, gain);
     snprintf(f->from, sizeof f->from, "%s", where);
     suggest(f, r->gpu && !c->fuse, "model.fuse=on");
     suggest(f, r->gpu && !c->amp, "precision.amp=fp16");
     suggest(f, r->gpu && !c->nhwc, "model.layout=nhwc");
-    ms = layers_at(r, 1, &gain, where, sizeof where);
-    f = add(fs, "compute-bound layers", ms, gain);
+    all_conv = 1;
+    ms = layers_at(r, 1, &gain, &all_conv, where, sizeof where);
+    f = add(fs, all_conv ? "compute-bound convolutions" : "compute-bound layers", ms, gain);
     snprintf(f->from, sizeof f->from, "%s", where);
     suggest(f, r->gpu && !c->amp, "precision.amp=fp16");
     suggest(f, r->gpu && !c->amp && !c->tf32, "precision.tf32=on");

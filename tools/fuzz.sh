@@ -9,6 +9,8 @@
 # fuzzer found interesting; it grows from run to run), logs/<target>.log and
 # crashes/<target>-* (inputs that failed). Exits non-zero when any target
 # failed, after printing its report, its input and the command that replays it.
+# FUZZ_SEED=n fixes libFuzzer's random seed (CI: 1, so that a clean checkout
+# tries the same inputs each time); unset, each run draws its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,7 @@ for target in config image_folder cifar checkpoint; do
   log=$out/logs/$target.log
   extra=()
   [ "$target" = config ] && extra+=(-dict="$out/seeds/config.dict")
+  [ -n "${FUZZ_SEED:-}" ] && extra+=(-seed="$FUZZ_SEED")
   if "$out/fuzz_$target" "$out/corpus/$target" "$out/seeds/$target" -max_total_time="$seconds" \
       -max_len="${max_len[$target]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="$out/crashes/$target-" "${extra[@]}" >"$log" 2>&1; then

@@ -255,7 +255,7 @@ static double layers_at(const ProfileReport *r, int compute, double *gain_ms, in
         double t = l->forward_ms + l->backward_ms, flops = l->forward_flops + l->backward_flops;
         if (p.compute_bound != compute || t <= 0) continue;
         ms += t;
-        *all_conv &= strstr(l->ops, "conv2d") != NULL;
+        *all_conv &= strncmp(l->name, "conv ", 5) == 0; /* model.c names a layer by its kind */
         *gain_ms += fmax(0, t - 1000 * flops / p.attainable);
         for (int j = 0; j < 3; j++) {
             const ProfileLayer *o = top[j] >= 0 ? &r->layers[top[j]] : NULL;

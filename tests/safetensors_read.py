@@ -45,8 +45,8 @@ def main():
     if header_len % 8 or 8 + header_len > len(blob):
         fail(f"header length {header_len} (file {len(blob)} bytes)")
     text = blob[8:8 + header_len].decode("utf-8")
-    if text != text.rstrip(" ") + " " * (len(text) - len(text.rstrip(" "))):
-        fail("header padding is not spaces")
+    if not text.rstrip(" ").endswith("}") or len(text) - len(text.rstrip(" ")) > 7:
+        fail("the header is not JSON padded with at most 7 spaces")
     header = json.loads(text)
     meta = header.pop("__metadata__")
     data = len(blob) - 8 - header_len

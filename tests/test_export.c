@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -220,6 +221,69 @@ static void test_wrong_shape(void) {
     free(m);
 }
 
+/* Runs build/trainc with args; its exit status, and its output in out. */
+static int trainc(const char *args, char *out, size_t n) {
+    const char *build = getenv("TRAINC_BUILD_DIR");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/trainc %s 2>&1", build ? build : "build", args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = 0;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void expect_message(const char *args, const char *needle) {
+    static char out[1 << 16];
+    int rc = trainc(args, out, sizeof out);
+    CHECK_MSG(rc != 0 && rc < 128, "trainc %s exited %d", args, rc);
+    CHECK_MSG(strstr(out, needle) != NULL, "trainc %s: no '%s' in:\n%s", args, needle, out);
+}
+
+/* The messages of the command line: a checkpoint written before the names
+ * (no meta section), a missing one, an unknown format, an unwritable --out, a
+ * run.init_from of another model. */
+static void test_messages(void) {
+    char dir[1000], old[1100], args[4096], err[512];
+    snprintf(dir, sizeof dir, "%s", test_tmpdir("messages"));
+    snprintf(old, sizeof old, "%s/old.trc", dir);
+    float params[4] = {0};
+    CkptWriter *w = ckpt_write_begin(old, 1, err, sizeof err);
+    CHECK(w && ckpt_write_section(w, "params", params, sizeof params, err, sizeof err) == 0 &&
+          ckpt_write_commit(w, err, sizeof err) == 0);
+    snprintf(args, sizeof args, "export --checkpoint %s --format safetensors --out %s/x.safetensors", old, dir);
+    expect_message(args, "predates named tensors");
+    snprintf(args, sizeof args, "export --checkpoint %s/none.trc --format safetensors --out %s/x.safetensors", dir, dir);
+    expect_message(args, "none.trc");
+    snprintf(args, sizeof args, "export --checkpoint %s --format onnx --out %s/x.safetensors", old, dir);
+    expect_message(args, "--format onnx: unknown (known: safetensors)");
+    snprintf(args, sizeof args, "export --checkpoint %s --format safetensors", old);
+    expect_message(args, "--checkpoint, --format and --out are required");
+    char x[1100];
+    snprintf(x, sizeof x, "%s/x.safetensors", dir);
+    CHECK(access(x, F_OK) != 0);
+
+    /* A simplenet file into a resnet18 run; an unwritable --out. */
+    char ck[1100], file[1100];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    Config *c = small_run("simplenet", ck);
+    TrainSummary s;
+    train_run(c, &s);
+    config_free(c);
+    snprintf(file, sizeof file, "%s/s.safetensors", dir);
+    snprintf(args, sizeof args, "export --checkpoint %s/ckpt-00000002.trc --format safetensors --out %s", ck, file);
+    static char out[1 << 16];
+    CHECK_MSG(trainc(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "export --checkpoint %s/ckpt-00000002.trc --format safetensors --out %s/no/x", ck, dir);
+    expect_message(args, "cannot write it");
+    const char *ini = test_write_file(dir, "empty.ini", "", 0);
+    snprintf(args, sizeof args, "--config %s --device cpu --set data.source=synthetic --set data.image_size=16 "
+             "--set model.name=resnet18 --set run.max_steps=1 --set run.init_from=%s", ini, file);
+    expect_message(args, "run.init_from:");
+    expect_message(args, "is not one of the model's");
+}
+
 int main(void) {
     Model *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     test_names(a);
@@ -229,5 +293,6 @@ int main(void) {
     test_round_trip("simplenet");
     test_round_trip("resnet18");
     test_wrong_shape();
+    test_messages();
     return test_finish("test_export");
 }

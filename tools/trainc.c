@@ -4,12 +4,14 @@
  *          [--resume FILE|latest] [--print-config] [--quiet]
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
  *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
+ *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
  * find-batch doubles train.batch over child runs to find the fastest size
  * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
- * them by layer, a diagnosis and the memory split (tools/trainer/profile.c).
+ * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
+ * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary (profile: its own report, and the trace of every rank).

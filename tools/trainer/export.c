@@ -97,7 +97,7 @@ char *export_tensors_json(const Model *m) {
 
 static void shape_text(char *out, size_t n, int ndim, const int *shape) {
     size_t used = (size_t)snprintf(out, n, "[");
-    for (int d = 0; d < ndim && used < n; d++) used += (size_t)snprintf(out + used, n - used, d ? ", %d" : "%d", shape[d]);
+    for (int d = 0; d < ndim && used < n; d++) used += (size_t)snprintf(out + used, n - used, d ? ",%d" : "%d", shape[d]);
     if (used < n) snprintf(out + used, n - used, "]");
 }
 
@@ -138,8 +138,8 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "wb");
-    int ok = f != NULL;
-    if (ok) {
+    int opened = f != NULL, ok = opened;
+    if (opened) {
         unsigned char len_le[8];
         for (int b = 0; b < 8; b++) len_le[b] = (unsigned char)((uint64_t)header_len >> (8 * b));
         ok = fwrite(len_le, 1, 8, f) == 8 && fwrite(header, 1, header_len, f) == header_len;
@@ -154,7 +154,7 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
     if (ok) ok = rename(tmp, path) == 0;
     if (!ok) {
         snprintf(err, errlen, "--out %s: cannot write it: %s", path, strerror(errno));
-        if (f) unlink(tmp);
+        if (opened) unlink(tmp);
     }
     free(buf);
     free(header);

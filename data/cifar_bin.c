@@ -101,6 +101,9 @@ int cifar_bin_load(Dataset *d, const char *dir, int train, int limit, char *err,
     d->h = CIFAR_SIDE;
     d->w = CIFAR_SIDE;
     d->num_classes = CIFAR_CLASSES;
+    static const char *const names[CIFAR_CLASSES] = {"airplane", "automobile", "bird", "cat", "deer",
+                                                     "dog", "frog", "horse", "ship", "truck"};
+    dataset_set_class_names(d, names, CIFAR_CLASSES);
     d->pixels = malloc((size_t)n * CIFAR_IMAGE_BYTES);
     d->labels = malloc((size_t)n * sizeof(int32_t));
     if (!d->pixels || !d->labels) {

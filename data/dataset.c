@@ -16,7 +16,16 @@ const uint8_t *dataset_image(const Dataset *d, int i) {
 void dataset_free(Dataset *d) {
     free(d->pixels);
     free(d->labels);
+    for (int k = 0; d->class_names && k < d->num_classes; k++) free(d->class_names[k]);
+    free(d->class_names);
     memset(d, 0, sizeof *d);
+}
+
+void dataset_set_class_names(Dataset *d, const char *const *names, int n) {
+    d->class_names = calloc((size_t)n, sizeof *d->class_names);
+    if (!d->class_names) TC_FATAL("out of host memory: %d class names", n);
+    for (int k = 0; k < n; k++)
+        if (!(d->class_names[k] = strdup(names[k]))) TC_FATAL("out of host memory: class names");
 }
 
 static float rng_unit(uint64_t *state) {

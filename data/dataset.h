@@ -20,11 +20,15 @@ typedef struct {
     int num_classes;
     uint8_t *pixels;/* n * c * h * w */
     int32_t *labels;/* n */
+    char **class_names; /* num_classes names (image folders: the folders; CIFAR-10 binary: its classes), or
+                           NULL: unnamed (synthetic) */
 } Dataset;
 
 size_t dataset_image_bytes(const Dataset *d);
 const uint8_t *dataset_image(const Dataset *d, int i);
 void dataset_free(Dataset *d);
+/* Copies n names into d->class_names (freed by dataset_free). */
+void dataset_set_class_names(Dataset *d, const char *const *names, int n);
 
 /* CIFAR-10 binary: dir/data_batch_1.bin .. data_batch_5.bin (train) or
  * dir/test_batch.bin (test); records of 1 label byte + 3072 pixel bytes.

@@ -566,6 +566,7 @@ int image_folder_load(Dataset *d, const char *root, const char *split, int limit
     d->w = job.w;
     d->num_classes = num_classes;
     d->pixels = job.pixels;
+    dataset_set_class_names(d, (const char *const *)classes.items, num_classes);
     rc = 0;
 
 done:

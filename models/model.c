@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,17 @@ static void add_params(Model *m, Layer *l, size_t w_count, size_t b_count, size_
     l->b_count = b_count;
     l->fan_in = fan_in;
     m->n_params += w_count + b_count;
+}
+
+void model_name_last(Model *m, const char *fmt, ...) {
+    if (m->n_layers == 0) TC_FATAL("model_name_last before any layer");
+    Layer *l = &m->layers[m->n_layers - 1];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(l->module, sizeof l->module, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof l->module) TC_FATAL("layer %d: module name longer than %zu bytes",
+                                                         m->n_layers - 1, sizeof l->module - 1);
 }
 
 void model_block_begin(Model *m) {
@@ -422,14 +434,9 @@ static float uniform(uint64_t *state, float bound) {
     return (float)((2.0 * u - 1.0) * bound);
 }
 
-/* PyTorch's default for conv and linear: weights and biases uniform in
- * +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5)). */
-/* Where weight j of a layer, counted in NCHW order over the real input
- * channels, lives in this model's layout: conv weights [k][c][r][s] become
- * [k][r][s][c_padded]; a linear layer after a channels-last image sees its
- * inputs in (h, w, c) order. So the NCHW and NHWC models start from the same
- * function. */
-static size_t weight_index(const Model *m, const Layer *l, size_t j) {
+/* NCHW and NHWC models start from the same function: init_params draws in
+ * PyTorch's order and model_weight_index places each weight. */
+size_t model_weight_index(const Model *m, const Layer *l, size_t j) {
     const Activation *x = &m->acts[l->in];
     if (!m->nhwc) return j;
     if (l->kind == LAYER_CONV) {
@@ -445,7 +452,9 @@ static size_t weight_index(const Model *m, const Layer *l, size_t j) {
     return j;
 }
 
-/* Batch norm starts as the identity: gamma 1, beta 0, running mean 0 and
+/* PyTorch's default for conv and linear: weights and biases uniform in
+ * +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5)).
+ * Batch norm starts as the identity: gamma 1, beta 0, running mean 0 and
  * variance 1. Under optim.decay_bn_bias = off, weight decay skips biases and
  * batch-norm parameters. */
 static void init_params(Model *m, uint64_t seed) {
@@ -468,7 +477,7 @@ static void init_params(Model *m, uint64_t seed) {
         size_t real_w = l->w_count / x->c * x->c_real; /* conv: padded channels get none */
         if (l->kind == LAYER_LINEAR) real_w = l->w_count;
         float bound = 1.0f / sqrtf((float)l->fan_in);
-        for (size_t j = 0; j < real_w; j++) host[l->w_off + weight_index(m, l, j)] = uniform(&state, bound);
+        for (size_t j = 0; j < real_w; j++) host[l->w_off + model_weight_index(m, l, j)] = uniform(&state, bound);
         for (size_t j = 0; j < l->b_count; j++) host[l->b_off + j] = uniform(&state, bound);
     }
     model_set_params(m, host);

@@ -67,6 +67,8 @@ typedef struct {
     int dx_accumulate[2];
     int dx_alias[2];
     char name[24];        /* "conv 3": the label its ops carry to the op hooks (NVTX under nvtx_layers) */
+    char module[48];      /* layers with parameters: PyTorch's module name ("layer1.0.conv1"), which names
+                             its tensors (models/tensors.h); empty: unnamed */
 } Layer;
 
 typedef struct {
@@ -168,6 +170,15 @@ int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 
  * get its inside back. */
 void model_block_begin(Model *m);
 void model_block_end(Model *m);
+
+/* Names the last layer added by its PyTorch module ("features.0", "layer1.0.bn1"). */
+void model_name_last(Model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Where weight j of layer l, counted in PyTorch's order (conv [k][c][r][s] over
+ * the real input channels, linear [out][in] over NCHW-flattened inputs), lives
+ * in this model's weights: the identity under NCHW; conv [k][r][s][c_padded]
+ * and linear inputs in (h, w, c) order under NHWC. */
+size_t model_weight_index(const Model *m, const Layer *l, size_t j);
 
 /* Allocates every buffer in one arena on the device (gpu != NULL) or the host,
  * picks the convolution algorithms and initialises the parameters like

@@ -4,12 +4,14 @@
  *          [--resume FILE|latest] [--print-config] [--quiet]
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
  *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
+ *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
  * find-batch doubles train.batch over child runs to find the fastest size
  * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
- * them by layer, a diagnosis and the memory split (tools/trainer/profile.c).
+ * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
+ * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary (profile: its own report, and the trace of every rank).
@@ -27,6 +29,7 @@
 #include "runtime/log.h"
 #include "runtime/version.h"
 #include "tools/trainer/bench_loader.h"
+#include "tools/trainer/export.h"
 #include "tools/trainer/find_batch.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/profile.h"
@@ -39,6 +42,7 @@ static void usage(FILE *f) {
             "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
             "       trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
             "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
+            "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
@@ -237,6 +241,11 @@ int main(int argc, char **argv) {
         TC_FATAL("%s runs in one process, not under mpirun", subcommand);
     if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
 
+    if (argc > 1 && strcmp(argv[1], "export") == 0) {
+        int rc = export_main(argc - 1, argv + 1);
+        dist_finalize(&dist);
+        return rc;
+    }
     if (argc == 2 && strcmp(argv[1], "keys") == 0) {
         print_keys(stdout);
         dist_finalize(&dist);

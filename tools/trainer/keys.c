@@ -25,6 +25,9 @@ const CfgKeySpec trainc_keys[] = {
     {"run.resume", CFG_STRING, "", 0,
      "continue from this checkpoint file, or latest (the newest valid one in run.checkpoint_dir); "
      "trainc --resume sets it", 0},
+    {"run.init_from", CFG_STRING, "", 0,
+     "start from the weights of this safetensors file (trainc export's, or PyTorch's under the same names): "
+     "every tensor of the model by name, shape and dtype F32; the optimizer starts fresh (empty: off)", 0},
     {"run.max_bad_steps", CFG_INT, "20", 0,
      "stop (with a checkpoint) after this many steps in a row skipped for a non-finite loss or gradient "
      "(0: never)", "[0, 1000000000]"},

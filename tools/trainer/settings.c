@@ -40,6 +40,7 @@ static void fill_run(const Config *cfg, TrainSettings *s) {
     s->run.metrics_file = config_str(cfg, "run.metrics_file");
     s->run.tensorboard_dir = config_str(cfg, "run.tensorboard_dir");
     s->run.resume = config_str(cfg, "run.resume");
+    s->run.init_from = config_str(cfg, "run.init_from");
     s->run.use_gpu = is(cfg, "run.device", "cuda");
     s->run.gpu = (int)config_int(cfg, "run.gpu");
     s->run.epochs = (int)config_int(cfg, "run.epochs");
@@ -174,6 +175,8 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     require(p, !s->perf.graph_node_priority || s->perf.cuda_graph, "perf.graph_node_priority",
             "needs perf.cuda_graph = on");
     require(p, s->checkpoint.dir[0] != 0, "run.checkpoint_dir", "must not be empty");
+    require(p, !s->run.init_from[0] || !s->run.resume[0], "run.init_from",
+            "and run.resume exclude each other: a resumed run takes its weights from the checkpoint");
     require(p, !s->checkpoint.inject_nan_step || !s->perf.cuda_graph, "run.inject_nan_step",
             "needs perf.cuda_graph = off (the graph replays the step as captured)");
     require(p, !profile[0] || parse_profile_steps(profile, &first, &last) == 0, "run.profile_steps",

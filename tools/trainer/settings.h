@@ -19,7 +19,7 @@ typedef enum { SWITCH_OFF, SWITCH_ON, SWITCH_AUTO } Switch;
 typedef struct {
     const Config *config; /* where each value came from, for the messages */
     struct {
-        const char *name, *metrics_file, *tensorboard_dir, *resume;
+        const char *name, *metrics_file, *tensorboard_dir, *resume, *init_from;
         int use_gpu, gpu, epochs, log_every, warmup_steps, eval, nvtx_layers;
         long max_steps;
         uint64_t seed;

@@ -4,6 +4,8 @@
 #include <stdio.h>
 
 #include "runtime/files.h"
+#include "runtime/json_out.h"
+#include "tools/trainer/export.h"
 #include "tools/trainer/trainer.h"
 
 /* A checkpoint (runtime/checkpoint.h) holds these sections:
@@ -14,6 +16,9 @@
  *   momentum     n_params fp32
  *   loss_scaler  LossScalerState
  *   bn_stats     n_bn_stats fp32: batch norms' running statistics (nets that have them)
+ *   meta         JSON: the model, its input preparation and class names (export.h)
+ *   tensors      JSON: each tensor's PyTorch name, shape and offset (export.h)
+ * Resume reads neither meta nor tensors: older checkpoints without them resume.
  * The loader draws every order and augmentation from run.seed, the epoch and
  * the sample's index, so the position is all of the RNG state there is. */
 typedef struct {
@@ -131,8 +136,12 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
     if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
     model_get_bn_stats(m, stats);
-    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 7 : 6, err, n);
+    char *meta = export_meta_json(m, t->set.model.name, t->set.data.image_size, &t->data.train_set);
+    char *tensors = export_tensors_json(m);
+    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 9 : 8, err, n);
     if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, n) == 0 &&
+        ckpt_write_section(w, "meta", meta, strlen(meta), err, n) == 0 &&
+        ckpt_write_section(w, "tensors", tensors, strlen(tensors), err, n) == 0 &&
         ckpt_write_section(w, "position", &pos, sizeof pos, err, n) == 0 &&
         ckpt_write_section(w, "data", &data, sizeof data, err, n) == 0 &&
         ckpt_write_section(w, "loss_scaler", &scaler, sizeof scaler, err, n) == 0 &&
@@ -149,6 +158,8 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     if (w) ckpt_write_abort(w);
     free(host);
     free(stats);
+    cJSON_free(meta);
+    cJSON_free(tensors);
     return rc;
 }
 

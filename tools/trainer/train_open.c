@@ -1,5 +1,6 @@
 /* Opening a run (settings, the GPU, data, model, optimizer, dist,
  * monitoring, resume) and closing it. */
+#include "tools/trainer/export.h"
 #include "tools/trainer/trainer.h"
 
 /* ---- the parts -------------------------------------------------------------- */
@@ -244,6 +245,15 @@ static void open_dist(Trainer *t) {
              t->model.bn_allreduce ? "; batch norm over all ranks (dist.sync_bn)" : "");
 }
 
+/* run.init_from: weights from a safetensors file; the optimizer starts fresh. */
+static void open_init_from(Trainer *t) {
+    char err[4400];
+    if (!t->set.run.init_from[0]) return;
+    if (import_safetensors(&t->model, t->set.run.init_from, err, sizeof err) != 0)
+        TC_USER_ERROR("run.init_from: %s", err);
+    log_info("weights from %s", t->set.run.init_from);
+}
+
 /* run.resume (opened before anything was loaded), and the checkpoint folder's check. */
 static CkptPosition open_resume_point(Trainer *t, CkptFile *resume) {
     CkptPosition start = {0, 0, 0};
@@ -292,6 +302,7 @@ CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     open_dist(t);
     log_info("model: %s, %zu parameters, %.1f MiB on %s", t->set.model.name, t->model.n_params,
              model_bytes(&t->model) / 1048576.0, out->device);
+    open_init_from(t);
     CkptPosition start = open_resume_point(t, resume);
     open_loop(t, run_start);
     return start;

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Loads a file trainc export wrote into the PyTorch model (torch_common.build_model:
+SimpleNet or the ResNets, same module names as torchvision's) with strict=True,
+runs CIFAR-10's test set and prints accuracy and the first logits; --onnx FILE
+also exports the loaded model with torch.onnx.export and, where onnxruntime is
+importable, compares its logits with PyTorch's. Needs PyTorch (the GPU machine).
+
+    tools/torch_load_safetensors.py model.safetensors [--data .data/cifar10-jpg] [--limit N] [--onnx m.onnx]
+"""
+import argparse
+import json
+import struct
+import sys
+
+
+def read_safetensors(path, torch):
+    blob = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    data = memoryview(blob)[8 + n:]
+    state = {}
+    for name, t in header.items():
+        if t["dtype"] != "F32":
+            sys.exit(f"{path}: tensor {name} is {t['dtype']}, not F32")
+        a, b = t["data_offsets"]
+        state[name] = torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).reshape(t["shape"]).clone()
+    return state, meta
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file")
+    p.add_argument("--data", default=".data/cifar10-jpg")
+    p.add_argument("--limit", type=int, default=0, help="test images (0: all)")
+    p.add_argument("--onnx", default="", help="export the loaded model to this ONNX file")
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args()
+    try:
+        import torch
+        import torch_common as tc
+    except ImportError as e:
+        sys.exit(f"torch_load_safetensors: needs PyTorch ({e}); run it on the GPU machine")
+    state, meta = read_safetensors(args.file, torch)
+    size, classes = int(meta["image_size"]), int(meta["num_classes"])
+    model = tc.build_model(meta["model"], size, classes)
+    for key, v in model.state_dict().items():  # trainc writes no num_batches_tracked
+        if key.endswith("num_batches_tracked") and key not in state:
+            state[key] = torch.zeros_like(v)
+    model.load_state_dict(state, strict=True)
+    model = model.to(args.device).eval()
+    x, y = tc.load_split(args.data, "test")
+    if args.limit:
+        x, y = x[:args.limit], y[:args.limit]
+    x, y = x.to(args.device), y.to(args.device)
+    def batches(n):
+        return tc.gpu_batches(x, y, n, size, False, 0, False, False, None)
+    correct, first = 0, None
+    with torch.no_grad():
+        for batch, labels in batches(256):
+            logits = model(batch)
+            first = logits[:4].float().cpu() if first is None else first
+            correct += (logits.argmax(1) == labels).sum().item()
+    print(json.dumps({"test_acc": correct / len(y), "images": len(y), "logits_first4": first.tolist()}))
+    if args.onnx:
+        sample = torch.zeros(1, 3, size, size, device=args.device)
+        torch.onnx.export(model, sample, args.onnx, input_names=["image"], output_names=["logits"],
+                          dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}})
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            print(f"wrote {args.onnx}; onnxruntime not importable, no comparison")
+            return
+        batch = next(iter(batches(32)))[0]
+        ref = model(batch).detach().cpu().numpy()
+        got = ort.InferenceSession(args.onnx).run(None, {"image": batch.cpu().numpy()})[0]
+        print(json.dumps({"onnx_max_abs_diff": float(abs(ref - got).max())}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+/* trainc export and run.init_from: see export.h. */
+#include "tools/trainer/export.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data/transform.h"
+#include "models/tensors.h"
+#include "models/zoo.h"
+#include "runtime/check.h"
+#include "runtime/checkpoint.h"
+#include "runtime/json_out.h"
+
+/* ---- the checkpoint's sections ---------------------------------------------- */
+
+/* m's tensors (malloc'ed, *n of them), or NULL with a message in err. */
+static ModelTensor *list_tensors(const Model *m, int *n, char *err, size_t errlen) {
+    int count = model_tensors(m, NULL, 0, err, errlen);
+    if (count < 0) return NULL;
+    ModelTensor *ts = malloc((size_t)(count ? count : 1) * sizeof *ts);
+    if (!ts) TC_FATAL("out of host memory listing %d tensors", count);
+    model_tensors(m, ts, count, err, errlen);
+    *n = count;
+    return ts;
+}
+
+/* The mean and std the loader normalises with: data/transform.c's. */
+static TransformSpec input_preparation(int image_size) {
+    TransformSpec spec;
+    transform_spec_default(&spec, image_size, image_size);
+    return spec;
+}
+
+static void add_floats(cJSON *obj, const char *key, const float *v, int n) {
+    cJSON *a = cJSON_AddArrayToObject(obj, key);
+    for (int i = 0; a && i < n; i++) {
+        char text[32];
+        snprintf(text, sizeof text, "%.7g", v[i]); /* 0.4914, not 0.49140000343322754 */
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(strtod(text, NULL)));
+    }
+    if (!a) TC_FATAL("out of host memory building JSON");
+}
+
+static char *json_text(cJSON *root) {
+    char *text = cJSON_PrintUnformatted(root);
+    if (!text) TC_FATAL("out of host memory printing JSON");
+    cJSON_Delete(root);
+    return text;
+}
+
+char *export_meta_json(const Model *m, const char *model_name, int image_size, const Dataset *data) {
+    TransformSpec spec = input_preparation(image_size);
+    cJSON *o = json_object_new();
+    json_add_string(o, "model", model_name);
+    json_add_int(o, "num_classes", m->num_classes);
+    json_add_int(o, "image_size", image_size);
+    json_add_int(o, "in_channels", m->acts[0].c_real);
+    json_add_string(o, "layout", m->nhwc ? "nhwc" : "nchw");
+    add_floats(o, "mean", spec.mean, 3);
+    add_floats(o, "std", spec.std, 3);
+    cJSON *names = cJSON_AddArrayToObject(o, "class_names");
+    for (int k = 0; names && k < m->num_classes; k++) {
+        char fallback[32];
+        snprintf(fallback, sizeof fallback, "class%d", k);
+        int named = data && data->class_names && k < data->num_classes;
+        cJSON_AddItemToArray(names, cJSON_CreateString(named ? data->class_names[k] : fallback));
+    }
+    return json_text(o);
+}
+
+char *export_tensors_json(const Model *m) {
+    char err[256];
+    int n;
+    ModelTensor *ts = list_tensors(m, &n, err, sizeof err);
+    if (!ts) TC_FATAL("naming the model's tensors: %s", err);
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++) {
+        cJSON *o = json_object_new();
+        json_add_string(o, "name", ts[i].name);
+        cJSON_AddItemToObject(o, "shape", cJSON_CreateIntArray(ts[i].shape, ts[i].ndim));
+        json_add_string(o, "dtype", "F32");
+        json_add_string(o, "section", ts[i].in_bn_stats ? "bn_stats" : "params");
+        json_add_int(o, "offset", (long long)ts[i].offset);
+        cJSON_AddItemToArray(a, o);
+    }
+    if (!a) TC_FATAL("out of host memory building JSON");
+    free(ts);
+    return json_text(a);
+}
+
+/* ---- safetensors out ---------------------------------------------------------- */
+
+static void shape_text(char *out, size_t n, int ndim, const int *shape) {
+    size_t used = (size_t)snprintf(out, n, "[");
+    for (int d = 0; d < ndim && used < n; d++) used += (size_t)snprintf(out + used, n - used, d ? ",%d" : "%d", shape[d]);
+    if (used < n) snprintf(out + used, n - used, "]");
+}
+
+/* The header, padded with spaces to 8 bytes (malloc'ed, *len bytes); takes metadata. */
+static char *safetensors_header(const ModelTensor *ts, int n, cJSON *metadata, size_t *len) {
+    cJSON *h = json_object_new();
+    size_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *t = json_add_object(h, ts[i].name);
+        json_add_string(t, "dtype", "F32");
+        cJSON_AddItemToObject(t, "shape", cJSON_CreateIntArray(ts[i].shape, ts[i].ndim));
+        cJSON *offsets = cJSON_AddArrayToObject(t, "data_offsets");
+        if (!offsets) TC_FATAL("out of host memory building JSON");
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+        offset += ts[i].count * sizeof(float);
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)offset));
+    }
+    cJSON_AddItemToObject(h, "__metadata__", metadata);
+    char *text = json_text(h);
+    size_t raw = strlen(text), padded = (raw + 7) / 8 * 8;
+    char *grown = realloc(text, padded + 1);
+    if (!grown) TC_FATAL("out of host memory: safetensors header");
+    memset(grown + raw, ' ', padded - raw);
+    grown[padded] = 0;
+    *len = padded;
+    return grown;
+}
+
+/* Writes the file at a temporary name and renames it into place; 0, or -1
+ * with a message in err and nothing left at path. */
+static int write_safetensors(const char *path, const Model *m, const ModelTensor *ts, int n, const float *params,
+                             const float *stats, cJSON *metadata, char *err, size_t errlen) {
+    size_t header_len, largest = 1;
+    char *header = safetensors_header(ts, n, metadata, &header_len);
+    for (int i = 0; i < n; i++) largest = ts[i].count > largest ? ts[i].count : largest;
+    float *buf = malloc(largest * sizeof(float));
+    if (!buf) TC_FATAL("out of host memory: a tensor of %zu floats", largest);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    int opened = f != NULL, ok = opened;
+    if (opened) {
+        unsigned char len_le[8];
+        for (int b = 0; b < 8; b++) len_le[b] = (unsigned char)((uint64_t)header_len >> (8 * b));
+        ok = fwrite(len_le, 1, 8, f) == 8 && fwrite(header, 1, header_len, f) == header_len;
+        for (int i = 0; ok && i < n; i++) {
+            model_tensor_get(m, &ts[i], params, stats, buf);
+            ok = fwrite(buf, sizeof(float), ts[i].count, f) == ts[i].count;
+        }
+        ok = fflush(f) == 0 && ok;
+        ok = fsync(fileno(f)) == 0 && ok;
+        ok = fclose(f) == 0 && ok;
+    }
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok) {
+        snprintf(err, errlen, "--out %s: cannot write it: %s", path, strerror(errno));
+        if (opened) unlink(tmp);
+    }
+    free(buf);
+    free(header);
+    return ok ? 0 : -1;
+}
+
+/* ---- export from a checkpoint --------------------------------------------------- */
+
+/* A checkpoint's section as a NUL-terminated string (malloc'ed), or NULL. */
+static char *read_text_section(CkptFile *f, const char *name, char *err, size_t errlen) {
+    int64_t size = ckpt_section_size(f, name);
+    if (size < 0) return NULL;
+    char *text = malloc((size_t)size + 1);
+    if (!text) TC_FATAL("out of host memory: section %s", name);
+    if (ckpt_read_section(f, name, text, (size_t)size, err, errlen) != 0) {
+        free(text);
+        return NULL;
+    }
+    text[size] = 0;
+    return text;
+}
+
+static cJSON *parse_section(CkptFile *f, const char *name, char *err, size_t errlen) {
+    err[0] = 0;
+    char *text = read_text_section(f, name, err, errlen);
+    if (!text && !err[0])
+        snprintf(err, errlen, "%s predates named tensors (it has no \"%s\" section): resume from it with this "
+                 "trainc and let it write a checkpoint, then export that one", ckpt_path(f), name);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    if (text && !root) snprintf(err, errlen, "%s: its \"%s\" section is not JSON", ckpt_path(f), name);
+    free(text);
+    return root;
+}
+
+/* The checkpoint's tensor table must be the one this trainc gives the model. */
+static int check_table(const cJSON *table, const ModelTensor *ts, int n, const char *path, char *err, size_t errlen) {
+    if (!cJSON_IsArray(table) || cJSON_GetArraySize(table) != n) {
+        snprintf(err, errlen, "%s: its tensor table has %d tensors, this trainc's model %d", path,
+                 cJSON_GetArraySize(table), n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(table, i);
+        const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "name"));
+        const cJSON *offset = cJSON_GetObjectItemCaseSensitive(e, "offset");
+        if (!name || strcmp(name, ts[i].name) != 0 || !cJSON_IsNumber(offset) ||
+            (size_t)offset->valuedouble != ts[i].offset) {
+            snprintf(err, errlen, "%s: tensor %d is %s in it, %s in this trainc's model (another trainc's layout)",
+                     path, i, name ? name : "unnamed", ts[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The meta section as safetensors __metadata__: every value a string. */
+static cJSON *metadata_of(const cJSON *meta) {
+    cJSON *md = json_object_new();
+    json_add_string(md, "format", "pt");
+    json_add_string(md, "producer", "trainc");
+    for (const cJSON *item = meta->child; item; item = item->next) {
+        if (cJSON_IsString(item)) {
+            json_add_string(md, item->string, item->valuestring);
+        } else {
+            char *text = cJSON_PrintUnformatted(item);
+            if (!text) TC_FATAL("out of host memory building JSON");
+            json_add_string(md, item->string, text);
+            cJSON_free(text);
+        }
+    }
+    return md;
+}
+
+static int meta_int(const cJSON *meta, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+    return cJSON_IsNumber(v) ? v->valueint : -1;
+}
+
+/* Builds the model the meta section names (shapes only, nothing allocated). */
+static Model *model_of_meta(const cJSON *meta, const char *path, char *err, size_t errlen) {
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "model"));
+    const char *layout = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "layout"));
+    Model *m = calloc(1, sizeof *m);
+    if (!m) TC_FATAL("out of host memory: a model");
+    char why[512];
+    if (!name || !layout) {
+        snprintf(err, errlen, "%s: its meta section names no model or layout", path);
+    } else if (model_build(m, name, 1, meta_int(meta, "image_size"), meta_int(meta, "num_classes"),
+                           strcmp(layout, "nhwc") == 0, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s: its model cannot be built: %s", path, why);
+    } else {
+        return m;
+    }
+    free(m);
+    return NULL;
+}
+
+static float *read_floats(CkptFile *f, const char *name, size_t count, char *err, size_t errlen) {
+    float *v = malloc((count ? count : 1) * sizeof(float));
+    if (!v) TC_FATAL("out of host memory: %zu floats of %s", count, name);
+    if (count && ckpt_read_section(f, name, v, count * sizeof(float), err, errlen) != 0) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+static int export_checkpoint(const char *ckpt_file, const char *out, char *err, size_t errlen) {
+    CkptFile *f = ckpt_open(ckpt_file, err, errlen);
+    if (!f) return -1;
+    int rc = -1, n = 0;
+    cJSON *meta = parse_section(f, "meta", err, errlen), *table = NULL;
+    Model *m = meta ? model_of_meta(meta, ckpt_file, err, errlen) : NULL;
+    ModelTensor *ts = m ? list_tensors(m, &n, err, errlen) : NULL;
+    if (ts) table = parse_section(f, "tensors", err, errlen);
+    float *params = NULL, *stats = NULL;
+    if (table && check_table(table, ts, n, ckpt_file, err, errlen) == 0 &&
+        (params = read_floats(f, "params", m->n_params, err, errlen)) &&
+        (stats = read_floats(f, "bn_stats", m->n_bn_stats, err, errlen)))
+        rc = write_safetensors(out, m, ts, n, params, stats, metadata_of(meta), err, errlen);
+    free(params);
+    free(stats);
+    free(ts);
+    free(m);
+    cJSON_Delete(table);
+    cJSON_Delete(meta);
+    ckpt_close(f);
+    return rc;
+}
+
+static int export_usage(FILE *f, int status) {
+    fprintf(f, "usage: trainc export --checkpoint FILE --format safetensors --out FILE\n"
+               "  writes the checkpoint's weights and batch-norm statistics as NCHW fp32 tensors under\n"
+               "  PyTorch's names, with the class names and input preparation in __metadata__\n");
+    return status;
+}
+
+static int export_fail(int status, const char *fmt, const char *arg) {
+    fprintf(stderr, "trainc export: error: ");
+    fprintf(stderr, fmt, arg);
+    fputc('\n', stderr);
+    return status == 2 ? export_usage(stderr, 2) : status;
+}
+
+int export_main(int argc, char **argv) {
+    static const struct option options[] = {
+        {"checkpoint", required_argument, NULL, 'c'}, {"format", required_argument, NULL, 'f'},
+        {"out", required_argument, NULL, 'o'},        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *checkpoint = NULL, *format = NULL, *out = NULL;
+    opterr = 0;
+    optind = 1;
+    for (int opt; (opt = getopt_long(argc, argv, ":h", options, NULL)) != -1;) {
+        switch (opt) {
+        case 'c': checkpoint = optarg; break;
+        case 'f': format = optarg; break;
+        case 'o': out = optarg; break;
+        case 'h': return export_usage(stdout, 0);
+        case ':': return export_fail(2, "missing value after %s", argv[optind - 1]);
+        default: return export_fail(2, "unknown option %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return export_fail(2, "unexpected argument %s", argv[optind]);
+    if (!checkpoint || !format || !out) return export_fail(2, "%s", "--checkpoint, --format and --out are required");
+    if (strcmp(format, "safetensors") != 0) return export_fail(2, "--format %s: unknown (known: safetensors)", format);
+    char err[4400];
+    if (export_checkpoint(checkpoint, out, err, sizeof err) != 0) return export_fail(1, "%s", err);
+    printf("exported %s to %s\n", checkpoint, out);
+    return 0;
+}
+
+/* ---- safetensors in -------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *bytes;
+    size_t size;
+    cJSON *header;
+    const unsigned char *data; /* after the header */
+    size_t data_size;
+} SafetensorsFile;
+
+static int read_whole(const char *path, SafetensorsFile *st, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (!f || size < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        snprintf(err, errlen, "%s: cannot read it: %s", path, strerror(errno));
+        if (f) fclose(f);
+        return -1;
+    }
+    st->size = (size_t)size;
+    st->bytes = malloc(st->size ? st->size : 1);
+    if (!st->bytes) TC_FATAL("out of host memory: %s (%zu bytes)", path, st->size);
+    int ok = fread(st->bytes, 1, st->size, f) == st->size;
+    fclose(f);
+    if (!ok) snprintf(err, errlen, "%s: cannot read it (a directory, or an I/O error)", path);
+    return ok ? 0 : -1;
+}
+
+static int open_safetensors(const char *path, SafetensorsFile *st, char *err, size_t errlen) {
+    memset(st, 0, sizeof *st);
+    if (read_whole(path, st, err, errlen) != 0) return -1;
+    uint64_t header_len = 0;
+    for (int b = 0; b < 8 && st->size >= 8; b++) header_len |= (uint64_t)st->bytes[b] << (8 * b);
+    if (st->size < 8 || header_len > st->size - 8) {
+        snprintf(err, errlen, "%s: not a safetensors file (%zu bytes; its header length %llu runs past the end)",
+                 path, st->size, (unsigned long long)header_len);
+        return -1;
+    }
+    st->header = cJSON_ParseWithLength((const char *)st->bytes + 8, (size_t)header_len);
+    if (!cJSON_IsObject(st->header)) {
+        snprintf(err, errlen, "%s: not a safetensors file (its header is not a JSON object)", path);
+        return -1;
+    }
+    st->data = st->bytes + 8 + header_len;
+    st->data_size = st->size - 8 - (size_t)header_len;
+    return 0;
+}
+
+static void close_safetensors(SafetensorsFile *st) {
+    cJSON_Delete(st->header);
+    free(st->bytes);
+}
+
+/* Checks the file's entry for t: F32, t's shape, offsets inside the data. */
+static const unsigned char *entry_data(const SafetensorsFile *st, const cJSON *e, const ModelTensor *t,
+                                       const char *path, char *err, size_t errlen) {
+    const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "dtype"));
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!dtype || strcmp(dtype, "F32") != 0) {
+        snprintf(err, errlen, "%s: tensor %s is %s, not F32", path, t->name, dtype ? dtype : "without a dtype");
+        return NULL;
+    }
+    int same = cJSON_IsArray(shape) && cJSON_GetArraySize(shape) == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) {
+        const cJSON *v = cJSON_GetArrayItem(shape, d);
+        same = cJSON_IsNumber(v) && v->valuedouble == t->shape[d];
+    }
+    if (!same) {
+        char want[96], *have = shape ? cJSON_PrintUnformatted(shape) : NULL;
+        shape_text(want, sizeof want, t->ndim, t->shape);
+        snprintf(err, errlen, "%s: tensor %s has shape %s, the model's is %s", path, t->name, have ? have : "none",
+                 want);
+        cJSON_free(have);
+        return NULL;
+    }
+    const cJSON *a = cJSON_GetArrayItem(offsets, 0), *b = cJSON_GetArrayItem(offsets, 1);
+    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
+        a->valuedouble < 0 || b->valuedouble > (double)st->data_size ||
+        b->valuedouble - a->valuedouble != (double)(t->count * sizeof(float))) {
+        snprintf(err, errlen, "%s: tensor %s: its data_offsets do not hold %zu floats inside the file's %zu bytes "
+                 "of data", path, t->name, t->count, st->data_size);
+        return NULL;
+    }
+    return st->data + (size_t)a->valuedouble;
+}
+
+/* A file tensor the model lacks; PyTorch's num_batches_tracked is let through. */
+static const char *extra_tensor(const SafetensorsFile *st, const ModelTensor *ts, int n) {
+    for (const cJSON *e = st->header->child; e; e = e->next) {
+        const char *name = e->string, *dot = strrchr(name, '.');
+        if (strcmp(name, "__metadata__") == 0 || (dot && strcmp(dot, ".num_batches_tracked") == 0)) continue;
+        int known = 0;
+        for (int i = 0; i < n && !known; i++) known = strcmp(ts[i].name, name) == 0;
+        if (!known) return name;
+    }
+    return NULL;
+}
+
+static int load_tensors(Model *m, const SafetensorsFile *st, const ModelTensor *ts, int n, const char *path,
+                        char *err, size_t errlen) {
+    const char *extra = extra_tensor(st, ts, n);
+    if (extra) {
+        snprintf(err, errlen, "%s: tensor %s is not one of the model's %d (another model?)", path, extra, n);
+        return -1;
+    }
+    float *params = malloc(m->n_params * sizeof(float)), *stats = malloc((m->n_bn_stats + 1) * sizeof(float));
+    if (!params || !stats) TC_FATAL("out of host memory: %zu parameters from %s", m->n_params, path);
+    model_get_params(m, params); /* padded input channels keep their zeros */
+    model_get_bn_stats(m, stats);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(st->header, ts[i].name);
+        const unsigned char *data = e ? entry_data(st, e, &ts[i], path, err, errlen) : NULL;
+        if (!e) snprintf(err, errlen, "%s: no tensor %s (the model has %d tensors)", path, ts[i].name, n);
+        if (!data) {
+            rc = -1;
+            break;
+        }
+        float *v = malloc(ts[i].count * sizeof(float));
+        if (!v) TC_FATAL("out of host memory: tensor %s", ts[i].name);
+        memcpy(v, data, ts[i].count * sizeof(float)); /* the data need not be aligned */
+        model_tensor_put(m, &ts[i], v, params, stats);
+        free(v);
+    }
+    if (rc == 0) {
+        model_set_params(m, params);
+        model_set_bn_stats(m, stats);
+    }
+    free(params);
+    free(stats);
+    return rc;
+}
+
+int import_safetensors(Model *m, const char *path, char *err, size_t errlen) {
+    int n;
+    ModelTensor *ts = list_tensors(m, &n, err, errlen);
+    if (!ts) return -1;
+    SafetensorsFile st;
+    int rc = open_safetensors(path, &st, err, errlen);
+    if (rc == 0) rc = load_tensors(m, &st, ts, n, path, err, errlen);
+    close_safetensors(&st);
+    free(ts);
+    return rc;
+}

@@ -1,0 +1,37 @@
+/* Named tensors out of trainc and back in: the checkpoint's "meta" and
+ * "tensors" sections, trainc export (safetensors under PyTorch's names) and
+ * run.init_from (a safetensors file into the built model).
+ *
+ *   meta     JSON: {"model", "num_classes", "image_size", "in_channels",
+ *            "layout", "mean": [3], "std": [3], "class_names": [...]}
+ *   tensors  JSON: [{"name", "shape", "dtype": "F32", "section": "params" or
+ *            "bn_stats", "offset" (floats, the model's layout)}, ...]
+ *
+ * A safetensors file: an 8-byte little-endian header length, the JSON header
+ * {name: {"dtype": "F32", "shape": [...], "data_offsets": [a, b]}, ...,
+ * "__metadata__": {string: string}} padded with spaces to 8 bytes, then the
+ * tensors' bytes back to back (offsets from the data's start), NCHW fp32. */
+#ifndef TRAINC_TOOLS_TRAINER_EXPORT_H
+#define TRAINC_TOOLS_TRAINER_EXPORT_H
+
+#include <stddef.h>
+
+#include "data/dataset.h"
+#include "models/model.h"
+
+/* The two sections' JSON text (malloc'ed) for a model trained at image_size
+ * on data (its class names; none: "class0", ...). */
+char *export_meta_json(const Model *m, const char *model_name, int image_size, const Dataset *data);
+char *export_tensors_json(const Model *m);
+
+/* argv[0] is "export"; the rest: --checkpoint FILE --format safetensors --out
+ * FILE. Returns the exit status (0, 1 on bad input, 2 on a bad command line). */
+int export_main(int argc, char **argv);
+
+/* Loads every tensor of m from a safetensors file into its parameters and
+ * running statistics; 0, or -1 with a message naming the file (and the
+ * tensor) in err: unreadable, not safetensors, a tensor missing, extra,
+ * of another shape or not F32. */
+int import_safetensors(Model *m, const char *path, char *err, size_t errlen);
+
+#endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -184,4 +185,38 @@ const char *test_cifar10_jpg_root(void) {
              tmp_base(), (int)getuid(), tarball);
     if (system(cmd) != 0 || stat(root, &st) != 0) return NULL;
     return root;
+}
+
+int test_run_command(const char *cmd, char *out, size_t cap) {
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = 0, got;
+    while ((got = fread(out + n, 1, cap - 1 - n, p)) > 0) {
+        n += got;
+        if (n == cap - 1) { /* keep the last half */
+            memmove(out, out + n / 2, n - n / 2);
+            n -= n / 2;
+        }
+    }
+    out[n] = 0;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+const char *test_build_dir(void) {
+    const char *b = getenv("TRAINC_BUILD_DIR");
+    return b && b[0] ? b : "build";
+}
+
+const char *test_mpirun_prefix(int ranks) {
+    static char prefix[1024];
+    const char *mpiexec = getenv("TRAINC_MPIEXEC"), *flags = getenv("TRAINC_MPIEXEC_FLAGS");
+    if (!TRAINC_MPI || !mpiexec || !mpiexec[0]) return NULL;
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
+    snprintf(prefix, sizeof prefix, "'%s' -n %d %s ", mpiexec, ranks, flags ? flags : "");
+    return prefix;
 }

@@ -49,4 +49,14 @@ char *test_read_file(const char *path);
  * (or /tmp) as trainc-cifar10-jpg-<uid>, a cache kept between runs; NULL when absent. */
 const char *test_cifar10_jpg_root(void);
 
+/* Runs a shell command with stderr joined to stdout; its exit status (-1: it
+ * did not exit normally), and in out (cap bytes) the last of its output. */
+int test_run_command(const char *cmd, char *out, size_t cap);
+/* Where ctest's build keeps trainc: $TRAINC_BUILD_DIR, else "build". */
+const char *test_build_dir(void);
+/* "'mpiexec' -n RANKS FLAGS " from ctest's environment (TRAINC_MPIEXEC,
+ * TRAINC_MPIEXEC_FLAGS), with Open MPI told to run as root and without CMA;
+ * NULL without MPI (or not under ctest). The pointer stays valid. */
+const char *test_mpirun_prefix(int ranks);
+
 #endif

@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "runtime/gpu.h"
 #include "tests/harness.h"
@@ -32,42 +31,8 @@ enum { FIRST = 3, LAST = 5, STEPS = LAST - FIRST + 1, MAX_RANKS = 2 };
 
 static char output[1 << 16];
 
-static const char *build_dir(void) {
-    const char *b = getenv("TRAINC_BUILD_DIR");
-    return b && b[0] ? b : "build";
-}
-
 /* Runs cmd (stderr with stdout); its exit status, its output's tail in output. */
-static int run(const char *cmd) {
-    char full[4096];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = 0, got;
-    while ((got = fread(output + n, 1, sizeof output - 1 - n, p)) > 0) {
-        n += got;
-        if (n == sizeof output - 1) { /* keep the last half */
-            memmove(output, output + n / 2, n - n / 2);
-            n -= n / 2;
-        }
-    }
-    output[n] = 0;
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* "mpiexec -n 2 FLAGS " from ctest's environment; NULL without MPI. */
-static const char *mpirun_prefix(void) {
-    static char prefix[1024];
-    const char *mpiexec = getenv("TRAINC_MPIEXEC"), *flags = getenv("TRAINC_MPIEXEC_FLAGS");
-    if (!TRAINC_MPI || !mpiexec || !mpiexec[0]) return NULL;
-    /* Open MPI refuses root unless told; in containers its shared memory may be denied CMA. */
-    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
-    snprintf(prefix, sizeof prefix, "'%s' -n %d %s ", mpiexec, MAX_RANKS, flags ? flags : "");
-    return prefix;
-}
+static int run(const char *cmd) { return test_run_command(cmd, output, sizeof output); }
 
 /* One rank's events by kind. */
 typedef struct {
@@ -149,7 +114,7 @@ static void check_ranks(const char *what, const RankCounts *counts, int ranks, i
 static int profile(const char *what, const char *launcher, const char *args, const char *trace) {
     char cmd[3072];
     snprintf(cmd, sizeof cmd, "%s'%s/trainc' profile %s --steps %d:%d --trace '%s'", launcher ? launcher : "",
-             build_dir(), args, FIRST, LAST, trace);
+             test_build_dir(), args, FIRST, LAST, trace);
     printf("%s: %s\n", what, cmd);
     int rc = run(cmd);
     CHECK_MSG(rc == 0, "%s: exit status %d:\n%s", what, rc, output);
@@ -158,7 +123,7 @@ static int profile(const char *what, const char *launcher, const char *args, con
 
 /* 2 CPU ranks, a tiny synthetic config. */
 static void check_cpu_ranks(void) {
-    const char *launcher = mpirun_prefix();
+    const char *launcher = test_mpirun_prefix(MAX_RANKS);
     if (!launcher) test_skip("no mpirun: built without MPI, or not run by ctest (TRAINC_MPIEXEC unset)");
     char trace[700];
     snprintf(trace, sizeof trace, "%s/trace.json", test_tmpdir("profile-ranks"));
@@ -184,7 +149,7 @@ static void check_gpu_traces(void) {
     snprintf(args, sizeof args, "--config configs/final.ini --set data.path='%s'", root);
     if (profile("final.ini", NULL, args, trace) && count_trace("final.ini", trace, 1, c))
         check_ranks("final.ini", c, 1, 0);
-    const char *launcher = mpirun_prefix();
+    const char *launcher = test_mpirun_prefix(MAX_RANKS);
     if (test_failures) return;
     if (gpu_count() < 2 || !launcher)
         test_skip("final.ini's trace passed; ddp.ini's needs 2 GPUs and mpirun (%d GPUs, %s)", gpu_count(),

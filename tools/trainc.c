@@ -5,6 +5,7 @@
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
  *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
  *   trainc export --checkpoint FILE --format safetensors --out FILE
+ *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
@@ -12,12 +13,15 @@
  * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
  * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
  * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c).
+ * eval runs a checkpoint over the test split (tools/trainer/eval.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
- * the summary (profile: its own report, and the trace of every rank).
+ * the summary (profile: its own report, and the trace of every rank; eval:
+ * each rank a shard of the test set).
  * The last line of output is one JSON object summing up the run. SIGINT or
  * SIGTERM stops a run after its current step with a checkpoint, exit status
  * 128 + signal and a line saying how to resume. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +34,7 @@
 #include "runtime/version.h"
 #include "tools/trainer/bench_loader.h"
 #include "tools/trainer/export.h"
+#include "tools/trainer/eval.h"
 #include "tools/trainer/find_batch.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/profile.h"
@@ -41,6 +46,7 @@ static void usage(FILE *f) {
             "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
             "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
             "       trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
+            "       trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n"
             "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
             "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
             "       trainc --version | --help\n"
@@ -50,6 +56,9 @@ static void usage(FILE *f) {
             "  profile           run the config's steps 1..B, time steps A..B (--steps, default %d:%d) op by op\n"
             "                    through the op hook and print them by layer, a diagnosis by phase and the\n"
             "                    memory split; --trace writes them as Chrome trace-event JSON (Perfetto)\n"
+            "  eval              load a checkpoint into the model the config builds and print its top-1 (and\n"
+            "                    top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
+            "                    split; --csv writes the last two as CSV\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -78,6 +87,7 @@ typedef struct {
     const char *program; /* argv[0], as invoked */
     const char *config_path;
     const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
+    const char *checkpoint, *csv; /* eval's --checkpoint and --csv; NULL: not given */
     Override *overrides;
     int n_overrides;
     int print_config, quiet, version, help;
@@ -112,6 +122,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"print-config", no_argument, NULL, 'p'},  {"quiet", no_argument, NULL, 'q'},
         {"version", no_argument, NULL, 'V'},       {"help", no_argument, NULL, 'h'},
         {"steps", required_argument, NULL, 'S'},   {"trace", required_argument, NULL, 'T'},
+        {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
@@ -131,6 +142,8 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'h': a->help = 1; break;
         case 'S': a->steps = optarg; break;
         case 'T': a->trace = optarg; break;
+        case 'K': a->checkpoint = optarg; break;
+        case 'C': a->csv = optarg; break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
@@ -138,7 +151,7 @@ static void parse_args(int argc, char **argv, Args *a) {
     }
     if (optind < argc)
         fail_usage(strcmp(argv[optind], "bench-loader") == 0 || strcmp(argv[optind], "find-batch") == 0 ||
-                       strcmp(argv[optind], "profile") == 0
+                       strcmp(argv[optind], "profile") == 0 || strcmp(argv[optind], "eval") == 0
                        ? "a subcommand comes first, before any option"
                        : "unexpected argument",
                    argv[optind]);
@@ -221,6 +234,21 @@ static int profile_main(const Args *a, Config *cfg, Dist *dist) {
     return 0;
 }
 
+/* trainc eval: the report and the JSON line on stdout (under mpirun rank 0's),
+ * the CSV from rank 0. */
+static int eval_main(const Args *a, Config *cfg, Dist *dist) {
+    if (dist->rank != 0) log_set_quiet(1);
+    EvalReport r;
+    eval_run(cfg, dist, a->checkpoint, &r);
+    if (dist->rank == 0) {
+        eval_print(&r, stdout);
+        if (a->csv && eval_write_csv(&r, a->csv) != 0) TC_USER_ERROR("--csv %s: %s", a->csv, strerror(errno));
+        eval_print_json(&r, stdout);
+    }
+    eval_report_free(&r);
+    return 0;
+}
+
 /* docs/config-keys.md is this output; a test keeps them equal. */
 static void print_keys(FILE *f) {
     fputs("# Config keys\n\n"
@@ -235,9 +263,9 @@ int main(int argc, char **argv) {
     Dist dist;
     dist_init(&dist); /* first: its fatal hook must run after every other */
     const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0 ||
-                                          strcmp(argv[1], "profile") == 0)
+                                          strcmp(argv[1], "profile") == 0 || strcmp(argv[1], "eval") == 0)
                            ? argv[1] : NULL;
-    if (subcommand && strcmp(subcommand, "profile") != 0 && dist.world > 1)
+    if (subcommand && strcmp(subcommand, "profile") != 0 && strcmp(subcommand, "eval") != 0 && dist.world > 1)
         TC_FATAL("%s runs in one process, not under mpirun", subcommand);
     if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
 
@@ -262,7 +290,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     int profiling = subcommand && strcmp(subcommand, "profile") == 0;
+    int evaluating = subcommand && strcmp(subcommand, "eval") == 0;
     if ((args.steps || args.trace) && !profiling) fail_usage("--steps and --trace belong to trainc profile", NULL);
+    if ((args.checkpoint || args.csv) && !evaluating) fail_usage("--checkpoint and --csv belong to trainc eval", NULL);
+    if (evaluating && !args.checkpoint) fail_usage("trainc eval needs --checkpoint FILE", NULL);
+    if (evaluating && !args.config_path && !args.print_config)
+        fail_usage("trainc eval needs --config FILE, the config the checkpoint was trained with: a checkpoint "
+                   "does not yet hold its data set and input preparation", NULL);
     if (args.quiet) log_set_quiet(1);
     Config *cfg = load_config(&args);
     int rc = 0;
@@ -272,6 +306,8 @@ int main(int argc, char **argv) {
         fail_usage("--config FILE is required", NULL);
     } else if (profiling) {
         rc = profile_main(&args, cfg, &dist);
+    } else if (evaluating) {
+        rc = eval_main(&args, cfg, &dist);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

@@ -1,0 +1,44 @@
+/* trainc eval: a checkpoint's accuracy on the test split. The model the config
+ * describes is built and loaded through the resume path (so a checkpoint of
+ * another model is refused as run.resume refuses it), and the test split goes
+ * through the trainer's evaluation forward (batch norm in eval mode, the same
+ * loader, batches and arithmetic as the end-of-epoch evaluation). Under mpirun
+ * each rank takes its shard of the test set and the counts are summed. */
+#ifndef TRAINC_TOOLS_TRAINER_EVAL_H
+#define TRAINC_TOOLS_TRAINER_EVAL_H
+
+#include <stdio.h>
+
+#include "dist/dist.h"
+#include "runtime/config.h"
+
+typedef struct {
+    char checkpoint[4200];
+    char model[32];
+    char device[16];
+    long step;             /* the checkpoint's optimizer step */
+    int classes;           /* model.num_classes: logits per image */
+    long n;                /* test images evaluated, all ranks together */
+    long top1, top5;       /* images whose label is the argmax (first on ties); among the 5 largest */
+    double loss_sum;       /* cross-entropy (no label smoothing), summed over the images */
+    long *confusion;       /* [true class][predicted class], classes x classes */
+} EvalReport;
+
+/* Sets run.resume to checkpoint (and turns off what a run writes) in cfg, then
+ * evaluates on every rank; every rank gets the whole report. Bad input (a
+ * missing, corrupt or mismatched checkpoint, no test split) ends the process
+ * with a message naming the file or key. */
+void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r);
+/* top-1, top-5 (5 classes or more), loss, per-class accuracy and the
+ * confusion matrix (up to EVAL_MATRIX_TEXT_MAX classes) as text. */
+#define EVAL_MATRIX_TEXT_MAX 32
+void eval_print(const EvalReport *r, FILE *f);
+/* Per-class accuracy and the confusion matrix as one CSV table; 0, or -1 with errno. */
+int eval_write_csv(const EvalReport *r, const char *path);
+/* One JSON line: checkpoint, step, n, classes, top1, top5 (null under 5 classes), loss. */
+void eval_print_json(const EvalReport *r, FILE *f);
+void eval_report_free(EvalReport *r);
+
+static inline double eval_top1(const EvalReport *r) { return r->n ? (double)r->top1 / (double)r->n : 0; }
+
+#endif

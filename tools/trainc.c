@@ -12,7 +12,7 @@
  * find-batch doubles train.batch over child runs to find the fastest size
  * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
  * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
- * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c).
+ * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c);
  * eval runs a checkpoint over the test split (tools/trainer/eval.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints

@@ -101,6 +101,13 @@ static void evaluate_test_split(Trainer *t, EvalReport *r) {
     free(logits);
 }
 
+static void copy_class_names(const Dataset *d, EvalReport *r) {
+    if (!d->class_names || d->num_classes != r->classes) return;
+    r->names = calloc((size_t)r->classes, sizeof *r->names);
+    if (!r->names) TC_FATAL("out of host memory: %d class names", r->classes);
+    for (int c = 0; c < r->classes; c++) snprintf(r->names[c], sizeof r->names[c], "%s", d->class_names[c]);
+}
+
 void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     memset(r, 0, sizeof *r);
     check_checkpoint_file(checkpoint);
@@ -117,6 +124,7 @@ void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     r->classes = t->model.num_classes;
     r->confusion = calloc((size_t)r->classes * r->classes, sizeof(long));
     if (!r->confusion) TC_FATAL("out of host memory: a %dx%d confusion matrix", r->classes, r->classes);
+    copy_class_names(&t->data.test_set, r);
     evaluate_test_split(t, r);
     sum_over_ranks(r, dist);
     if (r->n != t->data.test_set.n)
@@ -126,7 +134,9 @@ void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
 
 void eval_report_free(EvalReport *r) {
     free(r->confusion);
+    free(r->names);
     r->confusion = NULL;
+    r->names = NULL;
 }
 
 /* Images of class c, and those of them predicted as c. */
@@ -159,11 +169,13 @@ void eval_print(const EvalReport *r, FILE *f) {
     if (r->classes >= 5)
         fprintf(f, "top-5 accuracy  %.2f%%  (%ld of %ld)\n", 100.0 * (double)r->top5 / (double)r->n, r->top5, r->n);
     fprintf(f, "loss            %.6f  (mean cross-entropy)\n", r->loss_sum / (double)r->n);
-    fprintf(f, "per-class accuracy:\n%8s %8s %8s %9s\n", "class", "images", "correct", "accuracy");
+    fprintf(f, "per-class accuracy:\n%8s %8s %8s %9s  %s\n", "class", "images", "correct", "accuracy",
+            r->names ? "name" : "");
     for (int c = 0; c < r->classes; c++) {
         long n = class_images(r, c), correct = class_correct(r, c);
-        if (n) fprintf(f, "%8d %8ld %8ld %8.2f%%\n", c, n, correct, 100.0 * (double)correct / (double)n);
-        else fprintf(f, "%8d %8ld %8ld %9s\n", c, n, correct, "-");
+        const char *name = r->names ? r->names[c] : "";
+        if (n) fprintf(f, "%8d %8ld %8ld %8.2f%%  %s\n", c, n, correct, 100.0 * (double)correct / (double)n, name);
+        else fprintf(f, "%8d %8ld %8ld %9s  %s\n", c, n, correct, "-", name);
     }
     print_confusion(r, f);
 }

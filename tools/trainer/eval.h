@@ -22,6 +22,7 @@ typedef struct {
     long top1, top5;       /* images whose label is the argmax (first on ties); among the 5 largest */
     double loss_sum;       /* cross-entropy (no label smoothing), summed over the images */
     long *confusion;       /* [true class][predicted class], classes x classes */
+    char (*names)[64];     /* the test split's class names (the data set's), or NULL where it gives none */
 } EvalReport;
 
 /* Sets run.resume to checkpoint (and turns off what a run writes) in cfg, then

@@ -52,6 +52,11 @@ int cifar_bin_load(Dataset *d, const char *dir, int train, int limit, char *err,
 int image_folder_load(Dataset *d, const char *root, const char *split, int limit, char *err,
                       size_t errlen);
 
+/* One JPEG, PNG or BMP file decoded as image_folder_load decodes it: RGB,
+ * CHW planar uint8, *h x *w (malloc'ed), or NULL with the same messages,
+ * naming the file, in err. */
+uint8_t *image_file_decode_rgb(const char *path, int *w, int *h, char *err, size_t errlen);
+
 /* Deterministic CIFAR-shaped images from the seed; the label is learnable from
  * the pixels (each class has its own mean colour pattern plus noise). */
 void synthetic_make(Dataset *d, int n, int c, int h, int w, int num_classes, uint64_t seed);

@@ -316,6 +316,20 @@ static void hwc_to_chw(const uint8_t *hwc, size_t plane, uint8_t *chw) {
     }
 }
 
+uint8_t *image_file_decode_rgb(const char *path, int *w, int *h, char *err, size_t errlen) {
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    uint8_t *hwc = decode_file(path, &buf, &cap, w, h, err, errlen);
+    free(buf);
+    if (!hwc) return NULL;
+    size_t plane = (size_t)*h * (size_t)*w;
+    uint8_t *chw = malloc(3 * plane);
+    if (!chw) TC_FATAL("out of host memory: a %dx%d image from %s", *w, *h, path);
+    hwc_to_chw(hwc, plane, chw);
+    stbi_image_free(hwc);
+    return chw;
+}
+
 /* Decodes image i (> 0) into its CHW place; it must have image 0's size. */
 static int decode_image(DecodeJob *job, int i, uint8_t **buf, size_t *cap, char *err,
                         size_t errlen) {

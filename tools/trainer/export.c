@@ -182,7 +182,7 @@ static cJSON *parse_section(CkptFile *f, const char *name, char *err, size_t err
     char *text = read_text_section(f, name, err, errlen);
     if (!text && !err[0])
         snprintf(err, errlen, "%s predates named tensors (it has no \"%s\" section): resume from it with this "
-                 "trainc and let it write a checkpoint, then export that one", ckpt_path(f), name);
+                 "trainc and let it write a checkpoint, then use that one", ckpt_path(f), name);
     cJSON *root = text ? cJSON_Parse(text) : NULL;
     if (text && !root) snprintf(err, errlen, "%s: its \"%s\" section is not JSON", ckpt_path(f), name);
     free(text);
@@ -233,8 +233,8 @@ static int meta_int(const cJSON *meta, const char *key) {
     return cJSON_IsNumber(v) ? v->valueint : -1;
 }
 
-/* Builds the model the meta section names (shapes only, nothing allocated). */
-static Model *model_of_meta(const cJSON *meta, const char *path, char *err, size_t errlen) {
+/* Builds the model the meta section names. */
+Model *model_of_meta(const cJSON *meta, int batch, int nhwc, const char *path, char *err, size_t errlen) {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "model"));
     const char *layout = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "layout"));
     Model *m = calloc(1, sizeof *m);
@@ -242,8 +242,8 @@ static Model *model_of_meta(const cJSON *meta, const char *path, char *err, size
     char why[512];
     if (!name || !layout) {
         snprintf(err, errlen, "%s: its meta section names no model or layout", path);
-    } else if (model_build(m, name, 1, meta_int(meta, "image_size"), meta_int(meta, "num_classes"),
-                           strcmp(layout, "nhwc") == 0, why, sizeof why) != 0) {
+    } else if (model_build(m, name, batch, meta_int(meta, "image_size"), meta_int(meta, "num_classes"),
+                           nhwc >= 0 ? nhwc : strcmp(layout, "nhwc") == 0, why, sizeof why) != 0) {
         snprintf(err, errlen, "%s: its model cannot be built: %s", path, why);
     } else {
         return m;
@@ -262,26 +262,64 @@ static float *read_floats(CkptFile *f, const char *name, size_t count, char *err
     return v;
 }
 
-static int export_checkpoint(const char *ckpt_file, const char *out, char *err, size_t errlen) {
-    CkptFile *f = ckpt_open(ckpt_file, err, errlen);
+int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, size_t errlen) {
+    memset(w, 0, sizeof *w);
+    CkptFile *f = ckpt_open(path, err, errlen);
     if (!f) return -1;
-    int rc = -1, n = 0;
-    cJSON *meta = parse_section(f, "meta", err, errlen), *table = NULL;
-    Model *m = meta ? model_of_meta(meta, ckpt_file, err, errlen) : NULL;
-    ModelTensor *ts = m ? list_tensors(m, &n, err, errlen) : NULL;
-    if (ts) table = parse_section(f, "tensors", err, errlen);
-    float *params = NULL, *stats = NULL;
-    if (table && check_table(table, ts, n, ckpt_file, err, errlen) == 0 &&
-        (params = read_floats(f, "params", m->n_params, err, errlen)) &&
-        (stats = read_floats(f, "bn_stats", m->n_bn_stats, err, errlen)))
-        rc = write_safetensors(out, m, ts, n, params, stats, metadata_of(meta), err, errlen);
+    cJSON *table = NULL;
+    w->meta = parse_section(f, "meta", err, errlen);
+    if (w->meta) w->model = model_of_meta(w->meta, 1, -1, path, err, errlen);
+    if (w->model) w->tensors = list_tensors(w->model, &w->n_tensors, err, errlen);
+    if (w->tensors) table = parse_section(f, "tensors", err, errlen);
+    int ok = table && check_table(table, w->tensors, w->n_tensors, path, err, errlen) == 0 &&
+             (w->params = read_floats(f, "params", w->model->n_params, err, errlen)) &&
+             (w->bn_stats = read_floats(f, "bn_stats", w->model->n_bn_stats, err, errlen));
+    cJSON_Delete(table);
+    ckpt_close(f);
+    if (!ok) checkpoint_weights_free(w);
+    return ok ? 0 : -1;
+}
+
+void checkpoint_weights_free(CheckpointWeights *w) {
+    cJSON_Delete(w->meta);
+    free(w->model);
+    free(w->tensors);
+    free(w->params);
+    free(w->bn_stats);
+    memset(w, 0, sizeof *w);
+}
+
+void checkpoint_weights_put(const CheckpointWeights *w, Model *m) {
+    char err[256];
+    int n;
+    ModelTensor *ts = list_tensors(m, &n, err, sizeof err);
+    if (!ts) TC_FATAL("naming the model's tensors: %s", err);
+    if (n != w->n_tensors) TC_FATAL("internal: %d tensors into a model of %d", w->n_tensors, n);
+    float *params = malloc(m->n_params * sizeof(float)), *stats = malloc((m->n_bn_stats + 1) * sizeof(float));
+    float *v = malloc(m->n_params * sizeof(float));
+    if (!params || !stats || !v) TC_FATAL("out of host memory: %zu parameters", m->n_params);
+    model_get_params(m, params); /* padded input channels keep their zeros */
+    model_get_bn_stats(m, stats);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(ts[i].name, w->tensors[i].name) != 0)
+            TC_FATAL("internal: tensor %d is %s, %s in the checkpoint", i, ts[i].name, w->tensors[i].name);
+        model_tensor_get(w->model, &w->tensors[i], w->params, w->bn_stats, v);
+        model_tensor_put(m, &ts[i], v, params, stats);
+    }
+    model_set_params(m, params);
+    model_set_bn_stats(m, stats);
+    free(v);
     free(params);
     free(stats);
     free(ts);
-    free(m);
-    cJSON_Delete(table);
-    cJSON_Delete(meta);
-    ckpt_close(f);
+}
+
+static int export_checkpoint(const char *ckpt_file, const char *out, char *err, size_t errlen) {
+    CheckpointWeights w;
+    if (checkpoint_weights_read(ckpt_file, &w, err, errlen) != 0) return -1;
+    int rc = write_safetensors(out, w.model, w.tensors, w.n_tensors, w.params, w.bn_stats, metadata_of(w.meta), err,
+                               errlen);
+    checkpoint_weights_free(&w);
     return rc;
 }
 

@@ -18,11 +18,34 @@
 
 #include "data/dataset.h"
 #include "models/model.h"
+#include "models/tensors.h"
+
+struct cJSON;
 
 /* The two sections' JSON text (malloc'ed) for a model trained at image_size
  * on data (its class names; none: "class0", ...). */
 char *export_meta_json(const Model *m, const char *model_name, int image_size, const Dataset *data);
 char *export_tensors_json(const Model *m);
+
+/* A checkpoint's meta section and weights, its tensor table checked against
+ * the model its meta names (built at batch 1: shapes only, nothing allocated). */
+typedef struct {
+    struct cJSON *meta;
+    Model *model;
+    ModelTensor *tensors;
+    int n_tensors;
+    float *params, *bn_stats; /* the checkpoint's sections, in model's layout */
+} CheckpointWeights;
+
+/* 0, or -1 with a message naming the file in err: unreadable, corrupt, of a
+ * trainc before named tensors (no meta section), or another trainc's layout. */
+int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, size_t errlen);
+void checkpoint_weights_free(CheckpointWeights *w);
+/* The net meta names, built for batch images (not finalized, calloc'ed);
+ * nhwc -1: the layout meta names. NULL with a message naming path in err. */
+Model *model_of_meta(const struct cJSON *meta, int batch, int nhwc, const char *path, char *err, size_t errlen);
+/* w's tensors into m: the same net, finalized, in either layout. */
+void checkpoint_weights_put(const CheckpointWeights *w, Model *m);
 
 /* argv[0] is "export"; the rest: --checkpoint FILE --format safetensors --out
  * FILE. Returns the exit status (0, 1 on bad input, 2 on a bad command line). */

@@ -6,6 +6,7 @@
  *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
  *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
+ *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
@@ -13,7 +14,8 @@
  * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
  * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
  * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c);
- * eval runs a checkpoint over the test split (tools/trainer/eval.c).
+ * eval runs a checkpoint over the test split (tools/trainer/eval.c); predict
+ * classifies image files with one, needing no config (tools/trainer/predict.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary (profile: its own report, and the trace of every rank; eval:
@@ -37,6 +39,7 @@
 #include "tools/trainer/eval.h"
 #include "tools/trainer/find_batch.h"
 #include "tools/trainer/keys.h"
+#include "tools/trainer/predict.h"
 #include "tools/trainer/profile.h"
 #include "tools/trainer/train.h"
 
@@ -49,6 +52,7 @@ static void usage(FILE *f) {
             "       trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n"
             "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
             "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
+            "       trainc predict --checkpoint FILE [--top K] [--json] [--device D] IMAGE...\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
@@ -59,6 +63,9 @@ static void usage(FILE *f) {
             "  eval              load a checkpoint into the model the config builds and print its top-1 (and\n"
             "                    top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
             "                    split; --csv writes the last two as CSV\n"
+            "  predict           classify JPEG, PNG or BMP images with a checkpoint (no config: it holds the\n"
+            "                    model, input preparation and class names); prints each image's top-K classes\n"
+            "                    (default 5) with probabilities, JSON lines with --json\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -269,8 +276,8 @@ int main(int argc, char **argv) {
         TC_FATAL("%s runs in one process, not under mpirun", subcommand);
     if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
 
-    if (argc > 1 && strcmp(argv[1], "export") == 0) {
-        int rc = export_main(argc - 1, argv + 1);
+    if (argc > 1 && (strcmp(argv[1], "export") == 0 || strcmp(argv[1], "predict") == 0)) {
+        int rc = strcmp(argv[1], "export") == 0 ? export_main(argc - 1, argv + 1) : predict_main(argc - 1, argv + 1);
         dist_finalize(&dist);
         return rc;
     }

@@ -13,26 +13,24 @@
  * units. Without measured peaks (none measured, TRAINC_PEAKS unset): nominal
  * ones (an H100 SXM's dense tensor cores or FMA units against its HBM; a CPU
  * core's FMA units against DRAM), so that the bound still has a ridge. */
-static void peaks_or_nominal(const ProfileReport *r, double *flops, double *bytes) {
+static double measured_flops(const ProfileReport *r) {
     const ProfilePeaks *p = &r->peaks;
-    int half = r->settings.amp, tf32 = !half && r->settings.tf32;
-    *flops = half ? p->flops_per_s : tf32 ? p->flops_tf32_per_s : p->flops_f32_per_s;
-    *bytes = p->bytes_per_s;
-    if (*flops > 0 && *bytes > 0) return;
-    *flops = !r->gpu ? 50e9 : half ? 989e12 : tf32 ? 494e12 : 67e12;
+    return r->settings.amp ? p->flops_per_s : r->settings.tf32 ? p->flops_tf32_per_s : p->flops_f32_per_s;
+}
+
+static int measured_peaks(const ProfileReport *r) { return measured_flops(r) > 0 && r->peaks.bytes_per_s > 0; }
+
+static void peaks_or_nominal(const ProfileReport *r, double *flops, double *bytes) {
+    if (measured_peaks(r)) {
+        *flops = measured_flops(r), *bytes = r->peaks.bytes_per_s;
+        return;
+    }
+    *flops = !r->gpu ? 50e9 : r->settings.amp ? 989e12 : r->settings.tf32 ? 494e12 : 67e12;
     *bytes = r->gpu ? 3.35e12 : 10e9;
 }
 
 static const char *peak_precision(const ProfileReport *r) {
     return r->settings.amp ? "half-precision GEMM" : r->settings.tf32 ? "TF32 GEMM" : "float32 GEMM";
-}
-
-static int measured_peaks(const ProfileReport *r) {
-    double flops, bytes;
-    peaks_or_nominal(r, &flops, &bytes);
-    return flops == (r->settings.amp ? r->peaks.flops_per_s : r->settings.tf32 ? r->peaks.flops_tf32_per_s
-                                                                                : r->peaks.flops_f32_per_s) &&
-           bytes == r->peaks.bytes_per_s;
 }
 
 ProfileRoofline profile_roofline(const ProfileReport *r, const ProfileLayer *l) {

@@ -40,6 +40,14 @@
 #            PROFILE_STEPS (11:30) with its trace ($OUT/profile/<stage>.txt, .json), the same
 #            window unprofiled (the profiler's overhead), then tools/device/ncu_check.py on the
 #            trace of CHECK (configs/final.ini; CHECK=none: no ncu)
+#   infer    inference throughput (images/s) and latency (p50, p99 ms) at each of INFER_BATCHES
+#            (1,32,256): `trainc bench-infer` (and BASE's, as impl=trainc-base) against
+#            tools/torch_infer.py --mode graph and, unless COMPILE=none, --mode compile, for each
+#            of INFER_CASES (default all three):
+#              resnet18-32     configs/resnet18.ini                       (--model resnet18 --image-size 32)
+#              simplenet-224   configs/final.ini                          (--model simplenet --image-size 224)
+#              resnet50-224    resnet18.ini with model.name=resnet50 at 224 (--model resnet50 --image-size 224)
+#            the lines in $OUT/infer.txt, their table (tools/infer_table.py) in $OUT/infer.md
 #
 # Parameters (environment):
 #   NP=n          GPUs per run of step and loader (default 1; > 1: mpirun -np n)
@@ -54,8 +62,10 @@
 #   HOST_CPU=1    step: a second run of each trainc case with twice the timed steps; the host
 #                 CPU time per step is the difference of the two runs' CPU times over the extra steps
 #   COMPILE="default max-autotune"  step: the ResNet cases under torch.compile too;
-#                 COMPILE_TIMEOUT=s (default 1500)
-#   CONFIG, SEEDS, EPOCHS, GPUS, PARTS, R18_SETS, DATA (.data/cifar10-jpg): as above
+#                 COMPILE_TIMEOUT=s (default 1500); infer: the modes of its compile runs
+#                 (default max-autotune; none: no compile run), each run limited to COMPILE_TIMEOUT
+#   CONFIG, SEEDS, EPOCHS, GPUS, PARTS, R18_SETS, DATA (.data/cifar10-jpg),
+#   INFER_CASES, INFER_BATCHES: as above
 #   RUN_LIMIT=s   timeout of one run (default 900);  ACC_LIMIT=s of one accuracy run (default 2400)
 #   DRY_RUN=1     check the arguments and stop
 #   OUT, LOGS, BUILD_LIMIT: see prepare.sh. Every run's summary line goes to $OUT/bench.jsonl
@@ -68,13 +78,19 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 
 ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 ddp"
 ALL_PARTS="simplenet-resident resnet18-resident simplenet-loader resnet18-loader"
-usage() { echo "usage: bash tools/device/bench.sh WHAT... (lab step resnet acc loader scaling memory phases profile); see its head comment" >&2; exit 2; }
+ALL_INFER_CASES="resnet18-32 simplenet-224 resnet50-224"
+WHATS="lab step resnet acc loader scaling memory phases profile infer"
+usage() { echo "usage: bash tools/device/bench.sh WHAT... ($WHATS); see its head comment" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for what in "$@"; do
-  case $what in lab | step | resnet | acc | loader | scaling | memory | phases | profile) ;;
-  *) echo "bench.sh: unknown benchmark '$what' (lab step resnet acc loader scaling memory phases profile)" >&2; exit 2 ;;
-  esac
+  [[ " $WHATS " == *" $what "* ]] || { echo "bench.sh: unknown benchmark '$what' ($WHATS)" >&2; exit 2; }
 done
+for c in ${INFER_CASES:-}; do
+  [[ " $ALL_INFER_CASES " == *" $c "* ]] || { echo "bench.sh: unknown case '$c' in INFER_CASES ($ALL_INFER_CASES)" >&2; exit 2; }
+done
+if [ -n "${INFER_BATCHES:-}" ] && [[ ! "$INFER_BATCHES" =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
+  echo "bench.sh: INFER_BATCHES=$INFER_BATCHES is not a list like 1,32,256" >&2; exit 2
+fi
 for c in ${CASES:-}; do
   [[ " $ALL_CASES " == *" $c "* ]] || { echo "bench.sh: unknown case '$c' in CASES ($ALL_CASES)" >&2; exit 2; }
 done
@@ -468,6 +484,44 @@ PY
   fi
 }
 
+# infer_run TAG LIMIT CMD...: CMD under `timeout LIMIT`, its output in $LOGS/TAG.log; its
+# `infer ` lines printed and appended to $OUT/infer.txt (impl=trainc renamed IMPL_AS if set).
+infer_run() {
+  local tag=$1 limit=$2 rc lines
+  shift 2
+  { echo "$ $*"; timeout -k 30 "$limit" "$@"; } > "$LOGS/$tag.log" 2>&1
+  rc=$?
+  lines=$(grep '^infer ' "$LOGS/$tag.log" | sed "s/ impl=trainc / impl=${IMPL_AS:-trainc} /")
+  [ -n "$lines" ] && echo "$lines" | tee -a "$OUT/infer.txt"
+  case $rc in 0) return ;; 124 | 137) rc="timed out after $limit s" ;; *) rc="exit $rc" ;; esac
+  echo "$tag: FAILED ($rc): $(grep -v '^infer ' "$LOGS/$tag.log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
+}
+
+bench_infer() {
+  local batches=${INFER_BATCHES:-1,32,256} c cfg model size who mode
+  echo "== inference at batches $batches: ${INFER_CASES:-$ALL_INFER_CASES}"
+  for c in ${INFER_CASES:-$ALL_INFER_CASES}; do
+    model=${c%-*} size=${c##*-} cfg="--config configs/resnet18.ini"
+    case $c in
+    simplenet-224) cfg="--config configs/final.ini" ;;
+    resnet50-224) cfg="$cfg --set model.name=resnet50 --set data.image_size=224" ;;
+    esac
+    for who in $TRAINCS; do
+      IMPL_AS=$([ "${who%%:*}" = base ] && echo trainc-base) infer_run "infer_${c}_${who%%:*}" "$RUN_LIMIT" \
+        "${who#*:}" bench-infer $cfg $SETS_ALL --batch "$batches"
+    done
+    [ "$TORCH" = 1 ] || continue
+    infer_run "infer_${c}_torch_graph" "$RUN_LIMIT" python3 tools/torch_infer.py --model "$model" --image-size "$size" \
+      --batch "$batches" --mode graph ${TORCH_ARGS:-}
+    for mode in ${COMPILE-max-autotune}; do
+      [ "$mode" = none ] && continue
+      infer_run "infer_${c}_torch_compile_$mode" "${COMPILE_TIMEOUT:-1500}" python3 tools/torch_infer.py \
+        --model "$model" --image-size "$size" --batch "$batches" --mode compile --compile-mode "$mode" ${TORCH_ARGS:-}
+    done
+  done
+  [ -s "$OUT/infer.txt" ] && python3 tools/infer_table.py "$OUT/infer.txt" | tee "$OUT/infer.md"
+}
+
 summary() {
   echo
   echo "== summary ($JSONL)"
@@ -506,6 +560,7 @@ for what in "$@"; do
   memory) echo "== memory grid"; timeout 600 python3 tools/bench_memory.py $SETS_ALL ;;
   phases) bench_phases ;;
   profile) bench_profile ;;
+  infer) bench_infer ;;
   esac
   pack_logs
 done

@@ -28,6 +28,7 @@ typedef struct cudnnTensorStruct *cudnnTensorDescriptor_t;
 typedef struct cudnnFilterStruct *cudnnFilterDescriptor_t;
 typedef struct cudnnConvolutionStruct *cudnnConvolutionDescriptor_t;
 typedef struct cudnnPoolingStruct *cudnnPoolingDescriptor_t;
+typedef void *cudnnBackendDescriptor_t;
 /* cuDNN's algorithm enums, kept as plain numbers. */
 typedef int cudnnConvolutionFwdAlgo_t;
 typedef int cudnnConvolutionBwdDataAlgo_t;

@@ -18,6 +18,7 @@
     X(maxpool) \
     X(conv2d) \
     X(conv_bias_grad) \
+    X(conv_bias_act) \
     X(softmax_xent) \
     X(accuracy) \
     X(cast) \

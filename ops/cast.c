@@ -109,6 +109,13 @@ void cast_from_f32(const OpContext *ctx, const float *src, void *dst, size_t n) 
     op_end(ctx, __func__);
 }
 
+void cast_to_f32(const OpContext *ctx, const void *src, float *dst, size_t n) {
+    op_begin(ctx, __func__);
+    if (ctx->device == DEVICE_CPU) cast_to_f32_cpu(ctx->dtype, src, dst, n);
+    else GPU_ONLY(cast_to_f32_cuda(ctx->dtype, src, dst, n, ctx->stream));
+    op_end(ctx, __func__);
+}
+
 void cast_nchw_to_nhwc(const OpContext *ctx, const float *src_nchw, void *dst_nhwc, int n, int c, int h, int w,
                        int c_padded) {
     op_begin(ctx, __func__);

@@ -16,9 +16,10 @@
 extern "C" {
 #endif
 
-/* The face (op_context.h): float32 to ctx->dtype on ctx's device
+/* The face (op_context.h): float32 to ctx->dtype on ctx's device and back
  * (cast_nchw_to_nhwc as cast_nchw_to_nhwc_cpu below). */
 void cast_from_f32(const OpContext *ctx, const float *src, void *dst, size_t n);
+void cast_to_f32(const OpContext *ctx, const void *src, float *dst, size_t n);
 void cast_nchw_to_nhwc(const OpContext *ctx, const float *src_nchw, void *dst_nhwc, int n, int c, int h, int w,
                        int c_padded);
 

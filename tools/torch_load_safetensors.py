@@ -3,9 +3,13 @@
 SimpleNet or the ResNets, same module names as torchvision's) with strict=True,
 runs CIFAR-10's test set and prints accuracy and the first logits; --onnx FILE
 also exports the loaded model with torch.onnx.export and, where onnxruntime is
-importable, compares its logits with PyTorch's. Needs PyTorch (the GPU machine).
+importable, compares its logits with PyTorch's; with --predict-json FILE (the
+output of `trainc predict --json` on 32x32 images, which predict only
+normalises) also onnxruntime's probabilities of each image's listed classes
+with predict's. Needs PyTorch (the GPU machine).
 
     tools/torch_load_safetensors.py model.safetensors [--data .data/cifar10-jpg] [--limit N] [--onnx m.onnx]
+        [--predict-json predict.jsonl]
 """
 import argparse
 import json
@@ -35,6 +39,7 @@ def main():
     p.add_argument("--limit", type=int, default=0, help="test images (0: all)")
     p.add_argument("--onnx", default="", help="export the loaded model to this ONNX file")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--predict-json", default="", help="trainc predict --json's output to compare (with --onnx)")
     args = p.parse_args()
     try:
         import torch
@@ -73,8 +78,33 @@ def main():
             return
         batch = next(iter(batches(32)))[0]
         ref = model(batch).detach().cpu().numpy()
-        got = ort.InferenceSession(args.onnx).run(None, {"image": batch.cpu().numpy()})[0]
+        session = ort.InferenceSession(args.onnx)
+        got = session.run(None, {"image": batch.cpu().numpy()})[0]
         print(json.dumps({"onnx_max_abs_diff": float(abs(ref - got).max())}))
+        if args.predict_json:
+            compare_predict(session, args.predict_json, meta, size)
+
+
+def compare_predict(session, path, meta, size):
+    """onnxruntime's softmax against trainc predict's probabilities, image by image."""
+    import numpy as np
+    from PIL import Image
+    mean = np.array(json.loads(meta["mean"]), dtype=np.float32).reshape(1, 3, 1, 1)
+    std = np.array(json.loads(meta["std"]), dtype=np.float32).reshape(1, 3, 1, 1)
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    worst, same_top1 = 0.0, 0
+    for row in rows:
+        with Image.open(row["image"]) as im:
+            if im.size != (size, size):
+                sys.exit(f"{row['image']}: {im.size}, not {size}x{size}: predict would resize it")
+            x = np.asarray(im.convert("RGB"), dtype=np.float32).transpose(2, 0, 1)[None] / 255.0
+        logits = session.run(None, {"image": (x - mean) / std})[0][0].astype(np.float64)
+        prob = np.exp(logits - logits.max())
+        prob /= prob.sum()
+        worst = max(worst, max(abs(prob[t["index"]] - t["p"]) for t in row["top"]))
+        same_top1 += int(prob.argmax()) == row["top"][0]["index"]
+    print(json.dumps({"predict_images": len(rows), "predict_vs_onnx_max_abs_p_diff": worst,
+                      "predict_vs_onnx_same_top1": same_top1}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
  *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
+ *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
@@ -15,7 +16,8 @@
  * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
  * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c);
  * eval runs a checkpoint over the test split (tools/trainer/eval.c); predict
- * classifies image files with one, needing no config (tools/trainer/predict.c).
+ * classifies image files with one, needing no config (tools/trainer/predict.c);
+ * bench-infer times the inference path that eval and predict run (tools/trainer/bench_infer.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary (profile: its own report, and the trace of every rank; eval:
@@ -34,6 +36,7 @@
 #include "runtime/config.h"
 #include "runtime/log.h"
 #include "runtime/version.h"
+#include "tools/trainer/bench_infer.h"
 #include "tools/trainer/bench_loader.h"
 #include "tools/trainer/export.h"
 #include "tools/trainer/eval.h"
@@ -53,6 +56,7 @@ static void usage(FILE *f) {
             "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
             "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
             "       trainc predict --checkpoint FILE [--top K] [--json] [--device D] IMAGE...\n"
+            "       trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
@@ -66,6 +70,9 @@ static void usage(FILE *f) {
             "  predict           classify JPEG, PNG or BMP images with a checkpoint (no config: it holds the\n"
             "                    model, input preparation and class names); prints each image's top-K classes\n"
             "                    (default 5) with probabilities, JSON lines with --json\n"
+            "  bench-infer       images/s and latency (p50, p99) of the inference path eval and predict run\n"
+            "                    (batch norm folded, fused epilogues, fp16 NHWC, a CUDA graph per batch size)\n"
+            "                    for each --batch size, with the checkpoint's weights or random ones\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -94,7 +101,8 @@ typedef struct {
     const char *program; /* argv[0], as invoked */
     const char *config_path;
     const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
-    const char *checkpoint, *csv; /* eval's --checkpoint and --csv; NULL: not given */
+    const char *checkpoint, *csv; /* eval's --checkpoint (also bench-infer's) and --csv; NULL: not given */
+    const char *batches;          /* bench-infer's --batch; NULL: not given */
     Override *overrides;
     int n_overrides;
     int print_config, quiet, version, help;
@@ -130,7 +138,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"version", no_argument, NULL, 'V'},       {"help", no_argument, NULL, 'h'},
         {"steps", required_argument, NULL, 'S'},   {"trace", required_argument, NULL, 'T'},
         {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
-        {NULL, 0, NULL, 0},
+        {"batch", required_argument, NULL, 'B'},   {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
     optind = 1;
@@ -151,6 +159,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'T': a->trace = optarg; break;
         case 'K': a->checkpoint = optarg; break;
         case 'C': a->csv = optarg; break;
+        case 'B': a->batches = optarg; break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
@@ -158,7 +167,8 @@ static void parse_args(int argc, char **argv, Args *a) {
     }
     if (optind < argc)
         fail_usage(strcmp(argv[optind], "bench-loader") == 0 || strcmp(argv[optind], "find-batch") == 0 ||
-                       strcmp(argv[optind], "profile") == 0 || strcmp(argv[optind], "eval") == 0
+                       strcmp(argv[optind], "profile") == 0 || strcmp(argv[optind], "eval") == 0 ||
+                       strcmp(argv[optind], "bench-infer") == 0
                        ? "a subcommand comes first, before any option"
                        : "unexpected argument",
                    argv[optind]);
@@ -270,7 +280,8 @@ int main(int argc, char **argv) {
     Dist dist;
     dist_init(&dist); /* first: its fatal hook must run after every other */
     const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0 ||
-                                          strcmp(argv[1], "profile") == 0 || strcmp(argv[1], "eval") == 0)
+                                          strcmp(argv[1], "profile") == 0 || strcmp(argv[1], "eval") == 0 ||
+                                          strcmp(argv[1], "bench-infer") == 0)
                            ? argv[1] : NULL;
     if (subcommand && strcmp(subcommand, "profile") != 0 && strcmp(subcommand, "eval") != 0 && dist.world > 1)
         TC_FATAL("%s runs in one process, not under mpirun", subcommand);
@@ -298,8 +309,12 @@ int main(int argc, char **argv) {
     }
     int profiling = subcommand && strcmp(subcommand, "profile") == 0;
     int evaluating = subcommand && strcmp(subcommand, "eval") == 0;
+    int bench_infer = subcommand && strcmp(subcommand, "bench-infer") == 0;
     if ((args.steps || args.trace) && !profiling) fail_usage("--steps and --trace belong to trainc profile", NULL);
-    if ((args.checkpoint || args.csv) && !evaluating) fail_usage("--checkpoint and --csv belong to trainc eval", NULL);
+    if (args.csv && !evaluating) fail_usage("--csv belongs to trainc eval", NULL);
+    if (args.checkpoint && !evaluating && !bench_infer)
+        fail_usage("--checkpoint belongs to trainc eval and trainc bench-infer", NULL);
+    if (args.batches && !bench_infer) fail_usage("--batch belongs to trainc bench-infer", NULL);
     if (evaluating && !args.checkpoint) fail_usage("trainc eval needs --checkpoint FILE", NULL);
     if (evaluating && !args.config_path && !args.print_config)
         fail_usage("trainc eval needs --config FILE, the config the checkpoint was trained with: a checkpoint "
@@ -315,6 +330,8 @@ int main(int argc, char **argv) {
         rc = profile_main(&args, cfg, &dist);
     } else if (evaluating) {
         rc = eval_main(&args, cfg, &dist);
+    } else if (bench_infer) {
+        rc = bench_infer_main(cfg, args.batches, args.checkpoint);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

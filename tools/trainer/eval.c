@@ -1,13 +1,14 @@
-/* trainc eval: a checkpoint through the trainer's evaluation forward. The
- * logits come back to the host once per batch (eval is not the training step,
- * and a host pass over [batch][classes] is small next to the forward), where
- * each image's argmax, rank of its label and cross-entropy are counted: top-1
- * is the accuracy op's argmax (first maximum on ties), so it equals the
- * trainer's own evaluation of the same weights. */
+/* trainc eval: a checkpoint through the inference path (models/infer.h: batch
+ * norm folded, fused epilogues, half precision NHWC on the GPU). The logits
+ * come back to the host once per batch (a host pass over [batch][classes] is
+ * small next to the forward), where each image's argmax, rank of its label
+ * and cross-entropy are counted: top-1 is the accuracy op's argmax (first
+ * maximum on ties), as in the trainer's own evaluation. */
 #include "tools/trainer/eval.h"
 
-#include "ops/cast.h"
+#include "models/infer.h"
 #include "runtime/json_out.h"
+#include "tools/trainer/infer_options.h"
 #include "tools/trainer/trainer.h"
 
 /* What an evaluation must not do as a run would: write checkpoints, metrics,
@@ -74,31 +75,48 @@ static void sum_over_ranks(EvalReport *r, Dist *dist) {
     free(v);
 }
 
-/* The test loader's batches through the model in eval mode, as evaluate() runs them. */
+/* The inference path (models/infer.h) of the trainer's model, with its weights. */
+static InferNet *open_inference(const Trainer *t) {
+    const Model *m = &t->model;
+    float *params = malloc(m->n_params * sizeof(float)), *stats = malloc((m->n_bn_stats + 1) * sizeof(float));
+    if (!params || !stats) TC_FATAL("out of host memory: %zu parameters", m->n_params);
+    model_get_params(m, params);
+    model_get_bn_stats(m, stats);
+    InferOptions opt = infer_options_of(&t->set, t->set.train.batch);
+    InferNet *net = infer_create(m, params, stats, m->gpu, &opt);
+    InferStats st = infer_stats(net);
+    log_info("eval: the inference path, %s: %d of %d convolutions one cuDNN graph, %d batch norms folded",
+             m->gpu ? (opt.dtype == DTYPE_BF16 ? "bf16 NHWC" : "fp16 NHWC") : "fp32 on the CPU", st.convs_fused,
+             st.convs, st.bn_folded);
+    free(params);
+    free(stats);
+    return net;
+}
+
+/* The test loader's batches, each copied from where the trainer's loader
+ * prepares it (the model's input buffer) into the inference net's input. */
 static void evaluate_test_split(Trainer *t, EvalReport *r) {
-    Model *m = &t->model;
-    const OpContext *ctx = &m->ops;
-    size_t logits_n = (size_t)t->set.train.batch * m->num_classes;
-    void *raw = malloc(logits_n * dtype_size(m->act_dtype));
-    float *logits = malloc(logits_n * sizeof(float));
-    if (!raw || !logits) TC_FATAL("out of host memory: a batch of logits");
+    InferNet *net = open_inference(t);
+    const OpContext *ctx = infer_ops(net);
+    size_t per_image = infer_input_floats(net) / (size_t)infer_batch(net);
+    float *logits = malloc((size_t)t->set.train.batch * r->classes * sizeof(float));
+    if (!logits) TC_FATAL("out of host memory: a batch of logits");
     Batch b;
     gpu_range_push("evaluate");
-    model_set_training(m, 0);
     loader_start_epoch(t->data.test_loader, 0);
     while (loader_next(t->data.test_loader, &b)) {
         int n = b.n;
         upload_sync(t, &b);
         loader_release(t->data.test_loader, &b);
-        model_forward(m);
-        op_copy_to_host(ctx, raw, model_logits(m), (size_t)n * m->num_classes * dtype_size(m->act_dtype));
+        op_copy(ctx, infer_input(net), model_input_buffer(&t->model), (size_t)n * per_image * sizeof(float));
+        infer_run(net);
+        op_copy_to_host(ctx, logits, infer_logits(net), (size_t)n * r->classes * sizeof(float));
         op_sync(ctx);
-        cast_to_f32_cpu(m->act_dtype, raw, logits, (size_t)n * m->num_classes);
-        for (int i = 0; i < n; i++) tally_image(r, logits + (size_t)i * m->num_classes, t->input.host_labels[i]);
+        for (int i = 0; i < n; i++) tally_image(r, logits + (size_t)i * r->classes, t->input.host_labels[i]);
     }
     gpu_range_pop();
-    free(raw);
     free(logits);
+    infer_destroy(net);
 }
 
 static void copy_class_names(const Dataset *d, EvalReport *r) {

@@ -10,6 +10,7 @@
 
 #include "data/dataset.h"
 #include "data/transform.h"
+#include "models/infer.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
@@ -146,16 +147,17 @@ static float *prepare_images(char **paths, int n, const Preparation *p, char *er
     return inputs;
 }
 
-/* The device's model holding the checkpoint's weights, in evaluation mode. */
-static Model *open_model(const CheckpointWeights *w, GpuContext *gpu, int batch, const char *path, char *err,
-                         size_t errlen) {
-    Model *m = model_of_meta(w->meta, batch, gpu ? -1 : 0, path, err, errlen); /* NHWC is the GPU's */
-    if (!m) return NULL;
-    m->act_dtype = DTYPE_F32;
-    model_finalize(m, gpu, 0);
-    checkpoint_weights_put(w, m);
-    model_set_training(m, 0);
-    return m;
+/* The inference path (models/infer.h) of the checkpoint's net: fp16 NHWC with
+ * a CUDA graph on the GPU, fp32 on the CPU; convolutions by cuDNN's heuristics. */
+static InferNet *open_net(const CheckpointWeights *w, GpuContext *gpu, int batch) {
+    InferOptions opt = {0};
+    opt.batch = batch;
+    opt.dtype = gpu ? DTYPE_F16 : DTYPE_F32;
+    opt.nhwc = gpu != NULL;
+    opt.graph = gpu != NULL;
+    opt.conv_policy.workspace_limit = (size_t)256 << 20;
+    opt.conv_policy.allow_tf32 = 1;
+    return infer_create(w->model, w->params, w->bn_stats, gpu, &opt);
 }
 
 /* Softmax of each row of logits in place, in double for the sum. */
@@ -171,20 +173,20 @@ static void softmax_rows(float *v, int rows, int classes) {
 }
 
 /* Each image's class probabilities into probs [n][classes]. */
-static void classify(Model *m, const float *inputs, int n, float *probs) {
-    const OpContext *ctx = &m->ops;
-    size_t per_image = model_input_floats(m) / (size_t)m->batch;
-    for (int first = 0; first < n; first += m->batch) {
-        int rows = n - first < m->batch ? n - first : m->batch;
+static void classify(InferNet *net, const float *inputs, int n, float *probs) {
+    const OpContext *ctx = infer_ops(net);
+    int batch = infer_batch(net), classes = infer_classes(net);
+    size_t per_image = infer_input_floats(net) / (size_t)batch;
+    for (int first = 0; first < n; first += batch) {
+        int rows = n - first < batch ? n - first : batch;
         /* a short last batch: the rows past it hold the previous batch's images, whose results go unread */
-        op_copy_from_host(ctx, model_input_buffer(m), inputs + (size_t)first * per_image,
+        op_copy_from_host(ctx, infer_input(net), inputs + (size_t)first * per_image,
                           (size_t)rows * per_image * sizeof(float));
-        model_forward(m);
-        op_copy_to_host(ctx, probs + (size_t)first * m->num_classes, model_logits(m),
-                        (size_t)rows * m->num_classes * sizeof(float));
+        infer_run(net);
+        op_copy_to_host(ctx, probs + (size_t)first * classes, infer_logits(net), (size_t)rows * classes * sizeof(float));
         op_sync(ctx);
     }
-    softmax_rows(probs, n, m->num_classes);
+    softmax_rows(probs, n, classes);
 }
 
 /* The k most probable classes of a row, most probable first (the lower index on ties). */
@@ -250,19 +252,17 @@ static int predict(const PredictArgs *a, char *err, size_t errlen) {
         return -1;
     }
     int batch = a->n_images < PREDICT_MAX_BATCH ? a->n_images : PREDICT_MAX_BATCH;
-    Model *m = open_model(&w, gpu, batch, a->checkpoint, err, errlen);
-    if (!m) TC_FATAL("internal: the checkpoint's model built once but not at batch %d: %s", batch, err);
+    InferNet *net = open_net(&w, gpu, batch);
     float *probs = malloc((size_t)a->n_images * p.num_classes * sizeof(float));
     int *top = malloc((size_t)k * sizeof(int));
     if (!probs || !top) TC_FATAL("out of host memory: %d images' probabilities", a->n_images);
-    classify(m, inputs, a->n_images, probs);
+    classify(net, inputs, a->n_images, probs);
     for (int i = 0; i < a->n_images; i++) {
         const float *row = probs + (size_t)i * p.num_classes;
         top_classes(row, p.num_classes, k, top);
         print_image(a->images[i], row, top, k, &p, a->json);
     }
-    model_destroy(m);
-    free(m);
+    infer_destroy(net);
     if (gpu) gpu_context_destroy(gpu);
     free(top);
     free(probs);

@@ -1,0 +1,172 @@
+/* trainc bench-infer: see bench_infer.h. */
+#include "tools/trainer/bench_infer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/infer.h"
+#include "models/zoo.h"
+#include "runtime/check.h"
+#include "runtime/gpu.h"
+#include "runtime/json_out.h"
+#include "runtime/log.h"
+#include "tools/trainer/export.h"
+#include "tools/trainer/infer_options.h"
+#include "tools/trainer/settings.h"
+
+#define BENCH_INFER_MAX_BATCHES 16
+#define BENCH_INFER_LATENCY_RUNS 300
+#define BENCH_INFER_SPAN_S 0.5
+
+/* "1,32,256" into batches; the count, or -1 with a message. */
+static int parse_batches(const char *list, int *batches, char *err, size_t errlen) {
+    int n = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        long b = strtol(p, &end, 10);
+        if (end == p || b < 1 || b > 65536 || (*end && *end != ',') || n == BENCH_INFER_MAX_BATCHES) {
+            snprintf(err, errlen, "--batch %s: a comma-separated list of up to %d sizes from 1 to 65536", list,
+                     BENCH_INFER_MAX_BATCHES);
+            return -1;
+        }
+        batches[n++] = (int)b;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) snprintf(err, errlen, "--batch is empty");
+    return n ? n : -1;
+}
+
+/* PyTorch's default initialisation (uniform in +-1/sqrt(fan_in)); batch norms the identity. */
+static void random_weights(const Model *g, uint64_t seed, float *params, float *bn_stats) {
+    uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
+    for (int i = 0; i < g->n_layers; i++) {
+        const Layer *l = &g->layers[i];
+        if (l->kind == LAYER_BATCHNORM) {
+            for (size_t c = 0; c < l->w_count; c++) {
+                params[l->w_off + c] = 1, params[l->b_off + c] = 0;
+                bn_stats[l->stat_off + c] = 0, bn_stats[l->stat_off + l->w_count + c] = 1;
+            }
+            continue;
+        }
+        float bound = l->fan_in ? 1.0f / sqrtf((float)l->fan_in) : 0;
+        for (size_t j = 0; j < l->w_count + l->b_count; j++) {
+            state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+            params[l->w_off + j] = bound * (2.0f * (float)(state >> 40) / (float)(1 << 24) - 1.0f);
+        }
+    }
+}
+
+static int compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    double images_per_s, p50_ms, p99_ms;
+} InferTiming;
+
+static InferTiming time_net(InferNet *net) {
+    const OpContext *ctx = infer_ops(net);
+    for (int i = 0; i < 20; i++) infer_run(net); /* capture, plans, clocks */
+    op_sync(ctx);
+    cudaEvent_t start, stop;
+    gpu_event_create(&start, 1);
+    gpu_event_create(&stop, 1);
+    int reps = 10;
+    float ms = 0;
+    for (int round = 0; round < 2; round++) {
+        gpu_event_record(start, ctx->stream);
+        for (int i = 0; i < reps; i++) infer_run(net);
+        gpu_event_record(stop, ctx->stream);
+        gpu_event_sync(stop);
+        ms = gpu_event_ms(start, stop);
+        if (round == 0) reps = (int)(BENCH_INFER_SPAN_S * 1000 / (ms / reps > 1e-3 ? ms / reps : 1e-3)) + 10;
+    }
+    gpu_event_destroy(start);
+    gpu_event_destroy(stop);
+    InferTiming t = {(double)infer_batch(net) * reps / (ms / 1000.0), 0, 0};
+    double lat[BENCH_INFER_LATENCY_RUNS];
+    for (int i = 0; i < BENCH_INFER_LATENCY_RUNS; i++) {
+        double t0 = now_seconds();
+        infer_run(net);
+        op_sync(ctx);
+        lat[i] = (now_seconds() - t0) * 1000.0;
+    }
+    qsort(lat, BENCH_INFER_LATENCY_RUNS, sizeof(double), compare_double);
+    t.p50_ms = lat[BENCH_INFER_LATENCY_RUNS / 2];
+    t.p99_ms = lat[BENCH_INFER_LATENCY_RUNS * 99 / 100];
+    return t;
+}
+
+/* The net of the config, or of the checkpoint (which must be the same net). */
+typedef struct {
+    Model *graph;
+    float *params, *bn_stats;
+    CheckpointWeights ckpt;
+} Weights;
+
+static void load_weights(const TrainSettings *s, const char *checkpoint, Weights *w) {
+    char err[4400];
+    memset(w, 0, sizeof *w);
+    if (checkpoint) {
+        if (checkpoint_weights_read(checkpoint, &w->ckpt, err, sizeof err) != 0) TC_USER_ERROR("--checkpoint: %s", err);
+        w->graph = w->ckpt.model;
+        w->params = w->ckpt.params;
+        w->bn_stats = w->ckpt.bn_stats;
+        return;
+    }
+    w->graph = calloc(1, sizeof(Model));
+    if (!w->graph) TC_FATAL("out of host memory: a model");
+    if (model_build(w->graph, s->model.name, 1, s->data.image_size, s->model.num_classes, 0, err, sizeof err) != 0)
+        settings_fail(s, "model.name", "%s", err);
+    w->params = calloc(w->graph->n_params, sizeof(float));
+    w->bn_stats = calloc(w->graph->n_bn_stats + 1, sizeof(float));
+    if (!w->params || !w->bn_stats) TC_FATAL("out of host memory: %zu parameters", w->graph->n_params);
+    random_weights(w->graph, s->run.seed, w->params, w->bn_stats);
+}
+
+static void free_weights(Weights *w) {
+    if (w->ckpt.model) {
+        checkpoint_weights_free(&w->ckpt);
+        return;
+    }
+    free(w->graph);
+    free(w->params);
+    free(w->bn_stats);
+}
+
+int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint) {
+    TrainSettings s;
+    settings_read(cfg, 1, &s);
+    int batches[BENCH_INFER_MAX_BATCHES];
+    char err[256];
+    int n_batches = parse_batches(batch_list ? batch_list : "1,32,256", batches, err, sizeof err);
+    if (n_batches < 0) TC_USER_ERROR("%s", err);
+    if (!s.run.use_gpu) settings_fail(&s, "run.device", "bench-infer measures the GPU's inference path: use cuda");
+    GpuContext gpu;
+    infer_open_gpu(&s, &gpu);
+    Weights w;
+    load_weights(&s, checkpoint, &w);
+    const char *model = checkpoint ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(w.ckpt.meta, "model"))
+                                   : s.model.name;
+    int image = w.graph->acts[0].h;
+    for (int i = 0; i < n_batches; i++) {
+        InferOptions opt = infer_options_of(&s, batches[i]);
+        InferNet *net = infer_create(w.graph, w.params, w.bn_stats, &gpu, &opt);
+        InferStats st = infer_stats(net);
+        log_info("bench-infer: %s at %d, batch %d on %s: %d steps, %d of %d convolutions one cuDNN graph, %d batch "
+                 "norms folded, %d ReLUs and %d adds fused; %.1f MiB weights, %.1f MiB activations",
+                 model ? model : "?", image, batches[i], gpu.name, st.steps, st.convs_fused, st.convs, st.bn_folded,
+                 st.relu_fused, st.add_fused, st.weight_bytes / 1048576.0, st.activation_bytes / 1048576.0);
+        InferTiming t = time_net(net);
+        printf("infer impl=trainc model=%s image=%d batch=%d images_per_s=%.1f p50_ms=%.4f p99_ms=%.4f\n",
+               model ? model : "?", image, batches[i], t.images_per_s, t.p50_ms, t.p99_ms);
+        fflush(stdout);
+        infer_destroy(net);
+    }
+    free_weights(&w);
+    gpu_context_destroy(&gpu);
+    return 0;
+}

@@ -1,0 +1,24 @@
+/* trainc bench-infer: the inference path's throughput and latency (models/infer.h).
+ * The config names the net, its input size and classes, the precision and
+ * layout it was trained in (precision.amp, model.layout: inference runs in
+ * the same), perf.cuda_graph and how convolutions are chosen (perf.*). The
+ * weights are a checkpoint's (--checkpoint, of that net) or random ones of
+ * PyTorch's default initialisation.
+ * For each batch size, on one net of that size:
+ *   images/s   batch * R / the time of R forwards back to back (CUDA events,
+ *              R filling about half a second);
+ *   latency    one forward at a time, from its launch to its end seen by the
+ *              host (launch + stream sync), p50 and p99 over many.
+ * The input is on the GPU and the logits stay there, as in
+ * tools/torch_infer.py, the PyTorch reference. One line per batch on stdout:
+ *   infer impl=trainc model=resnet18 image=32 batch=256 images_per_s=... p50_ms=... p99_ms=... */
+#ifndef TRAINC_TOOLS_TRAINER_BENCH_INFER_H
+#define TRAINC_TOOLS_TRAINER_BENCH_INFER_H
+
+#include "runtime/config.h"
+
+/* batches: "1,32,256"; checkpoint NULL: random weights. Returns the exit
+ * status; bad input ends the process with a message naming the key or file. */
+int bench_infer_main(Config *cfg, const char *batches, const char *checkpoint);
+
+#endif

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
+#include <cJSON.h>
 #include <stb_image_write.h>
 
 #include "data/dataset.h"

@@ -36,6 +36,10 @@
 #            BASE: BASE's trainc in a second table ($OUT/scaling.csv, scaling_*.svg)
 #   memory   the memory grid: tools/bench_memory.py on configs/model.ini (batches x precision)
 #   phases   the phase breakdown of one epoch of CONFIG (configs/final.ini), trainc and BASE's
+#   export   train each of EXPORT_CONFIGS (configs/final.ini configs/resnet18.ini; EPOCHS: the
+#            configs' unless set), then trainc eval (the inference path) beside the run's own
+#            accuracy, trainc export, tools/torch_load_safetensors.py's PyTorch accuracy, and on
+#            32x32 configs trainc predict --device cuda against onnxruntime on PREDICT_IMAGES (64)
 #   profile  `trainc profile` of each of STAGES (default the lab's five configs) over steps
 #            PROFILE_STEPS (11:30) with its trace ($OUT/profile/<stage>.txt, .json), the same
 #            window unprofiled (the profiler's overhead), then tools/device/ncu_check.py on the
@@ -79,7 +83,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 ddp"
 ALL_PARTS="simplenet-resident resnet18-resident simplenet-loader resnet18-loader"
 ALL_INFER_CASES="resnet18-32 simplenet-224 resnet50-224"
-WHATS="lab step resnet acc loader scaling memory phases profile infer"
+WHATS="lab step resnet acc loader scaling memory phases profile infer export"
 usage() { echo "usage: bash tools/device/bench.sh WHAT... ($WHATS); see its head comment" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for what in "$@"; do
@@ -522,6 +526,36 @@ bench_infer() {
   [ -s "$OUT/infer.txt" ] && python3 tools/infer_table.py "$OUT/infer.txt" | tee "$OUT/infer.md"
 }
 
+# export: train each of EXPORT_CONFIGS, then the checkpoint through trainc eval (the inference path)
+# beside the run's own end-of-epoch accuracy, trainc export, PyTorch's accuracy from the export,
+# and (32x32 configs) trainc predict on the GPU against onnxruntime on PREDICT_IMAGES test images.
+bench_export() {
+  local cfg name d steps ck images args
+  for cfg in ${EXPORT_CONFIGS:-configs/final.ini configs/resnet18.ini}; do
+    name=$(basename "$cfg" .ini) d="$LOGS/export_$name"
+    mkdir -p "$d"
+    steps=$((50000 / $(cfgtool "$cfg" val train.batch)))
+    echo "== export: $cfg${EPOCHS:+, $EPOCHS epochs}, a checkpoint every $steps steps"
+    measure "export_${name}_train" "$RUN_LIMIT" build/trainc --config "$cfg" ${EPOCHS:+--set run.epochs=$EPOCHS} $SETS_ALL \
+      --set run.checkpoint_every=$steps --set "run.checkpoint_dir=$d/ck"
+    ck=$(ls "$d"/ck/ckpt-*.trc 2>/dev/null | sort | tail -1)
+    [ -n "$ck" ] || { echo "export: $cfg wrote no checkpoint"; continue; }
+    timeout 600 build/trainc eval --checkpoint "$ck" --config "$cfg" $SETS_ALL > "$d/eval.txt" 2>&1
+    grep -E "top-1|top-5|loss|inference path" "$d/eval.txt"; tail -1 "$d/eval.txt"
+    timeout 300 build/trainc export --checkpoint "$ck" --format safetensors --out "$d/model.safetensors" || continue
+    images=$(find "$DATA/test" -name '*.jpg' | sort | head -"${PREDICT_IMAGES:-64}")
+    args=""
+    if [ "$(cfgtool "$cfg" val data.image_size)" = 32 ]; then
+      # shellcheck disable=SC2086
+      timeout 300 build/trainc predict --device cuda --json --checkpoint "$ck" $images > "$d/predict.jsonl" 2> "$d/predict.err"
+      echo "predict: $(wc -l < "$d/predict.jsonl") images on the GPU, $(head -c 300 "$d/predict.jsonl")"
+      args="--onnx $d/model.onnx --predict-json $d/predict.jsonl"
+    fi
+    # shellcheck disable=SC2086
+    [ "$TORCH" = 1 ] && timeout 900 python3 tools/torch_load_safetensors.py "$d/model.safetensors" --data "$DATA" $args 2>&1 | grep '^{'
+  done
+}
+
 summary() {
   echo
   echo "== summary ($JSONL)"
@@ -561,6 +595,7 @@ for what in "$@"; do
   phases) bench_phases ;;
   profile) bench_profile ;;
   infer) bench_infer ;;
+  export) bench_export ;;
   esac
   pack_logs
 done

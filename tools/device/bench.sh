@@ -40,6 +40,7 @@
 #            configs' unless set), then trainc eval (the inference path) beside the run's own
 #            accuracy, trainc export, tools/torch_load_safetensors.py's PyTorch accuracy, and on
 #            32x32 configs trainc predict --device cuda against onnxruntime on PREDICT_IMAGES (64)
+#            test images saved as PNG
 #   profile  `trainc profile` of each of STAGES (default the lab's five configs) over steps
 #            PROFILE_STEPS (11:30) with its trace ($OUT/profile/<stage>.txt, .json), the same
 #            window unprofiled (the profiler's overhead), then tools/device/ncu_check.py on the
@@ -543,9 +544,16 @@ bench_export() {
     timeout 600 build/trainc eval --checkpoint "$ck" --config "$cfg" $SETS_ALL > "$d/eval.txt" 2>&1
     grep -E "top-1|top-5|loss|inference path" "$d/eval.txt"; tail -1 "$d/eval.txt"
     timeout 300 build/trainc export --checkpoint "$ck" --format safetensors --out "$d/model.safetensors" || continue
-    images=$(find "$DATA/test" -name '*.jpg' | sort | head -"${PREDICT_IMAGES:-64}")
     args=""
     if [ "$(cfgtool "$cfg" val data.image_size)" = 32 ]; then
+      # PNG copies of test images: both sides decode them to the same pixels (JPEG decoders differ)
+      mkdir -p "$d/png"
+      find "$DATA/test" -name '*.jpg' | sort | head -"${PREDICT_IMAGES:-64}" | python3 -c "
+import os, sys
+from PIL import Image
+for i, p in enumerate(sys.stdin.read().split()):
+    Image.open(p).convert('RGB').save(os.path.join('$d/png', f'{i:03d}.png'))"
+      images=$(ls "$d"/png/*.png)
       # shellcheck disable=SC2086
       timeout 300 build/trainc predict --device cuda --json --checkpoint "$ck" $images > "$d/predict.jsonl" 2> "$d/predict.err"
       echo "predict: $(wc -l < "$d/predict.jsonl") images on the GPU, $(head -c 300 "$d/predict.jsonl")"

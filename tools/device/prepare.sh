@@ -18,6 +18,7 @@
 #              here: rm -rf .base && mkdir .base && git archive HEAD~1 | tar x -C .base
 #   BUILD_LIMIT=s  seconds each build may take (default 900)
 #   NO_BUILD=1 use the builds already there (scripts started side by side after one build)
+#   BUILD_TARGETS="trainc"  build only these targets (default all: the tests too)
 
 carry_packages() {
   set -euo pipefail
@@ -42,7 +43,7 @@ build_tree() {
   timeout "${BUILD_LIMIT:-900}" cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DSTB_ROOT="$deps/stb" \
     -DCJSON_ROOT="$deps/cjson" -DZLIB_ROOT="$deps/zlib/usr" > "$LOGS/cmake-$name.log" 2>&1 \
     || { tail -20 "$LOGS/cmake-$name.log"; return 1; }
-  timeout "${BUILD_LIMIT:-900}" cmake --build "$2" -j"$(nproc)" > "$LOGS/build-$name.log" 2>&1 \
+  timeout "${BUILD_LIMIT:-900}" cmake --build "$2" -j"$(nproc)" --target ${BUILD_TARGETS:-all} > "$LOGS/build-$name.log" 2>&1 \
     || { grep -E "error|Error" "$LOGS/build-$name.log" | head -40; return 1; }
 }
 

@@ -9,7 +9,7 @@ normalises) also onnxruntime's probabilities of each image's listed classes
 with predict's. Needs PyTorch (the GPU machine).
 
     tools/torch_load_safetensors.py model.safetensors [--data .data/cifar10-jpg] [--limit N] [--onnx m.onnx]
-        [--predict-json predict.jsonl]
+        [--predict-json predict.jsonl ...]
 """
 import argparse
 import json
@@ -39,7 +39,8 @@ def main():
     p.add_argument("--limit", type=int, default=0, help="test images (0: all)")
     p.add_argument("--onnx", default="", help="export the loaded model to this ONNX file")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--predict-json", default="", help="trainc predict --json's output to compare (with --onnx)")
+    p.add_argument("--predict-json", nargs="*", default=[],
+                   help="outputs of trainc predict --json to compare (with --onnx)")
     args = p.parse_args()
     try:
         import torch
@@ -81,8 +82,8 @@ def main():
         session = ort.InferenceSession(args.onnx)
         got = session.run(None, {"image": batch.cpu().numpy()})[0]
         print(json.dumps({"onnx_max_abs_diff": float(abs(ref - got).max())}))
-        if args.predict_json:
-            compare_predict(session, args.predict_json, meta, size)
+        for path in args.predict_json:
+            compare_predict(session, path, meta, size)
 
 
 def compare_predict(session, path, meta, size):
@@ -103,7 +104,7 @@ def compare_predict(session, path, meta, size):
         prob /= prob.sum()
         worst = max(worst, max(abs(prob[t["index"]] - t["p"]) for t in row["top"]))
         same_top1 += int(prob.argmax()) == row["top"][0]["index"]
-    print(json.dumps({"predict_images": len(rows), "predict_vs_onnx_max_abs_p_diff": worst,
+    print(json.dumps({"predict_json": path, "predict_images": len(rows), "predict_vs_onnx_max_abs_p_diff": worst,
                       "predict_vs_onnx_same_top1": same_top1}))
 
 

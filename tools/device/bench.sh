@@ -556,8 +556,10 @@ for i, p in enumerate(sys.stdin.read().split()):
       images=$(ls "$d"/png/*.png)
       # shellcheck disable=SC2086
       timeout 300 build/trainc predict --device cuda --json --checkpoint "$ck" $images > "$d/predict.jsonl" 2> "$d/predict.err"
+      # shellcheck disable=SC2086
+      timeout 300 build/trainc predict --device cpu --json --checkpoint "$ck" $images > "$d/predict_cpu.jsonl" 2>&1
       echo "predict: $(wc -l < "$d/predict.jsonl") images on the GPU, $(head -c 300 "$d/predict.jsonl")"
-      args="--onnx $d/model.onnx --predict-json $d/predict.jsonl"
+      args="--onnx $d/model.onnx --predict-json $d/predict.jsonl $d/predict_cpu.jsonl"
     fi
     # shellcheck disable=SC2086
     [ "$TORCH" = 1 ] && timeout 900 python3 tools/torch_load_safetensors.py "$d/model.safetensors" --data "$DATA" $args 2>&1 | grep '^{'

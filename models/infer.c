@@ -512,6 +512,7 @@ size_t infer_input_floats(const InferNet *net) {
 }
 const float *infer_logits(const InferNet *net) { return net->logits; }
 const OpContext *infer_ops(const InferNet *net) { return &net->ops; }
+void infer_set_hooks(InferNet *net, const OpHooks *hooks) { net->ops.hooks = hooks; }
 int infer_batch(const InferNet *net) { return net->opt.batch; }
 int infer_classes(const InferNet *net) { return net->classes; }
 InferStats infer_stats(const InferNet *net) { return net->stats; }

@@ -60,6 +60,9 @@ size_t infer_input_floats(const InferNet *net);
 void infer_run(InferNet *net);
 const float *infer_logits(const InferNet *net);
 const OpContext *infer_ops(const InferNet *net);
+/* Hooks around each op (op_context.h), labelled by layer; they see the ops
+ * only when run eagerly (not under opt.graph, whose replay runs no host code). */
+void infer_set_hooks(InferNet *net, const OpHooks *hooks);
 int infer_batch(const InferNet *net);
 int infer_classes(const InferNet *net);
 

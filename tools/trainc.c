@@ -7,7 +7,7 @@
  *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
- *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]
+ *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE] [--by-layer]
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
@@ -57,6 +57,7 @@ static void usage(FILE *f) {
             "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
             "       trainc predict --checkpoint FILE [--top K] [--json] [--device D] IMAGE...\n"
             "       trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
+            "                          [--by-layer]\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
@@ -72,7 +73,8 @@ static void usage(FILE *f) {
             "                    (default 5) with probabilities, JSON lines with --json\n"
             "  bench-infer       images/s and latency (p50, p99) of the inference path eval and predict run\n"
             "                    (batch norm folded, fused epilogues, fp16 NHWC, a CUDA graph per batch size)\n"
-            "                    for each --batch size, with the checkpoint's weights or random ones\n"
+            "                    for each --batch size, with the checkpoint's weights or random ones;\n"
+            "                    --by-layer also times each op of an eager forward, by layer\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -103,6 +105,7 @@ typedef struct {
     const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
     const char *checkpoint, *csv; /* eval's --checkpoint (also bench-infer's) and --csv; NULL: not given */
     const char *batches;          /* bench-infer's --batch; NULL: not given */
+    int by_layer;                 /* bench-infer's --by-layer */
     Override *overrides;
     int n_overrides;
     int print_config, quiet, version, help;
@@ -138,7 +141,8 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"version", no_argument, NULL, 'V'},       {"help", no_argument, NULL, 'h'},
         {"steps", required_argument, NULL, 'S'},   {"trace", required_argument, NULL, 'T'},
         {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
-        {"batch", required_argument, NULL, 'B'},   {NULL, 0, NULL, 0},
+        {"batch", required_argument, NULL, 'B'},   {"by-layer", no_argument, NULL, 'L'},
+        {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
     optind = 1;
@@ -160,6 +164,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'K': a->checkpoint = optarg; break;
         case 'C': a->csv = optarg; break;
         case 'B': a->batches = optarg; break;
+        case 'L': a->by_layer = 1; break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
@@ -314,7 +319,8 @@ int main(int argc, char **argv) {
     if (args.csv && !evaluating) fail_usage("--csv belongs to trainc eval", NULL);
     if (args.checkpoint && !evaluating && !bench_infer)
         fail_usage("--checkpoint belongs to trainc eval and trainc bench-infer", NULL);
-    if (args.batches && !bench_infer) fail_usage("--batch belongs to trainc bench-infer", NULL);
+    if ((args.batches || args.by_layer) && !bench_infer)
+        fail_usage("--batch and --by-layer belong to trainc bench-infer", NULL);
     if (evaluating && !args.checkpoint) fail_usage("trainc eval needs --checkpoint FILE", NULL);
     if (evaluating && !args.config_path && !args.print_config)
         fail_usage("trainc eval needs --config FILE, the config the checkpoint was trained with: a checkpoint "
@@ -331,7 +337,7 @@ int main(int argc, char **argv) {
     } else if (evaluating) {
         rc = eval_main(&args, cfg, &dist);
     } else if (bench_infer) {
-        rc = bench_infer_main(cfg, args.batches, args.checkpoint);
+        rc = bench_infer_main(cfg, args.batches, args.checkpoint, args.by_layer);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

@@ -100,6 +100,59 @@ static InferTiming time_net(InferNet *net) {
     return t;
 }
 
+/* --by-layer: each op of an eager forward between two events, averaged over
+ * runs; the same ops in the same order every run. */
+#define BY_LAYER_MAX_OPS 1024
+#define BY_LAYER_RUNS 10
+
+typedef struct {
+    cudaEvent_t begin[BY_LAYER_MAX_OPS], end[BY_LAYER_MAX_OPS];
+    const char *label[BY_LAYER_MAX_OPS], *op[BY_LAYER_MAX_OPS];
+    double ms[BY_LAYER_MAX_OPS];
+    int n;
+} OpTimes;
+
+static void op_time_begin(void *user, const OpContext *ctx, const char *op, const char *label) {
+    OpTimes *t = user;
+    if (t->n >= BY_LAYER_MAX_OPS) return;
+    gpu_event_record(t->begin[t->n], ctx->stream);
+    t->label[t->n] = label;
+    t->op[t->n] = op;
+}
+
+static void op_time_end(void *user, const OpContext *ctx, const char *op, const char *label) {
+    OpTimes *t = user;
+    if (t->n >= BY_LAYER_MAX_OPS) return;
+    gpu_event_record(t->end[t->n++], ctx->stream);
+}
+
+static void print_by_layer(InferNet *net) {
+    OpTimes *t = calloc(1, sizeof *t);
+    if (!t) TC_FATAL("out of host memory");
+    for (int i = 0; i < BY_LAYER_MAX_OPS; i++) gpu_event_create(&t->begin[i], 1), gpu_event_create(&t->end[i], 1);
+    OpHooks hooks = {op_time_begin, op_time_end, t};
+    infer_set_hooks(net, &hooks);
+    int ops = 0;
+    for (int run = 0; run < 3 + BY_LAYER_RUNS; run++) {
+        t->n = 0;
+        infer_run(net);
+        op_sync(infer_ops(net));
+        ops = t->n;
+        for (int i = 0; run >= 3 && i < ops; i++) t->ms[i] += gpu_event_ms(t->begin[i], t->end[i]) / BY_LAYER_RUNS;
+    }
+    infer_set_hooks(net, NULL);
+    double total = 0;
+    for (int i = 0; i < ops; i++) total += t->ms[i];
+    printf("by layer, batch %d (eager, each op between two events, mean of %d runs):\n", infer_batch(net),
+           BY_LAYER_RUNS);
+    for (int i = 0; i < ops; i++)
+        printf("  %-16s %-24s %9.4f ms %5.1f%%\n", t->label[i] ? t->label[i] : "(input, logits)", t->op[i], t->ms[i],
+               100 * t->ms[i] / total);
+    printf("  %-41s %9.4f ms\n", "sum", total);
+    for (int i = 0; i < BY_LAYER_MAX_OPS; i++) gpu_event_destroy(t->begin[i]), gpu_event_destroy(t->end[i]);
+    free(t);
+}
+
 /* The net of the config, or of the checkpoint (which must be the same net). */
 typedef struct {
     Model *graph;
@@ -137,7 +190,7 @@ static void free_weights(Weights *w) {
     free(w->bn_stats);
 }
 
-int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint) {
+int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint, int by_layer) {
     TrainSettings s;
     settings_read(cfg, 1, &s);
     int batches[BENCH_INFER_MAX_BATCHES];
@@ -164,6 +217,11 @@ int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint
         printf("infer impl=trainc model=%s image=%d batch=%d images_per_s=%.1f p50_ms=%.4f p99_ms=%.4f\n",
                model ? model : "?", image, batches[i], t.images_per_s, t.p50_ms, t.p99_ms);
         fflush(stdout);
+        infer_destroy(net);
+        if (!by_layer) continue;
+        opt.graph = 0;
+        net = infer_create(w.graph, w.params, w.bn_stats, &gpu, &opt);
+        print_by_layer(net);
         infer_destroy(net);
     }
     free_weights(&w);

@@ -17,8 +17,10 @@
 
 #include "runtime/config.h"
 
-/* batches: "1,32,256"; checkpoint NULL: random weights. Returns the exit
- * status; bad input ends the process with a message naming the key or file. */
-int bench_infer_main(Config *cfg, const char *batches, const char *checkpoint);
+/* batches: "1,32,256"; checkpoint NULL: random weights; by_layer: each
+ * batch's forward also run eagerly, op by op between CUDA events, and
+ * printed by layer. Returns the exit status; bad input ends the process
+ * with a message naming the key or file. */
+int bench_infer_main(Config *cfg, const char *batches, const char *checkpoint, int by_layer);
 
 #endif

@@ -1,5 +1,7 @@
 #include "ops/cast.h"
 
+#include <stdint.h>
+
 #include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
@@ -54,11 +56,30 @@ static __global__ void cast_nchw_to_nhwc_kernel(const float *src, T *dst, size_t
     }
 }
 
+/* The same where a pixel's padded channels are 16 bytes (an image's 3 channels
+ * padded to 8 halves): one 16-byte store a pixel, not c_padded 2-byte ones. */
+template <typename T>
+static __global__ void cast_nchw_to_nhwc16_kernel(const float *src, uint4 *dst, size_t pixels, size_t plane, int c) {
+    constexpr int width = 16 / sizeof(T);
+    for (size_t p = blockIdx.x * (size_t)blockDim.x + threadIdx.x; p < pixels;
+         p += (size_t)gridDim.x * blockDim.x) {
+        const float *in = src + (p / plane) * c * plane + p % plane;
+        alignas(16) T out[width];
+#pragma unroll
+        for (int ch = 0; ch < width; ch++) out[ch] = from_float<T>(ch < c ? in[ch * plane] : 0.0f);
+        dst[p] = *reinterpret_cast<const uint4 *>(out);
+    }
+}
+
 template <typename T>
 static void launch_cast_nchw_to_nhwc(const float *src, void *dst, size_t pixels, size_t plane,
                                      int c, int c_padded, cudaStream_t stream) {
-    cast_nchw_to_nhwc_kernel<T><<<elementwise_blocks(pixels), ELEMENTWISE_THREADS, 0, stream>>>(
-        src, (T *)dst, pixels, plane, c, c_padded);
+    if (c_padded * sizeof(T) == 16 && (uintptr_t)dst % 16 == 0)
+        cast_nchw_to_nhwc16_kernel<T><<<elementwise_blocks(pixels), ELEMENTWISE_THREADS, 0, stream>>>(
+            src, (uint4 *)dst, pixels, plane, c);
+    else
+        cast_nchw_to_nhwc_kernel<T><<<elementwise_blocks(pixels), ELEMENTWISE_THREADS, 0, stream>>>(
+            src, (T *)dst, pixels, plane, c, c_padded);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -126,11 +126,24 @@ static void copy_class_names(const Dataset *d, EvalReport *r) {
     for (int c = 0; c < r->classes; c++) snprintf(r->names[c], sizeof r->names[c], "%s", d->class_names[c]);
 }
 
+/* The trainer opens a training split, which eval never reads: one step's worth
+ * of it (every rank a full batch of each micro-batch) instead of all of it. */
+static void limit_training_split(Config *cfg, const Dist *dist) {
+    int64_t need = config_int(cfg, "train.batch") * config_int(cfg, "memory.accumulate") * dist->world;
+    int64_t limit = config_int(cfg, "data.train_limit");
+    if (limit != 0 && limit <= need) return;
+    char set[64], *err = NULL;
+    snprintf(set, sizeof set, "data.train_limit=%lld", (long long)need);
+    if (config_set_msg(cfg, set, &err) != 0) TC_USER_ERROR("train.batch and memory.accumulate: %s", err);
+}
+
 void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     memset(r, 0, sizeof *r);
     check_checkpoint_file(checkpoint);
     set_eval_keys(cfg, checkpoint);
+    limit_training_split(cfg, dist);
     Trainer trainer = {0}, *t = &trainer;
+    t->weights_only = 1;
     TrainSummary opened;
     trainer_open(t, cfg, dist, &opened, now_seconds());
     if (t->data.test_set.n == 0)

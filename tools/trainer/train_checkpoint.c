@@ -309,8 +309,8 @@ static void check_fits(const Trainer *t, const char *path, const CkptModel *have
     if (have->accumulate != want->accumulate)
         TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
                  "buffer holds k times its value)", path, (long long)have->accumulate, t->set.memory.accumulate);
-    if (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
-        data->train_images != t->data.train_set.n || data->shuffle != t->set.data.shuffle)
+    if (!t->weights_only && (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
+                             data->train_images != t->data.train_set.n || data->shuffle != t->set.data.shuffle))
         log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
                  "data.shuffle = %s; the data order from here on differs from that run's", path,
                  (long long)data->seed, (long long)data->batch, (long long)data->train_images,

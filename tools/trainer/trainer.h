@@ -179,6 +179,7 @@ typedef struct {
     long step;
     long first_step;          /* 0, or the step a resumed run starts from */
     const TrainObserver *observer; /* NULL: none (train_run_observed) */
+    int weights_only;         /* opened for its weights alone (trainc eval): run.resume's data order is no concern */
 } Trainer;
 
 /* Where in the data order a checkpoint's next step starts. */

@@ -110,6 +110,12 @@ static void check_command_line(const char *dir) {
     CHECK(trainc("--bogus") == 2);
     CHECK(trainc("--print-config") == 0); /* the defaults alone */
 
+    /* bench-infer: its options, and the GPU it measures */
+    expect_error("--config configs/cpu.ini --batch 8", "--batch and --by-layer belong to trainc bench-infer");
+    expect_error("--config configs/cpu.ini --csv x.csv", "--csv belongs to trainc eval");
+    expect_error("bench-infer --config configs/cpu.ini --batch 1,0", "--batch 1,0: a comma-separated list");
+    expect_error("bench-infer --config configs/cpu.ini", "bench-infer measures the GPU's inference path");
+
     /* A value of any length is kept whole (a fixed buffer cut it at 4187 characters). */
     enum { LONG = 20000 };
     size_t len = LONG + 128;

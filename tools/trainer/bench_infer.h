@@ -2,8 +2,9 @@
  * The config names the net, its input size and classes, the precision and
  * layout it was trained in (precision.amp, model.layout: inference runs in
  * the same), perf.cuda_graph and how convolutions are chosen (perf.*). The
- * weights are a checkpoint's (--checkpoint, of that net) or random ones of
- * PyTorch's default initialisation.
+ * weights are random ones of PyTorch's default initialisation, or with
+ * --checkpoint the checkpoint's net and weights (its meta section names the
+ * net; the config still gives the precision and perf.*).
  * For each batch size, on one net of that size:
  *   images/s   batch * R / the time of R forwards back to back (CUDA events,
  *              R filling about half a second);

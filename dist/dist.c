@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "dist/dist_check.h"
+#include "dist/placement.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
@@ -189,6 +190,26 @@ void dist_init_solo(Dist *d) {
     d->device = -1;
 }
 
+static const char *process_env(void *ctx, const char *name) {
+    (void)ctx;
+    return getenv(name);
+}
+
+/* MPI's places against the launcher's environment (dist/placement.h): on
+ * several nodes they must agree, or ranks would share or skip GPUs. */
+static void check_env_place(const Dist *d) {
+    DistPlace p;
+    char err[256];
+    int said = dist_place_from_env(process_env, NULL, &p, err, sizeof err);
+    if (said < 0) log_warn("%s", err);
+    if (said <= 0) return;
+    int local_differs = p.local_rank >= 0 && (p.local_rank != d->local_rank || p.local_world != d->local_world);
+    if (p.rank != d->rank || p.world != d->world || local_differs)
+        log_warn("%s's environment places this process at rank %d of %d, %d of %d on its host; MPI at rank %d of "
+                 "%d, %d of %d on its host (its shared-memory split), which trainc follows", p.launcher, p.rank,
+                 p.world, p.local_rank, p.local_world, d->rank, d->world, d->local_rank, d->local_world);
+}
+
 void dist_init(Dist *d) {
     dist_init_solo(d);
     if (!launched_by_mpi()) return;
@@ -202,6 +223,8 @@ void dist_init(Dist *d) {
     if (expected > 1 && d->world != expected)
         log_warn("the launcher started %d tasks but MPI sees %d: is trainc built against the "
                  "launcher's MPI?", expected, d->world);
+    else if (d->world > 1)
+        check_env_place(d);
     if (d->rank == 0 && d->world > 1)
         log_info("dist: %d ranks, %d on this host", d->world, d->local_world);
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist/placement.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
@@ -479,7 +480,11 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     r->first = first, r->last = last;
     r->rank = dist->rank, r->world = dist->world;
     note_settings(cfg, &r->settings);
-    if (dist->world > 1) r->settings.gpu = dist->local_rank; /* as train_open picks it: one GPU per rank */
+    if (dist->world > 1 && r->settings.use_gpu) { /* as train_open picks it: one GPU per rank */
+        char err[256];
+        r->settings.gpu = dist_pick_device(dist->local_rank, dist->local_world, gpu_count(), err, sizeof err);
+        if (r->settings.gpu < 0) TC_USER_ERROR("%s", err);
+    }
     peaks_get(r->settings.use_gpu, r->settings.gpu, &r->peaks);
     force(cfg, "run.max_steps", last);
     force(cfg, "run.warmup_steps", first - 1);

@@ -1,5 +1,6 @@
 /* Opening a run (settings, the GPU, data, model, optimizer, dist,
  * monitoring, resume) and closing it. */
+#include "dist/placement.h"
 #include "tools/trainer/export.h"
 #include "tools/trainer/trainer.h"
 
@@ -129,7 +130,11 @@ static void open_gpu(Trainer *t, TrainSummary *out) {
     int devices = gpu_count();
     int ordinal = t->set.run.gpu;
     if (devices == 0) settings_fail(&t->set, "run.device", "no GPU is visible (use --device cpu)");
-    if (dist->world > 1) ordinal = dist->local_rank; /* one GPU per rank of this host */
+    if (dist->world > 1) { /* one GPU per rank of this host (dist/placement.h) */
+        char err[256];
+        ordinal = dist_pick_device(dist->local_rank, dist->local_world, devices, err, sizeof err);
+        if (ordinal < 0) TC_USER_ERROR("%s", err);
+    }
     if (ordinal >= devices) settings_fail(&t->set, "run.gpu", "names no visible GPU (%d visible)", devices);
     gpu_context_init(&t->device.gpu, ordinal);
     if (dist->world > 1 && !dist->nccl) GPU_ONLY(dist_init_nccl(dist, ordinal));

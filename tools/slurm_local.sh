@@ -71,6 +71,10 @@ stop() {
   [ -f "$state/slurmctld.pid" ] && kill "$(cat "$state/slurmctld.pid")" 2> /dev/null || true
   [ -f "$state/started-munged" ] && pkill -x munged || true
   rm -f "$state/started-munged"
+  for _ in $(seq 50); do
+    pgrep -x slurmctld > /dev/null || pgrep -x slurmd > /dev/null || break
+    sleep 0.2
+  done
   echo "slurm_local: stopped"
 }
 

@@ -4,13 +4,14 @@
 
 void lr_schedule_check(const LrSchedule *s) {
     long w = s->warmup_steps, t = s->total_steps;
-    if (s->kind < LR_CONSTANT || s->kind > LR_STEP)
+    if (s->kind < LR_CONSTANT || s->kind > LR_LINEAR)
         TC_FATAL("lr schedule: unknown kind %d", (int)s->kind);
     if (w < 0 || t < 0) TC_FATAL("lr schedule: negative warm-up (%ld) or total steps (%ld)", w, t);
     if (!(s->warmup_start_factor >= 0.0f && s->warmup_start_factor <= 1.0f))
         TC_FATAL("lr schedule: warm-up start factor %g is outside [0, 1]", s->warmup_start_factor);
-    if (s->kind == LR_COSINE && t < w)
-        TC_FATAL("lr schedule: cosine over %ld total steps is shorter than its %ld warm-up steps", t, w);
+    if ((s->kind == LR_COSINE || s->kind == LR_LINEAR) && t < w)
+        TC_FATAL("lr schedule: %s over %ld total steps is shorter than its %ld warm-up steps",
+                 s->kind == LR_COSINE ? "cosine" : "linear", t, w);
     if (s->kind == LR_ONECYCLE && (t <= w || w == 1))
         TC_FATAL("lr schedule: onecycle needs total steps (%ld) > warm-up steps (%ld) and a warm-up "
                  "of 0 or at least 2 steps (as PyTorch's OneCycleLR)", t, w);

@@ -16,6 +16,11 @@
  *     (CosineAnnealingLR(T_max=P, eta_min=final_lr) after the warm-up, as
  *     SequentialLR([LinearLR, CosineAnnealingLR], milestones=[W]) gives it, closed form)
  *   LR_STEP, step >= W: base * gamma^floor((step - W) / step_size)  (StepLR; T unused)
+ *   LR_LINEAR, step >= W: with t = step - W, P = T - W,
+ *     base + (final_lr - base) * t / P while t < P, then final_lr: with the
+ *     warm-up, a triangle from f * base up to base and down to final_lr
+ *     (LinearLR(start_factor=f) then LinearLR(1, final_lr / base, P) under
+ *     SequentialLR, closed form)
  *   LR_ONECYCLE: PyTorch's OneCycleLR(max_lr=base, total_steps=T, pct_start=W/T,
  *     anneal_strategy='cos', div_factor=D, final_div_factor=F, three_phase=False),
  *     D = div_factor or 25, F = final_div_factor or 1e4 when those are 0:
@@ -27,8 +32,8 @@
  *     final_lr are unused. PyTorch refuses steps past T; here the lr holds min.
  *     Only the lr: OneCycleLR's momentum cycling is not done (compare with
  *     cycle_momentum=False).
- * Every schedule holds its final value past T (cosine, onecycle).
- * Invalid settings (W = 1 or T <= W for onecycle, T < W for cosine, step_size <
+ * Every schedule holds its final value past T (cosine, onecycle, linear).
+ * Invalid settings (W = 1 or T <= W for onecycle, T < W for cosine or linear, step_size <
  * 1 for step, f outside [0, 1], negative counts) stop the program with a message
  * from lr_schedule_check, which every host entry point calls. */
 #ifndef TRAINC_OPS_LR_SCHEDULE_H
@@ -43,7 +48,7 @@
 extern "C" {
 #endif
 
-typedef enum { LR_CONSTANT = 0, LR_COSINE, LR_ONECYCLE, LR_STEP } LrScheduleKind;
+typedef enum { LR_CONSTANT = 0, LR_COSINE, LR_ONECYCLE, LR_STEP, LR_LINEAR } LrScheduleKind;
 
 typedef struct {
     LrScheduleKind kind;
@@ -51,7 +56,7 @@ typedef struct {
     long warmup_steps;         /* W */
     long total_steps;          /* T: cosine and onecycle */
     float warmup_start_factor; /* f */
-    float final_lr;            /* cosine's eta_min */
+    float final_lr;            /* cosine's eta_min, linear's end */
     float div_factor;          /* onecycle; 0 = 25 */
     float final_div_factor;    /* onecycle; 0 = 1e4 */
     long step_size;            /* step */
@@ -117,6 +122,11 @@ static inline LR_SCHEDULE_HOST_DEVICE double lr_schedule_value(const LrSchedule 
         return fin + (base - fin) * (1.0 + cos(3.14159265358979323846 * (double)since / (double)span)) / 2.0;
     }
     case LR_STEP: return base * pow((double)s->gamma, (double)((step - w) / s->step_size));
+    case LR_LINEAR: {
+        long since = step - w, span = t - w;
+        if (since >= span) return s->final_lr;
+        return base + ((double)s->final_lr - base) * (double)since / (double)span;
+    }
     default: return base;
     }
 }

@@ -32,10 +32,14 @@ Models (tools/torch_common.py's build_model, shared with tools/torch_ddp.py):
   every bias get none, i.e. all parameters of ndim <= 1), the learning rate set per
   iteration:
     constant: lr after the warm-up;
-    cosine:   lr * 0.5 * (1 + cos(pi * (it - W) / (T - W))) after the warm-up, 0 at the end;
-    warm-up (constant, cosine): lr * (0.1 + 0.9 * it / W) for it < W, W = warmup_epochs *
-              steps per epoch (the same values as LinearLR(start_factor=0.1, total_iters=W)
-              followed by CosineAnnealingLR(T_max=T-W, eta_min=0), stepped per iteration);
+    cosine:   F + (lr - F) * 0.5 * (1 + cos(pi * (it - W) / (T - W))) after the warm-up, F
+              (--final-lr, default 0) at the end;
+    linear:   lr + (F - lr) * (it - W) / (T - W) after the warm-up, F at the end (trainc's
+              optim.schedule = linear: with the warm-up, a triangle);
+    warm-up (constant, cosine, linear): lr * (f + (1 - f) * it / W) for it < W, f =
+              --warmup-start-factor (0.1), W = warmup_epochs * steps per epoch (the same values
+              as LinearLR(start_factor=f, total_iters=W) followed by CosineAnnealingLR(T_max=T-W,
+              eta_min=F), stepped per iteration);
     onecycle: torch.optim.lr_scheduler.OneCycleLR(max_lr=lr, total_steps=T, pct_start=W/T,
               cycle_momentum=False, div_factor 25, final_div_factor 1e4, cosine annealing)
               (trainc's optim.schedule = onecycle, ops/lr_schedule.h).
@@ -95,7 +99,8 @@ def make_optimizer(model, args):
                            momentum=args.momentum, nesterov=nesterov, **kw)
 
 
-def make_scheduler(opt, schedule, lr, total_steps, warmup_steps, warmup_epochs, epochs):
+def make_scheduler(opt, schedule, lr, total_steps, warmup_steps, warmup_epochs, epochs, start_factor=0.1,
+                   final_lr=0.0):
     total_steps = max(1, total_steps)
     warmup_steps = min(warmup_steps, total_steps)
     if schedule == "onecycle":
@@ -106,12 +111,17 @@ def make_scheduler(opt, schedule, lr, total_steps, warmup_steps, warmup_epochs, 
         return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=total_steps, pct_start=pct,
                                                    anneal_strategy="cos", cycle_momentum=False)
 
+    end = final_lr / lr if lr > 0 else 0.0
+
     def factor(it):
         if it < warmup_steps:
-            return 0.1 + 0.9 * it / warmup_steps
+            return start_factor + (1 - start_factor) * it / warmup_steps
+        span = max(1, total_steps - warmup_steps)
+        done = min(it - warmup_steps, span) / span
         if schedule == "cosine":
-            span = max(1, total_steps - warmup_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(it - warmup_steps, span) / span))
+            return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * done))
+        if schedule == "linear":
+            return 1 + (end - 1) * done
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
@@ -168,7 +178,8 @@ def train(args):
         sys.exit(f"torch_resnet: batch {args.batch} is larger than the training set ({len(ytr)})")
     total = steps_per_epoch * args.epochs
     warmup_steps = int(math.floor(args.warmup_epochs * steps_per_epoch + 0.5))  # trainc's llround
-    sched = make_scheduler(opt, args.schedule, args.lr, total, warmup_steps, args.warmup_epochs, args.epochs)
+    sched = make_scheduler(opt, args.schedule, args.lr, total, warmup_steps, args.warmup_epochs, args.epochs,
+                           args.warmup_start_factor, args.final_lr)
     sampler = UtilSampler(torch.cuda.current_device())
     gen = torch.Generator(device=dev)
     gen.manual_seed(args.seed)
@@ -376,7 +387,11 @@ def main():
              lr=None, momentum=0.9, nesterov=True, weight_decay=5e-4)
     ap.add_argument("--decay-bn-bias", action=argparse.BooleanOptionalAction, default=True,
                     help="--no-decay-bn-bias: no weight decay on BN and bias parameters")
-    ap.add_argument("--schedule", choices=["constant", "cosine", "onecycle"], default="cosine")
+    ap.add_argument("--schedule", choices=["constant", "cosine", "onecycle", "linear"], default="cosine")
+    ap.add_argument("--warmup-start-factor", type=float, default=0.1,
+                    help="the warm-up starts at lr x this (trainc's optim.warmup_start_factor)")
+    ap.add_argument("--final-lr", type=float, default=0.0,
+                    help="where cosine and linear end (trainc's optim.final_lr)")
     ap.add_argument("--warmup-epochs", type=float, default=2)
     ap.add_argument("--label-smoothing", type=float, default=0.0)
     add_args(ap, flip=True, crop_pad=4, amp="fp16", channels_last=False, cudnn_benchmark=True, tf32=None)

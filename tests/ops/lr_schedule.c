@@ -78,6 +78,8 @@ static void lr_case(const GridCase *c) {
              300);
     lr_steps(c, "step", (LrSchedule){.kind = LR_STEP, .base_lr = 0.1f, .warmup_steps = 5, .warmup_start_factor = 0.1f,
                                      .step_size = 60, .gamma = 0.2f}, 300);
+    lr_steps(c, "linear", (LrSchedule){.kind = LR_LINEAR, .base_lr = 2.0f, .warmup_steps = 23, .total_steps = 100,
+                                       .warmup_start_factor = 0.2f, .final_lr = 0.14f}, 120);
     lr_steps(c, "constant", (LrSchedule){.kind = LR_CONSTANT, .base_lr = 0.05f, .warmup_steps = 10,
                                          .warmup_start_factor = 0.3f}, 50);
 }
@@ -166,12 +168,27 @@ static void lr_step(void) {
     CHECK_LR(step, 62, sb * gm * gm);
 }
 
+/* The triangle of the CIFAR-10 speed runs: 0.2x up to 1x at 23% of the steps, down to 0.07x at the end. */
+static void lr_linear(void) {
+    LrSchedule tri = {.kind = LR_LINEAR, .base_lr = 2.0f, .warmup_steps = 23, .total_steps = 100,
+                      .warmup_start_factor = 0.2f, .final_lr = 0.14f};
+    double top = 2.0f, end = 0.14f;
+    CHECK_LR(tri, 0, top * 0.2f);
+    CHECK_LR(tri, 10, top * (0.2f + (1 - 0.2f) * 10 / 23.0));
+    CHECK_LR(tri, 23, top);
+    CHECK_LR(tri, 50, top + (end - top) * 27 / 77.0);
+    CHECK_LR(tri, 99, top + (end - top) * 76 / 77.0);
+    CHECK_LR(tri, 100, end);
+    CHECK_LR(tri, 5000, end);
+}
+
 static void lr_extras(uint64_t *rng) {
     (void)rng;
     lr_constant_and_warmup();
     lr_cosine();
     lr_onecycle();
     lr_step();
+    lr_linear();
     /* step_cpu: the lr of the counter, then the counter moves on */
     int64_t counter = 0;
     float lr = -1;

@@ -90,12 +90,16 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum", 0},
     {"optim.weight_decay", CFG_FLOAT32, "0", 0, "L2 weight decay", "[0, inf)"},
     {"optim.decay_bn_bias", CFG_BOOL, "on", 0, "off: weight decay leaves out biases and batch-norm parameters", 0},
-    {"optim.schedule", CFG_ENUM, "constant", "constant|cosine|onecycle",
+    {"optim.schedule", CFG_ENUM, "constant", "constant|cosine|onecycle|linear",
      "learning rate per optimizer step, computed on the device: constant; cosine from optim.lr to "
-     "optim.final_lr after a linear warm-up; onecycle as PyTorch's OneCycleLR (warm-up = its pct_start)", 0},
+     "optim.final_lr after a linear warm-up; onecycle as PyTorch's OneCycleLR (warm-up = its pct_start); "
+     "linear from optim.lr to optim.final_lr after the warm-up (with it, a triangle)", 0},
     {"optim.warmup_epochs", CFG_FLOAT32, "0", 0,
-     "linear learning-rate warm-up from optim.lr x 0.1 over this many epochs (cosine, onecycle)", "[0, 1000000]"},
-    {"optim.final_lr", CFG_FLOAT32, "0", 0, "where the cosine schedule ends", "[0, inf)"},
+     "linear learning-rate warm-up from optim.lr x optim.warmup_start_factor over this many epochs (cosine, "
+     "onecycle, linear)", "[0, 1000000]"},
+    {"optim.warmup_start_factor", CFG_FLOAT32, "0.1", 0,
+     "where the warm-up starts, as a fraction of optim.lr (not onecycle, whose start is lr / 25)", "[0, 1]"},
+    {"optim.final_lr", CFG_FLOAT32, "0", 0, "where the cosine and linear schedules end", "[0, inf)"},
     {"optim.label_smoothing", CFG_FLOAT32, "0", 0,
      "cross-entropy against (1 - e) x one-hot + e / classes (PyTorch's label_smoothing)", "[0, 1)"},
     {"optim.clip_norm", CFG_FLOAT32, "0", 0,

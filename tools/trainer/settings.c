@@ -98,8 +98,11 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->optim.weight_decay = (float)config_float(cfg, "optim.weight_decay");
     s->optim.nesterov = config_bool(cfg, "optim.nesterov");
     s->optim.decay_bn_bias = config_bool(cfg, "optim.decay_bn_bias");
-    s->optim.schedule = is(cfg, "optim.schedule", "cosine") ? LR_COSINE
-                      : is(cfg, "optim.schedule", "onecycle") ? LR_ONECYCLE : LR_CONSTANT;
+    s->optim.schedule = is(cfg, "optim.schedule", "cosine")     ? LR_COSINE
+                      : is(cfg, "optim.schedule", "onecycle") ? LR_ONECYCLE
+                      : is(cfg, "optim.schedule", "linear")   ? LR_LINEAR
+                                                              : LR_CONSTANT;
+    s->optim.warmup_start_factor = (float)config_float(cfg, "optim.warmup_start_factor");
     s->optim.warmup_epochs = (float)config_float(cfg, "optim.warmup_epochs");
     s->optim.final_lr = (float)config_float(cfg, "optim.final_lr");
     s->optim.label_smoothing = (float)config_float(cfg, "optim.label_smoothing");
@@ -183,7 +186,7 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
             "must be a:b, optimizer steps with 1 <= a <= b (e.g. 100:120), or empty (off)");
     require(p, s->optim.warmup_epochs <= s->run.epochs, "optim.warmup_epochs", "must be at most run.epochs");
     require(p, s->optim.schedule != LR_CONSTANT || s->optim.warmup_epochs == 0, "optim.warmup_epochs",
-            "needs optim.schedule = cosine or onecycle");
+            "needs optim.schedule = cosine, onecycle or linear");
     require(p, !s->optim.nesterov || s->optim.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
     /* The async path holds the previous batch while its copy is in flight. */
     require(p, !s->data.async_copy || s->data.prefetch >= 2, "data.prefetch",

@@ -40,7 +40,7 @@ typedef struct {
     /* lr, final_lr and weight_decay as the accumulated gradient needs them
      * (see settings_read). */
     struct {
-        float lr, momentum, weight_decay, warmup_epochs, final_lr, label_smoothing, clip_norm;
+        float lr, momentum, weight_decay, warmup_epochs, warmup_start_factor, final_lr, label_smoothing, clip_norm;
         int nesterov, decay_bn_bias;
         LrScheduleKind schedule;
     } optim;

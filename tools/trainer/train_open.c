@@ -11,7 +11,7 @@ static void plan_schedule(Trainer *t, long steps_per_epoch) {
     t->optim.schedule.base_lr = t->set.optim.lr;
     t->optim.schedule.total_steps = steps_per_epoch * t->set.run.epochs;
     t->optim.schedule.warmup_steps = (long)llround(t->set.optim.warmup_epochs * (double)steps_per_epoch);
-    t->optim.schedule.warmup_start_factor = 0.1f;
+    t->optim.schedule.warmup_start_factor = t->set.optim.warmup_start_factor;
     lr_schedule_check(&t->optim.schedule);
 }
 

@@ -167,13 +167,19 @@ static void test_round_trip(const char *model) {
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-00000002.trc", dir);
     snprintf(file, sizeof file, "%s/%s.safetensors", root, model);
     Config *c = small_run(model, dir);
+    set(c, "model.bn_eps=%s", "0.001"); /* kept in the checkpoint's meta: the inference path folds with it */
     TrainSummary first;
     train_run(c, &first);
     config_free(c);
     CHECK_MSG(export_to(ckpt, "safetensors", file) == 0, "export of %s", ckpt);
+    CheckpointWeights w;
+    CHECK_MSG(checkpoint_weights_read(ckpt, &w, err, sizeof err) == 0, "%s", err);
+    if (w.model) CHECK_MSG(w.model->bn_eps == 0.001f, "%s: bn_eps %g from the meta", model, w.model->bn_eps);
+    checkpoint_weights_free(&w);
 
     snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "2");
     c = small_run(model, dir);
+    set(c, "model.bn_eps=%s", "0.001");
     set(c, "run.init_from=%s", file);
     Seen seen = {0};
     TrainObserver obs = {.user = &seen, .opened = seen_opened};

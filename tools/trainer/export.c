@@ -63,6 +63,7 @@ char *export_meta_json(const Model *m, const char *model_name, int image_size, c
     json_add_string(o, "layout", m->nhwc ? "nhwc" : "nchw");
     add_floats(o, "mean", spec.mean, 3);
     add_floats(o, "std", spec.std, 3);
+    add_floats(o, "bn_eps", &m->bn_eps, 1);
     cJSON *names = cJSON_AddArrayToObject(o, "class_names");
     for (int k = 0; names && k < m->num_classes; k++) {
         char fallback[32];
@@ -246,6 +247,9 @@ Model *model_of_meta(const cJSON *meta, int batch, int nhwc, const char *path, c
                            nhwc >= 0 ? nhwc : strcmp(layout, "nhwc") == 0, why, sizeof why) != 0) {
         snprintf(err, errlen, "%s: its model cannot be built: %s", path, why);
     } else {
+        /* a checkpoint from before bn_eps was kept: model_init's (then the only one) */
+        const cJSON *eps = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(meta, "bn_eps"), 0);
+        if (cJSON_IsNumber(eps) && eps->valuedouble > 0) m->bn_eps = (float)eps->valuedouble;
         return m;
     }
     free(m);

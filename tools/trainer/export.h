@@ -3,7 +3,7 @@
  * run.init_from (a safetensors file into the built model).
  *
  *   meta     JSON: {"model", "num_classes", "image_size", "in_channels",
- *            "layout", "mean": [3], "std": [3], "class_names": [...]}
+ *            "layout", "mean": [3], "std": [3], "bn_eps": [1], "class_names": [...]}
  *   tensors  JSON: [{"name", "shape", "dtype": "F32", "section": "params" or
  *            "bn_stats", "offset" (floats, the model's layout)}, ...]
  *

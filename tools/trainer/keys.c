@@ -82,6 +82,9 @@ const CfgKeySpec trainc_keys[] = {
      "pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add runs in their pass", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
+    {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,
+     "batch norm: the weight of each training batch's statistics in the running ones (PyTorch's momentum)", "[0, 1]"},
+    {"model.bn_eps", CFG_FLOAT32, "1e-05", 0, "batch norm: added to the variance before its square root", "(0, 1]"},
 
     {"optim.lr", CFG_FLOAT32, "0.01", 0,
      "learning rate of the global batch (train.batch x memory.accumulate x ranks); never rescaled by trainc",

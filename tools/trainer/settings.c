@@ -90,6 +90,8 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->model.num_classes = (int)config_int(cfg, "model.num_classes");
     s->model.fuse = config_bool(cfg, "model.fuse");
     s->model.nhwc = is(cfg, "model.layout", "nhwc");
+    s->model.bn_momentum = (float)config_float(cfg, "model.bn_momentum");
+    s->model.bn_eps = (float)config_float(cfg, "model.bn_eps");
     s->train.batch = (int)config_int(cfg, "train.batch");
     s->train.read_loss_every = (int)config_int(cfg, "train.read_loss_every");
     s->train.sync_after_step = config_bool(cfg, "train.sync_after_step");

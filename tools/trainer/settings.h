@@ -33,6 +33,7 @@ typedef struct {
     struct {
         const char *name;
         int num_classes, fuse, nhwc;
+        float bn_momentum, bn_eps;
     } model;
     struct {
         int batch, read_loss_every, sync_after_step;

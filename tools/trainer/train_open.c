@@ -199,6 +199,8 @@ static void build_model(Trainer *t) {
     m->conv_policy.benchmark = s->perf.conv_benchmark;
     m->checkpoint = s->memory.checkpoint_blocks;
     m->fuse = s->model.fuse;
+    m->bn_momentum = s->model.bn_momentum;
+    m->bn_eps = s->model.bn_eps;
     m->nvtx_layers = s->run.nvtx_layers;
     m->act_dtype = s->precision.amp;
     m->no_decay_bn_bias = !s->optim.decay_bn_bias;

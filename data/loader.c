@@ -86,14 +86,17 @@ static int build_samples(Loader *l, Slot *s, int b, int from, int to, int epoch,
     for (int i = from; i < to; i++) {
         if (atomic_load_explicit(&l->generation, memory_order_relaxed) != generation) return -1;
         int index = l->order[b * l->cfg.batch + i];
-        uint64_t seed = rng_sample_seed(l->cfg.seed, epoch, index);
+        TransformParams params;
+        transform_plan_draw(&l->plan, rng_sample_seed(l->cfg.seed, epoch, index), &params);
+        if (l->plan.flip == TRANSFORM_FLIP_ALTERNATE)
+            params.flip = transform_alternate_flip(l->cfg.seed, epoch, index);
         if (l->cfg.raw) {
             memcpy(s->raw_images + (size_t)i * l->raw_image_bytes, dataset_image(d, index),
                    l->raw_image_bytes);
-            transform_plan_draw(&l->plan, seed, &s->params[i]);
+            s->params[i] = params;
         } else {
-            transform_plan_apply(&l->plan, dataset_image(d, index), seed, scratch,
-                                 s->images + (size_t)i * l->sample_floats);
+            transform_plan_apply_params(&l->plan, dataset_image(d, index), &params, scratch,
+                                        s->images + (size_t)i * l->sample_floats);
         }
         s->labels[i] = d->labels[index];
     }

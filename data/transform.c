@@ -29,6 +29,11 @@ uint64_t rng_splitmix64(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
+int transform_alternate_flip(uint64_t seed, int epoch, int64_t sample) {
+    uint64_t state = rng_sample_seed(seed ^ 0xA17E57A7E0F11FULL, 0, sample); /* not epoch 0's draws */
+    return (int)(rng_splitmix64(&state) >> 63) ^ (epoch & 1);
+}
+
 uint64_t rng_sample_seed(uint64_t seed, int epoch, int64_t sample) {
     uint64_t state = seed;
     uint64_t h = rng_splitmix64(&state);

@@ -14,7 +14,9 @@ extern "C" {
 
 typedef struct {
     int out_h, out_w;   /* resize target (bilinear, align_corners = false, as PyTorch) */
-    int flip;           /* random horizontal flip with probability 1/2 */
+    int flip;           /* 1: random horizontal flip with probability 1/2;
+                           TRANSFORM_FLIP_ALTERNATE: the loader flips each sample
+                           in every other epoch (transform_alternate_flip) */
     int crop_pad;       /* > 0: pad by this many zero pixels, then crop back to the
                            stored size at a random offset, before the resize */
     float mean[3], std[3]; /* applied to pixel/255 */
@@ -37,6 +39,13 @@ typedef struct {
     int32_t cutout_y0, cutout_y1, cutout_x0, cutout_x1; /* output rows [y0, y1) x
                                  columns [x0, x1) set to 0; empty without cutout */
 } TransformParams;
+
+/* A flip for every other epoch (the CIFAR-10 speed runs' "alternating flip"):
+ * epoch 0 flips a random half of the samples, and each later epoch flips just
+ * those epoch 0 did not, then those it did, ... Where this is chosen the drawn
+ * flip (TransformParams.flip) is replaced by transform_alternate_flip's. */
+#define TRANSFORM_FLIP_ALTERNATE 2
+int transform_alternate_flip(uint64_t seed, int epoch, int64_t sample);
 
 /* The CIFAR-10 channel means and standard deviations. */
 void transform_spec_default(TransformSpec *t, int out_h, int out_w);

@@ -428,6 +428,9 @@ static void test_raw_params_reproduce_float_path(void) {
     cfg.transform.out_h = cfg.transform.out_w = 0; /* the stored size: no resize */
     err = raw_vs_float_max_error(&d, &cfg, 0);
     CHECK_MSG(err < 1e-5, "12x12 kept, crop, flip, cutout: max error %g", err);
+    cfg.transform.flip = TRANSFORM_FLIP_ALTERNATE;
+    err = raw_vs_float_max_error(&d, &cfg, 0);
+    CHECK_MSG(err < 1e-5, "12x12 kept, crop, alternating flip, cutout: max error %g", err);
     cfg.transform.out_h = cfg.transform.out_w = 5; /* down */
     cfg.augment = 0;
     err = raw_vs_float_max_error(&d, &cfg, 0);
@@ -470,6 +473,40 @@ static int shard_indices(const Dataset *d, LoaderConfig cfg, int rank, int world
  * rank, rank + world, ... of the world-1 permutation (so interleaved by rank
  * they give its prefix), cover the data set cut to a multiple of world (all of
  * it without drop_last), and change with the epoch. */
+/* data.flip = alternate: a random half of the samples flipped in epoch 0, and
+ * then each sample flipped in every other epoch, in the raw mode's params and
+ * (the same choice) in the float path's images. */
+static void test_alternate_flip(void) {
+    enum { N = 512, EPOCHS = 3 };
+    Dataset d;
+    make_indexed(&d, N);
+    LoaderConfig cfg = base_config(64, 2, 3);
+    cfg.transform.flip = TRANSFORM_FLIP_ALTERNATE;
+    RawRecording r = record_raw_epochs(&d, &cfg, EPOCHS);
+    CHECK(r.samples == EPOCHS * N);
+    int flipped[EPOCHS][N], seen[EPOCHS][N];
+    memset(seen, 0, sizeof seen);
+    for (int k = 0; k < r.samples; k++) {
+        int e = k / N, i = decode_raw_index(r.images + (size_t)k * dataset_image_bytes(&d));
+        CHECK(i >= 0 && i < N);
+        if (i < 0 || i >= N) continue;
+        flipped[e][i] = r.params[k].flip;
+        seen[e][i]++;
+    }
+    int first = 0, alternating = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(seen[0][i] == 1 && seen[1][i] == 1 && seen[2][i] == 1);
+        first += flipped[0][i];
+        alternating += flipped[1][i] == !flipped[0][i] && flipped[2][i] == flipped[0][i];
+    }
+    CHECK_MSG(alternating == N, "%d of %d samples alternate their flip over 3 epochs", alternating, N);
+    /* a binomial(512, 1/2) count: 0.35..0.65 of it is 6.8 standard deviations either side */
+    CHECK_MSG(first > N * 35 / 100 && first < N * 65 / 100, "epoch 0 flipped %d of %d", first, N);
+    CHECK(r.params[0].flip == transform_alternate_flip(cfg.seed, 0, decode_raw_index(r.images)));
+    raw_recording_free(&r);
+    dataset_free(&d);
+}
+
 static void test_distributed_shards(void) {
     const int n = 1001; /* not a multiple of 2, 3 or 4 */
     Dataset d;
@@ -684,6 +721,7 @@ int main(void) {
     test_stress(1, 0);
     test_raw_same_any_worker_count();
     test_raw_params_reproduce_float_path();
+    test_alternate_flip();
     test_stress(2, 1);
     test_stress(1, 1);
     const char *b = getenv("TRAINC_DATA_BENCH");

@@ -118,7 +118,7 @@ int bench_loader_main(const Config *cfg) {
         gpu_event_create(&b.done[s], 0);
     }
     printf("loading + copying alone, %d training images %dx%d -> %dx%d, flip %s, crop_pad %lld, on %s\n",
-           data.n, data.h, data.w, b.image_size, b.image_size, set.data.flip ? "on" : "off",
+           data.n, data.h, data.w, b.image_size, b.image_size, set.data.flip == TRANSFORM_FLIP_ALTERNATE ? "alternate" : set.data.flip ? "on" : "off",
            (long long)set.data.crop_pad, gpu.name);
     printf("%-9s %5s %7s %6s %12s\n", "transform", "batch", "workers", "pinned", "samples/s");
     for (int on_gpu = 0; on_gpu < 2; on_gpu++)

@@ -63,7 +63,9 @@ const CfgKeySpec trainc_keys[] = {
     {"data.async_copy", CFG_BOOL, "off", 0,
      "copy batches on a copy stream ordered by events; off: synchronous copy, then a device sync", 0},
     {"data.shuffle", CFG_BOOL, "on", 0, "new order of the training set each epoch", 0},
-    {"data.flip", CFG_BOOL, "off", 0, "random horizontal flip", 0},
+    {"data.flip", CFG_ENUM, "off", "off|on|alternate",
+     "horizontal flip of training images: on, each with probability 1/2; alternate, a random half in the first "
+     "epoch and then each image in every other epoch", 0},
     {"data.crop_pad", CFG_INT, "0", 0, "random crop after zero padding by this many pixels (0: off)", "[0, 4096]"},
     {"data.cutout", CFG_INT, "0", 0, "cutout: zero a random square of this side (0: off)", "[0, 4096]"},
     {"data.transform_on", CFG_ENUM, "cpu", "cpu|gpu",

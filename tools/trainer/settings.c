@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/transform.h"
 #include "runtime/check.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/train.h"
@@ -74,7 +75,7 @@ static void fill_data(const Config *cfg, TrainSettings *s) {
     s->data.pinned = config_bool(cfg, "data.pinned");
     s->data.async_copy = config_bool(cfg, "data.async_copy");
     s->data.shuffle = config_bool(cfg, "data.shuffle");
-    s->data.flip = config_bool(cfg, "data.flip");
+    s->data.flip = is(cfg, "data.flip", "on") ? 1 : is(cfg, "data.flip", "alternate") ? TRANSFORM_FLIP_ALTERNATE : 0;
     s->data.crop_pad = (int)config_int(cfg, "data.crop_pad");
     s->data.cutout = (int)config_int(cfg, "data.cutout");
     s->data.transform_on_gpu = is(cfg, "data.transform_on", "gpu");

@@ -15,6 +15,7 @@
 #include "tools/trainer/export.h"
 #include "tools/trainer/infer_options.h"
 #include "tools/trainer/settings.h"
+#include "tools/trainer/trainer.h"
 
 #define BENCH_INFER_MAX_BATCHES 16
 #define BENCH_INFER_LATENCY_RUNS 300
@@ -198,8 +199,10 @@ int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint
     int n_batches = parse_batches(batch_list ? batch_list : "1,32,256", batches, err, sizeof err);
     if (n_batches < 0) TC_USER_ERROR("%s", err);
     if (!s.run.use_gpu) settings_fail(&s, "run.device", "bench-infer measures the GPU's inference path: use cuda");
+    Dist solo;
+    dist_init_solo(&solo);
     GpuContext gpu;
-    infer_open_gpu(&s, &gpu);
+    gpu_context_init(&gpu, trainer_gpu_ordinal(&s, &solo));
     Weights w;
     load_weights(&s, checkpoint, &w);
     const char *model = checkpoint ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(w.ckpt.meta, "model"))

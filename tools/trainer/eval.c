@@ -129,11 +129,12 @@ static void copy_class_names(const Dataset *d, EvalReport *r) {
 /* The trainer opens a training split, which eval never reads: one step's worth
  * of it (every rank a full batch of each micro-batch) instead of all of it. */
 static void limit_training_split(Config *cfg, const Dist *dist) {
-    int64_t need = config_int(cfg, "train.batch") * config_int(cfg, "memory.accumulate") * dist->world;
-    int64_t limit = config_int(cfg, "data.train_limit");
-    if (limit != 0 && limit <= need) return;
+    TrainSettings s;
+    settings_fill(cfg, &s);
+    long need = (long)s.train.batch * s.memory.accumulate * dist->world;
+    if (s.data.train_limit != 0 && s.data.train_limit <= need) return;
     char set[64], *err = NULL;
-    snprintf(set, sizeof set, "data.train_limit=%lld", (long long)need);
+    snprintf(set, sizeof set, "data.train_limit=%ld", need);
     if (config_set_msg(cfg, set, &err) != 0) TC_USER_ERROR("train.batch and memory.accumulate: %s", err);
 }
 

@@ -1,7 +1,5 @@
 #include "tools/trainer/infer_options.h"
 
-#include "runtime/gpu.h"
-
 InferOptions infer_options_of(const TrainSettings *s, int batch) {
     InferOptions o = {0};
     o.batch = batch;
@@ -13,13 +11,4 @@ InferOptions infer_options_of(const TrainSettings *s, int batch) {
     o.conv_policy.deterministic = s->perf.deterministic;
     o.conv_policy.benchmark = s->perf.conv_benchmark;
     return o;
-}
-
-void infer_open_gpu(const TrainSettings *s, GpuContext *gpu) {
-    if (!TRAINC_CUDA)
-        settings_fail(s, "run.device", "this trainc was built without CUDA (TRAINC_CUDA=OFF): use --device cpu");
-    int devices = gpu_count();
-    if (devices == 0) settings_fail(s, "run.device", "no GPU is visible (use --device cpu)");
-    if (s->run.gpu >= devices) settings_fail(s, "run.gpu", "names no visible GPU (%d visible)", devices);
-    gpu_context_init(gpu, s->run.gpu);
 }

@@ -10,7 +10,5 @@
 #include "tools/trainer/settings.h"
 
 InferOptions infer_options_of(const TrainSettings *s, int batch);
-/* The GPU run.gpu names; a message naming the key when there is none. */
-void infer_open_gpu(const TrainSettings *s, GpuContext *gpu);
 
 #endif

@@ -121,21 +121,28 @@ static void shard_optimizer(Trainer *t) {
     if (t->ddp.dist->rank == 0) log_info("dist.shard_optimizer = auto: every rank updates every parameter, as %s", why);
 }
 
-/* The GPU of this rank, and with several ranks NCCL. */
-static void open_gpu(Trainer *t, TrainSummary *out) {
-    Dist *dist = t->ddp.dist;
+/* The GPU this process takes: run.gpu alone, the local rank's (dist/placement.h)
+ * with several ranks; a message naming the key when there is none. */
+int trainer_gpu_ordinal(const TrainSettings *s, const Dist *dist) {
     if (!TRAINC_CUDA)
-        settings_fail(&t->set, "run.device", "this trainc was built without CUDA (TRAINC_CUDA=OFF), so it trains on "
+        settings_fail(s, "run.device", "this trainc was built without CUDA (TRAINC_CUDA=OFF), so it runs on "
                       "the CPU only: use --device cpu (or configs/cpu.ini)");
     int devices = gpu_count();
-    int ordinal = t->set.run.gpu;
-    if (devices == 0) settings_fail(&t->set, "run.device", "no GPU is visible (use --device cpu)");
-    if (dist->world > 1) { /* one GPU per rank of this host (dist/placement.h) */
+    int ordinal = s->run.gpu;
+    if (devices == 0) settings_fail(s, "run.device", "no GPU is visible (use --device cpu)");
+    if (dist->world > 1) {
         char err[256];
         ordinal = dist_pick_device(dist->local_rank, dist->local_world, devices, err, sizeof err);
         if (ordinal < 0) TC_USER_ERROR("%s", err);
     }
-    if (ordinal >= devices) settings_fail(&t->set, "run.gpu", "names no visible GPU (%d visible)", devices);
+    if (ordinal >= devices) settings_fail(s, "run.gpu", "names no visible GPU (%d visible)", devices);
+    return ordinal;
+}
+
+/* The GPU of this rank, and with several ranks NCCL. */
+static void open_gpu(Trainer *t, TrainSummary *out) {
+    Dist *dist = t->ddp.dist;
+    int ordinal = trainer_gpu_ordinal(&t->set, dist);
     gpu_context_init(&t->device.gpu, ordinal);
     if (dist->world > 1 && !dist->nccl) GPU_ONLY(dist_init_nccl(dist, ordinal));
     snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->device.gpu.name);

@@ -236,6 +236,9 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f);
 long skip_batches(Trainer *t, long n);
 
 /* train_open.c */
+/* The GPU this process takes (run.gpu, or the local rank's under a launcher);
+ * a message naming the key when there is none. */
+int trainer_gpu_ordinal(const TrainSettings *s, const Dist *dist);
 /* Everything the loop needs, in order: settings, the GPU, data, model,
  * optimizer, dist, resume, loaders, metrics file, schedule. Returns where
  * the data order starts. */

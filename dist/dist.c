@@ -18,6 +18,29 @@ static int message_rank = -1;
 
 int dist_message_rank(void) { return message_rank; }
 
+/* 'value' into the environment variable 'name' unless it is set; what NCCL
+ * will read, for the log. */
+static int default_env(const char *name, int value, char *said, size_t said_size) {
+    const char *set = getenv(name);
+    if (set || value <= 0) {
+        snprintf(said, said_size, "%s%s", set ? set : "NCCL's default", set ? " (from the environment)" : "");
+        return 0;
+    }
+    char text[16];
+    snprintf(text, sizeof text, "%d", value);
+    if (setenv(name, text, 0) != 0) TC_FATAL("rank %d: setenv %s=%s failed", message_rank, name, text);
+    snprintf(said, said_size, "%d", value);
+    return 1;
+}
+
+void dist_nccl_socket_defaults(const Dist *d, int threads, int sockets_per_thread) {
+    char t[64], s[64];
+    default_env("NCCL_SOCKET_NTHREADS", threads, t, sizeof t);
+    default_env("NCCL_NSOCKS_PERTHREAD", sockets_per_thread, s, sizeof s);
+    if (d->rank == 0 && d->world > 1)
+        log_info("nccl socket transport, if used: %s threads x %s sockets per connection", t, s);
+}
+
 /* Did mpirun or srun start us as one of several tasks? */
 static int launched_by_mpi(void) {
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK")) return 1;

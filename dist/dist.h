@@ -47,6 +47,12 @@ void dist_init_solo(Dist *d);
  * makes the NCCL communicator (rank 0's unique id broadcast over MPI) and the
  * comm stream. */
 void dist_init_nccl(Dist *d, int device);
+/* Before dist_init_nccl: the helper threads per connection and sockets per
+ * thread of NCCL's socket transport (between hosts without InfiniBand; NCCL's
+ * own default is 1 and 1), as NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD
+ * unless the environment sets them; 0 leaves NCCL's choice. Other transports
+ * ignore them. */
+void dist_nccl_socket_defaults(const Dist *d, int threads, int sockets_per_thread);
 /* Destroys the communicator and stream; finalises MPI when dist_init started it. */
 void dist_finalize(Dist *d);
 /* Makes every rank exit with 'code' (MPI_Abort); without MPI just this one. */

@@ -24,7 +24,9 @@ per_gpu_samples_per_s or world counts samples_per_s as global; one without eithe
 is taken as global too unless --trainc-per-rank says rank 0 printed its own rate
 (then x N). Time per epoch is the summary's epoch_s, else epoch_s_est, else
 --train-size / samples_per_s (marked ~). A run that fails or times out is reported
-and skipped; its log is kept in --log-dir.
+and skipped; its log is kept in --log-dir. With --nccl-debug INFO the transports
+NCCL's channels use ("NET/Socket", "P2P/CUMEM", "SHM") are read from each run's
+output into the table's and the CSV's transport column.
 """
 import argparse
 import csv
@@ -76,6 +78,12 @@ def nccl_from_logs(logs):
         if m:
             return m.group(1)
     return None
+
+
+def transports(text):
+    """The transports NCCL_DEBUG=INFO says its channels use ("via NET/Socket/0", "via P2P/CUMEM/read",
+    "via SHM/direct/direct"): their first two parts, e.g. "NET/Socket", sorted; '' where it said none."""
+    return ",".join(sorted({m.group(1) for m in re.finditer(r"\bvia ([A-Za-z0-9]+(?:/[A-Za-z]+)?)", text)}))
 
 
 def nccl_torch():
@@ -348,7 +356,7 @@ def main():
             row = {"series": name, "label": args.label, "gpus": n, "gpu": card, "status": "ok", "samples_per_s": None,
                    "per_gpu_samples_per_s": None, "epoch_s": None, "epoch_estimated": False, "step_ms": None,
                    "test_acc": None, "peak_mem_bytes": None, "gpu_util": None, "speedup": None,
-                   "efficiency": None, "ideal": None, "seconds": None, "command": ""}
+                   "efficiency": None, "ideal": None, "seconds": None, "transport": "", "command": ""}
             rows.append(row)
             if avail and n > avail:
                 row["status"] = f"skipped: {avail} GPUs visible"
@@ -361,6 +369,7 @@ def main():
             rc, out, err, secs = run(cmd, args.timeout, child_env(args), log_path)
             logs.setdefault(name, []).append(out + "\n" + err)
             row["seconds"] = round(secs, 1)
+            row["transport"] = transports(out + "\n" + err)
             found = parse_summaries(out)
             s = parse_summary(out)
             if len(found) > 1 and not any(r == 0 for r, _ in found):
@@ -411,14 +420,14 @@ def main():
     print()
     print(f"weak scaling{': ' + args.label if args.label else ''} on {card}; NCCL {nccl or 'unknown'}")
     print(f"{'series':<8} {'GPUs':>4} {'epoch s':>9} {'samples/s':>11} {'per GPU':>9} {'step ms':>8} "
-          f"{'speedup':>8} {'efficiency':>10}  status")
+          f"{'speedup':>8} {'efficiency':>10}  {'transport':<12} status")
     for r in rows:
         ep = "-" if r["epoch_s"] is None else ("~" if r["epoch_estimated"] else "") + f"{r['epoch_s']:.2f}"
         print(f"{r['series']:<8} {r['gpus']:>4} {ep:>9} {fmt(r['samples_per_s'], ',.0f'):>11} "
               f"{fmt(r['per_gpu_samples_per_s'], ',.0f'):>9} {fmt(r['step_ms'], '.2f'):>8} "
               f"{fmt(r['speedup'], '.2f') + ('x' if r['speedup'] else ''):>8} "
               f"{fmt(r['efficiency'] and 100 * r['efficiency'], '.1f') + ('%' if r['efficiency'] else ''):>10}  "
-              f"{r['status']}")
+              f"{r['transport'] or '-':<12} {r['status']}")
     sys.stdout.flush()
 
     if args.csv:
@@ -426,7 +435,7 @@ def main():
             w = csv.writer(f)
             cols = ["label", "series", "gpus", "gpu", "nccl", "status", "epoch_s", "epoch_estimated", "samples_per_s",
                     "per_gpu_samples_per_s", "step_ms", "speedup", "efficiency", "test_acc", "peak_mem_bytes",
-                    "gpu_util", "seconds", "command"]
+                    "gpu_util", "seconds", "transport", "command"]
             w.writerow(cols)
             for r in rows:
                 w.writerow([nccl if c == "nccl" else

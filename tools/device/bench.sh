@@ -64,6 +64,10 @@
 #   SWEEP=key=v1,v2,...  step, loader: every case once per value of that trainc key
 #                 (e.g. dist.bucket_mb=4,25,256 or model.layout=nchw,nhwc)
 #   MPI_ARGS      more mpirun options (e.g. "-x NCCL_MAX_NCHANNELS=4")
+#   TRANSPORT=socket  NCCL's socket transport, as between nodes without InfiniBand: mpirun -x
+#                 NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 (PyTorch's runs too), trainc with
+#                 dist.copy_engine=off, and scaling's runs with NCCL_DEBUG=INFO (its transport column)
+#   TAG=name      scaling: appended to the experiments' names (two scaling runs in one $OUT)
 #   HOST_CPU=1    step: a second run of each trainc case with twice the timed steps; the host
 #                 CPU time per step is the difference of the two runs' CPU times over the extra steps
 #   COMPILE="default max-autotune"  step: the ResNet cases under torch.compile too;
@@ -396,11 +400,12 @@ bench_scaling() {
       targs="$targs --data $DATA --epochs $epochs --warmup-steps 10"
     fi
     for who in $TRAINCS; do
-      bin=${who#*:} tag="${part}_${who%%:*}" torch_opt=()
+      bin=${who#*:} tag="${part}${TAG:+_$TAG}_${who%%:*}" torch_opt=()
       [ "$TORCH" = 1 ] && [ "${who%%:*}" = new ] && torch_opt=(--torch="$targs ${TORCH_ARGS:-}")
       echo "-- $tag: $cfg $dsets $sets"
       timeout -k 60 $((2 * n * (RUN_LIMIT + 60) + 120)) python3 tools/scaling.py --gpus "$gpus" --config "$cfg" \
-        --trainc "$bin" $dsets $sets $SETS_ALL "${torch_opt[@]}" --mpi-args="${MPI_ARGS:-}" --timeout "$RUN_LIMIT" \
+        --trainc "$bin" $dsets $sets $SETS_ALL "${torch_opt[@]}" --mpi-args="${MPI_ARGS:-}" --nccl-debug "$NCCL_DEBUG_RUNS" \
+        --timeout "$RUN_LIMIT" \
         --label "$tag" --csv "$LOGS/scaling_$tag.csv" --svg "$OUT/scaling_$tag.svg" --jsonl "$JSONL" \
         --log-dir "$LOGS" > "$LOGS/scaling_$tag.txt" 2>&1
       echo "scaling.py exit $? (124: timed out)"
@@ -593,6 +598,15 @@ PY
 }
 
 SETS_ALL=${SETS:-}
+NCCL_DEBUG_RUNS=VERSION
+case "${TRANSPORT:-nccl}" in
+  nccl) ;;
+  socket)
+    MPIRUN="$MPIRUN -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1"
+    MPI_ARGS="${MPI_ARGS:-} -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1"
+    SETS_ALL="$SETS_ALL --set dist.copy_engine=off" NCCL_DEBUG_RUNS=INFO ;;
+  *) echo "bench.sh: TRANSPORT=$TRANSPORT is not nccl or socket" >&2; exit 2 ;;
+esac
 for what in "$@"; do
   case $what in
   lab) bench_lab ;;

@@ -159,6 +159,14 @@ const CfgKeySpec trainc_keys[] = {
      "weights and momentum, ZeRO stage 1) and puts its updated weights into the other rank's memory under the "
      "next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
      "off: every rank updates every parameter", 0},
+    {"dist.socket_threads", CFG_INT, "4", 0,
+     "data-parallel over NCCL's socket transport (hosts without InfiniBand): helper threads per connection "
+     "(NCCL_SOCKET_NTHREADS; NCCL's own default is 1); 0: NCCL's default; the environment variable, where set, "
+     "wins", "[0, 16]"},
+    {"dist.sockets_per_thread", CFG_INT, "4", 0,
+     "data-parallel over NCCL's socket transport: sockets per helper thread (NCCL_NSOCKS_PERTHREAD; NCCL's own "
+     "default is 1), at most 64 with dist.socket_threads multiplied in; 0: NCCL's default; the environment "
+     "variable, where set, wins", "[0, 64]"},
     {"dist.sync_bn", CFG_BOOL, "off", 0,
      "data-parallel: batch norm normalises with the statistics of the global batch (all ranks), as PyTorch's "
      "SyncBatchNorm; off: each rank's own", 0},

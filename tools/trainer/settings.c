@@ -133,6 +133,8 @@ static void fill_device(const Config *cfg, TrainSettings *s) {
     s->dist.bucket_bytes = (size_t)config_int(cfg, "dist.bucket_mb") << 20;
     s->dist.copy_engine = read_switch(cfg, "dist.copy_engine");
     s->dist.shard_optimizer = read_switch(cfg, "dist.shard_optimizer");
+    s->dist.socket_threads = (int)config_int(cfg, "dist.socket_threads");
+    s->dist.sockets_per_thread = (int)config_int(cfg, "dist.sockets_per_thread");
 }
 
 void settings_fill(const Config *cfg, TrainSettings *s) {
@@ -191,6 +193,8 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     require(p, s->optim.schedule != LR_CONSTANT || s->optim.warmup_epochs == 0, "optim.warmup_epochs",
             "needs optim.schedule = cosine, onecycle or linear");
     require(p, !s->optim.nesterov || s->optim.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
+    require(p, s->dist.socket_threads * s->dist.sockets_per_thread <= 64, "dist.sockets_per_thread",
+            "times dist.socket_threads must be at most 64 (NCCL's limit)");
     /* The async path holds the previous batch while its copy is in flight. */
     require(p, !s->data.async_copy || s->data.prefetch >= 2, "data.prefetch",
             "must be at least 2 with data.async_copy = on");

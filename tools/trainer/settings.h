@@ -74,6 +74,7 @@ typedef struct {
         int half_allreduce;    /* fp16 or bf16 set explicitly */
         size_t bucket_bytes;
         Switch copy_engine, shard_optimizer;
+        int socket_threads, sockets_per_thread; /* NCCL's socket transport; 0: NCCL's default */
     } dist;
 } TrainSettings;
 

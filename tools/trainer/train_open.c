@@ -144,7 +144,10 @@ static void open_gpu(Trainer *t, TrainSummary *out) {
     Dist *dist = t->ddp.dist;
     int ordinal = trainer_gpu_ordinal(&t->set, dist);
     gpu_context_init(&t->device.gpu, ordinal);
-    if (dist->world > 1 && !dist->nccl) GPU_ONLY(dist_init_nccl(dist, ordinal));
+    if (dist->world > 1 && !dist->nccl) {
+        dist_nccl_socket_defaults(dist, t->set.dist.socket_threads, t->set.dist.sockets_per_thread);
+        GPU_ONLY(dist_init_nccl(dist, ordinal));
+    }
     snprintf(out->gpu_name, sizeof out->gpu_name, "%.200s", t->device.gpu.name);
     t->device.monitor = gpu_monitor_start(ordinal, 0.1);
 }

@@ -40,31 +40,54 @@ void grad_cast_cuda(DType from, const void *src, DType to, void *dst, size_t n,
     DISPATCH_FLOAT_DTYPE(from, launch_cast_from, src, to, dst, n, stream);
 }
 
+/* sum / ranks, rounded once: a multiplication where 1 / ranks is exact (2, 4
+ * or 8 ranks), a division elsewhere. */
+static __device__ float mean_of(float sum, int ranks, float inverse) {
+    return (ranks & (ranks - 1)) == 0 ? sum * inverse : sum / (float)ranks;
+}
+
 /* 16-byte vectors in the body, single elements in the unaligned head and the
- * tail; flag (or NULL) is set when an average is inf or NaN. */
+ * tail. Each average adds dst's value and then the others' in order, in
+ * float, and divides by their number once; flag (or NULL) is set when an
+ * average is inf or NaN. */
 template <typename T>
-static __global__ void average_pair_kernel(T *dst, const T *other, size_t head, size_t vectors, size_t n,
-                                           int32_t *flag) {
-    const size_t per = 16 / sizeof(T), stride = (size_t)gridDim.x * blockDim.x;
+static __global__ void average_kernel(T *dst, const T *others, size_t stride, int n_others, size_t head,
+                                      size_t vectors, size_t n, int32_t *flag) {
+    constexpr size_t per = 16 / sizeof(T);
+    const size_t grid = (size_t)gridDim.x * blockDim.x;
+    const int ranks = n_others + 1;
+    const float inverse = 1.0f / (float)ranks;
     size_t tid = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     bool bad = false;
-    for (size_t v = tid; v < vectors; v += stride) {
-        uint4 a = ((const uint4 *)(dst + head))[v], b = ((const uint4 *)(other + head))[v];
+    for (size_t v = tid; v < vectors; v += grid) {
+        /* dst's and the first other's loads in flight together, as with 2 ranks. */
+        uint4 a = ((const uint4 *)(dst + head))[v], b = ((const uint4 *)(others + head))[v];
         const T *ta = (const T *)&a, *tb = (const T *)&b;
+        float sum[per];
+#pragma unroll
+        for (size_t k = 0; k < per; k++) sum[k] = to_float(ta[k]) + to_float(tb[k]);
+        for (int j = 1; j < n_others; j++) {
+            uint4 c = ((const uint4 *)(others + j * stride + head))[v];
+            const T *tc = (const T *)&c;
+#pragma unroll
+            for (size_t k = 0; k < per; k++) sum[k] += to_float(tc[k]);
+        }
         uint4 out;
         T *to = (T *)&out;
 #pragma unroll
         for (size_t k = 0; k < per; k++) {
-            float mean = 0.5f * (to_float(ta[k]) + to_float(tb[k]));
+            float mean = mean_of(sum[k], ranks, inverse);
             bad |= !isfinite(mean);
             to[k] = from_float<T>(mean);
         }
         ((uint4 *)(dst + head))[v] = out;
     }
     size_t body_end = head + vectors * per;
-    for (size_t i = tid; i < head + (n - body_end); i += stride) {
+    for (size_t i = tid; i < head + (n - body_end); i += grid) {
         size_t at = i < head ? i : body_end + (i - head);
-        float mean = 0.5f * (to_float(dst[at]) + to_float(other[at]));
+        float sum = to_float(dst[at]);
+        for (int j = 0; j < n_others; j++) sum += to_float(others[j * stride + at]);
+        float mean = mean_of(sum, ranks, inverse);
         bad |= !isfinite(mean);
         dst[at] = from_float<T>(mean);
     }
@@ -76,23 +99,26 @@ static unsigned side_blocks(size_t items) {
 }
 
 template <typename T>
-static void launch_average_pair(void *dst, const void *other, size_t n, int32_t *flag, cudaStream_t stream) {
+static void launch_average(void *dst, const void *others, size_t stride_bytes, int n_others, size_t n,
+                           int32_t *flag, cudaStream_t stream) {
     const size_t per = 16 / sizeof(T);
     size_t misaligned = ((uintptr_t)dst % 16) / sizeof(T);
     size_t head = misaligned ? per - misaligned : 0;
     if (head > n) head = n;
     size_t vectors = (n - head) / per;
-    average_pair_kernel<T><<<side_blocks(vectors + (n - vectors * per)), ELEMENTWISE_THREADS, 0, stream>>>(
-        (T *)dst, (const T *)other, head, vectors, n, flag);
+    average_kernel<T><<<side_blocks(vectors + (n - vectors * per)), ELEMENTWISE_THREADS, 0, stream>>>(
+        (T *)dst, (const T *)others, stride_bytes / sizeof(T), n_others, head, vectors, n, flag);
     CUDA_CHECK_LAUNCH();
 }
 
-void grad_average_pair_cuda(DType t, void *dst, const void *other, size_t n, int32_t *flag, cudaStream_t stream) {
+void grad_average_cuda(DType t, void *dst, const void *others, size_t stride_bytes, int n_others, size_t n,
+                       int32_t *flag, cudaStream_t stream) {
     if (n == 0) return;
-    if ((uintptr_t)dst % 16 != (uintptr_t)other % 16)
-        TC_FATAL("grad average: the two buffers are not equally aligned (%p, %p)", dst, other);
+    if (n_others < 1 || (uintptr_t)dst % 16 != (uintptr_t)others % 16 || (n_others > 1 && stride_bytes % 16 != 0))
+        TC_FATAL("grad average: %d other buffers %zu bytes apart, not equally aligned with the first (%p, %p)",
+                 n_others, stride_bytes, dst, others);
     check_float_dtype("grad average", t);
-    DISPATCH_FLOAT_DTYPE(t, launch_average_pair, dst, other, n, flag, stream);
+    DISPATCH_FLOAT_DTYPE(t, launch_average, dst, others, stride_bytes, n_others, n, flag, stream);
 }
 
 template <typename T>

@@ -14,18 +14,20 @@
  * init, n elements of comm_dtype), averaged there and cast back: f32 grads sent
  * as f16/bf16 halve the traffic; half grads sent as f32 keep the sum exact.
  *
- * Copy engines (grad_buckets_use_peer_link, 2 ranks of one host): a launch of
- * at least min_bytes is averaged without NCCL. Each rank puts the half the
- * other owns into the other's memory (CUDA IPC, copy engines), averages its own
- * half with what arrived (a small kernel), and puts the result back: the SMs
+ * Copy engines (grad_buckets_use_peer_link, 2 to 8 ranks of one host): a
+ * launch of at least min_bytes is averaged without NCCL. It is cut into one
+ * part per rank; each rank puts every other rank's part into that rank's
+ * memory (CUDA IPC, copy engines), averages its own part with what arrived (a
+ * small kernel), and puts the result into every other rank's memory: the SMs
  * stay with backward. Smaller launches, where latency counts, stay on NCCL.
  *
  * Sharded optimizer (grad_buckets_shard_optimizer, on top of the copy
- * engines): the averaged half stays with its owner, which alone updates those
- * parameters and puts the updated weights into the other rank's memory; the
- * other rank waits for them just before its next forward pass reads them. Each
- * rank's optimizer work on those layers halves (ZeRO stage 1), and the copy of
- * the weights runs under the next forward pass instead of under backward.
+ * engines): the averaged part stays with its owner, which alone updates those
+ * parameters and puts the updated weights into the other ranks' memory; each
+ * rank waits for them just before its next forward pass reads them. Each
+ * rank's optimizer work on those layers falls to 1 / world (ZeRO stage 1), and
+ * the copy of the weights runs under the next forward pass instead of under
+ * backward.
  *
  * CPU path (no communicator): grads are host floats (dtype and comm_dtype f32),
  * averaged with MPI_Allreduce synchronously inside ready and finish.
@@ -87,9 +89,10 @@ typedef struct {
     DType weights_dtype;
     GradBucket *peer_ranges;/* per launch through the peer link, as made in the first pass */
     int n_peer_ranges;
-    uint8_t *weights_due;   /* per peer launch: the other rank's half of its weights is on its way */
-    int weights_new;        /* this rank updated its half since it last sent it */
-    GradBucket *owned;      /* [0, n) less the other rank's halves, rising: what this rank updates */
+    uint8_t *weights_due;   /* per peer launch and rank (k * world + r): rank r's part of its
+                               weights is on its way */
+    int weights_new;        /* this rank updated its parts since it last sent them */
+    GradBucket *owned;      /* [0, n) less the other ranks' parts, rising: what this rank updates */
     int n_owned;
 } GradBuckets;
 
@@ -106,14 +109,15 @@ void grad_buckets_init_layers(GradBuckets *b, Dist *d, void *grads, DType dtype,
                               int n_boundaries);
 /* Launches of at least min_bytes (of comm_dtype) go through the copy engines
  * (see above). Collective; returns 1 when the link is made, else 0 with the
- * reason in 'why' (the job is not 2 ranks of one host, no peer access, ...). */
+ * reason in 'why' (the job is not 2 to 8 ranks of one host, some pair of GPUs
+ * has no peer access, ...). */
 int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size_t why_size);
 /* Collective, after grad_buckets_use_peer_link: each rank updates only the
  * parameters it owns (see above). 'weights' is what forward reads (n elements
  * of weights_dtype: the half copy under AMP, else the master weights) and must
- * lie in an allocation laid out alike on both ranks. The flag of
+ * lie in an allocation laid out alike on every rank. The flag of
  * grad_buckets_reduce_flag then also says whether any averaged gradient is inf
- * or NaN: each rank checks the halves it averages through the copy engines
+ * or NaN: each rank checks the parts it averages through the copy engines
  * (in the averaging kernel) and its own values of what NCCL averages, and the
  * flag is max-reduced with the pass's last launch. The optimizer needs no
  * check of its own. Returns 1, or 0 with the reason in 'why'. */
@@ -125,17 +129,17 @@ const GradBucket *grad_buckets_owned(const GradBuckets *b, int *n);
  * are new, to be sent by grad_buckets_send_weights. */
 void grad_buckets_weights_updated(GradBuckets *b);
 /* Sharded, at the start of the next step's forward pass: puts the weights
- * this rank updated into the other rank's memory, on the comm stream forked
+ * this rank updated into the other ranks' memory, on the comm stream forked
  * off 'compute' (the forward pass goes on meanwhile), once per update. Join
  * the comm stream with grad_buckets_join or grad_buckets_finish. */
 void grad_buckets_send_weights(GradBuckets *b, cudaStream_t compute);
-/* Sharded: 'stream' waits for the other rank's weights in [first, end), where
+/* Sharded: 'stream' waits for the other ranks' weights in [first, end), where
  * they are due (forward, before the layer that reads them). */
 void grad_buckets_await_weights(GradBuckets *b, size_t first, size_t end, cudaStream_t stream);
 /* 'compute' waits for everything on the comm stream so far. */
 void grad_buckets_join(GradBuckets *b, cudaStream_t compute);
 /* Sharded, collective, outside a step: every rank gets the whole state (the
- * weights updated by the other rank, and the master weights and momentum each
+ * weights updated by the other ranks, and the master weights and momentum each
  * owner alone updated), for a checkpoint, an evaluation or the run's end.
  * Ordered on 'stream'. The next step sends the weights once more, as a step
  * captured in a CUDA graph does anyway. Not sharded: nothing. */

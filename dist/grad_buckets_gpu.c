@@ -43,14 +43,14 @@ int grad_buckets_use_peer_link(GradBuckets *b, size_t min_bytes, char *why, size
     }
     void *sent = b->comm_buffer ? b->comm_buffer : b->grads;
     /* At most one launch per bucket, two flags each for the gradients and one
-     * for the weights (grad_buckets_shard_optimizer). */
+     * for the weights (grad_buckets_shard_optimizer), from each other rank. */
     if (!peer_link_open(&b->peer, b->dist, sent, b->n * dtype_size(b->comm_dtype), 3 * b->n_buckets, why,
                         why_size))
         return 0;
     b->peer_min_bytes = min_bytes;
     if (b->dist->rank == 0)
         log_info("grad buckets: launches of %.3f MiB or more averaged through the copy engines (CUDA IPC "
-                 "between the 2 GPUs), smaller ones by NCCL", mib((double)min_bytes));
+                 "between the %d GPUs), smaller ones by NCCL", mib((double)min_bytes), b->dist->world);
     return 1;
 }
 
@@ -62,15 +62,16 @@ int grad_buckets_shard_optimizer(GradBuckets *b, void *weights, DType weights_dt
     }
     if (!peer_link_map_region(&b->peer, b->dist, weights, why, why_size)) return 0;
     b->peer_ranges = calloc((size_t)b->n_buckets, sizeof *b->peer_ranges);
-    b->weights_due = calloc((size_t)b->n_buckets, 1);
-    b->owned = calloc((size_t)b->n_buckets + 1, sizeof *b->owned);
+    b->weights_due = calloc((size_t)b->n_buckets * (size_t)b->dist->world, 1);
+    /* Per launch its own part and the NCCL range before it, and the one after the last. */
+    b->owned = calloc(2 * (size_t)b->n_buckets + 1, sizeof *b->owned);
     if (!b->peer_ranges || !b->weights_due || !b->owned) TC_FATAL("grad buckets: out of memory");
     b->weights = weights;
     b->weights_dtype = weights_dtype;
     b->shard = 1;
     if (b->dist->rank == 0)
-        log_info("grad buckets: sharded optimizer: each rank updates its half of what the copy engines average "
-                 "and sends the other its weights");
+        log_info("grad buckets: sharded optimizer: each rank updates its part (1/%d) of what the copy engines "
+                 "average and sends the others its weights", b->dist->world);
     return 1;
 }
 
@@ -78,14 +79,26 @@ void grad_buckets_reduce_flag(GradBuckets *b, int32_t *flag) { b->flag = flag; }
 
 static void *element(void *base, DType t, size_t i) { return (char *)base + i * dtype_size(t); }
 
-/* A launch through the peer link is cut in two: rank 0 owns the lower half,
- * rank 1 the upper one. */
-static void halves(const GradBuckets *b, GradBucket launch, GradBucket *mine, GradBucket *theirs) {
-    GradBucket lower = {launch.first, launch.count / 2};
-    GradBucket upper = {launch.first + lower.count, launch.count - lower.count};
-    *mine = b->dist->rank == 0 ? lower : upper;
-    *theirs = b->dist->rank == 0 ? upper : lower;
+/* The parts of a launch through the peer link start at multiples of this many
+ * elements from the launch's first: whole 16-byte vectors in every dtype. */
+#define PART_ALIGN 64
+
+/* A launch through the peer link is cut into world parts, rank r owning part
+ * r: each ceil(count / world) rounded up to PART_ALIGN, the last up to the
+ * launch's end. A launch too short for that leaves the last parts empty
+ * (count 0, at the launch's end); every rank cuts alike. */
+static GradBucket part_of(const GradBuckets *b, GradBucket launch, int r) {
+    size_t world = (size_t)b->dist->world, unit = world * PART_ALIGN;
+    size_t step = (launch.count + unit - 1) / unit * PART_ALIGN;
+    size_t from = (size_t)r * step, to = from + step;
+    if (from > launch.count) from = launch.count;
+    if (to > launch.count || r == b->dist->world - 1) to = launch.count;
+    return (GradBucket){launch.first + from, to - from};
 }
+
+/* The other ranks from this one on, wrapping: the i-th (1 <= i < world).
+ * Each rank starts with its successor, so they do not all put to rank 0 first. */
+static int next_rank(const GradBuckets *b, int i) { return (b->dist->rank + i) % b->dist->world; }
 
 /* Sharded: the launches through the peer link are the same in every pass
  * (the weights flags pair up across passes). */
@@ -100,29 +113,57 @@ static void record_peer_range(GradBuckets *b, int k, GradBucket launch) {
     b->peer_ranges[b->n_peer_ranges++] = launch;
 }
 
-/* [first, first + count) of the sent buffer averaged with the other rank's
- * through the peer link. Each rank puts the other's half into the other's
- * receive buffer, averages its own half with what arrived there and (unless
- * sharded) puts the result into the other's sent buffer. Rank r waits on the
- * flags its peer signals: 2k when the peer's half has arrived, 2k + 1 when the
- * averaged half has. */
-static void average_with_peer(GradBuckets *b, size_t first, size_t count, cudaStream_t comm) {
+/* Reduce-scatter of launch k through the peer link (flag 2k): rank r puts part
+ * j of its sent buffer into rank j's receive slot for r, then signals j; each
+ * rank waits for the others' flags and averages its own part with what
+ * arrived. An empty part is neither put, signalled nor waited for. */
+static void reduce_part(GradBuckets *b, GradBucket launch, int flag, cudaStream_t comm) {
     PeerLink *p = &b->peer;
     size_t esize = dtype_size(b->comm_dtype);
-    GradBucket launch = {first, count}, mine, theirs;
-    halves(b, launch, &mine, &theirs);
-    int k = b->peer_launches++, flag = 2 * k;
+    for (int i = 1; i < b->dist->world; i++) {
+        int to = next_rank(b, i);
+        GradBucket theirs = part_of(b, launch, to);
+        if (theirs.count == 0) continue;
+        peer_link_put(p, to, 0, theirs.first * esize, theirs.count * esize, comm);
+        peer_link_signal(p, to, flag, comm);
+    }
+    GradBucket mine = part_of(b, launch, b->dist->rank);
+    if (mine.count == 0) return;
+    for (int i = 1; i < b->dist->world; i++) peer_link_wait(p, next_rank(b, i), flag, comm);
+    /* The slots are in rising rank order, slot_bytes apart, each laid out as 'sent'. */
+    int first_other = b->dist->rank == 0 ? 1 : 0;
+    grad_average_cuda(b->comm_dtype, element(p->sent, b->comm_dtype, mine.first),
+                      element(peer_link_slot(p, first_other), b->comm_dtype, mine.first), p->slot_bytes,
+                      b->dist->world - 1, mine.count, b->shard ? b->flag : NULL, comm);
+}
+
+/* All-gather of launch k (flag 2k + 1): each rank puts its averaged part into
+ * every other rank's sent buffer and signals it; each waits for the owners of
+ * the other non-empty parts. */
+static void gather_parts(GradBuckets *b, GradBucket launch, int flag, cudaStream_t comm) {
+    PeerLink *p = &b->peer;
+    size_t esize = dtype_size(b->comm_dtype);
+    GradBucket mine = part_of(b, launch, b->dist->rank);
+    for (int i = 1; i < b->dist->world && mine.count > 0; i++) {
+        int to = next_rank(b, i);
+        peer_link_put(p, to, 1, mine.first * esize, mine.count * esize, comm);
+        peer_link_signal(p, to, flag, comm);
+    }
+    for (int i = 1; i < b->dist->world; i++) {
+        int from = next_rank(b, i);
+        if (part_of(b, launch, from).count > 0) peer_link_wait(p, from, flag, comm);
+    }
+}
+
+/* [first, first + count) of the sent buffer averaged over the ranks through
+ * the peer link: reduce-scatter, then (unless sharded: each owner keeps its
+ * part) all-gather. */
+static void average_with_peers(GradBuckets *b, size_t first, size_t count, cudaStream_t comm) {
+    GradBucket launch = {first, count};
+    int k = b->peer_launches++;
     if (b->shard) record_peer_range(b, k, launch);
-    peer_link_put(p, 0, theirs.first * esize, theirs.count * esize, comm);
-    peer_link_signal(p, flag, comm);
-    peer_link_wait(p, flag, comm);
-    grad_average_pair_cuda(b->comm_dtype, element(p->sent, b->comm_dtype, mine.first),
-                           element(p->recv, b->comm_dtype, mine.first), mine.count, b->shard ? b->flag : NULL,
-                           comm);
-    if (b->shard) return;
-    peer_link_put(p, 1, mine.first * esize, mine.count * esize, comm);
-    peer_link_signal(p, flag + 1, comm);
-    peer_link_wait(p, flag + 1, comm);
+    reduce_part(b, launch, 2 * k, comm);
+    if (!b->shard) gather_parts(b, launch, 2 * k + 1, comm);
 }
 
 /* grad_buckets_reduce_flag's flag, once a pass, on 'stream' (inside an NCCL
@@ -160,7 +201,7 @@ void grad_buckets_gpu_launch(GradBuckets *b, int from, int to, cudaStream_t comp
     /* The buckets of one launch are contiguous: [first, end). */
     size_t first = b->buckets[to - 1].first, end = b->buckets[from].first + b->buckets[from].count;
     int by_peer = b->peer.on && (end - first) * dtype_size(b->comm_dtype) >= b->peer_min_bytes;
-    if (by_peer) average_with_peer(b, first, end - first, comm);
+    if (by_peer) average_with_peers(b, first, end - first, comm);
     else check_before_nccl(b, sent, from, to, comm);
     /* Grouped, the NCCL calls run as one launch after ncclGroupEnd: casts back
      * must come after the group, not inside it. */
@@ -179,17 +220,26 @@ void grad_buckets_gpu_launch(GradBuckets *b, int from, int to, cudaStream_t comp
     }
 }
 
-/* Rising order: the launches came from the end of the buffer backwards. */
+/* Appends [from, to) to the owned ranges, joined to the last where they touch. */
+static void own(GradBuckets *b, size_t from, size_t to) {
+    if (to <= from) return;
+    GradBucket *last = b->n_owned > 0 ? &b->owned[b->n_owned - 1] : NULL;
+    if (last && last->first + last->count == from) last->count += to - from;
+    else b->owned[b->n_owned++] = (GradBucket){from, to - from};
+}
+
+/* What NCCL averages and this rank's part of each peer launch, rising (the
+ * launches came from the end of the buffer backwards). */
 static void find_owned(GradBuckets *b) {
     size_t at = 0;
     b->n_owned = 0;
     for (int k = b->n_peer_ranges - 1; k >= 0; k--) {
-        GradBucket mine, theirs;
-        halves(b, b->peer_ranges[k], &mine, &theirs);
-        if (theirs.first > at) b->owned[b->n_owned++] = (GradBucket){at, theirs.first - at};
-        at = theirs.first + theirs.count;
+        GradBucket launch = b->peer_ranges[k], mine = part_of(b, launch, b->dist->rank);
+        own(b, at, launch.first);
+        own(b, mine.first, mine.first + mine.count);
+        at = launch.first + launch.count;
     }
-    if (b->n > at) b->owned[b->n_owned++] = (GradBucket){at, b->n - at};
+    own(b, at, b->n);
 }
 
 void grad_buckets_gpu_finish(GradBuckets *b, cudaStream_t compute) {
@@ -211,15 +261,17 @@ static int weights_flag(const GradBuckets *b, int k) { return 2 * b->n_buckets +
 
 void grad_buckets_weights_updated(GradBuckets *b) { b->weights_new = b->shard; }
 
-/* The half of every peer launch this rank updated, to the other rank. */
+/* This rank's part of every peer launch, updated, to every other rank. */
 static void put_weights(GradBuckets *b, cudaStream_t stream) {
     size_t esize = dtype_size(b->weights_dtype);
     for (int k = 0; k < b->n_peer_ranges; k++) {
-        GradBucket mine, theirs;
-        halves(b, b->peer_ranges[k], &mine, &theirs);
-        peer_link_put_region(&b->peer, element(b->weights, b->weights_dtype, mine.first), mine.count * esize,
-                             stream);
-        peer_link_signal(&b->peer, weights_flag(b, k), stream);
+        GradBucket mine = part_of(b, b->peer_ranges[k], b->dist->rank);
+        for (int i = 1; i < b->dist->world && mine.count > 0; i++) {
+            int to = next_rank(b, i);
+            peer_link_put_region(&b->peer, to, element(b->weights, b->weights_dtype, mine.first),
+                                 mine.count * esize, stream);
+            peer_link_signal(&b->peer, to, weights_flag(b, k), stream);
+        }
     }
 }
 
@@ -228,19 +280,26 @@ void grad_buckets_send_weights(GradBuckets *b, cudaStream_t compute) {
     CUDA_CHECK(cudaEventRecord(b->grads_ready, compute));
     CUDA_CHECK(cudaStreamWaitEvent(b->dist->comm_stream, b->grads_ready, 0));
     put_weights(b, b->dist->comm_stream);
-    /* The other rank updated its half in the same step and sends it now too. */
-    memset(b->weights_due, 1, (size_t)b->n_peer_ranges);
+    /* The other ranks updated their parts in the same step and send them now too. */
+    memset(b->weights_due, 1, (size_t)b->n_peer_ranges * (size_t)b->dist->world);
     b->weights_new = 0;
 }
 
+/* Whether rank 'owner's part of peer launch k comes from another rank and
+ * holds something of [first, end). */
+static int part_from_peer(const GradBuckets *b, int k, int owner, size_t first, size_t end) {
+    GradBucket part = part_of(b, b->peer_ranges[k], owner);
+    return owner != b->dist->rank && part.count > 0 && part.first < end && part.first + part.count > first;
+}
+
 void grad_buckets_await_weights(GradBuckets *b, size_t first, size_t end, cudaStream_t stream) {
-    for (int k = 0; k < b->n_peer_ranges && b->shard; k++) {
-        GradBucket mine, theirs;
-        halves(b, b->peer_ranges[k], &mine, &theirs);
-        if (!b->weights_due[k] || theirs.first >= end || theirs.first + theirs.count <= first) continue;
-        peer_link_wait(&b->peer, weights_flag(b, k), stream);
-        b->weights_due[k] = 0;
-    }
+    for (int k = 0; k < b->n_peer_ranges && b->shard; k++)
+        for (int owner = 0; owner < b->dist->world; owner++) {
+            uint8_t *due = &b->weights_due[(size_t)k * (size_t)b->dist->world + (size_t)owner];
+            if (!*due || !part_from_peer(b, k, owner, first, end)) continue;
+            peer_link_wait(&b->peer, owner, weights_flag(b, k), stream);
+            *due = 0;
+        }
 }
 
 void grad_buckets_join(GradBuckets *b, cudaStream_t compute) {
@@ -251,17 +310,18 @@ void grad_buckets_join(GradBuckets *b, cudaStream_t compute) {
 void grad_buckets_sync_state(GradBuckets *b, float *params, float *momentum, cudaStream_t stream) {
     if (!b->shard) return;
     put_weights(b, stream);
-    for (int k = 0; k < b->n_peer_ranges; k++) peer_link_wait(&b->peer, weights_flag(b, k), stream);
+    for (int k = 0; k < b->n_peer_ranges; k++)
+        for (int owner = 0; owner < b->dist->world; owner++)
+            if (part_from_peer(b, k, owner, 0, b->n)) peer_link_wait(&b->peer, owner, weights_flag(b, k), stream);
     NCCL_CHECK(ncclGroupStart());
-    for (int k = 0; k < b->n_peer_ranges; k++) {
-        GradBucket part[2];
-        halves(b, b->peer_ranges[k], &part[b->dist->rank], &part[1 - b->dist->rank]);
-        for (int owner = 0; owner < 2; owner++)
-            for (int which = 0; which < 2; which++) {
-                float *buf = (which ? momentum : params) + part[owner].first;
-                NCCL_CHECK(ncclBroadcast(buf, buf, part[owner].count, ncclFloat32, owner, b->dist->nccl, stream));
+    for (int k = 0; k < b->n_peer_ranges; k++)
+        for (int owner = 0; owner < b->dist->world; owner++) {
+            GradBucket part = part_of(b, b->peer_ranges[k], owner);
+            for (int which = 0; which < 2 && part.count > 0; which++) {
+                float *buf = (which ? momentum : params) + part.first;
+                NCCL_CHECK(ncclBroadcast(buf, buf, part.count, ncclFloat32, owner, b->dist->nccl, stream));
             }
-    }
+        }
     NCCL_CHECK(ncclGroupEnd());
 }
 

@@ -1,9 +1,11 @@
 /* Data-parallel training, 2 MPI ranks on the CPU (CI) or one GPU each: after
- * a few steps both ranks hold the same weights, and they are the weights of
+ * a few steps every rank holds the same weights, and they are the weights of
  * one process training on the global batch, within fp32 rounding. For a net
  * with batch norm that holds with dist.sync_bn = on only: without it each
  * rank normalises with its own samples' statistics, and the weights differ.
- * A stop signal on one rank stops both at the same step. */
+ * A stop signal on one rank stops all at the same step. With the argument
+ * 'gpu' (test_ddp_train_4: 4 ranks) only the GPU part runs, and the test skips
+ * where a host has fewer GPUs than ranks. */
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "dist/dist.h"
+#include "dist/peer_link.h"
 #include "models/model.h"
 #include "models/zoo.h"
 #include "runtime/check.h"
@@ -143,7 +146,7 @@ static void check_sync_bn(Dist *d, const char *device, const char *extra, double
 }
 
 /* dist.shard_optimizer: each rank holds the master weights and momentum of
- * its half only; a checkpoint must gather the other half. A run resumed from
+ * its parts only; a checkpoint must gather the others'. A run resumed from
  * step 2's checkpoint ends on the weights of the run that went straight on,
  * bit for bit; with a stale half of the master weights or momentum in the
  * checkpoint it would end elsewhere. */
@@ -172,7 +175,7 @@ static void check_sharded_resume(Dist *d) {
 }
 
 /* A SIGTERM on rank 0 alone (from a thread, once training has logged its
- * first step into the metrics file) stops both ranks at the same step. */
+ * first step into the metrics file) stops every rank at the same step. */
 static const char *stop_metrics;
 
 static void *term_after_first_step(void *arg) {
@@ -208,49 +211,59 @@ static void check_stop_together(Dist *d) {
     printf("rank %d: stopped with rank 0's SIGTERM at step %ld\n", d->rank, s.steps);
 }
 
-int main(void) {
+/* The GPU part: a GPU per rank on every host. The copy engines and the
+ * sharded optimizer where every rank is on this host. */
+static void check_gpu(Dist *d) {
+    check_device(d, "cuda", (const char *[]){NULL}, 1e-5);
+    check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", NULL}, 1e-5);
+    check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", "perf.graph_node_priority=on", NULL}, 1e-5);
+    check_device(d, "cuda", (const char *[]){"precision.amp=fp16", NULL}, 2e-3);
+    /* dist.copy_engine is auto above (the copy engines where the GPUs of one host allow) */
+    check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", "dist.copy_engine=off", NULL}, 1e-5);
+    if (d->world == d->local_world && d->world <= PEER_LINK_MAX_RANKS) {
+        check_device(d, "cuda",
+                     (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.copy_engine=on",
+                                      "dist.shard_optimizer=off", NULL},
+                     2e-3);
+        check_device(d, "cuda",
+                     (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.shard_optimizer=on", NULL},
+                     2e-3);
+        check_device(d, "cuda", (const char *[]){"dist.shard_optimizer=on", "memory.accumulate=2", NULL}, 1e-5);
+        check_device(d, "cuda",
+                     (const char *[]){"perf.cuda_graph=on", "dist.shard_optimizer=on", "memory.accumulate=2", NULL},
+                     1e-5);
+        check_sharded_resume(d);
+    }
+    check_sync_bn(d, "cuda", NULL, 5e-5);
+    check_sync_bn(d, "cuda", "perf.cuda_graph=on", 5e-5);
+    check_sync_bn(d, "cuda", "model.fuse=on", 5e-5);
+}
+
+int main(int argc, char **argv) {
     Dist d;
     dist_init(&d);
     if (d.world < 2) {
         dist_finalize(&d);
         test_skip("needs 2 MPI ranks (ctest runs it under mpirun)");
     }
-    check_device(&d, "cpu", (const char *[]){NULL}, 1e-5);
-    check_stop_together(&d);
-    check_sync_bn(&d, "cpu", NULL, 5e-5);
-    /* a checkpointed block's recompute runs the synchronized forward again */
-    check_sync_bn(&d, "cpu", "memory.checkpoint=blocks", 5e-5);
+    int gpu_only = argc > 1 && strcmp(argv[1], "gpu") == 0;
     /* The GPU part needs a GPU per rank on every host. */
-    int enough = gpu_count() >= d.local_world;
-    double all = enough;
-    dist_allreduce_sum_host_double(&d, &all, 1);
-    if (all == d.world) {
-        check_device(&d, "cuda", (const char *[]){NULL}, 1e-5);
-        check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", NULL}, 1e-5);
-        check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", "perf.graph_node_priority=on", NULL}, 1e-5);
-        check_device(&d, "cuda", (const char *[]){"precision.amp=fp16", NULL}, 2e-3);
-        /* dist.copy_engine is auto above (the copy engines on 2 GPUs of one host) */
-        check_device(&d, "cuda", (const char *[]){"perf.cuda_graph=on", "dist.copy_engine=off", NULL}, 1e-5);
-        if (d.world == 2 && d.local_world == 2) {
-            check_device(&d, "cuda",
-                         (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.copy_engine=on",
-                                          "dist.shard_optimizer=off", NULL},
-                         2e-3);
-            check_device(&d, "cuda",
-                         (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "dist.shard_optimizer=on", NULL},
-                         2e-3);
-            check_device(&d, "cuda", (const char *[]){"dist.shard_optimizer=on", "memory.accumulate=2", NULL}, 1e-5);
-            check_device(&d, "cuda",
-                         (const char *[]){"perf.cuda_graph=on", "dist.shard_optimizer=on", "memory.accumulate=2", NULL},
-                         1e-5);
-            check_sharded_resume(&d);
-        }
-        check_sync_bn(&d, "cuda", NULL, 5e-5);
-        check_sync_bn(&d, "cuda", "perf.cuda_graph=on", 5e-5);
-        check_sync_bn(&d, "cuda", "model.fuse=on", 5e-5);
-    } else if (d.rank == 0) {
-        printf("fewer GPUs than ranks: GPU checks skipped\n");
+    int gpus = gpu_count(), enough = !dist_any_host(&d, gpus < d.local_world);
+    if (gpu_only && !enough) {
+        dist_finalize(&d);
+        if (d.rank == 0) test_skip("%d ranks on this host: fewer than %d GPUs (%d visible)", d.local_world,
+                                   d.local_world, gpus);
+        exit(77);
     }
+    if (!gpu_only) {
+        check_device(&d, "cpu", (const char *[]){NULL}, 1e-5);
+        check_stop_together(&d);
+        check_sync_bn(&d, "cpu", NULL, 5e-5);
+        /* a checkpointed block's recompute runs the synchronized forward again */
+        check_sync_bn(&d, "cpu", "memory.checkpoint=blocks", 5e-5);
+    }
+    if (enough) check_gpu(&d);
+    else if (d.rank == 0) printf("fewer GPUs than ranks: GPU checks skipped\n");
     int rc = test_finish("test_ddp_train");
     dist_finalize(&d);
     return rc;

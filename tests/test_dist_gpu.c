@@ -1,13 +1,15 @@
 /* The NCCL and copy-engine paths, one GPU per MPI rank (ctest starts 2 under
- * mpirun; every rank skips, exit 77, when any host has fewer GPUs than ranks):
- * grad_buckets in f32, f16 and bf16, sent as themselves and cast (f32 as f16
- * or bf16, halves as f32), by NCCL and (2 ranks of one host) through the copy
- * engines, give the average computed on the host, the same bits on every rank;
- * the reduced flag (the loss scaler's found-inf) is the maximum over the ranks;
- * begin / ready / finish captured in a CUDA graph on the compute stream give it
- * all again on fresh data at each replay. With the optimizer sharded, the flag
- * also reports a NaN that only the other rank's averaging or one rank's NCCL
- * bucket holds, and the ranges each rank owns hold the average. Backward is
+ * mpirun, and 4 as test_dist_gpu_4; every rank skips, exit 77, when any host
+ * has fewer GPUs than ranks): grad_buckets in f32, f16 and bf16, sent as
+ * themselves and cast (f32 as f16 or bf16, halves as f32), by NCCL and (all
+ * ranks on one host) through the copy engines, give the average computed on
+ * the host, the same bits on every rank; a last launch of 10 gradients, too
+ * short to give every rank a part, too. The reduced flag (the loss scaler's
+ * found-inf) is the maximum over the ranks; begin / ready / finish captured in
+ * a CUDA graph on the compute stream give it all again on fresh data at each
+ * replay. With the optimizer sharded, the flag also reports a NaN that only
+ * another rank's averaging or one rank's NCCL bucket holds, and the ranges
+ * each rank owns hold the average. Backward is
  * simulated on the compute stream: the gradient buffer starts as NaN and each
  * layer's range is copied in after a short host delay, so an all-reduce that
  * ran before its layer was final would show. */
@@ -87,13 +89,21 @@ static double rounding_of(DType t) {
     return t == DTYPE_F32 ? ldexp(1, -24) : t == DTYPE_F16 ? ldexp(1, -11) : ldexp(1, -8);
 }
 
+/* How far an average may be from the host's: a few roundings of the coarser
+ * type, 2 per rank (each rank's value added rounds once more). */
+static double tolerance(DType dtype, DType comm_dtype) {
+    double r = rounding_of(dtype) > rounding_of(comm_dtype) ? rounding_of(dtype) : rounding_of(comm_dtype);
+    return 2.0 * d.world * r;
+}
+
 /* ---- set-up ------------------------------------------------------------------- */
 
 static void skip_unless_a_gpu_per_rank(void) {
     int gpus = gpu_count();
     if (dist_any_host(&d, gpus < d.local_world)) {
         dist_finalize(&d);
-        if (d.rank == 0) test_skip("%d ranks on this host but %d GPUs visible", d.local_world, gpus);
+        if (d.rank == 0) test_skip("%d ranks on this host: fewer than %d GPUs (%d visible)", d.local_world,
+                                   d.local_world, gpus);
         exit(77);
     }
 }
@@ -181,8 +191,7 @@ static void check_average(BucketCase *c, int round, const char *when) {
               round);
     CUDA_CHECK(cudaMemcpy(c->host_stored, c->grads, c->n * esize, cudaMemcpyDeviceToHost));
     load_from(c->dtype, c->host_stored, c->host, c->n);
-    double tol = 4 * (rounding_of(c->dtype) > rounding_of(c->comm_dtype) ? rounding_of(c->dtype)
-                                                                        : rounding_of(c->comm_dtype));
+    double tol = tolerance(c->dtype, c->comm_dtype);
     double worst = 0;
     for (size_t j = 0; j < c->n; j++) {
         double err = fabs(c->host[j] - c->average[j]);
@@ -200,9 +209,12 @@ static void check_average(BucketCase *c, int round, const char *when) {
 }
 
 /* Buffers of about a million gradients, cut into up to 63 layers of random
- * sizes (the same on every rank). */
-static void bucket_case_init(BucketCase *c, DType dtype, DType comm_dtype, uint64_t seed) {
-    *c = (BucketCase){.dtype = dtype, .comm_dtype = comm_dtype, .n = ((size_t)1 << 20) + 12345};
+ * sizes (the same on every rank). first_layer > 0: 2^20 + first_layer
+ * gradients, the first layer first_layer of them; with buckets of a power of
+ * two bytes (in comm_dtype) it is a bucket and a launch of its own. */
+static void bucket_case_init(BucketCase *c, DType dtype, DType comm_dtype, uint64_t seed, size_t first_layer) {
+    size_t n = ((size_t)1 << 20) + (first_layer ? first_layer : 12345);
+    *c = (BucketCase){.dtype = dtype, .comm_dtype = comm_dtype, .n = n};
     size_t esize = dtype_size(dtype);
     CUDA_CHECK(cudaMalloc(&c->grads, c->n * esize));
     CUDA_CHECK(cudaMalloc((void **)&c->flag, sizeof(int32_t)));
@@ -213,11 +225,12 @@ static void bucket_case_init(BucketCase *c, DType dtype, DType comm_dtype, uint6
     c->average = malloc(c->n * sizeof(double));
     c->layer_first = malloc(64 * sizeof(size_t));
     uint64_t layer_rng = seed ^ 0x1a7e5ULL; /* the same layers on every rank */
-    for (size_t end = c->n; end > 0 && c->layers < 63;) {
+    for (size_t end = c->n; end > first_layer && c->layers < 63;) {
         size_t size = 1 + (size_t)test_uniform(&layer_rng, 0, (float)(c->n / 12));
-        end = size < end && c->layers < 62 ? end - size : 0;
+        end = size < end - first_layer && c->layers < 62 ? end - size : first_layer;
         c->layer_first[c->layers++] = end;
     }
+    if (first_layer > 0) c->layer_first[c->layers++] = 0;
 }
 
 static void bucket_case_free(BucketCase *c) {
@@ -231,10 +244,11 @@ static void bucket_case_free(BucketCase *c) {
     free(c->layer_first);
 }
 
-/* by_peer: every launch through the copy engines (2 ranks of one host). */
-static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int by_peer) {
+/* by_peer: every launch through the copy engines (all ranks on one host);
+ * first_layer: as in bucket_case_init. */
+static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int by_peer, size_t first_layer) {
     BucketCase c;
-    bucket_case_init(&c, dtype, comm_dtype, seed);
+    bucket_case_init(&c, dtype, comm_dtype, seed, first_layer);
     GradBuckets b;
     grad_buckets_init(&b, &d, c.grads, dtype, c.n, 256 << 10, comm_dtype);
     grad_buckets_reduce_flag(&b, c.flag);
@@ -268,22 +282,24 @@ static void test_grad_buckets(DType dtype, DType comm_dtype, uint64_t seed, int 
 
 /* ---- the sharded optimizer's found-inf flag ---------------------------------------- */
 
-/* Where a NaN goes in a round of test_sharded_flag: nowhere, into a half of a
- * copy-engine launch that the other rank owns and averages, or into what NCCL
+/* Where a NaN goes in a round of test_sharded_flag: nowhere, into a part of
+ * a copy-engine launch that another rank owns and averages, or into what NCCL
  * averages; or no NaN but the flag (the loss check's) set on rank 0 alone. */
-typedef enum { POISON_NONE, POISON_PEER_HALF, POISON_NCCL, POISON_FLAG_ONLY } Poison;
+typedef enum { POISON_NONE, POISON_PEER_PART, POISON_NCCL, POISON_FLAG_ONLY } Poison;
 
 static const char *poison_name(Poison p) {
-    return p == POISON_NONE ? "no NaN" : p == POISON_PEER_HALF ? "a NaN in a half rank 1 owns, on rank 0 only"
+    return p == POISON_NONE ? "no NaN"
+           : p == POISON_PEER_PART ? "a NaN in the last rank's part, on rank 0 only"
            : p == POISON_NCCL ? "a NaN in an NCCL bucket, on rank 1 only" : "the flag set on rank 0 only";
 }
 
-/* An index in the upper half (rank 1's) of the middle copy-engine launch, or
- * the first outside every one (NCCL's); n when there is none. */
+/* The last index of the middle copy-engine launch (in the last rank's part:
+ * the launches are long enough to give every rank one), or the first outside
+ * every one (NCCL's); n when there is none. */
 static size_t poison_index(const GradBuckets *b, Poison p) {
-    if (p == POISON_PEER_HALF && b->n_peer_ranges > 0) {
+    if (p == POISON_PEER_PART && b->n_peer_ranges > 0) {
         GradBucket k = b->peer_ranges[b->n_peer_ranges / 2];
-        return k.first + k.count / 2 + k.count / 4;
+        return k.first + k.count - 1;
     }
     for (size_t i = 0; i < b->n && p == POISON_NCCL;) {
         size_t past = i; /* the end of the launch holding i, if one does */
@@ -304,7 +320,7 @@ static int make_poisoned_round(BucketCase *c, const GradBuckets *b, uint64_t see
     make_round(c, seed, round);
     *c->flag_host = p == POISON_FLAG_ONLY && d.rank == 0;
     size_t at = poison_index(b, p);
-    int poisoner = p == POISON_PEER_HALF ? 0 : 1;
+    int poisoner = p == POISON_PEER_PART ? 0 : 1;
     int expected = p == POISON_FLAG_ONLY || at < b->n;
     if (at == b->n || d.rank != poisoner) return expected;
     float nan = NAN;
@@ -327,8 +343,7 @@ static void check_sharded_pass(BucketCase *c, GradBuckets *b, Poison p, int expe
     size_t esize = dtype_size(c->dtype);
     CUDA_CHECK(cudaMemcpy(c->host_stored, c->grads, c->n * esize, cudaMemcpyDeviceToHost));
     load_from(c->dtype, c->host_stored, c->host, c->n);
-    double tol = 4 * (rounding_of(c->dtype) > rounding_of(c->comm_dtype) ? rounding_of(c->dtype)
-                                                                        : rounding_of(c->comm_dtype));
+    double tol = tolerance(c->dtype, c->comm_dtype);
     double worst = 0;
     int n_owned;
     const GradBucket *owned = grad_buckets_owned(b, &n_owned);
@@ -342,13 +357,14 @@ static void check_sharded_pass(BucketCase *c, GradBuckets *b, Poison p, int expe
 }
 
 /* grad_buckets_shard_optimizer: each rank checks what it averages and the flag
- * is max-reduced with the last launch, so a NaN that only the other rank sees
+ * is max-reduced with the last launch, so a NaN that only another rank sees
  * still sets the flag here; eagerly and replayed from a CUDA graph. Buckets of
  * 64 KiB: a layer completes one or several at once, so with min_bytes 128 KiB
- * launches go both ways; with 0 every one goes through the copy engines. */
-static void test_sharded_flag(DType dtype, DType comm_dtype, uint64_t seed, size_t min_bytes) {
+ * launches go both ways; with 0 every one goes through the copy engines.
+ * first_layer: as in bucket_case_init. */
+static void test_sharded_flag(DType dtype, DType comm_dtype, uint64_t seed, size_t min_bytes, size_t first_layer) {
     BucketCase c;
-    bucket_case_init(&c, dtype, comm_dtype, seed);
+    bucket_case_init(&c, dtype, comm_dtype, seed, first_layer);
     void *weights;
     CUDA_CHECK(cudaMalloc(&weights, c.n * dtype_size(dtype)));
     GradBuckets b;
@@ -357,7 +373,7 @@ static void test_sharded_flag(DType dtype, DType comm_dtype, uint64_t seed, size
     grad_buckets_reduce_flag(&b, c.flag);
     CHECK_MSG(grad_buckets_use_peer_link(&b, min_bytes, why, sizeof why), "no peer link: %s", why);
     CHECK_MSG(grad_buckets_shard_optimizer(&b, weights, dtype, why, sizeof why), "not sharded: %s", why);
-    const Poison order[] = {POISON_NONE, POISON_PEER_HALF, POISON_NONE, POISON_NCCL, POISON_FLAG_ONLY};
+    const Poison order[] = {POISON_NONE, POISON_PEER_PART, POISON_NONE, POISON_NCCL, POISON_FLAG_ONLY};
     int rounds = (int)(sizeof order / sizeof *order);
     for (int round = 0; round < rounds; round++) {
         int expected = make_poisoned_round(&c, &b, seed, round, order[round]);
@@ -395,14 +411,21 @@ int main(void) {
                               {DTYPE_F32, DTYPE_BF16},  {DTYPE_F16, DTYPE_F32},
                               {DTYPE_BF16, DTYPE_F32}};
     for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
-        test_grad_buckets(pairs[i][0], pairs[i][1], seed + i, 0);
-    /* Through the copy engines where the job is 2 ranks of one host. */
-    for (size_t i = 0; i < sizeof pairs / sizeof *pairs && d.world == 2 && d.local_world == 2; i++)
-        test_grad_buckets(pairs[i][0], pairs[i][1], seed + 100 + i, 1);
-    if (d.world == 2 && d.local_world == 2) {
-        test_sharded_flag(DTYPE_F16, DTYPE_F16, seed + 200, 128 << 10);
-        test_sharded_flag(DTYPE_F32, DTYPE_F32, seed + 201, 0);
-        test_sharded_flag(DTYPE_F32, DTYPE_F16, seed + 202, 128 << 10);
+        test_grad_buckets(pairs[i][0], pairs[i][1], seed + i, 0, 0);
+    /* Through the copy engines where every rank is on this host. */
+    int copy_engines = d.world >= 2 && d.world == d.local_world && d.world <= PEER_LINK_MAX_RANKS;
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs && copy_engines; i++)
+        test_grad_buckets(pairs[i][0], pairs[i][1], seed + 100 + i, 1, 0);
+    if (copy_engines) {
+        /* A last launch of 10 gradients: parts empty on every rank but 0. */
+        test_grad_buckets(DTYPE_F32, DTYPE_F32, seed + 150, 1, 10);
+        test_grad_buckets(DTYPE_BF16, DTYPE_F32, seed + 151, 1, 10);
+        test_sharded_flag(DTYPE_F16, DTYPE_F16, seed + 200, 128 << 10, 0);
+        test_sharded_flag(DTYPE_F32, DTYPE_F32, seed + 201, 0, 0);
+        test_sharded_flag(DTYPE_F32, DTYPE_F16, seed + 202, 128 << 10, 0);
+        test_sharded_flag(DTYPE_F32, DTYPE_F32, seed + 203, 0, 10);
+    } else if (d.world > 1 && d.rank == 0) {
+        printf("copy engines not tested: %d ranks, %d on this host\n", d.world, d.local_world);
     }
 
     CUDA_CHECK(cudaStreamDestroy(compute));

@@ -5,7 +5,7 @@
 #
 # Measures:
 #   ctest on the GPU: every test, or those whose name matches PATTERN (ctest -R), e.g.
-#     "dist_gpu|ddp" (the data-parallel tests, 2 GPUs or more), "ops_cuda|ops_nhwc", "resnet".
+#     "dist_gpu|ddp" (the data-parallel tests, 2 GPUs or more; the _4 ones 4), "ops_cuda|ops_nhwc", "resnet".
 #     The pass/fail lines are printed; the whole output is in $LOGS/ctest.log.
 # Parameters (environment):
 #   CTEST_LIMIT=s   seconds for ctest (default 420)

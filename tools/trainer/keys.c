@@ -151,13 +151,13 @@ const CfgKeySpec trainc_keys[] = {
     {"dist.allreduce_dtype", CFG_ENUM, "auto", "auto|fp32|fp16|bf16",
      "data-parallel: the type gradients travel in; auto: their own (fp32, or precision.amp's half type)", 0},
     {"dist.copy_engine", CFG_ENUM, "auto", "auto|on|off",
-     "data-parallel on 2 GPUs of one host: all-reduces of 1 MiB or more move through the copy engines (CUDA "
-     "IPC) and leave the SMs to backward; auto: where the GPUs have peer access, else NCCL alone; on: stop if "
-     "they cannot; off: NCCL alone", 0},
+     "data-parallel on 2 to 8 GPUs of one host: all-reduces of 1 MiB or more move through the copy engines "
+     "(CUDA IPC) and leave the SMs to backward; auto: where every pair of GPUs has peer access, else NCCL "
+     "alone; on: stop if they cannot; off: NCCL alone", 0},
     {"dist.shard_optimizer", CFG_ENUM, "auto", "auto|on|off",
-     "data-parallel through the copy engines: each rank updates only its half of what they average (master "
-     "weights and momentum, ZeRO stage 1) and puts its updated weights into the other rank's memory under the "
-     "next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
+     "data-parallel through the copy engines: each rank updates only its part (1 / ranks) of what they average "
+     "(master weights and momentum, ZeRO stage 1) and puts its updated weights into the other ranks' memory "
+     "under the next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
      "off: every rank updates every parameter", 0},
     {"dist.socket_threads", CFG_INT, "4", 0,
      "data-parallel over NCCL's socket transport (hosts without InfiniBand): helper threads per connection "

@@ -42,7 +42,7 @@ static void on_grads_ready(void *ctx, size_t first_ready) {
     grad_buckets_ready(&t->ddp.buckets, first_ready, t->model.ops.stream);
 }
 
-/* dist.shard_optimizer (GPU): the other rank's weights, updated by it, are
+/* dist.shard_optimizer (GPU): the other ranks' weights, updated by them, are
  * waited for just before forward reads them. */
 static void on_weights_needed(void *ctx, size_t first, size_t end) {
     GPU_ONLY(Trainer *t = ctx; grad_buckets_await_weights(&t->ddp.buckets, first, end, t->device.gpu.compute));
@@ -113,8 +113,8 @@ static void sgd_range(Trainer *t, size_t first, size_t count) {
 /* dist.shard_optimizer (GPU): this rank updates the ranges it owns. The
  * buckets checked every gradient for inf and NaN under backward, each rank
  * what it averaged, and max-reduced the found-inf flag, so every rank skips
- * the same steps. The updated weights go to the other rank at the next step's
- * start. */
+ * the same steps. The updated weights go to the other ranks at the next
+ * step's start. */
 static void update_sharded(Trainer *t) {
     int n = 0;
     const GradBucket *owned = NULL;

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/backend_graph.h"
 #include "ops/conv2d.h"
 #include "ops/op_context.h"
 #include "runtime/dtype.h"
@@ -31,23 +32,15 @@ typedef struct {
 
 /* The tensors of the fused graph, by their cuDNN unique ids. */
 enum { CBA_UID_X = 1, CBA_UID_W, CBA_UID_B, CBA_UID_Z, CBA_UID_Y, CBA_TENSORS = CBA_UID_Y };
-/* Every backend descriptor the graph is made of (tensors, convolution,
- * pointwise modes, operations): kept until destroy. */
-#define CBA_MAX_PARTS 20
 
 typedef struct {
     ConvBiasActShape shape;
     DType dtype; /* of x, w, b, z and y */
     int nhwc;
     int fused;   /* 1: one cuDNN graph; 0: the fallback */
-    cudnnBackendDescriptor_t parts[CBA_MAX_PARTS];
-    int part_count;
-    cudnnBackendDescriptor_t graph;         /* the operation graph */
-    cudnnBackendDescriptor_t engine_config; /* the chosen heuristic result */
-    cudnnBackendDescriptor_t plan;          /* its execution plan */
-    int64_t uids[CBA_TENSORS];              /* x, w, b, z, y (z unused without residual) */
-    size_t workspace_bytes;                 /* of the plan, or of the fallback */
-    Conv2dCuda fallback;                    /* initialized only when not fused */
+    BackendGraph graph;      /* its descriptors and plan (ops/backend_graph.h) */
+    size_t workspace_bytes;  /* of the plan, or of the fallback */
+    Conv2dCuda fallback;     /* initialized only when not fused */
 } ConvBiasActCuda;
 
 /* The face (op_context.h). */

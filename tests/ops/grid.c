@@ -19,6 +19,7 @@
     X(conv2d) \
     X(conv_bias_grad) \
     X(conv_bias_act) \
+    X(conv_genstats) \
     X(softmax_xent) \
     X(accuracy) \
     X(cast) \

@@ -1,0 +1,305 @@
+/* The shared pieces of the ops built on cuDNN's backend graph API
+ * (ops/backend_graph.h says what they do). */
+#include "ops/backend_graph.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/check.h"
+
+#define BENCHMARK_RUNS 3
+
+/* One attribute set; a failure names the attribute and the place. */
+#define SET_ATTR(desc, name, type, count, value) \
+    CUDNN_CHECK(cudnnBackendSetAttribute(desc, name, type, count, value))
+
+void backend_graph_init(BackendGraph *g, const char *op_name, DType dtype, int nhwc) {
+    memset(g, 0, sizeof *g);
+    g->op_name = op_name;
+    g->dtype = dtype;
+    g->nhwc = nhwc != 0;
+}
+
+void backend_graph_destroy(BackendGraph *g) {
+    if (g->plan) CUDNN_CHECK(cudnnBackendDestroyDescriptor(g->plan));
+    if (g->engine_config) CUDNN_CHECK(cudnnBackendDestroyDescriptor(g->engine_config));
+    for (int i = g->part_count - 1; i >= 0; i--) CUDNN_CHECK(cudnnBackendDestroyDescriptor(g->parts[i]));
+    memset(g, 0, sizeof *g);
+}
+
+cudnnBackendDescriptor_t backend_graph_part(BackendGraph *g, cudnnBackendDescriptorType_t type) {
+    if (g->part_count == BACKEND_GRAPH_MAX_PARTS)
+        TC_FATAL("%s: more than %d graph descriptors", g->op_name, BACKEND_GRAPH_MAX_PARTS);
+    cudnnBackendDescriptor_t d;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d));
+    g->parts[g->part_count++] = d;
+    return d;
+}
+
+static size_t cudnn_type_size(cudnnDataType_t type) {
+    return type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16 ? 2 : 4;
+}
+
+static void record_tensor(BackendGraph *g, int64_t uid, size_t bytes) {
+    if (uid < 1 || uid > BACKEND_GRAPH_MAX_TENSORS || g->tensor_count == BACKEND_GRAPH_MAX_TENSORS)
+        TC_FATAL("%s: real tensor uid %lld outside 1..%d", g->op_name, (long long)uid, BACKEND_GRAPH_MAX_TENSORS);
+    g->uids[g->tensor_count] = uid;
+    g->bytes[g->tensor_count++] = bytes;
+}
+
+cudnnBackendDescriptor_t backend_graph_tensor(BackendGraph *g, int64_t uid, cudnnDataType_t type, int64_t n,
+                                              int64_t ch, int64_t h, int64_t w, bool is_virtual) {
+    int64_t dims[4] = {n, ch, h, w};
+    int64_t nchw[4] = {ch * h * w, h * w, w, 1}, nhwc[4] = {h * w * ch, 1, w * ch, ch};
+    int64_t alignment = BACKEND_GRAPH_ALIGNMENT;
+    cudnnBackendDescriptor_t t = backend_graph_part(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    SET_ATTR(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    SET_ATTR(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
+    SET_ATTR(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, g->nhwc ? nhwc : nchw);
+    SET_ATTR(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    SET_ATTR(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+    SET_ATTR(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+    CUDNN_CHECK(cudnnBackendFinalize(t));
+    if (!is_virtual) record_tensor(g, uid, (size_t)(n * ch * h * w) * cudnn_type_size(type));
+    return t;
+}
+
+cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShape *s, cudnnBackendDescriptor_t x,
+                                               cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y) {
+    int64_t spatial = 2, pads[2] = {s->pad, s->pad}, strides[2] = {s->stride, s->stride}, dilations[2] = {1, 1};
+    cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+    cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    cudnnBackendDescriptor_t conv = backend_graph_part(g, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pads);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pads);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides);
+    SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilations);
+    CUDNN_CHECK(cudnnBackendFinalize(conv));
+
+    float alpha = 1.0f, beta = 0.0f;
+    cudnnBackendDescriptor_t op = backend_graph_part(g, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+    CUDNN_CHECK(cudnnBackendFinalize(op));
+    return op;
+}
+
+cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointwiseMode_t mode,
+                                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                                    cudnnBackendDescriptor_t y) {
+    cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t pw = backend_graph_part(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    SET_ATTR(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    SET_ATTR(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    CUDNN_CHECK(cudnnBackendFinalize(pw));
+    cudnnBackendDescriptor_t op = backend_graph_part(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b) SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    CUDNN_CHECK(cudnnBackendFinalize(op));
+    return op;
+}
+
+bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int count) {
+    cudnnBackendDescriptor_t graph = backend_graph_part(g, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    SET_ATTR(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, ops);
+    SET_ATTR(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    if (cudnnBackendFinalize(graph) != CUDNN_STATUS_SUCCESS) return false;
+    g->graph = graph;
+    return true;
+}
+
+/* ---- choosing a plan ----------------------------------------------------------- */
+
+/* Whether the engine behind cfg keeps the policy (see the header). */
+static bool engine_allowed(const BackendGraph *g, const ConvAlgoPolicy *policy, cudnnBackendDescriptor_t cfg) {
+    cudnnBackendDescriptor_t engine;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
+    int64_t got = 0;
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    int64_t note_count = 0;
+    bool ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
+                                       &engine) == CUDNN_STATUS_SUCCESS &&
+              got == 1 &&
+              cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                       CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &note_count, notes) == CUDNN_STATUS_SUCCESS;
+    for (int64_t i = 0; ok && i < note_count; i++) {
+        cudnnBackendNumericalNote_t note = notes[i];
+        if (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS || note == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
+            ok = false;
+        if (note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC && policy->deterministic) ok = false;
+        if (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && g->dtype == DTYPE_F32 && !policy->allow_tf32) ok = false;
+    }
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
+    return ok;
+}
+
+/* An execution plan of cfg within the workspace limit, or NULL. */
+static cudnnBackendDescriptor_t finalize_plan(cudnnHandle_t h, cudnnBackendDescriptor_t cfg, size_t limit,
+                                              size_t *workspace) {
+    cudnnBackendDescriptor_t plan;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan));
+    SET_ATTR(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    SET_ATTR(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg);
+    int64_t bytes = 0, got = 0;
+    if (cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
+        cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
+                                 &bytes) == CUDNN_STATUS_SUCCESS &&
+        got == 1 && bytes >= 0 && (uint64_t)bytes <= limit) {
+        *workspace = (size_t)bytes;
+        return plan;
+    }
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(plan));
+    return NULL;
+}
+
+/* A plan the policy allows, with its engine configuration. */
+typedef struct {
+    cudnnBackendDescriptor_t cfg, plan;
+    size_t workspace;
+} Candidate;
+
+/* The heuristics' configurations in mode, fastest first; each one usable and
+ * finalizing becomes a candidate, up to max. The others are destroyed. */
+static int collect_candidates(const BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy,
+                              cudnnBackendHeurMode_t mode, Candidate *out, int max) {
+    cudnnBackendDescriptor_t heur;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
+    SET_ATTR(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->graph);
+    SET_ATTR(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    int64_t available = 0;
+    if (cudnnBackendFinalize(heur) != CUDNN_STATUS_SUCCESS ||
+        cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &available,
+                                 NULL) != CUDNN_STATUS_SUCCESS ||
+        available <= 0) {
+        CUDNN_CHECK(cudnnBackendDestroyDescriptor(heur));
+        return 0;
+    }
+    cudnnBackendDescriptor_t *cfgs = (cudnnBackendDescriptor_t *)calloc((size_t)available, sizeof *cfgs);
+    if (!cfgs) TC_FATAL("%s: out of host memory for %lld engine configs", g->op_name, (long long)available);
+    for (int64_t i = 0; i < available; i++)
+        CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[i]));
+    int64_t returned = 0;
+    CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         available, &returned, cfgs));
+    int found = 0;
+    for (int64_t i = 0; i < available; i++) {
+        Candidate cand = {cfgs[i], NULL, 0};
+        if (i < returned && found < max && engine_allowed(g, policy, cfgs[i]))
+            cand.plan = finalize_plan(h, cfgs[i], policy->workspace_limit, &cand.workspace);
+        if (cand.plan) out[found++] = cand;
+        else CUDNN_CHECK(cudnnBackendDestroyDescriptor(cfgs[i]));
+    }
+    free(cfgs);
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(heur));
+    return found;
+}
+
+/* The variant pack: the recorded tensors' device pointers, and the workspace. */
+static cudnnBackendDescriptor_t variant_pack(const BackendGraph *g, void *const *ptrs, void *workspace) {
+    int64_t uids[BACKEND_GRAPH_MAX_TENSORS];
+    void *data[BACKEND_GRAPH_MAX_TENSORS];
+    int64_t count = g->tensor_count;
+    for (int i = 0; i < g->tensor_count; i++) {
+        uids[i] = g->uids[i];
+        data[i] = ptrs[g->uids[i] - 1];
+    }
+    cudnnBackendDescriptor_t pack;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack));
+    SET_ATTR(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, count, uids);
+    SET_ATTR(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, count, data);
+    SET_ATTR(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    CUDNN_CHECK(cudnnBackendFinalize(pack));
+    return pack;
+}
+
+static void execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, cudnnBackendDescriptor_t pack) {
+    CUDNN_CHECK(cudnnBackendExecute(h, plan, pack));
+}
+
+/* Milliseconds per run of plan on buffers of zeros, on the handle's stream. */
+static float time_plan(const BackendGraph *g, cudnnHandle_t h, cudnnBackendDescriptor_t plan, void *const *ptrs,
+                       void *workspace) {
+    cudaStream_t stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    cudnnBackendDescriptor_t pack = variant_pack(g, ptrs, workspace);
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    execute(h, plan, pack); /* the first run also pays the kernel's loading */
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < BENCHMARK_RUNS; i++) execute(h, plan, pack);
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+    return ms / BENCHMARK_RUNS;
+}
+
+/* The index of the fastest candidate, timed on scratch buffers allocated here. */
+static int fastest(const BackendGraph *g, cudnnHandle_t h, const Candidate *cands, int count) {
+    size_t workspace_bytes = 0;
+    for (int i = 0; i < count; i++)
+        if (cands[i].workspace > workspace_bytes) workspace_bytes = cands[i].workspace;
+    void *ptrs[BACKEND_GRAPH_MAX_TENSORS] = {0}, *workspace = NULL;
+    for (int i = 0; i < g->tensor_count; i++) {
+        void **p = &ptrs[g->uids[i] - 1];
+        CUDA_CHECK(cudaMalloc(p, g->bytes[i]));
+        CUDA_CHECK(cudaMemset(*p, 0, g->bytes[i]));
+    }
+    if (workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+    int best = 0;
+    float best_ms = 0;
+    for (int i = 0; i < count; i++) {
+        float ms = time_plan(g, h, cands[i].plan, ptrs, workspace);
+        if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+    }
+    for (int i = 0; i < g->tensor_count; i++) CUDA_CHECK(cudaFree(ptrs[g->uids[i] - 1]));
+    if (workspace) CUDA_CHECK(cudaFree(workspace));
+    return best;
+}
+
+int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
+    if (!g->graph) return 0;
+    Candidate cands[BACKEND_GRAPH_BENCHMARK_PLANS];
+    int max = policy->benchmark ? BACKEND_GRAPH_BENCHMARK_PLANS : 1;
+    int count = collect_candidates(g, h, policy, CUDNN_HEUR_MODE_A, cands, max);
+    if (count == 0) count = collect_candidates(g, h, policy, CUDNN_HEUR_MODE_FALLBACK, cands, max);
+    if (count == 0) return 0;
+    int best = count > 1 ? fastest(g, h, cands, count) : 0;
+    for (int i = 0; i < count; i++) {
+        if (i == best) continue;
+        CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].plan));
+        CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].cfg));
+    }
+    g->engine_config = cands[best].cfg;
+    g->plan = cands[best].plan;
+    g->workspace_bytes = cands[best].workspace;
+    return 1;
+}
+
+/* ---- running it ------------------------------------------------------------------- */
+
+void backend_graph_execute(const BackendGraph *g, cudnnHandle_t h, void *const *ptrs, void *workspace) {
+    for (int i = 0; i < g->tensor_count; i++) {
+        const void *p = ptrs[g->uids[i] - 1];
+        if (!p) TC_FATAL("%s: no pointer for the graph's tensor %lld", g->op_name, (long long)g->uids[i]);
+        if ((uintptr_t)p % BACKEND_GRAPH_ALIGNMENT != 0)
+            TC_FATAL("%s: tensor %lld at %p is not %d-byte aligned, as the fused plan was built for", g->op_name,
+                     (long long)g->uids[i], p, BACKEND_GRAPH_ALIGNMENT);
+    }
+    cudnnBackendDescriptor_t pack = variant_pack(g, ptrs, workspace);
+    execute(h, g->plan, pack);
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
+}

@@ -1,0 +1,97 @@
+/* What the ops built on cuDNN's backend graph API share (conv_bias_act,
+ * conv_genstats): a graph's descriptors, the tensors and operations they are
+ * built from, the choice of an execution plan by a ConvAlgoPolicy, and its
+ * run. Named backend_graph rather than cudnn_graph so that it never shadows
+ * cuDNN's own cudnn_graph.h.
+ *
+ * An op fills a BackendGraph with backend_graph_tensor and the *_op builders,
+ * finalizes the operation graph with backend_graph_build, picks a plan with
+ * backend_graph_choose_plan (0: no engine finalizes, the op falls back) and
+ * runs it with backend_graph_execute. Real tensors are recorded as they are
+ * made (uid and bytes): the variant pack holds exactly those, and
+ * benchmarking allocates zeroed scratch of their sizes.
+ *
+ * Tensors are described by dims in NCHW order and strides giving the layout
+ * (NHWC: [h*w*c, 1, w*c, c]; a filter [k, c, r, s] as [r*s*c, 1, s*c, c]),
+ * BACKEND_GRAPH_ALIGNMENT-byte aligned. Plans are chosen by the engine
+ * heuristics (mode A, then FALLBACK): the first whose execution plan
+ * finalizes within the policy (workspace, determinism, TF32 for float32), or
+ * under policy->benchmark the fastest of up to BACKEND_GRAPH_BENCHMARK_PLANS
+ * timed on scratch buffers. The policy is read off each engine's numerical
+ * notes: deterministic drops engines noted NONDETERMINISTIC; float32 without
+ * allow_tf32 drops those noted TENSOR_CORE; every dtype drops
+ * DOWN_CONVERT_INPUTS and REDUCED_PRECISION_REDUCTION (the products
+ * accumulate in fp32, no half type is converted to another), as conv2d.cu's
+ * algorithm filter does. CUDA builds only (the functions); the struct
+ * compiles everywhere. */
+#ifndef TRAINC_OPS_BACKEND_GRAPH_H
+#define TRAINC_OPS_BACKEND_GRAPH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/conv2d.h"
+#include "runtime/cuda_api.h"
+#include "runtime/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BACKEND_GRAPH_MAX_PARTS 24
+#define BACKEND_GRAPH_MAX_TENSORS 8
+#define BACKEND_GRAPH_ALIGNMENT 16
+#define BACKEND_GRAPH_BENCHMARK_PLANS 8
+
+typedef struct {
+    const char *op_name; /* in messages */
+    DType dtype;         /* for the policy's TF32 rule */
+    int nhwc;
+    /* Every backend descriptor the graph is made of (tensors, convolution,
+     * pointwise modes, operations): kept until destroy. */
+    cudnnBackendDescriptor_t parts[BACKEND_GRAPH_MAX_PARTS];
+    int part_count;
+    int64_t uids[BACKEND_GRAPH_MAX_TENSORS];  /* the real tensors, in the order made */
+    size_t bytes[BACKEND_GRAPH_MAX_TENSORS];  /* and their sizes */
+    int tensor_count;
+    cudnnBackendDescriptor_t graph;         /* the operation graph */
+    cudnnBackendDescriptor_t engine_config; /* the chosen heuristic result */
+    cudnnBackendDescriptor_t plan;          /* its execution plan */
+    size_t workspace_bytes;                 /* of the plan */
+} BackendGraph;
+
+#if TRAINC_CUDA
+/* Empties g for an op of this name, dtype and layout. */
+void backend_graph_init(BackendGraph *g, const char *op_name, DType dtype, int nhwc);
+void backend_graph_destroy(BackendGraph *g);
+
+/* A new descriptor of type, kept with the graph's parts (destroyed with them). */
+cudnnBackendDescriptor_t backend_graph_part(BackendGraph *g, cudnnBackendDescriptorType_t type);
+/* A 4-D tensor [n, ch, h, w] in g's layout; a real one is recorded. */
+cudnnBackendDescriptor_t backend_graph_tensor(BackendGraph *g, int64_t uid, cudnnDataType_t type, int64_t n,
+                                              int64_t ch, int64_t h, int64_t w, bool is_virtual);
+/* y = conv(x, w), cross-correlation computed in fp32, alpha 1, beta 0. */
+cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShape *s, cudnnBackendDescriptor_t x,
+                                               cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y);
+/* y = mode(x [, b]) in fp32; b NULL for a unary mode. */
+cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointwiseMode_t mode,
+                                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                                    cudnnBackendDescriptor_t y);
+/* The operation graph of ops on the handle, kept in g; false where cuDNN
+ * does not take it. */
+bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int count);
+/* Picks and keeps a plan of the built graph by the policy (top); 0 when there
+ * is none. */
+int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy);
+/* Runs the plan on the handle's stream: ptrs[uid - 1] is the device pointer
+ * of the tensor of that uid (each recorded one must be given, aligned). A
+ * small host descriptor per call (cuDNN's own, freed after the launch): no
+ * device allocation and no sync, so it can be captured into a CUDA graph. */
+void backend_graph_execute(const BackendGraph *g, cudnnHandle_t h, void *const *ptrs, void *workspace);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,237 @@
+/* conv_genstats on the GPU: one cuDNN graph through cuDNN 9's backend API,
+ *
+ *   [X * SCALE -> + BIAS -> RELU_FWD ->] CONVOLUTION_FORWARD -> Y -> GEN_STATS (SUM_SQSUM) -> SUM, SQSUM
+ *
+ * the prologue's intermediates virtual fp32, every operation computing in
+ * fp32, its plan chosen by the policy as ops/backend_graph.h says. With no
+ * such plan, the fallback (conv_genstats.h): prologue kernel, Conv2dCuda, a
+ * per-channel reduction kernel; and bn_finalize's kernel. */
+#include "ops/conv_genstats.h"
+
+#include <string.h>
+
+#include "runtime/check.h"
+#include "runtime/dtype_cuda.cuh"
+
+/* The prologue's virtual intermediates (unique ids after the real tensors). */
+enum { UID_SCALED = 100, UID_BIASED, UID_ACTIVATED };
+
+#define STATS_CHANNELS 32 /* the reduction's block: 32 channels x STATS_ROWS rows */
+#define STATS_ROWS 8
+#define FINALIZE_THREADS 128
+#define PROLOGUE_THREADS 256
+#define WORKSPACE_ALIGNMENT 256
+
+/* ---- the graph -------------------------------------------------------------------- */
+
+static cudnnBackendDescriptor_t genstats_op(BackendGraph *g, cudnnBackendDescriptor_t y,
+                                            cudnnBackendDescriptor_t sum, cudnnBackendDescriptor_t sqsum) {
+    cudnnGenStatsMode_t mode = CUDNN_GENSTATS_SUM_SQSUM;
+    cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t op = backend_graph_part(g, CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+    CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &mode));
+    CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
+    CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_GENSTATS_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    CUDNN_CHECK(
+        cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &sum));
+    CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                         &sqsum));
+    CUDNN_CHECK(cudnnBackendFinalize(op));
+    return op;
+}
+
+/* The operations of the graph, in order; returns their count. */
+static int build_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDescriptor_t ops[5]) {
+    const Conv2dShape *s = &c->shape.conv;
+    int64_t oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    BackendGraph *g = &c->graph;
+    cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    int count = 0;
+    cudnnBackendDescriptor_t x = backend_graph_tensor(g, CGS_UID_X, data, s->n, s->c, s->h, s->w, false);
+    if (c->shape.prologue) {
+        cudnnBackendDescriptor_t scale = backend_graph_tensor(g, CGS_UID_SCALE, data, 1, s->c, 1, 1, false);
+        cudnnBackendDescriptor_t bias = backend_graph_tensor(g, CGS_UID_BIAS, data, 1, s->c, 1, 1, false);
+        cudnnBackendDescriptor_t scaled = backend_graph_tensor(g, UID_SCALED, f32, s->n, s->c, s->h, s->w, true);
+        cudnnBackendDescriptor_t biased = backend_graph_tensor(g, UID_BIASED, f32, s->n, s->c, s->h, s->w, true);
+        cudnnBackendDescriptor_t act = backend_graph_tensor(g, UID_ACTIVATED, f32, s->n, s->c, s->h, s->w, true);
+        ops[count++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_MUL, x, scale, scaled);
+        ops[count++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_ADD, scaled, bias, biased);
+        ops[count++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_RELU_FWD, biased, NULL, act);
+        x = act;
+    }
+    cudnnBackendDescriptor_t w = backend_graph_tensor(g, CGS_UID_W, data, s->k, s->c, s->r, s->s, false);
+    cudnnBackendDescriptor_t y = backend_graph_tensor(g, CGS_UID_Y, data, s->n, s->k, oh, ow, false);
+    cudnnBackendDescriptor_t sum = backend_graph_tensor(g, CGS_UID_SUM, f32, 1, s->k, 1, 1, false);
+    cudnnBackendDescriptor_t sqsum = backend_graph_tensor(g, CGS_UID_SQSUM, f32, 1, s->k, 1, 1, false);
+    ops[count++] = backend_graph_conv_op(g, s, x, w, y);
+    ops[count++] = genstats_op(g, y, sum, sqsum);
+    return count;
+}
+
+/* Builds the graph and keeps a plan; 0 when there is none (fallback). */
+static int choose_plan(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
+    cudnnBackendDescriptor_t ops[5];
+    int count = build_ops(c, dtype_cudnn(c->dtype), ops);
+    if (!backend_graph_build(&c->graph, h, ops, count)) return 0;
+    if (!backend_graph_choose_plan(&c->graph, h, policy)) return 0;
+    c->workspace_bytes = c->graph.workspace_bytes;
+    return 1;
+}
+
+/* ---- the fallback's kernels -------------------------------------------------------- */
+
+/* out = relu(x * scale[c] + bias[c]); channel c of element i by the layout. */
+template <typename T>
+__global__ void prologue_kernel(const T *x, const T *scale, const T *bias, T *out, size_t count, int channels,
+                                size_t plane, int nhwc) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    int c = nhwc ? (int)(i % channels) : (int)(i / plane % channels);
+    float v = to_float(x[i]) * to_float(scale[c]) + to_float(bias[c]);
+    out[i] = from_float<T>(v < 0.0f ? 0.0f : v); /* NaN passes, as in relu.h */
+}
+
+template <typename T>
+static void launch_prologue(const void *x, const void *scale, const void *bias, void *out, size_t count,
+                            int channels, size_t plane, int nhwc, cudaStream_t stream) {
+    unsigned blocks = (unsigned)((count + PROLOGUE_THREADS - 1) / PROLOGUE_THREADS);
+    prologue_kernel<T><<<blocks, PROLOGUE_THREADS, 0, stream>>>((const T *)x, (const T *)scale, (const T *)bias,
+                                                                (T *)out, count, channels, plane, nhwc);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+/* sum[k], sqsum[k] over the rows = n * plane values of channel k of y. A block
+ * takes STATS_CHANNELS channels (adjacent in NHWC: coalesced); its thread row
+ * ty sums rows ty, ty + STATS_ROWS, ... in double, and the rows' partials are
+ * added in order: the same bits on every run. */
+template <typename T>
+__global__ void channel_stats_kernel(const T *y, float *sum, float *sqsum, int n, int k, size_t plane, int nhwc) {
+    __shared__ double partial[2][STATS_ROWS][STATS_CHANNELS];
+    int ch = blockIdx.x * STATS_CHANNELS + threadIdx.x;
+    size_t rows = (size_t)n * plane;
+    double s1 = 0, s2 = 0;
+    if (ch < k)
+        for (size_t row = threadIdx.y; row < rows; row += STATS_ROWS) {
+            size_t at = nhwc ? row * k + ch : ((row / plane) * k + ch) * plane + row % plane;
+            double v = to_float(y[at]);
+            s1 += v, s2 += v * v;
+        }
+    partial[0][threadIdx.y][threadIdx.x] = s1;
+    partial[1][threadIdx.y][threadIdx.x] = s2;
+    __syncthreads();
+    if (threadIdx.y != 0 || ch >= k) return;
+    for (int r = 1; r < STATS_ROWS; r++) s1 += partial[0][r][threadIdx.x], s2 += partial[1][r][threadIdx.x];
+    sum[ch] = (float)s1;
+    sqsum[ch] = (float)s2;
+}
+
+template <typename T>
+static void launch_channel_stats(const void *y, float *sum, float *sqsum, int n, int k, size_t plane, int nhwc,
+                                 cudaStream_t stream) {
+    dim3 block(STATS_CHANNELS, STATS_ROWS);
+    unsigned blocks = (unsigned)((k + STATS_CHANNELS - 1) / STATS_CHANNELS);
+    channel_stats_kernel<T><<<blocks, block, 0, stream>>>((const T *)y, sum, sqsum, n, k, plane, nhwc);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static size_t round_up(size_t bytes) {
+    return (bytes + WORKSPACE_ALIGNMENT - 1) / WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT;
+}
+
+static void forward_fallback(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x, const void *scale,
+                             const void *bias, const void *w, void *y, float *sum, float *sqsum, void *workspace) {
+    const Conv2dShape *s = &c->shape.conv;
+    cudaStream_t stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    const void *conv_in = x;
+    void *conv_workspace = workspace;
+    if (c->shape.prologue) {
+        size_t plane = (size_t)s->h * s->w, count = (size_t)s->n * s->c * plane;
+        DISPATCH_FLOAT_DTYPE(c->dtype, launch_prologue, x, scale, bias, workspace, count, s->c, plane, c->nhwc,
+                             stream);
+        conv_in = workspace;
+        conv_workspace = (char *)workspace + c->prologue_bytes;
+    }
+    conv2d_forward_cuda(&c->fallback, h, conv_in, w, NULL, y, conv_workspace);
+    size_t out_plane = (size_t)conv2d_out_h(s) * conv2d_out_w(s);
+    DISPATCH_FLOAT_DTYPE(c->dtype, launch_channel_stats, y, sum, sqsum, s->n, s->k, out_plane, c->nhwc, stream);
+}
+
+/* ---- the op ---------------------------------------------------------------------- */
+
+void conv_genstats_cuda_init(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvGenStatsShape *s, DType dtype,
+                             int nhwc, const ConvAlgoPolicy *policy) {
+    memset(c, 0, sizeof *c);
+    check_float_dtype("conv_genstats", dtype);
+    const Conv2dShape *cs = &s->conv;
+    if (cs->n <= 0 || cs->c <= 0 || cs->k <= 0 || cs->r <= 0 || cs->s <= 0 || cs->stride <= 0 || cs->pad < 0 ||
+        conv2d_out_h(cs) <= 0 || conv2d_out_w(cs) <= 0)
+        TC_FATAL("conv_genstats: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", cs->n, cs->c,
+                 cs->h, cs->w, cs->k, cs->r, cs->s, cs->pad, cs->stride);
+    c->shape = *s;
+    c->dtype = dtype;
+    c->nhwc = nhwc != 0;
+    backend_graph_init(&c->graph, "conv_genstats", dtype, nhwc);
+    c->fused = choose_plan(c, h, policy);
+    if (!c->fused) {
+        conv2d_cuda_init(&c->fallback, h, cs, dtype, nhwc, policy);
+        size_t x_bytes = (size_t)cs->n * cs->c * cs->h * cs->w * dtype_size(dtype);
+        c->prologue_bytes = s->prologue ? round_up(x_bytes) : 0;
+        c->workspace_bytes = c->prologue_bytes + c->fallback.workspace_bytes; /* the stats kernel needs none */
+    }
+}
+
+void conv_genstats_cuda_destroy(ConvGenStatsCuda *c) {
+    backend_graph_destroy(&c->graph);
+    if (!c->fused && c->fallback.x_desc) conv2d_cuda_destroy(&c->fallback);
+    memset(c, 0, sizeof *c);
+}
+
+void conv_genstats_forward_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x, const void *scale,
+                                const void *bias, const void *w, void *y, float *sum, float *sqsum,
+                                void *workspace) {
+    if (c->shape.prologue && (!scale || !bias)) TC_FATAL("conv_genstats: a prologue shape without scale and bias");
+    if (!c->fused) {
+        forward_fallback(c, h, x, scale, bias, w, y, sum, sqsum, workspace);
+        return;
+    }
+    void *ptrs[CGS_TENSORS] = {(void *)x, (void *)scale, (void *)bias, (void *)w, y, sum, sqsum};
+    backend_graph_execute(&c->graph, h, ptrs, workspace);
+}
+
+/* ---- bn_finalize ---------------------------------------------------------------- */
+
+/* One thread a channel, in double, as bn_finalize_cpu. */
+template <typename T>
+__global__ void finalize_kernel(int channels, double m, const float *sum, const float *sqsum, BatchNormParams p,
+                                T *scale, T *bias) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    double mean = sum[c] / m, var = sqsum[c] / m - mean * mean;
+    if (var < 0.0) var = 0.0;
+    double invstd = 1.0 / sqrt(var + p.eps), channel_scale = invstd * p.gamma[c];
+    scale[c] = from_float<T>((float)channel_scale);
+    bias[c] = from_float<T>((float)(p.beta[c] - mean * channel_scale));
+    if (p.save_mean) p.save_mean[c] = (float)mean;
+    if (p.save_invstd) p.save_invstd[c] = (float)invstd;
+    if (p.momentum != 0.0f && p.running_mean)
+        p.running_mean[c] = (float)((1.0 - p.momentum) * p.running_mean[c] + (double)p.momentum * mean);
+    if (p.momentum != 0.0f && p.running_var)
+        p.running_var[c] = (float)((1.0 - p.momentum) * p.running_var[c] + (double)p.momentum * var * m / (m - 1.0));
+}
+
+template <typename T>
+static void launch_finalize(int channels, double m, const float *sum, const float *sqsum, const BatchNormParams *p,
+                            void *scale, void *bias, cudaStream_t stream) {
+    unsigned blocks = (unsigned)((channels + FINALIZE_THREADS - 1) / FINALIZE_THREADS);
+    finalize_kernel<T><<<blocks, FINALIZE_THREADS, 0, stream>>>(channels, m, sum, sqsum, *p, (T *)scale, (T *)bias);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void bn_finalize_cuda(DType scale_dtype, int channels, int64_t m, const float *sum, const float *sqsum,
+                      const BatchNormParams *p, void *scale, void *bias, cudaStream_t stream) {
+    check_float_dtype("bn_finalize", scale_dtype);
+    if (m < 2) TC_FATAL("bn_finalize: training needs more than one value per channel (m = %lld)", (long long)m);
+    if (channels <= 0) return;
+    DISPATCH_FLOAT_DTYPE(scale_dtype, launch_finalize, channels, (double)m, sum, sqsum, p, scale, bias, stream);
+}

@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdlib.h>
+
+#include "dist/dist.h"
 #include "dist/placement.h"
 #include "tests/harness.h"
 
@@ -102,7 +105,24 @@ static void check_uneven_and_bad(void) {
     CHECK(dist_pick_device(1, 2, 8, err, sizeof err) == 1);
 }
 
+/* NCCL's socket transport: trainc's values where the environment sets none,
+ * the user's where it does, NCCL's own for 0. */
+static void check_socket_defaults(void) {
+    Dist d = {.rank = 0, .world = 1};
+    unsetenv("NCCL_SOCKET_NTHREADS");
+    setenv("NCCL_NSOCKS_PERTHREAD", "2", 1);
+    dist_nccl_socket_defaults(&d, 4, 8);
+    const char *threads = getenv("NCCL_SOCKET_NTHREADS"), *socks = getenv("NCCL_NSOCKS_PERTHREAD");
+    CHECK(threads && strcmp(threads, "4") == 0);
+    CHECK(socks && strcmp(socks, "2") == 0);
+    unsetenv("NCCL_SOCKET_NTHREADS");
+    unsetenv("NCCL_NSOCKS_PERTHREAD");
+    dist_nccl_socket_defaults(&d, 0, 0);
+    CHECK(!getenv("NCCL_SOCKET_NTHREADS") && !getenv("NCCL_NSOCKS_PERTHREAD"));
+}
+
 int main(void) {
+    check_socket_defaults();
     check_two_nodes();
     check_uneven_and_bad();
     return test_finish("test_placement");

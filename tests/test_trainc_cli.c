@@ -197,6 +197,9 @@ static void check_gpu_keys_on_cpu(void) {
     /* A rule joining two keys names where the value came from. */
     expect_error("--config configs/baseline.ini --device cpu --set optim.nesterov=on --set optim.momentum=0",
                  "--set: optim.nesterov = on: needs optim.momentum > 0");
+    expect_error("--config configs/baseline.ini --device cpu --set dist.socket_threads=16 "
+                 "--set dist.sockets_per_thread=8", "dist.sockets_per_thread = 8: times dist.socket_threads must be "
+                 "at most 64");
     CHECK(strstr(output, "train.c") == NULL);
 }
 

@@ -163,10 +163,8 @@ int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     Layer *l = add_layer(m, LAYER_MAXPOOL, in);
     const Activation *x = &m->acts[in];
     const Pool2dShape *s = &l->pool.shape;
+    /* An odd size drops the last row and column (PyTorch's floor mode). */
     l->pool.shape = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
-    if (kernel == 2 && stride == 2 && !pad && (x->h % 2 || x->w % 2))
-        TC_FATAL("layer %d: 2x2 max-pool needs an even input size, got %dx%d", m->n_layers - 1,
-                 x->h, x->w);
     if (pad < 0 || pad >= kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
         TC_FATAL("layer %d: a %dx%d max-pool (pad %d) does not fit a %dx%d input", m->n_layers - 1, kernel,
                  kernel, pad, x->h, x->w);
@@ -175,13 +173,29 @@ int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
 
 int model_maxpool2(Model *m, int in) { return model_maxpool(m, in, 2, 2, 0); }
 
-int model_linear(Model *m, int in, int out_features) {
+int model_global_maxpool(Model *m, int in) {
+    const Activation *x = &m->acts[in];
+    if (x->h != x->w) TC_FATAL("layer %d: a global max-pool needs a square map, got %dx%d", m->n_layers, x->h, x->w);
+    return model_maxpool(m, in, x->h, x->h, 0);
+}
+
+static int add_linear(Model *m, int in, int out_features, int bias) {
     Layer *l = add_layer(m, LAYER_LINEAR, in);
     const Activation *x = &m->acts[in];
     int in_features = x->c * x->h * x->w; /* NCHW flattens to [n][c*h*w] for free */
     l->linear = (LinearShape){m->batch, in_features, out_features};
-    add_params(m, l, (size_t)out_features * in_features, (size_t)out_features, (size_t)in_features);
+    add_params(m, l, (size_t)out_features * in_features, bias ? (size_t)out_features : 0, (size_t)in_features);
     return l->out = add_act(m, out_features, 1, 1);
+}
+
+int model_linear(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 1); }
+int model_linear_no_bias(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 0); }
+
+int model_scale(Model *m, int in, float factor) {
+    Layer *l = add_layer(m, LAYER_SCALE, in);
+    const Activation *x = &m->acts[in];
+    l->scale = factor;
+    return l->out = add_act(m, x->c, x->h, x->w);
 }
 
 /* ---- gradient buffers ----------------------------------------------------- */
@@ -339,7 +353,8 @@ static void mark_fusions(Model *m) {
         if (l->kind != LAYER_CONV || !l->b_count) continue;
         Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
         if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->acts[relu->out].consumers == 1 &&
-            pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad) {
+            pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad &&
+            pool->pool.shape.h % 2 == 0 && pool->pool.shape.w % 2 == 0) {
             conv->fused = relu->fused = pool->fused = conv->bias_by_pool = 1;
             pool->bias_layer = i;
             m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;

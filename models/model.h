@@ -39,6 +39,7 @@ extern "C" {
 /* What each kind runs: models/layers.c's layer_kinds. */
 typedef enum {
     LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR, LAYER_BATCHNORM, LAYER_ADD, LAYER_AVGPOOL, LAYER_GELU,
+    LAYER_SCALE,
     LAYER_KINDS
 } LayerKind;
 
@@ -53,6 +54,7 @@ typedef struct {
     MaxPool2d pool;
     LinearShape linear;
     BatchNorm bn;         /* batch norm: gamma at w_off, beta at b_off (c each) */
+    float scale;          /* scale: the constant factor */
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off */
     int block;            /* the checkpoint block it belongs to, or -1 */
@@ -161,7 +163,10 @@ int model_relu(Model *m, int in);
 int model_gelu(Model *m, int in);          /* exact (erf) GELU, PyTorch's nn.GELU() */
 int model_maxpool2(Model *m, int in);
 int model_maxpool(Model *m, int in, int kernel, int stride, int pad);
+int model_global_maxpool(Model *m, int in); /* the max over each channel's square map, to c x 1 x 1 */
 int model_linear(Model *m, int in, int out_features);
+int model_linear_no_bias(Model *m, int in, int out_features);
+int model_scale(Model *m, int in, float factor); /* y = factor x (airbench's logit scale) */
 int model_batchnorm(Model *m, int in);
 int model_add(Model *m, int a, int b);     /* a + b, same shapes: a residual connection */
 int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 1 */

@@ -14,6 +14,7 @@
 #define GRID_OPS(X) \
     X(relu) \
     X(gelu) \
+    X(scale) \
     X(linear) \
     X(maxpool) \
     X(conv2d) \

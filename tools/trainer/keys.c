@@ -74,9 +74,10 @@ const CfgKeySpec trainc_keys[] = {
     {"data.resident", CFG_BOOL, "off", 0,
      "train on one batch kept on the device: the step's throughput without the input pipeline", 0},
 
-    {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50",
+    {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50|airbench",
      "the net to train; a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
-     "stem (7x7 stride 2, 3x3 max-pool) from 128 on", 0},
+     "stem (7x7 stride 2, 3x3 max-pool) from 128 on; airbench: airbench94's net (2x2 whitening conv, three "
+     "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set", "[2, 1000]"},
     {"model.fuse", CFG_BOOL, "off", 0,
      "a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "

@@ -4,13 +4,14 @@
  * conv3x3 (no bias) -> 2x2 max-pool -> BN -> GELU -> conv3x3 (no bias) -> BN
  * -> GELU, widths 64, 256, 256 in the recipe (32 -> 31, then 15, 7, 3); the max over the
  * last 3x3 map, a linear layer without bias, the logits times 1/9. The
- * whitening weights are set from the data by the trainer (models/whiten.h). */
+ * whitening weights are set from the data (models/whiten.h) and never trained. */
 #include "models/zoo.h"
 
 void airbench_build(Model *m, const int widths[3]) {
     int x = model_input(m, 3, 32, 32);
     x = model_conv(m, x, 24, 2, 0, 1);
     model_name_last(m, "whiten");
+    model_mark_whitening(m);
     x = model_gelu(m, x);
     for (int block = 0; block < 3; block++) {
         x = model_conv_no_bias(m, x, widths[block], 3, 1, 1);

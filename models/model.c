@@ -24,6 +24,7 @@ void model_init(Model *m, int batch, int num_classes, int nhwc) {
     m->training = 1;
     m->bn_momentum = 0.1f;
     m->bn_eps = 1e-5f;
+    m->bn_bias_lr_scale = 1.0f;
 }
 
 static int add_act(Model *m, int c, int h, int w) {
@@ -190,6 +191,12 @@ static int add_linear(Model *m, int in, int out_features, int bias) {
 
 int model_linear(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 1); }
 int model_linear_no_bias(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 0); }
+
+void model_mark_whitening(Model *m) {
+    Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+    if (!l || l->kind != LAYER_CONV || l->in != 0) TC_FATAL("model_mark_whitening: the last layer is no convolution over the input");
+    l->whitening = 1;
+}
 
 int model_scale(Model *m, int in, float factor) {
     Layer *l = add_layer(m, LAYER_SCALE, in);
@@ -412,6 +419,13 @@ static size_t plan_recompute_region(Model *m) {
     return region;
 }
 
+static int needs_lr_scale(const Model *m) {
+    if (m->bn_weight_fixed || m->bn_bias_lr_scale != 1.0f) return 1;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].whitening) return 1;
+    return 0;
+}
+
 /* Runs twice: on a counting arena to size it, then on the real one. */
 static void carve_buffers(Model *m, Arena *a) {
     size_t esize = dtype_size(m->act_dtype), half = m->act_dtype != DTYPE_F32;
@@ -420,6 +434,7 @@ static void carve_buffers(Model *m, Arena *a) {
     m->grads = arena_alloc(a, m->n_params * esize, "gradients");
     m->momentum = arena_alloc(a, m->n_params * sizeof(float), "momentum");
     m->decay_mask = m->no_decay_bn_bias ? arena_alloc(a, m->n_params, "weight-decay mask") : NULL;
+    m->lr_scale = needs_lr_scale(m) ? arena_alloc(a, m->n_params * sizeof(float), "learning-rate shares") : NULL;
     m->bn_running = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm running statistics") : NULL;
     m->bn_saved = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm batch statistics") : NULL;
     m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
@@ -547,6 +562,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
                 batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
     init_params(m, seed);
+    model_reset_lr_scale(m);
     op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
     model_zero_grads(m);
 }
@@ -591,6 +607,21 @@ void model_set_params(Model *m, const float *host) {
     op_copy_from_host(&m->ops, m->params, host, m->n_params * sizeof(float));
     if (m->weights != m->params) cast_from_f32(&m->ops, m->params, m->weights, m->n_params);
     op_sync(&m->ops);
+}
+
+void model_reset_lr_scale(Model *m) {
+    if (!m->lr_scale) return;
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: learning-rate shares");
+    for (size_t j = 0; j < m->n_params; j++) host[j] = 1.0f;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        int frozen = l->whitening || (l->kind == LAYER_BATCHNORM && m->bn_weight_fixed);
+        for (size_t j = 0; frozen && j < l->w_count; j++) host[l->w_off + j] = 0.0f;
+        for (size_t j = 0; l->kind == LAYER_BATCHNORM && j < l->b_count; j++) host[l->b_off + j] = m->bn_bias_lr_scale;
+    }
+    upload(m, m->lr_scale, host, m->n_params);
+    free(host);
 }
 
 void model_get_momentum(const Model *m, float *host) { download(m, host, m->momentum, m->n_params); }

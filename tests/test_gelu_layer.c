@@ -64,7 +64,7 @@ static void check_model_gradients(uint64_t *rng) {
 
 static float train_step(Model *m, const float *input, const int32_t *labels, float lr) {
     float loss;
-    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL};
+    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL, NULL};
     memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
     model_forward(m);
     softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));

@@ -34,6 +34,7 @@
     X(add) \
     X(avgpool) \
     X(lr_schedule) \
+    X(freeze_after) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

@@ -88,6 +88,12 @@ const CfgKeySpec trainc_keys[] = {
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,
      "batch norm: the weight of each training batch's statistics in the running ones (PyTorch's momentum)", "[0, 1]"},
     {"model.bn_eps", CFG_FLOAT32, "1e-05", 0, "batch norm: added to the variance before its square root", "(0, 1]"},
+    {"model.bn_weight", CFG_ENUM, "trained", "trained|fixed",
+     "batch norm's weight (gamma): trained, or fixed at 1 and never updated (airbench)", 0},
+    {"model.whiten_bias_epochs", CFG_FLOAT32, "3", 0,
+     "airbench: the whitening convolution's bias trains for the optimizer steps of this many epochs "
+     "(ceil(epochs x steps per epoch)), then is frozen; its weights, set from the training images' 2x2 "
+     "patches at the start of the run, are never trained", "[0, 1000000]"},
 
     {"optim.lr", CFG_FLOAT32, "0.01", 0,
      "learning rate of the global batch (train.batch x memory.accumulate x ranks); never rescaled by trainc",
@@ -96,6 +102,9 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum", 0},
     {"optim.weight_decay", CFG_FLOAT32, "0", 0, "L2 weight decay", "[0, inf)"},
     {"optim.decay_bn_bias", CFG_BOOL, "on", 0, "off: weight decay leaves out biases and batch-norm parameters", 0},
+    {"optim.bn_bias_lr_scale", CFG_FLOAT32, "1", 0,
+     "batch norm's bias (beta) steps with optim.lr times this, its weight decay per step unchanged (decoupled: "
+     "PyTorch's group lr x s with weight_decay / s)", "(0, 1000000]"},
     {"optim.schedule", CFG_ENUM, "constant", "constant|cosine|onecycle|linear",
      "learning rate per optimizer step, computed on the device: constant; cosine from optim.lr to "
      "optim.final_lr after a linear warm-up; onecycle as PyTorch's OneCycleLR (warm-up = its pct_start); "

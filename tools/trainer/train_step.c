@@ -105,6 +105,7 @@ static void sgd_range(Trainer *t, size_t first, size_t count) {
     size_t esize = dtype_size(m->act_dtype);
     SgdParams p = t->optim.sgd;
     if (p.decay_mask) p.decay_mask += first;
+    if (p.lr_scale) p.lr_scale += first;
     sgd_step_mixed(&m->ops, m->params + first, (char *)m->grads + first * esize, m->momentum + first,
                    m->weights == m->params ? NULL : (char *)m->weights + first * esize, count, t->buf.lr, t->buf.scaler,
                    p);
@@ -154,7 +155,14 @@ static void optimizer_step(Trainer *t) {
         grad_buckets_finish(&t->ddp.buckets, ctx->stream);
         gpu_range_pop();
     }
-    if (t->optim.schedule.kind != LR_CONSTANT) lr_schedule_step(ctx, &t->optim.schedule, t->buf.lr_step, t->buf.lr);
+    /* The whitening bias's end reads the step counter, which the schedule advances. */
+    int whiten = t->optim.whiten_layer >= 0;
+    if (t->optim.schedule.kind != LR_CONSTANT || whiten)
+        lr_schedule_step(ctx, &t->optim.schedule, t->buf.lr_step, t->buf.lr);
+    if (whiten) {
+        const Layer *l = &t->model.layers[t->optim.whiten_layer];
+        freeze_after(ctx, t->buf.lr_step, t->optim.whiten_bias_steps, t->model.lr_scale + l->b_off, l->b_count);
+    }
     if (t->ddp.shard_optimizer) update_sharded(t);
     else update_whole(t);
     loss_scaler_update(ctx, t->buf.scaler, t->set.precision.scale_growth, t->set.precision.scale_backoff,

@@ -31,6 +31,7 @@
 #include "models/model.h"
 #include "models/zoo.h"
 #include "ops/accuracy.h"
+#include "ops/freeze_after.h"
 #include "ops/grad_norm.h"
 #include "ops/loss_scaler.h"
 #include "ops/lr_schedule.h"
@@ -146,6 +147,8 @@ typedef struct {
     SgdParams sgd;
     LrSchedule schedule;      /* kind LR_CONSTANT: the lr buffer keeps optim.lr */
     cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
+    int whiten_layer;         /* the model's whitening layer, or -1 */
+    long whiten_bias_steps;   /* its bias trains in steps [0, this) (model.whiten_bias_epochs) */
 } TrainOptim;
 
 /* What the host last read back from the device, and the bad steps it tells of. */

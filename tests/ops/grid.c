@@ -35,6 +35,7 @@
     X(avgpool) \
     X(lr_schedule) \
     X(freeze_after) \
+    X(lookahead) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

@@ -117,6 +117,15 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.final_lr", CFG_FLOAT32, "0", 0, "where the cosine and linear schedules end", "[0, inf)"},
     {"optim.label_smoothing", CFG_FLOAT32, "0", 0,
      "cross-entropy against (1 - e) x one-hot + e / classes (PyTorch's label_smoothing)", "[0, 1)"},
+    {"optim.lookahead_every", CFG_INT, "0", 0,
+     "lookahead every N optimizer steps (0: off): a slow copy of the parameters and batch-norm running "
+     "statistics moves to a x slow + (1 - a) x trained, a = optim.lookahead_alpha x (step / steps)^"
+     "optim.lookahead_power, and the net takes it; after the last step the net takes the slow copy (on the "
+     "device; not with dist.shard_optimizer)", "[0, 1000000000]"},
+    {"optim.lookahead_alpha", CFG_FLOAT32, "0.7738", 0, "lookahead: the slow copy's weight at the run's end",
+     "[0, 1]"},
+    {"optim.lookahead_power", CFG_FLOAT32, "3", 0, "lookahead: how the slow copy's weight grows over the run",
+     "[0, 100]"},
     {"optim.clip_norm", CFG_FLOAT32, "0", 0,
      "clip the gradient's global L2 norm (after loss-scale unscaling) to this value, on the device (0: off)",
      "[0, inf)"},

@@ -104,6 +104,9 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->optim.nesterov = config_bool(cfg, "optim.nesterov");
     s->optim.decay_bn_bias = config_bool(cfg, "optim.decay_bn_bias");
     s->optim.bn_bias_lr_scale = (float)config_float(cfg, "optim.bn_bias_lr_scale");
+    s->optim.lookahead_every = (long)config_int(cfg, "optim.lookahead_every");
+    s->optim.lookahead_alpha = (float)config_float(cfg, "optim.lookahead_alpha");
+    s->optim.lookahead_power = (float)config_float(cfg, "optim.lookahead_power");
     s->optim.schedule = is(cfg, "optim.schedule", "cosine")     ? LR_COSINE
                       : is(cfg, "optim.schedule", "onecycle") ? LR_ONECYCLE
                       : is(cfg, "optim.schedule", "linear")   ? LR_LINEAR

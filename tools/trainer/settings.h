@@ -42,7 +42,8 @@ typedef struct {
      * (see settings_read). */
     struct {
         float lr, momentum, weight_decay, warmup_epochs, warmup_start_factor, final_lr, label_smoothing, clip_norm;
-        float bn_bias_lr_scale;
+        float bn_bias_lr_scale, lookahead_alpha, lookahead_power;
+        long lookahead_every;
         int nesterov, decay_bn_bias;
         LrScheduleKind schedule;
     } optim;

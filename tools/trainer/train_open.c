@@ -325,6 +325,23 @@ static CkptPosition open_resume_point(Trainer *t, CkptFile *resume) {
 }
 
 /* The loaders, the metrics file, the GPU samples into it, the schedule and the phase ring. */
+/* optim.lookahead_every: its schedule over the run's steps, and the slow
+ * copies starting from the weights the run starts from (initialised,
+ * whitened, loaded or resumed). */
+static void open_lookahead(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    Model *m = &t->model;
+    if (s->optim.lookahead_every <= 0) return;
+    if (t->ddp.shard_optimizer)
+        settings_fail(s, "optim.lookahead_every", "lookahead needs every parameter on every rank: set "
+                      "dist.shard_optimizer = off");
+    t->optim.lookahead = (LookaheadParams){s->optim.lookahead_every, t->watch.total_steps, s->optim.lookahead_alpha,
+                                           s->optim.lookahead_power};
+    op_copy(&m->ops, t->buf.slow_params, m->params, m->n_params * sizeof(float));
+    if (t->buf.slow_bn) op_copy(&m->ops, t->buf.slow_bn, m->bn_running, m->n_bn_stats * sizeof(float));
+    op_sync(&m->ops);
+}
+
 static void open_loop(Trainer *t, double run_start) {
     const TrainSettings *s = &t->set;
     t->data.train_loader = make_loader(t, &t->data.train_set, 1);
@@ -346,6 +363,7 @@ static void open_loop(Trainer *t, double run_start) {
     t->optim.whiten_bias_steps = (long)ceil(s->model.whiten_bias_epochs * (double)t->steps_per_epoch);
     t->watch.total_steps = (long)t->steps_per_epoch * s->run.epochs;
     if (s->run.max_steps && s->run.max_steps < t->watch.total_steps) t->watch.total_steps = s->run.max_steps;
+    open_lookahead(t);
     phases_init(t);
     t->watch.progress = isatty(2) && !log_is_quiet();
     t->seen.loss = NAN;

@@ -12,6 +12,7 @@
 #include "models/layers.h"
 #include "models/zoo.h"
 #include "tests/harness.h"
+#include "tests/model_checks.h"
 #include "tests/op_checks.h"
 
 enum { BATCH = 4, CLASSES = 10 };
@@ -39,19 +40,6 @@ static void check_shapes(void) {
     CHECK_MSG(strstr(err, "data.image_size") && strstr(err, "32"), "airbench at 64x64: '%s'", err);
 }
 
-typedef struct {
-    Model *m;
-    const float *input, *r;
-} ModelLoss;
-
-/* sum of logits * r: its gradient with respect to the logits is r. */
-static double model_loss(void *p) {
-    ModelLoss *l = p;
-    memcpy(model_input_buffer(l->m), l->input, model_input_floats(l->m) * sizeof(float));
-    model_forward(l->m);
-    return weighted_sum(model_logits(l->m), l->r, (size_t)l->m->batch * l->m->num_classes);
-}
-
 /* The slope of the loss along direction v (unit length) by central
  * differences: the sum over every parameter, so one parameter near a
  * max-pool's switch or float32's rounding in one coordinate hardly moves it. */
@@ -76,10 +64,7 @@ static void check_gradients(uint64_t *rng) {
     test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
     ModelLoss loss = {&m, input, r};
-    model_loss(&loss);
-    memcpy(model_logits_grad(&m), r, sizeof r);
-    model_zero_grads(&m);
-    model_backward(&m);
+    model_loss_backward(&loss);
     float *analytic = malloc(m.n_params * sizeof(float)), *v = malloc(m.n_params * sizeof(float));
     memcpy(analytic, m.grads, m.n_params * sizeof(float));
     for (int d = 0; d < 6; d++) {

@@ -198,6 +198,13 @@ void model_mark_whitening(Model *m) {
     l->whitening = 1;
 }
 
+void model_dirac_last(Model *m) {
+    Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+    if (!l || l->kind != LAYER_CONV || l->conv.shape.r != l->conv.shape.s || l->conv.shape.r % 2 == 0)
+        TC_FATAL("model_dirac_last: the last layer is no convolution with an odd square kernel");
+    l->dirac = 1;
+}
+
 int model_scale(Model *m, int in, float factor) {
     Layer *l = add_layer(m, LAYER_SCALE, in);
     const Activation *x = &m->acts[in];
@@ -482,6 +489,19 @@ size_t model_weight_index(const Model *m, const Layer *l, size_t j) {
     return j;
 }
 
+/* Filter f < min(k, c) of a dirac convolution: 1 at the centre of its own
+ * channel f, 0 elsewhere (indices in PyTorch's [k][c][r][s] order). */
+static void set_dirac(const Model *m, const Layer *l, float *host) {
+    const Conv2dShape *s = &l->conv.shape;
+    int c = m->acts[l->in].c_real, rs = s->r * s->s, identity = s->k < c ? s->k : c;
+    for (int f = 0; f < identity; f++) {
+        size_t first = (size_t)f * c * rs;
+        for (size_t j = first; j < first + (size_t)c * rs; j++) host[l->w_off + model_weight_index(m, l, j)] = 0.0f;
+        size_t centre = first + (size_t)f * rs + (size_t)(s->r / 2) * s->s + s->s / 2;
+        host[l->w_off + model_weight_index(m, l, centre)] = 1.0f;
+    }
+}
+
 /* PyTorch's default for conv and linear: weights and biases uniform in
  * +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5)).
  * Batch norm starts as the identity: gamma 1, beta 0, running mean 0 and
@@ -509,6 +529,7 @@ static void init_params(Model *m, uint64_t seed) {
         float bound = 1.0f / sqrtf((float)l->fan_in);
         for (size_t j = 0; j < real_w; j++) host[l->w_off + model_weight_index(m, l, j)] = uniform(&state, bound);
         for (size_t j = 0; j < l->b_count; j++) host[l->b_off + j] = uniform(&state, bound);
+        if (l->dirac) set_dirac(m, l, host);
     }
     model_set_params(m, host);
     free(host);

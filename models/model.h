@@ -64,6 +64,7 @@ typedef struct {
                              applies the ReLU, forward and backward (ops/bias_relu_pool) */
     int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
     int whitening;        /* conv: its weights are set from the data (models/whiten.h) and never trained */
+    int dirac;            /* conv: its first min(out, in) filters start as the identity (model_dirac_last) */
     /* Backward, per input (in, in2): 1 when another layer reading the same
      * activation has already written its gradient, so this one adds to it.
      * An add whose input gradient is dy itself (alias) writes nothing. */
@@ -177,6 +178,10 @@ int model_scale(Model *m, int in, float factor); /* y = factor x (airbench's log
 /* The last layer added, a convolution over the input, is a whitening layer
  * (models/whiten.h): its weights are set from the data and never trained. */
 void model_mark_whitening(Model *m);
+/* The last layer added, a convolution with an odd square kernel, starts its
+ * first min(out, in) filters as the identity (PyTorch's nn.init.dirac_ on
+ * them, after the default init; airbench's blocks). */
+void model_dirac_last(Model *m);
 int model_batchnorm(Model *m, int in);
 int model_add(Model *m, int a, int b);     /* a + b, same shapes: a residual connection */
 int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 1 */

@@ -1,5 +1,6 @@
 /* airbench's net (models/airbench.c): its shapes and parameter count at the
- * recipe's widths, the zoo refusing another image size, and, at small widths,
+ * recipe's widths, the zoo refusing another image size, the blocks' identity
+ * (Dirac) start, and, at small widths,
  * the gradient of all parameters against finite differences along random
  * directions and along itself (through the odd max-pool, the global max, the
  * bias-free linear layer and the logit scale; each op's own gradient is
@@ -59,6 +60,9 @@ static void check_gradients(uint64_t *rng) {
     Model m;
     model_init(&m, BATCH, CLASSES, 0);
     airbench_build(&m, (const int[3]){4, 6, 6});
+    /* PyTorch's default start: the identity filters would pass maxima through unchanged, and the max-pools'
+     * ties and switches would make finite differences along a direction unreliable. */
+    for (int i = 0; i < m.n_layers; i++) m.layers[i].dirac = 0;
     model_finalize(&m, NULL, 3);
     float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
     test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
@@ -87,9 +91,37 @@ static void check_gradients(uint64_t *rng) {
     model_destroy(&m);
 }
 
+/* The blocks' convolutions: the first min(out, in) filters the identity (1 at
+ * the centre of their own channel), the rest as PyTorch's default drew them. */
+static void check_dirac(void) {
+    Model m;
+    model_init(&m, 2, CLASSES, 0);
+    airbench_build(&m, (const int[3]){8, 6, 6});
+    model_finalize(&m, NULL, 4);
+    int convs = 0;
+    for (int i = 1; i < m.n_layers; i++) {
+        const Layer *l = &m.layers[i];
+        if (l->kind != LAYER_CONV) continue;
+        convs++;
+        CHECK(l->dirac);
+        int k = l->conv.shape.k, c = l->conv.shape.c, identity = k < c ? k : c, wrong = 0, drawn = 0;
+        for (int f = 0; f < k; f++)
+            for (int j = 0; j < c * 9; j++) {
+                float w = m.params[l->w_off + (size_t)f * c * 9 + j];
+                if (f < identity) wrong += w != (j == f * 9 + 4 ? 1.0f : 0.0f);
+                else drawn += w != 0.0f;
+            }
+        CHECK_MSG(wrong == 0, "%s: %d weights of the identity filters wrong", l->module, wrong);
+        CHECK_MSG(k == identity || drawn > 0, "%s: the filters past the identity are all zero", l->module);
+    }
+    CHECK(convs == 6 && !m.layers[0].dirac);
+    model_destroy(&m);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     check_shapes();
+    check_dirac();
     check_gradients(&rng);
     return test_finish("test_airbench");
 }

@@ -16,11 +16,13 @@
 #include "ops/linear.h"
 #include "ops/maxpool.h"
 #include "ops/relu.h"
+#include "ops/scale.h"
 #include "runtime/arena.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 
-typedef enum { STEP_CONV, STEP_MAXPOOL, STEP_AVGPOOL, STEP_LINEAR, STEP_BATCHNORM, STEP_ADD, STEP_RELU, STEP_GELU } StepKind;
+typedef enum { STEP_CONV, STEP_MAXPOOL, STEP_AVGPOOL, STEP_LINEAR, STEP_BATCHNORM, STEP_ADD, STEP_RELU, STEP_GELU,
+               STEP_SCALE } StepKind;
 
 typedef struct {
     StepKind kind;
@@ -35,6 +37,7 @@ typedef struct {
     MaxPool2d pool;
     LinearShape linear;
     BatchNorm bn;
+    float scale;          /* scale: its factor */
     void *bn_scratch;
     size_t bn_scratch_bytes;
 } Step;
@@ -162,7 +165,7 @@ static void compile_layers(InferNet *net, const Model *g) {
     static const StepKind kind_of[LAYER_KINDS] = {
         [LAYER_CONV] = STEP_CONV, [LAYER_RELU] = STEP_RELU, [LAYER_MAXPOOL] = STEP_MAXPOOL,
         [LAYER_LINEAR] = STEP_LINEAR, [LAYER_BATCHNORM] = STEP_BATCHNORM, [LAYER_ADD] = STEP_ADD,
-        [LAYER_AVGPOOL] = STEP_AVGPOOL, [LAYER_GELU] = STEP_GELU};
+        [LAYER_AVGPOOL] = STEP_AVGPOOL, [LAYER_GELU] = STEP_GELU, [LAYER_SCALE] = STEP_SCALE};
     int readers[MODEL_MAX_ACTS], producer[MODEL_MAX_ACTS];
     count_readers(g, readers);
     for (int i = 0; i < g->n_acts; i++) producer[i] = -1;
@@ -218,6 +221,9 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
     }
     case STEP_LINEAR:
         s->linear = (LinearShape){n, l->linear.in, l->linear.out};
+        break;
+    case STEP_SCALE:
+        s->scale = l->scale;
         break;
     case STEP_BATCHNORM: {
         BatchNormShape b = {n, x->c, x->h, x->w};
@@ -472,6 +478,9 @@ static void run_step(InferNet *net, const Step *s) {
         break;
     case STEP_GELU:
         gelu_forward(ctx, x, y, n);
+        break;
+    case STEP_SCALE:
+        scale_forward(ctx, x, y, n, s->scale);
         break;
     }
 }

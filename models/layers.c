@@ -9,6 +9,7 @@
 #include "ops/cast.h"
 #include "ops/gelu.h"
 #include "ops/relu.h"
+#include "ops/scale.h"
 #include "runtime/gpu.h"
 
 /* What a layer's ops read and write, from the model's buffers. */
@@ -173,6 +174,15 @@ static void avgpool_layer_backward(Model *m, const Layer *l) {
     if (dx) avgpool_backward(&m->ops, grad_of(m, l->out), dx, l->dx_accumulate[0], m->batch, a->c, a->h * a->w);
 }
 
+/* ---- a constant factor ---- */
+
+static void scale_layer_forward(Model *m, const Layer *l) { scale_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l), l->scale); }
+
+static void scale_layer_backward(Model *m, const Layer *l) {
+    void *dx = grad_of(m, l->in);
+    if (dx) scale_backward(&m->ops, grad_of(m, l->out), dx, n_of(m, l), l->scale);
+}
+
 const LayerKindOps layer_kinds[LAYER_KINDS] = {
     [LAYER_CONV] = {"conv", conv_forward, conv_backward, 1},
     [LAYER_RELU] = {"relu", relu_layer_forward, relu_layer_backward, 0},
@@ -182,6 +192,7 @@ const LayerKindOps layer_kinds[LAYER_KINDS] = {
     [LAYER_ADD] = {"add", add_layer_forward, add_layer_backward, 1},
     [LAYER_AVGPOOL] = {"avgpool", avgpool_layer_forward, avgpool_layer_backward, 1},
     [LAYER_GELU] = {"gelu", gelu_layer_forward, gelu_layer_backward, 0},
+    [LAYER_SCALE] = {"scale", scale_layer_forward, scale_layer_backward, 0},
 };
 
 /* ---- the passes ---------------------------------------------------------- */

@@ -24,6 +24,7 @@ void model_init(Model *m, int batch, int num_classes, int nhwc) {
     m->training = 1;
     m->bn_momentum = 0.1f;
     m->bn_eps = 1e-5f;
+    m->bn_bias_lr_scale = 1.0f;
 }
 
 static int add_act(Model *m, int c, int h, int w) {
@@ -163,10 +164,8 @@ int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     Layer *l = add_layer(m, LAYER_MAXPOOL, in);
     const Activation *x = &m->acts[in];
     const Pool2dShape *s = &l->pool.shape;
+    /* An odd size drops the last row and column (PyTorch's floor mode). */
     l->pool.shape = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
-    if (kernel == 2 && stride == 2 && !pad && (x->h % 2 || x->w % 2))
-        TC_FATAL("layer %d: 2x2 max-pool needs an even input size, got %dx%d", m->n_layers - 1,
-                 x->h, x->w);
     if (pad < 0 || pad >= kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
         TC_FATAL("layer %d: a %dx%d max-pool (pad %d) does not fit a %dx%d input", m->n_layers - 1, kernel,
                  kernel, pad, x->h, x->w);
@@ -175,13 +174,42 @@ int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
 
 int model_maxpool2(Model *m, int in) { return model_maxpool(m, in, 2, 2, 0); }
 
-int model_linear(Model *m, int in, int out_features) {
+int model_global_maxpool(Model *m, int in) {
+    const Activation *x = &m->acts[in];
+    if (x->h != x->w) TC_FATAL("layer %d: a global max-pool needs a square map, got %dx%d", m->n_layers, x->h, x->w);
+    return model_maxpool(m, in, x->h, x->h, 0);
+}
+
+static int add_linear(Model *m, int in, int out_features, int bias) {
     Layer *l = add_layer(m, LAYER_LINEAR, in);
     const Activation *x = &m->acts[in];
     int in_features = x->c * x->h * x->w; /* NCHW flattens to [n][c*h*w] for free */
     l->linear = (LinearShape){m->batch, in_features, out_features};
-    add_params(m, l, (size_t)out_features * in_features, (size_t)out_features, (size_t)in_features);
+    add_params(m, l, (size_t)out_features * in_features, bias ? (size_t)out_features : 0, (size_t)in_features);
     return l->out = add_act(m, out_features, 1, 1);
+}
+
+int model_linear(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 1); }
+int model_linear_no_bias(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 0); }
+
+void model_mark_whitening(Model *m) {
+    Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+    if (!l || l->kind != LAYER_CONV || l->in != 0) TC_FATAL("model_mark_whitening: the last layer is no convolution over the input");
+    l->whitening = 1;
+}
+
+void model_dirac_last(Model *m) {
+    Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
+    if (!l || l->kind != LAYER_CONV || l->conv.shape.r != l->conv.shape.s || l->conv.shape.r % 2 == 0)
+        TC_FATAL("model_dirac_last: the last layer is no convolution with an odd square kernel");
+    l->dirac = 1;
+}
+
+int model_scale(Model *m, int in, float factor) {
+    Layer *l = add_layer(m, LAYER_SCALE, in);
+    const Activation *x = &m->acts[in];
+    l->scale = factor;
+    return l->out = add_act(m, x->c, x->h, x->w);
 }
 
 /* ---- gradient buffers ----------------------------------------------------- */
@@ -339,7 +367,8 @@ static void mark_fusions(Model *m) {
         if (l->kind != LAYER_CONV || !l->b_count) continue;
         Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
         if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->acts[relu->out].consumers == 1 &&
-            pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad) {
+            pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad &&
+            pool->pool.shape.h % 2 == 0 && pool->pool.shape.w % 2 == 0) {
             conv->fused = relu->fused = pool->fused = conv->bias_by_pool = 1;
             pool->bias_layer = i;
             m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;
@@ -397,6 +426,13 @@ static size_t plan_recompute_region(Model *m) {
     return region;
 }
 
+static int needs_lr_scale(const Model *m) {
+    if (m->bn_weight_fixed || m->bn_bias_lr_scale != 1.0f) return 1;
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].whitening) return 1;
+    return 0;
+}
+
 /* Runs twice: on a counting arena to size it, then on the real one. */
 static void carve_buffers(Model *m, Arena *a) {
     size_t esize = dtype_size(m->act_dtype), half = m->act_dtype != DTYPE_F32;
@@ -405,6 +441,7 @@ static void carve_buffers(Model *m, Arena *a) {
     m->grads = arena_alloc(a, m->n_params * esize, "gradients");
     m->momentum = arena_alloc(a, m->n_params * sizeof(float), "momentum");
     m->decay_mask = m->no_decay_bn_bias ? arena_alloc(a, m->n_params, "weight-decay mask") : NULL;
+    m->lr_scale = needs_lr_scale(m) ? arena_alloc(a, m->n_params * sizeof(float), "learning-rate shares") : NULL;
     m->bn_running = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm running statistics") : NULL;
     m->bn_saved = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm batch statistics") : NULL;
     m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
@@ -452,6 +489,19 @@ size_t model_weight_index(const Model *m, const Layer *l, size_t j) {
     return j;
 }
 
+/* Filter f < min(k, c) of a dirac convolution: 1 at the centre of its own
+ * channel f, 0 elsewhere (indices in PyTorch's [k][c][r][s] order). */
+static void set_dirac(const Model *m, const Layer *l, float *host) {
+    const Conv2dShape *s = &l->conv.shape;
+    int c = m->acts[l->in].c_real, rs = s->r * s->s, identity = s->k < c ? s->k : c;
+    for (int f = 0; f < identity; f++) {
+        size_t first = (size_t)f * c * rs;
+        for (size_t j = first; j < first + (size_t)c * rs; j++) host[l->w_off + model_weight_index(m, l, j)] = 0.0f;
+        size_t centre = first + (size_t)f * rs + (size_t)(s->r / 2) * s->s + s->s / 2;
+        host[l->w_off + model_weight_index(m, l, centre)] = 1.0f;
+    }
+}
+
 /* PyTorch's default for conv and linear: weights and biases uniform in
  * +-1/sqrt(fan_in) (kaiming_uniform with a = sqrt(5)).
  * Batch norm starts as the identity: gamma 1, beta 0, running mean 0 and
@@ -479,6 +529,7 @@ static void init_params(Model *m, uint64_t seed) {
         float bound = 1.0f / sqrtf((float)l->fan_in);
         for (size_t j = 0; j < real_w; j++) host[l->w_off + model_weight_index(m, l, j)] = uniform(&state, bound);
         for (size_t j = 0; j < l->b_count; j++) host[l->b_off + j] = uniform(&state, bound);
+        if (l->dirac) set_dirac(m, l, host);
     }
     model_set_params(m, host);
     free(host);
@@ -532,6 +583,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
                 batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
     init_params(m, seed);
+    model_reset_lr_scale(m);
     op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
     model_zero_grads(m);
 }
@@ -576,6 +628,21 @@ void model_set_params(Model *m, const float *host) {
     op_copy_from_host(&m->ops, m->params, host, m->n_params * sizeof(float));
     if (m->weights != m->params) cast_from_f32(&m->ops, m->params, m->weights, m->n_params);
     op_sync(&m->ops);
+}
+
+void model_reset_lr_scale(Model *m) {
+    if (!m->lr_scale) return;
+    float *host = malloc(m->n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: learning-rate shares");
+    for (size_t j = 0; j < m->n_params; j++) host[j] = 1.0f;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        int frozen = l->whitening || (l->kind == LAYER_BATCHNORM && m->bn_weight_fixed);
+        for (size_t j = 0; frozen && j < l->w_count; j++) host[l->w_off + j] = 0.0f;
+        for (size_t j = 0; l->kind == LAYER_BATCHNORM && j < l->b_count; j++) host[l->b_off + j] = m->bn_bias_lr_scale;
+    }
+    upload(m, m->lr_scale, host, m->n_params);
+    free(host);
 }
 
 void model_get_momentum(const Model *m, float *host) { download(m, host, m->momentum, m->n_params); }

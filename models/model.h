@@ -39,6 +39,7 @@ extern "C" {
 /* What each kind runs: models/layers.c's layer_kinds. */
 typedef enum {
     LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR, LAYER_BATCHNORM, LAYER_ADD, LAYER_AVGPOOL, LAYER_GELU,
+    LAYER_SCALE,
     LAYER_KINDS
 } LayerKind;
 
@@ -53,6 +54,7 @@ typedef struct {
     MaxPool2d pool;
     LinearShape linear;
     BatchNorm bn;         /* batch norm: gamma at w_off, beta at b_off (c each) */
+    float scale;          /* scale: the constant factor */
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off */
     int block;            /* the checkpoint block it belongs to, or -1 */
@@ -61,6 +63,8 @@ typedef struct {
     int bias_by_pool;     /* conv: writes its raw output; the 2x2 max-pool after its ReLU adds the bias and
                              applies the ReLU, forward and backward (ops/bias_relu_pool) */
     int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
+    int whitening;        /* conv: its weights are set from the data (models/whiten.h) and never trained */
+    int dirac;            /* conv: its first min(out, in) filters start as the identity (model_dirac_last) */
     /* Backward, per input (in, in2): 1 when another layer reading the same
      * activation has already written its gradient, so this one adds to it.
      * An add whose input gradient is dy itself (alias) writes nothing. */
@@ -110,6 +114,10 @@ typedef struct {
     int nvtx_layers;      /* set before model_finalize: an NVTX range, named by the layer, around each op
                              of a layer's forward and backward (profiling; installs ops.hooks) */
     float bn_momentum, bn_eps; /* PyTorch's 0.1 and 1e-5 (model_init) */
+    /* Set before model_finalize: the batch norms' gamma fixed at 1 (never trained), and their beta's share of
+     * the learning rate (model_init: trained, 1). Either, or a whitening layer, gives the model lr_scale. */
+    int bn_weight_fixed;
+    float bn_bias_lr_scale;
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
     size_t n_params;
@@ -118,6 +126,8 @@ typedef struct {
     void *grads;          /* flat, n_params, activation dtype; parameter gradients are accumulated into it */
     float *momentum;      /* flat, n_params */
     uint8_t *decay_mask;  /* n_params, 1 where weight decay applies; NULL: everywhere */
+    float *lr_scale;      /* n_params, each parameter's share of the learning rate (ops/sgd.h; 0: frozen); NULL:
+                             1 everywhere. Reset by model_reset_lr_scale */
     size_t n_bn_stats;    /* floats of running statistics: 2 per batch-norm channel */
     float *bn_running;    /* running mean and variance of every batch norm (model state, not parameters) */
     float *bn_saved;      /* the last training batch's mean and 1/std, for backward */
@@ -161,7 +171,17 @@ int model_relu(Model *m, int in);
 int model_gelu(Model *m, int in);          /* exact (erf) GELU, PyTorch's nn.GELU() */
 int model_maxpool2(Model *m, int in);
 int model_maxpool(Model *m, int in, int kernel, int stride, int pad);
+int model_global_maxpool(Model *m, int in); /* the max over each channel's square map, to c x 1 x 1 */
 int model_linear(Model *m, int in, int out_features);
+int model_linear_no_bias(Model *m, int in, int out_features);
+int model_scale(Model *m, int in, float factor); /* y = factor x (airbench's logit scale) */
+/* The last layer added, a convolution over the input, is a whitening layer
+ * (models/whiten.h): its weights are set from the data and never trained. */
+void model_mark_whitening(Model *m);
+/* The last layer added, a convolution with an odd square kernel, starts its
+ * first min(out, in) filters as the identity (PyTorch's nn.init.dirac_ on
+ * them, after the default init; airbench's blocks). */
+void model_dirac_last(Model *m);
 int model_batchnorm(Model *m, int in);
 int model_add(Model *m, int a, int b);     /* a + b, same shapes: a residual connection */
 int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 1 */
@@ -208,6 +228,10 @@ void model_set_bn_stats(Model *m, const float *host);
  * (n_params floats); setting them refreshes the rounded copy under AMP. */
 void model_get_params(const Model *m, float *host);
 void model_set_params(Model *m, const float *host);
+
+/* lr_scale as model_finalize set it: 0 for the whitening weights and a fixed
+ * batch-norm gamma, bn_bias_lr_scale for the batch norms' beta, 1 elsewhere. */
+void model_reset_lr_scale(Model *m);
 
 /* The same for the optimizer's momentum buffer (n_params floats, fp32). */
 void model_get_momentum(const Model *m, float *host);

@@ -9,12 +9,17 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
                 char *err, size_t errlen) {
     int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
               : strcmp(name, "resnet50") == 0 ? 50 : 0;
-    int imagenet_stem = image_size >= 128;
-    if (!depth && strcmp(name, "simplenet") != 0) {
-        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet, resnet18, resnet34, resnet50)", name);
+    int imagenet_stem = image_size >= 128, airbench = strcmp(name, "airbench") == 0;
+    if (!depth && !airbench && strcmp(name, "simplenet") != 0) {
+        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet, resnet18, resnet34, resnet50, "
+                 "airbench)", name);
         return -1;
     }
-    if (!depth && (image_size < 8 || image_size % 8)) {
+    if (airbench && image_size != 32) {
+        snprintf(err, errlen, "data.image_size = %d: airbench is built for 32x32 images only", image_size);
+        return -1;
+    }
+    if (!depth && !airbench && (image_size < 8 || image_size % 8)) {
         snprintf(err, errlen, "data.image_size = %d: SimpleNet needs a size divisible by 8 (32, 224, ...)",
                  image_size);
         return -1;
@@ -30,6 +35,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
     }
     model_init(m, batch, num_classes, nhwc);
     if (depth) resnet_build(m, depth, image_size, imagenet_stem);
+    else if (airbench) airbench_build(m, AIRBENCH_WIDTHS);
     else simplenet_build(m, image_size);
     return 0;
 }

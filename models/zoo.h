@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-/* Builds a named model (simplenet, resnet18, resnet34, resnet50); returns 0,
+/* Builds a named model (simplenet, resnet18, resnet34, resnet50, airbench); returns 0,
  * or -1 with a message for an unknown name or an impossible input size. */
 int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen);
@@ -22,6 +22,10 @@ void simplenet_build(Model *m, int image_size);
  * ImageNet stem (7x7 stride 2, 3x3 stride-2 max-pool). Each residual block is
  * a checkpoint block. depth is 18, 34 or 50. */
 void resnet_build(Model *m, int depth, int image_size, int imagenet_stem);
+/* airbench94's net at 32x32 (models/airbench.c), blocks of the given widths
+ * (the recipe's: AIRBENCH_WIDTHS); its first layer is the 2x2 whitening convolution. */
+#define AIRBENCH_WIDTHS ((const int[3]){64, 256, 256})
+void airbench_build(Model *m, const int widths[3]);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@ void linear_forward_cpu(const LinearShape *s, const float *x, const float *w, co
                         float *y) {
     /* y[n][out] = x[n][in] * w[out][in]^T */
     cpu_sgemm(0, 1, s->n, s->out, s->in, 1.0f, x, s->in, w, s->in, 0.0f, y, s->out);
+    if (!b) return;
     for (int i = 0; i < s->n; i++) {
         float *y_row = y + (size_t)i * s->out;
         for (int j = 0; j < s->out; j++) y_row[j] += b[j];
@@ -18,6 +19,7 @@ void linear_backward_cpu(const LinearShape *s, const float *x, const float *w, c
     if (dx) cpu_sgemm(0, 0, s->n, s->in, s->out, 1.0f, dy, s->out, w, s->in, 0.0f, dx, s->in);
     /* dw[out][in] += dy[n][out]^T * x[n][in] */
     cpu_sgemm(1, 0, s->out, s->in, s->n, 1.0f, dy, s->out, x, s->in, 1.0f, dw, s->in);
+    if (!db) return;
     for (int i = 0; i < s->n; i++) {
         const float *dy_row = dy + (size_t)i * s->out;
         for (int j = 0; j < s->out; j++) db[j] += dy_row[j];

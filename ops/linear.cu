@@ -97,7 +97,7 @@ void linear_forward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShap
     if (s->n <= 0 || s->out <= 0) return;
     gemm(h, dtype, CUBLAS_OP_T, CUBLAS_OP_N, s->out, s->n, s->in, 1.0f, w, s->in, x, s->in, 0.0f,
          y, s->out);
-    DISPATCH_FLOAT_DTYPE(dtype, launch_add_bias, s, b, y, stream);
+    if (b) DISPATCH_FLOAT_DTYPE(dtype, launch_add_bias, s, b, y, stream);
 }
 
 void linear_backward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearShape *s,
@@ -110,5 +110,5 @@ void linear_backward_cuda(cublasHandle_t h, cudaStream_t stream, const LinearSha
              0.0f, dx, s->in);
     gemm(h, dtype, CUBLAS_OP_N, CUBLAS_OP_T, s->in, s->out, s->n, 1.0f, x, s->in, dy, s->out, 1.0f,
          dw, s->in);
-    DISPATCH_FLOAT_DTYPE(dtype, launch_bias_grad, s, dy, db, stream);
+    if (db) DISPATCH_FLOAT_DTYPE(dtype, launch_bias_grad, s, dy, db, stream);
 }

@@ -1,5 +1,5 @@
 /* Fully connected layer, row-major: x [n][in], w [out][in], b [out], y [n][out].
- * y = x w^T + b. Backward: dx = dy w is overwritten (skipped when NULL);
+ * y = x w^T + b; b NULL: no bias (and db NULL in backward). Backward: dx = dy w is overwritten (skipped when NULL);
  * dw += dy^T x and db += sum_n dy are ADDED to (see conv2d.h).
  * The CPU path is float32. The CUDA path stores x, w, b, y, dy, dx, dw and db as
  * dtype (f32, f16 or bf16); products and sums accumulate in fp32, and an

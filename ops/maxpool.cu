@@ -58,8 +58,7 @@ void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int
     memset(p, 0, sizeof *p);
     check_float_dtype("maxpool2x2", dtype);
     int k = pool2d_window(s), stride = pool2d_stride(s);
-    int plain = k == 2 && stride == 2 && s->pad == 0;
-    if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 || (plain && (s->h % 2 || s->w % 2)) ||
+    if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 ||
         s->pad < 0 || s->pad >= k || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
         TC_FATAL("maxpool: bad shape n=%d c=%d h=%d w=%d window %d stride %d pad %d", s->n, s->c,
                  s->h, s->w, k, stride, s->pad);

@@ -1,6 +1,7 @@
-/* Max-pool, NCHW; the CUDA path also NHWC. 2x2 stride 2 (h and w even) unless
- * the shape names another window (k x k, stride, zero padding that never wins:
- * ResNet's 3x3 stride-2 pad-1 stem pool). Backward routes each output
+/* Max-pool, NCHW; the CUDA path also NHWC. 2x2 stride 2 unless the shape
+ * names another window (k x k, stride, zero padding that never wins: ResNet's
+ * 3x3 stride-2 pad-1 stem pool; k = stride = the map's side: a global max).
+ * An odd size leaves out its last row or column (PyTorch's floor mode). Backward routes each output
  * gradient to the first maximum of its window (the one cuDNN picks), adding
  * where windows overlap; dx is overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
  * as the dtype given at init (f32, f16 or bf16), which is exact: a selection. */

@@ -4,17 +4,7 @@
 
 void sgd_step_cpu(float *w, const float *grad, float *m, size_t n, const float *lr,
                   SgdParams p) {
-    float step = *lr;
-    float mult = p.grad_mult ? *p.grad_mult : 1.0f;
-    for (size_t i = 0; i < n; i++) {
-        float decay = p.decay_mask && !p.decay_mask[i] ? 0.0f : p.weight_decay;
-        float clipped = grad[i] * mult; /* exact when mult is 1 */
-        float g = clipped + decay * w[i];
-        float mom = p.momentum * m[i] + g;
-        float d = p.nesterov ? g + p.momentum * mom : mom;
-        m[i] = mom;
-        w[i] = w[i] - step * d;
-    }
+    sgd_step_mixed_cpu(w, grad, m, n, lr, NULL, p); /* scale 1: the unscaling multiplies by exactly 1 */
 }
 
 void sgd_step_mixed_cpu(float *master, const float *grad, float *momentum, size_t n,
@@ -26,12 +16,14 @@ void sgd_step_mixed_cpu(float *master, const float *grad, float *momentum, size_
     for (size_t i = 0; i < n; i++) {
         float unscaled = grad[i] * inv_scale;
         float clipped = unscaled * mult; /* exact when mult is 1 */
-        float decay = p.decay_mask && !p.decay_mask[i] ? 0.0f : p.weight_decay;
+        float share = p.lr_scale ? p.lr_scale[i] : 1.0f;
+        if (share == 0.0f) continue; /* frozen */
+        float decay = p.decay_mask && !p.decay_mask[i] ? 0.0f : p.weight_decay / share; /* exact when share is 1 */
         float g = clipped + decay * master[i];
         float mom = p.momentum * momentum[i] + g;
         float d = p.nesterov ? g + p.momentum * mom : mom;
         momentum[i] = mom;
-        master[i] = master[i] - step * d;
+        master[i] = master[i] - step * share * d;
     }
 }
 

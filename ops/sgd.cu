@@ -11,23 +11,30 @@ static __device__ __forceinline__ float decay_at(const uint8_t *mask, size_t i, 
     return MASKED && !mask[i] ? 0.0f : weight_decay;
 }
 
+/* Parameter i's share of the learning rate (sgd.h's lr_scale); 1 without one. */
+static __device__ __forceinline__ float share_at(const float *lr_scale, size_t i) {
+    return lr_scale ? lr_scale[i] : 1.0f;
+}
+
 /* The same update as sgd_step_cpu (see sgd.h), one pass over the flat buffers. */
 template <bool MASKED>
 static __global__ void sgd_step_kernel(float *w, const float *grad, float *m, size_t n,
                                        const float *lr_device, float momentum,
                                        float weight_decay, int nesterov, const uint8_t *mask,
-                                       const float *grad_mult) {
+                                       const float *grad_mult, const float *lr_scale) {
     float step = *lr_device;
     float mult = grad_mult ? *grad_mult : 1.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
+        float share = share_at(lr_scale, i);
+        if (share == 0.0f) continue; /* frozen */
         float weight = w[i];
         float clipped = __fmul_rn(grad[i], mult); /* exact when mult is 1 */
-        float g = clipped + decay_at<MASKED>(mask, i, weight_decay) * weight;
+        float g = clipped + __fdiv_rn(decay_at<MASKED>(mask, i, weight_decay), share) * weight;
         float mom = momentum * m[i] + g;
         float d = nesterov ? g + momentum * mom : mom;
         m[i] = mom;
-        w[i] = weight - step * d;
+        w[i] = weight - __fmul_rn(step, share) * d;
     }
 }
 
@@ -37,10 +44,10 @@ void sgd_step_cuda(float *w, const float *grad, float *m, size_t n, const float 
     if (p.decay_mask)
         sgd_step_kernel<true><<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
             w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, p.decay_mask,
-            p.grad_mult);
+            p.grad_mult, p.lr_scale);
     else
         sgd_step_kernel<false><<<elementwise_blocks(n), ELEMENTWISE_THREADS, 0, stream>>>(
-            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, NULL, p.grad_mult);
+            w, grad, m, n, lr_device, p.momentum, p.weight_decay, p.nesterov, NULL, p.grad_mult, p.lr_scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -53,21 +60,23 @@ static __global__ void sgd_step_mixed_kernel(float *master, const TG *grad, floa
                                              TW *weights_half, size_t n, const float *lr_device,
                                              const LossScalerState *scaler, float momentum,
                                              float weight_decay, int nesterov, const uint8_t *mask,
-                                             const float *grad_mult) {
+                                             const float *grad_mult, const float *lr_scale) {
     if (scaler && scaler->found_inf) return;
     float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f;
     float step = *lr_device;
     float mult = grad_mult ? *grad_mult : 1.0f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
+        float share = share_at(lr_scale, i);
+        if (share == 0.0f) continue; /* frozen: its half copy too */
         float weight = master[i];
         float unscaled = __fmul_rn(to_float(grad[i]), inv_scale);
         float clipped = __fmul_rn(unscaled, mult); /* exact when mult is 1 */
-        float g = clipped + decay_at<MASKED>(mask, i, weight_decay) * weight;
+        float g = clipped + __fdiv_rn(decay_at<MASKED>(mask, i, weight_decay), share) * weight;
         float mom = momentum * m[i] + g;
         float d = nesterov ? g + momentum * mom : mom;
         m[i] = mom;
-        float updated = weight - step * d;
+        float updated = weight - __fmul_rn(step, share) * d;
         master[i] = updated;
         if (weights_half) weights_half[i] = from_float<TW>(updated);
     }
@@ -92,11 +101,11 @@ static void launch_sgd_mixed(const SgdMixedArgs *a) {
         sgd_step_mixed_kernel<TG, TW, true><<<blocks, ELEMENTWISE_THREADS, 0, a->stream>>>(
             a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
             a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, a->p.decay_mask,
-            a->p.grad_mult);
+            a->p.grad_mult, a->p.lr_scale);
     else
         sgd_step_mixed_kernel<TG, TW, false><<<blocks, ELEMENTWISE_THREADS, 0, a->stream>>>(
             a->master, (const TG *)a->grad, a->momentum, (TW *)a->weights_half, a->n, a->lr_device,
-            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, NULL, a->p.grad_mult);
+            a->scaler_dev, a->p.momentum, a->p.weight_decay, a->p.nesterov, NULL, a->p.grad_mult, a->p.lr_scale);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -14,7 +14,14 @@
  * grad_mult (after it, for the same reason) multiplies the (unscaled) gradient
  * before the weight decay is added, as torch.nn.utils.clip_grad_norm_ does
  * before optimizer.step: NULL is 1; else one float read at each step, on the
- * host for the CPU path, on the device for the CUDA path (grad_norm.h's factor). */
+ * host for the CPU path, on the device for the CUDA path (grad_norm.h's factor).
+ * lr_scale (last) gives each parameter its own share s of the learning rate,
+ * keeping the weight decay per step as it is (decoupled: torch_airbench's
+ * parameter groups with lr s * lr and weight_decay weight_decay / s):
+ *   s == 0: the parameter and its momentum stay as they are (frozen)
+ *   else:   g = grad + (weight_decay / s) * w, ..., w = w - (lr * s) * d
+ * NULL is s = 1 everywhere, which is the update above bit for bit. n floats,
+ * on the host for the CPU path, on the device for the CUDA path. */
 #ifndef TRAINC_OPS_SGD_H
 #define TRAINC_OPS_SGD_H
 
@@ -35,6 +42,7 @@ typedef struct {
     int nesterov;
     const uint8_t *decay_mask;
     const float *grad_mult;
+    const float *lr_scale;
 } SgdParams;
 
 /* The face (op_context.h): the mixed-precision step (sgd_step_mixed_cpu below)

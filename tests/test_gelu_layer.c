@@ -13,6 +13,7 @@
 #include "ops/sgd.h"
 #include "ops/softmax_xent.h"
 #include "tests/harness.h"
+#include "tests/model_checks.h"
 #include "tests/op_checks.h"
 
 enum { BATCH = 8, CLASSES = 3, SIZE = 6 };
@@ -27,19 +28,6 @@ static void build(Model *m, int relu) {
     model_linear(m, model_avgpool(m, x), CLASSES);
 }
 
-typedef struct {
-    Model *m;
-    const float *input, *r;
-} ModelLoss;
-
-/* sum of logits * r: its gradient with respect to the logits is r. */
-static double model_loss(void *p) {
-    ModelLoss *l = p;
-    memcpy(model_input_buffer(l->m), l->input, model_input_floats(l->m) * sizeof(float));
-    model_forward(l->m);
-    return weighted_sum(model_logits(l->m), l->r, BATCH * CLASSES);
-}
-
 static void check_model_gradients(uint64_t *rng) {
     Model m;
     build(&m, 0); /* smooth: central differences across a ReLU's kink would be off */
@@ -48,10 +36,7 @@ static void check_model_gradients(uint64_t *rng) {
     test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
     ModelLoss loss = {&m, input, r};
-    model_loss(&loss);
-    memcpy(model_logits_grad(&m), r, sizeof r);
-    model_zero_grads(&m);
-    model_backward(&m);
+    model_loss_backward(&loss);
     float *analytic = malloc(m.n_params * sizeof(float));
     double *numeric = malloc(m.n_params * sizeof(double));
     memcpy(analytic, m.grads, m.n_params * sizeof(float));
@@ -64,7 +49,7 @@ static void check_model_gradients(uint64_t *rng) {
 
 static float train_step(Model *m, const float *input, const int32_t *labels, float lr) {
     float loss;
-    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL};
+    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL, NULL};
     memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
     model_forward(m);
     softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));

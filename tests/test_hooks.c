@@ -72,6 +72,7 @@ static int op_of_kind(LayerKind kind, const char *op) {
         [LAYER_ADD] = {"add_forward", "add_relu_forward", "relu_backward", "add_accumulate", "op_copy"},
         [LAYER_AVGPOOL] = {"avgpool_forward", "avgpool_backward"},
         [LAYER_GELU] = {"gelu_forward", "gelu_backward"},
+        [LAYER_SCALE] = {"scale_forward", "scale_backward"},
     };
     for (int k = 0; k < 5 && ops[kind][k]; k++)
         if (strcmp(ops[kind][k], op) == 0) return 1;

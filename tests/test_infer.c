@@ -1,5 +1,5 @@
 /* The inference path (models/infer.h) against the model's own evaluation
- * forward: SimpleNet, ResNet-18 and ResNet-50 at 32x32 with random weights
+ * forward: SimpleNet, ResNet-18, ResNet-50 and airbench at 32x32 with random weights
  * and random batch-norm statistics (so folding is not the identity), on the
  * CPU in fp32 (folding and fusing reorder the arithmetic only: a tight
  * bound), the compilation's counts (every norm folded, every residual add
@@ -140,6 +140,7 @@ int main(void) {
         {"simplenet", 3, 0, 0, 4},  /* 3 convs + fc1 */
         {"resnet18", 20, 20, 8, 17}, /* stem + 16 + 3 shortcuts; ReLUs: stem, 8 inner, 8 after the adds */
         {"resnet50", 53, 53, 16, 49},
+        {"airbench", 7, 3, 0, 0},    /* whitening + 6; each block's second norm (the first follows a max-pool) */
     };
     for (size_t i = 0; i < sizeof nets / sizeof *nets; i++) check_net(&nets[i], &rng, gpu);
     if (gpu) gpu_context_destroy(gpu);

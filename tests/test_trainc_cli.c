@@ -261,6 +261,37 @@ static void check_resume_hint(const char *dir) {
     CHECK_MSG(hint && strstr(hint, " --resume ") && !strstr(hint, "run.resume="), "%s", hint ? hint : output);
 }
 
+/* The summary's params_crc of a short airbench run on the CPU with extra --set args. */
+static unsigned long airbench_crc(const char *extra) {
+    char args[1024];
+    snprintf(args, sizeof args, "--config configs/cpu.ini --quiet --set model.name=airbench --set data.source=synthetic "
+             "--set data.synthetic_train=16 --set data.synthetic_test=8 --set data.train_limit=0 "
+             "--set data.test_limit=0 --set train.batch=8 --set run.eval=off --set data.workers=0 "
+             "--set model.bn_weight=fixed --set optim.bn_bias_lr_scale=64 --set model.whiten_bias_epochs=0.5 %s", extra);
+    CHECK_MSG(trainc(args) == 0, "trainc %s:\n%s", args, output);
+    const char *crc = strstr(output, "\"params_crc\": ");
+    CHECK_MSG(crc != NULL, "no params_crc in:\n%s", output);
+    return crc ? strtoul(crc + strlen("\"params_crc\": "), NULL, 10) : 0;
+}
+
+/* airbench and its keys: the image size it needs, bad values named by key;
+ * lookahead with a = 1 at every step keeps the net at its slow copy, the
+ * weights it started from, however many steps run; without it they move. */
+static void check_airbench(void) {
+    expect_error("--config configs/cpu.ini --set model.name=airbench --set data.image_size=64 --set data.source=synthetic",
+                 "data.image_size = 64: airbench is built for 32x32 images only");
+    expect_error("--config configs/cpu.ini --set optim.bn_bias_lr_scale=0", "optim.bn_bias_lr_scale = 0 is out of range");
+    expect_error("--config configs/cpu.ini --set optim.lookahead_alpha=1.5", "optim.lookahead_alpha = 1.5 is out of range");
+    expect_error("--config configs/cpu.ini --set model.bn_weight=frozen", "model.bn_weight");
+    const char *still = "--set optim.lookahead_every=1 --set optim.lookahead_alpha=1 --set optim.lookahead_power=0";
+    char two[512], three[512];
+    snprintf(two, sizeof two, "%s --set run.max_steps=2", still);
+    snprintf(three, sizeof three, "%s --set run.max_steps=3", still);
+    unsigned long held2 = airbench_crc(two), held3 = airbench_crc(three), moved = airbench_crc("--set run.max_steps=2");
+    CHECK_MSG(held2 == held3 && held2 != moved, "airbench params_crc: lookahead a = 1 after 2 steps %lu, after 3 %lu; "
+              "without lookahead %lu", held2, held3, moved);
+}
+
 int main(void) {
     const char *dir = test_tmpdir("cli");
     char args[2048];
@@ -279,6 +310,7 @@ int main(void) {
     expect_error(args, "nowhere.ini");
 
     expect_error("--config /nonexistent/trainc.ini", "/nonexistent/trainc.ini");
+    check_airbench();
     char long_name[200];
     memset(long_name, 'n', sizeof long_name - 1);
     long_name[sizeof long_name - 1] = 0;

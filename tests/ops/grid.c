@@ -14,6 +14,7 @@
 #define GRID_OPS(X) \
     X(relu) \
     X(gelu) \
+    X(scale) \
     X(linear) \
     X(maxpool) \
     X(conv2d) \
@@ -34,6 +35,8 @@
     X(add) \
     X(avgpool) \
     X(lr_schedule) \
+    X(freeze_after) \
+    X(lookahead) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

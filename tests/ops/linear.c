@@ -104,7 +104,37 @@ static void linear_shape(const GridCase *c, LinearShape s) {
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* No bias (b and db NULL): y as with a zero bias, dw the same as with one. */
+static void linear_no_bias(const GridCase *c, LinearShape s) {
+    printf(" n=%d in=%d out=%d, no bias\n", s.n, s.in, s.out);
+    DType dt = c->dtype;
+    size_t nx = (size_t)s.n * s.in, nw = (size_t)s.out * s.in, ny = (size_t)s.n * s.out;
+    float *x = grid_random(c, dt, nx, -1, 1), *w = grid_random(c, dt, nw, -0.5f, 0.5f);
+    float *dy = grid_random(c, dt, ny, -1, 1), *zero = host_floats(s.out);
+    float *y = host_floats(ny), *dx = host_floats(nx), *dw = host_floats(nw), *db = host_floats(s.out);
+    linear_reference(dt, &s, x, w, zero, y);
+    linear_backward_cpu(&s, x, w, dy, dx, dw, db);
+    round_to(dt, dx, nx);
+    round_to(dt, dw, nw);
+    void *d_x = grid_put(c, dt, x, nx), *d_w = grid_put(c, dt, w, nw), *d_dy = grid_put(c, dt, dy, ny);
+    float *dw0 = host_floats(nw);
+    void *d_y = grid_alloc(c, dt, ny), *d_dx = grid_alloc(c, dt, nx), *d_dw = grid_put(c, dt, dw0, nw);
+    linear_forward(&c->ctx, &s, d_x, d_w, NULL, d_y);
+    linear_backward(&c->ctx, &s, d_x, d_w, d_dy, d_dx, d_dw, NULL);
+    float *gy = grid_get(c, dt, d_y, ny), *gdx = grid_get(c, dt, d_dx, nx), *gdw = grid_get(c, dt, d_dw, nw);
+    double bound = grid_bound(c, GRID_GEMM);
+    grid_check(c, "linear y (no bias)", gy, y, ny, bound);
+    grid_check(c, "linear dx (no bias)", gdx, dx, nx, bound);
+    grid_check(c, "linear dw (no bias)", gdw, dw, nw, bound);
+    void *dev[] = {d_x, d_w, d_dy, d_y, d_dx, d_dw};
+    grid_free_all(c, dev, GRID_COUNT(dev));
+    void *host[] = {x, w, dy, zero, y, dx, dw, db, dw0, gy, gdx, gdw};
+    host_free_all(host, GRID_COUNT(host));
+}
+
 static void linear_case(const GridCase *c) {
+    linear_no_bias(c, (LinearShape){.n = 64, .in = 256, .out = 10}); /* airbench's head */
+    linear_no_bias(c, (LinearShape){.n = 5, .in = 7, .out = 3});
     linear_shape(c, (LinearShape){.n = 64, .in = 4096, .out = 512});
     linear_shape(c, (LinearShape){.n = 512, .in = 512, .out = 10});
     linear_shape(c, (LinearShape){.n = 33, .in = 100, .out = 70});

@@ -100,10 +100,14 @@ static void maxpool_case(const GridCase *c) {
     /* ResNet's ImageNet stem: 3x3 windows, stride 2, padding 1, overlapping */
     maxpool_shape(c, (Pool2dShape){.n = 4, .c = 64, .h = 112, .w = 112, .k = 3, .stride = 2, .pad = 1}, 0);
     maxpool_shape(c, (Pool2dShape){.n = 2, .c = 5, .h = 7, .w = 9, .k = 3, .stride = 2, .pad = 1}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 4, .c = 64, .h = 31, .w = 31}, 0);              /* airbench: floor mode */
+    maxpool_shape(c, (Pool2dShape){.n = 4, .c = 256, .h = 3, .w = 3, .k = 3, .stride = 3}, 0); /* global max */
     if (c->device == DEVICE_CPU) {
         maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 3, .h = 6, .w = 8});
         maxpool_finite_differences(c, (Pool2dShape){.n = 1, .c = 2, .h = 10, .w = 4});
         maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 2, .h = 7, .w = 8, .k = 3, .stride = 2, .pad = 1});
+        maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 3, .h = 7, .w = 5});
+        maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 3, .h = 3, .w = 3, .k = 3, .stride = 3});
     }
 }
 

@@ -94,9 +94,27 @@ static void sgd_mixed(const GridCase *c, DType half_dtype, int use_scaler, SgdPa
     host_free_all(host, GRID_COUNT(host));
 }
 
-/* The plain fp32 step on the GPU against the CPU's, three steps. */
-static void sgd_plain_gpu(const GridCase *c, size_t n, SgdParams p) {
-    printf(" plain step n=%zu momentum %g weight_decay %g nesterov %d\n", n, p.momentum, p.weight_decay, p.nesterov);
+/* Shares of the learning rate as airbench's groups have them: frozen, the
+ * weights' own, the BN biases' 64, and one between. */
+static float *random_shares(uint64_t *rng, size_t n) {
+    static const float shares[4] = {0.0f, 0.5f, 1.0f, 64.0f};
+    float *share = host_floats(n);
+    for (size_t i = 0; i < n; i++) share[i] = shares[(int)test_uniform(rng, 0.0f, 3.99f)];
+    return share;
+}
+
+/* The plain fp32 step on the GPU against the CPU's, three steps; with
+ * lr_scale, each parameter's share drawn from {0, 0.5, 1, 64}. */
+static void sgd_plain_gpu(const GridCase *c, size_t n, SgdParams p, int lr_scale) {
+    printf(" plain step n=%zu momentum %g weight_decay %g nesterov %d%s\n", n, p.momentum, p.weight_decay, p.nesterov,
+           lr_scale ? " lr_scale" : "");
+    float *share = lr_scale ? random_shares(c->rng, n) : NULL, *d_share = NULL;
+    SgdParams pd = p;
+    if (share) {
+        p.lr_scale = share;
+        pd.lr_scale = d_share = grid_put(c, DTYPE_F32, share, n);
+    }
+    (void)pd; /* read by the CUDA path alone */
     float *w = grid_random(c, DTYPE_F32, n, -1, 1), *m = grid_random(c, DTYPE_F32, n, -0.1f, 0.1f);
     float *grad = host_floats(n);
     float *d_w = grid_put(c, DTYPE_F32, w, n), *d_m = grid_put(c, DTYPE_F32, m, n);
@@ -107,15 +125,15 @@ static void sgd_plain_gpu(const GridCase *c, size_t n, SgdParams p) {
         grid_set(c, DTYPE_F32, d_grad, grad, n);
         grid_set(c, DTYPE_F32, d_lr, &lrs[step], 1);
         sgd_step_cpu(w, grad, m, n, &lrs[step], p);
-        GPU_ONLY(sgd_step_cuda(d_w, d_grad, d_m, n, d_lr, p, c->ctx.stream));
+        GPU_ONLY(sgd_step_cuda(d_w, d_grad, d_m, n, d_lr, pd, c->ctx.stream));
     }
     float *gw = grid_get(c, DTYPE_F32, d_w, n), *gm = grid_get(c, DTYPE_F32, d_m, n);
     /* the GPU may fuse multiply-adds: a rounding apart per step */
     grid_check(c, "sgd w", gw, w, n, 1e-6);
     grid_check(c, "sgd m", gm, m, n, 1e-5);
-    void *dev[] = {d_w, d_m, d_grad, d_lr};
+    void *dev[] = {d_w, d_m, d_grad, d_lr, d_share};
     grid_free_all(c, dev, GRID_COUNT(dev));
-    void *host[] = {w, m, grad, gw, gm};
+    void *host[] = {w, m, grad, gw, gm, share};
     host_free_all(host, GRID_COUNT(host));
 }
 
@@ -245,10 +263,12 @@ static void sgd_case(const GridCase *c) {
     sgd_mixed(c, own_copy, 0, plain);       /* no scaler */
     if (c->dtype == DTYPE_F32) sgd_mixed(c, DTYPE_F32, 0, nesterov);
     if (gpu && c->dtype == DTYPE_F32) {
-        sgd_plain_gpu(c, 1000003, plain);
-        sgd_plain_gpu(c, 1000003, nesterov);
-        sgd_plain_gpu(c, 1000003, no_momentum);
-        sgd_plain_gpu(c, 7, (SgdParams){.momentum = 0.5f, .weight_decay = 0.1f, .nesterov = 0});
+        sgd_plain_gpu(c, 1000003, plain, 0);
+        sgd_plain_gpu(c, 1000003, nesterov, 0);
+        sgd_plain_gpu(c, 1000003, no_momentum, 0);
+        sgd_plain_gpu(c, 7, (SgdParams){.momentum = 0.5f, .weight_decay = 0.1f, .nesterov = 0}, 0);
+        sgd_plain_gpu(c, 1000003, nesterov, 1);
+        sgd_plain_gpu(c, 7, (SgdParams){.momentum = 0.85f, .weight_decay = 1.36f, .nesterov = 1}, 1);
 #if TRAINC_CUDA
         sgd_mask_gpu(c, 1000003, (SgdParams){.momentum = 0.9f, .weight_decay = 5e-2f, .nesterov = 1});
         sgd_mask_gpu(c, 7, (SgdParams){.momentum = 0.0f, .weight_decay = 1e-1f, .nesterov = 0});
@@ -362,7 +382,47 @@ static void sgd_mixed_is_plain(uint64_t *rng, SgdParams p) {
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* lr_scale: each parameter steps as torch.optim.SGD's parameter group of lr
+ * s * lr and weight_decay wd / s (torch_airbench's groups); s = 0 moves
+ * nothing; all ones is the step without lr_scale bit for bit. */
+static void sgd_lr_scale(uint64_t *rng) {
+    enum { N = 400 };
+    float momentum = 0.85f, wd = 1.36f;
+    float *w = host_floats(N), *m = host_floats(N), *g = host_floats(N), *share = random_shares(rng, N);
+    double pw[N], pbuf[N] = {0}, pg[N];
+    test_fill_uniform(w, N, rng, -1, 1);
+    for (int i = 0; i < N; i++) pw[i] = w[i];
+    float *w0 = copy_floats(w, N);
+    SgdParams p = {.momentum = momentum, .weight_decay = wd, .nesterov = 1, .lr_scale = share};
+    const float lrs[3] = {1e-3f, 2e-3f, 5e-4f};
+    for (int step = 0; step < 3; step++) {
+        test_fill_uniform(g, N, rng, -1, 1);
+        for (int i = 0; i < N; i++) pg[i] = g[i];
+        sgd_step_cpu(w, g, m, N, &lrs[step], p);
+        for (int i = 0; i < N; i++)
+            if (share[i] != 0.0f)
+                torch_sgd_step(&pw[i], &pg[i], &pbuf[i], 1, (double)lrs[step] * share[i], momentum, wd / share[i], 1,
+                               step == 0);
+    }
+    check_close("sgd lr_scale: w as torch's groups", w, pw, N, 1e-6);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(share[i] != 0.0f || (w[i] == w0[i] && m[i] == 0.0f), "sgd lr_scale 0 moved parameter %d", i);
+    float *ones = host_floats(N), *w_one = copy_floats(w0, N), *m_one = host_floats(N);
+    float *w_none = copy_floats(w0, N), *m_none = host_floats(N);
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    SgdParams with_ones = p, without = p;
+    with_ones.lr_scale = ones;
+    without.lr_scale = NULL;
+    sgd_step_cpu(w_one, g, m_one, N, &lrs[0], with_ones);
+    sgd_step_cpu(w_none, g, m_none, N, &lrs[0], without);
+    CHECK_MSG(!memcmp(w_one, w_none, N * sizeof(float)) && !memcmp(m_one, m_none, N * sizeof(float)),
+              "sgd lr_scale of ones differs from none");
+    void *host[] = {w, m, g, share, w0, ones, w_one, m_one, w_none, m_none};
+    host_free_all(host, GRID_COUNT(host));
+}
+
 static void sgd_semantics(uint64_t *rng) {
+    sgd_lr_scale(rng);
     sgd_by_hand();
     sgd_against_torch(rng, 0.9f, 0.0f, 0);
     sgd_against_torch(rng, 0.9f, 5e-4f, 0);

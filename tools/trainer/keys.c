@@ -74,9 +74,10 @@ const CfgKeySpec trainc_keys[] = {
     {"data.resident", CFG_BOOL, "off", 0,
      "train on one batch kept on the device: the step's throughput without the input pipeline", 0},
 
-    {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50",
+    {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50|airbench",
      "the net to train; a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
-     "stem (7x7 stride 2, 3x3 max-pool) from 128 on", 0},
+     "stem (7x7 stride 2, 3x3 max-pool) from 128 on; airbench: airbench94's net (2x2 whitening conv, three "
+     "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set", "[2, 1000]"},
     {"model.fuse", CFG_BOOL, "off", 0,
      "a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
@@ -87,6 +88,12 @@ const CfgKeySpec trainc_keys[] = {
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,
      "batch norm: the weight of each training batch's statistics in the running ones (PyTorch's momentum)", "[0, 1]"},
     {"model.bn_eps", CFG_FLOAT32, "1e-05", 0, "batch norm: added to the variance before its square root", "(0, 1]"},
+    {"model.bn_weight", CFG_ENUM, "trained", "trained|fixed",
+     "batch norm's weight (gamma): trained, or fixed at 1 and never updated (airbench)", 0},
+    {"model.whiten_bias_epochs", CFG_FLOAT32, "3", 0,
+     "airbench: the whitening convolution's bias trains for the optimizer steps of this many epochs "
+     "(ceil(epochs x steps per epoch)), then is frozen; its weights, set from the training images' 2x2 "
+     "patches at the start of the run, are never trained", "[0, 1000000]"},
 
     {"optim.lr", CFG_FLOAT32, "0.01", 0,
      "learning rate of the global batch (train.batch x memory.accumulate x ranks); never rescaled by trainc",
@@ -95,6 +102,9 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum", 0},
     {"optim.weight_decay", CFG_FLOAT32, "0", 0, "L2 weight decay", "[0, inf)"},
     {"optim.decay_bn_bias", CFG_BOOL, "on", 0, "off: weight decay leaves out biases and batch-norm parameters", 0},
+    {"optim.bn_bias_lr_scale", CFG_FLOAT32, "1", 0,
+     "batch norm's bias (beta) steps with optim.lr times this, its weight decay per step unchanged (decoupled: "
+     "PyTorch's group lr x s with weight_decay / s)", "(0, 1000000]"},
     {"optim.schedule", CFG_ENUM, "constant", "constant|cosine|onecycle|linear",
      "learning rate per optimizer step, computed on the device: constant; cosine from optim.lr to "
      "optim.final_lr after a linear warm-up; onecycle as PyTorch's OneCycleLR (warm-up = its pct_start); "
@@ -107,6 +117,15 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.final_lr", CFG_FLOAT32, "0", 0, "where the cosine and linear schedules end", "[0, inf)"},
     {"optim.label_smoothing", CFG_FLOAT32, "0", 0,
      "cross-entropy against (1 - e) x one-hot + e / classes (PyTorch's label_smoothing)", "[0, 1)"},
+    {"optim.lookahead_every", CFG_INT, "0", 0,
+     "lookahead every N optimizer steps (0: off): a slow copy of the parameters and batch-norm running "
+     "statistics moves to a x slow + (1 - a) x trained, a = optim.lookahead_alpha x (step / steps)^"
+     "optim.lookahead_power, and the net takes it; after the last step the net takes the slow copy (on the "
+     "device; not with dist.shard_optimizer)", "[0, 1000000000]"},
+    {"optim.lookahead_alpha", CFG_FLOAT32, "0.7738", 0, "lookahead: the slow copy's weight at the run's end",
+     "[0, 1]"},
+    {"optim.lookahead_power", CFG_FLOAT32, "3", 0, "lookahead: how the slow copy's weight grows over the run",
+     "[0, 100]"},
     {"optim.clip_norm", CFG_FLOAT32, "0", 0,
      "clip the gradient's global L2 norm (after loss-scale unscaling) to this value, on the device (0: off)",
      "[0, inf)"},

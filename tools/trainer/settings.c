@@ -93,6 +93,8 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->model.nhwc = is(cfg, "model.layout", "nhwc");
     s->model.bn_momentum = (float)config_float(cfg, "model.bn_momentum");
     s->model.bn_eps = (float)config_float(cfg, "model.bn_eps");
+    s->model.bn_weight_fixed = is(cfg, "model.bn_weight", "fixed");
+    s->model.whiten_bias_epochs = (float)config_float(cfg, "model.whiten_bias_epochs");
     s->train.batch = (int)config_int(cfg, "train.batch");
     s->train.read_loss_every = (int)config_int(cfg, "train.read_loss_every");
     s->train.sync_after_step = config_bool(cfg, "train.sync_after_step");
@@ -101,6 +103,10 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->optim.weight_decay = (float)config_float(cfg, "optim.weight_decay");
     s->optim.nesterov = config_bool(cfg, "optim.nesterov");
     s->optim.decay_bn_bias = config_bool(cfg, "optim.decay_bn_bias");
+    s->optim.bn_bias_lr_scale = (float)config_float(cfg, "optim.bn_bias_lr_scale");
+    s->optim.lookahead_every = (long)config_int(cfg, "optim.lookahead_every");
+    s->optim.lookahead_alpha = (float)config_float(cfg, "optim.lookahead_alpha");
+    s->optim.lookahead_power = (float)config_float(cfg, "optim.lookahead_power");
     s->optim.schedule = is(cfg, "optim.schedule", "cosine")     ? LR_COSINE
                       : is(cfg, "optim.schedule", "onecycle") ? LR_ONECYCLE
                       : is(cfg, "optim.schedule", "linear")   ? LR_LINEAR

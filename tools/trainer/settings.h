@@ -32,8 +32,8 @@ typedef struct {
     } data;
     struct {
         const char *name;
-        int num_classes, fuse, nhwc;
-        float bn_momentum, bn_eps;
+        int num_classes, fuse, nhwc, bn_weight_fixed;
+        float bn_momentum, bn_eps, whiten_bias_epochs;
     } model;
     struct {
         int batch, read_loss_every, sync_after_step;
@@ -42,6 +42,8 @@ typedef struct {
      * (see settings_read). */
     struct {
         float lr, momentum, weight_decay, warmup_epochs, warmup_start_factor, final_lr, label_smoothing, clip_norm;
+        float bn_bias_lr_scale, lookahead_alpha, lookahead_power;
+        long lookahead_every;
         int nesterov, decay_bn_bias;
         LrScheduleKind schedule;
     } optim;

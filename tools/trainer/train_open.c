@@ -1,6 +1,7 @@
 /* Opening a run (settings, the GPU, data, model, optimizer, dist,
  * monitoring, resume) and closing it. */
 #include "dist/placement.h"
+#include "models/whiten.h"
 #include "tools/trainer/export.h"
 #include "tools/trainer/trainer.h"
 
@@ -214,12 +215,53 @@ static void build_model(Trainer *t) {
     m->nvtx_layers = s->run.nvtx_layers;
     m->act_dtype = s->precision.amp;
     m->no_decay_bn_bias = !s->optim.decay_bn_bias;
+    m->bn_weight_fixed = s->model.bn_weight_fixed;
+    m->bn_bias_lr_scale = s->optim.bn_bias_lr_scale;
     if (s->dist.sync_bn && !m->n_bn_stats) {
         if (t->ddp.dist->rank == 0) log_warn("dist.sync_bn = on: %s has no batch norm; ignored", s->model.name);
     } else if (s->dist.sync_bn && t->ddp.dist->world > 1) {
         m->bn_allreduce = sync_bn_allreduce;
         m->bn_allreduce_ctx = t;
     }
+}
+
+/* A whitening layer's weights from the 2x2 patches of WHITEN_IMAGES training
+ * images picked by the seed, normalised as the loader normalises them. Every
+ * rank picks the same ones. */
+static void whiten_from_data(Trainer *t) {
+    const Dataset *d = &t->data.train_set;
+    Model *m = &t->model;
+    if (d->h != m->acts[0].h || d->w != m->acts[0].w || d->c != m->acts[0].c_real)
+        settings_fail(&t->set, "data.image_size", "the whitening layer of %s needs training images of its input, "
+                      "%dx%dx%d, as stored (these are %dx%dx%d)", t->set.model.name, m->acts[0].c_real, m->acts[0].h,
+                      m->acts[0].w, d->c, d->h, d->w);
+    int n = d->n < WHITEN_IMAGES ? d->n : WHITEN_IMAGES, k = 4 * d->c;
+    size_t image = dataset_image_bytes(d);
+    int *order = malloc(sizeof(int) * d->n);
+    float *images = malloc(sizeof(float) * image * n), *filters = malloc(sizeof(float) * 2 * k * k);
+    double *moment = malloc(sizeof(double) * k * k);
+    if (!order || !images || !filters || !moment) TC_FATAL("out of host memory: whitening");
+    TransformSpec spec;
+    transform_spec_default(&spec, d->h, d->w);
+    uint64_t state = t->set.run.seed ^ 0x5768697465ULL;
+    for (int i = 0; i < d->n; i++) order[i] = i;
+    for (int i = 0; i < n; i++) { /* the first n of a random permutation */
+        int j = i + (int)(rng_splitmix64(&state) % (uint64_t)(d->n - i)), tmp = order[i];
+        order[i] = order[j], order[j] = tmp;
+    }
+    for (int i = 0; i < n; i++) {
+        const uint8_t *px = dataset_image(d, order[i]);
+        for (size_t p = 0; p < image; p++) {
+            int ch = (int)(p / ((size_t)d->h * d->w));
+            images[(size_t)i * image + p] = (px[p] / 255.0f - spec.mean[ch]) / spec.std[ch];
+        }
+    }
+    whiten_patch_moment(images, n, d->c, d->h, d->w, moment);
+    if (whiten_filters(moment, k, WHITEN_EPS, filters) != 0)
+        TC_USER_ERROR("%s: the training images' 2x2 patch moment has no eigen-decomposition", t->set.data.path);
+    model_set_whitening(m, filters);
+    log_info("whitening: %d filters from the 2x2 patches of %d training images", 2 * k, n);
+    free(order), free(images), free(filters), free(moment);
 }
 
 /* The model's buffers and ours on the device, and the SGD step's masks. */
@@ -234,6 +276,9 @@ static void open_model(Trainer *t) {
     t->optim.sgd.nesterov = t->set.optim.nesterov;
     t->optim.sgd.decay_mask = t->model.decay_mask;
     t->optim.sgd.grad_mult = t->buf.clip_factor; /* NULL: no clipping */
+    t->optim.sgd.lr_scale = t->model.lr_scale;   /* NULL: every parameter at optim.lr */
+    t->optim.whiten_layer = model_whitening_layer(&t->model);
+    if (t->optim.whiten_layer >= 0) whiten_from_data(t);
     t->optim.schedule.kind = t->set.optim.schedule;
     t->optim.schedule.final_lr = t->set.optim.final_lr;
 }
@@ -283,6 +328,23 @@ static CkptPosition open_resume_point(Trainer *t, CkptFile *resume) {
 }
 
 /* The loaders, the metrics file, the GPU samples into it, the schedule and the phase ring. */
+/* optim.lookahead_every: its schedule over the run's steps, and the slow
+ * copies starting from the weights the run starts from (initialised,
+ * whitened, loaded or resumed). */
+static void open_lookahead(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    Model *m = &t->model;
+    if (s->optim.lookahead_every <= 0) return;
+    if (t->ddp.shard_optimizer)
+        settings_fail(s, "optim.lookahead_every", "lookahead needs every parameter on every rank: set "
+                      "dist.shard_optimizer = off");
+    t->optim.lookahead = (LookaheadParams){s->optim.lookahead_every, t->watch.total_steps, s->optim.lookahead_alpha,
+                                           s->optim.lookahead_power};
+    op_copy(&m->ops, t->buf.slow_params, m->params, m->n_params * sizeof(float));
+    if (t->buf.slow_bn) op_copy(&m->ops, t->buf.slow_bn, m->bn_running, m->n_bn_stats * sizeof(float));
+    op_sync(&m->ops);
+}
+
 static void open_loop(Trainer *t, double run_start) {
     const TrainSettings *s = &t->set;
     t->data.train_loader = make_loader(t, &t->data.train_set, 1);
@@ -301,8 +363,10 @@ static void open_loop(Trainer *t, double run_start) {
         settings_fail(s, "memory.accumulate", "micro-batches of train.batch = %d are more than an epoch of %d images",
                       s->train.batch, t->data.train_set.n);
     plan_schedule(t, t->steps_per_epoch);
+    t->optim.whiten_bias_steps = (long)ceil(s->model.whiten_bias_epochs * (double)t->steps_per_epoch);
     t->watch.total_steps = (long)t->steps_per_epoch * s->run.epochs;
     if (s->run.max_steps && s->run.max_steps < t->watch.total_steps) t->watch.total_steps = s->run.max_steps;
+    open_lookahead(t);
     phases_init(t);
     t->watch.progress = isatty(2) && !log_is_quiet();
     t->seen.loss = NAN;

@@ -21,6 +21,11 @@ static void carve_aux(Trainer *t, Arena *a) {
         t->buf.clip_factor = arena_alloc(a, sizeof(float), "gradient clip factor");
         if (scratch) t->buf.grad_norm_scratch = arena_alloc(a, scratch, "gradient norm scratch");
     }
+    if (t->set.optim.lookahead_every > 0) {
+        t->buf.slow_params = arena_alloc(a, t->model.n_params * sizeof(float), "lookahead slow parameters");
+        if (t->model.n_bn_stats)
+            t->buf.slow_bn = arena_alloc(a, t->model.n_bn_stats * sizeof(float), "lookahead slow batch-norm statistics");
+    }
     for (int s = 0; s < 2; s++) {
         if (t->set.data.async_copy && !t->set.data.transform_on_gpu)
             t->input.staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");

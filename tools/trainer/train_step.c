@@ -105,6 +105,7 @@ static void sgd_range(Trainer *t, size_t first, size_t count) {
     size_t esize = dtype_size(m->act_dtype);
     SgdParams p = t->optim.sgd;
     if (p.decay_mask) p.decay_mask += first;
+    if (p.lr_scale) p.lr_scale += first;
     sgd_step_mixed(&m->ops, m->params + first, (char *)m->grads + first * esize, m->momentum + first,
                    m->weights == m->params ? NULL : (char *)m->weights + first * esize, count, t->buf.lr, t->buf.scaler,
                    p);
@@ -141,6 +142,16 @@ static void update_whole(Trainer *t) {
     sgd_range(t, 0, m->n_params);
 }
 
+/* optim.lookahead_every: the parameters (with their rounded copy under AMP)
+ * and the running statistics, on the step counter's schedule. */
+static void lookahead_whole(Trainer *t) {
+    Model *m = &t->model;
+    void *half = m->weights == m->params ? NULL : m->weights;
+    lookahead_step(&m->ops, t->buf.lr_step, t->optim.lookahead, t->buf.slow_params, m->params, half, m->n_params);
+    if (t->buf.slow_bn)
+        lookahead_step(&m->ops, t->buf.lr_step, t->optim.lookahead, t->buf.slow_bn, m->bn_running, NULL, m->n_bn_stats);
+}
+
 static void optimizer_step(Trainer *t) {
     const OpContext *ctx = &t->model.ops;
     eager_mark(t, PH_OPTIMIZER);
@@ -154,9 +165,17 @@ static void optimizer_step(Trainer *t) {
         grad_buckets_finish(&t->ddp.buckets, ctx->stream);
         gpu_range_pop();
     }
-    if (t->optim.schedule.kind != LR_CONSTANT) lr_schedule_step(ctx, &t->optim.schedule, t->buf.lr_step, t->buf.lr);
+    /* The whitening bias's end and lookahead read the step counter, which the schedule advances. */
+    int whiten = t->optim.whiten_layer >= 0, lookahead = t->optim.lookahead.every > 0;
+    if (t->optim.schedule.kind != LR_CONSTANT || whiten || lookahead)
+        lr_schedule_step(ctx, &t->optim.schedule, t->buf.lr_step, t->buf.lr);
+    if (whiten) {
+        const Layer *l = &t->model.layers[t->optim.whiten_layer];
+        freeze_after(ctx, t->buf.lr_step, t->optim.whiten_bias_steps, t->model.lr_scale + l->b_off, l->b_count);
+    }
     if (t->ddp.shard_optimizer) update_sharded(t);
     else update_whole(t);
+    if (lookahead) lookahead_whole(t);
     loss_scaler_update(ctx, t->buf.scaler, t->set.precision.scale_growth, t->set.precision.scale_backoff,
                        t->set.precision.scale_interval);
     gpu_range_pop();

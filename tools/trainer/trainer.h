@@ -31,7 +31,9 @@
 #include "models/model.h"
 #include "models/zoo.h"
 #include "ops/accuracy.h"
+#include "ops/freeze_after.h"
 #include "ops/grad_norm.h"
+#include "ops/lookahead.h"
 #include "ops/loss_scaler.h"
 #include "ops/lr_schedule.h"
 #include "ops/sgd.h"
@@ -125,6 +127,9 @@ typedef struct {
      * made on the device each step, and the norm's scratch; NULL when off. */
     float *grad_norm, *clip_factor;
     void *grad_norm_scratch;
+    /* optim.lookahead_every > 0: the slow copies of the parameters and of the batch norms' running
+     * statistics; NULL when off. */
+    float *slow_params, *slow_bn;
 } TrainBuffers;
 
 /* Moving a batch in: two staging buffers that the copy stream fills while the
@@ -146,6 +151,9 @@ typedef struct {
     SgdParams sgd;
     LrSchedule schedule;      /* kind LR_CONSTANT: the lr buffer keeps optim.lr */
     cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
+    int whiten_layer;         /* the model's whitening layer, or -1 */
+    long whiten_bias_steps;   /* its bias trains in steps [0, this) (model.whiten_bias_epochs) */
+    LookaheadParams lookahead; /* every 0: off */
 } TrainOptim;
 
 /* What the host last read back from the device, and the bad steps it tells of. */

@@ -1,0 +1,18 @@
+/* Gradient checks of whole models (tests linking the models): the scalar
+ * loss sum(logits * r) of a fixed input, and its analytic gradient. */
+#ifndef TRAINC_TESTS_MODEL_CHECKS_H
+#define TRAINC_TESTS_MODEL_CHECKS_H
+
+#include "models/model.h"
+
+typedef struct {
+    Model *m;
+    const float *input, *r; /* r: batch x classes */
+} ModelLoss;
+
+/* sum of logits * r (a LossFn, tests/op_checks.h): its gradient with respect to the logits is r. */
+double model_loss(void *model_loss);
+/* The loss once forward, then backward from r: every parameter's gradient in m->grads. */
+void model_loss_backward(ModelLoss *l);
+
+#endif

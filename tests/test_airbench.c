@@ -1,0 +1,127 @@
+/* airbench's net (models/airbench.c): its shapes and parameter count at the
+ * recipe's widths, the zoo refusing another image size, the blocks' identity
+ * (Dirac) start, and, at small widths,
+ * the gradient of all parameters against finite differences along random
+ * directions and along itself (through the odd max-pool, the global max, the
+ * bias-free linear layer and the logit scale; each op's own gradient is
+ * checked element by element in the op grid). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/layers.h"
+#include "models/zoo.h"
+#include "tests/harness.h"
+#include "tests/model_checks.h"
+#include "tests/op_checks.h"
+
+enum { BATCH = 4, CLASSES = 10 };
+
+static void check_shapes(void) {
+    Model m;
+    char err[256] = "";
+    CHECK(model_build(&m, "airbench", BATCH, 32, CLASSES, 0, err, sizeof err) == 0);
+    /* Each block's max-pool: 31 -> 15 -> 7 -> 3; then the global max to 1x1. */
+    int pooled[4], n_pooled = 0;
+    for (int i = 0; i < m.n_layers; i++)
+        if (m.layers[i].kind == LAYER_MAXPOOL && n_pooled < 4) pooled[n_pooled++] = m.acts[m.layers[i].out].h;
+    CHECK_MSG(n_pooled == 4 && pooled[0] == 15 && pooled[1] == 7 && pooled[2] == 3 && pooled[3] == 1,
+              "max-pool outputs %d %d %d %d", pooled[0], pooled[1], pooled[2], pooled[3]);
+    CHECK(m.acts[m.layers[0].out].h == 31 && m.acts[m.layers[0].out].c == 24);
+    size_t convs = 24 * 64 * 9 + 64 * 64 * 9 + 64 * 256 * 9 + 256 * 256 * 9 + 2 * 256 * 256 * 9;
+    size_t want = 24 * 12 + 24 + convs + 2 * 2 * (64 + 256 + 256) + 256 * CLASSES;
+    CHECK_MSG(m.n_params == want, "airbench: %zu parameters, want %zu", m.n_params, want);
+    const Layer *last = &m.layers[m.n_layers - 1], *head = &m.layers[m.n_layers - 2];
+    CHECK(last->kind == LAYER_SCALE && fabsf(last->scale - 1.0f / 9.0f) < 1e-9f);
+    CHECK(head->kind == LAYER_LINEAR && head->b_count == 0 && strcmp(head->module, "head") == 0);
+    CHECK(m.layers[0].b_count == 24 && strcmp(m.layers[0].module, "whiten") == 0);
+    err[0] = 0;
+    CHECK(model_build(&m, "airbench", BATCH, 64, CLASSES, 0, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "data.image_size") && strstr(err, "32"), "airbench at 64x64: '%s'", err);
+}
+
+/* The slope of the loss along direction v (unit length) by central
+ * differences: the sum over every parameter, so one parameter near a
+ * max-pool's switch or float32's rounding in one coordinate hardly moves it. */
+static double directional_slope(Model *m, ModelLoss *l, const float *v, float eps) {
+    float *saved = malloc(m->n_params * sizeof(float));
+    memcpy(saved, m->params, m->n_params * sizeof(float));
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = saved[i] + eps * v[i];
+    double up = model_loss(l);
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = saved[i] - eps * v[i];
+    double down = model_loss(l);
+    memcpy(m->params, saved, m->n_params * sizeof(float));
+    free(saved);
+    return (up - down) / (2.0 * eps);
+}
+
+static void check_gradients(uint64_t *rng) {
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    airbench_build(&m, (const int[3]){4, 6, 6});
+    /* PyTorch's default start: the identity filters would pass maxima through unchanged, and the max-pools'
+     * ties and switches would make finite differences along a direction unreliable. */
+    for (int i = 0; i < m.n_layers; i++) m.layers[i].dirac = 0;
+    model_finalize(&m, NULL, 3);
+    float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
+    ModelLoss loss = {&m, input, r};
+    model_loss_backward(&loss);
+    float *analytic = malloc(m.n_params * sizeof(float)), *v = malloc(m.n_params * sizeof(float));
+    memcpy(analytic, m.grads, m.n_params * sizeof(float));
+    for (int d = 0; d < 6; d++) {
+        /* Along the analytic gradient itself, where a wrong one shows most, then random directions. */
+        if (d == 0) memcpy(v, analytic, m.n_params * sizeof(float));
+        else test_fill_uniform(v, m.n_params, rng, -1.0f, 1.0f);
+        double norm = 0, want = 0;
+        for (size_t i = 0; i < m.n_params; i++) norm += (double)v[i] * v[i];
+        for (size_t i = 0; i < m.n_params; i++) v[i] = (float)(v[i] / sqrt(norm));
+        for (size_t i = 0; i < m.n_params; i++) want += (double)analytic[i] * v[i];
+        double got = directional_slope(&m, &loss, v, 1e-4f);
+        printf("  airbench direction %d: analytic slope %.6f, finite differences %.6f\n", d, want, got);
+        /* Off by the curvature over eps (smaller as eps shrinks), float32's rounding over eps (larger) and
+         * the max-pools' switches crossed: a percent or so along the gradient, up to 0.01 along a random
+         * direction, whose slope is small; a wrong gradient is off by far more along the gradient. */
+        CHECK_MSG(fabs(got - want) <= (d == 0 ? 1e-2 : 5e-2) * fabs(want) + 2e-2, "airbench direction %d: analytic slope %.6g, "
+                  "finite differences %.6g", d, want, got);
+    }
+    free(input), free(analytic), free(v);
+    model_destroy(&m);
+}
+
+/* The blocks' convolutions: the first min(out, in) filters the identity (1 at
+ * the centre of their own channel), the rest as PyTorch's default drew them. */
+static void check_dirac(void) {
+    Model m;
+    model_init(&m, 2, CLASSES, 0);
+    airbench_build(&m, (const int[3]){8, 6, 6});
+    model_finalize(&m, NULL, 4);
+    int convs = 0;
+    for (int i = 1; i < m.n_layers; i++) {
+        const Layer *l = &m.layers[i];
+        if (l->kind != LAYER_CONV) continue;
+        convs++;
+        CHECK(l->dirac);
+        int k = l->conv.shape.k, c = l->conv.shape.c, identity = k < c ? k : c, wrong = 0, drawn = 0;
+        for (int f = 0; f < k; f++)
+            for (int j = 0; j < c * 9; j++) {
+                float w = m.params[l->w_off + (size_t)f * c * 9 + j];
+                if (f < identity) wrong += w != (j == f * 9 + 4 ? 1.0f : 0.0f);
+                else drawn += w != 0.0f;
+            }
+        CHECK_MSG(wrong == 0, "%s: %d weights of the identity filters wrong", l->module, wrong);
+        CHECK_MSG(k == identity || drawn > 0, "%s: the filters past the identity are all zero", l->module);
+    }
+    CHECK(convs == 6 && !m.layers[0].dirac);
+    model_destroy(&m);
+}
+
+int main(void) {
+    uint64_t rng = test_seed();
+    check_shapes();
+    check_dirac();
+    check_gradients(&rng);
+    return test_finish("test_airbench");
+}

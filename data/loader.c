@@ -77,6 +77,13 @@ static int batch_samples(const Loader *l, int b) {
     return left < l->cfg.batch ? left : l->cfg.batch;
 }
 
+/* Sample 'index' of the data set's random choices in the epoch. */
+static void draw_params(const Loader *l, int epoch, int index, TransformParams *params) {
+    transform_plan_draw(&l->plan, rng_sample_seed(l->cfg.seed, epoch, index), params);
+    if (l->plan.flip == TRANSFORM_FLIP_ALTERNATE)
+        params->flip = transform_alternate_flip(l->cfg.seed, epoch, index);
+}
+
 /* Builds samples [from, to) of batch b into the slot; returns 0, or -1 when the
  * generation moved (the work was dropped). Raw mode draws from the same seed as
  * the float path, so the GPU makes the same images from the params. */
@@ -87,9 +94,7 @@ static int build_samples(Loader *l, Slot *s, int b, int from, int to, int epoch,
         if (atomic_load_explicit(&l->generation, memory_order_relaxed) != generation) return -1;
         int index = l->order[b * l->cfg.batch + i];
         TransformParams params;
-        transform_plan_draw(&l->plan, rng_sample_seed(l->cfg.seed, epoch, index), &params);
-        if (l->plan.flip == TRANSFORM_FLIP_ALTERNATE)
-            params.flip = transform_alternate_flip(l->cfg.seed, epoch, index);
+        draw_params(l, epoch, index, &params);
         if (l->cfg.raw) {
             memcpy(s->raw_images + (size_t)i * l->raw_image_bytes, dataset_image(d, index),
                    l->raw_image_bytes);
@@ -254,6 +259,7 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
 }
 
 int loader_batches_per_epoch(const Loader *l) { return l->batches_per_epoch; }
+int loader_epoch_samples(const Loader *l) { return l->samples; }
 
 /* The epoch's permutation from the seed (the same on every rank); with world > 1
  * this rank keeps every world-th position of it, starting at its rank. */
@@ -288,6 +294,15 @@ void loader_start_epoch(Loader *l, int epoch) {
     l->units_per_epoch = l->cfg.workers > 0 ? l->batches_per_epoch * l->chunks_per_batch : 0;
     pthread_cond_broadcast(&l->work_changed);
     pthread_mutex_unlock(&l->lock);
+}
+
+void loader_epoch_plan(Loader *l, int epoch, int32_t *index, TransformParams *params) {
+    if (l->cfg.workers > 0) TC_FATAL("loader_epoch_plan: the loader has worker threads (workers must be 0)");
+    epoch_order(l, epoch);
+    for (int i = 0; i < l->samples; i++) {
+        index[i] = l->order[i];
+        draw_params(l, epoch, index[i], &params[i]);
+    }
 }
 
 static void build_batch_here(Loader *l, Slot *s, int b) {

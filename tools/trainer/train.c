@@ -203,7 +203,7 @@ static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro)
     c.lw = (LogWindow){now_seconds(), loader_wait_seconds(t->data.train_loader), t->step};
     t->watch.progress_drawn = c.lw.start; /* the rate leaves out the evaluation */
     t->watch.progress_step = t->step;
-    loader_start_epoch(t->data.train_loader, epoch);
+    start_train_epoch(t, epoch);
     if (resume_micro) c.epoch_micro = skip_batches(t, resume_micro);
     train_steps(t, r, &c, epoch);
     if (t->set.run.use_gpu) release_held(t, t->data.train_loader);

@@ -50,6 +50,7 @@ void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc) {
     transform_spec_default(&lc->transform, s->data.image_size, s->data.image_size);
     lc->transform.flip = s->data.flip;
     lc->transform.crop_pad = s->data.crop_pad;
+    lc->transform.pad_reflect = s->data.pad_reflect;
     lc->transform.cutout = s->data.cutout;
 }
 
@@ -58,8 +59,14 @@ static Loader *make_loader(Trainer *t, const Dataset *d, int train) {
     train_loader_config(&t->set, train, &lc);
     lc.rank = t->ddp.dist->rank; /* each rank its shard of the same shuffle */
     lc.world = t->ddp.dist->world;
-    if (t->set.data.transform_on_gpu)
-        gpu_transform_args_init(&t->input.transform_args, &lc.transform, d->c, d->h, d->w);
+    if (train && t->set.data.on_device) {
+        lc.workers = 0; /* asked only for each epoch's plan (loader_epoch_plan) */
+        lc.prefetch = 1;
+        lc.pinned = 0;
+        lc.raw = 1;
+    }
+    if (!train && t->set.run.eval_tta) lc.raw = 1; /* the views are made from the stored images */
+    gpu_transform_args_init(&t->input.transform_args, &lc.transform, d->c, d->h, d->w);
     if (train && d->n / t->ddp.dist->world < t->set.train.batch)
         settings_fail(&t->set, "train.batch", "is larger than the %d training images%s", d->n / t->ddp.dist->world,
                       t->ddp.dist->world > 1 ? " of this rank's shard" : "");
@@ -229,6 +236,7 @@ static void open_model(Trainer *t) {
     if (t->set.run.use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->set.run.use_gpu ? &t->device.gpu : NULL, t->set.run.seed);
     state_alloc(t);
+    tta_prepare(t);
     t->optim.sgd.momentum = t->set.optim.momentum;
     t->optim.sgd.weight_decay = t->set.optim.weight_decay;
     t->optim.sgd.nesterov = t->set.optim.nesterov;

@@ -109,6 +109,9 @@ typedef struct {
     Loader *train_loader, *test_loader;
 } TrainData;
 
+/* run.eval_tta = flip_translate: the image, translated up-left and down-right, each with its mirror. */
+#define TTA_MAX_VIEWS 6
+
 /* Small device buffers beside the model's (host memory on the CPU), carved
  * from one arena. */
 typedef struct {
@@ -125,6 +128,12 @@ typedef struct {
      * made on the device each step, and the norm's scratch; NULL when off. */
     float *grad_norm, *clip_factor;
     void *grad_norm_scratch;
+    /* run.eval_tta: a test batch's stored images, each view's params (the same
+     * for every sample), and fp32 logits: the views' weighted sum, a pair of
+     * views, one view. NULL when off. */
+    uint8_t *tta_images;
+    TransformParams *tta_views;
+    float *tta_sum, *tta_pair, *tta_view;
 } TrainBuffers;
 
 /* Moving a batch in: two staging buffers that the copy stream fills while the
@@ -140,6 +149,14 @@ typedef struct {
     int held_slot_valid;
     Batch held;               /* the batch whose copy may still be in flight */
     int held_staging;
+    /* data.on_device: the training set on the device, and the epoch's order and
+     * random choices, sent at each epoch's start from their host copy. */
+    uint8_t *set_images;
+    int32_t *set_labels;
+    int32_t *epoch_index;
+    TransformParams *epoch_params;
+    void *epoch_host;         /* the index, then the params (pinned on the GPU) */
+    cudaEvent_t epoch_sent;   /* the last epoch's copy has left epoch_host */
 } TrainInput;
 
 typedef struct {
@@ -193,6 +210,15 @@ void state_free(Trainer *t);
 void upload_sync(Trainer *t, const Batch *b);
 void upload_async(Trainer *t, Loader *l, const Batch *b);
 void release_held(Trainer *t, Loader *l);
+/* The training data's epoch begins: the loader's, or (data.on_device) the
+ * epoch's order and random choices sent to the device. */
+void start_train_epoch(Trainer *t, int epoch);
+/* data.on_device: micro-batch epoch_micro of the epoch gathered, augmented and
+ * normalised into the model's input, and its labels, on the device. */
+void gather_on_device(Trainer *t, long epoch_micro);
+/* The transform kernel (on the CPU its reference) from a's images and params
+ * into the model's input, on stream. */
+void transform_into_input(Trainer *t, GpuTransformArgs *a, cudaStream_t stream);
 void device_sync(Trainer *t);
 /* dist.shard_optimizer: every rank gets the whole state (the owners' master
  * weights, momentum and weights), before a checkpoint, an evaluation or the
@@ -220,6 +246,13 @@ void tensorboard_start(Trainer *t);
 void tensorboard_stop(Trainer *t);
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw);
 void progress_draw(Trainer *t, int epoch, int force);
+
+/* train_tta.c */
+/* run.eval_tta: the views' params on the device (after state_alloc). */
+void tta_prepare(Trainer *t);
+/* Adds to t->buf.correct the test batch's samples whose views' summed logits
+ * have their largest value at the label; the batch goes back to its loader. */
+void tta_count(Trainer *t, Loader *l, const Batch *b);
 
 /* train_step.c */
 int take_batch(Trainer *t, long epoch_micro);

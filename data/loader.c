@@ -273,15 +273,20 @@ static void epoch_order(Loader *l, int epoch) {
         l->order[i] = all[l->cfg.rank + (size_t)i * world];
 }
 
-void loader_start_epoch(Loader *l, int epoch) {
-    pthread_mutex_lock(&l->lock);
-    /* Drop the old epoch: nothing more to claim, fills in flight stop, and the
-     * ring and the order are rewritten only once no worker is inside a fill. */
+/* With the lock held: drop the epoch in hand: nothing more to claim, fills in
+ * flight stop, and it returns once no worker is inside a fill (the ring, the
+ * order and the seed may then be rewritten). */
+static void drop_epoch(Loader *l) {
     atomic_fetch_add(&l->generation, 1);
     l->units_per_epoch = 0;
     l->next_unit = 0;
     pthread_cond_broadcast(&l->work_changed);
     while (l->workers_filling > 0) pthread_cond_wait(&l->slot_changed, &l->lock);
+}
+
+void loader_start_epoch(Loader *l, int epoch) {
+    pthread_mutex_lock(&l->lock);
+    drop_epoch(l);
 
     epoch_order(l, epoch);
     for (int i = 0; i < l->cfg.prefetch; i++) {
@@ -303,6 +308,14 @@ void loader_epoch_plan(Loader *l, int epoch, int32_t *index, TransformParams *pa
         index[i] = l->order[i];
         draw_params(l, epoch, index[i], &params[i]);
     }
+}
+
+void loader_set_seed(Loader *l, uint64_t seed) {
+    pthread_mutex_lock(&l->lock);
+    drop_epoch(l); /* workers read the seed inside their fills, unlocked */
+    l->cfg.seed = seed;
+    l->epoch = -1;
+    pthread_mutex_unlock(&l->lock);
 }
 
 static void build_batch_here(Loader *l, Slot *s, int b) {

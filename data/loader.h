@@ -62,6 +62,9 @@ void loader_start_epoch(Loader *l, int epoch);
  * held at once. */
 int loader_next(Loader *l, Batch *out);
 void loader_release(Loader *l, const Batch *b);
+/* The seed of the epochs started from now on (run.repeats: run r's own order
+ * and augmentation); the epoch in hand, if any, is dropped. */
+void loader_set_seed(Loader *l, uint64_t seed);
 /* Samples of this rank's epoch (the whole data set when world <= 1). */
 int loader_epoch_samples(const Loader *l);
 /* The epoch as data that stays on the device needs it (data.on_device): the

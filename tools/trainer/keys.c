@@ -7,6 +7,10 @@ const CfgKeySpec trainc_keys[] = {
     {"run.seed", CFG_INT, "0", 0, "seed of parameter initialisation, shuffling and augmentation",
      "[0, 9223372036854775807]"},
     {"run.epochs", CFG_INT, "3", 0, "passes over the training set", "[1, 1000000]"},
+    {"run.repeats", CFG_INT, "1", 0,
+     "train this many runs in one process, run r from run.seed + r (weights, order and augmentation), the data, "
+     "the convolution algorithms and the CUDA graphs kept; a line per run and the mean, std and min of the test "
+     "accuracy and of the training time (train_s) in the summary", "[1, 100000]"},
     {"run.max_steps", CFG_INT, "0", 0, "stop after this many optimizer steps (0: no limit)", "[0, 1000000000000]"},
     {"run.warmup_steps", CFG_INT, "20", 0, "steps left out of the timed throughput window", "[0, 1000000000]"},
     {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps", "[1, 1000000000]"},

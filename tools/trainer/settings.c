@@ -45,6 +45,7 @@ static void fill_run(const Config *cfg, TrainSettings *s) {
     s->run.use_gpu = is(cfg, "run.device", "cuda");
     s->run.gpu = (int)config_int(cfg, "run.gpu");
     s->run.epochs = (int)config_int(cfg, "run.epochs");
+    s->run.repeats = (int)config_int(cfg, "run.repeats");
     s->run.log_every = (int)config_int(cfg, "run.log_every");
     s->run.warmup_steps = (int)config_int(cfg, "run.warmup_steps");
     s->run.eval = config_bool(cfg, "run.eval");
@@ -201,6 +202,8 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     /* The async path holds the previous batch while its copy is in flight. */
     require(p, !s->data.async_copy || s->data.prefetch >= 2, "data.prefetch",
             "must be at least 2 with data.async_copy = on");
+    require(p, s->run.repeats == 1 || (!s->run.resume[0] && !s->run.init_from[0]), "run.repeats",
+            "above 1 excludes run.resume and run.init_from (each run starts from its own seed)");
     require(p, !s->data.on_device || !s->data.resident, "data.on_device",
             "and data.resident exclude each other (data.resident trains on one batch)");
 }
@@ -211,6 +214,7 @@ void settings_read(const Config *cfg, int world, TrainSettings *s) {
     require(p, strlen(s->run.name) < sizeof ((TrainSummary *)0)->name, "run.name", "is longer than 127 bytes");
     check_gpu_only(p, s, world);
     check_joined_keys(p, s);
+    require(p, s->run.repeats == 1 || world == 1, "run.repeats", "above 1 needs a single process (no mpirun)");
     config_problems_check(p);
     if (s->precision.amp == DTYPE_F32) {
         /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */

@@ -22,6 +22,7 @@ typedef struct {
         const char *name, *metrics_file, *tensorboard_dir, *resume, *init_from;
         int use_gpu, gpu, epochs, log_every, warmup_steps, eval, nvtx_layers;
         int eval_tta;     /* run.eval_tta: 0 off, 1 flip, 2 flip_translate */
+        int repeats;
         long max_steps;
         uint64_t seed;
         long profile_first, profile_last; /* run.profile_steps; 0: off */

@@ -276,6 +276,11 @@ int trainer_gpu_ordinal(const TrainSettings *s, const Dist *dist);
  * optimizer, dist, resume, loaders, metrics file, schedule. Returns where
  * the data order starts. */
 CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out, double run_start);
+/* run.repeats: the next run from seed: the weights drawn as model_finalize
+ * draws them, momentum, batch-norm statistics, learning-rate step and loss
+ * scaler as at the start, step 0, and the loaders' order and augmentation
+ * from seed. Buffers, convolution algorithms and captured CUDA graphs stay. */
+void trainer_restart(Trainer *t, uint64_t seed);
 void trainer_close(Trainer *t);
 
 #endif

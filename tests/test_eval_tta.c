@@ -6,7 +6,6 @@
  * down-right with reflect padding (tools/torch_airbench.py's tta_logits). The
  * test split (40 images, batches of 16) ends in a partial batch. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,25 +20,15 @@
 
 enum { BATCH = 16, SIDE = 32, PLANE = SIDE * SIDE, IMAGE = 3 * PLANE, CLASSES = 10, TEST = 40 };
 
-static void set(Config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set(Config *c, const char *fmt, ...) {
-    char line[2048], err[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
-}
-
 static Config *small_run(const char *tta) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
     const char *sets[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=32",
                           "data.synthetic_train=256", "data.synthetic_test=40", "run.epochs=1",
                           "run.log_every=1000", "run.warmup_steps=0", "optim.lr=0.05", "data.flip=on"};
-    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) set(c, "%s", sets[i]);
-    set(c, "train.batch=%d", BATCH);
-    set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
-    set(c, "run.eval_tta=%s", tta);
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) test_config_set(c, "%s", sets[i]);
+    test_config_set(c, "train.batch=%d", BATCH);
+    test_config_set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
+    test_config_set(c, "run.eval_tta=%s", tta);
     return c;
 }
 

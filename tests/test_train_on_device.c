@@ -4,13 +4,11 @@
  * loader's batches do: on the CPU against the float loader, on a GPU (when
  * there is one) against data.transform_on = gpu, eagerly and as a CUDA graph.
  * With alternating flip, reflect-padded crop and cutout. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/config.h"
-#include "runtime/gpu.h"
 #include "tests/harness.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/train.h"
@@ -23,23 +21,13 @@ static const char *base_sets[] = {"data.source=synthetic", "data.image_size=32",
                                   "optim.weight_decay=0.001"};
 enum { N_BASE = sizeof base_sets / sizeof *base_sets };
 
-static void set(Config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set(Config *c, const char *fmt, ...) {
-    char line[2048], err[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
-}
-
 /* The summary of a run of the base settings with 'extra' applied after them. */
 static TrainSummary run(const char *device, const char **extra, int n_extra) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
-    for (int i = 0; i < N_BASE; i++) set(c, "%s", base_sets[i]);
-    set(c, "run.device=%s", device);
-    set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
-    for (int i = 0; i < n_extra; i++) set(c, "%s", extra[i]);
+    for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
+    test_config_set(c, "run.device=%s", device);
+    test_config_set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
+    for (int i = 0; i < n_extra; i++) test_config_set(c, "%s", extra[i]);
     TrainSummary s;
     train_run(c, &s);
     config_free(c);
@@ -71,7 +59,7 @@ static void check_gpu(void) {
 
 int main(void) {
     check_cpu();
-    if (TRAINC_CUDA && gpu_count() > 0) check_gpu();
-    else printf("GPU part skipped: %s\n", TRAINC_CUDA ? "no GPU visible" : "built without CUDA");
+    if (test_have_gpu()) check_gpu();
+    else printf("GPU part skipped: no GPU visible (or built without CUDA)\n");
     return test_finish("test_train_on_device");
 }

@@ -6,7 +6,6 @@
  * standard deviation and minimum; training times are positive. Through the
  * loader's worker threads and through data.on_device. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,16 +21,6 @@ static const char *base_sets[] = {"run.device=cpu", "data.source=cifar_bin", "da
                                   "data.crop_pad=2", "optim.lr=0.05", "optim.momentum=0.9",
                                   "optim.schedule=linear", "optim.warmup_epochs=0.5"};
 enum { N_BASE = sizeof base_sets / sizeof *base_sets };
-
-static void set(Config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set(Config *c, const char *fmt, ...) {
-    char line[2048], err[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
-}
 
 static char data_dir[1024];
 
@@ -59,11 +48,11 @@ static void write_cifar_copy(void) {
 
 static TrainSummary run(const char *data, unsigned long long seed, int repeats) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
-    for (int i = 0; i < N_BASE; i++) set(c, "%s", base_sets[i]);
-    set(c, "data.path=%s", data_dir);
-    set(c, "%s", data);
-    set(c, "run.seed=%llu", seed);
-    set(c, "run.repeats=%d", repeats);
+    for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
+    test_config_set(c, "data.path=%s", data_dir);
+    test_config_set(c, "%s", data);
+    test_config_set(c, "run.seed=%llu", seed);
+    test_config_set(c, "run.repeats=%d", repeats);
     TrainSummary s;
     train_run(c, &s);
     config_free(c);

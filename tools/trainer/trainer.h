@@ -4,11 +4,12 @@
  *   train_state.c       the buffers beside the model's, moving a batch in, syncs
  *   train_watch.c       phase timing, the metrics file, profiler range, log
  *                       points, progress line, Prometheus, TensorBoard
+ *   train_tta.c         test-time augmentation of the evaluation (run.eval_tta)
  *   train_step.c        one micro-batch and the optimizer, reading the loss back,
  *                       evaluation
  *   train_checkpoint.c  checkpoints and resume
  *   train_open.c        opening a run (data, model, optimizer, dist, monitoring,
- *                       resume) and closing it
+ *                       resume), the next run of run.repeats, and closing it
  *   train.c             the run, top to bottom
  * Private to tools/trainer/. */
 #ifndef TRAINC_TOOLS_TRAINER_TRAINER_H

@@ -15,6 +15,7 @@ void gpu_transform_args_init(GpuTransformArgs *a, const TransformSpec *t, int c,
     a->out_w = t->out_w > 0 ? t->out_w : w;
     memcpy(a->mean, t->mean, sizeof a->mean);
     memcpy(a->std, t->std, sizeof a->std);
+    a->pad_reflect = t->pad_reflect != 0;
 }
 
 size_t gpu_transform_params_bytes(int batch) { return (size_t)batch * sizeof(TransformParams); }
@@ -33,6 +34,7 @@ void gpu_transform_check_args(const GpuTransformArgs *a) {
             TC_FATAL("gpu_transform: std[%d] = %g must be > 0", ch, a->std[ch]);
     if (a->n > 0 && (!a->raw_images || !a->params || !a->out))
         TC_FATAL("gpu_transform: raw_images, params and out must all be set");
+    if (a->labels_out && !a->labels) TC_FATAL("gpu_transform: labels_out needs labels");
 }
 
 /* ---- the reference ------------------------------------------------------- */
@@ -55,13 +57,13 @@ static Tap bilinear_tap(int i, int in, float scale) {
     return t;
 }
 
-/* Pixel (gy, gx) of the cropped and flipped image, normalised; the padding is
- * the pixel value 0. */
+/* Pixel (gy, gx) of the cropped and flipped image, normalised; the zero padding
+ * is the pixel value 0. */
 static float gathered(const GpuTransformArgs *a, const uint8_t *image, const TransformParams *p,
                       int ch, int gy, int gx) {
-    int sy = gy + p->crop_dy;
-    int sx = (p->flip ? a->w - 1 - gx : gx) + p->crop_dx;
-    int inside = sy >= 0 && sy < a->h && sx >= 0 && sx < a->w;
+    int sy = transform_pad_index(gy + p->crop_dy, a->h, a->pad_reflect);
+    int sx = transform_pad_index((p->flip ? a->w - 1 - gx : gx) + p->crop_dx, a->w, a->pad_reflect);
+    int inside = sy >= 0 && sx >= 0;
     int v = inside ? image[((size_t)ch * a->h + sy) * a->w + sx] : 0;
     return ((float)v / 255.0f - a->mean[ch]) / a->std[ch];
 }
@@ -79,8 +81,10 @@ void gpu_transform_reference_cpu(const GpuTransformArgs *a) {
     gpu_transform_check_args(a);
     float scale_y = (float)a->h / (float)a->out_h, scale_x = (float)a->w / (float)a->out_w;
     for (int i = 0; i < a->n; i++) {
-        const uint8_t *image = a->raw_images + (size_t)i * a->c * a->h * a->w;
+        int image_number = a->index ? a->index[i] : i;
+        const uint8_t *image = a->raw_images + (size_t)image_number * a->c * a->h * a->w;
         const TransformParams *p = &a->params[i];
+        if (a->labels_out) a->labels_out[i] = a->labels[image_number];
         for (int y = 0; y < a->out_h; y++) {
             Tap ty = bilinear_tap(y, a->h, scale_y);
             for (int x = 0; x < a->out_w; x++) {

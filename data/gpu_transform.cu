@@ -41,9 +41,9 @@ static __device__ float blend(float wa, float a, float wb, float b) {
  * in the zero padding. */
 static __device__ int source_offset(const GpuTransformArgs &a, const TransformParams &p, int gy,
                                     int gx) {
-    int sy = gy + p.crop_dy;
-    int sx = (p.flip ? a.w - 1 - gx : gx) + p.crop_dx;
-    return (sy >= 0 && sy < a.h && sx >= 0 && sx < a.w) ? sy * a.w + sx : -1;
+    int sy = transform_pad_index(gy + p.crop_dy, a.h, a.pad_reflect);
+    int sx = transform_pad_index((p.flip ? a.w - 1 - gx : gx) + p.crop_dx, a.w, a.pad_reflect);
+    return (sy >= 0 && sx >= 0) ? sy * a.w + sx : -1;
 }
 
 static __device__ float tap_value(const uint8_t *plane, const float *lut, int offset) {
@@ -92,7 +92,9 @@ gpu_transform_kernel(GpuTransformArgs a, float scale_y, float scale_x) {
     int sample = blockIdx.y;
     int pixels = a.out_h * a.out_w;
     TransformParams p = a.params[sample];
-    const uint8_t *image = a.raw_images + (size_t)sample * a.c * a.h * a.w;
+    int image_number = a.index ? a.index[sample] : sample;
+    const uint8_t *image = a.raw_images + (size_t)image_number * a.c * a.h * a.w;
+    if (a.labels_out && blockIdx.x == 0 && threadIdx.x == 0) a.labels_out[sample] = a.labels[image_number];
     for (int round = 0; round < TRANSFORM_ROUNDS; round++) {
         /* 'first' is the same for the whole block, so the break and the
          * __syncthreads below are reached by all its threads or none. */

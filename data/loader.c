@@ -77,6 +77,13 @@ static int batch_samples(const Loader *l, int b) {
     return left < l->cfg.batch ? left : l->cfg.batch;
 }
 
+/* Sample 'index' of the data set's random choices in the epoch. */
+static void draw_params(const Loader *l, int epoch, int index, TransformParams *params) {
+    transform_plan_draw(&l->plan, rng_sample_seed(l->cfg.seed, epoch, index), params);
+    if (l->plan.flip == TRANSFORM_FLIP_ALTERNATE)
+        params->flip = transform_alternate_flip(l->cfg.seed, epoch, index);
+}
+
 /* Builds samples [from, to) of batch b into the slot; returns 0, or -1 when the
  * generation moved (the work was dropped). Raw mode draws from the same seed as
  * the float path, so the GPU makes the same images from the params. */
@@ -87,9 +94,7 @@ static int build_samples(Loader *l, Slot *s, int b, int from, int to, int epoch,
         if (atomic_load_explicit(&l->generation, memory_order_relaxed) != generation) return -1;
         int index = l->order[b * l->cfg.batch + i];
         TransformParams params;
-        transform_plan_draw(&l->plan, rng_sample_seed(l->cfg.seed, epoch, index), &params);
-        if (l->plan.flip == TRANSFORM_FLIP_ALTERNATE)
-            params.flip = transform_alternate_flip(l->cfg.seed, epoch, index);
+        draw_params(l, epoch, index, &params);
         if (l->cfg.raw) {
             memcpy(s->raw_images + (size_t)i * l->raw_image_bytes, dataset_image(d, index),
                    l->raw_image_bytes);
@@ -254,6 +259,7 @@ Loader *loader_create(const Dataset *d, const LoaderConfig *cfg) {
 }
 
 int loader_batches_per_epoch(const Loader *l) { return l->batches_per_epoch; }
+int loader_epoch_samples(const Loader *l) { return l->samples; }
 
 /* The epoch's permutation from the seed (the same on every rank); with world > 1
  * this rank keeps every world-th position of it, starting at its rank. */
@@ -267,15 +273,20 @@ static void epoch_order(Loader *l, int epoch) {
         l->order[i] = all[l->cfg.rank + (size_t)i * world];
 }
 
-void loader_start_epoch(Loader *l, int epoch) {
-    pthread_mutex_lock(&l->lock);
-    /* Drop the old epoch: nothing more to claim, fills in flight stop, and the
-     * ring and the order are rewritten only once no worker is inside a fill. */
+/* With the lock held: drop the epoch in hand: nothing more to claim, fills in
+ * flight stop, and it returns once no worker is inside a fill (the ring, the
+ * order and the seed may then be rewritten). */
+static void drop_epoch(Loader *l) {
     atomic_fetch_add(&l->generation, 1);
     l->units_per_epoch = 0;
     l->next_unit = 0;
     pthread_cond_broadcast(&l->work_changed);
     while (l->workers_filling > 0) pthread_cond_wait(&l->slot_changed, &l->lock);
+}
+
+void loader_start_epoch(Loader *l, int epoch) {
+    pthread_mutex_lock(&l->lock);
+    drop_epoch(l);
 
     epoch_order(l, epoch);
     for (int i = 0; i < l->cfg.prefetch; i++) {
@@ -287,6 +298,23 @@ void loader_start_epoch(Loader *l, int epoch) {
     l->held = 0;
     l->units_per_epoch = l->cfg.workers > 0 ? l->batches_per_epoch * l->chunks_per_batch : 0;
     pthread_cond_broadcast(&l->work_changed);
+    pthread_mutex_unlock(&l->lock);
+}
+
+void loader_epoch_plan(Loader *l, int epoch, int32_t *index, TransformParams *params) {
+    if (l->cfg.workers > 0) TC_FATAL("loader_epoch_plan: the loader has worker threads (workers must be 0)");
+    epoch_order(l, epoch);
+    for (int i = 0; i < l->samples; i++) {
+        index[i] = l->order[i];
+        draw_params(l, epoch, index[i], &params[i]);
+    }
+}
+
+void loader_set_seed(Loader *l, uint64_t seed) {
+    pthread_mutex_lock(&l->lock);
+    drop_epoch(l); /* workers read the seed inside their fills, unlocked */
+    l->cfg.seed = seed;
+    l->epoch = -1;
     pthread_mutex_unlock(&l->lock);
 }
 

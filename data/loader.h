@@ -62,6 +62,17 @@ void loader_start_epoch(Loader *l, int epoch);
  * held at once. */
 int loader_next(Loader *l, Batch *out);
 void loader_release(Loader *l, const Batch *b);
+/* The seed of the epochs started from now on (run.repeats: run r's own order
+ * and augmentation); the epoch in hand, if any, is dropped. */
+void loader_set_seed(Loader *l, uint64_t seed);
+/* Samples of this rank's epoch (the whole data set when world <= 1). */
+int loader_epoch_samples(const Loader *l);
+/* The epoch as data that stays on the device needs it (data.on_device): the
+ * data set index of each of the epoch's loader_epoch_samples positions, in
+ * order, and each sample's random choices: what raw-mode batches of the epoch
+ * would hold, batch b being positions b * batch .. b * batch + n - 1. Only for a
+ * loader with workers = 0, never asked for batches (it rewrites the epoch's order). */
+void loader_epoch_plan(Loader *l, int epoch, int32_t *index, TransformParams *params);
 /* Seconds loader_next spent waiting for workers since creation. */
 double loader_wait_seconds(const Loader *l);
 /* Stops the workers (also mid-epoch) and frees everything. */

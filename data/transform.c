@@ -109,6 +109,7 @@ void transform_plan_init(TransformPlan *p, const TransformSpec *t, int c, int h,
     p->out_w = t->out_w > 0 ? t->out_w : w;
     p->flip = t->flip;
     p->crop_pad = t->crop_pad > 0 ? t->crop_pad : 0;
+    p->pad_reflect = t->pad_reflect != 0;
     p->cutout = t->cutout > 0 ? t->cutout : 0;
     p->identity = p->out_h == h && p->out_w == w;
     for (int ch = 0; ch < c; ch++) {
@@ -142,9 +143,9 @@ size_t transform_plan_scratch_floats(const TransformPlan *p) {
     return (size_t)p->c * p->h * p->w + (size_t)p->c * p->h * p->out_w;
 }
 
-/* Crop (zero padding), flip and normalise into a float image of the input size.
- * Normalising before the resize gives the same values as after it (the bilinear
- * weights sum to 1) at a fraction of the cost. */
+/* Crop (zero or reflect padding), flip and normalise into a float image of the
+ * input size. Normalising before the resize gives the same values as after it
+ * (the bilinear weights sum to 1) at a fraction of the cost. */
 static void gather_normalized(const TransformPlan *p, const uint8_t *src, int dy, int dx, int flip,
                               float *out) {
     int h = p->h, w = p->w;
@@ -154,15 +155,15 @@ static void gather_normalized(const TransformPlan *p, const uint8_t *src, int dy
         float *out_plane = out + (size_t)ch * h * w;
         for (int y = 0; y < h; y++) {
             float *out_row = out_plane + (size_t)y * w;
-            int sy = y + dy;
-            if (sy < 0 || sy >= h) {
+            int sy = transform_pad_index(y + dy, h, p->pad_reflect);
+            if (sy < 0) {
                 for (int x = 0; x < w; x++) out_row[x] = lut[0];
                 continue;
             }
             const uint8_t *src_row = plane + (size_t)sy * w;
             for (int x = 0; x < w; x++) {
-                int sx = (flip ? w - 1 - x : x) + dx;
-                out_row[x] = (sx >= 0 && sx < w) ? lut[src_row[sx]] : lut[0];
+                int sx = transform_pad_index((flip ? w - 1 - x : x) + dx, w, p->pad_reflect);
+                out_row[x] = sx >= 0 ? lut[src_row[sx]] : lut[0];
             }
         }
     }

@@ -1,4 +1,4 @@
-/* Per-sample transforms on the CPU: random crop with zero padding, random
+/* Per-sample transforms on the CPU: random crop with zero or reflect padding, random
  * horizontal flip, bilinear resize, per-channel normalisation and cutout, from a
  * uint8 CHW image to a float32 CHW image of out_h x out_w. The random choices
  * come from a seed per sample, so the result does not depend on which thread ran
@@ -17,8 +17,10 @@ typedef struct {
     int flip;           /* 1: random horizontal flip with probability 1/2;
                            TRANSFORM_FLIP_ALTERNATE: the loader flips each sample
                            in every other epoch (transform_alternate_flip) */
-    int crop_pad;       /* > 0: pad by this many zero pixels, then crop back to the
+    int crop_pad;       /* > 0: pad by this many pixels, then crop back to the
                            stored size at a random offset, before the resize */
+    int pad_reflect;    /* 1: the padding mirrors the image without repeating its
+                           edge (PyTorch's mode = "reflect"); 0: zero pixels */
     float mean[3], std[3]; /* applied to pixel/255 */
     int cutout;         /* > 0: a square of this side at a random centre (cy, cx) of
                            the output, rows cy - cutout/2 .. cy - cutout/2 + cutout - 1
@@ -33,12 +35,33 @@ typedef struct {
  * cutout setting of its own. A plain array of these is copied to the device as is. */
 typedef struct {
     int32_t crop_dy, crop_dx; /* output pixel (y, x) of the crop reads stored pixel
-                                 (y + crop_dy, x + crop_dx), zero outside; in
-                                 [-crop_pad, crop_pad], 0 without a crop */
+                                 (y + crop_dy, x + crop_dx), zero or mirrored outside
+                                 (transform_pad_index); in [-crop_pad, crop_pad], 0
+                                 without a crop */
     int32_t flip;             /* 1: mirrored left-right after the crop */
     int32_t cutout_y0, cutout_y1, cutout_x0, cutout_x1; /* output rows [y0, y1) x
                                  columns [x0, x1) set to 0; empty without cutout */
 } TransformParams;
+
+#ifdef __CUDACC__
+#define TRANSFORM_HOST_DEVICE __host__ __device__
+#else
+#define TRANSFORM_HOST_DEVICE
+#endif
+
+/* Where coordinate i (any int) of a side of n stored pixels reads: i itself
+ * inside; outside, with reflect, the mirror image about the edge pixels
+ * (-1 -> 1, n -> n - 2, repeated for offsets past a whole side; n = 1: 0),
+ * else -1 (a zero pixel). The CPU path, its GPU reference and the kernel share it. */
+static inline TRANSFORM_HOST_DEVICE int transform_pad_index(int i, int n, int reflect) {
+    if (i >= 0 && i < n) return i;
+    if (!reflect) return -1;
+    if (n == 1) return 0;
+    int period = 2 * (n - 1);
+    i %= period;
+    if (i < 0) i += period;
+    return i < n ? i : period - i;
+}
 
 /* A flip for every other epoch (the CIFAR-10 speed runs' "alternating flip"):
  * epoch 0 flips a random half of the samples, and each later epoch flips just

@@ -11,7 +11,7 @@
 typedef struct {
     int c, h, w;         /* input image */
     int out_h, out_w;
-    int flip, crop_pad, cutout;
+    int flip, crop_pad, pad_reflect, cutout;
     float norm_lut[3][256]; /* (v/255 - mean)/std for each channel and byte value */
     /* Bilinear taps: output column x reads input columns col_lo[x], col_hi[x]
      * with weights col_wlo[x], col_whi[x]; the same for rows. */

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/config.h"
 #include "runtime/gpu.h"
 
 int test_failures;
@@ -219,4 +220,13 @@ const char *test_mpirun_prefix(int ranks) {
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
     snprintf(prefix, sizeof prefix, "'%s' -n %d %s ", mpiexec, ranks, flags ? flags : "");
     return prefix;
+}
+
+void test_config_set(Config *c, const char *fmt, ...) {
+    char line[2048], err[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
 }

@@ -29,6 +29,11 @@ void test_require_gpu(void);
 int test_have_gpu(void);
 int test_finish(const char *name);
 
+/* One printf-formatted "key=value" assignment into a config; a refused one is a
+ * failed check with the config's message. */
+typedef struct Config Config;
+void test_config_set(Config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Fresh random data each run unless TRAINC_TEST_SEED is set; the seed is printed. */
 uint64_t test_seed(void);
 float test_uniform(uint64_t *state, float lo, float hi);

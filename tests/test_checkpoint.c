@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,19 +35,9 @@ static const char *base_sets[] = {"run.device=cpu", "data.source=synthetic", "da
                                   "optim.weight_decay=0.001"};
 enum { N_BASE = sizeof base_sets / sizeof *base_sets };
 
-static void set(Config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void set(Config *c, const char *fmt, ...) {
-    char line[2048], err[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
-}
-
 static Config *small_run(void) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
-    for (int i = 0; i < N_BASE; i++) set(c, "%s", base_sets[i]);
+    for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
     return c;
 }
 
@@ -346,26 +335,26 @@ static void check_resume(const char *dir) {
     char ckdir[768];
 
     Config *c = small_run();
-    set(c, "run.max_steps=40");
+    test_config_set(c, "run.max_steps=40");
     float *whole = run(c, &s);
     CHECK(s.steps == 40 && !s.stopped && s.exit_status == 0);
 
     /* Stopped at 25 with checkpoints at 10 and 20, resumed from 20: across the epoch's end at 32. */
     snprintf(ckdir, sizeof ckdir, "%s/api", dir);
     c = small_run();
-    set(c, "run.max_steps=25");
-    set(c, "run.checkpoint_every=10");
-    set(c, "run.checkpoint_dir=%s", ckdir);
+    test_config_set(c, "run.max_steps=25");
+    test_config_set(c, "run.checkpoint_every=10");
+    test_config_set(c, "run.checkpoint_dir=%s", ckdir);
     free(run(c, &s));
     snprintf(resumed_from, sizeof resumed_from, "%s/ckpt-00000020.trc", ckdir);
     CHECK_MSG(file_exists(resumed_from), "no %s", resumed_from);
     CHECK(strcmp(s.checkpoint, resumed_from) == 0);
 
     c = small_run();
-    set(c, "run.max_steps=40");
-    set(c, "run.checkpoint_every=10");
-    set(c, "run.checkpoint_dir=%s", ckdir);
-    set(c, "run.resume=%s", resumed_from);
+    test_config_set(c, "run.max_steps=40");
+    test_config_set(c, "run.checkpoint_every=10");
+    test_config_set(c, "run.checkpoint_dir=%s", ckdir);
+    test_config_set(c, "run.resume=%s", resumed_from);
     float *resumed = run(c, &s);
     CHECK(s.steps == 40);
     CHECK_MSG(s.params_crc != 0, "params_crc unset");
@@ -395,13 +384,13 @@ static void check_resume(const char *dir) {
 static void check_nan(const char *dir) {
     TrainSummary s;
     Config *c = small_run();
-    set(c, "run.max_steps=3");
+    test_config_set(c, "run.max_steps=3");
     float *before = run(c, &s);
     CHECK(s.skipped_steps == 0);
 
     c = small_run();
-    set(c, "run.max_steps=4");
-    set(c, "run.inject_nan_step=4");
+    test_config_set(c, "run.max_steps=4");
+    test_config_set(c, "run.inject_nan_step=4");
     float *after = run(c, &s);
     CHECK_MSG(s.skipped_steps == 1, "skipped_steps = %ld", s.skipped_steps);
     CHECK(s.steps == 4 && !s.stopped);
@@ -409,8 +398,8 @@ static void check_nan(const char *dir) {
 
     /* The run goes on after it: step 5 trains again. */
     c = small_run();
-    set(c, "run.max_steps=6");
-    set(c, "run.inject_nan_step=2");
+    test_config_set(c, "run.max_steps=6");
+    test_config_set(c, "run.inject_nan_step=2");
     float *later = run(c, &s);
     CHECK(s.skipped_steps == 1 && s.steps == 6 && isfinite(s.final_loss));
     CHECK(!same_params(later, before));
@@ -420,10 +409,10 @@ static void check_nan(const char *dir) {
     char ckdir[768], path[1024];
     snprintf(ckdir, sizeof ckdir, "%s/nan", dir);
     c = small_run();
-    set(c, "run.max_steps=10");
-    set(c, "run.inject_nan_step=4");
-    set(c, "run.max_bad_steps=1");
-    set(c, "run.checkpoint_dir=%s", ckdir);
+    test_config_set(c, "run.max_steps=10");
+    test_config_set(c, "run.inject_nan_step=4");
+    test_config_set(c, "run.max_bad_steps=1");
+    test_config_set(c, "run.checkpoint_dir=%s", ckdir);
     float *stopped = run(c, &s);
     CHECK(s.stopped && s.exit_status == 1 && s.steps == 4);
     snprintf(path, sizeof path, "%s/ckpt-00000004.trc", ckdir);

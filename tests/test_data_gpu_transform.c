@@ -1,7 +1,8 @@
 /* The GPU transform kernel against its CPU reference (gpu_transform_reference_cpu,
  * which test_data_loader ties to the CPU float path): fresh random images and
  * params each run, NCHW and NHWC, output rows past n poisoned with NaN and left
- * alone. Then the whole GPU path (raw loader, copies, kernel) against the float
+ * alone; zero and reflect padding; samples gathered by index with their labels
+ * (data.on_device). Then the whole GPU path (raw loader, copies, kernel) against the float
  * loader, and timings, printed, not checked: the kernel alone at batch 256,
  * 32 -> 224, and loading + copying + the kernel. */
 #include <math.h>
@@ -76,6 +77,8 @@ static void random_params(TransformParams *p, int crop_pad, int cutout, int out_
 typedef struct {
     const char *name;
     int c, h, w, out_h, out_w, crop_pad, cutout;
+    int pad_reflect; /* data.pad_mode = reflect */
+    int gather;      /* data.on_device: samples picked by index, labels gathered too */
 } Case;
 
 static void check_case(const Case *k, int nhwc) {
@@ -92,22 +95,47 @@ static void check_case(const Case *k, int nhwc) {
     TransformSpec spec;
     transform_spec_default(&spec, k->out_h, k->out_w);
     GpuTransformArgs a;
+    spec.pad_reflect = k->pad_reflect;
     gpu_transform_args_init(&a, &spec, k->c, k->h, k->w);
     a.nhwc = nhwc;
     a.n = n;
     float *expected = nan_floats(out_floats);
+    int32_t index[11], labels[11], want_labels[11], got_labels[11];
+    for (int i = 0; i < batch; i++) {
+        index[i] = uniform_int(0, batch - 1);
+        labels[i] = uniform_int(0, 999);
+        want_labels[i] = got_labels[i] = -7;
+    }
     a.raw_images = images;
     a.params = params;
     a.out = expected;
+    if (k->gather) {
+        a.index = index;
+        a.labels = labels;
+        a.labels_out = want_labels;
+    }
     gpu_transform_reference_cpu(&a);
 
     float *got = nan_floats(out_floats);
     a.raw_images = dev_copy(images, batch * image_bytes);
     a.params = dev_copy(params, gpu_transform_params_bytes(batch));
     a.out = dev_copy(got, out_floats * sizeof(float));
+    if (k->gather) {
+        a.index = dev_copy(index, sizeof index);
+        a.labels = dev_copy(labels, sizeof labels);
+        a.labels_out = dev_copy(got_labels, sizeof got_labels);
+    }
     gpu_transform_batch(&a, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaMemcpy(got, a.out, out_floats * sizeof(float), cudaMemcpyDeviceToHost));
+    if (k->gather) {
+        CUDA_CHECK(cudaMemcpy(got_labels, a.labels_out, sizeof got_labels, cudaMemcpyDeviceToHost));
+        CHECK_MSG(memcmp(got_labels, want_labels, sizeof got_labels) == 0, "%s: gathered labels differ", k->name);
+        CHECK(want_labels[0] == labels[index[0]] && want_labels[n] == -7);
+        CUDA_CHECK(cudaFree((void *)a.index));
+        CUDA_CHECK(cudaFree((void *)a.labels));
+        CUDA_CHECK(cudaFree(a.labels_out));
+    }
 
     size_t written = (size_t)n * sample_floats, not_finite = 0, touched = 0, differ = 0;
     double worst = 0;
@@ -141,12 +169,15 @@ static void check_case(const Case *k, int nhwc) {
 
 static void test_kernel_against_reference(void) {
     static const Case cases[] = {
-        {"3x32x32 -> 32x32", 3, 32, 32, 32, 32, 4, 8},
-        {"3x32x32 -> 224x224", 3, 32, 32, 224, 224, 4, 8},
-        {"3x32x32 -> 224x224 plain", 3, 32, 32, 224, 224, 0, 0},
-        {"1x7x9 -> 13x5", 1, 7, 9, 13, 5, 2, 3},
-        {"2x12x10 -> 5x4", 2, 12, 10, 5, 4, 3, 2},
-        {"3x5x5 -> 50x47", 3, 5, 5, 50, 47, 6, 60}, /* crop past the image, cutout past it */
+        {"3x32x32 -> 32x32", 3, 32, 32, 32, 32, 4, 8, 0, 0},
+        {"3x32x32 -> 224x224", 3, 32, 32, 224, 224, 4, 8, 0, 0},
+        {"3x32x32 -> 224x224 plain", 3, 32, 32, 224, 224, 0, 0, 0, 0},
+        {"1x7x9 -> 13x5", 1, 7, 9, 13, 5, 2, 3, 0, 0},
+        {"2x12x10 -> 5x4", 2, 12, 10, 5, 4, 3, 2, 0, 0},
+        {"3x5x5 -> 50x47", 3, 5, 5, 50, 47, 6, 60, 0, 0}, /* crop past the image, cutout past it */
+        {"3x32x32 reflect, gathered", 3, 32, 32, 32, 32, 2, 8, 1, 1},
+        {"3x5x5 -> 50x47 reflect", 3, 5, 5, 50, 47, 6, 60, 1, 0}, /* mirrored more than a side */
+        {"1x7x9 -> 13x5 reflect, gathered", 1, 7, 9, 13, 5, 2, 3, 1, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         for (int nhwc = 0; nhwc < 2; nhwc++) check_case(&cases[i], nhwc);

@@ -447,6 +447,47 @@ static void test_raw_params_reproduce_float_path(void) {
     dataset_free(&d);
 }
 
+/* data.on_device: an epoch's plan (loader_epoch_plan) is what the raw batches of
+ * the epoch hold, image, label and params for each position, alone and as rank
+ * 1 of 3, with the alternating flip and the reflect padding. */
+static void test_epoch_plan_matches_raw_batches(void) {
+    enum { EPOCHS = 2 };
+    Dataset d;
+    synthetic_make(&d, 300, 3, 12, 12, 10, test_seed() + 3);
+    LoaderConfig cfg = augmenting_config(32, 0);
+    cfg.transform.flip = TRANSFORM_FLIP_ALTERNATE;
+    cfg.transform.pad_reflect = 1;
+    cfg.raw = 1;
+    cfg.drop_last = 1; /* as training's */
+    size_t image_bytes = dataset_image_bytes(&d);
+    for (int world = 1; world <= 3; world += 2) {
+        cfg.rank = world > 1 ? 1 : 0;
+        cfg.world = world;
+        RawRecording r = record_raw_epochs(&d, &cfg, EPOCHS);
+        Loader *l = loader_create(&d, &cfg);
+        int n = loader_epoch_samples(l), batched = loader_batches_per_epoch(l) * cfg.batch;
+        CHECK(n == (world == 1 ? 300 : 100) && r.samples == EPOCHS * batched);
+        int32_t *index = malloc((size_t)n * sizeof *index);
+        TransformParams *params = malloc((size_t)n * sizeof *params);
+        int differ = 0;
+        for (int e = 0; e < EPOCHS; e++) {
+            loader_epoch_plan(l, e, index, params);
+            for (int i = 0; i < batched; i++) {
+                int k = e * batched + i;
+                differ += memcmp(dataset_image(&d, index[i]), r.images + (size_t)k * image_bytes, image_bytes) != 0;
+                differ += memcmp(&params[i], &r.params[k], sizeof params[i]) != 0;
+                differ += d.labels[index[i]] != r.labels[k];
+            }
+        }
+        CHECK_MSG(differ == 0, "world %d: %d differences between the plan and the raw batches", world, differ);
+        free(index);
+        free(params);
+        loader_destroy(l);
+        raw_recording_free(&r);
+    }
+    dataset_free(&d);
+}
+
 /* ---- distributed sampler ------------------------------------------------------- */
 
 /* The data set indices one rank's loader yields in an epoch, in order; returns how many. */
@@ -722,6 +763,7 @@ int main(void) {
     test_raw_same_any_worker_count();
     test_raw_params_reproduce_float_path();
     test_alternate_flip();
+    test_epoch_plan_matches_raw_batches();
     test_stress(2, 1);
     test_stress(1, 1);
     const char *b = getenv("TRAINC_DATA_BENCH");

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "data/dataset.h"
+#include "data/gpu_transform.h"
 #include "data/transform.h"
 #include "tests/harness.h"
 
@@ -204,6 +205,41 @@ static void test_crop(void) {
             hi = counts[i][j] > hi ? counts[i][j] : hi;
         }
     CHECK_MSG(lo > 140 && hi < 270, "offset counts from %d to %d (expected about 200)", lo, hi);
+}
+
+/* data.pad_mode = reflect: the padding mirrors the image about its edge pixels
+ * (PyTorch's F.pad mode="reflect"), by hand on the 4x4 grid; the GPU kernel's
+ * reference reads the same pixels from the same params. */
+static void test_crop_reflect(void) {
+    TransformSpec t = raw_spec(4, 4);
+    t.crop_pad = 2;
+    t.pad_reflect = 1;
+    /* out(y, x) = src(y + 1, x - 1): column -1 reads column 1, row 4 reads row 2. */
+    const float shifted[16] = {6, 5, 6, 7, 10, 9, 10, 11, 14, 13, 14, 15, 10, 9, 10, 11};
+    /* out(y, x) = src(y - 2, x + 2): rows -2, -1 read rows 2, 1; columns 4, 5 read 2, 1. */
+    const float far[16] = {11, 12, 11, 10, 7, 8, 7, 6, 3, 4, 3, 2, 7, 8, 7, 6};
+    uint64_t seed;
+    CHECK(find_seed_giving(&t, shifted, &seed));
+    CHECK(find_seed_giving(&t, far, &seed));
+    CHECK(transform_pad_index(-1, 4, 1) == 1 && transform_pad_index(4, 4, 1) == 2);
+    CHECK(transform_pad_index(-7, 4, 1) == 1 && transform_pad_index(9, 4, 1) == 3); /* past a whole side */
+    CHECK(transform_pad_index(-3, 1, 1) == 0 && transform_pad_index(-1, 4, 0) == -1);
+
+    TransformParams p = {.crop_dy = 1, .crop_dx = -1};
+    float out[16];
+    GpuTransformArgs a;
+    gpu_transform_args_init(&a, &t, 1, 4, 4);
+    CHECK(a.pad_reflect == 1);
+    a.raw_images = grid;
+    a.params = &p;
+    a.out = out;
+    a.n = 1;
+    gpu_transform_reference_cpu(&a);
+    CHECK(near_all(out, shifted, 16, 1e-4f));
+    p.crop_dy = -2;
+    p.crop_dx = 2;
+    gpu_transform_reference_cpu(&a);
+    CHECK(near_all(out, far, 16, 1e-4f));
 }
 
 static void test_normalization(void) {
@@ -550,6 +586,7 @@ int main(void) {
     test_bilinear_against_reference();
     test_flip();
     test_crop();
+    test_crop_reflect();
     test_normalization();
     test_cutout_off_changes_nothing();
     test_cutout_hand_values();

@@ -200,6 +200,13 @@ static void check_gpu_keys_on_cpu(void) {
     expect_error("--config configs/baseline.ini --device cpu --set dist.socket_threads=16 "
                  "--set dist.sockets_per_thread=8", "dist.sockets_per_thread = 8: times dist.socket_threads must be "
                  "at most 64");
+    expect_error("--config configs/baseline.ini --device cpu --set data.on_device=on --set data.resident=on",
+                 "--set: data.on_device = on: and data.resident exclude each other");
+    expect_error("--config configs/baseline.ini --device cpu --set run.repeats=3 --set run.resume=latest",
+                 "--set: run.repeats = 3: above 1 excludes run.resume and run.init_from");
+    expect_error("--config configs/baseline.ini --device cpu --set data.pad_mode=mirror", "data.pad_mode");
+    expect_error("--config configs/baseline.ini --device cpu --set run.eval_tta=on", "run.eval_tta");
+    expect_error("--config configs/baseline.ini --device cpu --set run.repeats=0", "run.repeats");
     CHECK(strstr(output, "train.c") == NULL);
 }
 

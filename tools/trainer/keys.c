@@ -7,6 +7,10 @@ const CfgKeySpec trainc_keys[] = {
     {"run.seed", CFG_INT, "0", 0, "seed of parameter initialisation, shuffling and augmentation",
      "[0, 9223372036854775807]"},
     {"run.epochs", CFG_INT, "3", 0, "passes over the training set", "[1, 1000000]"},
+    {"run.repeats", CFG_INT, "1", 0,
+     "train this many runs in one process, run r from run.seed + r (weights, order and augmentation), the data, "
+     "the convolution algorithms and the CUDA graphs kept; a line per run and the mean, std and min of the test "
+     "accuracy and of the training time (train_s) in the summary", "[1, 100000]"},
     {"run.max_steps", CFG_INT, "0", 0, "stop after this many optimizer steps (0: no limit)", "[0, 1000000000000]"},
     {"run.warmup_steps", CFG_INT, "20", 0, "steps left out of the timed throughput window", "[0, 1000000000]"},
     {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps", "[1, 1000000000]"},
@@ -16,6 +20,10 @@ const CfgKeySpec trainc_keys[] = {
      "samples/s, loss scale, GPU utilisation and memory at each log point, test accuracy at each epoch's "
      "end; view with tensorboard --logdir DIR (empty: off)", 0},
     {"run.eval", CFG_BOOL, "on", 0, "evaluate top-1 accuracy on the test split after each epoch", 0},
+    {"run.eval_tta", CFG_ENUM, "off", "off|flip|flip_translate",
+     "test-time augmentation of the evaluation: the logits of several views of each test image summed before the "
+     "argmax: flip, the image and its mirror; flip_translate, airbench's 0.5 x that pair's mean plus 0.25 x the "
+     "pair's mean for the image translated by one pixel up-left and by one down-right (reflect padding)", 0},
     {"run.checkpoint_every", CFG_INT, "0", 0,
      "write a checkpoint (weights, momentum, loss scaler, data position) every N steps (0: off; "
      "SIGINT/SIGTERM still write one)", "[0, 1000000000000]"},
@@ -66,11 +74,19 @@ const CfgKeySpec trainc_keys[] = {
     {"data.flip", CFG_ENUM, "off", "off|on|alternate",
      "horizontal flip of training images: on, each with probability 1/2; alternate, a random half in the first "
      "epoch and then each image in every other epoch", 0},
-    {"data.crop_pad", CFG_INT, "0", 0, "random crop after zero padding by this many pixels (0: off)", "[0, 4096]"},
+    {"data.crop_pad", CFG_INT, "0", 0, "random crop after padding by this many pixels (data.pad_mode) (0: off)",
+     "[0, 4096]"},
+    {"data.pad_mode", CFG_ENUM, "zero", "zero|reflect",
+     "the padding of data.crop_pad: zero pixels, or the image mirrored about its edge pixels (PyTorch's "
+     "reflect; the CIFAR-10 speed runs' translation)", 0},
     {"data.cutout", CFG_INT, "0", 0, "cutout: zero a random square of this side (0: off)", "[0, 4096]"},
     {"data.transform_on", CFG_ENUM, "cpu", "cpu|gpu",
      "cpu: workers resize and normalise, float batches cross the bus; gpu: uint8 batches of the "
      "stored size cross the bus and one kernel resizes, augments and normalises", 0},
+    {"data.on_device", CFG_BOOL, "off", 0,
+     "the whole training set, decoded uint8 at its stored size, uploaded to the device once; each step gathers "
+     "its batch there by the epoch's permutation and augments and normalises it in one kernel, as data.transform_on "
+     "= gpu does (no loader threads, no copies per step; on the CPU the kernel's reference does the same)", 0},
     {"data.resident", CFG_BOOL, "off", 0,
      "train on one batch kept on the device: the step's throughput without the input pipeline", 0},
 

@@ -45,9 +45,11 @@ static void fill_run(const Config *cfg, TrainSettings *s) {
     s->run.use_gpu = is(cfg, "run.device", "cuda");
     s->run.gpu = (int)config_int(cfg, "run.gpu");
     s->run.epochs = (int)config_int(cfg, "run.epochs");
+    s->run.repeats = (int)config_int(cfg, "run.repeats");
     s->run.log_every = (int)config_int(cfg, "run.log_every");
     s->run.warmup_steps = (int)config_int(cfg, "run.warmup_steps");
     s->run.eval = config_bool(cfg, "run.eval");
+    s->run.eval_tta = is(cfg, "run.eval_tta", "flip") ? 1 : is(cfg, "run.eval_tta", "flip_translate") ? 2 : 0;
     s->run.nvtx_layers = config_bool(cfg, "run.nvtx_layers");
     s->run.max_steps = (long)config_int(cfg, "run.max_steps");
     s->run.seed = (uint64_t)config_int(cfg, "run.seed");
@@ -80,6 +82,8 @@ static void fill_data(const Config *cfg, TrainSettings *s) {
     s->data.cutout = (int)config_int(cfg, "data.cutout");
     s->data.transform_on_gpu = is(cfg, "data.transform_on", "gpu");
     s->data.resident = config_bool(cfg, "data.resident");
+    s->data.pad_reflect = is(cfg, "data.pad_mode", "reflect");
+    s->data.on_device = config_bool(cfg, "data.on_device");
 }
 
 static DType read_dtype(const Config *cfg, const char *key, DType otherwise) {
@@ -204,6 +208,10 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     /* The async path holds the previous batch while its copy is in flight. */
     require(p, !s->data.async_copy || s->data.prefetch >= 2, "data.prefetch",
             "must be at least 2 with data.async_copy = on");
+    require(p, s->run.repeats == 1 || (!s->run.resume[0] && !s->run.init_from[0]), "run.repeats",
+            "above 1 excludes run.resume and run.init_from (each run starts from its own seed)");
+    require(p, !s->data.on_device || !s->data.resident, "data.on_device",
+            "and data.resident exclude each other (data.resident trains on one batch)");
 }
 
 void settings_read(const Config *cfg, int world, TrainSettings *s) {
@@ -212,6 +220,7 @@ void settings_read(const Config *cfg, int world, TrainSettings *s) {
     require(p, strlen(s->run.name) < sizeof ((TrainSummary *)0)->name, "run.name", "is longer than 127 bytes");
     check_gpu_only(p, s, world);
     check_joined_keys(p, s);
+    require(p, s->run.repeats == 1 || world == 1, "run.repeats", "above 1 needs a single process (no mpirun)");
     config_problems_check(p);
     if (s->precision.amp == DTYPE_F32) {
         /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */

@@ -21,6 +21,8 @@ typedef struct {
     struct {
         const char *name, *metrics_file, *tensorboard_dir, *resume, *init_from;
         int use_gpu, gpu, epochs, log_every, warmup_steps, eval, nvtx_layers;
+        int eval_tta;     /* run.eval_tta: 0 off, 1 flip, 2 flip_translate */
+        int repeats;
         long max_steps;
         uint64_t seed;
         long profile_first, profile_last; /* run.profile_steps; 0: off */
@@ -29,6 +31,7 @@ typedef struct {
         const char *source, *path;
         int image_size, train_limit, test_limit, synthetic_train, synthetic_test;
         int workers, prefetch, pinned, async_copy, shuffle, flip, crop_pad, cutout, transform_on_gpu, resident;
+        int pad_reflect, on_device;
     } data;
     struct {
         const char *name;

@@ -203,7 +203,7 @@ static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro)
     c.lw = (LogWindow){now_seconds(), loader_wait_seconds(t->data.train_loader), t->step};
     t->watch.progress_drawn = c.lw.start; /* the rate leaves out the evaluation */
     t->watch.progress_step = t->step;
-    loader_start_epoch(t->data.train_loader, epoch);
+    start_train_epoch(t, epoch);
     if (resume_micro) c.epoch_micro = skip_batches(t, resume_micro);
     train_steps(t, r, &c, epoch);
     if (t->set.run.use_gpu) release_held(t, t->data.train_loader);
@@ -231,6 +231,37 @@ static void end_epoch(Trainer *t, RunTally *r, TrainSummary *out, int epoch, dou
 }
 
 /* ---- the summary ---------------------------------------------------------------- */
+
+/* run.repeats: one line per run on standard output (rank 0). */
+static void report_repeat(const Trainer *t, int run, double acc, double train_s) {
+    if (t->set.run.repeats == 1 || t->ddp.dist->rank != 0) return;
+    log_progress_end();
+    printf("run %d: acc=%.4f train_s=%.3f\n", run, acc, train_s);
+    fflush(stdout);
+}
+
+/* The mean, sample standard deviation and minimum of n values (n >= 1). */
+static void mean_std_min(const double *v, int n, double *mean, double *std, double *min) {
+    double sum = 0, squares = 0;
+    *min = v[0];
+    for (int i = 0; i < n; i++) {
+        sum += v[i];
+        if (v[i] < *min) *min = v[i];
+    }
+    *mean = sum / n;
+    for (int i = 0; i < n; i++) squares += (v[i] - *mean) * (v[i] - *mean);
+    *std = n > 1 ? sqrt(squares / (n - 1)) : 0;
+}
+
+/* Over the runs finished; a run stopped by a signal counts for nothing. */
+static void summarize_repeats(TrainSummary *out, const double *accs, const double *train_s) {
+    double acc_mean;
+    out->test_acc_std = out->test_acc_min = out->train_s = out->train_s_std = out->train_s_min = NAN;
+    if (out->runs == 0) return;
+    mean_std_min(train_s, out->runs, &out->train_s, &out->train_s_std, &out->train_s_min);
+    mean_std_min(accs, out->runs, &acc_mean, &out->test_acc_std, &out->test_acc_min);
+    if (!isnan(acc_mean)) out->test_acc = acc_mean;
+}
 
 /* The last read-back, and why the run stopped early. */
 static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
@@ -314,6 +345,34 @@ static void summarize_params(Trainer *t, TrainSummary *out, float **params_out) 
     else free(params);
 }
 
+/* run.repeats runs (one unless set), each its epochs from start (a resumed
+ * run's position) and their evaluations; the last run's tally. */
+static RunTally train_runs(Trainer *t, TrainSummary *out, CkptPosition start) {
+    const RunTally fresh = {.loss = NAN, .why = RUN_ON, .last_step_epoch = (int)start.epoch};
+    RunTally r = fresh;
+    int repeats = t->set.run.repeats;
+    double *accs = calloc((size_t)repeats, sizeof *accs), *train_s = calloc((size_t)repeats, sizeof *train_s);
+    if (!accs || !train_s) TC_FATAL("out of host memory: run.repeats");
+    for (out->runs = 0; out->runs < repeats; out->runs++) {
+        if (out->runs > 0) trainer_restart(t, t->set.run.seed + (uint64_t)out->runs);
+        device_sync(t); /* the training time starts on an idle device */
+        r = fresh;
+        for (int epoch = (int)start.epoch; epoch < t->set.run.epochs && r.why == RUN_ON; epoch++) {
+            double epoch_s = train_epoch(t, &r, epoch, epoch == start.epoch ? (long)start.epoch_micro : 0);
+            if (r.why == STOP_SIGNAL || r.why == STOP_BAD_STEPS) break;
+            end_epoch(t, &r, out, epoch, epoch_s);
+        }
+        if (r.why == STOP_SIGNAL || r.why == STOP_BAD_STEPS) break;
+        accs[out->runs] = t->set.run.eval ? out->test_acc : NAN;
+        train_s[out->runs] = r.epoch_s_sum; /* each epoch from an idle device to its last step's end */
+        report_repeat(t, out->runs, accs[out->runs], train_s[out->runs]);
+    }
+    summarize_repeats(out, accs, train_s);
+    free(accs);
+    free(train_s);
+    return r;
+}
+
 void train_run(const Config *cfg, TrainSummary *out) { train_run_keep_params(cfg, out, NULL); }
 
 void train_run_keep_params(const Config *cfg, TrainSummary *out, float **params_out) {
@@ -330,12 +389,7 @@ static void run_observed(const Config *cfg, TrainSummary *out, float **params_ou
     install_stop_handlers(old_handlers);
     CkptPosition start = trainer_open(t, cfg, dist, out, run_start);
     if (obs && obs->opened) obs->opened(obs->user, &t->model);
-    RunTally r = {.loss = NAN, .why = RUN_ON, .last_step_epoch = (int)start.epoch};
-    for (int epoch = (int)start.epoch; epoch < t->set.run.epochs && r.why == RUN_ON; epoch++) {
-        double epoch_s = train_epoch(t, &r, epoch, epoch == start.epoch ? (long)start.epoch_micro : 0);
-        if (r.why == STOP_SIGNAL || r.why == STOP_BAD_STEPS) break;
-        end_epoch(t, &r, out, epoch, epoch_s);
-    }
+    RunTally r = train_runs(t, out, start);
     finish_run(t, &r, out);
     summarize_timing(t, &r, out);
     summarize_device(t, &r, out);
@@ -378,6 +432,12 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_measure(o, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN);
     json_measure(o, "final_loss", s->final_loss);
     json_measure(o, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN);
+    json_add_int(o, "runs", s->runs);
+    json_measure(o, "test_acc_std", s->test_acc_std);
+    json_measure(o, "test_acc_min", s->test_acc_min);
+    json_measure(o, "train_s", s->train_s);
+    json_measure(o, "train_s_std", s->train_s_std);
+    json_measure(o, "train_s_min", s->train_s_min);
     json_measure(o, "loss_scale", s->loss_scale);
     json_add_int(o, "skipped_steps", s->skipped_steps);
     json_add_bool(o, "stopped", s->stopped);

@@ -29,7 +29,11 @@ typedef struct {
     double final_loss;      /* loss of the last step */
     double loss_scale;      /* the loss scaler's scale at the end; NaN without AMP */
     long skipped_steps;     /* steps skipped for an inf/NaN loss or gradients (fp32 too) */
-    double test_acc;        /* top-1 after the last epoch; < 0: not evaluated */
+    double test_acc;        /* top-1 after the last epoch (the mean over run.repeats); < 0: not evaluated */
+    int runs;               /* run.repeats done (a signal may stop them early) */
+    double test_acc_std, test_acc_min; /* over the runs (std: sample, 0 for one run); NaN: not evaluated */
+    double train_s, train_s_std, train_s_min; /* a run's training time, first step to last, device
+                                                 synced at both ends, evaluations excluded: mean, std, min */
     size_t peak_mem_bytes;  /* device memory the run allocated (arena high-water mark) */
     size_t driver_mem_bytes;/* device memory in use as the driver saw it (context included) */
     uint32_t params_crc;    /* CRC-32 of the final fp32 parameters: equal runs have equal ones */

@@ -378,6 +378,7 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
  * taken are drawn and dropped (a resident batch is the epoch's first). */
 long skip_batches(Trainer *t, long n) {
     Batch b;
+    if (t->set.data.on_device) return n; /* take_batch gathers by position */
     for (long i = 0; i < n; i++) {
         if (t->set.data.resident && i > 0) continue;
         if (!loader_next(t->data.train_loader, &b)) return i;

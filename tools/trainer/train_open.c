@@ -51,6 +51,7 @@ void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc) {
     transform_spec_default(&lc->transform, s->data.image_size, s->data.image_size);
     lc->transform.flip = s->data.flip;
     lc->transform.crop_pad = s->data.crop_pad;
+    lc->transform.pad_reflect = s->data.pad_reflect;
     lc->transform.cutout = s->data.cutout;
 }
 
@@ -59,8 +60,14 @@ static Loader *make_loader(Trainer *t, const Dataset *d, int train) {
     train_loader_config(&t->set, train, &lc);
     lc.rank = t->ddp.dist->rank; /* each rank its shard of the same shuffle */
     lc.world = t->ddp.dist->world;
-    if (t->set.data.transform_on_gpu)
-        gpu_transform_args_init(&t->input.transform_args, &lc.transform, d->c, d->h, d->w);
+    if (train && t->set.data.on_device) {
+        lc.workers = 0; /* asked only for each epoch's plan (loader_epoch_plan) */
+        lc.prefetch = 1;
+        lc.pinned = 0;
+        lc.raw = 1;
+    }
+    if (!train && t->set.run.eval_tta) lc.raw = 1; /* the views are made from the stored images */
+    gpu_transform_args_init(&t->input.transform_args, &lc.transform, d->c, d->h, d->w);
     if (train && d->n / t->ddp.dist->world < t->set.train.batch)
         settings_fail(&t->set, "train.batch", "is larger than the %d training images%s", d->n / t->ddp.dist->world,
                       t->ddp.dist->world > 1 ? " of this rank's shard" : "");
@@ -228,7 +235,7 @@ static void build_model(Trainer *t) {
 /* A whitening layer's weights from the 2x2 patches of WHITEN_IMAGES training
  * images picked by the seed, normalised as the loader normalises them. Every
  * rank picks the same ones. */
-static void whiten_from_data(Trainer *t) {
+static void whiten_from_data(Trainer *t, uint64_t seed) {
     const Dataset *d = &t->data.train_set;
     Model *m = &t->model;
     if (d->h != m->acts[0].h || d->w != m->acts[0].w || d->c != m->acts[0].c_real)
@@ -243,7 +250,7 @@ static void whiten_from_data(Trainer *t) {
     if (!order || !images || !filters || !moment) TC_FATAL("out of host memory: whitening");
     TransformSpec spec;
     transform_spec_default(&spec, d->h, d->w);
-    uint64_t state = t->set.run.seed ^ 0x5768697465ULL;
+    uint64_t state = seed ^ 0x5768697465ULL;
     for (int i = 0; i < d->n; i++) order[i] = i;
     for (int i = 0; i < n; i++) { /* the first n of a random permutation */
         int j = i + (int)(rng_splitmix64(&state) % (uint64_t)(d->n - i)), tmp = order[i];
@@ -271,6 +278,7 @@ static void open_model(Trainer *t) {
     if (t->set.run.use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->set.run.use_gpu ? &t->device.gpu : NULL, t->set.run.seed);
     state_alloc(t);
+    tta_prepare(t);
     t->optim.sgd.momentum = t->set.optim.momentum;
     t->optim.sgd.weight_decay = t->set.optim.weight_decay;
     t->optim.sgd.nesterov = t->set.optim.nesterov;
@@ -278,7 +286,7 @@ static void open_model(Trainer *t) {
     t->optim.sgd.grad_mult = t->buf.clip_factor; /* NULL: no clipping */
     t->optim.sgd.lr_scale = t->model.lr_scale;   /* NULL: every parameter at optim.lr */
     t->optim.whiten_layer = model_whitening_layer(&t->model);
-    if (t->optim.whiten_layer >= 0) whiten_from_data(t);
+    if (t->optim.whiten_layer >= 0) whiten_from_data(t, (uint64_t)t->set.run.seed);
     t->optim.schedule.kind = t->set.optim.schedule;
     t->optim.schedule.final_lr = t->set.optim.final_lr;
 }
@@ -328,21 +336,27 @@ static CkptPosition open_resume_point(Trainer *t, CkptFile *resume) {
 }
 
 /* The loaders, the metrics file, the GPU samples into it, the schedule and the phase ring. */
+/* Lookahead's slow copies: the weights and statistics the run starts from. */
+static void lookahead_start(Trainer *t) {
+    Model *m = &t->model;
+    if (!t->buf.slow_params) return;
+    op_copy(&m->ops, t->buf.slow_params, m->params, m->n_params * sizeof(float));
+    if (t->buf.slow_bn) op_copy(&m->ops, t->buf.slow_bn, m->bn_running, m->n_bn_stats * sizeof(float));
+    op_sync(&m->ops);
+}
+
 /* optim.lookahead_every: its schedule over the run's steps, and the slow
  * copies starting from the weights the run starts from (initialised,
  * whitened, loaded or resumed). */
 static void open_lookahead(Trainer *t) {
     const TrainSettings *s = &t->set;
-    Model *m = &t->model;
     if (s->optim.lookahead_every <= 0) return;
     if (t->ddp.shard_optimizer)
         settings_fail(s, "optim.lookahead_every", "lookahead needs every parameter on every rank: set "
                       "dist.shard_optimizer = off");
     t->optim.lookahead = (LookaheadParams){s->optim.lookahead_every, t->watch.total_steps, s->optim.lookahead_alpha,
                                            s->optim.lookahead_power};
-    op_copy(&m->ops, t->buf.slow_params, m->params, m->n_params * sizeof(float));
-    if (t->buf.slow_bn) op_copy(&m->ops, t->buf.slow_bn, m->bn_running, m->n_bn_stats * sizeof(float));
-    op_sync(&m->ops);
+    lookahead_start(t);
 }
 
 static void open_loop(Trainer *t, double run_start) {
@@ -387,6 +401,54 @@ CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     CkptPosition start = open_resume_point(t, resume);
     open_loop(t, run_start);
     return start;
+}
+
+/* ---- the next run (run.repeats) ------------------------------------------------- */
+
+/* The weights and batch-norm statistics model_finalize draws from seed, from a
+ * twin of the net built for one sample on the same device and layout. */
+static void draw_initial_state(Trainer *t, uint64_t seed) {
+    const TrainSettings *s = &t->set;
+    Model twin, *m = &t->model;
+    char err[512];
+    if (model_build(&twin, s->model.name, 1, s->data.image_size, s->model.num_classes, s->model.nhwc, err,
+                    sizeof err) != 0)
+        TC_FATAL("run.repeats: the net's twin: %s", err);
+    twin.act_dtype = m->act_dtype;
+    twin.no_decay_bn_bias = m->no_decay_bn_bias;
+    model_finalize(&twin, s->run.use_gpu ? &t->device.gpu : NULL, seed);
+    if (twin.n_params != m->n_params || twin.n_bn_stats != m->n_bn_stats)
+        TC_FATAL("run.repeats: the net's twin has %zu parameters and %zu statistics, the net %zu and %zu",
+                 twin.n_params, twin.n_bn_stats, m->n_params, m->n_bn_stats);
+    float *host = malloc((m->n_params + m->n_bn_stats) * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: run.repeats");
+    model_get_params(&twin, host);
+    model_set_params(m, host);
+    if (m->n_bn_stats) {
+        model_get_bn_stats(&twin, host);
+        model_set_bn_stats(m, host);
+    }
+    free(host);
+    model_destroy(&twin);
+}
+
+void trainer_restart(Trainer *t, uint64_t seed) {
+    const OpContext *ctx = &t->model.ops;
+    device_sync(t);
+    draw_initial_state(t, seed);
+    if (t->optim.whiten_layer >= 0) whiten_from_data(t, seed);
+    model_reset_lr_scale(&t->model); /* the whitening bias trains again for its first epochs */
+    lookahead_start(t);
+    op_fill(ctx, t->model.momentum, 0, t->model.n_params * sizeof(float));
+    model_zero_grads(&t->model);
+    t->seen.scaler = loss_scaler_initial(t->set.precision.scale_init);
+    op_copy_from_host(ctx, t->buf.lr, &t->set.optim.lr, sizeof(float));
+    op_fill(ctx, t->buf.lr_step, 0, sizeof(int64_t));
+    op_copy_from_host(ctx, t->buf.scaler, &t->seen.scaler, sizeof t->seen.scaler);
+    device_sync(t);
+    t->step = t->first_step = t->seen.step = t->seen.bad_total = t->seen.bad_run = 0;
+    t->seen.loss = NAN;
+    loader_set_seed(t->data.train_loader, seed);
 }
 
 /* ---- closing ------------------------------------------------------------------ */

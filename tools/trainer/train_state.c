@@ -26,6 +26,20 @@ static void carve_aux(Trainer *t, Arena *a) {
         if (t->model.n_bn_stats)
             t->buf.slow_bn = arena_alloc(a, t->model.n_bn_stats * sizeof(float), "lookahead slow batch-norm statistics");
     }
+    if (t->set.run.eval && t->set.run.eval_tta) {
+        size_t logit_bytes = (size_t)batch * t->model.num_classes * sizeof(float);
+        t->buf.tta_images = arena_alloc(a, gpu_transform_raw_bytes(batch, d->c, d->h, d->w), "test batch");
+        t->buf.tta_views = arena_alloc(a, TTA_MAX_VIEWS * gpu_transform_params_bytes(batch), "test-time views");
+        t->buf.tta_sum = arena_alloc(a, logit_bytes, "test-time logits");
+        t->buf.tta_pair = arena_alloc(a, logit_bytes, "test-time logits of a pair");
+        t->buf.tta_view = arena_alloc(a, logit_bytes, "test-time logits of a view");
+    }
+    if (t->set.data.on_device) {
+        t->input.set_images = arena_alloc(a, (size_t)d->n * dataset_image_bytes(d), "training set");
+        t->input.set_labels = arena_alloc(a, (size_t)d->n * sizeof(int32_t), "training labels");
+        t->input.epoch_index = arena_alloc(a, (size_t)d->n * sizeof(int32_t), "epoch order");
+        t->input.epoch_params = arena_alloc(a, (size_t)d->n * sizeof(TransformParams), "epoch augmentation");
+    }
     for (int s = 0; s < 2; s++) {
         if (t->set.data.async_copy && !t->set.data.transform_on_gpu)
             t->input.staging_images[s] = arena_alloc(a, image_floats * sizeof(float), "batch staging");
@@ -37,6 +51,22 @@ static void carve_aux(Trainer *t, Arena *a) {
             t->input.staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(batch), "transform parameters");
         }
     }
+}
+
+/* data.on_device: the set once to the device, and the host copy of an epoch's plan. */
+static void upload_training_set(Trainer *t) {
+    const OpContext *ctx = &t->model.ops;
+    const Dataset *d = &t->data.train_set;
+    op_copy_from_host(ctx, t->input.set_images, d->pixels, (size_t)d->n * dataset_image_bytes(d));
+    op_copy_from_host(ctx, t->input.set_labels, d->labels, (size_t)d->n * sizeof(int32_t));
+    t->input.epoch_host = host_alloc((size_t)d->n * (sizeof(int32_t) + sizeof(TransformParams)), t->set.run.use_gpu,
+                                     "the epoch's order and augmentation");
+    if (t->set.run.use_gpu) {
+        gpu_event_create(&t->input.epoch_sent, 0);
+        gpu_event_record(t->input.epoch_sent, ctx->stream);
+    }
+    log_info("data.on_device: %d training images, %.1f MiB, on the device", d->n,
+             (double)d->n * dataset_image_bytes(d) / 1048576.0);
 }
 
 /* After model_finalize: the buffers, the lr and the loss scaler's first state
@@ -60,12 +90,17 @@ void state_alloc(Trainer *t) {
         gpu_event_create(&t->input.staged[s], 0);
         gpu_event_create(&t->input.consumed[s], 0);
     }
+    if (t->set.data.on_device) upload_training_set(t);
 }
 
 void state_free(Trainer *t) {
     for (int s = 0; s < 2 && t->set.run.use_gpu; s++) {
         gpu_event_destroy(t->input.staged[s]);
         gpu_event_destroy(t->input.consumed[s]);
+    }
+    if (t->input.epoch_host) {
+        if (t->set.run.use_gpu) gpu_event_destroy(t->input.epoch_sent);
+        host_free(t->input.epoch_host, t->set.run.use_gpu);
     }
     arena_free(&t->buf.arena);
     host_free(t->input.host_labels, 0);
@@ -81,13 +116,48 @@ static void send_raw(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
     gpu_copy_to_device(t->input.staging_params[s], b->params, gpu_transform_params_bytes(b->n), stream);
 }
 
+void transform_into_input(Trainer *t, GpuTransformArgs *a, cudaStream_t stream) {
+    a->out = model_input_buffer(&t->model);
+    if (t->set.run.use_gpu) GPU_ONLY(gpu_transform_batch(a, stream));
+    else gpu_transform_reference_cpu(a);
+}
+
 static void run_gpu_transform(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
-    GPU_ONLY(GpuTransformArgs a = t->input.transform_args;
-             a.raw_images = t->input.staging_raw[s];
-             a.params = t->input.staging_params[s];
-             a.out = model_input_buffer(&t->model);
-             a.n = b->n;
-             gpu_transform_batch(&a, stream));
+    GpuTransformArgs a = t->input.transform_args;
+    a.raw_images = t->input.staging_raw[s];
+    a.params = t->input.staging_params[s];
+    a.n = b->n;
+    transform_into_input(t, &a, stream);
+}
+
+void start_train_epoch(Trainer *t, int epoch) {
+    if (!t->set.data.on_device) {
+        loader_start_epoch(t->data.train_loader, epoch);
+        return;
+    }
+    const OpContext *ctx = &t->model.ops;
+    int n = loader_epoch_samples(t->data.train_loader);
+    int32_t *index = t->input.epoch_host;
+    TransformParams *params = (TransformParams *)(index + t->data.train_set.n);
+    /* Outside the step: the last epoch's copy must have left the host buffer. */
+    if (t->set.run.use_gpu) gpu_event_sync(t->input.epoch_sent);
+    loader_epoch_plan(t->data.train_loader, epoch, index, params);
+    /* On the compute stream, so after the last epoch's steps have read them. */
+    op_copy_from_host(ctx, t->input.epoch_index, index, (size_t)n * sizeof(int32_t));
+    op_copy_from_host(ctx, t->input.epoch_params, params, (size_t)n * sizeof(TransformParams));
+    if (t->set.run.use_gpu) gpu_event_record(t->input.epoch_sent, ctx->stream);
+}
+
+void gather_on_device(Trainer *t, long epoch_micro) {
+    size_t first = (size_t)epoch_micro * t->set.train.batch;
+    GpuTransformArgs a = t->input.transform_args;
+    a.raw_images = t->input.set_images;
+    a.index = t->input.epoch_index + first;
+    a.params = t->input.epoch_params + first;
+    a.labels = t->input.set_labels;
+    a.labels_out = t->buf.labels;
+    a.n = t->set.train.batch;
+    transform_into_input(t, &a, t->model.ops.stream);
 }
 
 /* Baseline path: a synchronous copy straight into the model's input, then a

@@ -13,7 +13,13 @@ int take_batch(Trainer *t, long epoch_micro) {
     int got;
     gpu_range_push("data");
     phase_wait_begin(t);
-    if (t->set.data.resident) {
+    if (t->set.data.on_device) {
+        /* Nothing from the host: the batch is gathered on the device. */
+        if ((got = epoch_micro < loader_batches_per_epoch(t->data.train_loader))) {
+            phase_mark(t, PH_INPUT);
+            gather_on_device(t, epoch_micro);
+        }
+    } else if (t->set.data.resident) {
         /* The epoch's first batch stays in the model's input buffer all epoch. */
         got = 1;
         if (epoch_micro == 0 && loader_next(t->data.train_loader, &b)) {
@@ -247,6 +253,10 @@ double evaluate(Trainer *t, int epoch) {
     model_set_training(m, 0);
     loader_start_epoch(t->data.test_loader, epoch);
     while (loader_next(t->data.test_loader, &b)) {
+        if (t->set.run.eval_tta) {
+            tta_count(t, t->data.test_loader, &b);
+            continue;
+        }
         upload_sync(t, &b);
         loader_release(t->data.test_loader, &b);
         model_forward(m);

@@ -4,11 +4,12 @@
  *   train_state.c       the buffers beside the model's, moving a batch in, syncs
  *   train_watch.c       phase timing, the metrics file, profiler range, log
  *                       points, progress line, Prometheus, TensorBoard
+ *   train_tta.c         test-time augmentation of the evaluation (run.eval_tta)
  *   train_step.c        one micro-batch and the optimizer, reading the loss back,
  *                       evaluation
  *   train_checkpoint.c  checkpoints and resume
  *   train_open.c        opening a run (data, model, optimizer, dist, monitoring,
- *                       resume) and closing it
+ *                       resume), the next run of run.repeats, and closing it
  *   train.c             the run, top to bottom
  * Private to tools/trainer/. */
 #ifndef TRAINC_TOOLS_TRAINER_TRAINER_H
@@ -111,6 +112,9 @@ typedef struct {
     Loader *train_loader, *test_loader;
 } TrainData;
 
+/* run.eval_tta = flip_translate: the image, translated up-left and down-right, each with its mirror. */
+#define TTA_MAX_VIEWS 6
+
 /* Small device buffers beside the model's (host memory on the CPU), carved
  * from one arena. */
 typedef struct {
@@ -130,6 +134,12 @@ typedef struct {
     /* optim.lookahead_every > 0: the slow copies of the parameters and of the batch norms' running
      * statistics; NULL when off. */
     float *slow_params, *slow_bn;
+    /* run.eval_tta: a test batch's stored images, each view's params (the same
+     * for every sample), and fp32 logits: the views' weighted sum, a pair of
+     * views, one view. NULL when off. */
+    uint8_t *tta_images;
+    TransformParams *tta_views;
+    float *tta_sum, *tta_pair, *tta_view;
 } TrainBuffers;
 
 /* Moving a batch in: two staging buffers that the copy stream fills while the
@@ -145,6 +155,14 @@ typedef struct {
     int held_slot_valid;
     Batch held;               /* the batch whose copy may still be in flight */
     int held_staging;
+    /* data.on_device: the training set on the device, and the epoch's order and
+     * random choices, sent at each epoch's start from their host copy. */
+    uint8_t *set_images;
+    int32_t *set_labels;
+    int32_t *epoch_index;
+    TransformParams *epoch_params;
+    void *epoch_host;         /* the index, then the params (pinned on the GPU) */
+    cudaEvent_t epoch_sent;   /* the last epoch's copy has left epoch_host */
 } TrainInput;
 
 typedef struct {
@@ -201,6 +219,15 @@ void state_free(Trainer *t);
 void upload_sync(Trainer *t, const Batch *b);
 void upload_async(Trainer *t, Loader *l, const Batch *b);
 void release_held(Trainer *t, Loader *l);
+/* The training data's epoch begins: the loader's, or (data.on_device) the
+ * epoch's order and random choices sent to the device. */
+void start_train_epoch(Trainer *t, int epoch);
+/* data.on_device: micro-batch epoch_micro of the epoch gathered, augmented and
+ * normalised into the model's input, and its labels, on the device. */
+void gather_on_device(Trainer *t, long epoch_micro);
+/* The transform kernel (on the CPU its reference) from a's images and params
+ * into the model's input, on stream. */
+void transform_into_input(Trainer *t, GpuTransformArgs *a, cudaStream_t stream);
 void device_sync(Trainer *t);
 /* dist.shard_optimizer: every rank gets the whole state (the owners' master
  * weights, momentum and weights), before a checkpoint, an evaluation or the
@@ -229,6 +256,13 @@ void tensorboard_stop(Trainer *t);
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw);
 void progress_draw(Trainer *t, int epoch, int force);
 
+/* train_tta.c */
+/* run.eval_tta: the views' params on the device (after state_alloc). */
+void tta_prepare(Trainer *t);
+/* Adds to t->buf.correct the test batch's samples whose views' summed logits
+ * have their largest value at the label; the batch goes back to its loader. */
+void tta_count(Trainer *t, Loader *l, const Batch *b);
+
 /* train_step.c */
 int take_batch(Trainer *t, long epoch_micro);
 void run_micro_batch(Trainer *t, int first, int last);
@@ -251,6 +285,11 @@ int trainer_gpu_ordinal(const TrainSettings *s, const Dist *dist);
  * optimizer, dist, resume, loaders, metrics file, schedule. Returns where
  * the data order starts. */
 CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out, double run_start);
+/* run.repeats: the next run from seed: the weights drawn as model_finalize
+ * draws them, momentum, batch-norm statistics, learning-rate step and loss
+ * scaler as at the start, step 0, and the loaders' order and augmentation
+ * from seed. Buffers, convolution algorithms and captured CUDA graphs stay. */
+void trainer_restart(Trainer *t, uint64_t seed);
 void trainer_close(Trainer *t);
 
 #endif

@@ -4,7 +4,8 @@
  * momentum, batch-norm statistics, learning-rate step and loss scaler reset),
  * and the summary's accuracy is the mean of the runs', with their sample
  * standard deviation and minimum; training times are positive. Through the
- * loader's worker threads and through data.on_device. */
+ * loader's worker threads, through data.on_device, and with airbench's net,
+ * whitening and lookahead. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +51,10 @@ static TrainSummary run(const char *data, unsigned long long seed, int repeats) 
     Config *c = config_new(trainc_keys, trainc_n_keys);
     for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
     test_config_set(c, "data.path=%s", data_dir);
-    test_config_set(c, "%s", data);
+    char sets[512];
+    snprintf(sets, sizeof sets, "%s", data);
+    for (char *save = NULL, *set = strtok_r(sets, " ", &save); set; set = strtok_r(NULL, " ", &save))
+        test_config_set(c, "%s", set);
     test_config_set(c, "run.seed=%llu", seed);
     test_config_set(c, "run.repeats=%d", repeats);
     TrainSummary s;
@@ -59,10 +63,11 @@ static TrainSummary run(const char *data, unsigned long long seed, int repeats) 
     return s;
 }
 
-static void check(const char *data) {
+/* 'data': more key=value sets, space-separated; 260 images make 16 full batches an epoch. */
+static void check(const char *data, int epochs) {
     unsigned long long seed = test_seed() % 1000003;
     TrainSummary first = run(data, seed, 1), second = run(data, seed + 1, 1), both = run(data, seed, 2);
-    CHECK(first.runs == 1 && both.runs == 2 && both.steps == 32); /* 260 images: 16 full batches an epoch */
+    CHECK(first.runs == 1 && both.runs == 2 && both.steps == 16 * epochs);
     CHECK_MSG(both.params_crc == second.params_crc, "%s: the second of 2 runs %08x, the single run of its seed %08x",
               data, both.params_crc, second.params_crc);
     CHECK(first.params_crc != second.params_crc);
@@ -78,7 +83,11 @@ static void check(const char *data) {
 
 int main(void) {
     write_cifar_copy();
-    check("data.workers=2");
-    check("data.on_device=on");
+    check("data.workers=2", 2);
+    check("data.on_device=on", 2);
+    /* airbench's recipe: each run whitens from its own seed's images, trains
+     * the whitening bias for its first epoch again and starts lookahead anew. */
+    check("data.on_device=on model.name=airbench model.whiten_bias_epochs=0.5 model.bn_weight=fixed "
+          "optim.bn_bias_lr_scale=4 optim.lookahead_every=3 run.epochs=1 optim.warmup_epochs=0.25", 1);
     return test_finish("test_train_repeats");
 }

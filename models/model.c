@@ -554,6 +554,11 @@ static void init_params(Model *m, uint64_t seed) {
     }
 }
 
+void model_init_params(Model *m, uint64_t seed) {
+    init_params(m, seed);
+    model_reset_lr_scale(m);
+}
+
 void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (m->n_layers == 0) TC_FATAL("model has no layers");
     if (m->open_block >= 0) TC_FATAL("block %d was not ended", m->open_block);
@@ -582,8 +587,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
             if (m->layers[i].kind == LAYER_BATCHNORM)
                 batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
-    init_params(m, seed);
-    model_reset_lr_scale(m);
+    model_init_params(m, seed);
     op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
     model_zero_grads(m);
 }

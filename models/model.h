@@ -204,6 +204,9 @@ size_t model_weight_index(const Model *m, const Layer *l, size_t j);
  * picks the convolution algorithms and initialises the parameters like
  * PyTorch's defaults (uniform in +-1/sqrt(fan_in)) from the seed. */
 void model_finalize(Model *m, GpuContext *gpu, uint64_t seed);
+/* The parameters, batch-norm statistics and learning-rate shares drawn afresh
+ * from the seed, as model_finalize draws them (a new run of the same net). */
+void model_init_params(Model *m, uint64_t seed);
 void model_destroy(Model *m);
 
 float *model_input_buffer(const Model *m);   /* [batch][c][h][w] fp32, where batches land */

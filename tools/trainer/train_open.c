@@ -405,39 +405,11 @@ CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
 
 /* ---- the next run (run.repeats) ------------------------------------------------- */
 
-/* The weights and batch-norm statistics model_finalize draws from seed, from a
- * twin of the net built for one sample on the same device and layout. */
-static void draw_initial_state(Trainer *t, uint64_t seed) {
-    const TrainSettings *s = &t->set;
-    Model twin, *m = &t->model;
-    char err[512];
-    if (model_build(&twin, s->model.name, 1, s->data.image_size, s->model.num_classes, s->model.nhwc, err,
-                    sizeof err) != 0)
-        TC_FATAL("run.repeats: the net's twin: %s", err);
-    twin.act_dtype = m->act_dtype;
-    twin.no_decay_bn_bias = m->no_decay_bn_bias;
-    model_finalize(&twin, s->run.use_gpu ? &t->device.gpu : NULL, seed);
-    if (twin.n_params != m->n_params || twin.n_bn_stats != m->n_bn_stats)
-        TC_FATAL("run.repeats: the net's twin has %zu parameters and %zu statistics, the net %zu and %zu",
-                 twin.n_params, twin.n_bn_stats, m->n_params, m->n_bn_stats);
-    float *host = malloc((m->n_params + m->n_bn_stats) * sizeof(float));
-    if (!host) TC_FATAL("out of host memory: run.repeats");
-    model_get_params(&twin, host);
-    model_set_params(m, host);
-    if (m->n_bn_stats) {
-        model_get_bn_stats(&twin, host);
-        model_set_bn_stats(m, host);
-    }
-    free(host);
-    model_destroy(&twin);
-}
-
 void trainer_restart(Trainer *t, uint64_t seed) {
     const OpContext *ctx = &t->model.ops;
     device_sync(t);
-    draw_initial_state(t, seed);
+    model_init_params(&t->model, seed); /* the whitening bias's learning-rate share too */
     if (t->optim.whiten_layer >= 0) whiten_from_data(t, seed);
-    model_reset_lr_scale(&t->model); /* the whitening bias trains again for its first epochs */
     lookahead_start(t);
     op_fill(ctx, t->model.momentum, 0, t->model.n_params * sizeof(float));
     model_zero_grads(&t->model);

@@ -162,13 +162,17 @@ void gather_on_device(Trainer *t, long epoch_micro) {
 
 /* Baseline path: a synchronous copy straight into the model's input, then a
  * device sync, and the slot goes back at once. On the CPU: a memcpy. */
-void upload_sync(Trainer *t, const Batch *b) {
-    const OpContext *ctx = &t->model.ops;
-    size_t image_bytes = (size_t)b->n * (model_input_floats(&t->model) / t->set.train.batch) * sizeof(float);
+void upload_labels_padded(Trainer *t, const Batch *b) {
     int32_t *padded_labels = t->input.host_labels;
     memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
     /* a partial batch's extra rows count for nothing */
     for (int i = b->n; i < t->set.train.batch; i++) padded_labels[i] = -1;
+    op_copy_from_host(&t->model.ops, t->buf.labels, padded_labels, t->set.train.batch * sizeof(int32_t));
+}
+
+void upload_sync(Trainer *t, const Batch *b) {
+    const OpContext *ctx = &t->model.ops;
+    size_t image_bytes = (size_t)b->n * (model_input_floats(&t->model) / t->set.train.batch) * sizeof(float);
     /* On the compute stream: the previous step may still be reading these buffers. */
     if (b->raw_images) {
         send_raw(t, b, 0, ctx->stream);
@@ -176,7 +180,7 @@ void upload_sync(Trainer *t, const Batch *b) {
     } else {
         op_copy_from_host(ctx, model_input_buffer(&t->model), b->images, image_bytes);
     }
-    op_copy_from_host(ctx, t->buf.labels, padded_labels, t->set.train.batch * sizeof(int32_t));
+    upload_labels_padded(t, b);
     op_sync(ctx);
 }
 

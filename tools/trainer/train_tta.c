@@ -40,11 +40,8 @@ void tta_prepare(Trainer *t) {
 static void upload_views_source(Trainer *t, Loader *l, const Batch *b) {
     const OpContext *ctx = &t->model.ops;
     const Dataset *d = &t->data.test_set;
-    int32_t *padded_labels = t->input.host_labels;
-    memcpy(padded_labels, b->labels, b->n * sizeof(int32_t));
-    for (int i = b->n; i < t->set.train.batch; i++) padded_labels[i] = -1;
     op_copy_from_host(ctx, t->buf.tta_images, b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w));
-    op_copy_from_host(ctx, t->buf.labels, padded_labels, t->set.train.batch * sizeof(int32_t));
+    upload_labels_padded(t, b);
     op_sync(ctx);
     loader_release(l, b);
 }

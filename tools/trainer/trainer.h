@@ -217,6 +217,10 @@ typedef struct {
 void state_alloc(Trainer *t);
 void state_free(Trainer *t);
 void upload_sync(Trainer *t, const Batch *b);
+/* The batch's labels, padded with -1 to train.batch, copied into the device's
+ * label buffer on the compute stream from a host staging buffer: sync before
+ * the next call. */
+void upload_labels_padded(Trainer *t, const Batch *b);
 void upload_async(Trainer *t, Loader *l, const Batch *b);
 void release_held(Trainer *t, Loader *l);
 /* The training data's epoch begins: the loader's, or (data.on_device) the

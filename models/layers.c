@@ -36,6 +36,10 @@ static void conv_backward(Model *m, const Layer *l) {
     void *dy = grad_of(m, l->out), *dx = grad_of(m, l->in), *dw = element(m, m->grads, l->w_off);
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
     int acc = l->dx_accumulate[0];
+    if (l->whitening) { /* its weights never train and its input is the data: the bias alone */
+        conv2d_bias_grad(ctx, &l->conv, dy, db);
+        return;
+    }
     if (!l->fused) {
         conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, db, acc);
         return;
@@ -254,7 +258,7 @@ static void recompute_block(Model *m, int last) {
 }
 
 void model_backward(Model *m) {
-    for (int i = m->n_layers - 1; i >= 0; i--) {
+    for (int i = m->n_layers - 1; i >= m->frozen_layers; i--) {
         const Layer *l = &m->layers[i];
         int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
         /* The last block's inside is still in place from the forward pass. */
@@ -262,4 +266,6 @@ void model_backward(Model *m) {
         layer_backward(m, l);
         if (m->grads_ready && l->w_count) m->grads_ready(m->grads_ready_ctx, l->w_off);
     }
+    /* The frozen prefix's gradients stay as zeroed: final too. */
+    if (m->grads_ready && m->frozen_layers > 0) m->grads_ready(m->grads_ready_ctx, 0);
 }

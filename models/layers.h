@@ -35,7 +35,7 @@ static inline size_t act_floats(const Model *m, int id) {
  * activation no gradient reaches. */
 static inline void *grad_of(const Model *m, int id) {
     const Activation *a = &m->acts[id];
-    if (id <= 0) return NULL;
+    if (id <= 0 || id < m->first_grad_act) return NULL;
     if (a->grad_in_value) return a->value;
     return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
 }

@@ -198,6 +198,15 @@ void model_mark_whitening(Model *m) {
     l->whitening = 1;
 }
 
+void model_set_frozen_prefix(Model *m, int layers) {
+    if (layers < 0 || layers > m->n_layers)
+        TC_FATAL("model_set_frozen_prefix: %d layers of a %d-layer model", layers, m->n_layers);
+    m->frozen_layers = layers;
+    m->first_grad_act = 1;
+    for (int i = 0; i < layers; i++)
+        if (m->layers[i].out + 1 > m->first_grad_act) m->first_grad_act = m->layers[i].out + 1;
+}
+
 void model_dirac_last(Model *m) {
     Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
     if (!l || l->kind != LAYER_CONV || l->conv.shape.r != l->conv.shape.s || l->conv.shape.r % 2 == 0)

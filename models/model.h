@@ -111,6 +111,10 @@ typedef struct {
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */
     int recomputing;      /* inside a checkpointed block's second forward: running statistics stay put */
+    /* model_set_frozen_prefix: layers [0, frozen_layers) run no backward and the activations they write get
+     * no gradient (0: every layer trains) */
+    int frozen_layers;
+    int first_grad_act;   /* the first activation with a gradient: 1, or past the frozen prefix's outputs */
     int nvtx_layers;      /* set before model_finalize: an NVTX range, named by the layer, around each op
                              of a layer's forward and backward (profiling; installs ops.hooks) */
     float bn_momentum, bn_eps; /* PyTorch's 0.1 and 1e-5 (model_init) */
@@ -175,6 +179,15 @@ int model_global_maxpool(Model *m, int in); /* the max over each channel's squar
 int model_linear(Model *m, int in, int out_features);
 int model_linear_no_bias(Model *m, int in, int out_features);
 int model_scale(Model *m, int in, float factor); /* y = factor x (airbench's logit scale) */
+/* From the next backward on, layers [0, layers) run no backward at all and
+ * the activations they write get no gradient, so the first layer after them
+ * computes no input gradient either: a prefix of the net that has stopped
+ * training (airbench's whitening layer once its bias is frozen). Every layer
+ * of the prefix must have nothing left to train; their gradients keep what
+ * model_zero_grads left (zeros). 0 trains every layer again. Between steps
+ * only; a captured CUDA graph holds the prefix it was captured with. */
+void model_set_frozen_prefix(Model *m, int layers);
+
 /* The last layer added, a convolution over the input, is a whitening layer
  * (models/whiten.h): its weights are set from the data and never trained. */
 void model_mark_whitening(Model *m);

@@ -109,6 +109,16 @@ int model_whitening_layer(const Model *m) {
     return -1;
 }
 
+int whitening_frozen_prefix(const Model *m) {
+    int w = model_whitening_layer(m);
+    if (w < 0) return 0;
+    for (int i = 0; i < w; i++)
+        if (m->layers[i].w_count) return 0;
+    int end = w + 1;
+    while (end < m->n_layers && m->layers[end].w_count == 0) end++;
+    return end;
+}
+
 void model_set_whitening(Model *m, const float *filters) {
     int i = model_whitening_layer(m);
     if (i < 0) TC_FATAL("model_set_whitening: the model has no whitening layer");

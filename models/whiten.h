@@ -34,6 +34,11 @@ int whiten_filters(const double *moment, int k, double eps, float *filters);
 
 /* The layer model_mark_whitening marked, or -1. */
 int model_whitening_layer(const Model *m);
+/* The layers that need no backward once the whitening bias stops training
+ * (model_set_frozen_prefix's count): the whitening layer and the layers
+ * without parameters right after it; 0 without a whitening layer, or when
+ * a layer before it has parameters. */
+int whitening_frozen_prefix(const Model *m);
 /* Its weights from filters [2k][c][2][2] (PyTorch's order) and its bias 0. */
 void model_set_whitening(Model *m, const float *filters);
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "models/layers.h"
+#include "models/whiten.h"
 #include "models/zoo.h"
 #include "tests/harness.h"
 #include "tests/model_checks.h"
@@ -71,10 +72,15 @@ static void check_gradients(uint64_t *rng) {
     model_loss_backward(&loss);
     float *analytic = malloc(m.n_params * sizeof(float)), *v = malloc(m.n_params * sizeof(float));
     memcpy(analytic, m.grads, m.n_params * sizeof(float));
+    const Layer *whiten = &m.layers[model_whitening_layer(&m)];
+    for (size_t i = 0; i < whiten->w_count; i++) CHECK(analytic[whiten->w_off + i] == 0.0f);
     for (int d = 0; d < 6; d++) {
         /* Along the analytic gradient itself, where a wrong one shows most, then random directions. */
         if (d == 0) memcpy(v, analytic, m.n_params * sizeof(float));
         else test_fill_uniform(v, m.n_params, rng, -1.0f, 1.0f);
+        /* The whitening weights never train: backward leaves their gradient zero, and the directions
+         * leave them alone. */
+        memset(v + whiten->w_off, 0, whiten->w_count * sizeof(float));
         double norm = 0, want = 0;
         for (size_t i = 0; i < m.n_params; i++) norm += (double)v[i] * v[i];
         for (size_t i = 0; i < m.n_params; i++) v[i] = (float)(v[i] / sqrt(norm));
@@ -88,6 +94,43 @@ static void check_gradients(uint64_t *rng) {
                   "finite differences %.6g", d, want, got);
     }
     free(input), free(analytic), free(v);
+    model_destroy(&m);
+}
+
+/* With the whitening frozen (its bias done training), backward skips it and
+ * the GELU after it, and the first block's convolution computes no input
+ * gradient: every other gradient is the same bits, the whitening bias's 0. */
+static void check_frozen_whitening(uint64_t *rng) {
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    airbench_build(&m, (const int[3]){4, 6, 6});
+    model_finalize(&m, NULL, 5);
+    int prefix = whitening_frozen_prefix(&m);
+    CHECK(prefix == 2 && m.layers[prefix].kind == LAYER_CONV && m.layers[prefix - 1].kind == LAYER_GELU);
+    float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
+    ModelLoss loss = {&m, input, r};
+    model_loss_backward(&loss);
+    float *trained = malloc(m.n_params * sizeof(float));
+    memcpy(trained, m.grads, m.n_params * sizeof(float));
+    model_set_frozen_prefix(&m, prefix);
+    CHECK(grad_of(&m, m.layers[prefix].in) == NULL && grad_of(&m, m.layers[prefix].out) != NULL);
+    model_loss_backward(&loss);
+    const Layer *whiten = &m.layers[0];
+    double bias_grad = 0;
+    for (size_t i = 0; i < whiten->b_count; i++) bias_grad += fabs(trained[whiten->b_off + i]);
+    CHECK_MSG(bias_grad > 0, "the whitening bias's gradient is 0 before freezing");
+    size_t differ = 0;
+    for (size_t i = 0; i < m.n_params; i++) {
+        int in_bias = i >= whiten->b_off && i < whiten->b_off + whiten->b_count;
+        if (((float *)m.grads)[i] != (in_bias ? 0.0f : trained[i])) differ++;
+    }
+    CHECK_MSG(differ == 0, "%zu gradients differ with the whitening frozen", differ);
+    model_set_frozen_prefix(&m, 0);
+    model_loss_backward(&loss);
+    CHECK(memcmp(m.grads, trained, m.n_params * sizeof(float)) == 0);
+    free(input), free(trained);
     model_destroy(&m);
 }
 
@@ -123,5 +166,6 @@ int main(void) {
     check_shapes();
     check_dirac();
     check_gradients(&rng);
+    check_frozen_whitening(&rng);
     return test_finish("test_airbench");
 }

@@ -286,6 +286,7 @@ static void open_model(Trainer *t) {
     t->optim.sgd.grad_mult = t->buf.clip_factor; /* NULL: no clipping */
     t->optim.sgd.lr_scale = t->model.lr_scale;   /* NULL: every parameter at optim.lr */
     t->optim.whiten_layer = model_whitening_layer(&t->model);
+    t->optim.whiten_prefix = whitening_frozen_prefix(&t->model);
     if (t->optim.whiten_layer >= 0) whiten_from_data(t, (uint64_t)t->set.run.seed);
     t->optim.schedule.kind = t->set.optim.schedule;
     t->optim.schedule.final_lr = t->set.optim.final_lr;
@@ -426,9 +427,9 @@ void trainer_restart(Trainer *t, uint64_t seed) {
 /* ---- closing ------------------------------------------------------------------ */
 
 void trainer_close(Trainer *t) {
-    for (int first = 0; first < 2; first++)
-        for (int last = 0; last < 2; last++)
-            if (t->optim.graphs[first][last]) gpu_graph_destroy(t->optim.graphs[first][last]);
+    cudaGraphExec_t *graph = &t->optim.graphs[0][0][0];
+    for (size_t i = 0; i < sizeof t->optim.graphs / sizeof *graph; i++)
+        if (graph[i]) gpu_graph_destroy(graph[i]);
     if (t->ddp.dist->world > 1) grad_buckets_free(&t->ddp.buckets);
     gpu_monitor_record_to(t->device.monitor, NULL, 0, 0);
     if (t->watch.metrics) fclose(t->watch.metrics);

@@ -193,19 +193,23 @@ static void optimizer_step(Trainer *t) {
  * The graph holds no host work, so the host only launches it. */
 void run_micro_batch(Trainer *t, int first, int last) {
     if (t->set.perf.cuda_graph) phase_mark(t, PH_GRAPH); /* before any capture: the mark is no node of the graph */
+    /* Once the whitening bias is frozen (freeze_after, on the device, from the same step on), nothing
+     * before the first trained layer needs a gradient. */
+    int frozen = t->optim.whiten_prefix > 0 && t->step >= t->optim.whiten_bias_steps;
+    model_set_frozen_prefix(&t->model, frozen ? t->optim.whiten_prefix : 0);
     if (!t->set.perf.cuda_graph || t->step == t->first_step) {
         micro_step(t, first, last);
         if (last) optimizer_step(t);
         return;
     }
-    cudaGraphExec_t *exec = &t->optim.graphs[first][last];
+    cudaGraphExec_t *exec = &t->optim.graphs[first][last][frozen];
     if (!*exec) {
         gpu_capture_begin(t->device.gpu.compute);
         micro_step(t, first, last);
         if (last) optimizer_step(t);
         *exec = gpu_capture_end(t->device.gpu.compute, t->set.perf.graph_node_priority);
-        log_info("captured the %s%s micro-batch as a CUDA graph", first ? "first" : "next",
-                 last ? " and last" : "");
+        log_info("captured the %s%s micro-batch%s as a CUDA graph", first ? "first" : "next",
+                 last ? " and last" : "", frozen ? " with the whitening frozen" : "");
     }
     gpu_range_push("graph");
     gpu_graph_launch(*exec, t->device.gpu.compute);

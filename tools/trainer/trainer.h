@@ -168,9 +168,10 @@ typedef struct {
 typedef struct {
     SgdParams sgd;
     LrSchedule schedule;      /* kind LR_CONSTANT: the lr buffer keeps optim.lr */
-    cudaGraphExec_t graphs[2][2]; /* [first micro-batch][last micro-batch] */
+    cudaGraphExec_t graphs[2][2][2]; /* [first micro-batch][last micro-batch][whitening frozen] */
     int whiten_layer;         /* the model's whitening layer, or -1 */
     long whiten_bias_steps;   /* its bias trains in steps [0, this) (model.whiten_bias_epochs) */
+    int whiten_prefix;        /* the layers that run no backward after that (whitening_frozen_prefix) */
     LookaheadParams lookahead; /* every 0: off */
 } TrainOptim;
 

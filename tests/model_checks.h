@@ -3,6 +3,8 @@
 #ifndef TRAINC_TESTS_MODEL_CHECKS_H
 #define TRAINC_TESTS_MODEL_CHECKS_H
 
+#include <stdint.h>
+
 #include "models/model.h"
 
 typedef struct {
@@ -14,5 +16,9 @@ typedef struct {
 double model_loss(void *model_loss);
 /* The loss once forward, then backward from r: every parameter's gradient in m->grads. */
 void model_loss_backward(ModelLoss *l);
+/* A loss over m with a fresh input, uniform in [-2, 2], and r, uniform in
+ * [-1, 1], from rng (malloc'd: model_loss_free). */
+ModelLoss model_loss_random(Model *m, uint64_t *rng);
+void model_loss_free(ModelLoss *l);
 
 #endif

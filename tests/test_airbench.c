@@ -65,10 +65,7 @@ static void check_gradients(uint64_t *rng) {
      * ties and switches would make finite differences along a direction unreliable. */
     for (int i = 0; i < m.n_layers; i++) m.layers[i].dirac = 0;
     model_finalize(&m, NULL, 3);
-    float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
-    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
-    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
-    ModelLoss loss = {&m, input, r};
+    ModelLoss loss = model_loss_random(&m, rng);
     model_loss_backward(&loss);
     float *analytic = malloc(m.n_params * sizeof(float)), *v = malloc(m.n_params * sizeof(float));
     memcpy(analytic, m.grads, m.n_params * sizeof(float));
@@ -93,7 +90,7 @@ static void check_gradients(uint64_t *rng) {
         CHECK_MSG(fabs(got - want) <= (d == 0 ? 1e-2 : 5e-2) * fabs(want) + 2e-2, "airbench direction %d: analytic slope %.6g, "
                   "finite differences %.6g", d, want, got);
     }
-    free(input), free(analytic), free(v);
+    model_loss_free(&loss), free(analytic), free(v);
     model_destroy(&m);
 }
 
@@ -107,10 +104,7 @@ static void check_frozen_whitening(uint64_t *rng) {
     model_finalize(&m, NULL, 5);
     int prefix = whitening_frozen_prefix(&m);
     CHECK(prefix == 2 && m.layers[prefix].kind == LAYER_CONV && m.layers[prefix - 1].kind == LAYER_GELU);
-    float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
-    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
-    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
-    ModelLoss loss = {&m, input, r};
+    ModelLoss loss = model_loss_random(&m, rng);
     model_loss_backward(&loss);
     float *trained = malloc(m.n_params * sizeof(float));
     memcpy(trained, m.grads, m.n_params * sizeof(float));
@@ -130,7 +124,7 @@ static void check_frozen_whitening(uint64_t *rng) {
     model_set_frozen_prefix(&m, 0);
     model_loss_backward(&loss);
     CHECK(memcmp(m.grads, trained, m.n_params * sizeof(float)) == 0);
-    free(input), free(trained);
+    model_loss_free(&loss), free(trained);
     model_destroy(&m);
 }
 

@@ -32,10 +32,7 @@ static void check_model_gradients(uint64_t *rng) {
     Model m;
     build(&m, 0); /* smooth: central differences across a ReLU's kink would be off */
     model_finalize(&m, NULL, 5);
-    float *input = malloc(model_input_floats(&m) * sizeof(float)), r[BATCH * CLASSES];
-    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
-    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
-    ModelLoss loss = {&m, input, r};
+    ModelLoss loss = model_loss_random(&m, rng);
     model_loss_backward(&loss);
     float *analytic = malloc(m.n_params * sizeof(float));
     double *numeric = malloc(m.n_params * sizeof(double));
@@ -43,7 +40,7 @@ static void check_model_gradients(uint64_t *rng) {
     numeric_gradient(m.params, m.n_params, 1e-4f, model_loss, &loss, numeric);
     check_gradient("conv, gelu, conv, gelu, avgpool, linear: every parameter", analytic, numeric,
                    m.n_params);
-    free(input), free(analytic), free(numeric);
+    model_loss_free(&loss), free(analytic), free(numeric);
     model_destroy(&m);
 }
 

@@ -401,9 +401,10 @@ static void choose_conv_algorithms(Model *m) {
             conv2d_init(ctx, &l->conv, s, &m->conv_policy);
             size_t bytes = conv2d_workspace_bytes(ctx, &l->conv);
             if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
-            log_info("layer %d conv %dx%dx%dx%d k%d: cuDNN algorithms forward %d, backward data %d, backward "
-                     "filter %d, workspace %.1f MiB", i, s->n, s->c, s->h, s->w, s->k, (int)l->conv.cuda.fwd_algo,
-                     (int)l->conv.cuda.bwd_data_algo, (int)l->conv.cuda.bwd_filter_algo, bytes / 1048576.0);
+            char chosen[400];
+            conv2d_describe(ctx, &l->conv, chosen, sizeof chosen);
+            log_info("layer %d conv %dx%dx%dx%d k%d: %s, workspace %.1f MiB", i, s->n, s->c, s->h, s->w, s->k, chosen,
+                     bytes / 1048576.0);
             size_t bias_grad = conv2d_bias_grad_bytes(ctx, &l->conv);
             if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_MAXPOOL) {

@@ -64,8 +64,7 @@ cudnnBackendDescriptor_t backend_graph_tensor(BackendGraph *g, int64_t uid, cudn
     return t;
 }
 
-cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShape *s, cudnnBackendDescriptor_t x,
-                                               cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y) {
+static cudnnBackendDescriptor_t conv_descriptor(BackendGraph *g, const Conv2dShape *s) {
     int64_t spatial = 2, pads[2] = {s->pad, s->pad}, strides[2] = {s->stride, s->stride}, dilations[2] = {1, 1};
     cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -78,17 +77,59 @@ cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShap
     SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, strides);
     SET_ATTR(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilations);
     CUDNN_CHECK(cudnnBackendFinalize(conv));
+    return conv;
+}
 
-    float alpha = 1.0f, beta = 0.0f;
-    cudnnBackendDescriptor_t op = backend_graph_part(g, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+/* The operation type and attribute names of a pass: its activation tensor
+ * (x or dx), filter (w or dw), output-side tensor (y or dy), convolution,
+ * alpha and beta. */
+typedef struct {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+} ConvPassAttrs;
+
+static const ConvPassAttrs kConvPassAttrs[BACKEND_CONV_PASSES] = {
+    [BACKEND_CONV_FORWARD] = {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+                              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+    [BACKEND_CONV_DATA] = {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                           CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+                           CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+                           CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+                           CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+                           CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+    [BACKEND_CONV_FILTER] = {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+                             CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+                             CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+                             CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+                             CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+                             CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+                             CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+};
+
+cudnnBackendDescriptor_t backend_graph_conv_pass_op(BackendGraph *g, const Conv2dShape *s, BackendConvPass pass,
+                                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w,
+                                                    cudnnBackendDescriptor_t y, float beta) {
+    const ConvPassAttrs *a = &kConvPassAttrs[pass];
+    cudnnBackendDescriptor_t conv = conv_descriptor(g, s);
+    float alpha = 1.0f;
+    cudnnBackendDescriptor_t op = backend_graph_part(g, a->type);
+    SET_ATTR(op, a->x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    SET_ATTR(op, a->w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w);
+    SET_ATTR(op, a->y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    SET_ATTR(op, a->conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv);
+    SET_ATTR(op, a->alpha, CUDNN_TYPE_FLOAT, 1, &alpha);
+    SET_ATTR(op, a->beta, CUDNN_TYPE_FLOAT, 1, &beta);
     CUDNN_CHECK(cudnnBackendFinalize(op));
     return op;
+}
+
+cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShape *s, cudnnBackendDescriptor_t x,
+                                               cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y) {
+    return backend_graph_conv_pass_op(g, s, BACKEND_CONV_FORWARD, x, w, y, 0.0f);
 }
 
 cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointwiseMode_t mode,
@@ -225,30 +266,46 @@ static void execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, cudnnBackend
     CUDNN_CHECK(cudnnBackendExecute(h, plan, pack));
 }
 
-/* Milliseconds per run of plan on buffers of zeros, on the handle's stream. */
-static float time_plan(const BackendGraph *g, cudnnHandle_t h, cudnnBackendDescriptor_t plan, void *const *ptrs,
-                       void *workspace) {
+float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg) {
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
-    cudnnBackendDescriptor_t pack = variant_pack(g, ptrs, workspace);
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
-    execute(h, plan, pack); /* the first run also pays the kernel's loading */
+    run(arg); /* the first run also pays the kernel's loading */
     CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < BENCHMARK_RUNS; i++) execute(h, plan, pack);
+    for (int i = 0; i < BENCHMARK_RUNS; i++) run(arg);
     CUDA_CHECK(cudaEventRecord(stop, stream));
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
-    CUDNN_CHECK(cudnnBackendDestroyDescriptor(pack));
     return ms / BENCHMARK_RUNS;
 }
 
-/* The index of the fastest candidate, timed on scratch buffers allocated here. */
-static int fastest(const BackendGraph *g, cudnnHandle_t h, const Candidate *cands, int count) {
+typedef struct {
+    cudnnHandle_t h;
+    cudnnBackendDescriptor_t plan, pack;
+} PlanRun;
+
+static void run_plan(void *arg) {
+    const PlanRun *r = (const PlanRun *)arg;
+    execute(r->h, r->plan, r->pack);
+}
+
+/* Milliseconds per run of plan on buffers of zeros, on the handle's stream. */
+static float time_plan(const BackendGraph *g, cudnnHandle_t h, cudnnBackendDescriptor_t plan, void *const *ptrs,
+                       void *workspace) {
+    PlanRun r = {h, plan, variant_pack(g, ptrs, workspace)};
+    float ms = backend_graph_time_ms(h, run_plan, &r);
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(r.pack));
+    return ms;
+}
+
+/* The index of the fastest candidate, timed on scratch buffers allocated
+ * here; its milliseconds per run into *best_ms. */
+static int fastest(const BackendGraph *g, cudnnHandle_t h, const Candidate *cands, int count, float *best_ms) {
     size_t workspace_bytes = 0;
     for (int i = 0; i < count; i++)
         if (cands[i].workspace > workspace_bytes) workspace_bytes = cands[i].workspace;
@@ -260,24 +317,28 @@ static int fastest(const BackendGraph *g, cudnnHandle_t h, const Candidate *cand
     }
     if (workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
     int best = 0;
-    float best_ms = 0;
     for (int i = 0; i < count; i++) {
         float ms = time_plan(g, h, cands[i].plan, ptrs, workspace);
-        if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+        if (i == 0 || ms < *best_ms) best = i, *best_ms = ms;
     }
     for (int i = 0; i < g->tensor_count; i++) CUDA_CHECK(cudaFree(ptrs[g->uids[i] - 1]));
     if (workspace) CUDA_CHECK(cudaFree(workspace));
     return best;
 }
 
+/* Heuristics mode A's candidates; under benchmark the FALLBACK list's fill
+ * the rest of the timed set (engines mode A does not rank), otherwise they
+ * are taken only where mode A has none. */
 int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
     if (!g->graph) return 0;
     Candidate cands[BACKEND_GRAPH_BENCHMARK_PLANS];
     int max = policy->benchmark ? BACKEND_GRAPH_BENCHMARK_PLANS : 1;
     int count = collect_candidates(g, h, policy, CUDNN_HEUR_MODE_A, cands, max);
-    if (count == 0) count = collect_candidates(g, h, policy, CUDNN_HEUR_MODE_FALLBACK, cands, max);
+    if (count < max)
+        count += collect_candidates(g, h, policy, CUDNN_HEUR_MODE_FALLBACK, cands + count, max - count);
     if (count == 0) return 0;
-    int best = count > 1 ? fastest(g, h, cands, count) : 0;
+    g->plan_ms = 0;
+    int best = policy->benchmark ? fastest(g, h, cands, count, &g->plan_ms) : 0;
     for (int i = 0; i < count; i++) {
         if (i == best) continue;
         CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].plan));

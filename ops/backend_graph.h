@@ -17,7 +17,7 @@
  * heuristics (mode A, then FALLBACK): the first whose execution plan
  * finalizes within the policy (workspace, determinism, TF32 for float32), or
  * under policy->benchmark the fastest of up to BACKEND_GRAPH_BENCHMARK_PLANS
- * timed on scratch buffers. The policy is read off each engine's numerical
+ * (mode A's, then FALLBACK's) timed on scratch buffers. The policy is read off each engine's numerical
  * notes: deterministic drops engines noted NONDETERMINISTIC; float32 without
  * allow_tf32 drops those noted TENSOR_CORE; every dtype drops
  * DOWN_CONVERT_INPUTS and REDUCED_PRECISION_REDUCTION (the products
@@ -42,9 +42,12 @@ extern "C" {
 #define BACKEND_GRAPH_MAX_PARTS 24
 #define BACKEND_GRAPH_MAX_TENSORS 8
 #define BACKEND_GRAPH_ALIGNMENT 16
-#define BACKEND_GRAPH_BENCHMARK_PLANS 8
+#define BACKEND_GRAPH_BENCHMARK_PLANS 16
 
-typedef struct {
+/* The three convolution operations (backend_graph_conv_pass_op). */
+typedef enum { BACKEND_CONV_FORWARD, BACKEND_CONV_DATA, BACKEND_CONV_FILTER, BACKEND_CONV_PASSES } BackendConvPass;
+
+typedef struct BackendGraph {
     const char *op_name; /* in messages */
     DType dtype;         /* for the policy's TF32 rule */
     int nhwc;
@@ -59,6 +62,7 @@ typedef struct {
     cudnnBackendDescriptor_t engine_config; /* the chosen heuristic result */
     cudnnBackendDescriptor_t plan;          /* its execution plan */
     size_t workspace_bytes;                 /* of the plan */
+    float plan_ms;                          /* its time per run where benchmarked, else 0 */
 } BackendGraph;
 
 #if TRAINC_CUDA
@@ -71,7 +75,13 @@ cudnnBackendDescriptor_t backend_graph_part(BackendGraph *g, cudnnBackendDescrip
 /* A 4-D tensor [n, ch, h, w] in g's layout; a real one is recorded. */
 cudnnBackendDescriptor_t backend_graph_tensor(BackendGraph *g, int64_t uid, cudnnDataType_t type, int64_t n,
                                               int64_t ch, int64_t h, int64_t w, bool is_virtual);
-/* y = conv(x, w), cross-correlation computed in fp32, alpha 1, beta 0. */
+/* One convolution pass, cross-correlation computed in fp32, alpha 1:
+ * FORWARD y = conv(x, w) + beta y; DATA x = dgrad(w, y) + beta x (y the
+ * output's gradient, x the input's); FILTER w = wgrad(x, y) + beta w. */
+cudnnBackendDescriptor_t backend_graph_conv_pass_op(BackendGraph *g, const Conv2dShape *s, BackendConvPass pass,
+                                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w,
+                                                    cudnnBackendDescriptor_t y, float beta);
+/* y = conv(x, w): the FORWARD pass with beta 0. */
 cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShape *s, cudnnBackendDescriptor_t x,
                                                cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y);
 /* y = mode(x [, b]) in fp32; b NULL for a unary mode. */
@@ -84,6 +94,9 @@ bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDes
 /* Picks and keeps a plan of the built graph by the policy (top); 0 when there
  * is none. */
 int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy);
+/* Milliseconds per run of run(arg), which launches work on the handle's
+ * stream: run once to warm up, then the mean of a few, timed by events. */
+float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg);
 /* Runs the plan on the handle's stream: ptrs[uid - 1] is the device pointer
  * of the tensor of that uid (each recorded one must be given, aligned). A
  * small host descriptor per call (cuDNN's own, freed after the launch): no

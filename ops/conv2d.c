@@ -5,6 +5,7 @@
  *             dcol  = w^T * dy_n          [CRS][PQ], scattered back by col2im */
 #include "ops/conv2d.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,6 +180,30 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
         GPU_ONLY(const Conv2dShape *s = &c->shape;
                  bytes = conv2d_bias_grad_workspace_bytes(s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), ctx->nhwc));
     return bytes;
+}
+
+/* One pass: the winner first, the loser's time in parentheses. */
+static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass pass, const char *name, int algo) {
+    float legacy = c->legacy_us[pass], plan = c->plan_us[pass];
+    if (legacy <= 0) return snprintf(buf, size, "%s algo %d", name, algo); /* not timed against a plan */
+    if (c->use_plan[pass]) return snprintf(buf, size, "%s backend %.1f us (algo %d %.1f us)", name, plan, algo, legacy);
+    if (plan > 0) return snprintf(buf, size, "%s algo %d %.1f us (backend %.1f us)", name, algo, legacy, plan);
+    return snprintf(buf, size, "%s algo %d %.1f us (no backend plan)", name, algo, legacy);
+}
+
+void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t size) {
+    if (size) buf[0] = 0;
+    if (ctx->device != DEVICE_CUDA) return;
+    const Conv2dCuda *cc = &c->cuda;
+    const char *names[CONV2D_PASSES] = {"forward", "backward data", "backward data (accumulated)", "backward filter"};
+    const int algos[CONV2D_PASSES] = {(int)cc->fwd_algo, (int)cc->bwd_data_algo, (int)cc->bwd_data_algo,
+                                      (int)cc->bwd_filter_algo};
+    size_t used = (size_t)snprintf(buf, size, "cuDNN");
+    for (int pass = 0; pass < CONV2D_PASSES && used < size; pass++) {
+        if (pass == CONV2D_DATA_ADD && cc->legacy_us[pass] <= 0) continue; /* the same algorithm as DATA */
+        used += (size_t)snprintf(buf + used, size - used, pass ? ", " : " ");
+        if (used < size) used += (size_t)describe_pass(buf + used, size - used, cc, (Conv2dPass)pass, names[pass], algos[pass]);
+    }
 }
 
 void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y) {

@@ -12,8 +12,10 @@
 #include "ops/conv2d.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "ops/backend_graph.h"
 #include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
@@ -153,6 +155,108 @@ static cudnnMathType_t widest_math(const Conv2dCuda *c) {
 /* Our own bias kernels everywhere but NCHW float32 (see add_bias). */
 static bool own_bias_kernels(const Conv2dCuda *c) { return c->dtype != DTYPE_F32 || c->nhwc; }
 
+/* ---- the passes: legacy algorithm or backend plan ------------------------------------ */
+
+/* A pass's tensors, as its graph's unique ids 1..3 and run_pass's pointers:
+ * the input side (x or dx), the filter (w or dw), the output side (y or dy). */
+enum { UID_X = 1, UID_W, UID_Y, PASS_TENSORS = 3 };
+
+static const BackendConvPass kBackendPass[CONV2D_PASSES] = {BACKEND_CONV_FORWARD, BACKEND_CONV_DATA,
+                                                            BACKEND_CONV_DATA, BACKEND_CONV_FILTER};
+static const float kPassBeta[CONV2D_PASSES] = {0.0f, 0.0f, 1.0f, 1.0f};
+static const char *const kPassNames[CONV2D_PASSES] = {"conv2d forward", "conv2d backward data",
+                                                      "conv2d backward data (accumulated)", "conv2d backward filter"};
+
+static void run_legacy(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void *const *p, void *workspace) {
+    const float *beta = kPassBeta[pass] != 0.0f ? &kOne : &kZero;
+    size_t bytes = c->workspace_bytes;
+    if (pass == CONV2D_FORWARD)
+        CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, c->x_desc, p[0], c->w_desc, p[1], c->conv_desc, c->fwd_algo,
+                                            workspace, bytes, beta, c->y_desc, p[2]));
+    else if (pass == CONV2D_FILTER)
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, p[0], c->y_desc, p[2], c->bwd_filter_desc,
+                                                   c->bwd_filter_algo, workspace, bytes, beta, c->w_desc, p[1]));
+    else
+        CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, c->w_desc, p[1], c->y_desc, p[2], c->bwd_data_desc,
+                                                 c->bwd_data_algo, workspace, bytes, beta, c->x_desc, p[0]));
+}
+
+static bool aligned(void *const *p) {
+    for (int i = 0; i < PASS_TENSORS; i++)
+        if ((uintptr_t)p[i] % BACKEND_GRAPH_ALIGNMENT != 0) return false;
+    return true;
+}
+
+/* The pass by the backend plan where it won (and the tensors are aligned as
+ * the plan was built for), else by the legacy algorithm. */
+static void run_pass(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, const void *x, const void *w,
+                     const void *y, void *workspace) {
+    void *p[PASS_TENSORS] = {(void *)x, (void *)w, (void *)y};
+    if (c->use_plan[pass] && aligned(p)) backend_graph_execute(&c->plans[pass], h, p, workspace);
+    else run_legacy(c, h, pass, p, workspace);
+}
+
+/* Builds the pass's one-operation graph and picks its plan by the policy
+ * (timed); 0 where none finalizes. */
+static int build_plan(Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass) {
+    const Conv2dShape *s = &c->shape;
+    BackendGraph *g = &c->plans[pass];
+    cudnnDataType_t type = dtype_cudnn(c->dtype);
+    backend_graph_init(g, kPassNames[pass], c->dtype, c->nhwc);
+    cudnnBackendDescriptor_t x = backend_graph_tensor(g, UID_X, type, s->n, s->c, s->h, s->w, false);
+    cudnnBackendDescriptor_t w = backend_graph_tensor(g, UID_W, type, s->k, s->c, s->r, s->s, false);
+    cudnnBackendDescriptor_t y =
+        backend_graph_tensor(g, UID_Y, type, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), false);
+    cudnnBackendDescriptor_t op = backend_graph_conv_pass_op(g, s, kBackendPass[pass], x, w, y, kPassBeta[pass]);
+    return backend_graph_build(g, h, &op, 1) && backend_graph_choose_plan(g, h, &c->policy);
+}
+
+typedef struct {
+    const Conv2dCuda *c;
+    cudnnHandle_t h;
+    Conv2dPass pass;
+    void **ptrs;
+    void *workspace;
+} LegacyRun;
+
+static void run_legacy_timed(void *arg) {
+    const LegacyRun *r = (const LegacyRun *)arg;
+    run_legacy(r->c, r->h, r->pass, r->ptrs, r->workspace);
+}
+
+/* Per pass: the legacy algorithm timed on zeroed scratch, the backend plan
+ * chosen and timed (ops/backend_graph.h), and the faster kept; the workspace
+ * grows to the kept plans'. */
+static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
+    const Conv2dShape *s = &c->shape;
+    size_t elem = dtype_size(c->dtype);
+    size_t bytes[PASS_TENSORS] = {(size_t)s->n * s->c * s->h * s->w * elem, (size_t)s->k * s->c * s->r * s->s * elem,
+                                  (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s) * elem};
+    void *ptrs[PASS_TENSORS], *workspace = NULL;
+    for (int i = 0; i < PASS_TENSORS; i++) {
+        CUDA_CHECK(cudaMalloc(&ptrs[i], bytes[i]));
+        CUDA_CHECK(cudaMemset(ptrs[i], 0, bytes[i]));
+    }
+    if (c->workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, c->workspace_bytes));
+    c->plans = (BackendGraph *)calloc(CONV2D_PASSES, sizeof *c->plans);
+    if (!c->plans) TC_FATAL("conv2d: out of host memory for the backend plans");
+    size_t plan_bytes = 0;
+    for (int pass = 0; pass < CONV2D_PASSES; pass++) {
+        LegacyRun run = {c, h, (Conv2dPass)pass, ptrs, workspace};
+        c->legacy_us[pass] = 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run);
+        BackendGraph *g = &c->plans[pass];
+        if (build_plan(c, h, (Conv2dPass)pass)) {
+            c->plan_us[pass] = 1000.0f * g->plan_ms;
+            c->use_plan[pass] = c->policy.prefer_backend || c->plan_us[pass] < c->legacy_us[pass];
+        }
+        if (c->use_plan[pass] && g->workspace_bytes > plan_bytes) plan_bytes = g->workspace_bytes;
+        if (!c->use_plan[pass]) backend_graph_destroy(g);
+    }
+    for (int i = 0; i < PASS_TENSORS; i++) CUDA_CHECK(cudaFree(ptrs[i]));
+    if (workspace) CUDA_CHECK(cudaFree(workspace));
+    if (plan_bytes > c->workspace_bytes) c->workspace_bytes = plan_bytes;
+}
+
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype, int nhwc,
                       const ConvAlgoPolicy *policy) {
     memset(c, 0, sizeof *c);
@@ -202,6 +306,7 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     c->workspace_bytes = fwd_bytes;
     if (data_bytes > c->workspace_bytes) c->workspace_bytes = data_bytes;
     if (filter_bytes > c->workspace_bytes) c->workspace_bytes = filter_bytes;
+    if (c->policy.benchmark && c->nhwc && c->dtype != DTYPE_F32) choose_backend_plans(c, h);
     /* The bias gradient's partial sums use the workspace after the filter gradient is done. */
     size_t bias_bytes = own_bias_kernels(c)
                             ? conv2d_bias_grad_workspace_bytes(s->n, s->k, out_h, out_w, c->nhwc)
@@ -210,6 +315,8 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
 }
 
 void conv2d_cuda_destroy(Conv2dCuda *c) {
+    for (int pass = 0; c->plans && pass < CONV2D_PASSES; pass++) backend_graph_destroy(&c->plans[pass]);
+    free(c->plans);
     if (c->conv_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->conv_desc));
     if (c->bwd_data_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->bwd_data_desc));
     if (c->bwd_filter_desc) CUDNN_CHECK(cudnnDestroyConvolutionDescriptor(c->bwd_filter_desc));
@@ -494,9 +601,7 @@ static void check_workspace(const Conv2dCuda *c, const void *workspace) {
 void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                          const void *b, void *y, void *workspace) {
     check_workspace(c, workspace);
-    CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, c->x_desc, x, c->w_desc, w, c->conv_desc,
-                                        c->fwd_algo, workspace, c->workspace_bytes, &kZero,
-                                        c->y_desc, y));
+    run_pass(c, h, CONV2D_FORWARD, x, w, y, workspace);
     if (b) add_bias(c, h, b, y);
 }
 
@@ -510,13 +615,7 @@ void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x
                              const void *dy, void *dx, void *dw, void *db, void *workspace,
                              int accumulate_dx) {
     check_workspace(c, workspace);
-    if (dx)
-        CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, c->w_desc, w, c->y_desc, dy,
-                                                 c->bwd_data_desc, c->bwd_data_algo, workspace,
-                                                 c->workspace_bytes, accumulate_dx ? &kOne : &kZero,
-                                                 c->x_desc, dx));
-    CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, x, c->y_desc, dy,
-                                               c->bwd_filter_desc, c->bwd_filter_algo, workspace,
-                                               c->workspace_bytes, &kOne, c->w_desc, dw));
+    if (dx) run_pass(c, h, accumulate_dx ? CONV2D_DATA_ADD : CONV2D_DATA, dx, w, dy, workspace);
+    run_pass(c, h, CONV2D_FILTER, x, dw, dy, workspace);
     if (db) accumulate_bias_grad(c, h, dy, db, workspace);
 }

@@ -40,13 +40,24 @@ int conv2d_out_w(const Conv2dShape *s);
  * deterministic takes only algorithms cuDNN calls deterministic (and fails if
  * none fits); otherwise the fastest. benchmark times every algorithm on the
  * device (cudnnFind*, which allocates its own buffers) instead of trusting
- * cuDNN's heuristics. No algorithm may need more than workspace_limit bytes. */
+ * cuDNN's heuristics. No algorithm may need more than workspace_limit bytes.
+ * Under benchmark, f16 and bf16 in NHWC also time a plan of cuDNN's backend
+ * API per pass (ops/backend_graph.h) against the legacy algorithm and run the
+ * faster; prefer_backend (tests) takes the backend's plan wherever one
+ * finalizes, however it times. */
 typedef struct {
     size_t workspace_limit;
     int allow_tf32;
     int deterministic;
     int benchmark;
+    int prefer_backend;
 } ConvAlgoPolicy;
+
+/* The passes a convolution runs: data gradient overwriting dx (DATA) or added
+ * to it (DATA_ADD, accumulate_dx); the filter gradient is always added. */
+typedef enum { CONV2D_FORWARD, CONV2D_DATA, CONV2D_DATA_ADD, CONV2D_FILTER, CONV2D_PASSES } Conv2dPass;
+
+struct BackendGraph; /* ops/backend_graph.h */
 
 /* CUDA path through cuDNN. Descriptors and algorithms are chosen once, at init. */
 typedef struct {
@@ -62,7 +73,12 @@ typedef struct {
     cudnnConvolutionFwdAlgo_t fwd_algo;
     cudnnConvolutionBwdDataAlgo_t bwd_data_algo;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo;
-    size_t workspace_bytes; /* the most any algorithm or the bias gradient needs */
+    /* Where backend plans were timed (see ConvAlgoPolicy): CONV2D_PASSES
+     * graphs, those of the passes they won kept; else NULL. */
+    struct BackendGraph *plans;
+    int use_plan[CONV2D_PASSES];
+    float legacy_us[CONV2D_PASSES], plan_us[CONV2D_PASSES]; /* per run; plan_us 0: none finalized */
+    size_t workspace_bytes; /* the most any algorithm, plan or the bias gradient needs */
 } Conv2dCuda;
 
 /* The face (op_context.h): one convolution on either device, ctx->dtype and
@@ -79,6 +95,9 @@ void conv2d_init(const OpContext *ctx, Conv2d *c, const Conv2dShape *s, const Co
 void conv2d_destroy(const OpContext *ctx, Conv2d *c);
 size_t conv2d_workspace_bytes(const OpContext *ctx, const Conv2d *c);
 size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c);
+/* What init chose, for the log: per pass the legacy algorithm or the backend
+ * plan and, where they were timed, both times. */
+void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t size);
 void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y);
 void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
                      void *dw, void *db, int accumulate_dx);

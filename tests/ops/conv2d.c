@@ -7,7 +7,10 @@
  * convolutions, other strides, pads and odd sizes; in NHWC the first layer's
  * 3 channels padded to 8 with zeros. ResNet's shapes also with accumulate_dx
  * and no bias (on the CPU: finite differences, the accumulate flag and a NULL
- * bias to the bit). */
+ * bias to the bit). In f16 and bf16 NHWC, benchmarked: cuDNN backend plans
+ * against the legacy algorithms, and the plans forced for every pass (y, dx
+ * overwritten and added to, dw) on airbench's 24 -> 64 3x3 at 31x31, a 1x1
+ * stride 2 and a 3x3 stride 2, and deterministic ones repeating their bits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +23,12 @@
 #define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* Full fp32 (no TF32) and deterministic algorithms, so GPU and CPU agree
  * closely and runs repeat; and algorithms picked by timing them. */
-static const ConvAlgoPolicy strict_policy = {CONV_WORKSPACE_LIMIT, 0, 1, 0};
-static const ConvAlgoPolicy benchmarked_policy = {CONV_WORKSPACE_LIMIT, 0, 0, 1};
+static const ConvAlgoPolicy strict_policy = {CONV_WORKSPACE_LIMIT, 0, 1, 0, 0};
+static const ConvAlgoPolicy benchmarked_policy = {CONV_WORKSPACE_LIMIT, 0, 0, 1, 0};
+/* Benchmarked, cuDNN's backend plans taken wherever they finalize (half
+ * types in NHWC; elsewhere the legacy algorithms as benchmarked_policy). */
+static const ConvAlgoPolicy backend_policy = {CONV_WORKSPACE_LIMIT, 0, 0, 1, 1};
+static const ConvAlgoPolicy deterministic_backend_policy = {CONV_WORKSPACE_LIMIT, 0, 1, 1, 1};
 
 static size_t conv_x_count(const Conv2dShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
 static size_t conv_w_count(const Conv2dShape *s) { return (size_t)s->k * s->c * s->r * s->s; }
@@ -163,6 +170,36 @@ static void conv_results_free(ConvResults *r) {
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* Backend plans are tried only under benchmark for f16 and bf16 in NHWC.
+ * There each pass runs the faster of its plan and the legacy algorithm, or
+ * under prefer_backend its plan (a pass with none fails here, named: the
+ * plans were written for Hopper, where cuDNN 9 has engines for each), and the
+ * log line says so. */
+static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, const Conv2d *conv,
+                                     const ConvAlgoPolicy *policy) {
+    const Conv2dCuda *cc = &conv->cuda;
+    if (!policy->benchmark || c->dtype == DTYPE_F32 || !c->nhwc) {
+        CHECK_MSG(cc->plans == NULL, "%s conv: backend plans tried outside benchmarked half NHWC", c->name);
+        return;
+    }
+    char chosen[400];
+    conv2d_describe(ctx, conv, chosen, sizeof chosen);
+    printf("  %s\n", chosen);
+    CHECK_MSG(cc->plans != NULL, "%s conv: no backend plans were tried", c->name);
+    for (int pass = 0; cc->plans && pass < CONV2D_PASSES; pass++) {
+        CHECK_MSG(cc->legacy_us[pass] > 0, "%s conv: pass %d's legacy algorithm was not timed", c->name, pass);
+        int faster = cc->plan_us[pass] > 0 && cc->plan_us[pass] < cc->legacy_us[pass];
+        if (policy->prefer_backend)
+            CHECK_MSG(cc->use_plan[pass] && cc->plan_us[pass] > 0, "%s conv: pass %d runs no backend plan (%s)",
+                      c->name, pass, chosen);
+        else
+            CHECK_MSG(cc->use_plan[pass] == faster, "%s conv: pass %d kept the slower (%s)", c->name, pass, chosen);
+    }
+    if (policy->prefer_backend)
+        CHECK_MSG(strstr(chosen, "backward data (accumulated) backend") != NULL, "%s conv: log line '%s'", c->name,
+                  chosen);
+}
+
 static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const ConvAlgoPolicy *policy) {
     DType dt = c->dtype;
     size_t nw = conv_w_count(&s), ny = conv_y_count(&s), nx = conv_x_count(&s);
@@ -172,6 +209,7 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     Conv2d conv;
     conv2d_init(&ctx, &conv, &s, policy);
     CHECK(conv.cuda.dtype == dt && conv.cuda.nhwc == c->nhwc);
+    conv_check_backend_plans(c, &ctx, &conv, policy);
     int deterministic = conv_algos_deterministic(c, &conv.cuda);
     size_t ws = conv2d_workspace_bytes(&ctx, &conv);
     printf(" %dx%dx%dx%d (%d real) -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d bwd-filter %d (%s), "
@@ -208,6 +246,9 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     } else if (f32_nchw) {
         grid_check(c, "conv y (second run)", again.y, r.y, ny, 1e-5);
         grid_check(c, "conv dw (second run, dx == NULL)", again.dw, r.dw, nw, 1e-5);
+    } else if (policy->deterministic && policy->prefer_backend) {
+        grid_check_same(c, "conv y (second run, deterministic plans)", again.y, r.y, ny * sizeof(float));
+        grid_check_same(c, "conv dw (dx == NULL, deterministic plans)", again.dw, r.dw, nw * sizeof(float));
     } else {
         grid_check(c, "conv dw (dx == NULL, vs the first run)", again.dw, r.dw, nw, bound / 4);
     }
@@ -224,6 +265,18 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
 #define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
     ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})
 
+static void conv_accumulate_shape(const GridCase *c, Conv2dShape s, int real_c, const ConvAlgoPolicy *policy);
+
+/* The backend plans forced (backend_policy): airbench's 24 -> 64 3x3 at
+ * 31x31, a 1x1 stride 2 and a 3x3 stride 2; y, dx, dw, db, and dx added. */
+static void conv_backend_case(const GridCase *c) {
+    conv_accumulate_shape(c, CONV(8, 24, 31, 31, 64, 3, 3, 1, 1), 24, &backend_policy);
+    conv_accumulate_shape(c, CONV(4, 16, 16, 16, 32, 1, 1, 0, 2), 16, &backend_policy);
+    conv_accumulate_shape(c, CONV(4, 16, 15, 17, 32, 3, 3, 1, 2), 16, &backend_policy);
+    /* deterministic engines only: a second run gives the same bits */
+    conv_gpu_shape(c, CONV(8, 64, 16, 16, 64, 3, 3, 1, 1), 64, &deterministic_backend_policy);
+}
+
 static void conv_gpu_case(const GridCase *c) {
     const ConvAlgoPolicy *strict = &strict_policy;
     if (c->nhwc) {
@@ -233,6 +286,9 @@ static void conv_gpu_case(const GridCase *c) {
         conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, strict);
         conv_gpu_shape(c, CONV(8, 128, 8, 8, 256, 3, 3, 1, 1), 128, strict);
         conv_gpu_shape(c, CONV(4, 16, 15, 17, 32, 3, 3, 1, 2), 16, strict);
+        /* timed against cuDNN's backend plans (half types), each pass's faster kept */
+        conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, &benchmarked_policy);
+        if (c->dtype != DTYPE_F32) conv_backend_case(c);
         return;
     }
     /* SimpleNet's three convolutions at 32x32, then other strides, pads and sizes */
@@ -449,16 +505,17 @@ static void conv_check_accumulate_dx(const GridCase *c, const OpContext *ctx, co
 }
 
 /* On the GPU y, dx, dw and db against the reference (conv_gpu_shape); then
- * accumulate_dx on either device. */
-static void conv_resnet_shape(const GridCase *c, Conv2dShape s, int real_c) {
-    if (c->device == DEVICE_CUDA) conv_gpu_shape(c, s, real_c, &strict_policy);
+ * accumulate_dx on either device, both by the policy's choices. */
+static void conv_accumulate_shape(const GridCase *c, Conv2dShape s, int real_c, const ConvAlgoPolicy *policy) {
+    if (c->device == DEVICE_CUDA) conv_gpu_shape(c, s, real_c, policy);
     char label[120];
     conv_label(label, sizeof label, &s);
-    printf(" ResNet's %s, accumulate_dx\n", label);
+    printf(" %s, accumulate_dx%s\n", label, policy->prefer_backend ? " (backend plans preferred)" : "");
     ConvValues v = conv_values(c, &s, real_c);
     OpContext ctx = c->ctx;
     Conv2d conv;
-    conv2d_init(&ctx, &conv, &s, &strict_policy);
+    conv2d_init(&ctx, &conv, &s, policy);
+    conv_check_backend_plans(c, &ctx, &conv, policy);
     size_t ws = conv2d_workspace_bytes(&ctx, &conv);
     ctx.workspace = ws ? dev_bytes(ws) : NULL;
     conv_check_accumulate_dx(c, &ctx, &conv, &v);
@@ -516,10 +573,10 @@ static void conv_resnet_case(const GridCase *c) {
         conv_resnet_cpu(c, CONV(2, 3, 11, 10, 4, 7, 7, 3, 2));
         conv_resnet_cpu(c, CONV(2, 3, 6, 5, 4, 3, 3, 1, 1));
     }
-    conv_resnet_shape(c, CONV(4, 16, 16, 16, 32, 1, 1, 0, 2), 16);
-    if (c->nhwc) conv_resnet_shape(c, CONV(2, 8, 32, 32, 16, 7, 7, 3, 2), 3);
-    else conv_resnet_shape(c, CONV(2, 3, 32, 32, 16, 7, 7, 3, 2), 3);
-    conv_resnet_shape(c, CONV(4, 16, 8, 8, 16, 3, 3, 1, 1), 16);
+    conv_accumulate_shape(c, CONV(4, 16, 16, 16, 32, 1, 1, 0, 2), 16, &strict_policy);
+    if (c->nhwc) conv_accumulate_shape(c, CONV(2, 8, 32, 32, 16, 7, 7, 3, 2), 3, &strict_policy);
+    else conv_accumulate_shape(c, CONV(2, 3, 32, 32, 16, 7, 7, 3, 2), 3, &strict_policy);
+    conv_accumulate_shape(c, CONV(4, 16, 8, 8, 16, 3, 3, 1, 1), 16, &strict_policy);
 }
 
 static void conv_case(const GridCase *c) {
@@ -569,10 +626,40 @@ static void conv_backward_by_hand(void) {
     check_values("conv db (accumulated)", db, (double[]){8}, 1, 1e-6);
 }
 
+/* The log line of a layer's choices (conv2d_describe), from the fields init
+ * fills: the legacy algorithms alone, then timed against backend plans. */
+static void conv_describe_by_hand(void) {
+    OpContext ctx = {.device = DEVICE_CUDA};
+    Conv2d conv;
+    memset(&conv, 0, sizeof conv);
+    conv.cuda.fwd_algo = 1, conv.cuda.bwd_data_algo = 4, conv.cuda.bwd_filter_algo = 3;
+    char line[400];
+    conv2d_describe(&ctx, &conv, line, sizeof line);
+    const char *legacy = "cuDNN forward algo 1, backward data algo 4, backward filter algo 3";
+    CHECK_MSG(!strcmp(line, legacy), "conv2d_describe: '%s'", line);
+    const float legacy_us[CONV2D_PASSES] = {120, 50, 55, 80}, plan_us[CONV2D_PASSES] = {85, 60, 0, 70};
+    memcpy(conv.cuda.legacy_us, legacy_us, sizeof legacy_us);
+    memcpy(conv.cuda.plan_us, plan_us, sizeof plan_us);
+    conv.cuda.use_plan[CONV2D_FORWARD] = conv.cuda.use_plan[CONV2D_FILTER] = 1;
+    conv2d_describe(&ctx, &conv, line, sizeof line);
+    const char *timed = "cuDNN forward backend 85.0 us (algo 1 120.0 us), backward data algo 4 50.0 us (backend "
+                        "60.0 us), backward data (accumulated) algo 4 55.0 us (no backend plan), backward filter "
+                        "backend 70.0 us (algo 3 80.0 us)";
+    CHECK_MSG(!strcmp(line, timed), "conv2d_describe: '%s'", line);
+    char small[24];
+    conv2d_describe(&ctx, &conv, small, sizeof small);
+    CHECK_MSG(strlen(small) == sizeof small - 1 && !strncmp(small, timed, sizeof small - 1),
+              "conv2d_describe cut to %zu bytes: '%s'", sizeof small, small);
+    ctx.device = DEVICE_CPU;
+    conv2d_describe(&ctx, &conv, line, sizeof line);
+    CHECK_MSG(line[0] == 0, "conv2d_describe on the CPU: '%s'", line);
+}
+
 static void conv_by_hand(uint64_t *rng) {
     (void)rng;
     conv_forward_by_hand();
     conv_backward_by_hand();
+    conv_describe_by_hand();
 }
 
 const GridOp grid_op_conv2d = {

@@ -164,7 +164,8 @@ const CfgKeySpec trainc_keys[] = {
      "[0, 1048576]"},
     {"perf.conv_benchmark", CFG_BOOL, "off", 0,
      "choose convolution algorithms by timing each at start-up (cudnnFind, twice: the second ranking "
-     "counts) rather than by heuristics", 0},
+     "counts) rather than by heuristics; f16 and bf16 in NHWC also time up to 16 plans of cuDNN's backend "
+     "API per pass and keep the faster (logged per layer)", 0},
     {"perf.deterministic", CFG_BOOL, "on", 0,
      "only convolution algorithms that give the same bits every run; off: the fastest", 0},
 

@@ -216,7 +216,7 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
     case STEP_MAXPOOL: {
         Pool2dShape p = l->pool.shape;
         p.n = n;
-        maxpool_init(&net->ops, &s->pool, &p);
+        maxpool_init(&net->ops, &s->pool, &p, NULL); /* forward only: keeps no window positions */
         break;
     }
     case STEP_LINEAR:

@@ -389,8 +389,8 @@ static void mark_fusions(Model *m) {
 
 /* ---- finalizing ------------------------------------------------------- */
 
-/* GPU: the cuDNN descriptors and algorithms of every layer, and the sizes of
- * the workspace and scratch the layers share. */
+/* GPU: the cuDNN descriptors and algorithms of the convolutions, and the
+ * sizes of the workspace and scratch the layers share. */
 static void choose_conv_algorithms(Model *m) {
     const OpContext *ctx = &m->ops;
     m->workspace_bytes = 0;
@@ -407,8 +407,6 @@ static void choose_conv_algorithms(Model *m) {
                      bytes / 1048576.0);
             size_t bias_grad = conv2d_bias_grad_bytes(ctx, &l->conv);
             if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
-        } else if (l->kind == LAYER_MAXPOOL) {
-            maxpool_init(ctx, &l->pool, &l->pool.shape);
         } else if (l->kind == LAYER_BATCHNORM) {
             size_t scratch = batchnorm_scratch_bytes(ctx, &l->bn.shape);
             if (scratch > m->bn_scratch_bytes) m->bn_scratch_bytes = scratch;
@@ -467,6 +465,11 @@ static void carve_buffers(Model *m, Arena *a) {
         m->act_grads[s] = arena_alloc(a, m->act_grad_floats[s] * esize, "activation gradients");
     m->workspace = m->workspace_bytes ? arena_alloc(a, m->workspace_bytes, "cuDNN workspace") : NULL;
     m->bn_scratch = m->bn_scratch_bytes ? arena_alloc(a, m->bn_scratch_bytes, "batch-norm scratch") : NULL;
+    for (int i = 0; i < m->n_layers; i++) { /* a fused max-pool runs bias_relu_pool instead */
+        Layer *l = &m->layers[i];
+        size_t bytes = l->kind == LAYER_MAXPOOL && !l->fused ? maxpool_scratch_bytes(&m->ops, &l->pool.shape) : 0;
+        l->pool_scratch = bytes ? arena_alloc(a, bytes, "max-pool window positions") : NULL;
+    }
 }
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -590,6 +593,9 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     m->ops.workspace = m->workspace;
     if (m->nvtx_layers) m->ops.hooks = &layer_nvtx_hooks;
 
+    for (int i = 0; gpu && i < m->n_layers; i++)
+        if (m->layers[i].kind == LAYER_MAXPOOL)
+            maxpool_init(&m->ops, &m->layers[i].pool, &m->layers[i].pool.shape, m->layers[i].pool_scratch);
     /* The batch norms run one after another on one stream: one scratch serves all. */
     if (m->bn_scratch) {
         op_fill(&m->ops, m->bn_scratch, 0, m->bn_scratch_bytes);

@@ -52,6 +52,8 @@ typedef struct {
     size_t fan_in;        /* for initialisation */
     Conv2d conv;          /* the op of each kind: its shape (and on the GPU its cuDNN state) */
     MaxPool2d pool;
+    void *pool_scratch;   /* maxpool (GPU): its own, where its forward keeps each maximum's place for its
+                             backward (ops/maxpool.h); NULL: none needed */
     LinearShape linear;
     BatchNorm bn;         /* batch norm: gamma at w_off, beta at b_off (c each) */
     float scale;          /* scale: the constant factor */

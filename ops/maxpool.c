@@ -54,11 +54,18 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
     }
 }
 
-void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s) {
+size_t maxpool_scratch_bytes(const OpContext *ctx, const Pool2dShape *s) {
+    size_t bytes = 0;
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(bytes = maxpool2x2_cuda_index_bytes(s, ctx->dtype, ctx->nhwc));
+    return bytes;
+}
+
+void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s, void *scratch) {
     Pool2dShape shape = *s; /* s may be p's own */
     memset(p, 0, sizeof *p);
     p->shape = shape;
-    if (ctx->device == DEVICE_CUDA) GPU_ONLY(maxpool2x2_cuda_init(&p->cuda, &shape, ctx->dtype, ctx->nhwc));
+    if (ctx->device == DEVICE_CUDA)
+        GPU_ONLY(maxpool2x2_cuda_init(&p->cuda, &shape, ctx->dtype, ctx->nhwc, scratch));
 }
 
 void maxpool_destroy(const OpContext *ctx, MaxPool2d *p) {

@@ -4,7 +4,15 @@
  * An odd size leaves out its last row or column (PyTorch's floor mode). Backward routes each output
  * gradient to the first maximum of its window (the one cuDNN picks), adding
  * where windows overlap; dx is overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
- * as the dtype given at init (f32, f16 or bf16), which is exact: a selection. */
+ * as the dtype given at init (f32, f16 or bf16), which is exact: a selection.
+ *
+ * The CUDA path's channels-last 2x2 stride-2 pool (whole 16-byte vectors of
+ * channels a pixel) runs kernels of its own, whose forward also writes, a
+ * byte per output element, where in its window the first maximum lies, into
+ * the layer's scratch; backward then reads dy and those bytes, not x and y
+ * (half the bytes). So a backward takes the positions of the last forward of
+ * the same MaxPool2d: a forward of it on other inputs in between (not a
+ * recompute of the same) gives the wrong dx. */
 #ifndef TRAINC_OPS_MAXPOOL_H
 #define TRAINC_OPS_MAXPOOL_H
 
@@ -26,19 +34,27 @@ int pool2d_out_w(const Pool2dShape *s);
 typedef struct {
     Pool2dShape shape;
     DType dtype;
-    int nhwc; /* x, y and their gradients are [n][h][w][c] */
+    int nhwc;               /* x, y and their gradients are [n][h][w][c] */
+    int vectorized;         /* the channels-last 2x2 kernels take the shape (see above) */
+    unsigned char *indices; /* vectorized: laid out as y, each element's window position from the last
+                               forward (0..3 row-major, 4: every element NaN); NULL: forward only */
     cudnnPoolingDescriptor_t pool_desc;
     cudnnTensorDescriptor_t x_desc, y_desc;
 } MaxPoolCuda;
 
 /* The face (op_context.h): one max-pool on either device, ctx->dtype and
- * ctx->nhwc on the GPU (init makes its cuDNN descriptors there). */
+ * ctx->nhwc on the GPU (init makes its cuDNN descriptors there). init takes
+ * the layer's own scratch, 16-byte aligned, of maxpool_scratch_bytes (the
+ * window positions above; 0 on the CPU and on cuDNN's paths, where scratch
+ * is not used); scratch NULL where bytes > 0 makes a forward-only pool
+ * (inference), whose backward fails. */
 typedef struct {
     Pool2dShape shape;
     MaxPoolCuda cuda; /* GPU only */
 } MaxPool2d;
 
-void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s);
+size_t maxpool_scratch_bytes(const OpContext *ctx, const Pool2dShape *s);
+void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s, void *scratch);
 void maxpool_destroy(const OpContext *ctx, MaxPool2d *p);
 void maxpool_forward(const OpContext *ctx, const MaxPool2d *p, const void *x, void *y);
 void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, const void *y, const void *dy,
@@ -50,7 +66,11 @@ void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y);
 void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
                              const float *dy, float *dx);
 
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc);
+/* The window positions' bytes: n x out_h x out_w x c where the channels-last
+ * 2x2 kernels take the shape, else 0. */
+size_t maxpool2x2_cuda_index_bytes(const Pool2dShape *s, DType dtype, int nhwc);
+/* indices: index_bytes of them, 16-byte aligned, or NULL (forward only). */
+void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc, void *indices);
 void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
 
 void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);

@@ -33,12 +33,15 @@ static void unfused(const GridCase *c, const Pool2dShape *s, const void *d_x, co
     void *d_relu = grid_alloc(c, dt, nx);
     op_copy(&c->ctx, d_relu, d_x, nx * esize);
     bias_relu_forward(&c->ctx, d_b, d_relu, s->n, s->c, s->h * s->w);
+    size_t scratch_bytes = maxpool_scratch_bytes(&c->ctx, s);
+    void *scratch = scratch_bytes ? grid_alloc_bytes(c, scratch_bytes) : NULL;
     MaxPool2d p;
-    maxpool_init(&c->ctx, &p, s);
+    maxpool_init(&c->ctx, &p, s, scratch);
     maxpool_forward(&c->ctx, &p, d_relu, d_y);
     maxpool_backward(&c->ctx, &p, d_relu, d_y, d_dy, d_dx);
     relu_backward(&c->ctx, d_relu, d_dx, d_dx, nx);
     maxpool_destroy(&c->ctx, &p);
+    grid_free(c, scratch);
     grid_free(c, d_relu);
 }
 

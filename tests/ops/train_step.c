@@ -39,6 +39,7 @@ typedef struct {
     OpContext ctx; /* c's, with the convolution's workspace */
     Conv2d conv;
     MaxPool2d pool;
+    void *pool_scratch; /* the pool's window positions, or NULL */
     LinearShape fc;
     size_t n_params, conv_w, conv_b, fc_w, fc_b; /* offsets in elements */
     float *master, *momentum, *lr, *loss;        /* f32 */
@@ -63,7 +64,10 @@ static void net_init(Net *t, const GridCase *c) {
     conv2d_init(&t->ctx, &t->conv, &conv, &deterministic_policy);
     size_t ws = conv2d_workspace_bytes(&t->ctx, &t->conv);
     t->ctx.workspace = ws ? dev_bytes(ws) : NULL;
-    maxpool_init(&t->ctx, &t->pool, &(Pool2dShape){.n = BATCH, .c = 8, .h = 8, .w = 8});
+    Pool2dShape pool = {.n = BATCH, .c = 8, .h = 8, .w = 8};
+    size_t pool_scratch = maxpool_scratch_bytes(&t->ctx, &pool);
+    t->pool_scratch = pool_scratch ? grid_alloc_bytes(c, pool_scratch) : NULL;
+    maxpool_init(&t->ctx, &t->pool, &pool, t->pool_scratch);
     t->fc = (LinearShape){.n = BATCH, .in = 8 * 4 * 4, .out = 10};
     t->conv_w = 0;
     t->conv_b = t->conv_w + 8 * 3 * 3 * 3;
@@ -94,7 +98,7 @@ static void net_destroy(Net *t) {
     maxpool_destroy(&t->ctx, &t->pool);
     void *bufs[] = {t->master, t->momentum, t->lr, t->loss, t->weights == t->master ? NULL : t->weights, t->grads,
                     t->x, t->conv_y, t->d_conv_y, t->pool_y, t->d_pool_y, t->logits, t->d_logits, t->scaler,
-                    t->labels, t->correct, t->ctx.workspace};
+                    t->labels, t->correct, t->ctx.workspace, t->pool_scratch};
     grid_free_all(t->c, bufs, GRID_COUNT(bufs));
 }
 

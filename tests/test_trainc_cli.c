@@ -138,10 +138,11 @@ static void check_ranges(const char *dir) {
     static const struct {
         const char *assignment, *range;
     } cases[] = {
-        {"train.batch=4294967297", "[1, 1048576]"},    {"run.epochs=-4294967295", "[1, 1000000]"},
+        {"train.batch=4294967297", "[1, 1048576]"},    {"run.epochs=-4294967295", "(0, 1000000]"},
         {"data.image_size=4294967328", "[8, 4096]"},   {"model.num_classes=4294967306", "[2, 1000]"},
         {"data.crop_pad=2000000000", "[0, 4096]"},     {"monitor.prometheus_port=65536", "[0, 65535]"},
         {"optim.momentum=1", "[0, 1)"},                {"memory.accumulate=0", "[1, 4096]"},
+        {"run.epochs=0", "(0, 1000000]"},              {"run.epochs=-0.5", "(0, 1000000]"},
     };
     char args[512], want[256];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -160,6 +161,8 @@ static void check_ranges(const char *dir) {
     expect_error("--config configs/baseline.ini --set optim.lr=1e39", "optim.lr: 1e39 overflows a 32-bit float");
     expect_error("--config configs/baseline.ini --set optim.lr=inf", "optim.lr: 'inf' is not a finite number");
     expect_error("--config configs/baseline.ini --set train.batch=32x", "'32x' is not a base-10 integer");
+    expect_error("--config configs/baseline.ini --set run.epochs=nan", "run.epochs: 'nan' is not a finite number");
+    expect_error("--config configs/baseline.ini --set run.epochs=9.9x", "run.epochs: '9.9x' is not a number");
     expect_error("--config configs/baseline.ini --set train.batch=99999999999999999999", "64-bit integer");
 }
 

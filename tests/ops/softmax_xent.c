@@ -2,7 +2,8 @@
  * the loss and dlogits against the CPU reference, grad_scale
  * read from the device (NULL meaning 1), the same bits on a second run
  * (a fixed reduction order), numerically stable at large logits; smoothing 0
- * the unsmoothed op to the bit. On the CPU, dlogits by finite differences and
+ * the unsmoothed op to the bit; batches of 1 to 20011 rows, so the CUDA kernel
+ * spans one to all of its blocks. On the CPU, dlogits by finite differences and
  * each row of it summing to 0; smoothing by hand (PyTorch's definition). */
 #include <math.h>
 #include <stdlib.h>
@@ -183,6 +184,17 @@ static void softmax_case(const GridCase *c) {
     softmax_shape(c, 1, 2, 0, 3.0f);
     softmax_smoothing_shape(c, 512, 10, 0.1f);
     softmax_smoothing_shape(c, 37, 1000, 0.3f);
+    /* batches over many blocks of the CUDA kernel (8 rows a block, at most
+     * 1024 blocks, then a grid stride): the per-block loss sums and their
+     * fixed-order total, the block count not a round number */
+    softmax_shape(c, 1024, 10, 0, 5.0f);
+    softmax_shape(c, 5003, 10, 2.0f, 5.0f);
+    softmax_shape(c, 20011, 10, 0, 5.0f);
+    softmax_shape(c, 1, 1000, 0, 5.0f);
+    softmax_shape(c, 1024, 1000, 0.5f, 5.0f);
+    softmax_shape(c, 5000, 1000, 0, 5.0f);
+    softmax_smoothing_shape(c, 5003, 10, 0.2f);
+    softmax_smoothing_shape(c, 1024, 1000, 0.1f);
 }
 
 static void softmax_by_hand(uint64_t *rng) {

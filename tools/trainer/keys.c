@@ -6,7 +6,10 @@ const CfgKeySpec trainc_keys[] = {
     {"run.gpu", CFG_INT, "0", 0, "CUDA device ordinal", "[0, 1023]"},
     {"run.seed", CFG_INT, "0", 0, "seed of parameter initialisation, shuffling and augmentation",
      "[0, 9223372036854775807]"},
-    {"run.epochs", CFG_INT, "3", 0, "passes over the training set", "[1, 1000000]"},
+    {"run.epochs", CFG_FLOAT, "3", 0,
+     "passes over the training set; a fraction trains ceil(run.epochs x steps per epoch) optimizer steps in all, "
+     "the last epoch stopping early (airbench's 9.9), the learning-rate schedule spanning those steps",
+     "(0, 1000000]"},
     {"run.repeats", CFG_INT, "1", 0,
      "train this many runs in one process, run r from run.seed + r (weights, order and augmentation), the data, "
      "the convolution algorithms and the CUDA graphs kept; a line per run and the mean, std and min of the test "

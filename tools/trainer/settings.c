@@ -44,7 +44,7 @@ static void fill_run(const Config *cfg, TrainSettings *s) {
     s->run.init_from = config_str(cfg, "run.init_from");
     s->run.use_gpu = is(cfg, "run.device", "cuda");
     s->run.gpu = (int)config_int(cfg, "run.gpu");
-    s->run.epochs = (int)config_int(cfg, "run.epochs");
+    s->run.epochs = config_float(cfg, "run.epochs");
     s->run.repeats = (int)config_int(cfg, "run.repeats");
     s->run.log_every = (int)config_int(cfg, "run.log_every");
     s->run.warmup_steps = (int)config_int(cfg, "run.warmup_steps");

@@ -20,10 +20,11 @@ typedef struct {
     const Config *config; /* where each value came from, for the messages */
     struct {
         const char *name, *metrics_file, *tensorboard_dir, *resume, *init_from;
-        int use_gpu, gpu, epochs, log_every, warmup_steps, eval, nvtx_layers;
+        int use_gpu, gpu, log_every, warmup_steps, eval, nvtx_layers;
         int eval_tta;     /* run.eval_tta: 0 off, 1 flip, 2 flip_translate */
         int repeats;
         long max_steps;
+        double epochs;    /* run.epochs, whole or not */
         uint64_t seed;
         long profile_first, profile_last; /* run.profile_steps; 0: off */
     } run;

@@ -129,9 +129,16 @@ typedef struct {
     long epoch_micro;         /* micro-batches taken this epoch */
 } EpochClock;
 
-/* 0 when the epoch ends before the next micro-batch: its data is done, or the
- * run stops (r->why). */
-static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c) {
+/* The micro-batches epoch trains: all of its data, but for the last epoch of a
+ * fractional run.epochs, which stops at the run's last optimizer step. */
+static long epoch_micro_batches(const Trainer *t, int epoch) {
+    long steps = epoch == t->run_epochs - 1 ? t->run_steps - (long)epoch * t->steps_per_epoch : t->steps_per_epoch;
+    return steps * t->set.memory.accumulate;
+}
+
+/* 0 when the epoch ends before the next micro-batch: its data (or its share of
+ * a fractional run) is done, or the run stops (r->why). */
+static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c, int epoch) {
     if (c->micro == 0 && stop_requested(t)) { /* between optimizer steps */
         r->why = STOP_SIGNAL;
         return 0;
@@ -140,7 +147,7 @@ static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c) {
         r->why = STOP_MAX_STEPS;
         return 0;
     }
-    return c->epoch_micro != (long)t->steps_per_epoch * t->set.memory.accumulate;
+    return c->epoch_micro < epoch_micro_batches(t, epoch);
 }
 
 /* Before an optimizer step's first micro-batch: the timed window opens after
@@ -183,7 +190,7 @@ static int end_step(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
 
 static void train_steps(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
     int accumulate = t->set.memory.accumulate;
-    while (may_take_batch(t, r, c)) {
+    while (may_take_batch(t, r, c, epoch)) {
         if (c->micro == 0) begin_step(t, c);
         if (!take_batch(t, c->epoch_micro)) break;
         run_micro_batch(t, c->micro == 0, c->micro == accumulate - 1);
@@ -222,7 +229,9 @@ static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro)
 
 static void end_epoch(Trainer *t, RunTally *r, TrainSummary *out, int epoch, double epoch_s) {
     r->epoch_s_sum += epoch_s;
-    out->epochs = epoch + 1;
+    /* A fractional run's last epoch ends it: the summary says run.epochs (9.9). */
+    int ran_all = epoch == t->run_epochs - 1 && t->step == t->run_steps;
+    out->epochs = ran_all ? t->set.run.epochs : epoch + 1;
     if (t->set.run.eval) {
         out->test_acc = evaluate(t, epoch);
         log_info("epoch %d: %.1f s, test accuracy %.2f%%", epoch + 1, epoch_s, 100 * out->test_acc);
@@ -270,7 +279,7 @@ static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
     if (r->why == RUN_ON && stop_signal) {
         /* The signal came after the last step (during the last evaluation). */
         r->why = STOP_SIGNAL;
-        save_checkpoint(t, t->set.run.epochs - 1, (long)t->steps_per_epoch * t->set.memory.accumulate);
+        save_checkpoint(t, t->run_epochs - 1, epoch_micro_batches(t, t->run_epochs - 1));
     }
     if (t->step > t->first_step) {
         r->loss = read_loss(t);
@@ -357,7 +366,7 @@ static RunTally train_runs(Trainer *t, TrainSummary *out, CkptPosition start) {
         if (out->runs > 0) trainer_restart(t, t->set.run.seed + (uint64_t)out->runs);
         device_sync(t); /* the training time starts on an idle device */
         r = fresh;
-        for (int epoch = (int)start.epoch; epoch < t->set.run.epochs && r.why == RUN_ON; epoch++) {
+        for (int epoch = (int)start.epoch; epoch < t->run_epochs && r.why == RUN_ON; epoch++) {
             double epoch_s = train_epoch(t, &r, epoch, epoch == start.epoch ? (long)start.epoch_micro : 0);
             if (r.why == STOP_SIGNAL || r.why == STOP_BAD_STEPS) break;
             end_epoch(t, &r, out, epoch, epoch_s);
@@ -424,7 +433,8 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_add_int(o, "world", s->world);
     json_add_int(o, "steps", s->steps);
     json_add_int(o, "timed_steps", s->timed_steps);
-    json_add_int(o, "epochs", s->epochs);
+    if (s->epochs == floor(s->epochs)) json_add_int(o, "epochs", (long long)s->epochs); /* as before */
+    else json_add_number(o, "epochs", s->epochs, 9);
     json_measure(o, "samples_per_s", s->samples_per_s);
     json_measure(o, "step_ms", s->step_ms);
     json_measure(o, "epoch_s", s->epoch_s);

@@ -20,7 +20,7 @@ typedef struct {
     char gpu_name[256];
     long steps;             /* optimizer steps taken */
     long timed_steps;       /* steps inside the throughput window */
-    int epochs;             /* epochs completed */
+    double epochs;          /* epochs completed; run.epochs once a fractional run has ended */
     double samples_per_s;   /* over the timed steps, all ranks together */
     double step_ms;         /* mean wall time of a timed step */
     double epoch_s;         /* mean wall time of an epoch's training (evaluation excluded) */

@@ -1,5 +1,7 @@
 /* Opening a run (settings, the GPU, data, model, optimizer, dist,
  * monitoring, resume) and closing it. */
+#include <float.h>
+
 #include "dist/placement.h"
 #include "models/whiten.h"
 #include "tools/trainer/export.h"
@@ -7,10 +9,31 @@
 
 /* ---- the parts -------------------------------------------------------------- */
 
-/* The schedule in optimizer steps, once the epoch's length is known. */
+/* ceil(epochs x steps_per_epoch): the whole epochs' steps exactly (a whole
+ * run.epochs as it always was), the fraction's within a few roundings of a
+ * whole number being that number (0.7 x 10 is 7.000000000000001 in doubles). */
+static long steps_for_epochs(double epochs, long steps_per_epoch) {
+    double whole = floor(epochs), part = (epochs - whole) * (double)steps_per_epoch;
+    double slack = 8 * DBL_EPSILON * epochs * (double)steps_per_epoch;
+    return (long)whole * steps_per_epoch + (long)ceil(part - slack);
+}
+
+/* The run's length in optimizer steps and epochs begun, once the epoch's is
+ * known; run.epochs > 0 (its range) makes it at least one step. */
+static void plan_run_length(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    t->run_steps = steps_for_epochs(s->run.epochs, t->steps_per_epoch);
+    t->run_epochs = (int)((t->run_steps + t->steps_per_epoch - 1) / t->steps_per_epoch);
+    long last_steps = t->run_steps - (long)(t->run_epochs - 1) * t->steps_per_epoch;
+    if (last_steps < t->steps_per_epoch && t->ddp.dist->rank == 0)
+        log_info("run.epochs = %g: %ld optimizer steps, epoch %d stopping after %ld of its %d", s->run.epochs,
+                 t->run_steps, t->run_epochs, last_steps, t->steps_per_epoch);
+}
+
+/* The schedule in optimizer steps, once the run's length is known. */
 static void plan_schedule(Trainer *t, long steps_per_epoch) {
     t->optim.schedule.base_lr = t->set.optim.lr;
-    t->optim.schedule.total_steps = steps_per_epoch * t->set.run.epochs;
+    t->optim.schedule.total_steps = t->run_steps;
     t->optim.schedule.warmup_steps = (long)llround(t->set.optim.warmup_epochs * (double)steps_per_epoch);
     t->optim.schedule.warmup_start_factor = t->set.optim.warmup_start_factor;
     lr_schedule_check(&t->optim.schedule);
@@ -377,9 +400,10 @@ static void open_loop(Trainer *t, double run_start) {
     if (t->steps_per_epoch == 0)
         settings_fail(s, "memory.accumulate", "micro-batches of train.batch = %d are more than an epoch of %d images",
                       s->train.batch, t->data.train_set.n);
+    plan_run_length(t);
     plan_schedule(t, t->steps_per_epoch);
     t->optim.whiten_bias_steps = (long)ceil(s->model.whiten_bias_epochs * (double)t->steps_per_epoch);
-    t->watch.total_steps = (long)t->steps_per_epoch * s->run.epochs;
+    t->watch.total_steps = t->run_steps;
     if (s->run.max_steps && s->run.max_steps < t->watch.total_steps) t->watch.total_steps = s->run.max_steps;
     open_lookahead(t);
     phases_init(t);

@@ -323,7 +323,7 @@ void progress_draw(Trainer *t, int epoch, int force) {
     long left = (long)((t->watch.total_steps - t->step) / t->watch.progress_rate + 0.5);
     if (left >= 3600) snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
     else snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
-    log_progress("epoch %d/%d  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->set.run.epochs, t->step,
+    log_progress("epoch %d/%g  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->set.run.epochs, t->step,
                  t->watch.total_steps, loss, t->watch.progress_rate * t->set.train.batch * t->set.memory.accumulate,
                  eta);
 }

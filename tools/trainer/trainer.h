@@ -203,6 +203,8 @@ typedef struct {
     TrainLastCheckpoint ckpt;
     TrainWatch watch;
     int steps_per_epoch;      /* optimizer steps */
+    long run_steps;           /* ceil(run.epochs x steps_per_epoch): the run's optimizer steps */
+    int run_epochs;           /* the epochs it begins, the last of them partial when run.epochs is */
     long step;
     long first_step;          /* 0, or the step a resumed run starts from */
     const TrainObserver *observer; /* NULL: none (train_run_observed) */

@@ -77,6 +77,7 @@ static void check(const char *data, int epochs) {
     CHECK(fabs(both.test_acc_std - std) < 1e-12 && both.test_acc_min == fmin(first.test_acc, second.test_acc));
     CHECK(first.test_acc_std == 0 && first.test_acc_min == first.test_acc);
     CHECK(both.train_s > 0 && both.train_s_min > 0 && both.train_s_min <= both.train_s && both.train_s_std >= 0);
+    CHECK(first.eval_s > 0 && both.eval_s > 0 && both.eval_s < both.train_s * 100);
     printf("%s: accuracies %.4f and %.4f, mean %.4f std %.4f; train_s %.3f (min %.3f)\n", data, first.test_acc,
            second.test_acc, both.test_acc, both.test_acc_std, both.train_s, both.train_s_min);
 }

@@ -115,6 +115,7 @@ typedef enum { RUN_ON, STOP_MAX_STEPS, STOP_SIGNAL, STOP_BAD_STEPS } StopReason;
 /* What the run adds up for its summary. */
 typedef struct {
     double timed_s, timed_wait_s, epoch_s_sum; /* the timed window; the epochs' training */
+    double eval_s;            /* the last evaluation's wall time, from an idle device to its count read back */
     long timed_samples;
     float loss;               /* as last read back */
     StopReason why;
@@ -233,8 +234,11 @@ static void end_epoch(Trainer *t, RunTally *r, TrainSummary *out, int epoch, dou
     int ran_all = epoch == t->run_epochs - 1 && t->step == t->run_steps;
     out->epochs = ran_all ? t->set.run.epochs : epoch + 1;
     if (t->set.run.eval) {
+        double eval_start = now_seconds(); /* train_epoch left the device idle */
         out->test_acc = evaluate(t, epoch);
-        log_info("epoch %d: %.1f s, test accuracy %.2f%%", epoch + 1, epoch_s, 100 * out->test_acc);
+        r->eval_s = now_seconds() - eval_start;
+        log_info("epoch %d: %.1f s, test accuracy %.2f%% (evaluated in %.3f s)", epoch + 1, epoch_s,
+                 100 * out->test_acc, r->eval_s);
     }
     write_metric_epoch(t, epoch, epoch_s, out->test_acc);
 }
@@ -242,10 +246,10 @@ static void end_epoch(Trainer *t, RunTally *r, TrainSummary *out, int epoch, dou
 /* ---- the summary ---------------------------------------------------------------- */
 
 /* run.repeats: one line per run on standard output (rank 0). */
-static void report_repeat(const Trainer *t, int run, double acc, double train_s) {
+static void report_repeat(const Trainer *t, int run, double acc, double train_s, double eval_s) {
     if (t->set.run.repeats == 1 || t->ddp.dist->rank != 0) return;
     log_progress_end();
-    printf("run %d: acc=%.4f train_s=%.3f\n", run, acc, train_s);
+    printf("run %d: acc=%.4f train_s=%.3f eval_s=%.3f\n", run, acc, train_s, eval_s);
     fflush(stdout);
 }
 
@@ -263,11 +267,12 @@ static void mean_std_min(const double *v, int n, double *mean, double *std, doub
 }
 
 /* Over the runs finished; a run stopped by a signal counts for nothing. */
-static void summarize_repeats(TrainSummary *out, const double *accs, const double *train_s) {
-    double acc_mean;
-    out->test_acc_std = out->test_acc_min = out->train_s = out->train_s_std = out->train_s_min = NAN;
+static void summarize_repeats(TrainSummary *out, const double *accs, const double *train_s, const double *eval_s) {
+    double acc_mean, eval_std, eval_min;
+    out->test_acc_std = out->test_acc_min = out->train_s = out->train_s_std = out->train_s_min = out->eval_s = NAN;
     if (out->runs == 0) return;
     mean_std_min(train_s, out->runs, &out->train_s, &out->train_s_std, &out->train_s_min);
+    mean_std_min(eval_s, out->runs, &out->eval_s, &eval_std, &eval_min);
     mean_std_min(accs, out->runs, &acc_mean, &out->test_acc_std, &out->test_acc_min);
     if (!isnan(acc_mean)) out->test_acc = acc_mean;
 }
@@ -360,8 +365,8 @@ static RunTally train_runs(Trainer *t, TrainSummary *out, CkptPosition start) {
     const RunTally fresh = {.loss = NAN, .why = RUN_ON, .last_step_epoch = (int)start.epoch};
     RunTally r = fresh;
     int repeats = t->set.run.repeats;
-    double *accs = calloc((size_t)repeats, sizeof *accs), *train_s = calloc((size_t)repeats, sizeof *train_s);
-    if (!accs || !train_s) TC_FATAL("out of host memory: run.repeats");
+    double *accs = calloc(3 * (size_t)repeats, sizeof *accs), *train_s = accs + repeats, *eval_s = train_s + repeats;
+    if (!accs) TC_FATAL("out of host memory: run.repeats");
     for (out->runs = 0; out->runs < repeats; out->runs++) {
         if (out->runs > 0) trainer_restart(t, t->set.run.seed + (uint64_t)out->runs);
         device_sync(t); /* the training time starts on an idle device */
@@ -374,11 +379,11 @@ static RunTally train_runs(Trainer *t, TrainSummary *out, CkptPosition start) {
         if (r.why == STOP_SIGNAL || r.why == STOP_BAD_STEPS) break;
         accs[out->runs] = t->set.run.eval ? out->test_acc : NAN;
         train_s[out->runs] = r.epoch_s_sum; /* each epoch from an idle device to its last step's end */
-        report_repeat(t, out->runs, accs[out->runs], train_s[out->runs]);
+        eval_s[out->runs] = t->set.run.eval ? r.eval_s : NAN;
+        report_repeat(t, out->runs, accs[out->runs], train_s[out->runs], eval_s[out->runs]);
     }
-    summarize_repeats(out, accs, train_s);
+    summarize_repeats(out, accs, train_s, eval_s);
     free(accs);
-    free(train_s);
     return r;
 }
 
@@ -448,6 +453,7 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_measure(o, "train_s", s->train_s);
     json_measure(o, "train_s_std", s->train_s_std);
     json_measure(o, "train_s_min", s->train_s_min);
+    json_measure(o, "eval_s", s->eval_s);
     json_measure(o, "loss_scale", s->loss_scale);
     json_add_int(o, "skipped_steps", s->skipped_steps);
     json_add_bool(o, "stopped", s->stopped);

@@ -34,6 +34,8 @@ typedef struct {
     double test_acc_std, test_acc_min; /* over the runs (std: sample, 0 for one run); NaN: not evaluated */
     double train_s, train_s_std, train_s_min; /* a run's training time, first step to last, device
                                                  synced at both ends, evaluations excluded: mean, std, min */
+    double eval_s;          /* the last evaluation's wall time (run.eval_tta's views included, the test set's
+                               upload too), the mean over the runs; NaN: not evaluated */
     size_t peak_mem_bytes;  /* device memory the run allocated (arena high-water mark) */
     size_t driver_mem_bytes;/* device memory in use as the driver saw it (context included) */
     uint32_t params_crc;    /* CRC-32 of the final fp32 parameters: equal runs have equal ones */

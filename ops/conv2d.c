@@ -123,9 +123,9 @@ void conv2d_bias_grad_cpu(const Conv2dShape *s, const float *dy, float *db) {
         const float *dy_n = dy + (size_t)n * s->k * pq;
         for (int k = 0; k < s->k; k++) {
             const float *dy_plane = dy_n + (size_t)k * pq;
-            float sum = 0.0f;
+            double sum = 0.0; /* a 224x224 plane summed in float drifts past the bounds that check the GPU's */
             for (int i = 0; i < pq; i++) sum += dy_plane[i];
-            db[k] += sum;
+            db[k] += (float)sum;
         }
     }
 }

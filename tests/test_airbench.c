@@ -42,27 +42,38 @@ static void check_shapes(void) {
     CHECK_MSG(strstr(err, "data.image_size") && strstr(err, "32"), "airbench at 64x64: '%s'", err);
 }
 
-/* The slope of the loss along direction v (unit length) by central
- * differences: the sum over every parameter, so one parameter near a
- * max-pool's switch or float32's rounding in one coordinate hardly moves it. */
-static double directional_slope(Model *m, ModelLoss *l, const float *v, float eps) {
+/* The loss's slopes along direction v (unit length): central, and one-sided
+ * each way; the sum over every parameter, so float32's rounding in one
+ * coordinate hardly moves them. */
+typedef struct { double central, right, left; } Slopes;
+
+static Slopes directional_slopes(Model *m, ModelLoss *l, const float *v, float eps) {
     float *saved = malloc(m->n_params * sizeof(float));
     memcpy(saved, m->params, m->n_params * sizeof(float));
+    double centre = model_loss(l);
     for (size_t i = 0; i < m->n_params; i++) m->params[i] = saved[i] + eps * v[i];
     double up = model_loss(l);
     for (size_t i = 0; i < m->n_params; i++) m->params[i] = saved[i] - eps * v[i];
     double down = model_loss(l);
     memcpy(m->params, saved, m->n_params * sizeof(float));
     free(saved);
-    return (up - down) / (2.0 * eps);
+    return (Slopes){(up - down) / (2.0 * eps), (up - centre) / eps, (centre - down) / eps};
 }
 
-static void check_gradients(uint64_t *rng) {
+/* Two of a max-pool's candidates nearly tied at the point put a switch within
+ * eps of it, and the loss bends there: the one-sided slopes part by far more
+ * than the curvature over eps and float32's rounding part them (both well
+ * under 0.01). The gradient is then no test of the analytic one. */
+static int kinked(Slopes s) { return fabs(s.right - s.left) > 2e-2 + 2e-2 * fabs(s.central); }
+
+/* One draw of the net (PyTorch's default start: the identity filters would
+ * pass maxima through unchanged and tie them), its input and the loss's
+ * weights, checked along 6 directions; 1 when a switch near the point makes
+ * the draw unusable. */
+static int check_gradients_at(uint64_t *rng) {
     Model m;
     model_init(&m, BATCH, CLASSES, 0);
     airbench_build(&m, (const int[3]){4, 6, 6});
-    /* PyTorch's default start: the identity filters would pass maxima through unchanged, and the max-pools'
-     * ties and switches would make finite differences along a direction unreliable. */
     for (int i = 0; i < m.n_layers; i++) m.layers[i].dirac = 0;
     model_finalize(&m, NULL, 3);
     ModelLoss loss = model_loss_random(&m, rng);
@@ -71,7 +82,8 @@ static void check_gradients(uint64_t *rng) {
     memcpy(analytic, m.grads, m.n_params * sizeof(float));
     const Layer *whiten = &m.layers[model_whitening_layer(&m)];
     for (size_t i = 0; i < whiten->w_count; i++) CHECK(analytic[whiten->w_off + i] == 0.0f);
-    for (int d = 0; d < 6; d++) {
+    int kink = 0;
+    for (int d = 0; d < 6 && !kink; d++) {
         /* Along the analytic gradient itself, where a wrong one shows most, then random directions. */
         if (d == 0) memcpy(v, analytic, m.n_params * sizeof(float));
         else test_fill_uniform(v, m.n_params, rng, -1.0f, 1.0f);
@@ -82,16 +94,27 @@ static void check_gradients(uint64_t *rng) {
         for (size_t i = 0; i < m.n_params; i++) norm += (double)v[i] * v[i];
         for (size_t i = 0; i < m.n_params; i++) v[i] = (float)(v[i] / sqrt(norm));
         for (size_t i = 0; i < m.n_params; i++) want += (double)analytic[i] * v[i];
-        double got = directional_slope(&m, &loss, v, 1e-4f);
-        printf("  airbench direction %d: analytic slope %.6f, finite differences %.6f\n", d, want, got);
-        /* Off by the curvature over eps (smaller as eps shrinks), float32's rounding over eps (larger) and
-         * the max-pools' switches crossed: a percent or so along the gradient, up to 0.01 along a random
-         * direction, whose slope is small; a wrong gradient is off by far more along the gradient. */
-        CHECK_MSG(fabs(got - want) <= (d == 0 ? 1e-2 : 5e-2) * fabs(want) + 2e-2, "airbench direction %d: analytic slope %.6g, "
-                  "finite differences %.6g", d, want, got);
+        Slopes got = directional_slopes(&m, &loss, v, 1e-4f);
+        printf("  airbench direction %d: analytic slope %.6f, finite differences %.6f (right %.6f, left %.6f)\n", d,
+               want, got.central, got.right, got.left);
+        if ((kink = kinked(got))) continue;
+        /* Off by the curvature over eps and float32's rounding over eps: a percent or so along the gradient,
+         * up to 0.01 along a random direction, whose slope is small; a wrong gradient is off by far more. */
+        CHECK_MSG(fabs(got.central - want) <= (d == 0 ? 1e-2 : 5e-2) * fabs(want) + 2e-2,
+                  "airbench direction %d: analytic slope %.6g, finite differences %.6g", d, want, got.central);
     }
     model_loss_free(&loss), free(analytic), free(v);
     model_destroy(&m);
+    return kink;
+}
+
+static void check_gradients(uint64_t *rng) {
+    int draws = 1;
+    while (check_gradients_at(rng) && draws < 6) {
+        printf("  a max-pool's switch near the point: drawn again\n");
+        draws++;
+    }
+    CHECK_MSG(draws < 6, "airbench: a max-pool's switch near the point in each of 6 draws");
 }
 
 /* With the whitening frozen (its bias done training), backward skips it and

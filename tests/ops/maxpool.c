@@ -223,7 +223,10 @@ static void maxpool_nan_windows(const GridCase *c) {
  * first) and leaves by _exit from a fatal hook, so that it never tears down
  * the CUDA state it shares with the parent ---- */
 
-static void exit_now(void) { _exit(1); }
+static void exit_now(void) {
+    fflush(stderr); /* freopen made it fully buffered, and _exit flushes nothing */
+    _exit(1);
+}
 
 typedef struct {
     const GridCase *c;

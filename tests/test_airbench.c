@@ -4,7 +4,9 @@
  * the gradient of all parameters against finite differences along random
  * directions and along itself (through the odd max-pool, the global max, the
  * bias-free linear layer and the logit scale; each op's own gradient is
- * checked element by element in the op grid). */
+ * checked element by element in the op grid); model.fuse (each batch norm
+ * running the GELU after it) giving the unfused net's loss, gradients and
+ * evaluation logits on the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,11 +157,68 @@ static void check_dirac(void) {
     model_destroy(&m);
 }
 
+/* One training forward and backward of airbench at small widths (fuse: model.fuse),
+ * then an evaluation forward: the loss, the gradients and the evaluation logits. */
+typedef struct {
+    double loss;
+    float *grads, *eval_logits;
+    size_t n_params, bytes;
+} FuseRun;
+
+static FuseRun fuse_run(int fuse, const float *input, const float *r) {
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    m.fuse = fuse;
+    airbench_build(&m, (const int[3]){4, 6, 6});
+    model_finalize(&m, NULL, 3);
+    int fused = 0;
+    for (int i = 0; i + 1 < m.n_layers; i++) {
+        const Layer *l = &m.layers[i], *next = &m.layers[i + 1];
+        if (l->kind != LAYER_BATCHNORM) continue;
+        fused += l->fused && l->fused_act == BN_ACT_GELU && next->kind == LAYER_GELU && next->fused &&
+                 m.acts[next->out].value == m.acts[l->out].value;
+    }
+    CHECK_MSG(fused == (fuse ? 6 : 0), "airbench fuse %d: %d batch norms run their GELU", fuse, fused);
+    ModelLoss loss = {&m, input, r};
+    model_loss_backward(&loss);
+    FuseRun run = {weighted_sum(model_logits(&m), r, BATCH * CLASSES), malloc(m.n_params * sizeof(float)),
+                   malloc(BATCH * CLASSES * sizeof(float)), m.n_params, model_bytes(&m)};
+    memcpy(run.grads, m.grads, m.n_params * sizeof(float));
+    model_set_training(&m, 0);
+    memcpy(model_input_buffer(&m), input, model_input_floats(&m) * sizeof(float));
+    model_forward(&m);
+    memcpy(run.eval_logits, model_logits(&m), BATCH * CLASSES * sizeof(float));
+    model_destroy(&m);
+    return run;
+}
+
+/* model.fuse: batch norm + GELU in one op (the CPU reference computes bn(x)
+ * in double before the GELU, unrounded: the same values within float32's
+ * rounding), the GELUs' outputs in their norms' storage (less memory). */
+static void check_fuse(uint64_t *rng) {
+    enum { IN = BATCH * 3 * 32 * 32 };
+    float *input = malloc(IN * sizeof(float)), r[BATCH * CLASSES];
+    test_fill_uniform(input, IN, rng, -2.0f, 2.0f);
+    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
+    FuseRun plain = fuse_run(0, input, r), fused = fuse_run(1, input, r);
+    double e_grad = test_rel_error(fused.grads, plain.grads, plain.n_params);
+    double e_eval = test_rel_error(fused.eval_logits, plain.eval_logits, BATCH * CLASSES);
+    printf("airbench model.fuse on against off: loss %.9g / %.9g, gradients %.3g, eval logits %.3g relative; "
+           "%zu / %zu bytes\n", fused.loss, plain.loss, e_grad, e_eval, fused.bytes, plain.bytes);
+    CHECK_MSG(fabs(fused.loss - plain.loss) <= 1e-5 * (fabs(plain.loss) + 1), "loss fused %.9g, unfused %.9g",
+              fused.loss, plain.loss);
+    CHECK_MSG(e_grad <= 1e-5, "airbench gradients, fused against unfused: relative error %.3g", e_grad);
+    CHECK_MSG(e_eval <= 1e-5, "airbench eval logits, fused against unfused: relative error %.3g", e_eval);
+    CHECK_MSG(fused.bytes < plain.bytes, "fused: %zu bytes, unfused %zu", fused.bytes, plain.bytes);
+    free(input), free(plain.grads), free(plain.eval_logits), free(fused.grads), free(fused.eval_logits);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     check_shapes();
     check_dirac();
     check_gradients(&rng);
     check_frozen_whitening(&rng);
+    check_fuse(&rng);
     return test_finish("test_airbench");
 }

@@ -157,15 +157,10 @@ static void check_dirac(void) {
     model_destroy(&m);
 }
 
-/* One training forward and backward of airbench at small widths (fuse: model.fuse),
- * then an evaluation forward: the loss, the gradients and the evaluation logits. */
-typedef struct {
-    double loss;
-    float *grads, *eval_logits;
-    size_t n_params, bytes;
-} FuseRun;
-
-static FuseRun fuse_run(int fuse, const float *input, const float *r) {
+/* airbench at small widths (fuse: model.fuse): its loss, gradients and
+ * evaluation logits; fused, each batch norm runs the GELU after it, whose
+ * output shares the norm's storage. */
+static ModelTrainEval fuse_run(int fuse, const float *input, const float *r) {
     Model m;
     model_init(&m, BATCH, CLASSES, 0);
     m.fuse = fuse;
@@ -180,14 +175,7 @@ static FuseRun fuse_run(int fuse, const float *input, const float *r) {
     }
     CHECK_MSG(fused == (fuse ? 6 : 0), "airbench fuse %d: %d batch norms run their GELU", fuse, fused);
     ModelLoss loss = {&m, input, r};
-    model_loss_backward(&loss);
-    FuseRun run = {weighted_sum(model_logits(&m), r, BATCH * CLASSES), malloc(m.n_params * sizeof(float)),
-                   malloc(BATCH * CLASSES * sizeof(float)), m.n_params, model_bytes(&m)};
-    memcpy(run.grads, m.grads, m.n_params * sizeof(float));
-    model_set_training(&m, 0);
-    memcpy(model_input_buffer(&m), input, model_input_floats(&m) * sizeof(float));
-    model_forward(&m);
-    memcpy(run.eval_logits, model_logits(&m), BATCH * CLASSES * sizeof(float));
+    ModelTrainEval run = model_train_eval(&loss);
     model_destroy(&m);
     return run;
 }
@@ -200,17 +188,11 @@ static void check_fuse(uint64_t *rng) {
     float *input = malloc(IN * sizeof(float)), r[BATCH * CLASSES];
     test_fill_uniform(input, IN, rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
-    FuseRun plain = fuse_run(0, input, r), fused = fuse_run(1, input, r);
-    double e_grad = test_rel_error(fused.grads, plain.grads, plain.n_params);
-    double e_eval = test_rel_error(fused.eval_logits, plain.eval_logits, BATCH * CLASSES);
-    printf("airbench model.fuse on against off: loss %.9g / %.9g, gradients %.3g, eval logits %.3g relative; "
-           "%zu / %zu bytes\n", fused.loss, plain.loss, e_grad, e_eval, fused.bytes, plain.bytes);
-    CHECK_MSG(fabs(fused.loss - plain.loss) <= 1e-5 * (fabs(plain.loss) + 1), "loss fused %.9g, unfused %.9g",
-              fused.loss, plain.loss);
-    CHECK_MSG(e_grad <= 1e-5, "airbench gradients, fused against unfused: relative error %.3g", e_grad);
-    CHECK_MSG(e_eval <= 1e-5, "airbench eval logits, fused against unfused: relative error %.3g", e_eval);
+    ModelTrainEval plain = fuse_run(0, input, r), fused = fuse_run(1, input, r);
+    check_train_eval_near("airbench model.fuse on against off", &fused, &plain, 1e-5);
     CHECK_MSG(fused.bytes < plain.bytes, "fused: %zu bytes, unfused %zu", fused.bytes, plain.bytes);
-    free(input), free(plain.grads), free(plain.eval_logits), free(fused.grads), free(fused.eval_logits);
+    free(input);
+    model_train_eval_free(&plain), model_train_eval_free(&fused);
 }
 
 int main(void) {

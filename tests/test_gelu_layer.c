@@ -128,13 +128,7 @@ static void build_bn_gelu(Model *m, int fuse, int checkpoint) {
     model_linear(m, model_avgpool(m, x), CLASSES);
 }
 
-typedef struct {
-    double loss;
-    float *grads, *eval_logits;
-    size_t n_params;
-} BnGeluRun;
-
-static BnGeluRun bn_gelu_run(int fuse, int checkpoint, const float *input, const float *r) {
+static ModelTrainEval bn_gelu_run(int fuse, int checkpoint, const float *input, const float *r) {
     Model m;
     build_bn_gelu(&m, fuse, checkpoint);
     model_finalize(&m, NULL, 11);
@@ -142,14 +136,7 @@ static BnGeluRun bn_gelu_run(int fuse, int checkpoint, const float *input, const
     for (int i = 0; i < m.n_layers; i++) fused += m.layers[i].kind == LAYER_BATCHNORM && m.layers[i].fused_act == BN_ACT_GELU;
     CHECK_MSG(fused == (fuse ? 3 : 0), "fuse %d: %d batch norms run their GELU", fuse, fused);
     ModelLoss loss = {&m, input, r};
-    model_loss_backward(&loss);
-    BnGeluRun run = {weighted_sum(model_logits(&m), r, BATCH * CLASSES), malloc(m.n_params * sizeof(float)),
-                     malloc(BATCH * CLASSES * sizeof(float)), m.n_params};
-    memcpy(run.grads, m.grads, m.n_params * sizeof(float));
-    model_set_training(&m, 0);
-    memcpy(model_input_buffer(&m), input, model_input_floats(&m) * sizeof(float));
-    model_forward(&m);
-    memcpy(run.eval_logits, model_logits(&m), BATCH * CLASSES * sizeof(float));
+    ModelTrainEval run = model_train_eval(&loss);
     model_destroy(&m);
     return run;
 }
@@ -162,20 +149,17 @@ static void check_fused_bn_gelu(uint64_t *rng) {
     float *input = malloc(in_floats * sizeof(float)), r[BATCH * CLASSES];
     test_fill_uniform(input, in_floats, rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
-    BnGeluRun want = bn_gelu_run(0, 0, input, r);
+    ModelTrainEval want = bn_gelu_run(0, 0, input, r);
     for (int variant = 1; variant < 4; variant++) {
         int fuse = variant & 1, checkpoint = variant >> 1;
-        BnGeluRun got = bn_gelu_run(fuse, checkpoint, input, r);
-        double e_grad = test_rel_error(got.grads, want.grads, want.n_params);
-        double e_eval = test_rel_error(got.eval_logits, want.eval_logits, BATCH * CLASSES);
-        printf("bn+gelu fuse %d checkpoint %d against neither: loss %.9g / %.9g, gradients %.3g, eval %.3g\n", fuse,
-               checkpoint, got.loss, want.loss, e_grad, e_eval);
-        CHECK_MSG(fabs(got.loss - want.loss) <= 1e-5 * (fabs(want.loss) + 1) && e_grad <= 1e-5 && e_eval <= 1e-5,
-                  "bn+gelu fuse %d checkpoint %d: loss %.9g (want %.9g), gradients %.3g, eval logits %.3g", fuse,
-                  checkpoint, got.loss, want.loss, e_grad, e_eval);
-        free(got.grads), free(got.eval_logits);
+        char what[64];
+        snprintf(what, sizeof what, "bn+gelu fuse %d checkpoint %d against neither", fuse, checkpoint);
+        ModelTrainEval got = bn_gelu_run(fuse, checkpoint, input, r);
+        check_train_eval_near(what, &got, &want, 1e-5);
+        model_train_eval_free(&got);
     }
-    free(input), free(want.grads), free(want.eval_logits);
+    free(input);
+    model_train_eval_free(&want);
 }
 
 int main(void) {

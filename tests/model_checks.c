@@ -33,21 +33,41 @@ ModelLoss model_loss_random(Model *m, uint64_t *rng) {
 
 void model_loss_free(ModelLoss *l) { free((void *)l->input); }
 
+/* Through the model's op context: host memory on the CPU, device memory on the GPU. */
+static void put(const Model *m, void *dst, const float *host, size_t n) {
+    op_copy_from_host(&m->ops, dst, host, n * sizeof(float));
+}
+
+static void get(const Model *m, float *host, const void *src, size_t n) {
+    op_copy_to_host(&m->ops, host, src, n * sizeof(float));
+    op_sync(&m->ops);
+}
+
 ModelTrainEval model_train_eval(ModelLoss *l) {
     Model *m = l->m;
-    size_t logits = (size_t)m->batch * m->num_classes;
-    model_loss_backward(l);
-    ModelTrainEval r = {weighted_sum(model_logits(m), l->r, logits), malloc(m->n_params * sizeof(float)),
-                        malloc(logits * sizeof(float)), m->n_params, logits, model_bytes(m)};
+    size_t logits = (size_t)m->batch * m->num_classes, in = model_input_floats(m);
+    if (m->act_dtype != DTYPE_F32) {
+        fprintf(stderr, "model_train_eval: fp32 models only\n");
+        exit(1);
+    }
+    ModelTrainEval r = {0, malloc(m->n_params * sizeof(float)), malloc(logits * sizeof(float)), m->n_params, logits,
+                        model_bytes(m)};
     if (!r.grads || !r.eval_logits) {
         fprintf(stderr, "model_train_eval: out of host memory\n");
         exit(1);
     }
-    memcpy(r.grads, m->grads, m->n_params * sizeof(float));
-    model_set_training(m, 0);
-    memcpy(model_input_buffer(m), l->input, model_input_floats(m) * sizeof(float));
+    put(m, model_input_buffer(m), l->input, in);
     model_forward(m);
-    memcpy(r.eval_logits, model_logits(m), logits * sizeof(float));
+    get(m, r.eval_logits, model_logits(m), logits); /* the training logits, until the evaluation below */
+    r.loss = weighted_sum(r.eval_logits, l->r, logits);
+    put(m, model_logits_grad(m), l->r, logits);
+    model_zero_grads(m);
+    model_backward(m);
+    get(m, r.grads, m->grads, m->n_params);
+    model_set_training(m, 0);
+    put(m, model_input_buffer(m), l->input, in);
+    model_forward(m);
+    get(m, r.eval_logits, model_logits(m), logits);
     return r;
 }
 

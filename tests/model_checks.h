@@ -29,7 +29,7 @@ typedef struct {
 } ModelTrainEval;
 
 /* model_loss_backward, then an evaluation forward of the same input (m is
- * left evaluating). */
+ * left evaluating); on either device (fp32). */
 ModelTrainEval model_train_eval(ModelLoss *l);
 /* got's loss, gradients and evaluation logits within a relative 'bound' of want's. */
 void check_train_eval_near(const char *what, const ModelTrainEval *got, const ModelTrainEval *want, double bound);

@@ -14,8 +14,11 @@
  * double (PyTorch's unbiased running variance), eval against its formula, the
  * fused forward as relu(bn(x)) to the bit and as gelu(bn(x)) within rounding. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ops/batchnorm.h"
 #include "ops/gelu.h"
@@ -1055,7 +1058,45 @@ static void bn_fused_forward_bits(uint64_t *rng, BatchNormShape s) {
     host_free_all(p, GRID_COUNT(p));
 }
 
+/* Misuse of the face ends the process with one message: the GELU's backward
+ * without beta, an activation that is no BatchNormAct. */
+static void bn_misuse_call(int which) {
+    BatchNormShape s = {2, 1, 1, 2};
+    float x[4] = {1, 2, 3, 4}, dy[4] = {1, 1, 1, 1}, dx[4], gamma = 1, mean = 2.5f, inv = 1, y[4];
+    OpContext ctx = op_context_cpu();
+    BatchNorm bn;
+    batchnorm_init(&ctx, &bn, &s, NULL);
+    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL};
+    if (which == 0) batchnorm_backward(&ctx, &bn, BN_TRAIN, BN_ACT_GELU, &p, x, NULL, dy, dx, 0, NULL, NULL);
+    else batchnorm_forward(&ctx, &bn, BN_EVAL, (BatchNormAct)7, &p, x, y);
+}
+
+static void bn_misuse(void) {
+    static const char *const want[] = {"batchnorm+gelu backward: beta is needed", "batchnorm: unknown activation 7"};
+    for (int which = 0; which < 2; which++) {
+        char log[512], text[1024] = "";
+        snprintf(log, sizeof log, "%s/stderr%d", test_tmpdir("test_op_batchnorm"), which);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!freopen(log, "w", stderr)) _exit(3);
+            bn_misuse_call(which);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        FILE *f = fopen(log, "r");
+        if (f) {
+            text[fread(text, 1, sizeof text - 1, f)] = 0;
+            fclose(f);
+        }
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0 && strstr(text, want[which]),
+                  "bn misuse %d: exit status %d, message '%s' (want '%s')", which, status, text, want[which]);
+    }
+}
+
 static void bn_extras(uint64_t *rng) {
+    bn_misuse();
     bn_by_hand();
     bn_statistics(rng, (BatchNormShape){4, 3, 5, 6});
     bn_statistics(rng, (BatchNormShape){2, 5, 1, 1});

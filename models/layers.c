@@ -62,15 +62,15 @@ static void relu_layer_backward(Model *m, const Layer *l) {
     if (dx && !l->fused) relu_backward(&m->ops, y_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
-/* ---- GELU: backward reads its input ---- */
+/* ---- GELU: backward reads its input; fused, done by the batch norm before it ---- */
 
 static void gelu_layer_forward(Model *m, const Layer *l) {
-    gelu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
+    if (!l->fused) gelu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
 }
 
 static void gelu_layer_backward(Model *m, const Layer *l) {
     void *dx = grad_of(m, l->in);
-    if (dx) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
+    if (dx && !l->fused) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
 /* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first ---- */
@@ -130,13 +130,13 @@ static BatchNormParams bn_params(const Model *m, const Layer *l) {
 
 static void batchnorm_layer_forward(Model *m, const Layer *l) {
     BatchNormParams p = bn_params(m, l);
-    batchnorm_forward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x_of(m, l), y_of(m, l));
+    batchnorm_forward(&m->ops, &l->bn, bn_mode(m), l->fused_act, &p, x_of(m, l), y_of(m, l));
 }
 
 static void batchnorm_layer_backward(Model *m, const Layer *l) {
     BatchNormParams p = bn_params(m, l);
     void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
-    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), l->fused, &p, x_of(m, l), y_of(m, l), grad_of(m, l->out),
+    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), l->fused_act, &p, x_of(m, l), y_of(m, l), grad_of(m, l->out),
                        grad_of(m, l->in), l->dx_accumulate[0], dgamma, dbeta);
 }
 

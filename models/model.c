@@ -300,7 +300,8 @@ static void touch(int *first, int *last, int group, int time) {
 }
 
 /* Every activation's gradient gets one of a few shared buffers: gradients
- * joined in place (a ReLU's, an add's passed-on dy) form one group, and two
+ * joined in place (a ReLU's, a GELU's done by its batch norm, an add's
+ * passed-on dy) form one group, and two
  * groups share a buffer when the backward times that touch them do not
  * overlap. Each buffer is sized for the largest gradient it holds; a group
  * whose gradient overwrites its own value (grad_in_value) takes none. Needs
@@ -315,7 +316,8 @@ static void plan_grad_slots(Model *m) {
     }
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
-        if (l->kind == LAYER_RELU && l->in > 0) join_groups(parent, l->in, l->out);
+        if ((l->kind == LAYER_RELU || (l->kind == LAYER_GELU && l->fused)) && l->in > 0)
+            join_groups(parent, l->in, l->out);
         if (l->kind == LAYER_ADD) plan_add_aliases(m, i, parent);
     }
     touch(first, last, group_of(parent, m->n_acts - 1), -1);
@@ -363,15 +365,29 @@ static void plan_grad_slots(Model *m) {
     for (int a = 1; a < m->n_acts; a++) m->acts[a].grad_slot = slot_of[group_of(parent, a)];
 }
 
-/* A ReLU right after a convolution with a bias, a batch norm or an add,
- * reading nothing else, folds into it; a conv + bias + ReLU that only a 2x2
- * max-pool reads folds its bias and ReLU into the pool instead
- * (bias_relu_pool), whose backward overwrites the conv's raw output with its
- * gradient. Needs plan_accumulation's consumer counts. */
+/* A batch norm's pass writes the GELU after it over the norm's own output:
+ * the GELU's output shares that storage and (plan_grad_slots) gradient, as an
+ * in-place ReLU's does, and is kept where either is a block's output. */
+static void fuse_bn_gelu(Model *m, Layer *bn, Layer *gelu) {
+    Activation *out = &m->acts[gelu->out];
+    bn->fused = gelu->fused = 1;
+    bn->fused_act = BN_ACT_GELU;
+    out->shares_with = bn->out;
+    if (out->internal_to < 0) m->acts[bn->out].internal_to = -1;
+}
+
+/* A ReLU right after a convolution with a bias, a batch norm or an add, or a
+ * GELU right after a batch norm, reading nothing else, folds into it; a conv +
+ * bias + ReLU that only a 2x2 max-pool reads folds its bias and ReLU into the
+ * pool instead (bias_relu_pool), whose backward overwrites the conv's raw
+ * output with its gradient. Needs plan_accumulation's consumer counts. */
 static void mark_fusions(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
         Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
-        if (relu->kind != LAYER_RELU || relu->in != l->out || m->acts[l->out].consumers != 1) continue;
+        if (relu->in != l->out || m->acts[l->out].consumers != 1) continue;
+        if (l->kind == LAYER_BATCHNORM && relu->kind == LAYER_GELU) fuse_bn_gelu(m, l, relu);
+        if (relu->kind != LAYER_RELU) continue;
+        if (l->kind == LAYER_BATCHNORM) l->fused_act = BN_ACT_RELU;
         if (l->kind == LAYER_BATCHNORM || l->kind == LAYER_ADD) l->fused = relu->fused = 1;
         if (l->kind != LAYER_CONV || !l->b_count) continue;
         Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;

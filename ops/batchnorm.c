@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/gelu_math.h"
 #include "runtime/check.h"
 
 static size_t plane_of(const BatchNormShape *s) {
@@ -31,6 +32,21 @@ static void channel_moments(const BatchNormShape *s, const float *x, int c, doub
         }
 }
 
+/* act of bn(x) = v, rounded once (ReLU: of v rounded, as relu.h would). */
+static float activate(BatchNormAct act, double v) {
+    if (act == BN_ACT_GELU) return (float)gelu_value_d(v);
+    float f = (float)v;
+    return act == BN_ACT_RELU && f < 0.0f ? 0.0f : f;
+}
+
+/* dy through the activation's derivative: ReLU masks by its output y, GELU
+ * takes gelu'(z) at its input z = bn(x). */
+static double activation_dy(BatchNormAct act, double dy, float y, double z) {
+    if (act == BN_ACT_RELU) return y > 0.0f ? dy : 0.0;
+    if (act == BN_ACT_GELU) return dy * gelu_grad_d(z);
+    return dy;
+}
+
 /* Synchronized: sums[3][c] of x, x^2 (from the squares about the local mean,
  * so that |mean| >> std does not cancel) and the count, added over the
  * processes. */
@@ -52,7 +68,7 @@ static double *global_forward_sums(const BatchNormShape *s, const float *x, BnAl
 static void forward_train(const BatchNormShape *s, const float *x, const float *gamma,
                           const float *beta, float momentum, float eps, float *running_mean,
                           float *running_var, float *save_mean, float *save_invstd, float *y,
-                          int relu, BnAllreduce reduce, void *ctx) {
+                          BatchNormAct act, BnAllreduce reduce, void *ctx) {
     size_t plane = plane_of(s);
     double *sums = reduce ? global_forward_sums(s, x, reduce, ctx) : NULL;
     for (int c = 0; c < s->c; c++) {
@@ -77,49 +93,63 @@ static void forward_train(const BatchNormShape *s, const float *x, const float *
                                      (double)momentum * var * m / (m - 1.0));
         double scale = invstd * gamma[c];
         for (int i = 0; i < s->n; i++)
-            for (size_t p = 0; p < plane; p++) {
-                float v = (float)((AT(x, i, c, p) - mean) * scale + beta[c]);
-                AT(y, i, c, p) = relu && v < 0.0f ? 0.0f : v;
-            }
+            for (size_t p = 0; p < plane; p++)
+                AT(y, i, c, p) = activate(act, (AT(x, i, c, p) - mean) * scale + beta[c]);
     }
     free(sums);
 }
 
 static void forward_eval(const BatchNormShape *s, const float *x, const float *gamma,
                          const float *beta, const float *running_mean, const float *running_var,
-                         float eps, float *y, int relu) {
+                         float eps, float *y, BatchNormAct act) {
     size_t plane = plane_of(s);
     for (int c = 0; c < s->c; c++) {
         double scale = gamma[c] / sqrt((double)running_var[c] + eps);
         for (int i = 0; i < s->n; i++)
-            for (size_t p = 0; p < plane; p++) {
-                float v = (float)((AT(x, i, c, p) - (double)running_mean[c]) * scale + beta[c]);
-                AT(y, i, c, p) = relu && v < 0.0f ? 0.0f : v;
-            }
+            for (size_t p = 0; p < plane; p++)
+                AT(y, i, c, p) = activate(act, (AT(x, i, c, p) - (double)running_mean[c]) * scale + beta[c]);
     }
 }
 
-/* Channel c's dx from the sums of dy and dy * xhat over m values; y NULL: no ReLU mask. */
-static void channel_dx(const BatchNormShape *s, int c, const float *x, const float *y,
-                       const float *dy, double gamma, double mean, double invstd, double m,
-                       double sum_dy, double sum_dy_xhat, float *dx, int accumulate_dx) {
+/* The fused activation's backward inputs: y (ReLU) or beta (GELU). */
+typedef struct {
+    BatchNormAct act;
+    const float *y, *beta;
+} ActBackward;
+
+/* dy' of element (i, c, p), the activation's derivative applied; xhat its normalised x. */
+static double channel_dy(const BatchNormShape *s, ActBackward a, const float *dy, int i, int c, size_t p,
+                         double gamma, double xhat) {
+    size_t plane = plane_of(s);
+    if (a.act == BN_ACT_NONE) return AT(dy, i, c, p);
+    float y = a.act == BN_ACT_RELU ? AT(a.y, i, c, p) : 0.0f;
+    double z = a.act == BN_ACT_GELU ? xhat * gamma + a.beta[c] : 0.0; /* bn(x), from the saved statistics */
+    return activation_dy(a.act, AT(dy, i, c, p), y, z);
+}
+
+/* Channel c's dx from the sums of dy' and dy' * xhat over m values. */
+static void channel_dx(const BatchNormShape *s, int c, const float *x, ActBackward a, const float *dy,
+                       double gamma, double mean, double invstd, double m, double sum_dy,
+                       double sum_dy_xhat, float *dx, int accumulate_dx) {
     size_t plane = plane_of(s);
     double factor = gamma * invstd / m;
     for (int i = 0; i < s->n; i++)
         for (size_t p = 0; p < plane; p++) {
-            double g = y && !(AT(y, i, c, p) > 0.0f) ? 0.0 : AT(dy, i, c, p);
             double xhat = (AT(x, i, c, p) - mean) * invstd;
+            double g = channel_dy(s, a, dy, i, c, p, gamma, xhat);
             float v = (float)(factor * (m * g - sum_dy - xhat * sum_dy_xhat));
             AT(dx, i, c, p) = accumulate_dx ? AT(dx, i, c, p) + v : v;
         }
 }
 
-/* y NULL: no ReLU mask. Synchronized (reduce set and dx wanted): dx from the
- * sums[3][c] of dy, dy * xhat and the count, added over the processes. */
-static void backward(const BatchNormShape *s, const float *x, const float *y, const float *dy,
+/* Synchronized (reduce set and dx wanted): dx from the sums[3][c] of dy',
+ * dy' * xhat and the count, added over the processes. */
+static void backward(const BatchNormShape *s, const float *x, ActBackward a, const float *dy,
                      const float *gamma, const float *save_mean, const float *save_invstd,
                      float *dx, int accumulate_dx, float *dgamma, float *dbeta,
                      BnAllreduce reduce, void *ctx) {
+    if (a.act == BN_ACT_RELU && !a.y) TC_FATAL("batchnorm+relu backward: the forward output y is needed");
+    if (a.act == BN_ACT_GELU && !a.beta) TC_FATAL("batchnorm+gelu backward: beta is needed");
     size_t plane = plane_of(s);
     double m = (double)s->n * plane, *sums = NULL;
     if (dx && reduce) {
@@ -131,9 +161,10 @@ static void backward(const BatchNormShape *s, const float *x, const float *y, co
         double sum_dy = 0.0, sum_dy_xhat = 0.0;
         for (int i = 0; i < s->n; i++)
             for (size_t p = 0; p < plane; p++) {
-                double g = y && !(AT(y, i, c, p) > 0.0f) ? 0.0 : AT(dy, i, c, p);
+                double d = AT(x, i, c, p) - mean;
+                double g = channel_dy(s, a, dy, i, c, p, gamma[c], d * invstd);
                 sum_dy += g;
-                sum_dy_xhat += g * (AT(x, i, c, p) - mean) * invstd;
+                sum_dy_xhat += g * d * invstd;
             }
         if (dbeta) dbeta[c] += (float)sum_dy;
         if (dgamma) dgamma[c] += (float)sum_dy_xhat;
@@ -142,15 +173,14 @@ static void backward(const BatchNormShape *s, const float *x, const float *y, co
             sums[s->c + c] = sum_dy_xhat;
             sums[2 * s->c + c] = m;
         } else if (dx) {
-            channel_dx(s, c, x, y, dy, gamma[c], mean, invstd, m, sum_dy, sum_dy_xhat, dx,
-                       accumulate_dx);
+            channel_dx(s, c, x, a, dy, gamma[c], mean, invstd, m, sum_dy, sum_dy_xhat, dx, accumulate_dx);
         }
     }
     if (!sums) return;
     reduce(ctx, sums, 3 * s->c, NULL);
     for (int c = 0; c < s->c; c++)
-        channel_dx(s, c, x, y, dy, gamma[c], save_mean[c], save_invstd[c], sums[2 * s->c + c],
-                   sums[c], sums[s->c + c], dx, accumulate_dx);
+        channel_dx(s, c, x, a, dy, gamma[c], save_mean[c], save_invstd[c], sums[2 * s->c + c], sums[c],
+                   sums[s->c + c], dx, accumulate_dx);
     free(sums);
 }
 
@@ -159,61 +189,60 @@ void batchnorm_forward_train_cpu(const BatchNormShape *s, const float *x, const 
                                  float *running_var, float *save_mean, float *save_invstd,
                                  float *y) {
     forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, 0, NULL, NULL);
+                  save_invstd, y, BN_ACT_NONE, NULL, NULL);
 }
 
 void batchnorm_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
                                 const float *beta, const float *running_mean,
                                 const float *running_var, float eps, float *y) {
-    forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, 0);
+    forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, BN_ACT_NONE);
 }
 
 void batchnorm_backward_cpu(const BatchNormShape *s, const float *x, const float *dy,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
-    backward(s, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL,
-             NULL);
+    ActBackward a = {BN_ACT_NONE, NULL, NULL};
+    backward(s, x, a, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL, NULL);
 }
 
-void batchnorm_relu_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
-                                      const float *beta, float momentum, float eps,
-                                      float *running_mean, float *running_var, float *save_mean,
-                                      float *save_invstd, float *y) {
+void batchnorm_act_forward_train_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                     const float *gamma, const float *beta, float momentum, float eps,
+                                     float *running_mean, float *running_var, float *save_mean,
+                                     float *save_invstd, float *y) {
     forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, 1, NULL, NULL);
+                  save_invstd, y, act, NULL, NULL);
 }
 
-void batchnorm_relu_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
-                                     const float *beta, const float *running_mean,
-                                     const float *running_var, float eps, float *y) {
-    forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, 1);
+void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                    const float *gamma, const float *beta, const float *running_mean,
+                                    const float *running_var, float eps, float *y) {
+    forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, act);
 }
 
-void batchnorm_relu_backward_cpu(const BatchNormShape *s, const float *x, const float *y,
-                                 const float *dy, const float *gamma, const float *save_mean,
-                                 const float *save_invstd, float *dx, int accumulate_dx,
-                                 float *dgamma, float *dbeta) {
-    backward(s, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL,
-             NULL);
+void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                const float *y, const float *dy, const float *gamma,
+                                const float *beta, const float *save_mean, const float *save_invstd,
+                                float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
+    ActBackward a = {act, y, beta};
+    backward(s, x, a, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL, NULL);
 }
 
 void batchnorm_forward_train_sync_cpu(const BatchNormShape *s, const float *x, const float *gamma,
                                       const float *beta, float momentum, float eps,
                                       float *running_mean, float *running_var, float *save_mean,
                                       float *save_invstd, float *y, BnAllreduce reduce, void *ctx,
-                                      int relu) {
+                                      BatchNormAct act) {
     forward_train(s, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, relu, reduce, ctx);
+                  save_invstd, y, act, reduce, ctx);
 }
 
 void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const float *y,
-                                 const float *dy, const float *gamma, const float *save_mean,
-                                 const float *save_invstd, float *dx, int accumulate_dx,
-                                 float *dgamma, float *dbeta, BnAllreduce reduce, void *ctx,
-                                 int relu) {
-    if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
-    backward(s, x, relu ? y : NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma,
-             dbeta, reduce, ctx);
+                                 const float *dy, const float *gamma, const float *beta,
+                                 const float *save_mean, const float *save_invstd, float *dx,
+                                 int accumulate_dx, float *dgamma, float *dbeta, BnAllreduce reduce,
+                                 void *ctx, BatchNormAct act) {
+    ActBackward a = {act, y, beta};
+    backward(s, x, a, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, reduce, ctx);
 }
 
 /* ---- the face ---------------------------------------------------------- */
@@ -236,73 +265,72 @@ void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn) {
     if (ctx->device == DEVICE_CUDA) GPU_ONLY(batchnorm_cuda_destroy(&bn->cuda));
 }
 
-/* The CPU paths by mode; y NULL in backward unless relu (the mask). */
-static void forward_cpu(const BatchNorm *bn, BatchNormMode mode, int relu, const BatchNormParams *p,
+/* The CPU paths by mode. */
+static void forward_cpu(const BatchNorm *bn, BatchNormMode mode, BatchNormAct act, const BatchNormParams *p,
                         const float *x, float *y) {
     if (mode == BN_EVAL)
-        forward_eval(&bn->shape, x, p->gamma, p->beta, p->running_mean, p->running_var, p->eps, y, relu);
+        forward_eval(&bn->shape, x, p->gamma, p->beta, p->running_mean, p->running_var, p->eps, y, act);
     else
         forward_train(&bn->shape, x, p->gamma, p->beta, p->momentum, p->eps, p->running_mean, p->running_var,
-                      p->save_mean, p->save_invstd, y, relu, mode == BN_TRAIN_SYNC ? p->reduce : NULL,
+                      p->save_mean, p->save_invstd, y, act, mode == BN_TRAIN_SYNC ? p->reduce : NULL,
                       p->reduce_ctx);
 }
 
-static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                          const BatchNormParams *p, const void *x, void *y) {
     if (mode == BN_TRAIN_SYNC)
         GPU_ONLY(batchnorm_forward_train_sync_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
                                                    p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
-                                                   ctx->stream, p->reduce, p->reduce_ctx, relu));
-    else if (mode == BN_TRAIN && relu)
-        GPU_ONLY(batchnorm_relu_forward_train_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
-                                                   p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
-                                                   ctx->stream));
+                                                   ctx->stream, p->reduce, p->reduce_ctx, act));
     else if (mode == BN_TRAIN)
-        GPU_ONLY(batchnorm_forward_train_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
-                                              p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
-                                              ctx->stream));
-    else if (relu)
-        GPU_ONLY(batchnorm_relu_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->running_mean,
-                                                  p->running_var, p->eps, y, ctx->stream));
+        GPU_ONLY(batchnorm_act_forward_train_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->momentum,
+                                                  p->eps, p->running_mean, p->running_var, p->save_mean,
+                                                  p->save_invstd, y, ctx->stream));
     else
-        GPU_ONLY(batchnorm_forward_eval_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->running_mean, p->running_var,
-                                             p->eps, y, ctx->stream));
+        GPU_ONLY(batchnorm_act_forward_eval_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->running_mean,
+                                                 p->running_var, p->eps, y, ctx->stream));
 }
 
-void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+static void check_act(BatchNormAct act) {
+    if (act != BN_ACT_NONE && act != BN_ACT_RELU && act != BN_ACT_GELU)
+        TC_FATAL("batchnorm: unknown activation %d", (int)act);
+}
+
+void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                        const BatchNormParams *p, const void *x, void *y) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
+    check_act(act);
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) forward_cpu(bn, mode, relu, p, x, y);
-    else forward_cuda(ctx, bn, mode, relu, p, x, y);
+    if (ctx->device == DEVICE_CPU) forward_cpu(bn, mode, act, p, x, y);
+    else forward_cuda(ctx, bn, mode, act, p, x, y);
     op_end(ctx, __func__);
 }
 
-static void backward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+static void backward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                           const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
                           int accumulate_dx, void *dgamma, void *dbeta) {
     if (mode == BN_TRAIN_SYNC)
-        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->gamma, p->save_mean, p->save_invstd, dx,
-                                              accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream, p->reduce,
-                                              p->reduce_ctx, relu));
-    else if (relu)
-        GPU_ONLY(batchnorm_relu_backward_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->gamma, p->save_mean, p->save_invstd, dx,
-                                              accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream));
+        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->gamma, p->beta, p->save_mean,
+                                              p->save_invstd, dx, accumulate_dx, dgamma, dbeta, ctx->dtype,
+                                              ctx->stream, p->reduce, p->reduce_ctx, act));
     else
-        GPU_ONLY(batchnorm_backward_cuda(&bn->cuda, ctx->cudnn, x, dy, p->gamma, p->save_mean, p->save_invstd, dx,
-                                         accumulate_dx, dgamma, dbeta, ctx->dtype, ctx->stream));
+        GPU_ONLY(batchnorm_act_backward_cuda(&bn->cuda, ctx->cudnn, act, x, y, dy, p->gamma, p->beta, p->save_mean,
+                                             p->save_invstd, dx, accumulate_dx, dgamma, dbeta, ctx->dtype,
+                                             ctx->stream));
 }
 
-void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
                         int accumulate_dx, void *dgamma, void *dbeta) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
-    if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
+    check_act(act);
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU)
-        backward(&bn->shape, x, relu ? y : NULL, dy, p->gamma, p->save_mean, p->save_invstd, dx, accumulate_dx,
-                 dgamma, dbeta, mode == BN_TRAIN_SYNC ? p->reduce : NULL, p->reduce_ctx);
-    else
-        backward_cuda(ctx, bn, mode, relu, p, x, y, dy, dx, accumulate_dx, dgamma, dbeta);
+    if (ctx->device == DEVICE_CPU) {
+        ActBackward a = {act, y, p->beta};
+        backward(&bn->shape, x, a, dy, p->gamma, p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta,
+                 mode == BN_TRAIN_SYNC ? p->reduce : NULL, p->reduce_ctx);
+    } else {
+        backward_cuda(ctx, bn, mode, act, p, x, y, dy, dx, accumulate_dx, dgamma, dbeta);
+    }
     op_end(ctx, __func__);
 }

@@ -15,8 +15,10 @@
  *             first blocks find what the reduce read last still in L2; each
  *             thread's channel (NCHW: the block's; NHWC: its column's) is
  *             fixed, so its coefficients sit in registers:
- *               forward   y  = (x - mean) * scale + shift           [relu]
- *               backward  dx = a * dy' + b * (x - mean) + d  [+ dx]  (dy' = dy masked by y > 0 for relu)
+ *               forward   y  = (x - mean) * scale + shift           [relu or gelu]
+ *               backward  dx = a * dy' + b * (x - mean) + d  [+ dx]
+ *             (dy' = dy masked by y > 0 for relu; for gelu dy * gelu'(z), z =
+ *             (x - mean) * gamma * invstd + beta recomputed in both passes)
  *             with scale = gamma * invstd, shift = beta and
  *               a = gamma * invstd, b = -gamma * invstd^3 * sum(dy' (x - mean)) / m,
  *               d = -gamma * invstd * sum(dy') / m,
@@ -36,6 +38,7 @@
  * covers at least 64 rows and 16 per thread, so that the partials stay a small
  * fraction of the tensor (1/16 of an f16 one at most, 1/128 at c = 64). */
 #include "ops/batchnorm.h"
+#include "ops/gelu_math.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -60,8 +63,9 @@
 /* n*h*w at most: per-channel indices stay 32-bit (fast division). */
 #define BN_MAX_COUNT (1u << 30)
 
-enum { BN_FWD, BN_BWD, BN_BWD_RELU };                   /* reductions */
-enum { BN_APPLY_FWD, BN_APPLY_FWD_RELU, BN_APPLY_BWD, BN_APPLY_BWD_RELU }; /* apply passes */
+enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU }; /* reductions */
+enum { BN_APPLY_FWD, BN_APPLY_FWD_RELU, BN_APPLY_FWD_GELU, /* apply passes; backward from BN_APPLY_BWD on */
+       BN_APPLY_BWD, BN_APPLY_BWD_RELU, BN_APPLY_BWD_GELU };
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) BnPack {
@@ -244,31 +248,45 @@ static __global__ void bn_sync_coef(BnArgs a) {
     }
 }
 
-/* What one element adds to the two sums. k: the forward's shift, or the mean. */
+/* dy through the fused activation's derivative: ReLU masks it by its output
+ * y; GELU multiplies by gelu'(z) at its input z = (x - mean) * scale + shift,
+ * scale = gamma * invstd and shift = beta (xc = x - mean). */
+template <bool RELU, bool GELU>
+static __device__ __forceinline__ float activation_dy(float dy, float y, float xc, float scale,
+                                                      float shift) {
+    if (RELU) return !(y > 0.0f) ? 0.0f : dy;
+    if (GELU) return dy * gelu_grad_f(xc * scale + shift);
+    return dy;
+}
+
+/* What one element adds to the two sums. k: the forward's shift, or the mean;
+ * zs, zb: GELU's scale and shift (activation_dy). */
 template <int MODE>
 static __device__ __forceinline__ void accumulate_element(float x, float dy, float y, float k,
-                                                          float &s1, float &s2) {
+                                                          float zs, float zb, float &s1, float &s2) {
     if (MODE == BN_FWD) {
         float d = x - k;
         s1 += d;
         s2 += d * d;
     } else {
-        float g = MODE == BN_BWD_RELU && !(y > 0.0f) ? 0.0f : dy;
+        float g = activation_dy<MODE == BN_BWD_RELU, MODE == BN_BWD_GELU>(dy, y, x - k, zs, zb);
         s1 += g;
         s2 += g * (x - k);
     }
 }
 
-/* One element of the apply pass; coef = mean, then three per mode. */
+/* One element of the apply pass; coef = mean, then three per mode; shift:
+ * the backward's beta, for GELU (backward, p = gamma * invstd). */
 template <int MODE>
 static __device__ __forceinline__ float apply_element(float x, float dy, float y, float old,
                                                       float mean, float p, float q, float r,
-                                                      int accumulate) {
-    if (MODE == BN_APPLY_FWD || MODE == BN_APPLY_FWD_RELU) {
+                                                      float shift, int accumulate) {
+    if (MODE < BN_APPLY_BWD) {
         float v = (x - mean) * p + q;
+        if (MODE == BN_APPLY_FWD_GELU) return gelu_value_f(v);
         return MODE == BN_APPLY_FWD_RELU ? relu_f(v) : v;
     }
-    float g = MODE == BN_APPLY_BWD_RELU && !(y > 0.0f) ? 0.0f : dy;
+    float g = activation_dy<MODE == BN_APPLY_BWD_RELU, MODE == BN_APPLY_BWD_GELU>(dy, y, x - mean, p, shift);
     float v = p * g + q * (x - mean) + r;
     return accumulate ? old + v : v;
 }
@@ -290,6 +308,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
     unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(total, blockIdx.x * chunk), hi = min(total, lo + chunk);
     float k = MODE == BN_FWD ? to_float(((const T *)a.x)[(size_t)c * a.plane]) : a.mean_in[c];
+    float zs = MODE == BN_BWD_GELU ? a.gamma[c] * a.invstd_in[c] : 0.0f;
+    float zb = MODE == BN_BWD_GELU ? a.beta[c] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
         P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL];
@@ -311,7 +331,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
                     accumulate_element<MODE>(to_float(xv[u].v[e]),
                                              MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
                                              MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
-                                             k, s1, s2);
+                                             k, zs, zb, s1, s2);
     }
     /* block sum: warps by shuffles, then the warps in order */
     __shared__ float warp_s1[BN_THREADS / 32], warp_s2[BN_THREADS / 32];
@@ -340,12 +360,13 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     using P = BnPack<T, VEC>;
     const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
     P *out = (P *)a.out;
-    constexpr bool BWD = MODE == BN_APPLY_BWD || MODE == BN_APPLY_BWD_RELU;
+    constexpr bool BWD = MODE >= BN_APPLY_BWD;
     unsigned c = blockIdx.y, C = a.channels, plane_v = a.plane / VEC, total = a.images * plane_v;
     unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(total, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(total, lo + chunk);
     float4 k = a.coef[c];
     float mean = k.x, p = k.y, q = k.z, r = k.w;
+    float shift = MODE == BN_APPLY_BWD_GELU ? a.beta[c] : 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
         P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL], ov[BN_UNROLL];
         size_t at[BN_UNROLL];
@@ -369,7 +390,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
                 res.v[e] = from_float<T>(apply_element<MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
                     MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
-                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, a.accumulate));
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, shift, a.accumulate));
             out[at[u]] = res;
         }
     }
@@ -401,7 +422,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
     NhwcTile t = nhwc_tile(cols);
     unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(rows, blockIdx.x * chunk), hi = min(rows, lo + chunk);
-    float s1[VEC], s2[VEC], k[VEC];
+    float s1[VEC], s2[VEC], k[VEC], zs[VEC], zb[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) s1[e] = s2[e] = 0.0f;
     if (t.lane_row < t.height) {
@@ -412,7 +433,12 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
             for (int e = 0; e < VEC; e++) k[e] = to_float(first.v[e]);
         } else {
 #pragma unroll
-            for (int e = 0; e < VEC; e++) k[e] = a.mean_in[col * VEC + e];
+            for (int e = 0; e < VEC; e++) {
+                unsigned ch = col * VEC + e;
+                k[e] = a.mean_in[ch];
+                zs[e] = MODE == BN_BWD_GELU ? a.gamma[ch] * a.invstd_in[ch] : 0.0f;
+                zb[e] = MODE == BN_BWD_GELU ? a.beta[ch] : 0.0f;
+            }
         }
         unsigned step = t.height;
         for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
@@ -435,7 +461,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
                         accumulate_element<MODE>(to_float(xv[u].v[e]),
                                                  MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
                                                  MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
-                                                 k[e], s1[e], s2[e]);
+                                                 k[e], zs[e], zb[e], s1[e], s2[e]);
         }
     }
 #pragma unroll
@@ -464,18 +490,19 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nhwc(BnArgs a) {
     using P = BnPack<T, VEC>;
     const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
     P *out = (P *)a.out;
-    constexpr bool BWD = MODE == BN_APPLY_BWD || MODE == BN_APPLY_BWD_RELU;
+    constexpr bool BWD = MODE >= BN_APPLY_BWD;
     unsigned C = a.channels, cols = C / VEC, rows = a.count;
     NhwcTile t = nhwc_tile(cols);
     if (t.lane_row >= t.height) return;
     unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(rows, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(rows, lo + chunk);
     unsigned col = t.col0 + t.col;
-    float mean[VEC], p[VEC], q[VEC], r[VEC];
+    float mean[VEC], p[VEC], q[VEC], r[VEC], shift[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) {
         float4 k = a.coef[col * VEC + e];
         mean[e] = k.x, p[e] = k.y, q[e] = k.z, r[e] = k.w;
+        shift[e] = MODE == BN_APPLY_BWD_GELU ? a.beta[col * VEC + e] : 0.0f;
     }
     unsigned step = t.height;
     for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
@@ -502,7 +529,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nhwc(BnArgs a) {
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
                     MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                     BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e],
-                    a.accumulate));
+                    shift[e], a.accumulate));
             out[(size_t)row * cols + col] = res;
         }
     }
@@ -667,41 +694,49 @@ static void launch_apply(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t 
     else launch_apply_vec<T, 1, MODE>(bn, a, stream);
 }
 
+/* The apply pass of y = act(bn(x)). */
 template <typename T>
-static void run_forward_train(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream,
+static void launch_apply_forward(const BatchNormCuda *bn, const BnArgs &a, BatchNormAct act, cudaStream_t stream) {
+    if (act == BN_ACT_RELU) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
+    else if (act == BN_ACT_GELU) launch_apply<T, BN_APPLY_FWD_GELU>(bn, a, stream);
+    else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
+}
+
+template <typename T>
+static void run_forward_train(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream,
                               BnAllreduce reduce, void *ctx) {
     BnArgs stats = a;
     stats.out = NULL; /* the reduction reads x alone; y's alignment must not narrow it */
     launch_reduce<T, BN_FWD>(bn, stats, stream, reduce, ctx);
-    if (relu) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
-    else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
+    launch_apply_forward<T>(bn, a, act, stream);
 }
 
 template <typename T>
-static void run_forward_eval(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream) {
+static void run_forward_eval(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream) {
     bn_eval_coef<<<(unsigned)ceil_div(a.channels, BN_THREADS), BN_THREADS, 0, stream>>>(a);
     CUDA_CHECK_LAUNCH();
-    if (relu) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
-    else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
+    launch_apply_forward<T>(bn, a, act, stream);
 }
 
 template <typename T>
-static void run_backward(const BatchNormCuda *bn, BnArgs a, bool relu, cudaStream_t stream,
+static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream,
                          BnAllreduce reduce, void *ctx) {
     BnArgs sums = a;
     sums.out = NULL;
     if (!a.out) reduce = NULL; /* no dx: dgamma and dbeta need only the local sums */
-    if (relu) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
+    if (act == BN_ACT_RELU) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
+    else if (act == BN_ACT_GELU) launch_reduce<T, BN_BWD_GELU>(bn, sums, stream, reduce, ctx);
     else launch_reduce<T, BN_BWD>(bn, sums, stream, reduce, ctx);
     if (!a.out) return;
-    if (relu) launch_apply<T, BN_APPLY_BWD_RELU>(bn, a, stream);
+    if (act == BN_ACT_RELU) launch_apply<T, BN_APPLY_BWD_RELU>(bn, a, stream);
+    else if (act == BN_ACT_GELU) launch_apply<T, BN_APPLY_BWD_GELU>(bn, a, stream);
     else launch_apply<T, BN_APPLY_BWD>(bn, a, stream);
 }
 
 static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                           const float *gamma, const float *beta, float momentum, float eps,
                           float *running_mean, float *running_var, float *save_mean,
-                          float *save_invstd, void *y, cudaStream_t stream, bool relu,
+                          float *save_invstd, void *y, cudaStream_t stream, BatchNormAct act,
                           BnAllreduce reduce, void *ctx) {
     BnArgs a = base_args(bn);
     /* Synchronized, the global count must be 2 or more; only the device knows it. */
@@ -716,13 +751,13 @@ static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *
     a.running_var = running_var;
     a.save_mean = save_mean;
     a.save_invstd = save_invstd;
-    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_train, bn, a, relu, pick_stream(h, stream), reduce, ctx);
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_train, bn, a, act, pick_stream(h, stream), reduce, ctx);
 }
 
 static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                          const float *gamma, const float *beta, const float *running_mean,
                          const float *running_var, float eps, void *y, cudaStream_t stream,
-                         bool relu) {
+                         BatchNormAct act) {
     BnArgs a = base_args(bn);
     a.x = x;
     a.out = y;
@@ -731,29 +766,32 @@ static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x
     a.eval_mean = running_mean;
     a.eval_var = running_var;
     a.eps = eps;
-    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_eval, bn, a, relu, pick_stream(h, stream));
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_eval, bn, a, act, pick_stream(h, stream));
 }
 
+/* y: read for ReLU only, beta for GELU only. */
 static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *y,
-                     const void *dy, const float *gamma, const float *save_mean,
+                     const void *dy, const float *gamma, const float *beta, const float *save_mean,
                      const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
-                     void *dbeta, DType grad_dtype, cudaStream_t stream, bool relu,
+                     void *dbeta, DType grad_dtype, cudaStream_t stream, BatchNormAct act,
                      BnAllreduce reduce, void *ctx) {
     if (dgamma || dbeta) check_float_dtype("batchnorm (parameter gradients)", grad_dtype);
-    if (relu && !y) TC_FATAL("batchnorm_relu backward: the forward output y is needed");
+    if (act == BN_ACT_RELU && !y) TC_FATAL("batchnorm+relu backward: the forward output y is needed");
+    if (act == BN_ACT_GELU && !beta) TC_FATAL("batchnorm+gelu backward: beta is needed");
     BnArgs a = base_args(bn);
     a.x = x;
-    a.y = relu ? y : NULL;
+    a.y = act == BN_ACT_RELU ? y : NULL;
     a.dy = dy;
     a.out = dx;
     a.gamma = gamma;
+    a.beta = beta;
     a.mean_in = save_mean;
     a.invstd_in = save_invstd;
     a.dgamma = dgamma;
     a.dbeta = dbeta;
     a.grad_dtype = (int)grad_dtype;
     a.accumulate = accumulate_dx != 0;
-    DISPATCH_FLOAT_DTYPE(bn->dtype, run_backward, bn, a, relu, pick_stream(h, stream), reduce, ctx);
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_backward, bn, a, act, pick_stream(h, stream), reduce, ctx);
 }
 
 void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -761,46 +799,46 @@ void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   float *running_mean, float *running_var, float *save_mean,
                                   float *save_invstd, void *y, cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, false, NULL, NULL);
+                  save_invstd, y, stream, BN_ACT_NONE, NULL, NULL);
 }
 
-void batchnorm_relu_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                       const float *gamma, const float *beta, float momentum,
-                                       float eps, float *running_mean, float *running_var,
-                                       float *save_mean, float *save_invstd, void *y,
-                                       cudaStream_t stream) {
+void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                      const void *x, const float *gamma, const float *beta,
+                                      float momentum, float eps, float *running_mean,
+                                      float *running_var, float *save_mean, float *save_invstd,
+                                      void *y, cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, true, NULL, NULL);
+                  save_invstd, y, stream, act, NULL, NULL);
 }
 
 void batchnorm_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                  const float *gamma, const float *beta, const float *running_mean,
                                  const float *running_var, float eps, void *y, cudaStream_t stream) {
-    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, false);
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, BN_ACT_NONE);
 }
 
-void batchnorm_relu_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                      const float *gamma, const float *beta,
-                                      const float *running_mean, const float *running_var,
-                                      float eps, void *y, cudaStream_t stream) {
-    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, true);
+void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                     const void *x, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var,
+                                     float eps, void *y, cudaStream_t stream) {
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, act);
 }
 
 void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                              const void *dy, const float *gamma, const float *save_mean,
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    backward(bn, h, x, NULL, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, false, NULL, NULL);
+    backward(bn, h, x, NULL, dy, gamma, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+             dbeta, grad_dtype, stream, BN_ACT_NONE, NULL, NULL);
 }
 
-void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                  const void *y, const void *dy, const float *gamma,
-                                  const float *save_mean, const float *save_invstd, void *dx,
-                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
-                                  cudaStream_t stream) {
-    backward(bn, h, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, true, NULL, NULL);
+void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                 const void *x, const void *y, const void *dy, const float *gamma,
+                                 const float *beta, const float *save_mean,
+                                 const float *save_invstd, void *dx, int accumulate_dx,
+                                 void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream) {
+    backward(bn, h, x, y, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+             grad_dtype, stream, act, NULL, NULL);
 }
 
 void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -808,18 +846,19 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        float eps, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, void *y,
                                        cudaStream_t stream, BnAllreduce reduce, void *ctx,
-                                       int relu) {
+                                       BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync forward: no reduce given");
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, relu != 0, reduce, ctx);
+                  save_invstd, y, stream, act, reduce, ctx);
 }
 
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                   const void *y, const void *dy, const float *gamma,
-                                  const float *save_mean, const float *save_invstd, void *dx,
-                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
-                                  cudaStream_t stream, BnAllreduce reduce, void *ctx, int relu) {
+                                  const float *beta, const float *save_mean,
+                                  const float *save_invstd, void *dx, int accumulate_dx,
+                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
+                                  BnAllreduce reduce, void *ctx, BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync backward: no reduce given");
-    backward(bn, h, x, y, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, relu != 0, reduce, ctx);
+    backward(bn, h, x, y, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+             grad_dtype, stream, act, reduce, ctx);
 }

@@ -18,9 +18,12 @@
  *              dgamma and dbeta are always ADDED to (flat gradient buffers
  *              accumulate micro-batches) and skipped when NULL. With
  *              accumulate_dx = 0, dx may alias dy.
- *   batchnorm_relu_*: the same followed by ReLU, y = relu(bn(x)) (NaN passes, as
- *              in relu.h); its backward takes that y and masks dy by y > 0
- *              before the batch-norm backward.
+ *   activation: the same followed by an activation, y = act(bn(x)):
+ *              BN_ACT_RELU (NaN passes, as in relu.h): backward takes that y
+ *              and masks dy by y > 0 before the batch-norm backward;
+ *              BN_ACT_GELU, the exact (erf) GELU of gelu.h: backward needs no
+ *              y (GELU is not monotonic) but recomputes z = xhat * gamma + beta
+ *              from x and the saved statistics and takes dy * gelu'(z).
  * The CPU reference is float32 NCHW and computes in double.
  *
  * The CUDA path stores x, y, dy and dx as the dtype given at init (f32, f16 or
@@ -33,7 +36,8 @@
  *             channel's first value, so the variance does not cancel when
  *             |mean| >> std), then a pass writing y;
  *   backward: a reduction pass (sums of dy and dy * (x - mean)), then a pass
- *             writing dx (none when dx is NULL).
+ *             writing dx (none when dx is NULL); a fused activation's
+ *             derivative is applied to dy in both.
  * Each reduction writes per-block partial sums (each over a fixed share of a
  * channel, in a fixed order) and a small kernel adds each channel's partials
  * in a fixed order, in double: results are the same bits on every run, with no
@@ -54,7 +58,8 @@
  *             about its own shift (fp32 sums of x^2 would cancel where
  *             |mean| >> std). The running statistics take the global mean
  *             and unbiased variance: they stay the same on every process;
- *   backward: sums of dy and dy * (x - mean), dy masked for relu. dgamma and
+ *   backward: sums of dy' and dy' * (x - mean), dy' = dy through the
+ *             activation's derivative (as above). dgamma and
  *             dbeta get the LOCAL sums (a data-parallel gradient all-reduce
  *             averages them afterwards); dx NULL needs no global sums and
  *             calls no reduce.
@@ -103,6 +108,13 @@ typedef struct {
     BatchNormCuda cuda; /* GPU only */
 } BatchNorm;
 
+/* The activation fused after the norm. */
+typedef enum {
+    BN_ACT_NONE,
+    BN_ACT_RELU, /* backward reads the forward's y */
+    BN_ACT_GELU  /* backward reads beta */
+} BatchNormAct;
+
 typedef enum {
     BN_EVAL,       /* normalise with the running statistics */
     BN_TRAIN,      /* with the batch's; update the running ones */
@@ -126,13 +138,13 @@ typedef struct {
 size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
 void batchnorm_init(const OpContext *ctx, BatchNorm *bn, const BatchNormShape *s, void *scratch);
 void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn);
-/* relu: y = relu(bn(x)). */
-void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+/* y = act(bn(x)). */
+void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                        const BatchNormParams *p, const void *x, void *y);
 /* BN_TRAIN_SYNC: dx from the global sums (see above); any other mode: the
- * plain backward. relu: the fused forward's, masking dy by y > 0 (otherwise y
- * may be NULL). */
-void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, int relu,
+ * plain backward. act: the forward's; y is read for BN_ACT_RELU only
+ * (otherwise it may be NULL), p->beta for BN_ACT_GELU only. */
+void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy,
                         void *dx, int accumulate_dx, void *dgamma, void *dbeta);
 
@@ -150,30 +162,32 @@ void batchnorm_backward_cpu(const BatchNormShape *s, const float *x, const float
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             float *dx, int accumulate_dx, float *dgamma, float *dbeta);
 
-void batchnorm_relu_forward_train_cpu(const BatchNormShape *s, const float *x, const float *gamma,
-                                      const float *beta, float momentum, float eps,
-                                      float *running_mean, float *running_var, float *save_mean,
-                                      float *save_invstd, float *y);
-void batchnorm_relu_forward_eval_cpu(const BatchNormShape *s, const float *x, const float *gamma,
-                                     const float *beta, const float *running_mean,
-                                     const float *running_var, float eps, float *y);
-void batchnorm_relu_backward_cpu(const BatchNormShape *s, const float *x, const float *y,
-                                 const float *dy, const float *gamma, const float *save_mean,
-                                 const float *save_invstd, float *dx, int accumulate_dx,
-                                 float *dgamma, float *dbeta);
+/* With a fused activation (BN_ACT_NONE: the plain calls above). */
+void batchnorm_act_forward_train_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                     const float *gamma, const float *beta, float momentum, float eps,
+                                     float *running_mean, float *running_var, float *save_mean,
+                                     float *save_invstd, float *y);
+void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                    const float *gamma, const float *beta, const float *running_mean,
+                                    const float *running_var, float eps, float *y);
+/* y: read for BN_ACT_RELU only; beta: for BN_ACT_GELU only. */
+void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                const float *y, const float *dy, const float *gamma,
+                                const float *beta, const float *save_mean, const float *save_invstd,
+                                float *dx, int accumulate_dx, float *dgamma, float *dbeta);
 
-/* Synchronized; relu: the fused variant (its backward reads y for the mask,
- * otherwise y may be NULL there). */
+/* Synchronized; act: the fused activation (backward reads y and beta as
+ * batchnorm_act_backward_cpu does). */
 void batchnorm_forward_train_sync_cpu(const BatchNormShape *s, const float *x, const float *gamma,
                                       const float *beta, float momentum, float eps,
                                       float *running_mean, float *running_var, float *save_mean,
                                       float *save_invstd, float *y, BnAllreduce reduce, void *ctx,
-                                      int relu);
+                                      BatchNormAct act);
 void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const float *y,
-                                 const float *dy, const float *gamma, const float *save_mean,
-                                 const float *save_invstd, float *dx, int accumulate_dx,
-                                 float *dgamma, float *dbeta, BnAllreduce reduce, void *ctx,
-                                 int relu);
+                                 const float *dy, const float *gamma, const float *beta,
+                                 const float *save_mean, const float *save_invstd, float *dx,
+                                 int accumulate_dx, float *dgamma, float *dbeta, BnAllreduce reduce,
+                                 void *ctx, BatchNormAct act);
 
 /* CUDA (the layer's state in BatchNormCuda above) */
 
@@ -204,20 +218,21 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream);
 
-void batchnorm_relu_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                       const float *gamma, const float *beta, float momentum,
-                                       float eps, float *running_mean, float *running_var,
-                                       float *save_mean, float *save_invstd, void *y,
-                                       cudaStream_t stream);
-void batchnorm_relu_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                      const float *gamma, const float *beta,
-                                      const float *running_mean, const float *running_var,
-                                      float eps, void *y, cudaStream_t stream);
-void batchnorm_relu_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                  const void *y, const void *dy, const float *gamma,
-                                  const float *save_mean, const float *save_invstd, void *dx,
-                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
-                                  cudaStream_t stream);
+/* With a fused activation; y and beta as batchnorm_act_backward_cpu's. */
+void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                      const void *x, const float *gamma, const float *beta,
+                                      float momentum, float eps, float *running_mean,
+                                      float *running_var, float *save_mean, float *save_invstd,
+                                      void *y, cudaStream_t stream);
+void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                     const void *x, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var,
+                                     float eps, void *y, cudaStream_t stream);
+void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                 const void *x, const void *y, const void *dy, const float *gamma,
+                                 const float *beta, const float *save_mean,
+                                 const float *save_invstd, void *dx, int accumulate_dx,
+                                 void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream);
 
 /* Synchronized: 'reduce' gets the 3 x c sums in the layer's scratch, on the
  * call's stream. */
@@ -226,12 +241,13 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        float eps, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, void *y,
                                        cudaStream_t stream, BnAllreduce reduce, void *ctx,
-                                       int relu);
+                                       BatchNormAct act);
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                   const void *y, const void *dy, const float *gamma,
-                                  const float *save_mean, const float *save_invstd, void *dx,
-                                  int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype,
-                                  cudaStream_t stream, BnAllreduce reduce, void *ctx, int relu);
+                                  const float *beta, const float *save_mean,
+                                  const float *save_invstd, void *dx, int accumulate_dx,
+                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
+                                  BnAllreduce reduce, void *ctx, BatchNormAct act);
 
 #ifdef __cplusplus
 }

@@ -1,23 +1,13 @@
 #include "ops/gelu.h"
 
-#include <math.h>
-
-#define GELU_SQRT1_2 0.70710678118654752440       /* 1 / sqrt(2) */
-#define GELU_INV_SQRT_2PI 0.39894228040143267794  /* 1 / sqrt(2 pi) */
+#include "ops/gelu_math.h"
 
 void gelu_forward_cpu(const float *x, float *y, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        double v = x[i];
-        y[i] = (float)(0.5 * v * (1.0 + erf(v * GELU_SQRT1_2)));
-    }
+    for (size_t i = 0; i < n; i++) y[i] = (float)gelu_value_d(x[i]);
 }
 
 void gelu_backward_cpu(const float *x, const float *dy, float *dx, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        double v = x[i];
-        double cdf = 0.5 * (1.0 + erf(v * GELU_SQRT1_2)), pdf = GELU_INV_SQRT_2PI * exp(-0.5 * v * v);
-        dx[i] = (float)(dy[i] * (cdf + v * pdf));
-    }
+    for (size_t i = 0; i < n; i++) dx[i] = (float)(dy[i] * gelu_grad_d(x[i]));
 }
 
 void gelu_forward(const OpContext *ctx, const void *x, void *y, size_t n) {

@@ -1,21 +1,11 @@
 #include "ops/gelu.h"
+#include "ops/gelu_math.h"
 
 #include <stdint.h>
 
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
 #include "runtime/check.h"
-
-/* gelu.c's formulas in float. */
-static __device__ __forceinline__ float gelu_value(float x) {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-}
-
-static __device__ __forceinline__ float gelu_grad(float x, float dy) {
-    float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
-    float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
-    return dy * (cdf + x * pdf);
-}
 
 /* out = GELU(x), or with BACKWARD dy * GELU'(x), VEC elements a thread per
  * step: 16 bytes where the buffers allow, the half types being memory-bound at
@@ -31,7 +21,7 @@ static __global__ void gelu_kernel(const T *x, const T *dy, T *out, size_t packs
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
             float xf = to_float(v.v[e]);
-            v.v[e] = from_float<T>(BACKWARD ? gelu_grad(xf, to_float(g.v[e])) : gelu_value(xf));
+            v.v[e] = from_float<T>(BACKWARD ? to_float(g.v[e]) * gelu_grad_f(xf) : gelu_value_f(xf));
         }
         reinterpret_cast<P *>(out)[i] = v;
     }

@@ -1,5 +1,7 @@
 #include "tests/model_checks.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,3 +32,63 @@ ModelLoss model_loss_random(Model *m, uint64_t *rng) {
 }
 
 void model_loss_free(ModelLoss *l) { free((void *)l->input); }
+
+/* Through the model's op context: host memory on the CPU, device memory on the GPU. */
+static void put(const Model *m, void *dst, const float *host, size_t n) {
+    op_copy_from_host(&m->ops, dst, host, n * sizeof(float));
+}
+
+static void get(const Model *m, float *host, const void *src, size_t n) {
+    op_copy_to_host(&m->ops, host, src, n * sizeof(float));
+    op_sync(&m->ops);
+}
+
+ModelTrainEval model_train_eval(ModelLoss *l) {
+    Model *m = l->m;
+    size_t logits = (size_t)m->batch * m->num_classes, in = model_input_floats(m);
+    if (m->act_dtype != DTYPE_F32) {
+        fprintf(stderr, "model_train_eval: fp32 models only\n");
+        exit(1);
+    }
+    ModelTrainEval r = {0, malloc(m->n_params * sizeof(float)), malloc(logits * sizeof(float)), m->n_params, logits,
+                        model_bytes(m)};
+    if (!r.grads || !r.eval_logits) {
+        fprintf(stderr, "model_train_eval: out of host memory\n");
+        exit(1);
+    }
+    put(m, model_input_buffer(m), l->input, in);
+    model_forward(m);
+    get(m, r.eval_logits, model_logits(m), logits); /* the training logits, until the evaluation below */
+    r.loss = weighted_sum(r.eval_logits, l->r, logits);
+    put(m, model_logits_grad(m), l->r, logits);
+    model_zero_grads(m);
+    model_backward(m);
+    get(m, r.grads, m->grads, m->n_params);
+    model_set_training(m, 0);
+    put(m, model_input_buffer(m), l->input, in);
+    model_forward(m);
+    get(m, r.eval_logits, model_logits(m), logits);
+    return r;
+}
+
+void check_train_eval_near(const char *what, const ModelTrainEval *got, const ModelTrainEval *want, double bound) {
+    if (got->n_params != want->n_params || got->n_logits != want->n_logits) {
+        CHECK_MSG(0, "%s: %zu parameters and %zu logits, want %zu and %zu", what, got->n_params, got->n_logits,
+                  want->n_params, want->n_logits);
+        return;
+    }
+    double e_loss = fabs(got->loss - want->loss) / (fabs(want->loss) + 1);
+    double e_grad = test_rel_error(got->grads, want->grads, want->n_params);
+    double e_eval = test_rel_error(got->eval_logits, want->eval_logits, want->n_logits);
+    printf("%s: loss %.9g (want %.9g), gradients %.3g, eval logits %.3g relative; %zu bytes (want's %zu)\n", what,
+           got->loss, want->loss, e_grad, e_eval, got->bytes, want->bytes);
+    CHECK_MSG(e_loss <= bound && e_grad <= bound && e_eval <= bound,
+              "%s: loss %.9g (want %.9g), gradients %.3g, eval logits %.3g relative (bound %.3g)", what, got->loss,
+              want->loss, e_grad, e_eval, bound);
+}
+
+void model_train_eval_free(ModelTrainEval *r) {
+    free(r->grads);
+    free(r->eval_logits);
+    r->grads = r->eval_logits = NULL;
+}

@@ -21,4 +21,18 @@ void model_loss_backward(ModelLoss *l);
 ModelLoss model_loss_random(Model *m, uint64_t *rng);
 void model_loss_free(ModelLoss *l);
 
+/* A model's training loss, gradients and evaluation logits on one input. */
+typedef struct {
+    double loss;
+    float *grads, *eval_logits; /* n_params; n_logits (batch x classes) */
+    size_t n_params, n_logits, bytes; /* bytes: the model's (model_bytes) */
+} ModelTrainEval;
+
+/* model_loss_backward, then an evaluation forward of the same input (m is
+ * left evaluating); on either device (fp32). */
+ModelTrainEval model_train_eval(ModelLoss *l);
+/* got's loss, gradients and evaluation logits within a relative 'bound' of want's. */
+void check_train_eval_near(const char *what, const ModelTrainEval *got, const ModelTrainEval *want, double bound);
+void model_train_eval_free(ModelTrainEval *r);
+
 #endif

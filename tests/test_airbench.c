@@ -4,7 +4,9 @@
  * the gradient of all parameters against finite differences along random
  * directions and along itself (through the odd max-pool, the global max, the
  * bias-free linear layer and the logit scale; each op's own gradient is
- * checked element by element in the op grid). */
+ * checked element by element in the op grid); model.fuse (each batch norm
+ * running the GELU after it) giving the unfused net's loss, gradients and
+ * evaluation logits on the CPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +15,7 @@
 #include "models/layers.h"
 #include "models/whiten.h"
 #include "models/zoo.h"
+#include "runtime/gpu.h"
 #include "tests/harness.h"
 #include "tests/model_checks.h"
 #include "tests/op_checks.h"
@@ -178,11 +181,71 @@ static void check_dirac(void) {
     model_destroy(&m);
 }
 
+/* airbench at small widths (fuse: model.fuse): its loss, gradients and
+ * evaluation logits; fused, each batch norm runs the GELU after it, whose
+ * output shares the norm's storage. */
+static ModelTrainEval fuse_run(GpuContext *gpu, int nhwc, int fuse, const float *input, const float *r) {
+    Model m;
+    model_init(&m, BATCH, CLASSES, nhwc);
+    m.fuse = fuse;
+    m.conv_policy.deterministic = 1;
+    airbench_build(&m, (const int[3]){4, 6, 6});
+    model_finalize(&m, gpu, 3);
+    int fused = 0;
+    for (int i = 0; i + 1 < m.n_layers; i++) {
+        const Layer *l = &m.layers[i], *next = &m.layers[i + 1];
+        if (l->kind != LAYER_BATCHNORM) continue;
+        fused += l->fused && l->fused_act == BN_ACT_GELU && next->kind == LAYER_GELU && next->fused &&
+                 m.acts[next->out].value == m.acts[l->out].value;
+    }
+    CHECK_MSG(fused == (fuse ? 6 : 0), "airbench fuse %d: %d batch norms run their GELU", fuse, fused);
+    ModelLoss loss = {&m, input, r};
+    ModelTrainEval run = model_train_eval(&loss);
+    model_destroy(&m);
+    return run;
+}
+
+/* On the GPU in fp32, NCHW and NHWC: fused against unfused (the same cuDNN
+ * algorithms, deterministic; only the GELU's rounding differs), and fused
+ * against the CPU's fused run (cuDNN's fp32 convolutions round otherwise and
+ * six batch norms over few values amplify it, as in test_resnet). */
+static void check_fuse_gpu(const float *input, const float *r, const ModelTrainEval *cpu_fused) {
+    GpuContext gpu;
+    gpu_context_init(&gpu, 0);
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        char what[80];
+        ModelTrainEval plain = fuse_run(&gpu, nhwc, 0, input, r), fused = fuse_run(&gpu, nhwc, 1, input, r);
+        snprintf(what, sizeof what, "gpu %s airbench model.fuse on against off", nhwc ? "nhwc" : "nchw");
+        check_train_eval_near(what, &fused, &plain, 1e-4);
+        if (!nhwc) check_train_eval_near("gpu nchw airbench fused against the cpu's", &fused, cpu_fused, 2e-2);
+        model_train_eval_free(&plain), model_train_eval_free(&fused);
+    }
+    gpu_context_destroy(&gpu);
+}
+
+/* model.fuse: batch norm + GELU in one op (the CPU reference computes bn(x)
+ * in double before the GELU, unrounded: the same values within float32's
+ * rounding), the GELUs' outputs in their norms' storage (less memory). */
+static void check_fuse(uint64_t *rng) {
+    enum { IN = BATCH * 3 * 32 * 32 };
+    float *input = malloc(IN * sizeof(float)), r[BATCH * CLASSES];
+    test_fill_uniform(input, IN, rng, -2.0f, 2.0f);
+    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
+    ModelTrainEval plain = fuse_run(NULL, 0, 0, input, r), fused = fuse_run(NULL, 0, 1, input, r);
+    check_train_eval_near("airbench model.fuse on against off", &fused, &plain, 1e-5);
+    CHECK_MSG(fused.bytes < plain.bytes, "fused: %zu bytes, unfused %zu", fused.bytes, plain.bytes);
+    if (gpu_count() > 0) check_fuse_gpu(input, r, &fused);
+    else printf("no GPU: airbench's fused GPU checks skipped\n");
+    free(input);
+    model_train_eval_free(&plain), model_train_eval_free(&fused);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     check_shapes();
     check_dirac();
     check_gradients(&rng);
     check_frozen_whitening(&rng);
+    check_fuse(&rng);
     return test_finish("test_airbench");
 }

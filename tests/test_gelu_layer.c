@@ -1,7 +1,9 @@
 /* GELU as a layer (its op is in the grid, tests/ops/gelu.c): a small net's
  * gradients against finite differences, a net with a ReLU working in place on
- * a GELU's output learning one batch, and the planner refusing an in-place
- * ReLU over a GELU's input (which its backward reads). */
+ * a GELU's output learning one batch, the planner refusing an in-place
+ * ReLU over a GELU's input (which its backward reads), and batch norm + GELU
+ * fused (model.fuse) giving the unfused net's loss, gradients and evaluation,
+ * with and without checkpointed blocks. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,10 +111,62 @@ static void check_input_kept(void) {
               "a ReLU over a GELU's input: '%s'", text);
 }
 
+/* Three checkpoint blocks of conv -> batch norm -> GELU, the second with an
+ * in-place ReLU after its GELU (a block's output sharing the fused GELU's
+ * storage), then avgpool -> linear. */
+static void build_bn_gelu(Model *m, int fuse, int checkpoint) {
+    model_init(m, BATCH, CLASSES, 0);
+    m->fuse = fuse;
+    m->checkpoint = checkpoint;
+    int x = model_input(m, 2, SIZE, SIZE);
+    for (int b = 0; b < 3; b++) {
+        model_block_begin(m);
+        x = model_gelu(m, model_batchnorm(m, model_conv_no_bias(m, x, 6, 3, 1, 1)));
+        if (b == 1) x = model_relu(m, x);
+        model_block_end(m);
+    }
+    model_linear(m, model_avgpool(m, x), CLASSES);
+}
+
+static ModelTrainEval bn_gelu_run(int fuse, int checkpoint, const float *input, const float *r) {
+    Model m;
+    build_bn_gelu(&m, fuse, checkpoint);
+    model_finalize(&m, NULL, 11);
+    int fused = 0;
+    for (int i = 0; i < m.n_layers; i++) fused += m.layers[i].kind == LAYER_BATCHNORM && m.layers[i].fused_act == BN_ACT_GELU;
+    CHECK_MSG(fused == (fuse ? 3 : 0), "fuse %d: %d batch norms run their GELU", fuse, fused);
+    ModelLoss loss = {&m, input, r};
+    ModelTrainEval run = model_train_eval(&loss);
+    model_destroy(&m);
+    return run;
+}
+
+/* Fused (the CPU reference takes bn(x) in double into the GELU, unrounded)
+ * against unfused: the same values within float32's rounding; checkpointed
+ * blocks recompute the fused layers into the same values. */
+static void check_fused_bn_gelu(uint64_t *rng) {
+    size_t in_floats = (size_t)BATCH * 2 * SIZE * SIZE;
+    float *input = malloc(in_floats * sizeof(float)), r[BATCH * CLASSES];
+    test_fill_uniform(input, in_floats, rng, -2.0f, 2.0f);
+    test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
+    ModelTrainEval want = bn_gelu_run(0, 0, input, r);
+    for (int variant = 1; variant < 4; variant++) {
+        int fuse = variant & 1, checkpoint = variant >> 1;
+        char what[64];
+        snprintf(what, sizeof what, "bn+gelu fuse %d checkpoint %d against neither", fuse, checkpoint);
+        ModelTrainEval got = bn_gelu_run(fuse, checkpoint, input, r);
+        check_train_eval_near(what, &got, &want, 1e-5);
+        model_train_eval_free(&got);
+    }
+    free(input);
+    model_train_eval_free(&want);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     check_model_gradients(&rng);
     check_training(&rng);
     check_input_kept();
+    check_fused_bn_gelu(&rng);
     return test_finish("test_gelu_layer");
 }

@@ -1,4 +1,5 @@
-/* Batch norm (ops/batchnorm.h) through its face; fused: batch norm + ReLU.
+/* Batch norm (ops/batchnorm.h) through its face; fused: batch norm + ReLU
+ * (c->fused 1) or + GELU (2), c->fused being the BatchNormAct.
  * Every case: the training forward (y, saved and running statistics), the same
  * bits again with momentum 0 leaving the running statistics alone, evaluation
  * from the running statistics, and the backward (dx overwritten and
@@ -11,12 +12,16 @@
  * layers sharing one scratch buffer, and calls captured in a CUDA graph giving
  * the eager calls' bits. Extras: values by hand, the statistics against sums in
  * double (PyTorch's unbiased running variance), eval against its formula, the
- * fused forward as relu(bn(x)) to the bit. */
+ * fused forward as relu(bn(x)) to the bit and as gelu(bn(x)) within rounding. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ops/batchnorm.h"
+#include "ops/gelu.h"
 #include "ops/relu.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
@@ -56,17 +61,19 @@ static float *bn_input(uint64_t *rng, const BatchNormShape *s, float offset, flo
 
 /* ---- the CPU reference, plain or fused ------------------------------------------- */
 
-static void ref_forward_train(const BatchNormShape *s, int relu, const float *x, const float *gamma,
+static BatchNormAct bn_act(const GridCase *c) { return (BatchNormAct)c->fused; }
+
+static void ref_forward_train(const BatchNormShape *s, BatchNormAct act, const float *x, const float *gamma,
                               const float *beta, float momentum, float *rmean, float *rvar, float *smean,
                               float *sinv, float *y) {
-    if (relu) batchnorm_relu_forward_train_cpu(s, x, gamma, beta, momentum, BN_EPS, rmean, rvar, smean, sinv, y);
+    if (act) batchnorm_act_forward_train_cpu(s, act, x, gamma, beta, momentum, BN_EPS, rmean, rvar, smean, sinv, y);
     else batchnorm_forward_train_cpu(s, x, gamma, beta, momentum, BN_EPS, rmean, rvar, smean, sinv, y);
 }
 
-static void ref_backward(const BatchNormShape *s, int relu, const float *x, const float *y, const float *dy,
-                         const float *gamma, const float *smean, const float *sinv, float *dx, int accumulate,
-                         float *dgamma, float *dbeta) {
-    if (relu) batchnorm_relu_backward_cpu(s, x, y, dy, gamma, smean, sinv, dx, accumulate, dgamma, dbeta);
+static void ref_backward(const BatchNormShape *s, BatchNormAct act, const float *x, const float *y, const float *dy,
+                         const float *gamma, const float *beta, const float *smean, const float *sinv, float *dx,
+                         int accumulate, float *dgamma, float *dbeta) {
+    if (act) batchnorm_act_backward_cpu(s, act, x, y, dy, gamma, beta, smean, sinv, dx, accumulate, dgamma, dbeta);
     else batchnorm_backward_cpu(s, x, dy, gamma, smean, sinv, dx, accumulate, dgamma, dbeta);
 }
 
@@ -166,11 +173,11 @@ static BatchNormParams bn_params(const BnSetup *b, float momentum) {
 static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, float *smean, float *sinv) {
     const BatchNormShape *s = &b->s;
     size_t nx = bn_numel(s);
-    int relu = c->fused;
+    BatchNormAct act = bn_act(c);
     float *y = host_floats(nx), *rmean = copy_floats(b->rmean0, s->c), *rvar = copy_floats(b->rvar0, s->c);
-    ref_forward_train(s, relu, b->x, b->gamma, b->beta, 0.1f, rmean, rvar, smean, sinv, y);
+    ref_forward_train(s, act, b->x, b->gamma, b->beta, 0.1f, rmean, rvar, smean, sinv, y);
     BatchNormParams p = bn_params(b, 0.1f);
-    batchnorm_forward(&c->ctx, &l->bn, BN_TRAIN, relu, &p, b->d_x, b->d_y);
+    batchnorm_forward(&c->ctx, &l->bn, BN_TRAIN, act, &p, b->d_x, b->d_y);
     float *gy = bn_get(c, s, b->d_y), *gsmean = stats_get(c, b->d_smean, s->c), *gsinv = stats_get(c, b->d_sinv, s->c);
     float *grmean = stats_get(c, b->d_rmean, s->c), *grvar = stats_get(c, b->d_rvar, s->c);
     grid_check(c, "bn train y", gy, y, nx, grid_bound(c, BN_Y));
@@ -182,7 +189,7 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     /* the same bits again; momentum 0 leaves the running statistics alone */
     grid_poison(c, c->dtype, b->d_y, nx);
     p.momentum = 0.0f;
-    batchnorm_forward(&c->ctx, &l->bn, BN_TRAIN, relu, &p, b->d_x, b->d_y);
+    batchnorm_forward(&c->ctx, &l->bn, BN_TRAIN, act, &p, b->d_x, b->d_y);
     float *gy2 = bn_get(c, s, b->d_y), *gsinv2 = stats_get(c, b->d_sinv, s->c);
     float *grmean2 = stats_get(c, b->d_rmean, s->c), *grvar2 = stats_get(c, b->d_rvar, s->c);
     grid_check_same(c, "bn train y (second run)", gy2, gy, nx * sizeof(float));
@@ -192,10 +199,10 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
 
     /* eval, from the running statistics just computed */
     float *ye = host_floats(nx);
-    if (relu) batchnorm_relu_forward_eval_cpu(s, b->x, b->gamma, b->beta, grmean, grvar, BN_EPS, ye);
+    if (act) batchnorm_act_forward_eval_cpu(s, act, b->x, b->gamma, b->beta, grmean, grvar, BN_EPS, ye);
     else batchnorm_forward_eval_cpu(s, b->x, b->gamma, b->beta, grmean, grvar, BN_EPS, ye);
     grid_poison(c, c->dtype, b->d_y, nx);
-    batchnorm_forward(&c->ctx, &l->bn, BN_EVAL, relu, &p, b->d_x, b->d_y);
+    batchnorm_forward(&c->ctx, &l->bn, BN_EVAL, act, &p, b->d_x, b->d_y);
     float *gye = bn_get(c, s, b->d_y);
     grid_check(c, "bn eval y", gye, ye, nx, grid_bound(c, BN_Y));
     void *host[] = {y, rmean, rvar, gsmean, gsinv, grmean, grvar, gy2, gsinv2, grmean2, grvar2, ye, gye};
@@ -203,8 +210,9 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     return gy;
 }
 
-/* The backward from the reference's saved statistics on both sides; fused,
- * the device's training y (gy) as the mask on both sides. dx overwritten, then
+/* The backward from the reference's saved statistics on both sides; ReLU:
+ * the device's training y (gy) as the mask on both sides; GELU: y NULL (not
+ * needed). dx overwritten, then
  * added onto random values; dgamma and dbeta added onto random values, then a
  * second time; dx NULL: the same parameter gradients. */
 static void bn_check_backward(const GridCase *c, const BnLayer *l, BnSetup *b, const float *smean, const float *sinv,
@@ -212,13 +220,14 @@ static void bn_check_backward(const GridCase *c, const BnLayer *l, BnSetup *b, c
     const BatchNormShape *s = &b->s;
     DType dt = c->dtype;
     size_t nx = bn_numel(s);
-    int relu = c->fused;
+    BatchNormAct act = bn_act(c);
     grid_set(c, DTYPE_F32, b->d_smean, smean, s->c);
     grid_set(c, DTYPE_F32, b->d_sinv, sinv, s->c);
-    if (relu) bn_set(c, s, b->d_y, gy);
+    if (act == BN_ACT_RELU) bn_set(c, s, b->d_y, gy);
+    void *d_y = act == BN_ACT_GELU ? NULL : b->d_y;
     float *dx = host_floats(nx), *dgamma0 = grid_random(c, dt, s->c, -1, 1), *dbeta0 = grid_random(c, dt, s->c, -1, 1);
     float *dgamma = copy_floats(dgamma0, s->c), *dbeta = copy_floats(dbeta0, s->c);
-    ref_backward(s, relu, b->x, gy, b->dy, b->gamma, smean, sinv, dx, 0, dgamma, dbeta);
+    ref_backward(s, act, b->x, gy, b->dy, b->gamma, b->beta, smean, sinv, dx, 0, dgamma, dbeta);
     /* the accumulator starts about the size of what is added, so overwriting shows */
     float size = (float)rms(dx, nx);
     float *dx_old = grid_random(c, dt, nx, -size, size), *dx_acc = host_floats(nx);
@@ -231,14 +240,14 @@ static void bn_check_backward(const GridCase *c, const BnLayer *l, BnSetup *b, c
     BatchNormParams p = bn_params(b, 0.1f);
     void *d_dgamma = grid_put(c, dt, dgamma0, s->c), *d_dbeta = grid_put(c, dt, dbeta0, s->c);
     grid_poison(c, dt, b->d_dx, nx);
-    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, relu, &p, b->d_x, b->d_y, b->d_dy, b->d_dx, 0, d_dgamma, d_dbeta);
+    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, act, &p, b->d_x, d_y, b->d_dy, b->d_dx, 0, d_dgamma, d_dbeta);
     float *gdx = bn_get(c, s, b->d_dx), *gdgamma = grid_get(c, dt, d_dgamma, s->c), *gdbeta = grid_get(c, dt, d_dbeta, s->c);
     grid_check(c, "bn dx", gdx, dx, nx, grid_bound(c, BN_DX));
     grid_check(c, "bn dgamma (added to random)", gdgamma, dgamma, s->c, grid_bound(c, BN_Y));
     grid_check(c, "bn dbeta (added to random)", gdbeta, dbeta, s->c, grid_bound(c, BN_Y));
 
     bn_set(c, s, b->d_dx, dx_old);
-    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, relu, &p, b->d_x, b->d_y, b->d_dy, b->d_dx, 1, d_dgamma, d_dbeta);
+    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, act, &p, b->d_x, d_y, b->d_dy, b->d_dx, 1, d_dgamma, d_dbeta);
     float *gdx_acc = bn_get(c, s, b->d_dx), *gdgamma2 = grid_get(c, dt, d_dgamma, s->c);
     float *gdbeta2 = grid_get(c, dt, d_dbeta, s->c);
     grid_check(c, "bn dx (accumulate_dx onto random)", gdx_acc, dx_acc, nx, grid_bound(c, BN_DX));
@@ -247,7 +256,7 @@ static void bn_check_backward(const GridCase *c, const BnLayer *l, BnSetup *b, c
 
     grid_set(c, dt, d_dgamma, dgamma0, s->c);
     grid_set(c, dt, d_dbeta, dbeta0, s->c);
-    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, relu, &p, b->d_x, b->d_y, b->d_dy, NULL, 0, d_dgamma, d_dbeta);
+    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, act, &p, b->d_x, d_y, b->d_dy, NULL, 0, d_dgamma, d_dbeta);
     float *gdgamma3 = grid_get(c, dt, d_dgamma, s->c), *gdbeta3 = grid_get(c, dt, d_dbeta, s->c);
     grid_check_same(c, "bn dgamma (dx NULL, vs the first run)", gdgamma3, gdgamma, s->c * sizeof(float));
     grid_check_same(c, "bn dbeta (dx NULL, vs the first run)", gdbeta3, gdbeta, s->c * sizeof(float));
@@ -374,12 +383,12 @@ static BatchNormParams bn_rank_params(const BnRank *r, const float *d_gamma, con
  * the mask as the fused op's y; dx NULL skips dx. */
 static void bn_rank_forward(const GridCase *c, BnRank *r, const BatchNormParams *p) {
     BatchNormMode mode = p->reduce ? BN_TRAIN_SYNC : BN_TRAIN;
-    batchnorm_forward(&c->ctx, &r->layer.bn, mode, c->fused, p, r->x, r->y);
+    batchnorm_forward(&c->ctx, &r->layer.bn, mode, bn_act(c), p, r->x, r->y);
 }
 
 static void bn_rank_backward(const GridCase *c, BnRank *r, const BatchNormParams *p, void *dx) {
     BatchNormMode mode = p->reduce ? BN_TRAIN_SYNC : BN_TRAIN;
-    batchnorm_backward(&c->ctx, &r->layer.bn, mode, c->fused, p, r->x, r->mask, r->dy, dx, 0, r->dgamma, r->dbeta);
+    batchnorm_backward(&c->ctx, &r->layer.bn, mode, bn_act(c), p, r->x, r->mask, r->dy, dx, 0, r->dgamma, r->dbeta);
 }
 
 static BnOut bn_rank_get(const GridCase *c, const BnRank *r) {
@@ -416,11 +425,11 @@ static BnOut bn_whole_reference(const GridCase *c, const BatchNormShape *s, cons
                                 int running, float **mask) {
     size_t nx = bn_numel(s);
     BnOut w = bn_out_new(nx, s->c, rmean0, rvar0);
-    ref_forward_train(s, c->fused, x, gamma, beta, 0.1f, running ? w.rmean : NULL, running ? w.rvar : NULL, w.mean,
+    ref_forward_train(s, bn_act(c), x, gamma, beta, 0.1f, running ? w.rmean : NULL, running ? w.rvar : NULL, w.mean,
                       w.invstd, w.y);
     *mask = copy_floats(w.y, nx);
     round_to(c->dtype, *mask, nx);
-    ref_backward(s, c->fused, x, *mask, dy, gamma, w.mean, w.invstd, w.dx, 0, w.dgamma, w.dbeta);
+    ref_backward(s, bn_act(c), x, *mask, dy, gamma, beta, w.mean, w.invstd, w.dx, 0, w.dgamma, w.dbeta);
     return w;
 }
 
@@ -615,13 +624,13 @@ static void bn_sync(const GridCase *c, BatchNormShape s, float offset, int runni
 typedef struct {
     BatchNormShape s;
     float *x, *gamma, *beta, *r, *y;
-    int relu;
+    BatchNormAct act;
 } BnLoss;
 
 /* The training forward's weighted sum; momentum 0 and no saved statistics. */
 static double bn_loss(void *p) {
     BnLoss *b = p;
-    ref_forward_train(&b->s, b->relu, b->x, b->gamma, b->beta, 0.0f, NULL, NULL, NULL, NULL, b->y);
+    ref_forward_train(&b->s, b->act, b->x, b->gamma, b->beta, 0.0f, NULL, NULL, NULL, NULL, b->y);
     return weighted_sum(b->y, b->r, bn_numel(&b->s));
 }
 
@@ -675,8 +684,8 @@ static void bn_check_accumulate_bits(const GridCase *c, const BnLoss *b, const f
     BatchNorm bn;
     batchnorm_init(&c->ctx, &bn, s, NULL);
     BatchNormParams p = {b->gamma, b->beta, NULL, NULL, (float *)smean, (float *)sinv, 0.0f, BN_EPS, NULL, NULL};
-    batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->relu, &p, b->x, y, b->r, acc, 1, gacc, bacc);
-    batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->relu, &p, b->x, y, b->r, NULL, 0, gnull, bnull);
+    batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, acc, 1, gacc, bacc);
+    batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, NULL, 0, gnull, bnull);
     int ok = 1;
     for (size_t i = 0; i < nx; i++) ok &= acc[i] == old[i] + dx[i];
     for (int k = 0; k < s->c; k++) ok &= gacc[k] == g0[k] + dgamma[k] && bacc[k] == b0[k] + dbeta[k];
@@ -688,32 +697,54 @@ static void bn_check_accumulate_bits(const GridCase *c, const BnLoss *b, const f
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* The fused GELU's backward is the plain one on dy * gelu'(bn(x)), within
+ * rounding (the fused one takes bn(x) in double, unrounded). */
+static void bn_check_gelu_backward(const BnLoss *b, const float *smean, const float *sinv, const float *dx,
+                                   const float *dgamma, const float *dbeta) {
+    const BatchNormShape *s = &b->s;
+    size_t nx = bn_numel(s);
+    float *z = host_floats(nx), *g = host_floats(nx), *dx2 = host_floats(nx), *dgamma2 = host_floats(s->c);
+    float *dbeta2 = host_floats(s->c);
+    batchnorm_forward_train_cpu(s, b->x, b->gamma, b->beta, 0.0f, BN_EPS, NULL, NULL, NULL, NULL, z);
+    gelu_backward_cpu(z, b->r, g, nx);
+    batchnorm_backward_cpu(s, b->x, g, b->gamma, smean, sinv, dx2, 0, dgamma2, dbeta2);
+    double edx = test_rel_error(dx, dx2, nx), eg = test_rel_error(dgamma, dgamma2, s->c);
+    double eb = test_rel_error(dbeta, dbeta2, s->c);
+    CHECK_MSG(edx <= 1e-5 && eg <= 1e-5 && eb <= 1e-5,
+              "bn+gelu backward vs bn backward on dy * gelu'(bn(x)): dx %.3g, dgamma %.3g, dbeta %.3g", edx, eg, eb);
+    void *host[] = {z, g, dx2, dgamma2, dbeta2};
+    host_free_all(host, GRID_COUNT(host));
+}
+
 /* dx, dgamma and dbeta against central differences of the training forward. */
 static void bn_finite_differences(const GridCase *c, BatchNormShape s) {
-    int relu = c->fused;
+    BatchNormAct act = bn_act(c);
+    int relu = act == BN_ACT_RELU;
+    static const char *const suffix[] = {"", "+relu", "+gelu"};
     printf(" finite differences %dx%dx%dx%d\n", s.n, s.c, s.h, s.w);
     size_t nx = bn_numel(&s);
     BnLoss b = {s, relu ? bn_input_away_from_zero(c->rng, &s) : bn_input(c->rng, &s, 2.0f, 1.0f),
                 grid_random(c, DTYPE_F32, s.c, 0.5f, 1.5f),
                 relu ? host_floats(s.c) : grid_random(c, DTYPE_F32, s.c, -1, 1), grid_random(c, DTYPE_F32, nx, -1, 1),
-                host_floats(nx), relu};
+                host_floats(nx), act};
     float *smean = host_floats(s.c), *sinv = host_floats(s.c), *y = host_floats(nx);
-    ref_forward_train(&s, relu, b.x, b.gamma, b.beta, 0.0f, NULL, NULL, smean, sinv, y);
+    ref_forward_train(&s, act, b.x, b.gamma, b.beta, 0.0f, NULL, NULL, smean, sinv, y);
     float *dx = host_floats(nx), *dgamma = host_floats(s.c), *dbeta = host_floats(s.c);
-    ref_backward(&s, relu, b.x, y, b.r, b.gamma, smean, sinv, dx, 0, dgamma, dbeta);
+    ref_backward(&s, act, b.x, y, b.r, b.gamma, b.beta, smean, sinv, dx, 0, dgamma, dbeta);
 
     double *num = malloc(sizeof(double) * nx);
     char what[96];
     numeric_gradient(b.x, nx, 1e-2f, bn_loss, &b, num);
-    snprintf(what, sizeof what, "bn%s dx %dx%dx%dx%d", relu ? "+relu" : "", s.n, s.c, s.h, s.w);
+    snprintf(what, sizeof what, "bn%s dx %dx%dx%dx%d", suffix[act], s.n, s.c, s.h, s.w);
     check_gradient(what, dx, num, nx);
     numeric_gradient(b.gamma, s.c, 1e-2f, bn_loss, &b, num);
-    snprintf(what, sizeof what, "bn%s dgamma", relu ? "+relu" : "");
+    snprintf(what, sizeof what, "bn%s dgamma", suffix[act]);
     check_gradient(what, dgamma, num, s.c);
     numeric_gradient(b.beta, s.c, 1e-2f, bn_loss, &b, num);
-    snprintf(what, sizeof what, "bn%s dbeta", relu ? "+relu" : "");
+    snprintf(what, sizeof what, "bn%s dbeta", suffix[act]);
     check_gradient(what, dbeta, num, s.c);
     if (relu) bn_check_fused_backward(&b, y, smean, sinv, dx, dgamma, dbeta);
+    if (act == BN_ACT_GELU) bn_check_gelu_backward(&b, smean, sinv, dx, dgamma, dbeta);
     bn_check_accumulate_bits(c, &b, y, smean, sinv, dx, dgamma, dbeta);
     void *host[] = {b.x, b.gamma, b.beta, b.r, b.y, smean, sinv, y, dx, dgamma, dbeta, num};
     host_free_all(host, GRID_COUNT(host));
@@ -770,10 +801,10 @@ static void graph_step(const GridCase *c, const BatchNorm *a, const BatchNorm *b
     void *dga = g, *dba = g + ca * es, *dgb = g + 2 * ca * es, *dbb = g + (2 * ca + cb) * es;
     BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL};
     BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL};
-    batchnorm_forward(&c->ctx, a, BN_TRAIN, 1, &pa, la->x, la->y);
-    batchnorm_forward(&c->ctx, b, BN_TRAIN, 0, &pb, lb->x, lb->y);
-    batchnorm_backward(&c->ctx, b, BN_TRAIN, 0, &pb, lb->x, NULL, lb->y, lb->dx, 0, dgb, dbb);
-    batchnorm_backward(&c->ctx, a, BN_TRAIN, 1, &pa, la->x, la->y, la->y, la->dx, 0, dga, dba);
+    batchnorm_forward(&c->ctx, a, BN_TRAIN, BN_ACT_RELU, &pa, la->x, la->y);
+    batchnorm_forward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, lb->y);
+    batchnorm_backward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, NULL, lb->y, lb->dx, 0, dgb, dbb);
+    batchnorm_backward(&c->ctx, a, BN_TRAIN, BN_ACT_RELU, &pa, la->x, la->y, la->y, la->dx, 0, dga, dba);
 }
 
 static GraphLayer graph_layer(const GridCase *c, BatchNormShape s) {
@@ -897,6 +928,9 @@ static void bn_case(const GridCase *c) {
 
 /* ---- extras: by hand, and against independent formulas -------------------------- */
 
+/* x Phi(x), written out here rather than taken from ops/gelu_math.h. */
+static double gelu_exact(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+
 static void bn_by_hand(void) {
     /* n = 2, c = 1, 1x2: x = 1 2 3 4, mean 2.5, biased var 1.25, unbiased 5/3 */
     BatchNormShape s = {2, 1, 1, 2};
@@ -917,8 +951,11 @@ static void bn_by_hand(void) {
     float rm = 2.0f, rv = 4.0f;
     batchnorm_forward_eval_cpu(&s, x, &gamma, &beta, &rm, &rv, 0.0f, y);
     check_values("bn eval y", y, (double[]){-0.5, 0.5, 1.5, 2.5}, 4, 1e-6);
-    batchnorm_relu_forward_eval_cpu(&s, x, &gamma, &beta, &rm, &rv, 0.0f, y);
+    batchnorm_act_forward_eval_cpu(&s, BN_ACT_RELU, x, &gamma, &beta, &rm, &rv, 0.0f, y);
     check_values("bn+relu eval y", y, (double[]){0, 0.5, 1.5, 2.5}, 4, 1e-6);
+    batchnorm_act_forward_eval_cpu(&s, BN_ACT_GELU, x, &gamma, &beta, &rm, &rv, 0.0f, y);
+    check_values("bn+gelu eval y", y, (double[]){gelu_exact(-0.5), gelu_exact(0.5), gelu_exact(1.5), gelu_exact(2.5)},
+                 4, 1e-6);
 }
 
 /* One channel's mean and biased variance in double. */
@@ -974,49 +1011,101 @@ static void bn_statistics(uint64_t *rng, BatchNormShape s) {
 static void bn_eval_formula(uint64_t *rng, BatchNormShape s) {
     printf(" eval %dx%dx%dx%d\n", s.n, s.c, s.h, s.w);
     size_t nx = bn_numel(&s), plane = (size_t)s.h * s.w;
-    float *x = bn_uniform(rng, nx, -3, 3), *y = host_floats(nx), *yr = host_floats(nx);
+    float *x = bn_uniform(rng, nx, -3, 3), *y = host_floats(nx), *yr = host_floats(nx), *yg = host_floats(nx);
     float *gamma = bn_uniform(rng, s.c, 0.5f, 1.5f), *beta = bn_uniform(rng, s.c, -1, 1);
     float *rmean = bn_uniform(rng, s.c, -1, 1), *rvar = bn_uniform(rng, s.c, 0.1f, 3);
     batchnorm_forward_eval_cpu(&s, x, gamma, beta, rmean, rvar, BN_EPS, y);
-    batchnorm_relu_forward_eval_cpu(&s, x, gamma, beta, rmean, rvar, BN_EPS, yr);
+    batchnorm_act_forward_eval_cpu(&s, BN_ACT_RELU, x, gamma, beta, rmean, rvar, BN_EPS, yr);
+    batchnorm_act_forward_eval_cpu(&s, BN_ACT_GELU, x, gamma, beta, rmean, rvar, BN_EPS, yg);
     double *want = malloc(sizeof(double) * nx), *want_relu = malloc(sizeof(double) * nx);
+    double *want_gelu = malloc(sizeof(double) * nx);
     for (size_t i = 0; i < nx; i++) {
         int c = (int)((i / plane) % s.c);
         want[i] = (x[i] - (double)rmean[c]) / sqrt((double)rvar[c] + BN_EPS) * gamma[c] + beta[c];
         want_relu[i] = want[i] > 0 ? want[i] : 0;
+        want_gelu[i] = gelu_exact(want[i]);
     }
     check_values("bn eval y", y, want, nx, 1e-6);
     check_values("bn+relu eval y", yr, want_relu, nx, 1e-6);
-    void *p[] = {x, y, yr, gamma, beta, rmean, rvar, want, want_relu};
+    check_values("bn+gelu eval y", yg, want_gelu, nx, 1e-6);
+    void *p[] = {x, y, yr, yg, gamma, beta, rmean, rvar, want, want_relu, want_gelu};
     host_free_all(p, GRID_COUNT(p));
 }
 
-/* The fused forward is relu(bn(x)), to the bit, and updates the same running statistics. */
+/* The fused forward is relu(bn(x)), to the bit, and gelu(bn(x)) within a
+ * rounding (the fused one rounds once), and updates the same running statistics. */
 static void bn_fused_forward_bits(uint64_t *rng, BatchNormShape s) {
     size_t nx = bn_numel(&s);
     float *x = bn_input(rng, &s, 1.0f, 1.0f), *gamma = bn_uniform(rng, s.c, 0.5f, 1.5f);
-    float *beta = bn_uniform(rng, s.c, -1, 1), *y = host_floats(nx), *yr = host_floats(nx);
-    float *want = host_floats(nx), *rm = bn_uniform(rng, s.c, -1, 1), *rv = bn_uniform(rng, s.c, 1, 2);
-    float *rm2 = copy_floats(rm, s.c), *rv2 = copy_floats(rv, s.c);
+    float *beta = bn_uniform(rng, s.c, -1, 1), *y = host_floats(nx), *yr = host_floats(nx), *yg = host_floats(nx);
+    float *want = host_floats(nx), *want_g = host_floats(nx), *rm = bn_uniform(rng, s.c, -1, 1);
+    float *rv = bn_uniform(rng, s.c, 1, 2);
+    float *rm2 = copy_floats(rm, s.c), *rv2 = copy_floats(rv, s.c), *rm3 = copy_floats(rm, s.c), *rv3 = copy_floats(rv, s.c);
     batchnorm_forward_train_cpu(&s, x, gamma, beta, 0.1f, BN_EPS, rm, rv, NULL, NULL, y);
-    batchnorm_relu_forward_train_cpu(&s, x, gamma, beta, 0.1f, BN_EPS, rm2, rv2, NULL, NULL, yr);
+    batchnorm_act_forward_train_cpu(&s, BN_ACT_RELU, x, gamma, beta, 0.1f, BN_EPS, rm2, rv2, NULL, NULL, yr);
+    batchnorm_act_forward_train_cpu(&s, BN_ACT_GELU, x, gamma, beta, 0.1f, BN_EPS, rm3, rv3, NULL, NULL, yg);
     relu_forward_cpu(y, want, nx);
+    gelu_forward_cpu(y, want_g, nx);
     size_t zeros = 0;
     for (size_t i = 0; i < nx; i++) zeros += yr[i] == 0.0f;
     CHECK_MSG(same_bits(yr, want, nx), "bn+relu forward is not relu(bn forward)");
     CHECK_MSG(zeros > 0 && zeros < nx, "bn+relu: %zu zeros of %zu", zeros, nx);
     CHECK(same_bits(rm, rm2, s.c) && same_bits(rv, rv2, s.c));
-    void *p[] = {x, gamma, beta, y, yr, want, rm, rv, rm2, rv2};
+    double err = test_rel_error(yg, want_g, nx);
+    CHECK_MSG(err <= 1e-6, "bn+gelu forward is %.3g from gelu(bn forward)", err);
+    CHECK(same_bits(rm, rm3, s.c) && same_bits(rv, rv3, s.c));
+    void *p[] = {x, gamma, beta, y, yr, yg, want, want_g, rm, rv, rm2, rv2, rm3, rv3};
     host_free_all(p, GRID_COUNT(p));
 }
 
+/* Misuse of the face ends the process with one message: the GELU's backward
+ * without beta, an activation that is no BatchNormAct. */
+static void bn_misuse_call(int which) {
+    BatchNormShape s = {2, 1, 1, 2};
+    float x[4] = {1, 2, 3, 4}, dy[4] = {1, 1, 1, 1}, dx[4], gamma = 1, mean = 2.5f, inv = 1, y[4];
+    OpContext ctx = op_context_cpu();
+    BatchNorm bn;
+    batchnorm_init(&ctx, &bn, &s, NULL);
+    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL};
+    if (which == 0) batchnorm_backward(&ctx, &bn, BN_TRAIN, BN_ACT_GELU, &p, x, NULL, dy, dx, 0, NULL, NULL);
+    else batchnorm_forward(&ctx, &bn, BN_EVAL, (BatchNormAct)7, &p, x, y);
+}
+
+static void bn_misuse(void) {
+    static const char *const want[] = {"batchnorm+gelu backward: beta is needed", "batchnorm: unknown activation 7"};
+    for (int which = 0; which < 2; which++) {
+        char log[512], text[1024] = "";
+        snprintf(log, sizeof log, "%s/stderr%d", test_tmpdir("test_op_batchnorm"), which);
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!freopen(log, "w", stderr)) _exit(3);
+            bn_misuse_call(which);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        FILE *f = fopen(log, "r");
+        if (f) {
+            text[fread(text, 1, sizeof text - 1, f)] = 0;
+            fclose(f);
+        }
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0 && strstr(text, want[which]),
+                  "bn misuse %d: exit status %d, message '%s' (want '%s')", which, status, text, want[which]);
+    }
+}
+
 static void bn_extras(uint64_t *rng) {
+    bn_misuse();
     bn_by_hand();
     bn_statistics(rng, (BatchNormShape){4, 3, 5, 6});
     bn_statistics(rng, (BatchNormShape){2, 5, 1, 1});
     bn_eval_formula(rng, (BatchNormShape){3, 4, 5, 2});
     bn_fused_forward_bits(rng, (BatchNormShape){4, 6, 5, 5});
 }
+
+/* c->fused: the BatchNormAct */
+static const char *const bn_variants[] = {"unfused", "fused relu", "fused gelu"};
 
 const GridOp grid_op_batchnorm = {
     .name = "batchnorm",
@@ -1025,6 +1114,7 @@ const GridOp grid_op_batchnorm = {
     .cuda_types = GRID_ALL_TYPES,
     .cuda_layouts = GRID_BOTH_LAYOUTS,
     .cpu_layouts = GRID_NCHW,
-    .fused = 1,
+    .fused = 2,
+    .fused_names = bn_variants,
     .skipped = "cpu nhwc (the CPU path is NCHW)",
 };

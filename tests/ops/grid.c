@@ -206,8 +206,9 @@ static void run_case(const GridOp *op, DeviceKind device, DType dt, int nhwc, in
     c.gpu = device == DEVICE_CUDA ? g : NULL;
     c.ctx = device == DEVICE_CUDA ? op_context_gpu(g, dt, nhwc) : op_context_cpu();
     c.ctx.nhwc = nhwc;
-    snprintf(c.name, sizeof c.name, "%s %s %s%s", device_name(device), dtype_name(dt), nhwc ? "nhwc" : "nchw",
-             op->fused ? (fused ? " fused" : " unfused") : "");
+    const char *variant = op->fused_names ? op->fused_names[fused] : fused ? "fused" : "unfused";
+    snprintf(c.name, sizeof c.name, "%s %s %s%s%s", device_name(device), dtype_name(dt), nhwc ? "nhwc" : "nchw",
+             op->fused ? " " : "", op->fused ? variant : "");
     printf("%s %s\n", op->name, c.name);
     op->run(&c);
 }

@@ -47,7 +47,8 @@ typedef struct {
     unsigned cuda_types;             /* GRID_* dtypes of the CUDA path; 0: no CUDA path */
     unsigned cuda_layouts;           /* GRID_NCHW / GRID_NHWC */
     unsigned cpu_layouts;            /* the CPU path: NCHW, a few also NHWC; 0: no CPU path */
-    int fused;                       /* 1: cases run fused and unfused (c->fused) */
+    int fused;                       /* N: cases run unfused and with N fused variants (c->fused 0..N) */
+    const char *const *fused_names;  /* the variants' names, [0] unfused; NULL: "unfused", "fused" */
     const char *skipped;             /* the combinations left out and why */
 } GridOp;
 

@@ -248,8 +248,13 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
         add_op_name(pl, o->op);
         r->layers_ms += ms;
     }
-    for (int i = 0; i < m->n_layers; i++) /* an add whose input gradients are dy itself runs no backward */
-        if (!strstr(r->layers[i].ops, "backward")) r->layers[i].backward_flops = r->layers[i].backward_bytes = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        ProfileLayer *pl = &r->layers[i];
+        /* an add whose input gradients are dy itself runs no backward; an activation fused into the layer
+         * before it (model.fuse) runs nothing, its work in that layer's passes */
+        if (!strstr(pl->ops, "backward")) pl->backward_flops = pl->backward_bytes = 0;
+        if (m->layers[i].fused && !pl->ops[0]) pl->forward_flops = pl->forward_bytes = 0;
+    }
 }
 
 static void split_memory(const Model *m, ProfileReport *r) {

@@ -26,12 +26,14 @@ static inline GELU_HOST_DEVICE double gelu_grad_d(double x) {
     return cdf + x * pdf;
 }
 
-static inline GELU_HOST_DEVICE float gelu_value_f(float x) {
-    return 0.5f * x * (1.0f + erff(x * GELU_SQRT1_2_F));
-}
+/* Phi in float as erfc: 1 + erff cancels for x well below 0 (at x = -5 Phi is
+ * 3e-7, where float's 1 + erff keeps about one significant digit). */
+static inline GELU_HOST_DEVICE float gelu_cdf_f(float x) { return 0.5f * erfcf(-x * GELU_SQRT1_2_F); }
+
+static inline GELU_HOST_DEVICE float gelu_value_f(float x) { return x * gelu_cdf_f(x); }
 
 static inline GELU_HOST_DEVICE float gelu_grad_f(float x) {
-    float cdf = 0.5f * (1.0f + erff(x * GELU_SQRT1_2_F));
+    float cdf = gelu_cdf_f(x);
     float pdf = GELU_INV_SQRT_2PI_F * expf(-0.5f * x * x);
     return cdf + x * pdf;
 }

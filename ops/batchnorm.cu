@@ -63,7 +63,8 @@
 /* n*h*w at most: per-channel indices stay 32-bit (fast division). */
 #define BN_MAX_COUNT (1u << 30)
 
-enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU }; /* reductions */
+/* reductions; BN_BWD_GELU_STORE also writes dy * gelu'(z) to dz, for an apply pass as BN_BWD's */
+enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU, BN_BWD_GELU_STORE };
 enum { BN_APPLY_FWD, BN_APPLY_FWD_RELU, BN_APPLY_FWD_GELU, /* apply passes; backward from BN_APPLY_BWD on */
        BN_APPLY_BWD, BN_APPLY_BWD_RELU, BN_APPLY_BWD_GELU };
 
@@ -92,6 +93,7 @@ struct BnArgs {
     int grad_dtype;
     int accumulate;
     double *sums;           /* synchronized: [3][channels], the two sums and the count */
+    void *dz;               /* BN_BWD_GELU_STORE: dy * gelu'(z), in the dtype */
 };
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -291,6 +293,25 @@ static __device__ __forceinline__ float apply_element(float x, float dy, float y
     return accumulate ? old + v : v;
 }
 
+/* BN_BWD_GELU_STORE: g = dy * gelu'(z) for one vector, rounded to the dtype as
+ * the unfused GELU's backward would write it, stored to dz and left in g for
+ * the sums. k, zs, zb: the mean and GELU's scale and shift, one value (NCHW:
+ * a channel) or one per element (NHWC). */
+static __device__ __forceinline__ float pick(float v, int) { return v; }
+template <int N>
+static __device__ __forceinline__ float pick(const float (&v)[N], int e) { return v[e]; }
+
+template <typename T, int VEC, typename K>
+static __device__ __forceinline__ void store_gelu_dy(const BnPack<T, VEC> &x, BnPack<T, VEC> &g, const K &k,
+                                                     const K &zs, const K &zb, BnPack<T, VEC> *dz) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        float z = (to_float(x.v[e]) - pick(k, e)) * pick(zs, e) + pick(zb, e);
+        g.v[e] = from_float<T>(to_float(g.v[e]) * gelu_grad_f(z));
+    }
+    *dz = g;
+}
+
 /* ---- NCHW ------------------------------------------------------------------------- */
 
 /* Vector j of channel c's sequence (image j / plane_v, position j % plane_v). */
@@ -308,8 +329,10 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
     unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(total, blockIdx.x * chunk), hi = min(total, lo + chunk);
     float k = MODE == BN_FWD ? to_float(((const T *)a.x)[(size_t)c * a.plane]) : a.mean_in[c];
-    float zs = MODE == BN_BWD_GELU ? a.gamma[c] * a.invstd_in[c] : 0.0f;
-    float zb = MODE == BN_BWD_GELU ? a.beta[c] : 0.0f;
+    constexpr bool GELU_Z = MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
+    constexpr int SUMS = MODE == BN_BWD_GELU_STORE ? BN_BWD : MODE; /* dy already through gelu' */
+    float zs = GELU_Z ? a.gamma[c] * a.invstd_in[c] : 0.0f;
+    float zb = GELU_Z ? a.beta[c] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
         P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL];
@@ -323,12 +346,18 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
                 if (MODE == BN_BWD_RELU) yv[u] = y[at];
             }
         }
+        if (MODE == BN_BWD_GELU_STORE)
+#pragma unroll
+            for (int u = 0; u < BN_UNROLL; u++) {
+                unsigned j = j0 + u * BN_THREADS;
+                if (j < hi) store_gelu_dy(xv[u], gv[u], k, zs, zb, (P *)a.dz + nchw_vector(j, plane_v, c, a.channels));
+            }
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++)
             if (j0 + u * BN_THREADS < hi)
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
-                    accumulate_element<MODE>(to_float(xv[u].v[e]),
+                    accumulate_element<SUMS>(to_float(xv[u].v[e]),
                                              MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
                                              MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                                              k, zs, zb, s1, s2);
@@ -422,6 +451,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
     NhwcTile t = nhwc_tile(cols);
     unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(rows, blockIdx.x * chunk), hi = min(rows, lo + chunk);
+    constexpr bool GELU_Z = MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
+    constexpr int SUMS = MODE == BN_BWD_GELU_STORE ? BN_BWD : MODE; /* dy already through gelu' */
     float s1[VEC], s2[VEC], k[VEC], zs[VEC], zb[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) s1[e] = s2[e] = 0.0f;
@@ -436,8 +467,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
             for (int e = 0; e < VEC; e++) {
                 unsigned ch = col * VEC + e;
                 k[e] = a.mean_in[ch];
-                zs[e] = MODE == BN_BWD_GELU ? a.gamma[ch] * a.invstd_in[ch] : 0.0f;
-                zb[e] = MODE == BN_BWD_GELU ? a.beta[ch] : 0.0f;
+                zs[e] = GELU_Z ? a.gamma[ch] * a.invstd_in[ch] : 0.0f;
+                zb[e] = GELU_Z ? a.beta[ch] : 0.0f;
             }
         }
         unsigned step = t.height;
@@ -453,12 +484,18 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
                     if (MODE == BN_BWD_RELU) yv[u] = y[at];
                 }
             }
+            if (MODE == BN_BWD_GELU_STORE)
+#pragma unroll
+                for (int u = 0; u < BN_UNROLL; u++) {
+                    unsigned r = r0 + u * step;
+                    if (r < hi) store_gelu_dy(xv[u], gv[u], k, zs, zb, (P *)a.dz + (size_t)r * cols + col);
+                }
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++)
                 if (r0 + u * step < hi)
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
-                        accumulate_element<MODE>(to_float(xv[u].v[e]),
+                        accumulate_element<SUMS>(to_float(xv[u].v[e]),
                                                  MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
                                                  MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                                                  k[e], zs[e], zb[e], s1[e], s2[e]);
@@ -639,8 +676,8 @@ template <typename T>
 static bool wide_fits(const BatchNormCuda *bn, const BnArgs &a) {
     constexpr unsigned WIDE = 16 / sizeof(T);
     unsigned run = bn->nhwc ? a.channels : a.plane;
-    const void *ptrs[4] = {a.x, a.y, a.dy, a.out};
-    for (int i = 0; i < 4; i++)
+    const void *ptrs[5] = {a.x, a.y, a.dy, a.out, a.dz};
+    for (int i = 0; i < 5; i++)
         if (ptrs[i] && !aligned16(ptrs[i])) return false;
     return run % WIDE == 0;
 }
@@ -724,6 +761,16 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
     BnArgs sums = a;
     sums.out = NULL;
     if (!a.out) reduce = NULL; /* no dx: dgamma and dbeta need only the local sums */
+    if (act == BN_ACT_GELU && a.out && !a.accumulate) {
+        /* dy * gelu'(z) once, into dx, where the apply pass reads it as a plain backward's dy (gelu' in one
+         * pass, not both). dx's alignment joins the reduction's through dz. */
+        sums.dz = a.out;
+        launch_reduce<T, BN_BWD_GELU_STORE>(bn, sums, stream, reduce, ctx);
+        BnArgs apply = a;
+        apply.dy = a.out;
+        launch_apply<T, BN_APPLY_BWD>(bn, apply, stream);
+        return;
+    }
     if (act == BN_ACT_RELU) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
     else if (act == BN_ACT_GELU) launch_reduce<T, BN_BWD_GELU>(bn, sums, stream, reduce, ctx);
     else launch_reduce<T, BN_BWD>(bn, sums, stream, reduce, ctx);

@@ -23,7 +23,10 @@
  *              and masks dy by y > 0 before the batch-norm backward;
  *              BN_ACT_GELU, the exact (erf) GELU of gelu.h: backward needs no
  *              y (GELU is not monotonic) but recomputes z = xhat * gamma + beta
- *              from x and the saved statistics and takes dy * gelu'(z).
+ *              from x and the saved statistics and takes dy * gelu'(z). On
+ *              the CUDA path with dx overwritten (accumulate_dx = 0), the
+ *              reduction pass writes dy * gelu'(z) (in the dtype) into dx and
+ *              the apply pass reads it there, so gelu' runs once an element.
  * The CPU reference is float32 NCHW and computes in double.
  *
  * The CUDA path stores x, y, dy and dx as the dtype given at init (f32, f16 or

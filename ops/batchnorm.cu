@@ -252,18 +252,19 @@ static __global__ void bn_sync_coef(BnArgs a) {
 
 /* dy through the fused activation's derivative: ReLU masks it by its output
  * y; GELU multiplies by gelu'(z) at its input z = (x - mean) * scale + shift,
- * scale = gamma * invstd and shift = beta (xc = x - mean). */
-template <bool RELU, bool GELU>
+ * scale = gamma * invstd and shift = beta (xc = x - mean), rounded to the
+ * dtype as BN_BWD_GELU_STORE stores it: every path sums the same values. */
+template <typename T, bool RELU, bool GELU>
 static __device__ __forceinline__ float activation_dy(float dy, float y, float xc, float scale,
                                                       float shift) {
     if (RELU) return !(y > 0.0f) ? 0.0f : dy;
-    if (GELU) return dy * gelu_grad_f(xc * scale + shift);
+    if (GELU) return to_float(from_float<T>(dy * gelu_grad_f(xc * scale + shift)));
     return dy;
 }
 
 /* What one element adds to the two sums. k: the forward's shift, or the mean;
  * zs, zb: GELU's scale and shift (activation_dy). */
-template <int MODE>
+template <typename T, int MODE>
 static __device__ __forceinline__ void accumulate_element(float x, float dy, float y, float k,
                                                           float zs, float zb, float &s1, float &s2) {
     if (MODE == BN_FWD) {
@@ -271,7 +272,7 @@ static __device__ __forceinline__ void accumulate_element(float x, float dy, flo
         s1 += d;
         s2 += d * d;
     } else {
-        float g = activation_dy<MODE == BN_BWD_RELU, MODE == BN_BWD_GELU>(dy, y, x - k, zs, zb);
+        float g = activation_dy<T, MODE == BN_BWD_RELU, MODE == BN_BWD_GELU>(dy, y, x - k, zs, zb);
         s1 += g;
         s2 += g * (x - k);
     }
@@ -279,7 +280,7 @@ static __device__ __forceinline__ void accumulate_element(float x, float dy, flo
 
 /* One element of the apply pass; coef = mean, then three per mode; shift:
  * the backward's beta, for GELU (backward, p = gamma * invstd). */
-template <int MODE>
+template <typename T, int MODE>
 static __device__ __forceinline__ float apply_element(float x, float dy, float y, float old,
                                                       float mean, float p, float q, float r,
                                                       float shift, int accumulate) {
@@ -288,7 +289,7 @@ static __device__ __forceinline__ float apply_element(float x, float dy, float y
         if (MODE == BN_APPLY_FWD_GELU) return gelu_value_f(v);
         return MODE == BN_APPLY_FWD_RELU ? relu_f(v) : v;
     }
-    float g = activation_dy<MODE == BN_APPLY_BWD_RELU, MODE == BN_APPLY_BWD_GELU>(dy, y, x - mean, p, shift);
+    float g = activation_dy<T, MODE == BN_APPLY_BWD_RELU, MODE == BN_APPLY_BWD_GELU>(dy, y, x - mean, p, shift);
     float v = p * g + q * (x - mean) + r;
     return accumulate ? old + v : v;
 }
@@ -357,7 +358,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
             if (j0 + u * BN_THREADS < hi)
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
-                    accumulate_element<SUMS>(to_float(xv[u].v[e]),
+                    accumulate_element<T, SUMS>(to_float(xv[u].v[e]),
                                              MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
                                              MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                                              k, zs, zb, s1, s2);
@@ -416,7 +417,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
             P res;
 #pragma unroll
             for (int e = 0; e < VEC; e++)
-                res.v[e] = from_float<T>(apply_element<MODE>(
+                res.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
                     MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                     BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, shift, a.accumulate));
@@ -495,7 +496,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
                 if (r0 + u * step < hi)
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
-                        accumulate_element<SUMS>(to_float(xv[u].v[e]),
+                        accumulate_element<T, SUMS>(to_float(xv[u].v[e]),
                                                  MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
                                                  MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                                                  k[e], zs[e], zb[e], s1[e], s2[e]);
@@ -562,7 +563,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nhwc(BnArgs a) {
             P res;
 #pragma unroll
             for (int e = 0; e < VEC; e++)
-                res.v[e] = from_float<T>(apply_element<MODE>(
+                res.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
                     MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                     BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e],

@@ -167,6 +167,24 @@ char *test_read_file(const char *path) {
     return s;
 }
 
+char *test_child_stderr(const char *tag, void (*fn)(void *), void *arg, int *exit_status) {
+    char log[600];
+    snprintf(log, sizeof log, "%s/child_stderr", test_tmpdir(tag));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen(log, "w", stderr)) _exit(3);
+        setvbuf(stderr, NULL, _IONBF, 0); /* a child that leaves by _exit flushes nothing */
+        fn(arg);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    *exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    char *text = test_read_file(log);
+    return text ? text : calloc(1, 1);
+}
+
 const char *test_cifar10_jpg_root(void) {
     static char root[512];
     struct stat st;

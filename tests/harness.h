@@ -49,6 +49,12 @@ const char *test_tmpdir(const char *name);
 const char *test_write_file(const char *dir, const char *name, const void *data, size_t n);
 /* The whole of a file, malloc'ed and 0-terminated (free it); NULL when it cannot be read. */
 char *test_read_file(const char *path);
+/* Runs fn(arg) in a child process whose stderr (unbuffered) goes to a file
+ * under test_tmpdir(tag); the child exits 0 if fn returns. *exit_status: the
+ * child's exit status, or -1 when it did not exit (a signal). Returns what
+ * it wrote to stderr, malloc'ed ("" for nothing; free it): a fatal error's
+ * message and exit status, checked without ending the test. */
+char *test_child_stderr(const char *tag, void (*fn)(void *), void *arg, int *exit_status);
 /* CIFAR-10 as JPEGs: .data/cifar10-jpg where tools/get_data.sh put it, else
  * ../shared/data/cifar10-jpg.tar.gz (or .data/'s) unpacked once into $TMPDIR
  * (or /tmp) as trainc-cifar10-jpg-<uid>, a cache kept between runs; NULL when absent. */

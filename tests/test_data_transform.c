@@ -5,8 +5,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "data/dataset.h"
 #include "data/gpu_transform.h"
@@ -524,7 +522,8 @@ static void test_largest_settings(void) {
 static TransformSpec fatal_spec;
 static int fatal_h, fatal_w;
 
-static void sample_with_fatal_spec(void) {
+static void sample_with_fatal_spec(void *unused) {
+    (void)unused;
     uint8_t src[16] = {0};
     float out[16];
     transform_sample(&fatal_spec, src, 1, fatal_h, fatal_w, 1, out);
@@ -536,24 +535,11 @@ static void expect_fatal(const char *what, TransformSpec spec, int h, int w, con
     fatal_spec = spec;
     fatal_h = h;
     fatal_w = w;
-    char log[700];
-    snprintf(log, sizeof log, "%s/fatal.txt", test_tmpdir("transform"));
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen(log, "w", stderr)) _exit(3);
-        sample_with_fatal_spec();
-        _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s: exit status %d", what, status);
-    char text[2048] = "";
-    FILE *f = fopen(log, "r");
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    text[n] = 0;
-    if (f) fclose(f);
+    int status;
+    char *text = test_child_stderr("transform", sample_with_fatal_spec, NULL, &status);
+    CHECK_MSG(status == 1, "%s: exit status %d", what, status);
     CHECK_MSG(strstr(text, want) != NULL, "%s: '%s' lacks '%s'", what, text, want);
+    free(text);
 }
 
 static void test_refused_settings(void) {

@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "models/model.h"
 #include "ops/sgd.h"
@@ -77,7 +75,8 @@ static void check_training(uint64_t *rng) {
 }
 
 /* GELU's input also read by a ReLU, which would overwrite it in place: model_finalize must refuse. */
-static void finalize_relu_over_gelu_input(void) {
+static void finalize_relu_over_gelu_input(void *unused) {
+    (void)unused;
     Model m;
     model_init(&m, BATCH, CLASSES, 0);
     int x = model_conv(&m, model_input(&m, 2, SIZE, SIZE), 6, 3, 1, 1);
@@ -87,28 +86,14 @@ static void finalize_relu_over_gelu_input(void) {
 }
 
 static void check_input_kept(void) {
-    char log[512];
-    snprintf(log, sizeof log, "%s/stderr", test_tmpdir("test_gelu_layer"));
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen(log, "w", stderr)) _exit(3);
-        finalize_relu_over_gelu_input();
-        _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0, "a ReLU over a GELU's input: exit status %d", status);
-    char text[1024] = "";
-    FILE *f = fopen(log, "r");
-    if (f) {
-        text[fread(text, 1, sizeof text - 1, f)] = 0;
-        fclose(f);
-    }
+    int status;
+    char *text = test_child_stderr("test_gelu_layer", finalize_relu_over_gelu_input, NULL, &status);
+    CHECK_MSG(status > 0, "a ReLU over a GELU's input: exit status %d", status);
     /* Either rule refuses it, by the order of the layers: GELU, as ReLU, cannot add its input's gradient to
      * another layer's, and a ReLU works in place only on an activation no other layer reads. */
     CHECK_MSG(strstr(text, "works in place") || strstr(text, "cannot add its gradient"),
               "a ReLU over a GELU's input: '%s'", text);
+    free(text);
 }
 
 /* Three checkpoint blocks of conv -> batch norm -> GELU, the second with an

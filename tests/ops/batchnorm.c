@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "ops/batchnorm.h"
 #include "ops/gelu.h"
@@ -1060,7 +1058,8 @@ static void bn_fused_forward_bits(uint64_t *rng, BatchNormShape s) {
 
 /* Misuse of the face ends the process with one message: the GELU's backward
  * without beta, an activation that is no BatchNormAct. */
-static void bn_misuse_call(int which) {
+static void bn_misuse_call(void *arg) {
+    int which = *(const int *)arg;
     BatchNormShape s = {2, 1, 1, 2};
     float x[4] = {1, 2, 3, 4}, dy[4] = {1, 1, 1, 1}, dx[4], gamma = 1, mean = 2.5f, inv = 1, y[4];
     OpContext ctx = op_context_cpu();
@@ -1074,24 +1073,11 @@ static void bn_misuse_call(int which) {
 static void bn_misuse(void) {
     static const char *const want[] = {"batchnorm+gelu backward: beta is needed", "batchnorm: unknown activation 7"};
     for (int which = 0; which < 2; which++) {
-        char log[512], text[1024] = "";
-        snprintf(log, sizeof log, "%s/stderr%d", test_tmpdir("test_op_batchnorm"), which);
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            if (!freopen(log, "w", stderr)) _exit(3);
-            bn_misuse_call(which);
-            _exit(0);
-        }
-        int status = 0;
-        waitpid(pid, &status, 0);
-        FILE *f = fopen(log, "r");
-        if (f) {
-            text[fread(text, 1, sizeof text - 1, f)] = 0;
-            fclose(f);
-        }
-        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) != 0 && strstr(text, want[which]),
-                  "bn misuse %d: exit status %d, message '%s' (want '%s')", which, status, text, want[which]);
+        int status;
+        char *text = test_child_stderr("test_op_batchnorm", bn_misuse_call, &which, &status);
+        CHECK_MSG(status > 0 && strstr(text, want[which]), "bn misuse %d: exit status %d, message '%s' (want '%s')",
+                  which, status, text, want[which]);
+        free(text);
     }
 }
 

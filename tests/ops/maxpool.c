@@ -10,7 +10,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ops/maxpool.h"
@@ -223,10 +222,7 @@ static void maxpool_nan_windows(const GridCase *c) {
  * first) and leaves by _exit from a fatal hook, so that it never tears down
  * the CUDA state it shares with the parent ---- */
 
-static void exit_now(void) {
-    fflush(stderr); /* freopen made it fully buffered, and _exit flushes nothing */
-    _exit(1);
-}
+static void exit_now(void) { _exit(1); }
 
 typedef struct {
     const GridCase *c;
@@ -235,22 +231,23 @@ typedef struct {
     const MaxPool2d *forward_only; /* initialised without scratch, as inference does */
 } Refusal;
 
+typedef struct {
+    const Refusal *r;
+    void (*fn)(const Refusal *);
+} RefusalCall;
+
+static void refusal_in_child(void *arg) {
+    const RefusalCall *call = arg;
+    tc_on_fatal(exit_now);
+    call->fn(call->r);
+}
+
 static void expect_fatal(const Refusal *r, const char *what, void (*fn)(const Refusal *), const char *want) {
-    char log[600];
-    snprintf(log, sizeof log, "%s/stderr", test_tmpdir("test_op_maxpool"));
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (!freopen(log, "w", stderr)) _exit(3);
-        tc_on_fatal(exit_now);
-        fn(r);
-        _exit(0);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s %s: exit status %d", r->c->name, what, status);
-    char *text = test_read_file(log);
-    CHECK_MSG(text && strstr(text, want), "%s %s: '%s' lacks '%s'", r->c->name, what, text ? text : "", want);
+    RefusalCall call = {r, fn};
+    int status;
+    char *text = test_child_stderr("test_op_maxpool", refusal_in_child, &call, &status);
+    CHECK_MSG(status == 1, "%s %s: exit status %d", r->c->name, what, status);
+    CHECK_MSG(strstr(text, want), "%s %s: '%s' lacks '%s'", r->c->name, what, text, want);
     free(text);
 }
 

@@ -25,6 +25,7 @@ void model_init(Model *m, int batch, int num_classes, int nhwc) {
     m->bn_momentum = 0.1f;
     m->bn_eps = 1e-5f;
     m->bn_bias_lr_scale = 1.0f;
+    m->head_lr_scale = 1.0f;
 }
 
 static int add_act(Model *m, int c, int h, int w) {
@@ -451,7 +452,7 @@ static size_t plan_recompute_region(Model *m) {
 }
 
 static int needs_lr_scale(const Model *m) {
-    if (m->bn_weight_fixed || m->bn_bias_lr_scale != 1.0f) return 1;
+    if (m->bn_weight_fixed || m->bn_bias_lr_scale != 1.0f || m->head_lr_scale != 1.0f || m->muon) return 1;
     for (int i = 0; i < m->n_layers; i++)
         if (m->layers[i].whitening) return 1;
     return 0;
@@ -666,6 +667,18 @@ void model_set_params(Model *m, const float *host) {
     op_sync(&m->ops);
 }
 
+static int last_linear(const Model *m) {
+    for (int i = m->n_layers - 1; i >= 0; i--)
+        if (m->layers[i].kind == LAYER_LINEAR) return i;
+    return -1;
+}
+
+/* The layer's weights and bias all set to v. */
+static void set_floats(float *host, const Layer *l, float v) {
+    for (size_t j = 0; j < l->w_count; j++) host[l->w_off + j] = v;
+    for (size_t j = 0; j < l->b_count; j++) host[l->b_off + j] = v;
+}
+
 void model_reset_lr_scale(Model *m) {
     if (!m->lr_scale) return;
     float *host = malloc(m->n_params * sizeof(float));
@@ -677,8 +690,26 @@ void model_reset_lr_scale(Model *m) {
         for (size_t j = 0; frozen && j < l->w_count; j++) host[l->w_off + j] = 0.0f;
         for (size_t j = 0; l->kind == LAYER_BATCHNORM && j < l->b_count; j++) host[l->b_off + j] = m->bn_bias_lr_scale;
     }
+    int head = last_linear(m);
+    if (head >= 0) set_floats(host, &m->layers[head], m->head_lr_scale);
+    MuonMatrices muon;
+    model_muon_matrices(m, &muon);
+    for (int j = 0; j < muon.n; j++)
+        for (size_t i = 0; i < (size_t)muon.mats[j].rows * muon.mats[j].cols; i++) host[muon.mats[j].offset + i] = 0.0f;
     upload(m, m->lr_scale, host, m->n_params);
     free(host);
+}
+
+void model_muon_matrices(const Model *m, MuonMatrices *out) {
+    out->n = 0;
+    for (int i = 0; m->muon && i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind != LAYER_CONV || l->whitening || !l->w_count) continue;
+        if (out->n == MUON_MAX_MATRICES)
+            TC_FATAL("optim.muon: the model has more than %d trained convolutions", MUON_MAX_MATRICES);
+        int rows = l->conv.shape.k;
+        out->mats[out->n++] = (MuonMatrix){l->w_off, rows, (int)(l->w_count / (size_t)rows)};
+    }
 }
 
 void model_get_momentum(const Model *m, float *host) { download(m, host, m->momentum, m->n_params); }

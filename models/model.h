@@ -23,6 +23,7 @@
 #include "ops/conv2d.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
+#include "ops/muon.h"
 #include "ops/op_context.h"
 #include "runtime/arena.h"
 #include "runtime/dtype.h"
@@ -126,6 +127,10 @@ typedef struct {
      * the learning rate (model_init: trained, 1). Either, or a whitening layer, gives the model lr_scale. */
     int bn_weight_fixed;
     float bn_bias_lr_scale;
+    /* Set before model_finalize (model_init: 1, off): the last linear layer's share of the learning rate;
+     * the trained convolutions' filters stepped by Muon, not SGD (their lr_scale 0: model_muon_matrices) */
+    float head_lr_scale;
+    int muon;
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
     size_t n_params;
@@ -252,6 +257,10 @@ void model_set_params(Model *m, const float *host);
 /* lr_scale as model_finalize set it: 0 for the whitening weights and a fixed
  * batch-norm gamma, bn_bias_lr_scale for the batch norms' beta, 1 elsewhere. */
 void model_reset_lr_scale(Model *m);
+
+/* model.muon: the trained convolutions' filters as Muon's matrices (output
+ * channels x the rest), in layer order. */
+void model_muon_matrices(const Model *m, MuonMatrices *out);
 
 /* The same for the optimizer's momentum buffer (n_params floats, fp32). */
 void model_get_momentum(const Model *m, float *host);

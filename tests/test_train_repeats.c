@@ -90,5 +90,8 @@ int main(void) {
      * the whitening bias for its first epoch again and starts lookahead anew. */
     check("data.on_device=on model.name=airbench model.whiten_bias_epochs=0.5 model.bn_weight=fixed "
           "optim.bn_bias_lr_scale=4 optim.lookahead_every=3 run.epochs=1 optim.warmup_epochs=0.25", 1);
+    /* The Muon variant: its momentum starts anew and its filters leave SGD again in every run. */
+    check("data.on_device=on model.name=airbench model.whiten_bias_epochs=0.5 model.bn_weight=fixed "
+          "optim.muon=on optim.head_lr_scale=0.25 run.epochs=1 optim.warmup_epochs=0", 1);
     return test_finish("test_train_repeats");
 }

@@ -156,6 +156,53 @@ static void check_model(uint64_t *rng) {
     model_destroy(&m);
 }
 
+/* model.muon: the six trained filters are Muon's (the whitening's are not),
+ * their lr_scale 0 so SGD leaves them and their momentum alone; the head at
+ * head_lr_scale. A trainer's step (SGD, then Muon) moves the filters exactly
+ * as Muon alone does. */
+static void check_muon_model(uint64_t *rng) {
+    Model m;
+    model_init(&m, 2, 10, 0);
+    airbench_build(&m, (const int[3]){4, 6, 6});
+    m.bn_weight_fixed = 1;
+    m.head_lr_scale = 0.25f;
+    m.muon = 1;
+    model_finalize(&m, NULL, 3);
+    MuonMatrices mats;
+    model_muon_matrices(&m, &mats);
+    static const int rows[6] = {4, 4, 6, 6, 6, 6}, cols[6] = {24 * 9, 4 * 9, 4 * 9, 6 * 9, 6 * 9, 6 * 9};
+    CHECK(mats.n == 6);
+    for (int j = 0; j < mats.n && j < 6; j++) {
+        CHECK_MSG(mats.mats[j].rows == rows[j] && mats.mats[j].cols == cols[j], "muon matrix %d: %d x %d", j,
+                  mats.mats[j].rows, mats.mats[j].cols);
+        CHECK(m.lr_scale[mats.mats[j].offset] == 0.0f && m.lr_scale[mats.mats[j].offset + rows[j] * cols[j] - 1] == 0.0f);
+    }
+    const Layer *head = &m.layers[m.n_layers - 2];
+    CHECK(head->kind == LAYER_LINEAR && m.lr_scale[head->w_off] == 0.25f);
+    CHECK(m.lr_scale[m.layers[0].b_off] == 1.0f); /* the whitening bias */
+
+    size_t n = m.n_params;
+    float *grads = m.grads, *alone_w = malloc(n * sizeof(float)), *alone_m = malloc(n * sizeof(float));
+    for (size_t j = 0; j < n; j++) grads[j] = test_uniform(rng, -1, 1), m.momentum[j] = test_uniform(rng, -0.1f, 0.1f);
+    memcpy(alone_w, m.params, n * sizeof(float));
+    memcpy(alone_m, m.momentum, n * sizeof(float));
+    MuonParams mp = {.momentum = 0.6f, .nesterov = 1, .ns_steps = 5, .lr_mult = 2.0f, .normalize_weights = 1};
+    SgdParams sp = {.momentum = 0.85f, .weight_decay = 1e-2f, .nesterov = 1, .lr_scale = m.lr_scale};
+    void *scratch = malloc(muon_scratch_bytes(&mats));
+    float lr = 0.1f;
+    sgd_step_cpu(m.params, grads, m.momentum, n, &lr, sp);
+    muon_step_cpu(&mats, m.params, grads, m.momentum, &lr, NULL, mp, scratch);
+    muon_step_cpu(&mats, alone_w, grads, alone_m, &lr, NULL, mp, scratch);
+    for (int j = 0; j < mats.n; j++) {
+        size_t at = mats.mats[j].offset, bytes = (size_t)mats.mats[j].rows * mats.mats[j].cols * sizeof(float);
+        CHECK_MSG(memcmp(m.params + at, alone_w + at, bytes) == 0 && memcmp(m.momentum + at, alone_m + at, bytes) == 0,
+                  "muon matrix %d: SGD touched it", j);
+    }
+    CHECK(memcmp(m.params + head->w_off, alone_w + head->w_off, head->w_count * sizeof(float)) != 0);
+    free(alone_w), free(alone_m), free(scratch);
+    model_destroy(&m);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     check_eigen_by_hand();
@@ -163,5 +210,6 @@ int main(void) {
     check_moment_by_hand();
     check_filters_whiten(&rng);
     check_model(&rng);
+    check_muon_model(&rng);
     return test_finish("test_whiten");
 }

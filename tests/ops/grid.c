@@ -37,6 +37,7 @@
     X(lr_schedule) \
     X(freeze_after) \
     X(lookahead) \
+    X(muon) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

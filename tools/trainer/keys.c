@@ -125,6 +125,17 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.bn_bias_lr_scale", CFG_FLOAT32, "1", 0,
      "batch norm's bias (beta) steps with optim.lr times this, its weight decay per step unchanged (decoupled: "
      "PyTorch's group lr x s with weight_decay / s)", "(0, 1000000]"},
+    {"optim.head_lr_scale", CFG_FLOAT32, "1", 0,
+     "the last linear layer's weights and bias step with optim.lr times this, their weight decay per step "
+     "unchanged (decoupled, as optim.bn_bias_lr_scale)", "(0, 1000000]"},
+    {"optim.muon", CFG_BOOL, "off", 0,
+     "Muon for the trained convolutions' filters: Nesterov momentum orthogonalised by a Newton-Schulz "
+     "iteration, each filter first scaled to norm sqrt(output channels), no weight decay (ops/muon.h); every "
+     "other parameter stays with SGD", 0},
+    {"optim.muon_lr", CFG_FLOAT32, "0.24", 0,
+     "Muon's learning rate; the schedule scales it as it scales optim.lr", "(0, 1000]"},
+    {"optim.muon_momentum", CFG_FLOAT32, "0.6", 0, "Muon's Nesterov momentum", "[0, 1)"},
+    {"optim.muon_ns_steps", CFG_INT, "5", 0, "Muon: Newton-Schulz rounds per step", "[1, 20]"},
     {"optim.schedule", CFG_ENUM, "constant", "constant|cosine|onecycle|linear",
      "learning rate per optimizer step, computed on the device: constant; cosine from optim.lr to "
      "optim.final_lr after a linear warm-up; onecycle as PyTorch's OneCycleLR (warm-up = its pct_start); "

@@ -108,6 +108,11 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->optim.nesterov = config_bool(cfg, "optim.nesterov");
     s->optim.decay_bn_bias = config_bool(cfg, "optim.decay_bn_bias");
     s->optim.bn_bias_lr_scale = (float)config_float(cfg, "optim.bn_bias_lr_scale");
+    s->optim.head_lr_scale = (float)config_float(cfg, "optim.head_lr_scale");
+    s->optim.muon = config_bool(cfg, "optim.muon");
+    s->optim.muon_lr = (float)config_float(cfg, "optim.muon_lr");
+    s->optim.muon_momentum = (float)config_float(cfg, "optim.muon_momentum");
+    s->optim.muon_ns_steps = (int)config_int(cfg, "optim.muon_ns_steps");
     s->optim.lookahead_every = (long)config_int(cfg, "optim.lookahead_every");
     s->optim.lookahead_alpha = (float)config_float(cfg, "optim.lookahead_alpha");
     s->optim.lookahead_power = (float)config_float(cfg, "optim.lookahead_power");

@@ -46,7 +46,9 @@ typedef struct {
      * (see settings_read). */
     struct {
         float lr, momentum, weight_decay, warmup_epochs, warmup_start_factor, final_lr, label_smoothing, clip_norm;
-        float bn_bias_lr_scale, lookahead_alpha, lookahead_power;
+        float bn_bias_lr_scale, head_lr_scale, lookahead_alpha, lookahead_power;
+        int muon, muon_ns_steps;
+        float muon_lr, muon_momentum;
         long lookahead_every;
         int nesterov, decay_bn_bias;
         LrScheduleKind schedule;

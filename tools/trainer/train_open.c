@@ -142,6 +142,8 @@ static void shard_optimizer(Trainer *t) {
     char why[256] = "";
     if (t->set.optim.clip_norm > 0)
         snprintf(why, sizeof why, "optim.clip_norm needs the whole gradient on every rank");
+    else if (t->set.optim.muon)
+        snprintf(why, sizeof why, "optim.muon steps whole filters on every rank");
     else
         GPU_ONLY(t->ddp.shard_optimizer = grad_buckets_shard_optimizer(&t->ddp.buckets, t->model.weights,
                                                                        t->model.act_dtype, why, sizeof why));
@@ -247,6 +249,8 @@ static void build_model(Trainer *t) {
     m->no_decay_bn_bias = !s->optim.decay_bn_bias;
     m->bn_weight_fixed = s->model.bn_weight_fixed;
     m->bn_bias_lr_scale = s->optim.bn_bias_lr_scale;
+    m->head_lr_scale = s->optim.head_lr_scale;
+    m->muon = s->optim.muon;
     if (s->dist.sync_bn && !m->n_bn_stats) {
         if (t->ddp.dist->rank == 0) log_warn("dist.sync_bn = on: %s has no batch norm; ignored", s->model.name);
     } else if (s->dist.sync_bn && t->ddp.dist->world > 1) {
@@ -294,12 +298,24 @@ static void whiten_from_data(Trainer *t, uint64_t seed) {
     free(order), free(images), free(filters), free(moment);
 }
 
+/* optim.muon: the filters it steps and its settings (its scratch comes with state_alloc). */
+static void muon_open(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    model_muon_matrices(&t->model, &t->optim.muon_mats);
+    if (!s->optim.muon) return;
+    if (!t->optim.muon_mats.n)
+        settings_fail(s, "optim.muon", "%s has no trained convolution for Muon to step", s->model.name);
+    t->optim.muon = (MuonParams){.momentum = s->optim.muon_momentum, .nesterov = 1, .ns_steps = s->optim.muon_ns_steps,
+                                 .lr_mult = s->optim.muon_lr / s->optim.lr, .normalize_weights = 1};
+}
+
 /* The model's buffers and ours on the device, and the SGD step's masks. */
 static void open_model(Trainer *t) {
     build_model(t);
     if (t->set.run.use_gpu && t->set.precision.tf32) gpu_allow_tf32_gemm(&t->device.gpu);
     if (t->set.run.use_gpu) check_activation_sizes(t);
     model_finalize(&t->model, t->set.run.use_gpu ? &t->device.gpu : NULL, t->set.run.seed);
+    muon_open(t);
     state_alloc(t);
     tta_prepare(t);
     t->optim.sgd.momentum = t->set.optim.momentum;
@@ -307,6 +323,7 @@ static void open_model(Trainer *t) {
     t->optim.sgd.nesterov = t->set.optim.nesterov;
     t->optim.sgd.decay_mask = t->model.decay_mask;
     t->optim.sgd.grad_mult = t->buf.clip_factor; /* NULL: no clipping */
+    t->optim.muon.grad_mult = t->buf.clip_factor;
     t->optim.sgd.lr_scale = t->model.lr_scale;   /* NULL: every parameter at optim.lr */
     t->optim.whiten_layer = model_whitening_layer(&t->model);
     t->optim.whiten_prefix = whitening_frozen_prefix(&t->model);

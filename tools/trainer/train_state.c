@@ -26,6 +26,7 @@ static void carve_aux(Trainer *t, Arena *a) {
         if (t->model.n_bn_stats)
             t->buf.slow_bn = arena_alloc(a, t->model.n_bn_stats * sizeof(float), "lookahead slow batch-norm statistics");
     }
+    if (t->optim.muon_mats.n) t->buf.muon_scratch = arena_alloc(a, muon_scratch_bytes(&t->optim.muon_mats), "muon iterates");
     if (t->set.run.eval && t->set.run.eval_tta) {
         size_t logit_bytes = (size_t)batch * t->model.num_classes * sizeof(float);
         t->buf.tta_images = arena_alloc(a, gpu_transform_raw_bytes(batch, d->c, d->h, d->w), "test batch");

@@ -148,6 +148,14 @@ static void update_whole(Trainer *t) {
     sgd_range(t, 0, m->n_params);
 }
 
+/* optim.muon: the filters, which the SGD step left alone (their lr_scale is 0),
+ * after the loss scaler's check in update_whole. */
+static void muon_whole(Trainer *t) {
+    Model *m = &t->model;
+    muon_step(&m->ops, &t->optim.muon_mats, m->params, m->grads, m->momentum,
+              m->weights == m->params ? NULL : m->weights, t->buf.lr, t->buf.scaler, t->optim.muon, t->buf.muon_scratch);
+}
+
 /* optim.lookahead_every: the parameters (with their rounded copy under AMP)
  * and the running statistics, on the step counter's schedule. */
 static void lookahead_whole(Trainer *t) {
@@ -181,6 +189,7 @@ static void optimizer_step(Trainer *t) {
     }
     if (t->ddp.shard_optimizer) update_sharded(t);
     else update_whole(t);
+    if (t->optim.muon_mats.n) muon_whole(t);
     if (lookahead) lookahead_whole(t);
     loss_scaler_update(ctx, t->buf.scaler, t->set.precision.scale_growth, t->set.precision.scale_backoff,
                        t->set.precision.scale_interval);

@@ -134,6 +134,8 @@ typedef struct {
     /* optim.lookahead_every > 0: the slow copies of the parameters and of the batch norms' running
      * statistics; NULL when off. */
     float *slow_params, *slow_bn;
+    /* optim.muon: the Newton-Schulz iterates (ops/muon.h's scratch); NULL when off. */
+    void *muon_scratch;
     /* run.eval_tta: a test batch's stored images, each view's params (the same
      * for every sample), and fp32 logits: the views' weighted sum, a pair of
      * views, one view. NULL when off. */
@@ -173,6 +175,8 @@ typedef struct {
     long whiten_bias_steps;   /* its bias trains in steps [0, this) (model.whiten_bias_epochs) */
     int whiten_prefix;        /* the layers that run no backward after that (whitening_frozen_prefix) */
     LookaheadParams lookahead; /* every 0: off */
+    MuonMatrices muon_mats;   /* optim.muon: the filters Muon steps (n 0: off) */
+    MuonParams muon;
 } TrainOptim;
 
 /* What the host last read back from the device, and the bad steps it tells of. */

@@ -82,6 +82,17 @@ static void check(const char *data, int epochs) {
            second.test_acc, both.test_acc, both.test_acc_std, both.train_s, both.train_s_min);
 }
 
+/* run.warmup_runs: the counted runs are those without it, bit for bit. */
+static void check_warmup(const char *data) {
+    unsigned long long seed = test_seed() % 1000003;
+    char warmed[512];
+    snprintf(warmed, sizeof warmed, "%s run.warmup_runs=1", data);
+    TrainSummary plain = run(data, seed, 1), after = run(warmed, seed, 1);
+    CHECK_MSG(after.params_crc == plain.params_crc && after.test_acc == plain.test_acc && after.runs == 1,
+              "%s: after a warm-up run %08x (accuracy %g), without %08x (%g)", data, after.params_crc, after.test_acc,
+              plain.params_crc, plain.test_acc);
+}
+
 int main(void) {
     write_cifar_copy();
     check("data.workers=2", 2);
@@ -93,5 +104,7 @@ int main(void) {
     /* The Muon variant: its momentum starts anew and its filters leave SGD again in every run. */
     check("data.on_device=on model.name=airbench model.whiten_bias_epochs=0.5 model.bn_weight=fixed "
           "optim.muon=on optim.head_lr_scale=0.25 run.epochs=1 optim.warmup_epochs=0", 1);
+    check_warmup("data.on_device=on model.name=airbench model.whiten_bias_epochs=0.5 model.bn_weight=fixed "
+                 "optim.muon=on run.epochs=1");
     return test_finish("test_train_repeats");
 }

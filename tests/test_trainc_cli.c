@@ -207,6 +207,8 @@ static void check_gpu_keys_on_cpu(void) {
                  "--set: data.on_device = on: and data.resident exclude each other");
     expect_error("--config configs/baseline.ini --device cpu --set run.repeats=3 --set run.resume=latest",
                  "--set: run.repeats = 3: above 1 excludes run.resume and run.init_from");
+    expect_error("--config configs/baseline.ini --device cpu --set run.warmup_runs=1 --set run.checkpoint_every=5",
+                 "--set: run.warmup_runs = 1: excludes run.resume, run.init_from and run.checkpoint_every");
     expect_error("--config configs/baseline.ini --device cpu --set data.pad_mode=mirror", "data.pad_mode");
     expect_error("--config configs/baseline.ini --device cpu --set run.eval_tta=on", "run.eval_tta");
     expect_error("--config configs/baseline.ini --device cpu --set run.repeats=0", "run.repeats");

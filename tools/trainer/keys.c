@@ -14,6 +14,11 @@ const CfgKeySpec trainc_keys[] = {
      "train this many runs in one process, run r from run.seed + r (weights, order and augmentation), the data, "
      "the convolution algorithms and the CUDA graphs kept; a line per run and the mean, std and min of the test "
      "accuracy and of the training time (train_s) in the summary", "[1, 100000]"},
+    {"run.warmup_runs", CFG_INT, "0", 0,
+     "untimed runs before the counted ones (airbench's warm-up run): the same run from run.seed, without "
+     "evaluations or checkpoints, then everything reset but the captured CUDA graphs and loaded kernels, so "
+     "the first counted run is timed as the later ones are; not with run.resume, run.init_from, "
+     "run.checkpoint_every or mpirun", "[0, 100]"},
     {"run.max_steps", CFG_INT, "0", 0, "stop after this many optimizer steps (0: no limit)", "[0, 1000000000000]"},
     {"run.warmup_steps", CFG_INT, "20", 0, "steps left out of the timed throughput window", "[0, 1000000000]"},
     {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps", "[1, 1000000000]"},

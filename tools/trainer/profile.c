@@ -496,6 +496,7 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     force(cfg, "run.epochs", 1000000); /* run.max_steps ends it */
     force(cfg, "run.eval", 0);
     force(cfg, "run.checkpoint_every", 0);
+    force(cfg, "run.warmup_runs", 0); /* one pass over the steps profiled */
     force(cfg, "perf.cuda_graph", 0); /* events per op cannot be timed inside a replayed graph */
     Profiler p = {.first = first, .last = last, .report = r, .trace_path = trace_path, .open = -1, .dist = dist};
     TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p, on_phase};

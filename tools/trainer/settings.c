@@ -46,6 +46,7 @@ static void fill_run(const Config *cfg, TrainSettings *s) {
     s->run.gpu = (int)config_int(cfg, "run.gpu");
     s->run.epochs = config_float(cfg, "run.epochs");
     s->run.repeats = (int)config_int(cfg, "run.repeats");
+    s->run.warmup_runs = (int)config_int(cfg, "run.warmup_runs");
     s->run.log_every = (int)config_int(cfg, "run.log_every");
     s->run.warmup_steps = (int)config_int(cfg, "run.warmup_steps");
     s->run.eval = config_bool(cfg, "run.eval");
@@ -215,6 +216,9 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
             "must be at least 2 with data.async_copy = on");
     require(p, s->run.repeats == 1 || (!s->run.resume[0] && !s->run.init_from[0]), "run.repeats",
             "above 1 excludes run.resume and run.init_from (each run starts from its own seed)");
+    require(p, !s->run.warmup_runs || (!s->run.resume[0] && !s->run.init_from[0] && !s->checkpoint.every),
+            "run.warmup_runs", "excludes run.resume, run.init_from and run.checkpoint_every (the counted runs start "
+            "from run.seed's weights, and a warm-up run writes no checkpoint)");
     require(p, !s->data.on_device || !s->data.resident, "data.on_device",
             "and data.resident exclude each other (data.resident trains on one batch)");
 }
@@ -226,6 +230,7 @@ void settings_read(const Config *cfg, int world, TrainSettings *s) {
     check_gpu_only(p, s, world);
     check_joined_keys(p, s);
     require(p, s->run.repeats == 1 || world == 1, "run.repeats", "above 1 needs a single process (no mpirun)");
+    require(p, !s->run.warmup_runs || world == 1, "run.warmup_runs", "needs a single process (no mpirun)");
     config_problems_check(p);
     if (s->precision.amp == DTYPE_F32) {
         /* fp32 uses the scaler only to skip non-finite steps: the scale stays 1. */

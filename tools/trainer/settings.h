@@ -22,7 +22,7 @@ typedef struct {
         const char *name, *metrics_file, *tensorboard_dir, *resume, *init_from;
         int use_gpu, gpu, log_every, warmup_steps, eval, nvtx_layers;
         int eval_tta;     /* run.eval_tta: 0 off, 1 flip, 2 flip_translate */
-        int repeats;
+        int repeats, warmup_runs;
         long max_steps;
         double epochs;    /* run.epochs, whole or not */
         uint64_t seed;

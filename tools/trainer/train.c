@@ -237,7 +237,7 @@ static void end_epoch(Trainer *t, RunTally *r, TrainSummary *out, int epoch, dou
         double eval_start = now_seconds(); /* train_epoch left the device idle */
         out->test_acc = evaluate(t, epoch);
         r->eval_s = now_seconds() - eval_start;
-        log_info("epoch %d: %.1f s, test accuracy %.2f%% (evaluated in %.3f s)", epoch + 1, epoch_s,
+        log_info("epoch %d: %.3f s, test accuracy %.2f%% (evaluated in %.3f s)", epoch + 1, epoch_s,
                  100 * out->test_acc, r->eval_s);
     }
     write_metric_epoch(t, epoch, epoch_s, out->test_acc);
@@ -359,6 +359,20 @@ static void summarize_params(Trainer *t, TrainSummary *out, float **params_out) 
     else free(params);
 }
 
+/* run.warmup_runs: the run untimed, as airbench's warm-up run, so the first
+ * counted run finds every CUDA graph captured and every kernel loaded; no
+ * evaluation and no checkpoint, then trainer_restart to run.seed's start,
+ * which the first counted run then takes as it would without them. */
+static void warmup_runs(Trainer *t) {
+    for (int w = 0; w < t->set.run.warmup_runs; w++) {
+        RunTally r = {.loss = NAN, .why = RUN_ON};
+        double start = now_seconds();
+        for (int epoch = 0; epoch < t->run_epochs && r.why == RUN_ON; epoch++) train_epoch(t, &r, epoch, 0);
+        trainer_restart(t, t->set.run.seed);
+        log_info("warm-up run %d of %d: %.3f s, untimed", w + 1, t->set.run.warmup_runs, now_seconds() - start);
+    }
+}
+
 /* run.repeats runs (one unless set), each its epochs from start (a resumed
  * run's position) and their evaluations; the last run's tally. */
 static RunTally train_runs(Trainer *t, TrainSummary *out, CkptPosition start) {
@@ -367,6 +381,7 @@ static RunTally train_runs(Trainer *t, TrainSummary *out, CkptPosition start) {
     int repeats = t->set.run.repeats;
     double *accs = calloc(3 * (size_t)repeats, sizeof *accs), *train_s = accs + repeats, *eval_s = train_s + repeats;
     if (!accs) TC_FATAL("out of host memory: run.repeats");
+    warmup_runs(t);
     for (out->runs = 0; out->runs < repeats; out->runs++) {
         if (out->runs > 0) trainer_restart(t, t->set.run.seed + (uint64_t)out->runs);
         device_sync(t); /* the training time starts on an idle device */

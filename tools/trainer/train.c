@@ -214,6 +214,7 @@ static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro)
     start_train_epoch(t, epoch);
     if (resume_micro) c.epoch_micro = skip_batches(t, resume_micro);
     train_steps(t, r, &c, epoch);
+    if (r->why == RUN_ON) plan_next_epoch(t, epoch + 1);
     if (t->set.run.use_gpu) release_held(t, t->data.train_loader);
     device_sync(t);
     double end = now_seconds();

@@ -463,6 +463,7 @@ void trainer_restart(Trainer *t, uint64_t seed) {
     t->step = t->first_step = t->seen.step = t->seen.bad_total = t->seen.bad_run = 0;
     t->seen.loss = NAN;
     loader_set_seed(t->data.train_loader, seed);
+    t->input.planned_epoch = -1; /* drawn from the last seed */
 }
 
 /* ---- closing ------------------------------------------------------------------ */

@@ -62,6 +62,7 @@ static void upload_training_set(Trainer *t) {
     op_copy_from_host(ctx, t->input.set_labels, d->labels, (size_t)d->n * sizeof(int32_t));
     t->input.epoch_host = host_alloc((size_t)d->n * (sizeof(int32_t) + sizeof(TransformParams)), t->set.run.use_gpu,
                                      "the epoch's order and augmentation");
+    t->input.planned_epoch = -1;
     if (t->set.run.use_gpu) {
         gpu_event_create(&t->input.epoch_sent, 0);
         gpu_event_record(t->input.epoch_sent, ctx->stream);
@@ -131,6 +132,22 @@ static void run_gpu_transform(Trainer *t, const Batch *b, int s, cudaStream_t st
     transform_into_input(t, &a, stream);
 }
 
+/* data.on_device: the epoch's order and augmentation drawn into epoch_host,
+ * once the last epoch's copy has left it. */
+static void plan_epoch(Trainer *t, int epoch) {
+    int32_t *index = t->input.epoch_host;
+    TransformParams *params = (TransformParams *)(index + t->data.train_set.n);
+    if (t->set.run.use_gpu) gpu_event_sync(t->input.epoch_sent);
+    loader_epoch_plan(t->data.train_loader, epoch, index, params);
+    t->input.planned_epoch = epoch;
+}
+
+/* data.on_device: the next epoch's plan drawn while the device still runs this
+ * epoch's steps, so the next epoch starts with its upload alone. */
+void plan_next_epoch(Trainer *t, int epoch) {
+    if (t->set.data.on_device && epoch < t->run_epochs) plan_epoch(t, epoch);
+}
+
 void start_train_epoch(Trainer *t, int epoch) {
     if (!t->set.data.on_device) {
         loader_start_epoch(t->data.train_loader, epoch);
@@ -138,15 +155,14 @@ void start_train_epoch(Trainer *t, int epoch) {
     }
     const OpContext *ctx = &t->model.ops;
     int n = loader_epoch_samples(t->data.train_loader);
+    if (t->input.planned_epoch != epoch) plan_epoch(t, epoch);
     int32_t *index = t->input.epoch_host;
     TransformParams *params = (TransformParams *)(index + t->data.train_set.n);
-    /* Outside the step: the last epoch's copy must have left the host buffer. */
-    if (t->set.run.use_gpu) gpu_event_sync(t->input.epoch_sent);
-    loader_epoch_plan(t->data.train_loader, epoch, index, params);
     /* On the compute stream, so after the last epoch's steps have read them. */
     op_copy_from_host(ctx, t->input.epoch_index, index, (size_t)n * sizeof(int32_t));
     op_copy_from_host(ctx, t->input.epoch_params, params, (size_t)n * sizeof(TransformParams));
     if (t->set.run.use_gpu) gpu_event_record(t->input.epoch_sent, ctx->stream);
+    t->input.planned_epoch = -1;
 }
 
 void gather_on_device(Trainer *t, long epoch_micro) {

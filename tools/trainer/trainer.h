@@ -165,6 +165,7 @@ typedef struct {
     TransformParams *epoch_params;
     void *epoch_host;         /* the index, then the params (pinned on the GPU) */
     cudaEvent_t epoch_sent;   /* the last epoch's copy has left epoch_host */
+    int planned_epoch;        /* the epoch whose plan epoch_host holds, not yet sent; -1: none */
 } TrainInput;
 
 typedef struct {
@@ -233,6 +234,7 @@ void release_held(Trainer *t, Loader *l);
 /* The training data's epoch begins: the loader's, or (data.on_device) the
  * epoch's order and random choices sent to the device. */
 void start_train_epoch(Trainer *t, int epoch);
+void plan_next_epoch(Trainer *t, int epoch);
 /* data.on_device: micro-batch epoch_micro of the epoch gathered, augmented and
  * normalised into the model's input, and its labels, on the device. */
 void gather_on_device(Trainer *t, long epoch_micro);

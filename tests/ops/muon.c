@@ -1,7 +1,9 @@
 /* Muon (ops/muon.h): the device against the CPU on matrices wide and tall,
- * one of them alone in its shape and two of one shape side by side (one
- * batched product), with gaps between them that nothing may touch; a skipped
- * step changes nothing. By hand on the CPU: a single row (whose singular
+ * one of them alone in its shape, two of one shape side by side and two of
+ * one shape apart (one group of the grouped products each), one big enough
+ * for several partial sums of its norms, with gaps between them that nothing
+ * may touch; an odd and an even number of Newton-Schulz rounds (the result
+ * ends in either iterate); a skipped step changes nothing. By hand on the CPU: a single row (whose singular
  * value follows the quintic), the momentum and the weight normalisation, the
  * singular values the iteration ends with, and a tall matrix as the
  * transpose of the wide one. */
@@ -15,7 +17,7 @@
 #define GAP 37 /* parameters between the matrices, which Muon must leave alone */
 
 static MuonMatrices grid_matrices(size_t *n_params) {
-    static const int shape[][2] = {{16, 72}, {24, 54}, {24, 54}, {40, 12}, {1, 10}};
+    static const int shape[][2] = {{16, 72}, {24, 54}, {24, 54}, {40, 12}, {16, 72}, {48, 100}, {1, 10}};
     MuonMatrices m = {.n = (int)GRID_COUNT(shape)};
     size_t at = GAP;
     for (int j = 0; j < m.n; j++) {
@@ -44,16 +46,17 @@ static void difference(const float *a, const float *b, size_t n, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] - b[i];
 }
 
-static void muon_at(const GridCase *c, int found_inf) {
+static void muon_at(const GridCase *c, int found_inf, int ns_steps) {
     size_t n;
     MuonMatrices mats = grid_matrices(&n);
-    printf(" %zu parameters in %d matrices%s\n", n, mats.n, found_inf ? ", the step skipped" : "");
+    printf(" %zu parameters in %d matrices, %d rounds%s\n", n, mats.n, ns_steps, found_inf ? ", the step skipped" : "");
     float *w = grid_random(c, DTYPE_F32, n, -1, 1), *mom = grid_random(c, DTYPE_F32, n, -0.1f, 0.1f);
     float *grad = grid_random(c, c->dtype, n, -1024, 1024); /* scaled by the loss scaler's 1024 */
     LossScalerState scaler = loss_scaler_initial(1024.0f);
     scaler.found_inf = found_inf;
     float lr = 0.5f, mult = 0.75f;
     MuonParams p = RECIPE;
+    p.ns_steps = ns_steps;
     size_t scratch_bytes = muon_scratch_bytes(&mats);
     float *want_w = copy_floats(w, n), *want_m = copy_floats(mom, n);
     void *scratch = malloc(scratch_bytes);
@@ -95,8 +98,9 @@ static void muon_at(const GridCase *c, int found_inf) {
 
 static void muon_case(const GridCase *c) {
     if (c->device == DEVICE_CPU) return; /* the CPU path is the reference: muon_by_hand checks it */
-    muon_at(c, 0);
-    muon_at(c, 1);
+    muon_at(c, 0, RECIPE.ns_steps);
+    muon_at(c, 0, 4);
+    muon_at(c, 1, RECIPE.ns_steps);
 }
 
 static float quintic(float s) { return MUON_NS_A * s + MUON_NS_B * s * s * s + MUON_NS_C * s * s * s * s * s; }

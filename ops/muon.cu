@@ -10,6 +10,10 @@
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
 
+#if CUBLAS_VERSION < 120500
+#error "ops/muon.cu needs cuBLAS 12.5 or later (CUDA 12.5+) for cublasGemmGroupedBatchedEx"
+#endif
+
 #define MUON_THREADS 256
 /* A matrix's partial sums: one per MUON_SLOT_FLOATS elements, at most
  * MUON_NORM_SLOTS. Fixed by its size, so the sums' order is too; a small
@@ -77,11 +81,15 @@ static __device__ double slots_sum(const double *slots, const MuonKernelMats &k,
     return total;
 }
 
-/* The elements of matrix j that this block's thread covers: for (i = first; i < n; i += stride). */
-#define FOR_SLOT_ELEMENTS(k, j, i, n)                                                                         \
-    for (size_t i = (blockIdx.x - (k).first_slot[j]) * (size_t)MUON_THREADS + threadIdx.x,                     \
-                stride_ = (size_t)((k).first_slot[(j) + 1] - (k).first_slot[j]) * MUON_THREADS;                \
-         i < (n); i += stride_)
+/* The elements of matrix j that this thread covers: first, first + stride, ... */
+typedef struct {
+    size_t first, stride;
+} SlotLoop;
+
+static __device__ SlotLoop slot_loop(const MuonKernelMats &k, int j) {
+    size_t slot = blockIdx.x - k.first_slot[j], slots = k.first_slot[j + 1] - k.first_slot[j];
+    return {slot * MUON_THREADS + threadIdx.x, slots * MUON_THREADS};
+}
 
 /* One block per slot: m and u as muon_step_cpu forms them, each product
  * rounded on its own as the CPU rounds it. */
@@ -94,7 +102,8 @@ momentum_kernel(MuonKernelMats k, const TG *grad, float *momentum, const float *
     float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f, mult = grad_mult ? *grad_mult : 1.0f;
     size_t n = (size_t)k.rows[j] * k.cols[j], off = k.offset[j];
     double u2 = 0, w2 = 0;
-    FOR_SLOT_ELEMENTS(k, j, i, n) {
+    SlotLoop e = slot_loop(k, j);
+    for (size_t i = e.first; i < n; i += e.stride) {
         float g = __fmul_rn(__fmul_rn(to_float(grad[off + i]), inv_scale), mult);
         float mom = __fadd_rn(__fmul_rn(beta, momentum[off + i]), g);
         momentum[off + i] = mom;
@@ -115,7 +124,8 @@ unit_norm_kernel(MuonKernelMats k, float *x, const double *u_slots, const LossSc
     int j = block_matrix(k);
     float inv = 1.0f / ((float)sqrt(slots_sum(u_slots, k, j)) + MUON_EPS);
     size_t n = (size_t)k.rows[j] * k.cols[j];
-    FOR_SLOT_ELEMENTS(k, j, i, n) x[k.x_off[j] + i] *= inv;
+    SlotLoop e = slot_loop(k, j);
+    for (size_t i = e.first; i < n; i += e.stride) x[k.x_off[j] + i] *= inv;
 }
 
 /* Blocks per matrix for poly_kernel: enough for the largest k x k, at most 32. */
@@ -148,7 +158,8 @@ apply_kernel(MuonKernelMats k, float *master, TW *weights_half, const float *x, 
     float w_scale = normalize && w2 > 0 ? (float)(sqrt((double)k.rows[j]) / sqrt(w2)) : 1.0f;
     float step = __fmul_rn(*lr, lr_mult);
     size_t n = (size_t)k.rows[j] * k.cols[j], off = k.offset[j];
-    FOR_SLOT_ELEMENTS(k, j, i, n) {
+    SlotLoop e = slot_loop(k, j);
+    for (size_t i = e.first; i < n; i += e.stride) {
         float w = __fsub_rn(__fmul_rn(master[off + i], w_scale), __fmul_rn(step, x[k.x_off[j] + i]));
         master[off + i] = w;
         if (weights_half) weights_half[off + i] = from_float<TW>(w);

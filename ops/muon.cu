@@ -1,29 +1,56 @@
 /* muon_step_cpu's step in four stages, none of which waits for the host:
  * momentum (u into the scratch, with partial sums of u^2 and W^2), u scaled
- * to unit norm, ns_steps rounds of three cuBLAS products (batched over
- * consecutive matrices of one shape), then the weights' step. The partial
- * sums are over a fixed grid, added in a fixed order: the bits repeat. */
+ * to unit norm, ns_steps rounds of three grouped cuBLAS products (each over
+ * every matrix, one call) and one small kernel, then the weights' step. The
+ * partial sums are over a grid fixed by the shapes, added in a fixed order:
+ * the bits repeat. */
 #include "ops/muon.h"
 
 #include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
 
-#define MUON_THREADS 256
+#if CUBLAS_VERSION < 120500
+#error "ops/muon.cu needs cuBLAS 12.5 or later (CUDA 12.5+) for cublasGemmGroupedBatchedEx"
+#endif
 
-/* What the kernels need of the matrices, by value (a CUDA graph keeps it). */
+#define MUON_THREADS 256
+/* A matrix's partial sums: one per MUON_SLOT_FLOATS elements, at most
+ * MUON_NORM_SLOTS. Fixed by its size, so the sums' order is too; a small
+ * matrix gets a few busy blocks rather than many idle ones. */
+#define MUON_SLOT_FLOATS 2048
+
+/* What the kernels need of the matrices, by value (a CUDA graph keeps it).
+ * The elementwise kernels run one block per slot, matrix j's slots from
+ * first_slot[j] to first_slot[j + 1]; the norms' partial sums lie in that order. */
 typedef struct {
-    size_t offset[MUON_MAX_MATRICES], x_off[MUON_MAX_MATRICES];
+    size_t offset[MUON_MAX_MATRICES], x_off[MUON_MAX_MATRICES], a_off[MUON_MAX_MATRICES];
     int rows[MUON_MAX_MATRICES], cols[MUON_MAX_MATRICES];
+    int first_slot[MUON_MAX_MATRICES + 1];
+    int n;
 } MuonKernelMats;
+
+static int norm_slots(size_t floats) {
+    size_t slots = (floats + MUON_SLOT_FLOATS - 1) / MUON_SLOT_FLOATS;
+    return slots > MUON_NORM_SLOTS ? MUON_NORM_SLOTS : (int)slots;
+}
 
 static MuonKernelMats kernel_mats(const MuonMatrices *mats, const MuonLayout *l) {
     MuonKernelMats k;
+    k.n = mats->n, k.first_slot[0] = 0;
     for (int j = 0; j < mats->n; j++) {
-        k.offset[j] = mats->mats[j].offset, k.x_off[j] = l->x_off[j];
+        k.offset[j] = mats->mats[j].offset, k.x_off[j] = l->x_off[j], k.a_off[j] = l->a_off[j];
         k.rows[j] = mats->mats[j].rows, k.cols[j] = mats->mats[j].cols;
+        k.first_slot[j + 1] = k.first_slot[j] + norm_slots((size_t)k.rows[j] * k.cols[j]);
     }
     return k;
+}
+
+/* The matrix whose slot this block is. */
+static __device__ int block_matrix(const MuonKernelMats &k) {
+    int j = 0;
+    while (k.first_slot[j + 1] <= (int)blockIdx.x) j++;
+    return j;
 }
 
 /* The block's sum of v, in every thread. */
@@ -42,30 +69,41 @@ static __device__ double block_sum_all(double v) {
     return total;
 }
 
-/* The MUON_NORM_SLOTS partial sums of matrix j, added in order. */
-static __device__ double slots_sum(const double *slots, int j) {
+/* The partial sums of matrix j, added in order. */
+static __device__ double slots_sum(const double *slots, const MuonKernelMats &k, int j) {
     __shared__ double total;
     if (threadIdx.x == 0) {
         double s = 0;
-        for (int b = 0; b < MUON_NORM_SLOTS; b++) s += slots[(size_t)j * MUON_NORM_SLOTS + b];
+        for (int b = k.first_slot[j]; b < k.first_slot[j + 1]; b++) s += slots[b];
         total = s;
     }
     __syncthreads();
     return total;
 }
 
-/* Grid (MUON_NORM_SLOTS, matrices): m and u as muon_step_cpu forms them,
- * each product rounded on its own as the CPU rounds it. */
+/* The elements of matrix j that this thread covers: first, first + stride, ... */
+typedef struct {
+    size_t first, stride;
+} SlotLoop;
+
+static __device__ SlotLoop slot_loop(const MuonKernelMats &k, int j) {
+    size_t slot = blockIdx.x - k.first_slot[j], slots = k.first_slot[j + 1] - k.first_slot[j];
+    return {slot * MUON_THREADS + threadIdx.x, slots * MUON_THREADS};
+}
+
+/* One block per slot: m and u as muon_step_cpu forms them, each product
+ * rounded on its own as the CPU rounds it. */
 template <typename TG>
 static __global__ void __launch_bounds__(MUON_THREADS)
 momentum_kernel(MuonKernelMats k, const TG *grad, float *momentum, const float *master, float *x, double *u_slots,
                 double *w_slots, const LossScalerState *scaler, const float *grad_mult, float beta, int nesterov) {
     if (scaler && scaler->found_inf) return;
-    int j = blockIdx.y;
+    int j = block_matrix(k);
     float inv_scale = scaler ? 1.0f / scaler->scale : 1.0f, mult = grad_mult ? *grad_mult : 1.0f;
     size_t n = (size_t)k.rows[j] * k.cols[j], off = k.offset[j];
     double u2 = 0, w2 = 0;
-    for (size_t i = blockIdx.x * (size_t)MUON_THREADS + threadIdx.x; i < n; i += (size_t)MUON_NORM_SLOTS * MUON_THREADS) {
+    SlotLoop e = slot_loop(k, j);
+    for (size_t i = e.first; i < n; i += e.stride) {
         float g = __fmul_rn(__fmul_rn(to_float(grad[off + i]), inv_scale), mult);
         float mom = __fadd_rn(__fmul_rn(beta, momentum[off + i]), g);
         momentum[off + i] = mom;
@@ -76,48 +114,52 @@ momentum_kernel(MuonKernelMats k, const TG *grad, float *momentum, const float *
     }
     u2 = block_sum_all(u2);
     w2 = block_sum_all(w2);
-    if (threadIdx.x == 0) {
-        u_slots[(size_t)j * MUON_NORM_SLOTS + blockIdx.x] = u2;
-        w_slots[(size_t)j * MUON_NORM_SLOTS + blockIdx.x] = w2;
-    }
+    if (threadIdx.x == 0) u_slots[blockIdx.x] = u2, w_slots[blockIdx.x] = w2;
 }
 
-/* x = u / (||u|| + eps), grid (MUON_NORM_SLOTS, matrices). */
+/* x = u / (||u|| + eps), one block per slot. */
 static __global__ void __launch_bounds__(MUON_THREADS)
 unit_norm_kernel(MuonKernelMats k, float *x, const double *u_slots, const LossScalerState *scaler) {
     if (scaler && scaler->found_inf) return;
-    int j = blockIdx.y;
-    float inv = 1.0f / ((float)sqrt(slots_sum(u_slots, j)) + MUON_EPS);
+    int j = block_matrix(k);
+    float inv = 1.0f / ((float)sqrt(slots_sum(u_slots, k, j)) + MUON_EPS);
     size_t n = (size_t)k.rows[j] * k.cols[j];
-    for (size_t i = blockIdx.x * (size_t)MUON_THREADS + threadIdx.x; i < n; i += (size_t)MUON_NORM_SLOTS * MUON_THREADS)
-        x[k.x_off[j] + i] *= inv;
+    SlotLoop e = slot_loop(k, j);
+    for (size_t i = e.first; i < n; i += e.stride) x[k.x_off[j] + i] *= inv;
 }
 
-/* b = b_coef A over every matrix's k x k slot (the diagonal's a I and the c A A term come next). */
-static __global__ void poly_start_kernel(const float *a, float *b, size_t floats) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < floats; i += (size_t)gridDim.x * blockDim.x)
-        b[i] = MUON_NS_B * a[i];
+/* Blocks per matrix for poly_kernel: enough for the largest k x k, at most 32. */
+static unsigned poly_blocks(const MuonKernelMats *k) {
+    size_t most = 0;
+    for (int j = 0; j < k->n; j++) {
+        size_t kk = (size_t)(k->rows[j] < k->cols[j] ? k->rows[j] : k->cols[j]);
+        if (kk * kk > most) most = kk * kk;
+    }
+    return grid_stride_blocks(most, MUON_THREADS, 32);
 }
 
-/* The diagonals get + a: one thread per diagonal element of matrix blockIdx.y. */
-static __global__ void poly_diagonal_kernel(float *b, MuonLayout l, MuonKernelMats k) {
+/* b = b_coef A + a_coef I on matrix blockIdx.y's k x k slot (rounded as
+ * poly_cpu rounds it); the c A A term comes next, from cuBLAS. */
+static __global__ void __launch_bounds__(MUON_THREADS) poly_kernel(MuonKernelMats k, const float *a, float *b) {
     int j = blockIdx.y, kk = k.rows[j] < k.cols[j] ? k.rows[j] : k.cols[j];
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < kk; i += gridDim.x * blockDim.x)
-        b[l.a_off[j] + (size_t)i * kk + i] += MUON_NS_A;
+    size_t n = (size_t)kk * kk;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        b[k.a_off[j] + i] = __fadd_rn(__fmul_rn(MUON_NS_B, a[k.a_off[j] + i]), i / kk == i % kk ? MUON_NS_A : 0.0f);
 }
 
-/* Grid (MUON_NORM_SLOTS, matrices): W = W * sqrt(rows) / ||W|| - lr * lr_mult * X, and its half copy. */
+/* One block per slot: W = W * sqrt(rows) / ||W|| - lr * lr_mult * X, and its half copy. */
 template <typename TW>
 static __global__ void __launch_bounds__(MUON_THREADS)
 apply_kernel(MuonKernelMats k, float *master, TW *weights_half, const float *x, const double *w_slots,
              const LossScalerState *scaler, const float *lr, float lr_mult, int normalize) {
     if (scaler && scaler->found_inf) return;
-    int j = blockIdx.y;
-    double w2 = slots_sum(w_slots, j);
+    int j = block_matrix(k);
+    double w2 = slots_sum(w_slots, k, j);
     float w_scale = normalize && w2 > 0 ? (float)(sqrt((double)k.rows[j]) / sqrt(w2)) : 1.0f;
     float step = __fmul_rn(*lr, lr_mult);
     size_t n = (size_t)k.rows[j] * k.cols[j], off = k.offset[j];
-    for (size_t i = blockIdx.x * (size_t)MUON_THREADS + threadIdx.x; i < n; i += (size_t)MUON_NORM_SLOTS * MUON_THREADS) {
+    SlotLoop e = slot_loop(k, j);
+    for (size_t i = e.first; i < n; i += e.stride) {
         float w = __fsub_rn(__fmul_rn(master[off + i], w_scale), __fmul_rn(step, x[k.x_off[j] + i]));
         master[off + i] = w;
         if (weights_half) weights_half[off + i] = from_float<TW>(w);
@@ -134,92 +176,170 @@ static cublasComputeType_t fp32_compute(cublasHandle_t h) {
                : CUBLAS_COMPUTE_32F_PEDANTIC;
 }
 
-/* Column-major C = alpha op(A) op(B) + beta C over count matrices strides apart. */
+/* The grouped products' problems: the matrices by shape, group i holding
+ * size[i] matrices of rows[i] x cols[i]; entry p of every pointer table is
+ * matrix order[p]. */
 typedef struct {
-    cublasHandle_t h;
-    cublasComputeType_t compute;
-} Gemm;
+    int count, size[MUON_MAX_MATRICES], rows[MUON_MAX_MATRICES], cols[MUON_MAX_MATRICES];
+    int order[MUON_MAX_MATRICES];
+} MuonGroups;
 
-static void gemm_batched(const Gemm *g, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k,
-                         float alpha, const float *a, int lda, long long stride_a, const float *b, int ldb,
-                         long long stride_b, float beta, float *c, int ldc, long long stride_c, int count) {
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(g->h, op_a, op_b, m, n, k, &alpha, a, CUDA_R_32F, lda, stride_a, b,
-                                            CUDA_R_32F, ldb, stride_b, &beta, c, CUDA_R_32F, ldc, stride_c, count,
-                                            g->compute, CUBLAS_GEMM_DEFAULT));
+static MuonGroups shape_groups(const MuonMatrices *mats) {
+    MuonGroups g;
+    int taken[MUON_MAX_MATRICES] = {0}, p = 0;
+    g.count = 0;
+    for (int j = 0; j < mats->n; j++) {
+        if (taken[j]) continue;
+        int rows = mats->mats[j].rows, cols = mats->mats[j].cols, i = g.count++;
+        g.rows[i] = rows, g.cols[i] = cols, g.size[i] = 0;
+        for (int o = j; o < mats->n; o++)
+            if (!taken[o] && mats->mats[o].rows == rows && mats->mats[o].cols == cols)
+                taken[o] = 1, g.order[p++] = o, g.size[i]++;
+    }
+    return g;
 }
 
-/* One round for the count matrices of one shape from matrix j on: the
- * row-major rows x cols iterate seen by cuBLAS (column-major) is X^T, cols x
- * rows, ld cols. Wide: A = X X^T = (X^T)^T X^T, and (B X)^T = X^T B. Tall
- * (the iteration on X^T): A = X^T X = X^T (X^T)^T, and (X B)^T = B X^T. */
-static void round_gram(const Gemm *g, const MuonLayout *l, char *s, int j, int rows, int cols, int count) {
-    long long sx = (long long)muon_pad64((size_t)rows * cols), k = rows < cols ? rows : cols;
-    long long sa = (long long)muon_pad64((size_t)(k * k));
-    const float *x = (const float *)(s + l->x) + l->x_off[j];
-    float *a = (float *)(s + l->a) + l->a_off[j];
-    if (rows <= cols) gemm_batched(g, CUBLAS_OP_T, CUBLAS_OP_N, rows, rows, cols, 1.0f, x, cols, sx, x, cols, sx, 0.0f, a, rows, sa, count);
-    else gemm_batched(g, CUBLAS_OP_N, CUBLAS_OP_T, cols, cols, rows, 1.0f, x, cols, sx, x, cols, sx, 0.0f, a, cols, sa, count);
+/* The pointer tables (MuonLayout's ptrs): each stage's A, B and C arrays,
+ * n pointers each. A round reads x and writes y or the other way round, so
+ * the Gram matrix and the product with B have a table for each. */
+enum { TABLE_GRAM_X, TABLE_GRAM_Y, TABLE_POLY, TABLE_APPLY_X_TO_Y, TABLE_APPLY_Y_TO_X, STAGE_TABLES };
+static_assert(STAGE_TABLES * 3 == MUON_POINTER_TABLES, "muon.h's MUON_POINTER_TABLES: an A, B and C table per stage");
+
+typedef struct {
+    size_t x_off[MUON_MAX_MATRICES], a_off[MUON_MAX_MATRICES];
+    int wide[MUON_MAX_MATRICES];
+    int n;
+} MuonProblems;
+
+static MuonProblems problems_of(const MuonMatrices *mats, const MuonLayout *l, const MuonGroups *g) {
+    MuonProblems q;
+    q.n = mats->n;
+    for (int p = 0; p < mats->n; p++) {
+        int j = g->order[p];
+        q.x_off[p] = l->x_off[j], q.a_off[p] = l->a_off[j];
+        q.wide[p] = mats->mats[j].rows <= mats->mats[j].cols;
+    }
+    return q;
 }
 
-static void round_poly(const Gemm *g, const MuonLayout *l, char *s, int j, int rows, int cols, int count) {
+/* One thread per problem; the operands as the stages' shapes below take them. */
+static __global__ void pointer_tables_kernel(MuonProblems q, float *x, float *y, float *a, float *b, void **tables) {
+    int p = threadIdx.x;
+    if (p >= q.n) return;
+    float *xp = x + q.x_off[p], *yp = y + q.x_off[p], *ap = a + q.a_off[p], *bp = b + q.a_off[p];
+    int wide = q.wide[p];
+    float *operands[STAGE_TABLES][3] = {{xp, xp, ap},
+                                        {yp, yp, ap},
+                                        {ap, ap, bp},
+                                        {wide ? xp : bp, wide ? bp : xp, yp},
+                                        {wide ? yp : bp, wide ? bp : yp, xp}};
+    for (int t = 0; t < STAGE_TABLES; t++)
+        for (int o = 0; o < 3; o++) tables[(size_t)(t * 3 + o) * q.n + p] = operands[t][o];
+}
+
+/* Column-major C = alpha op(A) op(B) + beta C for one group. */
+typedef struct {
+    cublasOperation_t op_a, op_b;
+    int m, n, k, lda, ldb, ldc;
+    float alpha, beta;
+} GemmShape;
+
+/* The products of a round for a rows x cols matrix: the row-major iterate
+ * seen by cuBLAS (column-major) is X^T, cols x rows, ld cols. Wide: A = X X^T
+ * = (X^T)^T X^T, and (B X)^T = X^T B. Tall (the iteration on X^T): A = X^T X
+ * = X^T (X^T)^T, and (X B)^T = B X^T. B = a I + b A + c A A: the product
+ * adds c A A to the b A + a I that poly_kernel leaves in it. */
+static GemmShape gram_shape(int rows, int cols) {
+    if (rows <= cols) return {CUBLAS_OP_T, CUBLAS_OP_N, rows, rows, cols, cols, cols, rows, 1.0f, 0.0f};
+    return {CUBLAS_OP_N, CUBLAS_OP_T, cols, cols, rows, cols, cols, cols, 1.0f, 0.0f};
+}
+
+static GemmShape poly_shape(int rows, int cols) {
     int k = rows < cols ? rows : cols;
-    long long sa = (long long)muon_pad64((size_t)k * k);
-    const float *a = (const float *)(s + l->a) + l->a_off[j];
-    float *b = (float *)(s + l->b) + l->a_off[j];
-    gemm_batched(g, CUBLAS_OP_N, CUBLAS_OP_N, k, k, k, MUON_NS_C, a, k, sa, a, k, sa, 1.0f, b, k, sa, count);
+    return {CUBLAS_OP_N, CUBLAS_OP_N, k, k, k, k, k, k, MUON_NS_C, 1.0f};
 }
 
-static void round_apply(const Gemm *g, const MuonLayout *l, char *s, int j, int rows, int cols, int count) {
-    long long sx = (long long)muon_pad64((size_t)rows * cols);
-    int k = rows < cols ? rows : cols;
-    long long sa = (long long)muon_pad64((size_t)k * k);
-    const float *x = (const float *)(s + l->x) + l->x_off[j], *b = (const float *)(s + l->b) + l->a_off[j];
-    float *y = (float *)(s + l->y) + l->x_off[j];
-    if (rows <= cols) gemm_batched(g, CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, rows, 1.0f, x, cols, sx, b, rows, sa, 0.0f, y, cols, sx, count);
-    else gemm_batched(g, CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, cols, 1.0f, b, cols, sa, x, cols, sx, 0.0f, y, cols, sx, count);
+static GemmShape apply_shape(int rows, int cols) {
+    if (rows <= cols) return {CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, rows, cols, rows, cols, 1.0f, 0.0f};
+    return {CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, cols, cols, cols, cols, 1.0f, 0.0f};
 }
 
-typedef void (*RoundStage)(const Gemm *, const MuonLayout *, char *, int, int, int, int);
+/* One stage's per-group arguments, host arrays as cublasGemmGroupedBatchedEx takes them. */
+typedef struct {
+    cublasOperation_t op_a[MUON_MAX_MATRICES], op_b[MUON_MAX_MATRICES];
+    int m[MUON_MAX_MATRICES], n[MUON_MAX_MATRICES], k[MUON_MAX_MATRICES];
+    int lda[MUON_MAX_MATRICES], ldb[MUON_MAX_MATRICES], ldc[MUON_MAX_MATRICES];
+    float alpha[MUON_MAX_MATRICES], beta[MUON_MAX_MATRICES];
+} GroupedStage;
 
-/* A stage for every run of consecutive matrices of one shape. */
-static void each_shape_run(const Gemm *g, const MuonMatrices *mats, const MuonLayout *l, char *s, RoundStage stage) {
-    for (int j = 0; j < mats->n;) {
-        int rows = mats->mats[j].rows, cols = mats->mats[j].cols, count = 1;
-        while (j + count < mats->n && mats->mats[j + count].rows == rows && mats->mats[j + count].cols == cols) count++;
-        stage(g, l, s, j, rows, cols, count);
-        j += count;
+static void stage_of(const MuonGroups *g, GemmShape (*shape)(int, int), GroupedStage *st) {
+    for (int i = 0; i < g->count; i++) {
+        GemmShape s = shape(g->rows[i], g->cols[i]);
+        st->op_a[i] = s.op_a, st->op_b[i] = s.op_b, st->m[i] = s.m, st->n[i] = s.n, st->k[i] = s.k;
+        st->lda[i] = s.lda, st->ldb[i] = s.ldb, st->ldc[i] = s.ldc, st->alpha[i] = s.alpha, st->beta[i] = s.beta;
     }
 }
 
-/* One Newton-Schulz round over every matrix: A, B = a I + b A + c A A, then
- * Y = B X (or X B); the caller swaps x and y. */
-static void ns_round(const Gemm *g, const MuonMatrices *mats, const MuonLayout *l, const MuonKernelMats *k, char *s,
+typedef struct {
+    cublasHandle_t h;
+    cublasComputeType_t compute;
+    MuonGroups groups;
+    GroupedStage gram, poly, apply;
+    void **tables; /* device */
+    int n;         /* matrices, the tables' length */
+} Products;
+
+/* One cuBLAS call for a stage of every matrix, operands from pointer table t. */
+static void grouped_gemm(const Products *pr, const GroupedStage *st, int t) {
+    void **a = pr->tables + (size_t)t * 3 * pr->n, **b = a + pr->n, **c = b + pr->n;
+    CUBLAS_CHECK(cublasGemmGroupedBatchedEx(pr->h, st->op_a, st->op_b, st->m, st->n, st->k, st->alpha,
+                                            (const void *const *)a, CUDA_R_32F, st->lda, (const void *const *)b,
+                                            CUDA_R_32F, st->ldb, st->beta, c, CUDA_R_32F, st->ldc, pr->groups.count,
+                                            pr->groups.size, pr->compute));
+}
+
+/* Round r of the Newton-Schulz iteration over every matrix: A, B = a I + b A
+ * + c A A, then Y = B X (or X B). Even rounds read x and write y, odd ones the
+ * other way round. */
+static void ns_round(const Products *pr, const MuonLayout *l, const MuonKernelMats *k, char *s, int r,
                      cudaStream_t stream) {
-    each_shape_run(g, mats, l, s, round_gram);
-    size_t a_floats = (l->b - l->a) / sizeof(float);
-    poly_start_kernel<<<grid_stride_blocks(a_floats, MUON_THREADS, 1024), MUON_THREADS, 0, stream>>>(
-        (const float *)(s + l->a), (float *)(s + l->b), a_floats);
+    grouped_gemm(pr, &pr->gram, r % 2 ? TABLE_GRAM_Y : TABLE_GRAM_X);
+    poly_kernel<<<dim3(poly_blocks(k), pr->n), MUON_THREADS, 0, stream>>>(*k, (const float *)(s + l->a),
+                                                                         (float *)(s + l->b));
     CUDA_CHECK_LAUNCH();
-    poly_diagonal_kernel<<<dim3(1, mats->n), MUON_THREADS, 0, stream>>>((float *)(s + l->b), *l, *k);
+    grouped_gemm(pr, &pr->poly, TABLE_POLY);
+    grouped_gemm(pr, &pr->apply, r % 2 ? TABLE_APPLY_Y_TO_X : TABLE_APPLY_X_TO_Y);
+}
+
+static Products products_of(cublasHandle_t h, const MuonMatrices *mats, const MuonLayout *l, char *s,
+                            cudaStream_t stream) {
+    Products pr;
+    pr.h = h, pr.compute = fp32_compute(h), pr.groups = shape_groups(mats);
+    pr.tables = (void **)(s + l->ptrs), pr.n = mats->n;
+    stage_of(&pr.groups, gram_shape, &pr.gram);
+    stage_of(&pr.groups, poly_shape, &pr.poly);
+    stage_of(&pr.groups, apply_shape, &pr.apply);
+    pointer_tables_kernel<<<1, MUON_MAX_MATRICES, 0, stream>>>(problems_of(mats, l, &pr.groups), (float *)(s + l->x),
+                                                               (float *)(s + l->y), (float *)(s + l->a),
+                                                               (float *)(s + l->b), pr.tables);
     CUDA_CHECK_LAUNCH();
-    each_shape_run(g, mats, l, s, round_poly);
-    each_shape_run(g, mats, l, s, round_apply);
+    return pr;
 }
 
 template <typename TG>
-static void launch_momentum(const void *grad, const MuonKernelMats *k, int n_mats, float *momentum,
-                            const float *master, float *x, double *u_slots, double *w_slots,
-                            const LossScalerState *scaler, const MuonParams *p, cudaStream_t stream) {
-    momentum_kernel<TG><<<dim3(MUON_NORM_SLOTS, n_mats), MUON_THREADS, 0, stream>>>(
+static void launch_momentum(const void *grad, const MuonKernelMats *k, float *momentum, const float *master, float *x,
+                            double *u_slots, double *w_slots, const LossScalerState *scaler, const MuonParams *p,
+                            cudaStream_t stream) {
+    momentum_kernel<TG><<<k->first_slot[k->n], MUON_THREADS, 0, stream>>>(
         *k, (const TG *)grad, momentum, master, x, u_slots, w_slots, scaler, p->grad_mult, p->momentum, p->nesterov);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename TW>
-static void launch_apply(const MuonKernelMats *k, int n_mats, float *master, void *weights_half, const float *x,
+static void launch_apply(const MuonKernelMats *k, float *master, void *weights_half, const float *x,
                          const double *w_slots, const LossScalerState *scaler, const float *lr, const MuonParams *p,
                          cudaStream_t stream) {
-    apply_kernel<TW><<<dim3(MUON_NORM_SLOTS, n_mats), MUON_THREADS, 0, stream>>>(
+    apply_kernel<TW><<<k->first_slot[k->n], MUON_THREADS, 0, stream>>>(
         *k, master, (TW *)weights_half, x, w_slots, scaler, lr, p->lr_mult, p->normalize_weights);
     CUDA_CHECK_LAUNCH();
 }
@@ -235,21 +355,17 @@ void muon_step_cuda(cublasHandle_t cublas, const MuonMatrices *mats, float *mast
     MuonLayout l = muon_layout_of(mats);
     MuonKernelMats k = kernel_mats(mats, &l);
     char *s = (char *)scratch;
+    float *x = (float *)(s + l.x);
     double *u_slots = (double *)(s + l.norms), *w_slots = u_slots + (size_t)MUON_NORM_SLOTS * mats->n;
-    DISPATCH_FLOAT_DTYPE(grad_dtype, launch_momentum, grad, &k, mats->n, momentum, master, (float *)(s + l.x), u_slots,
-                         w_slots, scaler_dev, &p, stream);
-    unit_norm_kernel<<<dim3(MUON_NORM_SLOTS, mats->n), MUON_THREADS, 0, stream>>>(k, (float *)(s + l.x), u_slots,
-                                                                                 scaler_dev);
+    Products pr = products_of(cublas, mats, &l, s, stream);
+    DISPATCH_FLOAT_DTYPE(grad_dtype, launch_momentum, grad, &k, momentum, master, x, u_slots, w_slots, scaler_dev, &p,
+                         stream);
+    unit_norm_kernel<<<k.first_slot[k.n], MUON_THREADS, 0, stream>>>(k, x, u_slots, scaler_dev);
     CUDA_CHECK_LAUNCH();
-    Gemm g = {cublas, fp32_compute(cublas)};
-    for (int r = 0; r < p.ns_steps; r++) {
-        ns_round(&g, mats, &l, &k, s, stream);
-        size_t swap = l.x;
-        l.x = l.y, l.y = swap;
-    }
-    const float *x = (const float *)(s + l.x);
-    if (!weights_half) launch_apply<float>(&k, mats->n, master, NULL, x, w_slots, scaler_dev, lr_device, &p, stream);
+    for (int r = 0; r < p.ns_steps; r++) ns_round(&pr, &l, &k, s, r, stream);
+    const float *result = p.ns_steps % 2 ? (const float *)(s + l.y) : x;
+    if (!weights_half) launch_apply<float>(&k, master, NULL, result, w_slots, scaler_dev, lr_device, &p, stream);
     else if (weights_dtype == DTYPE_BF16)
-        launch_apply<__nv_bfloat16>(&k, mats->n, master, weights_half, x, w_slots, scaler_dev, lr_device, &p, stream);
-    else launch_apply<__half>(&k, mats->n, master, weights_half, x, w_slots, scaler_dev, lr_device, &p, stream);
+        launch_apply<__nv_bfloat16>(&k, master, weights_half, result, w_slots, scaler_dev, lr_device, &p, stream);
+    else launch_apply<__half>(&k, master, weights_half, result, w_slots, scaler_dev, lr_device, &p, stream);
 }

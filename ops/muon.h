@@ -21,10 +21,12 @@
  * lr_mult makes Muon's rate its own (the recipe's 0.24 against SGD's).
  *
  * The CUDA path forms the products with cuBLAS in fp32 (TF32 tensor cores when
- * the handle is in CUBLAS_TF32_TENSOR_OP_MATH), consecutive matrices of one
- * shape in one batched call; the norms are summed in double in a fixed order.
- * No host sync and no allocation: scratch (muon_scratch_bytes, from the
- * caller) holds the iterates, so a CUDA graph can capture the step. */
+ * the handle is in CUBLAS_TF32_TENSOR_OP_MATH), each of a round's three
+ * products for every matrix in one grouped call (a group per shape); the
+ * norms are summed in double in a fixed order. No host sync and no
+ * allocation: scratch (muon_scratch_bytes, from the caller) holds the
+ * iterates and the grouped calls' pointer tables, so a CUDA graph can capture
+ * the step. */
 #ifndef TRAINC_OPS_MUON_H
 #define TRAINC_OPS_MUON_H
 
@@ -83,14 +85,17 @@ void muon_step_cuda(cublasHandle_t cublas, const MuonMatrices *mats, float *mast
 
 /* Where each matrix's slots lie in the scratch (both paths): its iterate x and
  * the next one y (rows x cols floats each), its Gram matrix a and polynomial b
- * (k x k, k = min(rows, cols)), and per matrix MUON_NORM_SLOTS partial sums
- * of squares of u and of W (doubles). Slots are padded to 64 floats, so
- * consecutive matrices of one shape lie a fixed stride apart (one batched
- * product). Offsets are in floats from x, y, a, b; those four in bytes. */
+ * (k x k, k = min(rows, cols)), and per matrix up to MUON_NORM_SLOTS partial
+ * sums of squares of u and of W (doubles). Slots are padded to 64 floats
+ * (256 bytes, the alignment cuBLAS wants of a grouped product's matrices).
+ * Offsets are in floats from x, y, a, b; those four in bytes. The CUDA path
+ * alone uses ptrs: MUON_POINTER_TABLES tables of n device pointers each, the
+ * A, B and C arrays of its grouped products. */
 #define MUON_NORM_SLOTS 128
+#define MUON_POINTER_TABLES 15
 typedef struct {
     size_t x_off[MUON_MAX_MATRICES], a_off[MUON_MAX_MATRICES];
-    size_t x, y, a, b, norms; /* byte offsets of the regions */
+    size_t x, y, a, b, norms, ptrs; /* byte offsets of the regions */
     size_t bytes;
 } MuonLayout;
 
@@ -106,7 +111,8 @@ static inline MuonLayout muon_layout_of(const MuonMatrices *mats) {
     }
     l.x = 0, l.y = xs * sizeof(float), l.a = 2 * xs * sizeof(float), l.b = l.a + as * sizeof(float);
     l.norms = l.b + as * sizeof(float);
-    l.bytes = l.norms + 2 * (size_t)MUON_NORM_SLOTS * (size_t)mats->n * sizeof(double);
+    l.ptrs = l.norms + 2 * (size_t)MUON_NORM_SLOTS * (size_t)mats->n * sizeof(double);
+    l.bytes = l.ptrs + (size_t)MUON_POINTER_TABLES * (size_t)mats->n * sizeof(void *);
     return l;
 }
 

@@ -1,7 +1,10 @@
 /* Muon (ops/muon.h): the device against the CPU on matrices wide and tall,
- * one of them alone in its shape and two of one shape side by side (one
- * batched product), with gaps between them that nothing may touch; a skipped
- * step changes nothing. By hand on the CPU: a single row (whose singular
+ * one of them alone in its shape, two of one shape side by side and two of
+ * one shape apart (one group of the grouped products each), one big enough
+ * for several partial sums of its norms, with gaps between them that nothing
+ * may touch; an odd and an even number of Newton-Schulz rounds (the result
+ * ends in either iterate); two steps replayed from one captured in a CUDA
+ * graph; a skipped step changes nothing. By hand on the CPU: a single row (whose singular
  * value follows the quintic), the momentum and the weight normalisation, the
  * singular values the iteration ends with, and a tall matrix as the
  * transpose of the wide one. */
@@ -10,12 +13,13 @@
 #include <string.h>
 
 #include "ops/muon.h"
+#include "runtime/gpu.h"
 #include "tests/ops/grid.h"
 
 #define GAP 37 /* parameters between the matrices, which Muon must leave alone */
 
 static MuonMatrices grid_matrices(size_t *n_params) {
-    static const int shape[][2] = {{16, 72}, {24, 54}, {24, 54}, {40, 12}, {1, 10}};
+    static const int shape[][2] = {{16, 72}, {24, 54}, {24, 54}, {40, 12}, {16, 72}, {48, 100}, {1, 10}};
     MuonMatrices m = {.n = (int)GRID_COUNT(shape)};
     size_t at = GAP;
     for (int j = 0; j < m.n; j++) {
@@ -44,21 +48,56 @@ static void difference(const float *a, const float *b, size_t n, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] - b[i];
 }
 
-static void muon_at(const GridCase *c, int found_inf) {
+/* One case: steps of ns_steps rounds, on the device eagerly or from a graph. */
+typedef struct {
+    int found_inf, ns_steps, steps, graph;
+} MuonRun;
+
+typedef struct {
+    float *w, *m, *lr;
+    void *grad, *half, *scratch;
+    LossScalerState *scaler;
+} MuonDevice;
+
+static void device_step(const GridCase *c, const MuonMatrices *mats, MuonDevice d, MuonParams p) {
+    muon_step(&c->ctx, mats, d.w, d.grad, d.m, d.half, d.lr, d.scaler, p, d.scratch);
+}
+
+/* The step captured, the capture over (and muon_step's frame gone) before
+ * the replays. */
+static cudaGraphExec_t captured_step(const GridCase *c, const MuonMatrices *mats, MuonDevice d, MuonParams p) {
+    gpu_capture_begin(c->ctx.stream);
+    device_step(c, mats, d, p);
+    return gpu_capture_end(c->ctx.stream, 0);
+}
+
+static void device_steps(const GridCase *c, const MuonMatrices *mats, MuonDevice d, MuonParams p, MuonRun r) {
+    if (!r.graph) {
+        for (int s = 0; s < r.steps; s++) device_step(c, mats, d, p);
+        return;
+    }
+    cudaGraphExec_t graph = captured_step(c, mats, d, p);
+    for (int s = 0; s < r.steps; s++) gpu_graph_launch(graph, c->ctx.stream);
+    gpu_graph_destroy(graph);
+}
+
+static void muon_at(const GridCase *c, MuonRun r) {
     size_t n;
     MuonMatrices mats = grid_matrices(&n);
-    printf(" %zu parameters in %d matrices%s\n", n, mats.n, found_inf ? ", the step skipped" : "");
+    printf(" %zu parameters in %d matrices, %d step(s) of %d rounds%s%s\n", n, mats.n, r.steps, r.ns_steps,
+           r.graph ? " from a CUDA graph" : "", r.found_inf ? ", the step skipped" : "");
     float *w = grid_random(c, DTYPE_F32, n, -1, 1), *mom = grid_random(c, DTYPE_F32, n, -0.1f, 0.1f);
     float *grad = grid_random(c, c->dtype, n, -1024, 1024); /* scaled by the loss scaler's 1024 */
     LossScalerState scaler = loss_scaler_initial(1024.0f);
-    scaler.found_inf = found_inf;
+    scaler.found_inf = r.found_inf;
     float lr = 0.5f, mult = 0.75f;
     MuonParams p = RECIPE;
+    p.ns_steps = r.ns_steps;
     size_t scratch_bytes = muon_scratch_bytes(&mats);
     float *want_w = copy_floats(w, n), *want_m = copy_floats(mom, n);
     void *scratch = malloc(scratch_bytes);
     p.grad_mult = &mult;
-    muon_step_cpu(&mats, want_w, grad, want_m, &lr, &scaler, p, scratch);
+    for (int s = 0; s < r.steps; s++) muon_step_cpu(&mats, want_w, grad, want_m, &lr, &scaler, p, scratch);
 
     DType half = c->device == DEVICE_CUDA && c->dtype != DTYPE_F32 ? c->dtype : DTYPE_F32;
     float *d_w = grid_put(c, DTYPE_F32, w, n), *d_m = grid_put(c, DTYPE_F32, mom, n);
@@ -67,12 +106,12 @@ static void muon_at(const GridCase *c, int found_inf) {
     LossScalerState *d_scaler = grid_put_bytes(c, &scaler, sizeof scaler);
     void *d_scratch = grid_alloc_bytes(c, scratch_bytes);
     p.grad_mult = d_mult;
-    muon_step(&c->ctx, &mats, d_w, d_grad, d_m, d_half, d_lr, d_scaler, p, d_scratch);
+    device_steps(c, &mats, (MuonDevice){d_w, d_m, d_lr, d_grad, d_half, d_scratch, d_scaler}, p, r);
     float *gw = grid_get(c, DTYPE_F32, d_w, n), *gm = grid_get(c, DTYPE_F32, d_m, n);
 
     grid_check_same(c, "muon momentum (device against the CPU)", gm, want_m, n * sizeof(float));
     CHECK_MSG(gap_change(&mats, w, gw, n) == 0, "%s: muon changed a parameter outside its matrices", c->name);
-    if (found_inf) grid_check_same(c, "muon skipped step: the weights", gw, w, n * sizeof(float));
+    if (r.found_inf) grid_check_same(c, "muon skipped step: the weights", gw, w, n * sizeof(float));
     else {
         /* The steps, not the weights: a wrong update is off by its own size. */
         float *got_step = malloc(n * sizeof(float)), *want_step = malloc(n * sizeof(float));
@@ -95,8 +134,10 @@ static void muon_at(const GridCase *c, int found_inf) {
 
 static void muon_case(const GridCase *c) {
     if (c->device == DEVICE_CPU) return; /* the CPU path is the reference: muon_by_hand checks it */
-    muon_at(c, 0);
-    muon_at(c, 1);
+    muon_at(c, (MuonRun){.ns_steps = RECIPE.ns_steps, .steps = 1});
+    muon_at(c, (MuonRun){.ns_steps = 4, .steps = 1});
+    muon_at(c, (MuonRun){.ns_steps = RECIPE.ns_steps, .steps = 2, .graph = 1});
+    muon_at(c, (MuonRun){.found_inf = 1, .ns_steps = RECIPE.ns_steps, .steps = 1});
 }
 
 static float quintic(float s) { return MUON_NS_A * s + MUON_NS_B * s * s * s + MUON_NS_C * s * s * s * s * s; }

@@ -7,7 +7,6 @@
 #include "ops/bias_relu.h"
 #include "ops/bias_relu_pool.h"
 #include "ops/cast.h"
-#include "ops/conv_bias_gelu.h"
 #include "ops/gelu.h"
 #include "ops/relu.h"
 #include "ops/scale.h"
@@ -29,7 +28,8 @@ static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
     if (l->fused_act == BN_ACT_GELU) {
-        conv_bias_gelu_forward(&m->ops, s, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
+        ConvBiasGeluShape ws = whitening_shape(m, l);
+        conv_bias_gelu_forward(&m->ops, &ws, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
         return;
     }
     conv2d_forward(&m->ops, &l->conv, x_of(m, l), w_of(m, l), l->fused ? NULL : b_of(m, l), y_of(m, l));
@@ -43,8 +43,9 @@ static void conv_backward(Model *m, const Layer *l) {
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
     int acc = l->dx_accumulate[0];
     if (l->whitening) { /* its weights never train and its input is the data: the bias alone */
+        ConvBiasGeluShape ws = whitening_shape(m, l);
         if (l->fused_act == BN_ACT_GELU) /* dy is the GELU's output's */
-            conv_bias_gelu_backward(ctx, &l->conv.shape, x_of(m, l), w_of(m, l), b_of(m, l), dy, db);
+            conv_bias_gelu_backward(ctx, &ws, x_of(m, l), w_of(m, l), b_of(m, l), dy, db);
         else
             conv2d_bias_grad(ctx, &l->conv, dy, db);
         return;

@@ -8,7 +8,6 @@
 
 #include "models/layers.h"
 #include "ops/cast.h"
-#include "ops/conv_bias_gelu.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
@@ -430,7 +429,8 @@ static void choose_conv_algorithms(Model *m) {
             conv2d_describe(ctx, &l->conv, chosen, sizeof chosen);
             log_info("layer %d conv %dx%dx%dx%d k%d: %s, workspace %.1f MiB", i, s->n, s->c, s->h, s->w, s->k, chosen,
                      bytes / 1048576.0);
-            size_t bias_grad = l->fused_act == BN_ACT_GELU ? conv_bias_gelu_workspace_bytes(ctx, s)
+            ConvBiasGeluShape whitening = whitening_shape(m, l);
+            size_t bias_grad = l->fused_act == BN_ACT_GELU ? conv_bias_gelu_workspace_bytes(ctx, &whitening)
                                                            : conv2d_bias_grad_bytes(ctx, &l->conv);
             if ((l->fused || l->whitening) && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_BATCHNORM) {

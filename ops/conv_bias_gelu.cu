@@ -13,14 +13,15 @@
 /* Dynamic shared memory a launch may take without opting in. */
 #define SHARED_LIMIT (48 << 10)
 
-/* The sizes the kernels index by; p, q the output's height and width. */
+/* The sizes the kernels index by; p, q the output's height and width, cr the real channels. */
 struct Dims {
-    int n, c, h, w, k, r, s, p, q;
+    int n, c, h, w, k, r, s, p, q, cr;
     int nhwc;
 };
 
-static Dims dims_of(const Conv2dShape *s, int nhwc) {
-    return Dims{s->n, s->c, s->h, s->w, s->k, s->r, s->s, conv2d_out_h(s), conv2d_out_w(s), nhwc != 0};
+static Dims dims_of(const ConvBiasGeluShape *cs, int nhwc) {
+    const Conv2dShape *s = &cs->conv;
+    return Dims{s->n, s->c, s->h, s->w, s->k, s->r, s->s, conv2d_out_h(s), conv2d_out_w(s), cs->c_real, nhwc != 0};
 }
 
 static __host__ __device__ size_t pixels_of(const Dims &d) { return (size_t)d.n * d.p * d.q; }
@@ -41,7 +42,7 @@ static __device__ size_t filter_at(const Dims &d, int k, int c, int r, int s) {
 template <typename T>
 static __device__ float plain_z(const T *x, const T *w, const T *b, const Dims &d, size_t n, int k, int p, int q) {
     float z = 0.0f;
-    for (int c = 0; c < d.c; c++)
+    for (int c = 0; c < d.cr; c++)
         for (int r = 0; r < d.r; r++)
             for (int s = 0; s < d.s; s++)
                 z = fmaf(to_float(x[image_at(d, d.c, d.h, d.w, n, c, p + r, q + s)]), to_float(w[filter_at(d, k, c, r, s)]), z);
@@ -94,20 +95,20 @@ plain_backward(const T *x, const T *w, const T *b, const T *dy, float *partials,
     if (threadIdx.x == 0) partials[(size_t)blockIdx.x * d.k + k] = total;
 }
 
-/* ---- the window kernels: NHWC, C channels in whole 16-byte packs, k in whole packs; one thread per output
- * pixel reads its R x S window once and handles every channel of it ---- */
+/* ---- the window kernels: NHWC, C channels (CR of them real) in whole 16-byte packs, k in whole packs; one
+ * thread per output pixel reads its R x S window once and handles every channel of it ---- */
 
-/* Every block's copy of the weights [k][taps] and bias [k], in fp32. */
-template <typename T>
-static __device__ void stage_weights(const T *w, const T *b, float *ws, float *bs, int k, int taps) {
-    for (int i = threadIdx.x; i < k * taps; i += THREADS) ws[i] = to_float(w[i]);
+/* Every block's copy of the weights [k][r][s] over the CR real channels and of the bias [k], in fp32. */
+template <typename T, int C, int CR>
+static __device__ void stage_weights(const T *w, const T *b, float *ws, float *bs, int k, int rs) {
+    for (int i = threadIdx.x; i < k * rs * CR; i += THREADS) ws[i] = to_float(w[i / CR * C + i % CR]);
     for (int i = threadIdx.x; i < k; i += THREADS) bs[i] = to_float(b[i]);
     __syncthreads();
 }
 
-/* The window of output pixel pix as floats, [r][s][c] (the filters' order). */
-template <typename T, int R, int S, int C>
-static __device__ void load_window(const T *x, const Dims &d, size_t pix, float (&win)[R * S * C]) {
+/* The window of output pixel pix as floats, [r][s][c] over the real channels (the staged filters' order). */
+template <typename T, int R, int S, int C, int CR>
+static __device__ void load_window(const T *x, const Dims &d, size_t pix, float (&win)[R * S * CR]) {
     constexpr int V = 16 / sizeof(T);
     int q = (int)(pix % d.q), p = (int)(pix / d.q % d.p);
     size_t n = pix / d.q / d.p;
@@ -120,29 +121,39 @@ static __device__ void load_window(const T *x, const Dims &d, size_t pix, float 
             for (int j = 0; j < C / V; j++) {
                 Pack<T, V> v = px[j];
 #pragma unroll
-                for (int e = 0; e < V; e++) win[(r * S + s) * C + j * V + e] = to_float(v.v[e]);
+                for (int e = 0; e < V; e++)
+                    if (j * V + e < CR) win[(r * S + s) * CR + j * V + e] = to_float(v.v[e]);
             }
         }
 }
 
+/* The filter read 16 bytes at a time (a broadcast: every thread reads the same one). */
 template <int TAPS>
 static __device__ float window_z(const float (&win)[TAPS], const float *filter, float bias) {
+    static_assert(TAPS % 4 == 0, "window kernels read filters as float4");
+    const float4 *f4 = reinterpret_cast<const float4 *>(filter);
     float z = 0.0f;
 #pragma unroll
-    for (int i = 0; i < TAPS; i++) z = fmaf(win[i], filter[i], z);
+    for (int i = 0; i < TAPS / 4; i++) {
+        float4 v = f4[i];
+        z = fmaf(win[4 * i], v.x, z);
+        z = fmaf(win[4 * i + 1], v.y, z);
+        z = fmaf(win[4 * i + 2], v.z, z);
+        z = fmaf(win[4 * i + 3], v.w, z);
+    }
     return z + bias;
 }
 
-template <typename T, int R, int S, int C>
+template <typename T, int R, int S, int C, int CR>
 static __global__ void __launch_bounds__(THREADS) window_forward(const T *x, const T *w, const T *b, T *y, Dims d) {
-    constexpr int TAPS = R * S * C, V = 16 / sizeof(T);
-    extern __shared__ float smem[];
-    float *ws = smem, *bs = smem + (size_t)d.k * TAPS;
-    stage_weights(w, b, ws, bs, d.k, TAPS);
+    constexpr int TAPS = R * S * CR, V = 16 / sizeof(T);
+    extern __shared__ float4 smem4[]; /* 16-byte aligned: whole filters of TAPS floats read as float4 */
+    float *ws = reinterpret_cast<float *>(smem4), *bs = ws + (size_t)d.k * TAPS;
+    stage_weights<T, C, CR>(w, b, ws, bs, d.k, R * S);
     size_t pixels = pixels_of(d);
     for (size_t pix = blockIdx.x * (size_t)THREADS + threadIdx.x; pix < pixels; pix += (size_t)gridDim.x * THREADS) {
         float win[TAPS];
-        load_window<T, R, S, C>(x, d, pix, win);
+        load_window<T, R, S, C, CR>(x, d, pix, win);
         Pack<T, V> *out = (Pack<T, V> *)(y + pix * d.k);
         for (int j = 0; j < d.k / V; j++) {
             Pack<T, V> o;
@@ -170,18 +181,18 @@ static __device__ void write_partials(const float *sums, float *row, int k) {
 
 /* Each thread keeps its own sums per channel (a column of sums, [k][THREADS] in shared memory) over every
  * gridDim.x-th pixel from its own; the block's partials[row][k] are their totals. */
-template <typename T, int R, int S, int C>
+template <typename T, int R, int S, int C, int CR>
 static __global__ void __launch_bounds__(THREADS)
 window_backward(const T *x, const T *w, const T *b, const T *dy, float *partials, Dims d) {
-    constexpr int TAPS = R * S * C, V = 16 / sizeof(T);
-    extern __shared__ float smem[];
-    float *ws = smem, *bs = ws + (size_t)d.k * TAPS, *sums = bs + d.k;
+    constexpr int TAPS = R * S * CR, V = 16 / sizeof(T);
+    extern __shared__ float4 smem4[];
+    float *ws = reinterpret_cast<float *>(smem4), *bs = ws + (size_t)d.k * TAPS, *sums = bs + d.k;
     for (int f = 0; f < d.k; f++) sums[f * THREADS + threadIdx.x] = 0.0f;
-    stage_weights(w, b, ws, bs, d.k, TAPS);
+    stage_weights<T, C, CR>(w, b, ws, bs, d.k, R * S);
     size_t pixels = pixels_of(d);
     for (size_t pix = blockIdx.x * (size_t)THREADS + threadIdx.x; pix < pixels; pix += (size_t)gridDim.x * THREADS) {
         float win[TAPS];
-        load_window<T, R, S, C>(x, d, pix, win);
+        load_window<T, R, S, C, CR>(x, d, pix, win);
         const Pack<T, V> *g = (const Pack<T, V> *)(dy + pix * d.k);
         for (int j = 0; j < d.k / V; j++) {
             Pack<T, V> gv = g[j];
@@ -202,7 +213,7 @@ window_backward(const T *x, const T *w, const T *b, const T *dy, float *partials
 static bool aligned16(const void *p) { return (uintptr_t)p % 16 == 0; }
 
 static size_t window_shared_bytes(const Dims &d, bool backward) {
-    size_t floats = (size_t)d.k * d.r * d.s * d.c + d.k + (backward ? (size_t)d.k * THREADS : 0);
+    size_t floats = (size_t)d.k * d.r * d.s * d.cr + d.k + (backward ? (size_t)d.k * THREADS : 0);
     return floats * sizeof(float);
 }
 
@@ -214,25 +225,28 @@ static bool window_fits(const Dims &d, const void *x, const void *y, bool backwa
            window_shared_bytes(d, backward) <= SHARED_LIMIT;
 }
 
-template <typename T, int R, int S, int C>
+template <typename T, int R, int S, int C, int CR>
 static void launch_window(const Dims &d, const T *x, const T *w, const T *b, T *y, const T *dy, float *partials,
                           unsigned rows, cudaStream_t stream) {
     if (partials)
-        window_backward<T, R, S, C><<<rows, THREADS, window_shared_bytes(d, true), stream>>>(x, w, b, dy, partials, d);
+        window_backward<T, R, S, C, CR><<<rows, THREADS, window_shared_bytes(d, true), stream>>>(x, w, b, dy, partials, d);
     else
-        window_forward<T, R, S, C><<<grid_stride_blocks(pixels_of(d), THREADS, WINDOW_MAX_BLOCKS), THREADS,
+        window_forward<T, R, S, C, CR><<<grid_stride_blocks(pixels_of(d), THREADS, WINDOW_MAX_BLOCKS), THREADS,
                                      window_shared_bytes(d, false), stream>>>(x, w, b, y, d);
     CUDA_CHECK_LAUNCH();
 }
 
-/* The window kernel of the filter size and channel count, if one is built; false otherwise. Forward
+/* The window kernel of the filter size and channel counts, if one is built (2x2 over 3 of 8 channels:
+ * airbench's padded image); false otherwise. Forward
  * writes y; backward (partials) writes rows partial sums. */
 template <typename T>
 static bool try_window(const Dims &d, const T *x, const T *w, const T *b, T *y, const T *dy, float *partials,
                        unsigned rows, cudaStream_t stream) {
     if (!window_fits<T>(d, x, partials ? (const void *)dy : (const void *)y, partials != NULL)) return false;
-    if (d.r == 2 && d.s == 2 && d.c == 8) launch_window<T, 2, 2, 8>(d, x, w, b, y, dy, partials, rows, stream);
-    else if (d.r == 3 && d.s == 3 && d.c == 8) launch_window<T, 3, 3, 8>(d, x, w, b, y, dy, partials, rows, stream);
+    if (d.c != 8) return false;
+    if (d.r == 2 && d.s == 2 && d.cr == 3) launch_window<T, 2, 2, 8, 3>(d, x, w, b, y, dy, partials, rows, stream);
+    else if (d.r == 2 && d.s == 2 && d.cr == 8) launch_window<T, 2, 2, 8, 8>(d, x, w, b, y, dy, partials, rows, stream);
+    else if (d.r == 3 && d.s == 3 && d.cr == 8) launch_window<T, 3, 3, 8, 8>(d, x, w, b, y, dy, partials, rows, stream);
     else return false;
     return true;
 }
@@ -254,14 +268,14 @@ static void launch_backward(const Dims &d, const void *x, const void *w, const v
     CUDA_CHECK_LAUNCH();
 }
 
-void conv_bias_gelu_forward_cuda(DType dtype, int nhwc, const Conv2dShape *s, const void *x, const void *w,
+void conv_bias_gelu_forward_cuda(DType dtype, int nhwc, const ConvBiasGeluShape *s, const void *x, const void *w,
                                  const void *b, void *y, cudaStream_t stream) {
     check_float_dtype("conv_bias_gelu", dtype);
     conv_bias_gelu_check_shape(s);
     DISPATCH_FLOAT_DTYPE(dtype, launch_forward, dims_of(s, nhwc), x, w, b, y, stream);
 }
 
-void conv_bias_gelu_backward_cuda(DType dtype, int nhwc, const Conv2dShape *s, const void *x, const void *w,
+void conv_bias_gelu_backward_cuda(DType dtype, int nhwc, const ConvBiasGeluShape *s, const void *x, const void *w,
                                   const void *b, const void *dy, void *db, void *workspace, cudaStream_t stream) {
     check_float_dtype("conv_bias_gelu", dtype);
     conv_bias_gelu_check_shape(s);
@@ -269,5 +283,5 @@ void conv_bias_gelu_backward_cuda(DType dtype, int nhwc, const Conv2dShape *s, c
     int rows = conv_bias_gelu_partial_rows(s);
     DISPATCH_FLOAT_DTYPE(dtype, launch_backward, dims_of(s, nhwc), x, w, b, dy, (float *)workspace, (unsigned)rows,
                          stream);
-    conv2d_bias_grad_finish_cuda(dtype, (const float *)workspace, rows, s->k, db, stream);
+    conv2d_bias_grad_finish_cuda(dtype, (const float *)workspace, rows, s->conv.k, db, stream);
 }

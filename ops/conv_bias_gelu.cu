@@ -36,6 +36,20 @@ static __device__ size_t filter_at(const Dims &d, int k, int c, int r, int s) {
     return d.nhwc ? (((size_t)k * d.r + r) * d.s + s) * d.c + c : (((size_t)k * d.c + c) * d.r + r) * d.s + s;
 }
 
+/* ---- the partial sums of the bias gradient ---- */
+
+/* Each warp adds up channels warp, warp + warps, ...: each lane a fixed share of the threads' sums
+ * [k][THREADS], then a fixed shuffle tree. */
+static __device__ void write_partials(const float *sums, float *row, int k) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int f = warp; f < k; f += THREADS / 32) {
+        float v = 0.0f;
+        for (int t = lane; t < THREADS; t += 32) v += sums[f * THREADS + t];
+        for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+        if (lane == 0) row[f] = v;
+    }
+}
+
 /* ---- the plain kernels: any shape and layout, everything from global memory ---- */
 
 /* z of output (n, k, p, q). */
@@ -66,18 +80,6 @@ static __global__ void __launch_bounds__(THREADS) plain_forward(const T *x, cons
     }
 }
 
-/* The block's sum of v, a tree in shared memory (a fixed order). */
-static __device__ float block_total(float v) {
-    __shared__ float part[THREADS];
-    part[threadIdx.x] = v;
-    __syncthreads();
-    for (int half = THREADS / 2; half > 0; half /= 2) {
-        if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
-        __syncthreads();
-    }
-    return part[0];
-}
-
 /* Block (row, k): channel k over every gridDim.x-th pixel from the row's, into partials[row][k]. */
 template <typename T>
 static __global__ void __launch_bounds__(THREADS)
@@ -91,8 +93,10 @@ plain_backward(const T *x, const T *w, const T *b, const T *dy, float *partials,
         float z = plain_z(x, w, b, d, n, k, p, q);
         sum += to_float(dy[image_at(d, d.k, d.p, d.q, n, k, p, q)]) * gelu_grad_f(z);
     }
-    float total = block_total(sum);
-    if (threadIdx.x == 0) partials[(size_t)blockIdx.x * d.k + k] = total;
+    __shared__ float sums[THREADS];
+    sums[threadIdx.x] = sum;
+    __syncthreads();
+    write_partials(sums, partials + (size_t)blockIdx.x * d.k + k, 1); /* the one channel's */
 }
 
 /* ---- the window kernels: NHWC, C channels (CR of them real) in whole 16-byte packs, k in whole packs; one
@@ -164,18 +168,6 @@ static __global__ void __launch_bounds__(THREADS) window_forward(const T *x, con
             }
             out[j] = o;
         }
-    }
-}
-
-/* Each warp adds up channels warp, warp + warps, ...: each lane a fixed share of the threads' sums
- * [k][THREADS], then a fixed shuffle tree. */
-static __device__ void write_partials(const float *sums, float *row, int k) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int f = warp; f < k; f += THREADS / 32) {
-        float v = 0.0f;
-        for (int t = lane; t < THREADS; t += 32) v += sums[f * THREADS + t];
-        for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-        if (lane == 0) row[f] = v;
     }
 }
 

@@ -22,10 +22,16 @@ static const void *b_of(const Model *m, const Layer *l) {
 static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out); }
 
 /* ---- convolution: fused, the bias and the ReLU after it (bias_relu), or in
- * the max-pool after it (bias_by_pool) ---- */
+ * the max-pool after it (bias_by_pool); a whitening one, the bias and the GELU
+ * after it (conv_bias_gelu) ---- */
 
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
+    if (l->fused_act == BN_ACT_GELU) {
+        ConvBiasGeluShape ws = whitening_shape(m, l);
+        conv_bias_gelu_forward(&m->ops, &ws, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
+        return;
+    }
     conv2d_forward(&m->ops, &l->conv, x_of(m, l), w_of(m, l), l->fused ? NULL : b_of(m, l), y_of(m, l));
     if (l->fused && !l->bias_by_pool)
         bias_relu_forward(&m->ops, b_of(m, l), y_of(m, l), s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
@@ -37,7 +43,11 @@ static void conv_backward(Model *m, const Layer *l) {
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
     int acc = l->dx_accumulate[0];
     if (l->whitening) { /* its weights never train and its input is the data: the bias alone */
-        conv2d_bias_grad(ctx, &l->conv, dy, db);
+        ConvBiasGeluShape ws = whitening_shape(m, l);
+        if (l->fused_act == BN_ACT_GELU) /* dy is the GELU's output's */
+            conv_bias_gelu_backward(ctx, &ws, x_of(m, l), w_of(m, l), b_of(m, l), dy, db);
+        else
+            conv2d_bias_grad(ctx, &l->conv, dy, db);
         return;
     }
     if (!l->fused) {
@@ -62,7 +72,7 @@ static void relu_layer_backward(Model *m, const Layer *l) {
     if (dx && !l->fused) relu_backward(&m->ops, y_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
-/* ---- GELU: backward reads its input; fused, done by the batch norm before it ---- */
+/* ---- GELU: backward reads its input; fused, done by the layer before it (a batch norm, the whitening conv) ---- */
 
 static void gelu_layer_forward(Model *m, const Layer *l) {
     if (!l->fused) gelu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));

@@ -6,6 +6,7 @@
 #define TRAINC_MODELS_LAYERS_H
 
 #include "models/model.h"
+#include "ops/conv_bias_gelu.h"
 
 typedef struct {
     const char *name;  /* layer i of this kind is named "<name> i" (NVTX ranges, hooks) */
@@ -38,6 +39,12 @@ static inline void *grad_of(const Model *m, int id) {
     if (id <= 0 || id < m->first_grad_act) return NULL;
     if (a->grad_in_value) return a->value;
     return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
+}
+
+/* A whitening conv's shape for ops/conv_bias_gelu: the image's padding channels skipped. */
+static inline ConvBiasGeluShape whitening_shape(const Model *m, const Layer *l) {
+    ConvBiasGeluShape s = {l->conv.shape, m->acts[l->in].c_real};
+    return s;
 }
 
 #endif

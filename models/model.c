@@ -366,19 +366,26 @@ static void plan_grad_slots(Model *m) {
     for (int a = 1; a < m->n_acts; a++) m->acts[a].grad_slot = slot_of[group_of(parent, a)];
 }
 
-/* A batch norm's pass writes the GELU after it over the norm's own output:
- * the GELU's output shares that storage and (plan_grad_slots) gradient, as an
- * in-place ReLU's does, and is kept where either is a block's output. */
-static void fuse_bn_gelu(Model *m, Layer *bn, Layer *gelu) {
+/* A batch norm's pass, or a whitening convolution's (ops/conv_bias_gelu),
+ * writes the GELU after it over the layer's own output: the GELU's output
+ * shares that storage and (plan_grad_slots) gradient, as an in-place ReLU's
+ * does, and is kept where either is a block's output. */
+static void fuse_gelu(Model *m, Layer *l, Layer *gelu) {
     Activation *out = &m->acts[gelu->out];
-    bn->fused = gelu->fused = 1;
-    bn->fused_act = BN_ACT_GELU;
-    out->shares_with = bn->out;
-    if (out->internal_to < 0) m->acts[bn->out].internal_to = -1;
+    l->fused = gelu->fused = 1;
+    l->fused_act = BN_ACT_GELU;
+    out->shares_with = l->out;
+    if (out->internal_to < 0) m->acts[l->out].internal_to = -1;
+}
+
+/* The whitening convolution's backward is its bias's alone, which the fused op computes. */
+static int takes_gelu(const Layer *l) {
+    return l->kind == LAYER_BATCHNORM || (l->kind == LAYER_CONV && l->whitening && l->b_count);
 }
 
 /* A ReLU right after a convolution with a bias, a batch norm or an add, or a
- * GELU right after a batch norm, reading nothing else, folds into it; a conv +
+ * GELU right after a batch norm or a whitening convolution, reading nothing
+ * else, folds into it; a conv +
  * bias + ReLU that only a 2x2 max-pool reads folds its bias and ReLU into the
  * pool instead (bias_relu_pool), whose backward overwrites the conv's raw
  * output with its gradient. Needs plan_accumulation's consumer counts. */
@@ -386,7 +393,7 @@ static void mark_fusions(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
         Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
         if (relu->in != l->out || m->acts[l->out].consumers != 1) continue;
-        if (l->kind == LAYER_BATCHNORM && relu->kind == LAYER_GELU) fuse_bn_gelu(m, l, relu);
+        if (takes_gelu(l) && relu->kind == LAYER_GELU) fuse_gelu(m, l, relu);
         if (relu->kind != LAYER_RELU) continue;
         if (l->kind == LAYER_BATCHNORM) l->fused_act = BN_ACT_RELU;
         if (l->kind == LAYER_BATCHNORM || l->kind == LAYER_ADD) l->fused = relu->fused = 1;
@@ -422,8 +429,10 @@ static void choose_conv_algorithms(Model *m) {
             conv2d_describe(ctx, &l->conv, chosen, sizeof chosen);
             log_info("layer %d conv %dx%dx%dx%d k%d: %s, workspace %.1f MiB", i, s->n, s->c, s->h, s->w, s->k, chosen,
                      bytes / 1048576.0);
-            size_t bias_grad = conv2d_bias_grad_bytes(ctx, &l->conv);
-            if (l->fused && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
+            ConvBiasGeluShape whitening = whitening_shape(m, l);
+            size_t bias_grad = l->fused_act == BN_ACT_GELU ? conv_bias_gelu_workspace_bytes(ctx, &whitening)
+                                                           : conv2d_bias_grad_bytes(ctx, &l->conv);
+            if ((l->fused || l->whitening) && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_BATCHNORM) {
             size_t scratch = batchnorm_scratch_bytes(ctx, &l->bn.shape);
             if (scratch > m->bn_scratch_bytes) m->bn_scratch_bytes = scratch;

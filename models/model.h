@@ -61,10 +61,12 @@ typedef struct {
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off */
     int block;            /* the checkpoint block it belongs to, or -1 */
-    int fused;            /* conv: adds its bias and the ReLU after it in one pass; relu: done by that conv
-                             (or by the max-pool after it); maxpool: see bias_layer; batch norm: applies
-                             the activation after it (fused_act) in its pass; relu, gelu: done by it */
-    BatchNormAct fused_act; /* batch norm: that activation (BN_ACT_NONE unless fused) */
+    int fused;            /* conv: adds its bias and the ReLU after it in one pass (a whitening conv: the
+                             GELU, fused_act); relu: done by that conv (or by the max-pool after it); maxpool:
+                             see bias_layer; batch norm: applies the activation after it (fused_act) in its
+                             pass; relu, gelu: done by it */
+    BatchNormAct fused_act; /* batch norm, whitening conv: that activation (BN_ACT_NONE unless fused; a conv
+                               runs ops/conv_bias_gelu) */
     int bias_by_pool;     /* conv: writes its raw output; the 2x2 max-pool after its ReLU adds the bias and
                              applies the ReLU, forward and backward (ops/bias_relu_pool) */
     int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
@@ -110,8 +112,8 @@ typedef struct {
     int n_acts;
     int n_blocks, open_block;  /* blocks marked by model_block_begin/end; open_block -1 outside */
     int checkpoint;       /* set before model_finalize: keep only block outputs, recompute inside */
-    int fuse;             /* set before model_finalize: conv + bias + ReLU, batch norm + ReLU or GELU and
-                             add + ReLU each in one pass (GPU) */
+    int fuse;             /* set before model_finalize: conv + bias + ReLU, batch norm + ReLU or GELU,
+                             the whitening conv + bias + GELU and add + ReLU each in one pass (GPU) */
     int no_decay_bn_bias; /* set before model_finalize: decay_mask leaves out biases and batch-norm parameters */
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */

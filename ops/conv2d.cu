@@ -522,6 +522,12 @@ bias_grad_finish(const float *__restrict__ partials, int rows, int channels, T *
     if (threadIdx.x == 0) db[k] = from_float<T>(to_float(db[k]) + total);
 }
 
+template <typename T>
+static void launch_bias_grad_finish(const float *partials, int rows, int k, void *db, cudaStream_t stream) {
+    bias_grad_finish<T><<<(unsigned)k, BIAS_GRAD_THREADS, 0, stream>>>(partials, rows, k, (T *)db);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int VEC>
 static void launch_bias_grad_partials(int nhwc, int n, int k, size_t plane, const void *dy,
                                       float *partials, unsigned rows, cudaStream_t stream) {
@@ -545,9 +551,7 @@ static void launch_conv_bias_grad(int nhwc, int n, int k, size_t plane, const vo
         launch_bias_grad_partials<T, wide_vec<T>()>(nhwc, n, k, plane, dy, partials, rows, stream);
     else
         launch_bias_grad_partials<T, 1>(nhwc, n, k, plane, dy, partials, rows, stream);
-    bias_grad_finish<T><<<(unsigned)k, BIAS_GRAD_THREADS, 0, stream>>>(partials, (int)rows, k,
-                                                                      (T *)db);
-    CUDA_CHECK_LAUNCH();
+    launch_bias_grad_finish<T>(partials, (int)rows, k, db, stream);
 }
 
 static void check_bias_shape(int n, int k, int out_h, int out_w) {
@@ -567,6 +571,13 @@ void conv2d_bias_grad_cuda(DType dtype, int nhwc, int n, int k, int out_h, int o
     if (!workspace) TC_FATAL("conv2d bias gradient: no workspace for the partial sums");
     DISPATCH_FLOAT_DTYPE(dtype, launch_conv_bias_grad, nhwc != 0, n, k, (size_t)out_h * out_w, dy,
                          db, (float *)workspace, stream);
+}
+
+void conv2d_bias_grad_finish_cuda(DType dtype, const float *partials, int rows, int k, void *db,
+                                  cudaStream_t stream) {
+    check_float_dtype("conv2d bias gradient", dtype);
+    if (rows <= 0 || k <= 0 || k > 65535) TC_FATAL("conv2d bias gradient: %d rows of %d partial sums", rows, k);
+    DISPATCH_FLOAT_DTYPE(dtype, launch_bias_grad_finish, partials, rows, k, db, stream);
 }
 
 static cudaStream_t handle_stream(cudnnHandle_t h) {

@@ -137,6 +137,10 @@ void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x
 size_t conv2d_bias_grad_workspace_bytes(int n, int k, int out_h, int out_w, int nhwc);
 void conv2d_bias_grad_cuda(DType dtype, int nhwc, int n, int k, int out_h, int out_w,
                            const void *dy, void *db, void *workspace, cudaStream_t stream);
+/* Its second pass alone, for ops that write their own partial sums ([rows][k]
+ * fp32): db[k] += the sum of partials[0..rows)[k], in a fixed order. */
+void conv2d_bias_grad_finish_cuda(DType dtype, const float *partials, int rows, int k, void *db,
+                                  cudaStream_t stream);
 /* The same on the CPU (NCHW float32), the sums conv2d_backward_cpu adds to db. */
 void conv2d_bias_grad_cpu(const Conv2dShape *s, const float *dy, float *db);
 

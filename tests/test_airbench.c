@@ -5,8 +5,9 @@
  * directions and along itself (through the odd max-pool, the global max, the
  * bias-free linear layer and the logit scale; each op's own gradient is
  * checked element by element in the op grid); model.fuse (each batch norm
- * running the GELU after it) giving the unfused net's loss, gradients and
- * evaluation logits on the CPU. */
+ * and the whitening convolution running the GELU after it) giving the unfused
+ * net's loss, gradients and evaluation logits on the CPU and, with a GPU, on
+ * the GPU in NCHW and NHWC (the whitening's plain and window kernels). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,10 +123,12 @@ static void check_gradients(uint64_t *rng) {
 
 /* With the whitening frozen (its bias done training), backward skips it and
  * the GELU after it, and the first block's convolution computes no input
- * gradient: every other gradient is the same bits, the whitening bias's 0. */
-static void check_frozen_whitening(uint64_t *rng) {
+ * gradient: every other gradient is the same bits, the whitening bias's 0;
+ * unfused and under model.fuse (the GELU run by the whitening layer). */
+static void check_frozen_whitening(uint64_t *rng, int fuse) {
     Model m;
     model_init(&m, BATCH, CLASSES, 0);
+    m.fuse = fuse;
     airbench_build(&m, (const int[3]){4, 6, 6});
     model_finalize(&m, NULL, 5);
     int prefix = whitening_frozen_prefix(&m);
@@ -182,8 +185,9 @@ static void check_dirac(void) {
 }
 
 /* airbench at small widths (fuse: model.fuse): its loss, gradients and
- * evaluation logits; fused, each batch norm runs the GELU after it, whose
- * output shares the norm's storage. */
+ * evaluation logits; fused, each batch norm and the whitening convolution
+ * (ops/conv_bias_gelu, whose backward gives the whitening bias's gradient)
+ * runs the GELU after it, whose output shares the layer's storage. */
 static ModelTrainEval fuse_run(GpuContext *gpu, int nhwc, int fuse, const float *input, const float *r) {
     Model m;
     model_init(&m, BATCH, CLASSES, nhwc);
@@ -199,6 +203,10 @@ static ModelTrainEval fuse_run(GpuContext *gpu, int nhwc, int fuse, const float 
                  m.acts[next->out].value == m.acts[l->out].value;
     }
     CHECK_MSG(fused == (fuse ? 6 : 0), "airbench fuse %d: %d batch norms run their GELU", fuse, fused);
+    const Layer *whiten = &m.layers[0], *gelu = &m.layers[1];
+    int whiten_fused = whiten->whitening && whiten->fused && whiten->fused_act == BN_ACT_GELU && gelu->fused &&
+                       m.acts[gelu->out].value == m.acts[whiten->out].value;
+    CHECK_MSG(whiten_fused == fuse, "airbench fuse %d: the whitening layer runs its GELU: %d", fuse, whiten_fused);
     ModelLoss loss = {&m, input, r};
     ModelTrainEval run = model_train_eval(&loss);
     model_destroy(&m);
@@ -223,9 +231,10 @@ static void check_fuse_gpu(const float *input, const float *r, const ModelTrainE
     gpu_context_destroy(&gpu);
 }
 
-/* model.fuse: batch norm + GELU in one op (the CPU reference computes bn(x)
- * in double before the GELU, unrounded: the same values within float32's
- * rounding), the GELUs' outputs in their norms' storage (less memory). */
+/* model.fuse: batch norm + GELU and the whitening conv + bias + GELU each in
+ * one op (the CPU references compute bn(x) or conv + b in double or float
+ * before the GELU, unrounded: the same values within float32's rounding), the
+ * GELUs' outputs in their layers' storage (less memory). */
 static void check_fuse(uint64_t *rng) {
     enum { IN = BATCH * 3 * 32 * 32 };
     float *input = malloc(IN * sizeof(float)), r[BATCH * CLASSES];
@@ -245,7 +254,8 @@ int main(void) {
     check_shapes();
     check_dirac();
     check_gradients(&rng);
-    check_frozen_whitening(&rng);
+    check_frozen_whitening(&rng, 0);
+    check_frozen_whitening(&rng, 1);
     check_fuse(&rng);
     return test_finish("test_airbench");
 }

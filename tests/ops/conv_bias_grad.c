@@ -16,22 +16,6 @@ static Conv2d bias_grad_conv(int n, int k, int h, int w) {
     return conv;
 }
 
-/* The error of each channel's sum against the size of its terms (|db0| plus
- * the sum of |dy|) rather than against the sum itself, which can cancel to
- * near 0 (one channel of 45 terms). */
-static void check_sums(const GridCase *c, const char *what, const float *got, const float *want,
-                       const double *magnitude, int k, double bound) {
-    double num = 0, den = 0;
-    for (int ch = 0; ch < k; ch++) {
-        double d = (double)got[ch] - want[ch];
-        num += isnan(d) ? INFINITY : d * d;
-        den += magnitude[ch] * magnitude[ch];
-    }
-    double err = sqrt(num / den);
-    printf("  %-20s %-52s rel err %.2e (bound %.1e)\n", c->name, what, err, bound);
-    CHECK_MSG(err <= bound, "%s %s: relative error %.3g > %.3g", c->name, what, err, bound);
-}
-
 /* dy starts 'offset' elements into its buffer. */
 static void bias_grad_shape(const GridCase *c, int n, int k, int h, int w, int offset) {
     printf(" %dx%dx%dx%d%s\n", n, k, h, w, offset ? " (unaligned)" : "");
@@ -59,7 +43,7 @@ static void bias_grad_shape(const GridCase *c, int n, int k, int h, int w, int o
     void *d_db = grid_put(c, dt, db0, k);
     conv2d_bias_grad(&ctx, &conv, d_dy, d_db);
     float *got = grid_get(c, dt, d_db, k);
-    check_sums(c, "bias gradient (accumulated onto random db)", got, want, magnitude, k, grid_bound(c, GRID_BIAS_GRAD));
+    grid_check_sums(c, "bias gradient (accumulated onto random db)", got, want, magnitude, k, grid_bound(c, GRID_BIAS_GRAD));
 
     grid_set(c, dt, d_db, db0, k);
     conv2d_bias_grad(&ctx, &conv, d_dy, d_db);

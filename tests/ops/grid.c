@@ -19,6 +19,7 @@
     X(maxpool) \
     X(conv2d) \
     X(conv_bias_grad) \
+    X(conv_bias_gelu) \
     X(conv_bias_act) \
     X(conv_genstats) \
     X(softmax_xent) \
@@ -71,6 +72,19 @@ double grid_bound(const GridCase *c, GridBound b) {
 
 void grid_check(const GridCase *c, const char *what, const float *got, const float *want, size_t n, double bound) {
     double err = test_rel_error(got, want, n);
+    printf("  %-20s %-52s rel err %.2e (bound %.1e)\n", c->name, what, err, bound);
+    CHECK_MSG(err <= bound, "%s %s: relative error %.3g > %.3g", c->name, what, err, bound);
+}
+
+void grid_check_sums(const GridCase *c, const char *what, const float *got, const float *want,
+                     const double *magnitude, int k, double bound) {
+    double num = 0, den = 0;
+    for (int ch = 0; ch < k; ch++) {
+        double d = (double)got[ch] - want[ch];
+        num += isnan(d) ? INFINITY : d * d;
+        den += magnitude[ch] * magnitude[ch];
+    }
+    double err = sqrt(num / den);
     printf("  %-20s %-52s rel err %.2e (bound %.1e)\n", c->name, what, err, bound);
     CHECK_MSG(err <= bound, "%s %s: relative error %.3g > %.3g", c->name, what, err, bound);
 }

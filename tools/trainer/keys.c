@@ -107,7 +107,8 @@ const CfgKeySpec trainc_keys[] = {
      "a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
      "convolution's output, whose backward writes the gradient over that output (CPU and GPU); without the "
      "pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add, and a GELU after batch "
-     "norm (airbench), run in their pass, the activation's output in theirs", 0},
+     "norm or after airbench's whitening convolution (with its bias, in one pass over the image), run in their "
+     "pass, the activation's output in theirs", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,

@@ -58,6 +58,11 @@
  * vectors. */
 #define BN_NHWC_MIN_ROWS 64
 #define BN_NHWC_ROWS_PER_THREAD 16
+/* Channels-last forward apply: blocks resident per SM that its registers must
+ * allow. ncu on an H100 found its GELU pass latency-bound at 3 (69 registers,
+ * 37% occupancy, 44% of the memory roof); at 4 it fits 64 registers without
+ * spilling. The backward passes need more and would spill. */
+#define BN_NHWC_APPLY_BLOCKS 4
 /* Vectors each thread loads before using them: bytes in flight. */
 #define BN_UNROLL 4
 /* n*h*w at most: per-channel indices stay 32-bit (fast division). */
@@ -524,7 +529,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
 }
 
 template <typename T, int VEC, int MODE>
-static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nhwc(BnArgs a) {
+static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NHWC_APPLY_BLOCKS : 1) bn_apply_nhwc(BnArgs a) {
     using P = BnPack<T, VEC>;
     const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
     P *out = (P *)a.out;

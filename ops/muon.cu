@@ -25,7 +25,7 @@
  * first_slot[j] to first_slot[j + 1]; the norms' partial sums lie in that order. */
 typedef struct {
     size_t offset[MUON_MAX_MATRICES], x_off[MUON_MAX_MATRICES], a_off[MUON_MAX_MATRICES];
-    int rows[MUON_MAX_MATRICES], cols[MUON_MAX_MATRICES];
+    int rows[MUON_MAX_MATRICES], cols[MUON_MAX_MATRICES], splits[MUON_MAX_MATRICES];
     int first_slot[MUON_MAX_MATRICES + 1];
     int n;
 } MuonKernelMats;
@@ -40,7 +40,7 @@ static MuonKernelMats kernel_mats(const MuonMatrices *mats, const MuonLayout *l)
     k.n = mats->n, k.first_slot[0] = 0;
     for (int j = 0; j < mats->n; j++) {
         k.offset[j] = mats->mats[j].offset, k.x_off[j] = l->x_off[j], k.a_off[j] = l->a_off[j];
-        k.rows[j] = mats->mats[j].rows, k.cols[j] = mats->mats[j].cols;
+        k.rows[j] = mats->mats[j].rows, k.cols[j] = mats->mats[j].cols, k.splits[j] = l->splits[j];
         k.first_slot[j + 1] = k.first_slot[j] + norm_slots((size_t)k.rows[j] * k.cols[j]);
     }
     return k;
@@ -138,13 +138,20 @@ static unsigned poly_blocks(const MuonKernelMats *k) {
     return grid_stride_blocks(most, MUON_THREADS, 32);
 }
 
-/* b = b_coef A + a_coef I on matrix blockIdx.y's k x k slot (rounded as
- * poly_cpu rounds it); the c A A term comes next, from cuBLAS. */
-static __global__ void __launch_bounds__(MUON_THREADS) poly_kernel(MuonKernelMats k, const float *a, float *b) {
+/* On matrix blockIdx.y's k x k slots: A = the sum of the Gram product's
+ * parts, in their order, into the first part's place, and b = b_coef A +
+ * a_coef I (rounded as poly_cpu rounds it); the c A A term comes next, from
+ * cuBLAS. */
+static __global__ void __launch_bounds__(MUON_THREADS) poly_kernel(MuonKernelMats k, float *a, float *b) {
     int j = blockIdx.y, kk = k.rows[j] < k.cols[j] ? k.rows[j] : k.cols[j];
-    size_t n = (size_t)kk * kk;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        b[k.a_off[j] + i] = __fadd_rn(__fmul_rn(MUON_NS_B, a[k.a_off[j] + i]), i / kk == i % kk ? MUON_NS_A : 0.0f);
+    size_t n = (size_t)kk * kk, part = muon_pad64(n);
+    float *aj = a + k.a_off[j];
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float sum = aj[i];
+        for (int s = 1; s < k.splits[j]; s++) sum = __fadd_rn(sum, aj[s * part + i]);
+        if (k.splits[j] > 1) aj[i] = sum;
+        b[k.a_off[j] + i] = __fadd_rn(__fmul_rn(MUON_NS_B, sum), i / kk == i % kk ? MUON_NS_A : 0.0f);
+    }
 }
 
 /* One block per slot: W = W * sqrt(rows) / ||W|| - lr * lr_mult * X, and its half copy. */
@@ -181,17 +188,18 @@ static cublasComputeType_t fp32_compute(cublasHandle_t h) {
  * matrix order[p]. */
 typedef struct {
     int count, size[MUON_MAX_MATRICES], rows[MUON_MAX_MATRICES], cols[MUON_MAX_MATRICES];
+    int splits[MUON_MAX_MATRICES]; /* the Gram product's parts of each (one shape, one split) */
     int order[MUON_MAX_MATRICES];
 } MuonGroups;
 
-static MuonGroups shape_groups(const MuonMatrices *mats) {
+static MuonGroups shape_groups(const MuonMatrices *mats, const MuonLayout *l) {
     MuonGroups g;
     int taken[MUON_MAX_MATRICES] = {0}, p = 0;
     g.count = 0;
     for (int j = 0; j < mats->n; j++) {
         if (taken[j]) continue;
         int rows = mats->mats[j].rows, cols = mats->mats[j].cols, i = g.count++;
-        g.rows[i] = rows, g.cols[i] = cols, g.size[i] = 0;
+        g.rows[i] = rows, g.cols[i] = cols, g.size[i] = 0, g.splits[i] = l->splits[j];
         for (int o = j; o < mats->n; o++)
             if (!taken[o] && mats->mats[o].rows == rows && mats->mats[o].cols == cols)
                 taken[o] = 1, g.order[p++] = o, g.size[i]++;
@@ -199,42 +207,63 @@ static MuonGroups shape_groups(const MuonMatrices *mats) {
     return g;
 }
 
-/* The pointer tables (MuonLayout's ptrs): each stage's A, B and C arrays,
- * n pointers each. A round reads x and writes y or the other way round, so
- * the Gram matrix and the product with B have a table for each. */
+/* The pointer tables (MuonLayout's ptrs): each stage's A, B and C arrays.
+ * A round reads x and writes y or the other way round, so the Gram product
+ * and the product with B have a table for each. The Gram's two come first,
+ * gram_parts long (a matrix's parts side by side), then the others, n long. */
 enum { TABLE_GRAM_X, TABLE_GRAM_Y, TABLE_POLY, TABLE_APPLY_X_TO_Y, TABLE_APPLY_Y_TO_X, STAGE_TABLES };
 static_assert(STAGE_TABLES * 3 == MUON_POINTER_TABLES, "muon.h's MUON_POINTER_TABLES: an A, B and C table per stage");
 
+/* Table t's first array (of its A, B, C) in ptrs. */
+static size_t table_start(int t, int n, int parts) {
+    return t < TABLE_POLY ? (size_t)t * 3 * parts : 2 * 3 * (size_t)parts + (size_t)(t - TABLE_POLY) * 3 * n;
+}
+
 typedef struct {
     size_t x_off[MUON_MAX_MATRICES], a_off[MUON_MAX_MATRICES];
-    int wide[MUON_MAX_MATRICES];
-    int n;
+    int wide[MUON_MAX_MATRICES], splits[MUON_MAX_MATRICES];
+    size_t x_part[MUON_MAX_MATRICES], a_part[MUON_MAX_MATRICES]; /* floats from one Gram part to the next */
+    int n, parts;
 } MuonProblems;
 
 static MuonProblems problems_of(const MuonMatrices *mats, const MuonLayout *l, const MuonGroups *g) {
     MuonProblems q;
-    q.n = mats->n;
+    q.n = mats->n, q.parts = l->gram_parts;
     for (int p = 0; p < mats->n; p++) {
-        int j = g->order[p];
+        int j = g->order[p], rows = mats->mats[j].rows, cols = mats->mats[j].cols, k = rows < cols ? rows : cols;
+        int long_side = rows < cols ? cols : rows;
         q.x_off[p] = l->x_off[j], q.a_off[p] = l->a_off[j];
-        q.wide[p] = mats->mats[j].rows <= mats->mats[j].cols;
+        q.wide[p] = rows <= cols, q.splits[p] = l->splits[j];
+        /* Wide: a part is a run of columns; tall: a run of rows (cols floats each). */
+        size_t part = (size_t)(long_side / l->splits[j]);
+        q.x_part[p] = rows <= cols ? part : part * cols;
+        q.a_part[p] = muon_pad64((size_t)k * k);
     }
     return q;
 }
 
-/* One thread per problem; the operands as the stages' shapes below take them. */
+/* The operands as the stages' shapes below take them; one thread per
+ * matrix, which also writes its Gram parts' entries. */
 static __global__ void pointer_tables_kernel(MuonProblems q, float *x, float *y, float *a, float *b, void **tables) {
-    int p = threadIdx.x;
-    if (p >= q.n) return;
-    float *xp = x + q.x_off[p], *yp = y + q.x_off[p], *ap = a + q.a_off[p], *bp = b + q.a_off[p];
-    int wide = q.wide[p];
-    float *operands[STAGE_TABLES][3] = {{xp, xp, ap},
-                                        {yp, yp, ap},
-                                        {ap, ap, bp},
-                                        {wide ? xp : bp, wide ? bp : xp, yp},
-                                        {wide ? yp : bp, wide ? bp : yp, xp}};
-    for (int t = 0; t < STAGE_TABLES; t++)
-        for (int o = 0; o < 3; o++) tables[(size_t)(t * 3 + o) * q.n + p] = operands[t][o];
+    for (int p = threadIdx.x; p < q.n; p += blockDim.x) {
+        int first_part = 0;
+        for (int o = 0; o < p; o++) first_part += q.splits[o];
+        for (int s = 0; s < q.splits[p]; s++) {
+            float *xs = x + q.x_off[p] + s * q.x_part[p], *ys = y + q.x_off[p] + s * q.x_part[p];
+            float *as = a + q.a_off[p] + s * q.a_part[p];
+            float *gram[2][3] = {{xs, xs, as}, {ys, ys, as}};
+            for (int t = TABLE_GRAM_X; t <= TABLE_GRAM_Y; t++)
+                for (int o = 0; o < 3; o++) tables[(size_t)t * 3 * q.parts + (size_t)o * q.parts + first_part + s] = gram[t][o];
+        }
+        float *xp = x + q.x_off[p], *yp = y + q.x_off[p], *ap = a + q.a_off[p], *bp = b + q.a_off[p];
+        int wide = q.wide[p];
+        float *operands[3][3] = {{ap, ap, bp},
+                                 {wide ? xp : bp, wide ? bp : xp, yp},
+                                 {wide ? yp : bp, wide ? bp : yp, xp}};
+        size_t rest = 2 * 3 * (size_t)q.parts;
+        for (int t = 0; t < 3; t++)
+            for (int o = 0; o < 3; o++) tables[rest + (size_t)(t * 3 + o) * q.n + p] = operands[t][o];
+    }
 }
 
 /* Column-major C = alpha op(A) op(B) + beta C for one group. */
@@ -249,17 +278,19 @@ typedef struct {
  * = (X^T)^T X^T, and (B X)^T = X^T B. Tall (the iteration on X^T): A = X^T X
  * = X^T (X^T)^T, and (X B)^T = B X^T. B = a I + b A + c A A: the product
  * adds c A A to the b A + a I that poly_kernel leaves in it. */
-static GemmShape gram_shape(int rows, int cols) {
-    if (rows <= cols) return {CUBLAS_OP_T, CUBLAS_OP_N, rows, rows, cols, cols, cols, rows, 1.0f, 0.0f};
-    return {CUBLAS_OP_N, CUBLAS_OP_T, cols, cols, rows, cols, cols, cols, 1.0f, 0.0f};
+static GemmShape gram_shape(int rows, int cols, int splits) {
+    if (rows <= cols) return {CUBLAS_OP_T, CUBLAS_OP_N, rows, rows, cols / splits, cols, cols, rows, 1.0f, 0.0f};
+    return {CUBLAS_OP_N, CUBLAS_OP_T, cols, cols, rows / splits, cols, cols, cols, 1.0f, 0.0f};
 }
 
-static GemmShape poly_shape(int rows, int cols) {
+static GemmShape poly_shape(int rows, int cols, int splits) {
+    (void)splits;
     int k = rows < cols ? rows : cols;
     return {CUBLAS_OP_N, CUBLAS_OP_N, k, k, k, k, k, k, MUON_NS_C, 1.0f};
 }
 
-static GemmShape apply_shape(int rows, int cols) {
+static GemmShape apply_shape(int rows, int cols, int splits) {
+    (void)splits;
     if (rows <= cols) return {CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, rows, cols, rows, cols, 1.0f, 0.0f};
     return {CUBLAS_OP_N, CUBLAS_OP_N, cols, rows, cols, cols, cols, cols, 1.0f, 0.0f};
 }
@@ -270,11 +301,18 @@ typedef struct {
     int m[MUON_MAX_MATRICES], n[MUON_MAX_MATRICES], k[MUON_MAX_MATRICES];
     int lda[MUON_MAX_MATRICES], ldb[MUON_MAX_MATRICES], ldc[MUON_MAX_MATRICES];
     float alpha[MUON_MAX_MATRICES], beta[MUON_MAX_MATRICES];
+    int size[MUON_MAX_MATRICES]; /* products per group */
+    int table_length;
 } GroupedStage;
 
-static void stage_of(const MuonGroups *g, GemmShape (*shape)(int, int), GroupedStage *st) {
+/* A stage's groups; the Gram product's (gram) has each matrix's parts. */
+static void stage_of(const MuonGroups *g, GemmShape (*shape)(int, int, int), int gram, int n, int parts,
+                     GroupedStage *st) {
+    st->table_length = gram ? parts : n;
     for (int i = 0; i < g->count; i++) {
-        GemmShape s = shape(g->rows[i], g->cols[i]);
+        int splits = gram ? g->splits[i] : 1;
+        GemmShape s = shape(g->rows[i], g->cols[i], splits);
+        st->size[i] = g->size[i] * splits;
         st->op_a[i] = s.op_a, st->op_b[i] = s.op_b, st->m[i] = s.m, st->n[i] = s.n, st->k[i] = s.k;
         st->lda[i] = s.lda, st->ldb[i] = s.ldb, st->ldc[i] = s.ldc, st->alpha[i] = s.alpha, st->beta[i] = s.beta;
     }
@@ -286,16 +324,16 @@ typedef struct {
     MuonGroups groups;
     GroupedStage gram, poly, apply;
     void **tables; /* device */
-    int n;         /* matrices, the tables' length */
+    int n, parts;  /* matrices and Gram parts: the tables' lengths */
 } Products;
 
 /* One cuBLAS call for a stage of every matrix, operands from pointer table t. */
 static void grouped_gemm(const Products *pr, const GroupedStage *st, int t) {
-    void **a = pr->tables + (size_t)t * 3 * pr->n, **b = a + pr->n, **c = b + pr->n;
+    void **a = pr->tables + table_start(t, pr->n, pr->parts), **b = a + st->table_length, **c = b + st->table_length;
     CUBLAS_CHECK(cublasGemmGroupedBatchedEx(pr->h, st->op_a, st->op_b, st->m, st->n, st->k, st->alpha,
                                             (const void *const *)a, CUDA_R_32F, st->lda, (const void *const *)b,
                                             CUDA_R_32F, st->ldb, st->beta, c, CUDA_R_32F, st->ldc, pr->groups.count,
-                                            pr->groups.size, pr->compute));
+                                            st->size, pr->compute));
 }
 
 /* Round r of the Newton-Schulz iteration over every matrix: A, B = a I + b A
@@ -304,7 +342,7 @@ static void grouped_gemm(const Products *pr, const GroupedStage *st, int t) {
 static void ns_round(const Products *pr, const MuonLayout *l, const MuonKernelMats *k, char *s, int r,
                      cudaStream_t stream) {
     grouped_gemm(pr, &pr->gram, r % 2 ? TABLE_GRAM_Y : TABLE_GRAM_X);
-    poly_kernel<<<dim3(poly_blocks(k), pr->n), MUON_THREADS, 0, stream>>>(*k, (const float *)(s + l->a),
+    poly_kernel<<<dim3(poly_blocks(k), pr->n), MUON_THREADS, 0, stream>>>(*k, (float *)(s + l->a),
                                                                          (float *)(s + l->b));
     CUDA_CHECK_LAUNCH();
     grouped_gemm(pr, &pr->poly, TABLE_POLY);
@@ -314,11 +352,11 @@ static void ns_round(const Products *pr, const MuonLayout *l, const MuonKernelMa
 static Products products_of(cublasHandle_t h, const MuonMatrices *mats, const MuonLayout *l, char *s,
                             cudaStream_t stream) {
     Products pr;
-    pr.h = h, pr.compute = fp32_compute(h), pr.groups = shape_groups(mats);
-    pr.tables = (void **)(s + l->ptrs), pr.n = mats->n;
-    stage_of(&pr.groups, gram_shape, &pr.gram);
-    stage_of(&pr.groups, poly_shape, &pr.poly);
-    stage_of(&pr.groups, apply_shape, &pr.apply);
+    pr.h = h, pr.compute = fp32_compute(h), pr.groups = shape_groups(mats, l);
+    pr.tables = (void **)(s + l->ptrs), pr.n = mats->n, pr.parts = l->gram_parts;
+    stage_of(&pr.groups, gram_shape, 1, pr.n, pr.parts, &pr.gram);
+    stage_of(&pr.groups, poly_shape, 0, pr.n, pr.parts, &pr.poly);
+    stage_of(&pr.groups, apply_shape, 0, pr.n, pr.parts, &pr.apply);
     pointer_tables_kernel<<<1, MUON_MAX_MATRICES, 0, stream>>>(problems_of(mats, l, &pr.groups), (float *)(s + l->x),
                                                                (float *)(s + l->y), (float *)(s + l->a),
                                                                (float *)(s + l->b), pr.tables);

@@ -89,30 +89,57 @@ void muon_step_cuda(cublasHandle_t cublas, const MuonMatrices *mats, float *mast
  * sums of squares of u and of W (doubles). Slots are padded to 64 floats
  * (256 bytes, the alignment cuBLAS wants of a grouped product's matrices).
  * Offsets are in floats from x, y, a, b; those four in bytes. The CUDA path
- * alone uses ptrs: MUON_POINTER_TABLES tables of n device pointers each, the
- * A, B and C arrays of its grouped products. */
+ * alone uses the rest: its Gram product in splits[j] parts of the long side
+ * (split-K: a 256 x 2304 filter's Gram matrix is 4 output tiles over 2304
+ * products each, too few blocks for the GPU), each part's k x k sum in a slot
+ * of its own after a_off[j] (so a holds gram_parts of them); and ptrs:
+ * MUON_POINTER_TABLES tables of device pointers, the A, B and C arrays of its
+ * grouped products, gram_parts long for the Gram's two tables, n for the rest. */
 #define MUON_NORM_SLOTS 128
 #define MUON_POINTER_TABLES 15
+#define MUON_GRAM_PART 256 /* the long side's floats a Gram part takes at most, where a split divides it */
 typedef struct {
     size_t x_off[MUON_MAX_MATRICES], a_off[MUON_MAX_MATRICES];
+    int splits[MUON_MAX_MATRICES];
+    int gram_parts; /* the splits' sum */
     size_t x, y, a, b, norms, ptrs; /* byte offsets of the regions */
     size_t bytes;
 } MuonLayout;
 
-static inline size_t muon_pad64(size_t floats) { return (floats + 63) / 64 * 64; }
+#ifdef __CUDACC__
+#define MUON_HOST_DEVICE __host__ __device__
+#else
+#define MUON_HOST_DEVICE
+#endif
+
+static inline MUON_HOST_DEVICE size_t muon_pad64(size_t floats) { return (floats + 63) / 64 * 64; }
+
+/* The fewest equal parts of at most MUON_GRAM_PART floats (a multiple of 4,
+ * for 16-byte aligned parts) that the long side splits into; 1 where none. */
+static inline int muon_gram_splits(size_t long_side) {
+    for (size_t parts = 1; parts <= long_side / 4; parts++)
+        if (long_side % parts == 0 && (long_side / parts) % 4 == 0 && long_side / parts <= MUON_GRAM_PART)
+            return (int)parts;
+    return 1;
+}
 
 static inline MuonLayout muon_layout_of(const MuonMatrices *mats) {
     MuonLayout l;
     size_t xs = 0, as = 0;
+    l.gram_parts = 0;
     for (int j = 0; j < mats->n; j++) {
         size_t r = (size_t)mats->mats[j].rows, c = (size_t)mats->mats[j].cols, k = r < c ? r : c;
+        l.splits[j] = muon_gram_splits(r < c ? c : r);
+        l.gram_parts += l.splits[j];
         l.x_off[j] = xs, l.a_off[j] = as;
-        xs += muon_pad64(r * c), as += muon_pad64(k * k);
+        xs += muon_pad64(r * c), as += (size_t)l.splits[j] * muon_pad64(k * k);
     }
+    /* b takes a's offsets (its first part's place) */
     l.x = 0, l.y = xs * sizeof(float), l.a = 2 * xs * sizeof(float), l.b = l.a + as * sizeof(float);
     l.norms = l.b + as * sizeof(float);
     l.ptrs = l.norms + 2 * (size_t)MUON_NORM_SLOTS * (size_t)mats->n * sizeof(double);
-    l.bytes = l.ptrs + (size_t)MUON_POINTER_TABLES * (size_t)mats->n * sizeof(void *);
+    size_t pointers = 2 * 3 * (size_t)l.gram_parts + (MUON_POINTER_TABLES - 6) * (size_t)mats->n;
+    l.bytes = l.ptrs + pointers * sizeof(void *);
     return l;
 }
 

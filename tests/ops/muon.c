@@ -1,7 +1,8 @@
 /* Muon (ops/muon.h): the device against the CPU on matrices wide and tall,
  * one of them alone in its shape, two of one shape side by side and two of
  * one shape apart (one group of the grouped products each), one big enough
- * for several partial sums of its norms, with gaps between them that nothing
+ * for several partial sums of its norms, a wide and a tall one whose Gram
+ * products the device splits in parts (3 and 5), with gaps between them that nothing
  * may touch; an odd and an even number of Newton-Schulz rounds (the result
  * ends in either iterate); two steps replayed from one captured in a CUDA
  * graph; a skipped step changes nothing. By hand on the CPU: a single row (whose singular
@@ -19,7 +20,8 @@
 #define GAP 37 /* parameters between the matrices, which Muon must leave alone */
 
 static MuonMatrices grid_matrices(size_t *n_params) {
-    static const int shape[][2] = {{16, 72}, {24, 54}, {24, 54}, {40, 12}, {16, 72}, {48, 100}, {1, 10}};
+    static const int shape[][2] = {{16, 72}, {24, 54}, {24, 54}, {40, 12}, {16, 72}, {48, 100}, {1, 10},
+                                   {8, 600}, {520, 8}, {8, 600}};
     MuonMatrices m = {.n = (int)GRID_COUNT(shape)};
     size_t at = GAP;
     for (int j = 0; j < m.n; j++) {
@@ -28,6 +30,13 @@ static MuonMatrices grid_matrices(size_t *n_params) {
     }
     *n_params = at;
     return m;
+}
+
+/* The Gram products' parts (muon.h): the long sides that split, and one that cannot. */
+static void gram_splits(void) {
+    CHECK(muon_gram_splits(72) == 1 && muon_gram_splits(256) == 1 && muon_gram_splits(600) == 3);
+    CHECK(muon_gram_splits(520) == 5 && muon_gram_splits(2304) == 9 && muon_gram_splits(576) == 3);
+    CHECK(muon_gram_splits(1031) == 1); /* prime: no equal parts */
 }
 
 static const MuonParams RECIPE = {.momentum = 0.6f, .nesterov = 1, .ns_steps = 5, .lr_mult = 0.48f,
@@ -246,6 +255,7 @@ static void muon_by_hand(uint64_t *rng) {
     singular_band(rng);
     tall_as_transpose(rng);
     step_by_hand();
+    gram_splits();
 }
 
 const GridOp grid_op_muon = {

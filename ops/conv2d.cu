@@ -11,6 +11,7 @@
  * cuDNN calls deterministic, so two runs of the same step give the same bits. */
 #include "ops/conv2d.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,6 +225,21 @@ static void run_legacy_timed(void *arg) {
     run_legacy(r->c, r->h, r->pass, r->ptrs, r->workspace);
 }
 
+/* Microseconds per run of the pass by its legacy algorithm; infinite where
+ * cuDNN refuses it: the backward-data algorithm, timed for overwriting dx,
+ * may not add into it (CUDNN_STATUS_BAD_PARAM on an H100 for a 3x3 stride-2
+ * convolution of a 15x17 map, algorithm 1), so that pass is tried once,
+ * unchecked, before it is timed. */
+static float legacy_time_us(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void **ptrs, void *workspace) {
+    if (pass == CONV2D_DATA_ADD &&
+        cudnnConvolutionBackwardData(h, &kOne, c->w_desc, ptrs[1], c->y_desc, ptrs[2], c->bwd_data_desc,
+                                     c->bwd_data_algo, workspace, c->workspace_bytes, &kOne, c->x_desc,
+                                     ptrs[0]) != CUDNN_STATUS_SUCCESS)
+        return INFINITY;
+    LegacyRun run = {c, h, pass, ptrs, workspace};
+    return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run);
+}
+
 /* Per pass: the legacy algorithm timed on zeroed scratch, the backend plan
  * chosen and timed (ops/backend_graph.h), and the faster kept; the workspace
  * grows to the kept plans'. */
@@ -242,13 +258,16 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     if (!c->plans) TC_FATAL("conv2d: out of host memory for the backend plans");
     size_t plan_bytes = 0;
     for (int pass = 0; pass < CONV2D_PASSES; pass++) {
-        LegacyRun run = {c, h, (Conv2dPass)pass, ptrs, workspace};
-        c->legacy_us[pass] = 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run);
+        c->legacy_us[pass] = legacy_time_us(c, h, (Conv2dPass)pass, ptrs, workspace);
         BackendGraph *g = &c->plans[pass];
         if (build_plan(c, h, (Conv2dPass)pass)) {
             c->plan_us[pass] = 1000.0f * g->plan_ms;
             c->use_plan[pass] = c->policy.prefer_backend || c->plan_us[pass] < c->legacy_us[pass];
         }
+        if (!c->use_plan[pass] && isinf(c->legacy_us[pass]))
+            TC_FATAL("conv2d %dx%dx%dx%d k%d %dx%d stride %d: cuDNN's backward-data algorithm %d cannot add into dx "
+                     "for this shape, and no backend plan builds for it", s->n, s->c, s->h, s->w, s->k, s->r, s->s,
+                     s->stride, (int)c->bwd_data_algo);
         if (c->use_plan[pass] && g->workspace_bytes > plan_bytes) plan_bytes = g->workspace_bytes;
         if (!c->use_plan[pass]) backend_graph_destroy(g);
     }

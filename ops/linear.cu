@@ -18,11 +18,7 @@
 static void sgemm_fp32(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int m,
                        int n, int k, float alpha, const void *a, int lda, const void *b,
                        int ldb, float beta, void *c, int ldc) {
-    cublasMath_t mode;
-    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
-    cublasComputeType_t compute = (mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == CUBLAS_TF32_TENSOR_OP_MATH
-                                      ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                      : CUBLAS_COMPUTE_32F_PEDANTIC;
+    cublasComputeType_t compute = gpu_fp32_gemm_compute(h);
     CUBLAS_CHECK(cublasGemmEx(h, op_a, op_b, m, n, k, &alpha, a, CUDA_R_32F, lda, b, CUDA_R_32F,
                               ldb, &beta, c, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
 }

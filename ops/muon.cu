@@ -175,14 +175,6 @@ apply_kernel(MuonKernelMats k, float *master, TW *weights_half, const float *x, 
 
 /* ---- the products ---------------------------------------------------------- */
 
-static cublasComputeType_t fp32_compute(cublasHandle_t h) {
-    cublasMath_t mode;
-    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
-    return (mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == CUBLAS_TF32_TENSOR_OP_MATH
-               ? CUBLAS_COMPUTE_32F_FAST_TF32
-               : CUBLAS_COMPUTE_32F_PEDANTIC;
-}
-
 /* The grouped products' problems: the matrices by shape, group i holding
  * size[i] matrices of rows[i] x cols[i]; entry p of every pointer table is
  * matrix order[p]. */
@@ -352,7 +344,7 @@ static void ns_round(const Products *pr, const MuonLayout *l, const MuonKernelMa
 static Products products_of(cublasHandle_t h, const MuonMatrices *mats, const MuonLayout *l, char *s,
                             cudaStream_t stream) {
     Products pr;
-    pr.h = h, pr.compute = fp32_compute(h), pr.groups = shape_groups(mats, l);
+    pr.h = h, pr.compute = gpu_fp32_gemm_compute(h), pr.groups = shape_groups(mats, l);
     pr.tables = (void **)(s + l->ptrs), pr.n = mats->n, pr.parts = l->gram_parts;
     stage_of(&pr.groups, gram_shape, 1, pr.n, pr.parts, &pr.gram);
     stage_of(&pr.groups, poly_shape, 0, pr.n, pr.parts, &pr.poly);

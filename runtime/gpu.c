@@ -53,6 +53,14 @@ void gpu_context_destroy(GpuContext *g) {
 
 void gpu_allow_tf32_gemm(GpuContext *g) { CUBLAS_CHECK(cublasSetMathMode(g->cublas, CUBLAS_TF32_TENSOR_OP_MATH)); }
 
+cublasComputeType_t gpu_fp32_gemm_compute(cublasHandle_t h) {
+    cublasMath_t mode;
+    CUBLAS_CHECK(cublasGetMathMode(h, &mode));
+    return (mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) == CUBLAS_TF32_TENSOR_OP_MATH
+               ? CUBLAS_COMPUTE_32F_FAST_TF32
+               : CUBLAS_COMPUTE_32F_PEDANTIC;
+}
+
 void *gpu_try_malloc(size_t bytes, const char **error) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);

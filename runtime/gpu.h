@@ -34,6 +34,11 @@ void gpu_context_init(GpuContext *g, int device_id);
 void gpu_context_destroy(GpuContext *g);
 /* cuBLAS may run float32 GEMMs on TF32 tensor cores (precision.tf32). */
 void gpu_allow_tf32_gemm(GpuContext *g);
+#if TRAINC_CUDA
+/* The compute type of a float32 GEMM on h: TF32 where gpu_allow_tf32_gemm
+ * put h in CUBLAS_TF32_TENSOR_OP_MATH, else full fp32 (pedantic). */
+cublasComputeType_t gpu_fp32_gemm_compute(cublasHandle_t h);
+#endif
 
 /* Device memory on the current device: NULL when cudaMalloc fails, with
  * *error saying why (the error is cleared). */

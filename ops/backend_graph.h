@@ -97,6 +97,12 @@ int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPo
 /* Milliseconds per run of run(arg), which launches work on the handle's
  * stream: run once to warm up, then the mean of a few, timed by events. */
 float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg);
+/* Fills a timing buffer with fp16 values uniform in [-1, 1), on the handle's
+ * stream. Kernels are timed on data like the step's: on an H100 tensor-core
+ * kernels fed zeros draw less power and hold a higher clock, and timed up to
+ * twice as fast as in the step. Read as fp32 or bf16 the words are finite too
+ * (magnitudes below 2), so one fill serves every dtype; bytes must be even. */
+void backend_graph_fill_scratch(cudnnHandle_t h, void *p, size_t bytes);
 /* Runs the plan on the handle's stream: ptrs[uid - 1] is the device pointer
  * of the tensor of that uid (each recorded one must be given, aligned). A
  * small host descriptor per call (cuDNN's own, freed after the launch): no

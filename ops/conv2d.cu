@@ -240,7 +240,7 @@ static float legacy_time_us(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pas
     return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run);
 }
 
-/* Per pass: the legacy algorithm timed on zeroed scratch, the backend plan
+/* Per pass: the legacy algorithm timed on scratch of random values, the backend plan
  * chosen and timed (ops/backend_graph.h), and the faster kept; the workspace
  * grows to the kept plans'. */
 static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
@@ -251,7 +251,7 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     void *ptrs[PASS_TENSORS], *workspace = NULL;
     for (int i = 0; i < PASS_TENSORS; i++) {
         CUDA_CHECK(cudaMalloc(&ptrs[i], bytes[i]));
-        CUDA_CHECK(cudaMemset(ptrs[i], 0, bytes[i]));
+        backend_graph_fill_scratch(h, ptrs[i], bytes[i]);
     }
     if (c->workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, c->workspace_bytes));
     c->plans = (BackendGraph *)calloc(CONV2D_PASSES, sizeof *c->plans);

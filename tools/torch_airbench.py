@@ -96,7 +96,7 @@ one recipe given with the other is refused):
                buf = momentum * buf + g;  u = g + momentum * buf   (Nesterov; else u = buf)
                p  *= sqrt(out) / ||p||_F                            (before the update)
                p  -= lr * NS(u as [out, in*9])
-           NS, the quintic Newton-Schulz iteration (--muon-ns-steps 5, computed in
+           NS, the quintic Newton-Schulz iteration (--muon-ns-steps 3, computed in
            --muon-ns-dtype bf16, returned in p's dtype): X = u / (||u||_F + 1e-7),
            transposed when it has more rows than columns (X X^T is then the smaller
            Gram matrix); 5 times A = X X^T, X = a X + (b A + c A A) X with (a, b, c) =
@@ -387,7 +387,7 @@ RECIPE_DEFAULTS = {
     "muon": {"epochs": 8.0, "batch": 2000, "logit_scale": WIDTH_SCALE, "head_unit_std": True,
              "lookahead_every": 0, "name": "torch_airbench_muon", "bias_lr": 0.053, "head_lr": 0.67,
              "wd_per_example": 2e-6, "muon_lr": 0.24, "muon_momentum": 0.6, "muon_nesterov": True,
-             "muon_ns_steps": 5, "muon_ns_dtype": "bf16"},
+             "muon_ns_steps": 3, "muon_ns_dtype": "bf16"},
 }
 
 

@@ -26,7 +26,7 @@ static size_t window_argmax(const Pool2dShape *s, const float *plane, int p, int
     return best;
 }
 
-void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y) {
+void maxpool_forward_cpu(const Pool2dShape *s, const float *x, float *y) {
     int out_h = pool2d_out_h(s), out_w = pool2d_out_w(s);
     size_t planes = (size_t)s->n * s->c;
     for (size_t pl = 0; pl < planes; pl++) {
@@ -39,8 +39,7 @@ void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y) {
 }
 
 /* Routes each output gradient by the argmax of x; y is not needed for that. */
-void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
-                             const float *dy, float *dx) {
+void maxpool_backward_cpu(const Pool2dShape *s, const float *x, const float *y, const float *dy, float *dx) {
     int out_h = pool2d_out_h(s), out_w = pool2d_out_w(s);
     size_t planes = (size_t)s->n * s->c;
     memset(dx, 0, sizeof(float) * planes * s->h * s->w);
@@ -56,7 +55,7 @@ void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *
 
 size_t maxpool_scratch_bytes(const OpContext *ctx, const Pool2dShape *s) {
     size_t bytes = 0;
-    if (ctx->device == DEVICE_CUDA) GPU_ONLY(bytes = maxpool2x2_cuda_index_bytes(s, ctx->dtype, ctx->nhwc));
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(bytes = maxpool_cuda_index_bytes(s, ctx->dtype, ctx->nhwc));
     return bytes;
 }
 
@@ -65,24 +64,24 @@ void maxpool_init(const OpContext *ctx, MaxPool2d *p, const Pool2dShape *s, void
     memset(p, 0, sizeof *p);
     p->shape = shape;
     if (ctx->device == DEVICE_CUDA)
-        GPU_ONLY(maxpool2x2_cuda_init(&p->cuda, &shape, ctx->dtype, ctx->nhwc, scratch));
+        GPU_ONLY(maxpool_cuda_init(&p->cuda, &shape, ctx->dtype, ctx->nhwc, scratch));
 }
 
 void maxpool_destroy(const OpContext *ctx, MaxPool2d *p) {
-    if (ctx->device == DEVICE_CUDA) GPU_ONLY(maxpool2x2_cuda_destroy(&p->cuda));
+    if (ctx->device == DEVICE_CUDA) GPU_ONLY(maxpool_cuda_destroy(&p->cuda));
 }
 
 void maxpool_forward(const OpContext *ctx, const MaxPool2d *p, const void *x, void *y) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) maxpool2x2_forward_cpu(&p->shape, x, y);
-    else GPU_ONLY(maxpool2x2_forward_cuda(&p->cuda, ctx->cudnn, x, y));
+    if (ctx->device == DEVICE_CPU) maxpool_forward_cpu(&p->shape, x, y);
+    else GPU_ONLY(maxpool_forward_cuda(&p->cuda, ctx->cudnn, x, y));
     op_end(ctx, __func__);
 }
 
 void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, const void *y, const void *dy,
                       void *dx) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) maxpool2x2_backward_cpu(&p->shape, x, y, dy, dx);
-    else GPU_ONLY(maxpool2x2_backward_cuda(&p->cuda, ctx->cudnn, x, y, dy, dx));
+    if (ctx->device == DEVICE_CPU) maxpool_backward_cpu(&p->shape, x, y, dy, dx);
+    else GPU_ONLY(maxpool_backward_cuda(&p->cuda, ctx->cudnn, x, y, dy, dx));
     op_end(ctx, __func__);
 }

@@ -1,10 +1,12 @@
 /* Max-pool through cuDNN pooling, in the tensors' own type and layout; the
- * common channels-last 2x2 stride-2 window by kernels of their own, 16 bytes
- * a thread (cuDNN's NHWC pooling ran at about a third of the copy bandwidth
+ * channels-last pools whose windows do not overlap (k = stride, no padding:
+ * the 2x2 stride-2 pools, a global max) by kernels of their own, 16 bytes a
+ * thread (cuDNN's NHWC pooling ran at about a third of the copy bandwidth
  * forward on an H100, and its backward at 1.0 ms of airbench's 5.1 ms step
- * for a 1024x64x31x31 map that needs 0.1 ms). Their forward keeps where each
- * maximum was, so that their backward reads dy and a byte an element instead
- * of x, y and dy. */
+ * for a 1024x64x31x31 map that needs 0.1 ms; for airbench's global pool,
+ * 2000x256x3x3, 22 us at 3% of the DRAM bandwidth). Their forward keeps where
+ * each maximum was, so that their backward reads dy and a byte an element
+ * instead of x, y and dy. */
 #include "ops/maxpool.h"
 
 #include <stdint.h>
@@ -14,94 +16,115 @@
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
 
-/* Where in a 2x2 window (row-major: 0 1 / 2 3) its first element equal to
- * the window's maximum m lies; kNoMaximum where none is (every element NaN). */
-constexpr unsigned char kNoMaximum = 4;
+/* The widest window the kernels take: a byte holds each output's window
+ * position, 0..k*k-1 in row-major order, and k*k where every element of the
+ * window is NaN (so 4 for 2x2). 0xff is never written. */
+constexpr int kMaxWindow = 15;
 
-static __device__ __forceinline__ unsigned char first_maximum(float a, float b, float c, float d, float m) {
-    return a == m ? 0 : b == m ? 1 : c == m ? 2 : d == m ? 3 : kNoMaximum;
+/* The window's side: K where the launch fixed it (2: the 2x2 pools, 3:
+ * airbench's global pool; unrolled), else k. */
+template <int K>
+static __device__ __forceinline__ int window_side(int k) {
+    return K ? K : k;
 }
 
-/* y [n][h/2][w/2][c] = the max of each 2x2 window of x [n][h][w][c], one
- * 16-byte vector of channels a thread; vecs: vectors per pixel. fmaxf leaves
- * a NaN out, as cuDNN's CUDNN_NOT_PROPAGATE_NAN. indices (laid out as y, a
- * byte an element; NULL: not kept) get each maximum's first position. */
-template <typename T>
-static __global__ void maxpool2x2_nhwc_kernel(const uint4 *x, uint4 *y, unsigned char *indices, int h, int w,
-                                              int vecs, size_t outputs) {
+/* Folds v, a vector of channels at window position 'at', into each channel's
+ * running maximum best (NaN at first) and its position where (side*side at
+ * first): NaN is left out, and a tie keeps the earlier position. */
+template <typename T, typename Positions>
+static __device__ __forceinline__ void fold_maximum(uint4 v, int at, float *best, Positions &where) {
+    constexpr int width = 16 / sizeof(T);
+    alignas(16) T e[width];
+    *reinterpret_cast<uint4 *>(e) = v;
+#pragma unroll
+    for (int j = 0; j < width; j++) {
+        float f = to_float(e[j]);
+        if (f == f && !(f <= best[j])) best[j] = f, where.v[j] = (unsigned char)at;
+    }
+}
+
+/* y [n][h/k][w/k][c] = the max of each k x k window (stride k) of x
+ * [n][h][w][c], one 16-byte vector of channels a thread; vecs: vectors per
+ * pixel. NaN is left out of a maximum, as cuDNN's CUDNN_NOT_PROPAGATE_NAN; a
+ * window of NaN alone gives NaN. indices (laid out as y, a byte an element;
+ * NULL: not kept) get each maximum's first position in row-major order (the
+ * CPU reference's and cuDNN's). */
+template <typename T, int K>
+static __global__ void maxpool_nhwc_kernel(const uint4 *x, uint4 *y, unsigned char *indices, int h, int w, int k,
+                                           int vecs, size_t outputs) {
     constexpr int width = 16 / sizeof(T);
     using Positions = Pack<unsigned char, width>;
-    int oh = h / 2, ow = w / 2;
+    const int side = window_side<K>(k);
+    int oh = h / side, ow = w / side;
     for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < outputs; o += (size_t)gridDim.x * blockDim.x) {
         size_t v = o % vecs, pixel = o / vecs;
         size_t q = pixel % ow, rest = pixel / ow, p = rest % oh, img = rest / oh;
-        size_t base = ((img * h + 2 * p) * w + 2 * q) * vecs + v, row = (size_t)w * vecs;
-        alignas(16) T a[width], b[width], c[width], d[width];
-        *reinterpret_cast<uint4 *>(a) = x[base];
-        *reinterpret_cast<uint4 *>(b) = x[base + vecs];
-        *reinterpret_cast<uint4 *>(c) = x[base + row];
-        *reinterpret_cast<uint4 *>(d) = x[base + row + vecs];
-        Positions at;
+        size_t base = ((img * h + side * p) * w + side * q) * vecs + v, row = (size_t)w * vecs;
+        float best[width];
+        Positions where;
 #pragma unroll
-        for (int j = 0; j < width; j++) {
-            float fa = to_float(a[j]), fb = to_float(b[j]), fc = to_float(c[j]), fd = to_float(d[j]);
-            float m = fmaxf(fmaxf(fa, fb), fmaxf(fc, fd));
-            at.v[j] = first_maximum(fa, fb, fc, fd, m);
-            a[j] = from_float<T>(m);
-        }
-        y[o] = *reinterpret_cast<const uint4 *>(a);
-        if (indices) reinterpret_cast<Positions *>(indices)[o] = at;
+        for (int j = 0; j < width; j++) best[j] = __int_as_float(0x7fffffff), where.v[j] = (unsigned char)(side * side);
+#pragma unroll
+        for (int r = 0; r < side; r++)
+#pragma unroll
+            for (int s = 0; s < side; s++) fold_maximum<T>(x[base + r * row + s * vecs], r * side + s, best, where);
+        alignas(16) T out[width];
+#pragma unroll
+        for (int j = 0; j < width; j++) out[j] = from_float<T>(best[j]);
+        y[o] = *reinterpret_cast<const uint4 *>(out);
+        if (indices) reinterpret_cast<Positions *>(indices)[o] = where;
     }
 }
 
 /* dx of the kernel above from the positions its forward kept: one thread per
- * 16-byte vector of channels of a 2x2 window of x, windows = ceil(h/2) x
- * ceil(w/2) a plane. Each window's output gradient goes to its first maximum
- * in row-major order (cuDNN's choice and the CPU reference's), the rest of
- * the window gets 0; the windows are disjoint, so every element of dx is
- * written once. An odd h or w leaves a last row or column that no output saw
- * (floor mode): its windows write 0. */
-template <typename T>
-static __global__ void maxpool2x2_nhwc_backward_kernel(const uint4 *dy, const unsigned char *indices, uint4 *dx,
-                                                       int h, int w, int vecs, size_t windows) {
+ * 16-byte vector of channels of a k x k window of x, windows = ceil(h/k) x
+ * ceil(w/k) a plane. Each window's output gradient goes to its first maximum,
+ * the rest of the window gets 0; the windows are disjoint, so every element
+ * of dx is written once. Where h or w is not a multiple of k, the last rows
+ * or columns, which no output saw (floor mode), get 0 from windows cut short. */
+template <typename T, int K>
+static __global__ void maxpool_nhwc_backward_kernel(const uint4 *dy, const unsigned char *indices, uint4 *dx, int h,
+                                                    int w, int k, int vecs, size_t windows) {
     constexpr int width = 16 / sizeof(T);
     using Positions = Pack<unsigned char, width>;
-    int oh = h / 2, ow = w / 2, wh = (h + 1) / 2, ww = (w + 1) / 2;
+    const int side = window_side<K>(k);
+    int oh = h / side, ow = w / side, wh = (h + side - 1) / side, ww = (w + side - 1) / side;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
     for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < windows; o += (size_t)gridDim.x * blockDim.x) {
         size_t v = o % vecs, window = o / vecs;
         size_t q = window % ww, rest = window / ww, p = rest % wh, img = rest / wh;
-        size_t base = ((img * h + 2 * p) * w + 2 * q) * vecs + v, row = (size_t)w * vecs;
+        size_t base = ((img * h + side * p) * w + side * q) * vecs + v, row = (size_t)w * vecs;
         if ((int)p >= oh || (int)q >= ow) {
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            dx[base] = zero;
-            if (2 * (int)q + 1 < w) dx[base + vecs] = zero;
-            if (2 * (int)p + 1 < h) dx[base + row] = zero;
+            int rows = min(side, h - side * (int)p), cols = min(side, w - side * (int)q);
+            for (int r = 0; r < rows; r++)
+                for (int s = 0; s < cols; s++) dx[base + r * row + s * vecs] = zero;
             continue;
         }
         size_t out = ((img * oh + p) * ow + q) * vecs + v;
-        alignas(16) T a[width], b[width], c[width], d[width], g[width];
+        alignas(16) T g[width];
         *reinterpret_cast<uint4 *>(g) = dy[out];
         Positions at = reinterpret_cast<const Positions *>(indices)[out];
-        const T zero = from_float<T>(0.0f);
+        const T t_zero = from_float<T>(0.0f);
 #pragma unroll
-        for (int j = 0; j < width; j++) {
-            a[j] = at.v[j] == 0 ? g[j] : zero;
-            b[j] = at.v[j] == 1 ? g[j] : zero;
-            c[j] = at.v[j] == 2 ? g[j] : zero;
-            d[j] = at.v[j] == 3 ? g[j] : zero;
+        for (int r = 0; r < side; r++) {
+#pragma unroll
+            for (int s = 0; s < side; s++) {
+                alignas(16) T e[width];
+#pragma unroll
+                for (int j = 0; j < width; j++) e[j] = at.v[j] == r * side + s ? g[j] : t_zero;
+                dx[base + r * row + s * vecs] = *reinterpret_cast<const uint4 *>(e);
+            }
         }
-        dx[base] = *reinterpret_cast<const uint4 *>(a);
-        dx[base + vecs] = *reinterpret_cast<const uint4 *>(b);
-        dx[base + row] = *reinterpret_cast<const uint4 *>(c);
-        dx[base + row + vecs] = *reinterpret_cast<const uint4 *>(d);
     }
 }
 
-/* Whether the kernels above take the shape: NHWC, a 2x2 stride-2 window,
- * whole vectors of channels. */
-static int nhwc_2x2_shape(const Pool2dShape *s, DType dtype, int nhwc) {
+/* Whether the kernels above take the shape: NHWC, non-overlapping windows
+ * (k = stride, no padding) of at most kMaxWindow a side, whole vectors of
+ * channels. */
+static int nhwc_disjoint_windows_shape(const Pool2dShape *s, DType dtype, int nhwc) {
     size_t row_bytes = (size_t)s->c * dtype_size(dtype);
-    return nhwc && pool2d_window(s) == 2 && pool2d_stride(s) == 2 && s->pad == 0 && row_bytes % 16 == 0;
+    int k = pool2d_window(s);
+    return nhwc && pool2d_stride(s) == k && k <= kMaxWindow && s->pad == 0 && row_bytes % 16 == 0;
 }
 
 static int aligned16(const void *buf) { return (uintptr_t)buf % 16 == 0; }
@@ -109,40 +132,57 @@ static int aligned16(const void *buf) { return (uintptr_t)buf % 16 == 0; }
 /* Whether the kernels run: they take the shape and the buffers are aligned
  * (NULL: not used). Backward gets the forward's x and y, so it falls back to
  * cuDNN (which reads them) wherever the forward did and kept no positions. */
-static int nhwc_2x2_vectorizable(const MaxPoolCuda *p, const void *x, const void *y, const void *dy,
-                                 const void *dx) {
+static int nhwc_disjoint_windows_run(const MaxPoolCuda *p, const void *x, const void *y, const void *dy,
+                                     const void *dx) {
     return p->vectorized && aligned16(x) && aligned16(y) && aligned16(dy) && aligned16(dx);
 }
 
-template <typename T>
-static void launch_maxpool2x2_nhwc(const MaxPoolCuda *p, const void *x, void *y, cudaStream_t stream) {
+/* One pass of the kernels on the handle's stream: forward (in x, out y) or
+ * backward (in dy, out dx); k fixed at compile time for 2 and 3. */
+template <typename T, int K>
+static void launch_pass(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
     const Pool2dShape *s = &p->shape;
-    int vecs = (int)((size_t)s->c * sizeof(T) / 16);
-    size_t outputs = (size_t)s->n * (s->h / 2) * (s->w / 2) * vecs;
-    maxpool2x2_nhwc_kernel<T><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
-        (const uint4 *)x, (uint4 *)y, p->indices, s->h, s->w, vecs, outputs);
+    int k = pool2d_window(s), vecs = (int)((size_t)s->c * sizeof(T) / 16);
+    if (!backward) {
+        size_t outputs = (size_t)s->n * (s->h / k) * (s->w / k) * vecs;
+        maxpool_nhwc_kernel<T, K><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
+            (const uint4 *)in, (uint4 *)out, p->indices, s->h, s->w, k, vecs, outputs);
+    } else {
+        size_t windows = (size_t)s->n * ((s->h + k - 1) / k) * ((s->w + k - 1) / k) * vecs;
+        maxpool_nhwc_backward_kernel<T, K><<<elementwise_blocks(windows), ELEMENTWISE_THREADS, 0, stream>>>(
+            (const uint4 *)in, p->indices, (uint4 *)out, s->h, s->w, k, vecs, windows);
+    }
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-static void launch_maxpool2x2_nhwc_backward(const MaxPoolCuda *p, const void *dy, void *dx, cudaStream_t stream) {
-    const Pool2dShape *s = &p->shape;
-    int vecs = (int)((size_t)s->c * sizeof(T) / 16);
-    size_t windows = (size_t)s->n * ((s->h + 1) / 2) * ((s->w + 1) / 2) * vecs;
-    maxpool2x2_nhwc_backward_kernel<T><<<elementwise_blocks(windows), ELEMENTWISE_THREADS, 0, stream>>>(
-        (const uint4 *)dy, p->indices, (uint4 *)dx, s->h, s->w, vecs, windows);
-    CUDA_CHECK_LAUNCH();
+static void launch_window(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
+    switch (pool2d_window(&p->shape)) {
+    case 2: launch_pass<T, 2>(p, backward, in, out, stream); break;
+    case 3: launch_pass<T, 3>(p, backward, in, out, stream); break;
+    default: launch_pass<T, 0>(p, backward, in, out, stream); break;
+    }
+}
+
+static void launch_kernels(const MaxPoolCuda *p, cudnnHandle_t h, int backward, const void *in, void *out) {
+    cudaStream_t stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    switch (p->dtype) {
+    case DTYPE_F16: launch_window<__half>(p, backward, in, out, stream); break;
+    case DTYPE_BF16: launch_window<__nv_bfloat16>(p, backward, in, out, stream); break;
+    default: launch_window<float>(p, backward, in, out, stream); break;
+    }
 }
 
 static const float kOne = 1.0f, kZero = 0.0f;
 
-size_t maxpool2x2_cuda_index_bytes(const Pool2dShape *s, DType dtype, int nhwc) {
-    return nhwc_2x2_shape(s, dtype, nhwc) ? (size_t)s->n * pool2d_out_h(s) * pool2d_out_w(s) * s->c : 0;
+size_t maxpool_cuda_index_bytes(const Pool2dShape *s, DType dtype, int nhwc) {
+    return nhwc_disjoint_windows_shape(s, dtype, nhwc) ? (size_t)s->n * pool2d_out_h(s) * pool2d_out_w(s) * s->c : 0;
 }
 
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc, void *indices) {
+void maxpool_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc, void *indices) {
     memset(p, 0, sizeof *p);
-    check_float_dtype("maxpool2x2", dtype);
+    check_float_dtype("maxpool", dtype);
     int k = pool2d_window(s), stride = pool2d_stride(s);
     if (s->n <= 0 || s->c <= 0 || s->h < 2 || s->w < 2 ||
         s->pad < 0 || s->pad >= k || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
@@ -152,7 +192,7 @@ void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int
     p->shape = *s;
     p->dtype = dtype;
     p->nhwc = nhwc != 0;
-    p->vectorized = nhwc_2x2_shape(s, dtype, p->nhwc);
+    p->vectorized = nhwc_disjoint_windows_shape(s, dtype, p->nhwc);
     p->indices = p->vectorized ? (unsigned char *)indices : NULL;
     cudnnDataType_t data_type = dtype_cudnn(dtype);
     cudnnTensorFormat_t format = p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
@@ -167,41 +207,24 @@ void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int
                                            pool2d_out_w(s)));
 }
 
-void maxpool2x2_cuda_destroy(MaxPoolCuda *p) {
+void maxpool_cuda_destroy(MaxPoolCuda *p) {
     if (p->y_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(p->y_desc));
     if (p->x_desc) CUDNN_CHECK(cudnnDestroyTensorDescriptor(p->x_desc));
     if (p->pool_desc) CUDNN_CHECK(cudnnDestroyPoolingDescriptor(p->pool_desc));
     memset(p, 0, sizeof *p);
 }
 
-void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y) {
-    if (!nhwc_2x2_vectorizable(p, x, y, NULL, NULL)) {
-        CUDNN_CHECK(cudnnPoolingForward(h, p->pool_desc, &kOne, p->x_desc, x, &kZero, p->y_desc, y));
-        return;
-    }
-    cudaStream_t stream;
-    CUDNN_CHECK(cudnnGetStream(h, &stream));
-    switch (p->dtype) {
-    case DTYPE_F16: launch_maxpool2x2_nhwc<__half>(p, x, y, stream); break;
-    case DTYPE_BF16: launch_maxpool2x2_nhwc<__nv_bfloat16>(p, x, y, stream); break;
-    default: launch_maxpool2x2_nhwc<float>(p, x, y, stream); break;
-    }
+void maxpool_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y) {
+    if (nhwc_disjoint_windows_run(p, x, y, NULL, NULL)) launch_kernels(p, h, 0, x, y);
+    else CUDNN_CHECK(cudnnPoolingForward(h, p->pool_desc, &kOne, p->x_desc, x, &kZero, p->y_desc, y));
 }
 
-void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
-                              const void *y, const void *dy, void *dx) {
+void maxpool_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, const void *y, const void *dy,
+                           void *dx) {
     if (p->vectorized && !p->indices)
         TC_FATAL("maxpool: backward of a forward-only max-pool (initialised without its index scratch)");
-    if (!nhwc_2x2_vectorizable(p, x, y, dy, dx)) {
-        CUDNN_CHECK(cudnnPoolingBackward(h, p->pool_desc, &kOne, p->y_desc, y, p->y_desc, dy,
-                                         p->x_desc, x, &kZero, p->x_desc, dx));
-        return;
-    }
-    cudaStream_t stream;
-    CUDNN_CHECK(cudnnGetStream(h, &stream));
-    switch (p->dtype) {
-    case DTYPE_F16: launch_maxpool2x2_nhwc_backward<__half>(p, dy, dx, stream); break;
-    case DTYPE_BF16: launch_maxpool2x2_nhwc_backward<__nv_bfloat16>(p, dy, dx, stream); break;
-    default: launch_maxpool2x2_nhwc_backward<float>(p, dy, dx, stream); break;
-    }
+    if (nhwc_disjoint_windows_run(p, x, y, dy, dx)) launch_kernels(p, h, 1, dy, dx);
+    else
+        CUDNN_CHECK(cudnnPoolingBackward(h, p->pool_desc, &kOne, p->y_desc, y, p->y_desc, dy, p->x_desc, x, &kZero,
+                                         p->x_desc, dx));
 }

@@ -6,13 +6,15 @@
  * where windows overlap; dx is overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
  * as the dtype given at init (f32, f16 or bf16), which is exact: a selection.
  *
- * The CUDA path's channels-last 2x2 stride-2 pool (whole 16-byte vectors of
- * channels a pixel) runs kernels of its own, whose forward also writes, a
- * byte per output element, where in its window the first maximum lies, into
- * the layer's scratch; backward then reads dy and those bytes, not x and y
- * (half the bytes). So a backward takes the positions of the last forward of
- * the same MaxPool2d: a forward of it on other inputs in between (not a
- * recompute of the same) gives the wrong dx. */
+ * The CUDA path's channels-last pools whose windows do not overlap (k =
+ * stride, no padding, k at most 15: the 2x2 stride-2 pools, a global max;
+ * whole 16-byte vectors of channels a pixel) run kernels of their own, whose
+ * forward also writes, a byte per output element, where in its window the
+ * first maximum lies (0..k*k-1 in row-major order; k*k where every element is
+ * NaN), into the layer's scratch; backward then reads dy and those bytes, not
+ * x and y, and writes all of dx (0 where no maximum was). So a backward takes
+ * the positions of the last forward of the same MaxPool2d: a forward of it on
+ * other inputs in between (not a recompute of the same) gives the wrong dx. */
 #ifndef TRAINC_OPS_MAXPOOL_H
 #define TRAINC_OPS_MAXPOOL_H
 
@@ -35,9 +37,9 @@ typedef struct {
     Pool2dShape shape;
     DType dtype;
     int nhwc;               /* x, y and their gradients are [n][h][w][c] */
-    int vectorized;         /* the channels-last 2x2 kernels take the shape (see above) */
+    int vectorized;         /* the channels-last kernels take the shape (see above) */
     unsigned char *indices; /* vectorized: laid out as y, each element's window position from the last
-                               forward (0..3 row-major, 4: every element NaN); NULL: forward only */
+                               forward (0..k*k-1 row-major, k*k: every element NaN); NULL: forward only */
     cudnnPoolingDescriptor_t pool_desc;
     cudnnTensorDescriptor_t x_desc, y_desc;
 } MaxPoolCuda;
@@ -62,20 +64,19 @@ void maxpool_backward(const OpContext *ctx, const MaxPool2d *p, const void *x, c
 
 /* ---- The paths the face picks; tests call them to compare ---------------- */
 
-void maxpool2x2_forward_cpu(const Pool2dShape *s, const float *x, float *y);
-void maxpool2x2_backward_cpu(const Pool2dShape *s, const float *x, const float *y,
-                             const float *dy, float *dx);
+void maxpool_forward_cpu(const Pool2dShape *s, const float *x, float *y);
+void maxpool_backward_cpu(const Pool2dShape *s, const float *x, const float *y, const float *dy, float *dx);
 
 /* The window positions' bytes: n x out_h x out_w x c where the channels-last
- * 2x2 kernels take the shape, else 0. */
-size_t maxpool2x2_cuda_index_bytes(const Pool2dShape *s, DType dtype, int nhwc);
+ * kernels take the shape, else 0. */
+size_t maxpool_cuda_index_bytes(const Pool2dShape *s, DType dtype, int nhwc);
 /* indices: index_bytes of them, 16-byte aligned, or NULL (forward only). */
-void maxpool2x2_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc, void *indices);
-void maxpool2x2_cuda_destroy(MaxPoolCuda *p);
+void maxpool_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc, void *indices);
+void maxpool_cuda_destroy(MaxPoolCuda *p);
 
-void maxpool2x2_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
-void maxpool2x2_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
-                              const void *y, const void *dy, void *dx);
+void maxpool_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
+void maxpool_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, const void *y, const void *dy,
+                           void *dx);
 
 #ifdef __cplusplus
 }

@@ -184,8 +184,8 @@ static void brp_against_unfused(uint64_t *rng) {
 
     float *relu = copy_floats(x, nx), *y2 = host_floats(ny), *dx2 = host_floats(nx);
     bias_relu_forward_cpu(b, relu, s.n, s.c, s.h * s.w, 0);
-    maxpool2x2_forward_cpu(&s, relu, y2);
-    maxpool2x2_backward_cpu(&s, relu, y2, dy, dx2);
+    maxpool_forward_cpu(&s, relu, y2);
+    maxpool_backward_cpu(&s, relu, y2, dy, dx2);
     for (size_t i = 0; i < nx; i++)
         if (!(relu[i] > 0.0f)) dx2[i] = 0.0f;
     CHECK_MSG(memcmp(y, y2, ny * sizeof(float)) == 0, "fused forward differs from bias + ReLU + max-pool");

@@ -2,10 +2,11 @@
  * exactly, ties included (the first maximum of a window wins, in NHWC as in
  * NCHW); only where windows overlap (ResNet's 3x3 stride-2 stem) do the
  * gradients of several windows add, in another order than the CPU's. On the
- * CPU, dx by finite differences. The channels-last 2x2 kernels' window
- * positions: the scratch they ask for, a backward from the last forward's
- * positions alone, NaN windows, and the refusals (a forward-only pool's
- * backward, an unaligned scratch). */
+ * CPU, dx by finite differences. The channels-last kernels' window positions
+ * (windows that do not overlap: 2x2 stride 2, a global max, k x k stride k
+ * with floor mode): the scratch they ask for, a backward from the last
+ * forward's positions alone, NaN windows, and the refusals (a forward-only
+ * pool's backward, an unaligned scratch). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -45,10 +46,12 @@ static void pool_op_free(const GridCase *c, PoolOp *p) {
     grid_free(c, p->scratch);
 }
 
-/* Whether c runs s through the channels-last 2x2 kernels, which keep a byte
- * per output element. */
+/* Whether c runs s through the channels-last kernels, which keep a byte per
+ * output element: windows that do not overlap, at most 15 a side (k*k
+ * positions and "all NaN" in a byte), whole 16-byte vectors of channels. */
 static int keeps_positions(const GridCase *c, const Pool2dShape *s) {
-    return c->device == DEVICE_CUDA && c->nhwc && pool2d_window(s) == 2 && pool2d_stride(s) == 2 && !s->pad &&
+    int k = pool2d_window(s);
+    return c->device == DEVICE_CUDA && c->nhwc && pool2d_stride(s) == k && k <= 15 && !s->pad &&
            (size_t)s->c * dtype_size(c->dtype) % 16 == 0;
 }
 
@@ -79,7 +82,7 @@ typedef struct {
 
 static double pool_loss(void *p) {
     PoolLoss *l = p;
-    maxpool2x2_forward_cpu(l->s, l->x, l->y);
+    maxpool_forward_cpu(l->s, l->x, l->y);
     return weighted_sum(l->y, l->r, pool_y_count(l->s));
 }
 
@@ -116,8 +119,8 @@ static void maxpool_shape(const GridCase *c, Pool2dShape s, int ties) {
     float *x = grid_random(c, dt, nx, -1, 1), *dy = grid_random(c, dt, ny, -1, 1);
     if (ties) make_ties(x, nx);
     float *y = host_floats(ny), *dx = host_floats(nx);
-    maxpool2x2_forward_cpu(&s, x, y);
-    maxpool2x2_backward_cpu(&s, x, y, dy, dx);
+    maxpool_forward_cpu(&s, x, y);
+    maxpool_backward_cpu(&s, x, y, dy, dx);
     round_to(dt, dx, nx);
 
     size_t scratch = maxpool_scratch_bytes(&c->ctx, &s);
@@ -146,7 +149,8 @@ static void maxpool_shape(const GridCase *c, Pool2dShape s, int ties) {
  * places), x2 and y overwritten with NaN, dx is still x2's. */
 static void maxpool_last_forward(const GridCase *c, Pool2dShape s) {
     if (!keeps_positions(c, &s)) return;
-    printf(" %dx%dx%dx%d: backward from the last forward's positions\n", s.n, s.c, s.h, s.w);
+    printf(" %dx%dx%dx%d window %d: backward from the last forward's positions\n", s.n, s.c, s.h, s.w,
+           pool2d_window(&s));
     DType dt = c->dtype;
     int oh = pool2d_out_h(&s), ow = pool2d_out_w(&s);
     size_t nx = pool_x_count(&s), ny = pool_y_count(&s);
@@ -154,8 +158,8 @@ static void maxpool_last_forward(const GridCase *c, Pool2dShape s) {
     float *dy = grid_random(c, dt, ny, -1, 1);
     make_ties(x1, nx), make_ties(x2, nx);
     float *y = host_floats(ny), *dx = host_floats(nx);
-    maxpool2x2_forward_cpu(&s, x2, y);
-    maxpool2x2_backward_cpu(&s, x2, y, dy, dx);
+    maxpool_forward_cpu(&s, x2, y);
+    maxpool_backward_cpu(&s, x2, y, dy, dx);
 
     PoolOp p = pool_op(c, &s);
     void *d_x1 = put_image(c, x1, s.n, s.c, s.h, s.w), *d_x2 = put_image(c, x2, s.n, s.c, s.h, s.w);
@@ -178,44 +182,64 @@ static void maxpool_last_forward(const GridCase *c, Pool2dShape s) {
 /* The kernels leave NaN out of a window's maximum (cuDNN's
  * CUDNN_NOT_PROPAGATE_NAN; the CPU reference keeps a NaN that comes first, so
  * these are by hand), and a window of NaN alone gives NaN and passes no
- * gradient. One
- * 2x2 window of 8 channels over 3 rows and 2 columns (floor mode drops the
- * last row), NHWC; by hand, for each channel: the window in row-major order,
- * then which of its places gets the gradient (-1: none). */
-static void maxpool_nan_windows(const GridCase *c) {
-    const Pool2dShape s = {.n = 1, .c = 8, .h = 3, .w = 2};
+ * gradient. One k x k window of 8 channels over k + 1 rows and k columns
+ * (floor mode drops the last row), NHWC; by hand, for each channel: the
+ * window in row-major order (window[ch * k * k + at]), then which of its
+ * places gets the gradient (wins; -1: none). */
+static void maxpool_nan_window(const GridCase *c, int k, const float *window, const int wins[8]) {
+    const Pool2dShape s = {.n = 1, .c = 8, .h = k + 1, .w = k, .k = k, .stride = k};
     if (!keeps_positions(c, &s)) return;
-    printf(" NaN in the windows\n");
-    const float nan = NAN;
-    const float window[8][4] = {
-        {nan, 1, 2, 2}, {nan, nan, nan, nan}, {3, nan, 3, 1},  {nan, nan, nan, -1},
-        {-1, -1, -1, -1}, {0, 2, nan, 2},     {1, 2, 3, 4},    {nan, 5, nan, nan},
-    };
-    const int wins[8] = {2, -1, 0, 3, 0, 1, 3, 1};
-    float x[6 * 8], dy[8], want_y[8], want_dx[6 * 8];
+    printf(" NaN in a %dx%d window\n", k, k);
+    int kk = k * k, nx = (kk + k) * 8;
+    float *x = host_floats(nx), *want_dx = host_floats(nx), dy[8], want_y[8];
     for (int ch = 0; ch < 8; ch++) {
-        for (int at = 0; at < 4; at++) x[at * 8 + ch] = window[ch][at]; /* pixels (0,0) (0,1) (1,0) (1,1) */
-        x[4 * 8 + ch] = 7, x[5 * 8 + ch] = 7;                           /* the dropped row */
+        for (int at = 0; at < kk; at++) x[at * 8 + ch] = window[ch * kk + at]; /* the window's pixels */
+        for (int at = kk; at < kk + k; at++) x[at * 8 + ch] = 7;                /* the dropped row */
         dy[ch] = (float)(ch + 1);
-        want_y[ch] = wins[ch] < 0 ? nan : window[ch][wins[ch]];
-        for (int pixel = 0; pixel < 6; pixel++) want_dx[pixel * 8 + ch] = pixel == wins[ch] ? dy[ch] : 0.0f;
+        want_y[ch] = wins[ch] < 0 ? NAN : window[ch * kk + wins[ch]];
+        for (int pixel = 0; pixel < kk + k; pixel++) want_dx[pixel * 8 + ch] = pixel == wins[ch] ? dy[ch] : 0.0f;
     }
     DType dt = c->dtype;
     PoolOp p = pool_op(c, &s);
-    void *d_x = grid_put(c, dt, x, 48), *d_y = grid_alloc(c, dt, 8), *d_dy = grid_put(c, dt, dy, 8);
-    void *d_dx = grid_alloc(c, dt, 48);
+    void *d_x = grid_put(c, dt, x, nx), *d_y = grid_alloc(c, dt, 8), *d_dy = grid_put(c, dt, dy, 8);
+    void *d_dx = grid_alloc(c, dt, nx);
     maxpool_forward(&c->ctx, &p.op, d_x, d_y);
     maxpool_backward(&c->ctx, &p.op, d_x, d_y, d_dy, d_dx);
-    float *y = grid_get(c, dt, d_y, 8), *dx = grid_get(c, dt, d_dx, 48);
+    float *y = grid_get(c, dt, d_y, 8), *dx = grid_get(c, dt, d_dx, nx);
     int y_ok = 1, dx_ok = 1;
     for (int i = 0; i < 8; i++) y_ok &= isnan(want_y[i]) ? isnan(y[i]) : y[i] == want_y[i];
-    for (int i = 0; i < 48; i++) dx_ok &= dx[i] == want_dx[i];
-    CHECK_MSG(y_ok, "%s: maxpool y over NaN windows", c->name);
-    CHECK_MSG(dx_ok, "%s: maxpool dx over NaN windows", c->name);
+    for (int i = 0; i < nx; i++) dx_ok &= dx[i] == want_dx[i];
+    CHECK_MSG(y_ok, "%s: maxpool y over NaN in %dx%d windows", c->name, k, k);
+    CHECK_MSG(dx_ok, "%s: maxpool dx over NaN in %dx%d windows", c->name, k, k);
     pool_op_free(c, &p);
     void *dev[] = {d_x, d_y, d_dy, d_dx};
     grid_free_all(c, dev, GRID_COUNT(dev));
-    free(y), free(dx);
+    void *host[] = {x, want_dx, y, dx};
+    host_free_all(host, GRID_COUNT(host));
+}
+
+static void maxpool_nan_windows(const GridCase *c) {
+    const float nan = NAN, inf = INFINITY;
+    const float window2[8 * 4] = {
+        nan, 1, 2, 2,    nan, nan, nan, nan, 3, nan, 3, 1,  nan, nan, nan, -1,
+        -1, -1, -1, -1,  0, 2, nan, 2,       1, 2, 3, 4,    nan, 5, nan, nan,
+    };
+    const int wins2[8] = {2, -1, 0, 3, 0, 1, 3, 1};
+    maxpool_nan_window(c, 2, window2, wins2);
+    /* 3x3 (airbench's global pool): also windows of -inf, where the first
+     * element that is not NaN wins. */
+    const float window3[8 * 9] = {
+        nan, 1, 2, 2, nan, 0, 2, 1, 1,
+        nan, nan, nan, nan, nan, nan, nan, nan, nan,
+        3, nan, 3, 1, 3, 3, 3, 3, 3,
+        nan, nan, nan, nan, nan, nan, nan, nan, -1,
+        -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf, -inf,
+        nan, -inf, nan, -inf, -inf, -inf, nan, nan, nan,
+        1, 2, 3, 4, 9, 6, 7, 8, 9,
+        0, -1, 0, 5, nan, 5, 2, 5, 4,
+    };
+    const int wins3[8] = {2, -1, 0, 8, 0, 1, 4, 3};
+    maxpool_nan_window(c, 3, window3, wins3);
 }
 
 /* ---- refusals: each in a child that makes no CUDA call (the check comes
@@ -270,7 +294,7 @@ static void maxpool_refusals(const GridCase *c) {
     /* Its forward keeps nothing, and is right. */
     size_t ny = pool_y_count(&s);
     float *x = grid_random(c, c->dtype, pool_x_count(&s), -1, 1), *y = host_floats(ny);
-    maxpool2x2_forward_cpu(&s, x, y);
+    maxpool_forward_cpu(&s, x, y);
     void *d_x = put_image(c, x, s.n, s.c, s.h, s.w), *d_y = grid_alloc(c, c->dtype, ny);
     maxpool_forward(&c->ctx, &forward_only, d_x, d_y);
     float *gy = get_image(c, d_y, s.n, s.c, pool2d_out_h(&s), pool2d_out_w(&s));
@@ -307,8 +331,23 @@ static void maxpool_case(const GridCase *c) {
     maxpool_shape(c, (Pool2dShape){.n = 3, .c = 24, .h = 9, .w = 14}, 1);
     maxpool_shape(c, (Pool2dShape){.n = 2, .c = 8, .h = 10, .w = 7}, 1);
     maxpool_shape(c, (Pool2dShape){.n = 5, .c = 4, .h = 7, .w = 9}, 1);
+    /* Other windows that do not overlap, through the same kernels in NHWC:
+     * global maxima (3x3: airbench's; 4x4; 15x15, the widest they take, and
+     * 16x16, which cuDNN runs); k x k stride k leaving out rows and columns
+     * (floor mode), square and not; k 5 runs the kernels' loop with k unfixed. */
+    maxpool_shape(c, (Pool2dShape){.n = 4, .c = 256, .h = 3, .w = 3, .k = 3, .stride = 3}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 6, .c = 64, .h = 4, .w = 4, .k = 4, .stride = 4}, 0);
+    maxpool_shape(c, (Pool2dShape){.n = 6, .c = 64, .h = 4, .w = 4, .k = 4, .stride = 4}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 2, .c = 16, .h = 15, .w = 15, .k = 15, .stride = 15}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 2, .c = 16, .h = 16, .w = 16, .k = 16, .stride = 16}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 3, .c = 24, .h = 7, .w = 7, .k = 3, .stride = 3}, 0);
+    maxpool_shape(c, (Pool2dShape){.n = 3, .c = 24, .h = 7, .w = 7, .k = 3, .stride = 3}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 2, .c = 8, .h = 8, .w = 7, .k = 3, .stride = 3}, 1);
+    maxpool_shape(c, (Pool2dShape){.n = 2, .c = 32, .h = 11, .w = 13, .k = 5, .stride = 5}, 1);
     maxpool_last_forward(c, (Pool2dShape){.n = 2, .c = 64, .h = 31, .w = 31});
     maxpool_last_forward(c, (Pool2dShape){.n = 3, .c = 24, .h = 10, .w = 9});
+    maxpool_last_forward(c, (Pool2dShape){.n = 8, .c = 256, .h = 3, .w = 3, .k = 3, .stride = 3});
+    maxpool_last_forward(c, (Pool2dShape){.n = 3, .c = 16, .h = 11, .w = 10, .k = 5, .stride = 5});
     maxpool_nan_windows(c);
     maxpool_refusals(c);
     if (c->device == DEVICE_CPU) {
@@ -317,6 +356,7 @@ static void maxpool_case(const GridCase *c) {
         maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 2, .h = 7, .w = 8, .k = 3, .stride = 2, .pad = 1});
         maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 3, .h = 7, .w = 5});
         maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 3, .h = 3, .w = 3, .k = 3, .stride = 3});
+        maxpool_finite_differences(c, (Pool2dShape){.n = 2, .c = 2, .h = 7, .w = 8, .k = 3, .stride = 3});
     }
 }
 
@@ -330,11 +370,11 @@ static void maxpool_by_hand(uint64_t *rng) {
     };
     float y[8], dx[32];
     Pool2dShape s = {.n = 1, .c = 2, .h = 4, .w = 4};
-    maxpool2x2_forward_cpu(&s, x, y);
+    maxpool_forward_cpu(&s, x, y);
     check_values("maxpool y", y, (double[]){5, 2, 0, 8, 3, -1, 5, 2}, 8, 0);
     float dy[8] = {10, 20, 30, 40, 1, 2, 3, 4};
     grid_fill_nan(dx, 32);
-    maxpool2x2_backward_cpu(&s, x, y, dy, dx);
+    maxpool_backward_cpu(&s, x, y, dy, dx);
     double want[32] = {0};
     want[1] = 10;       /* 5 at (0,1) */
     want[2] = 20;       /* all-2 window: first is (0,2) */

@@ -162,7 +162,7 @@ static float net_cpu_loss(const Net *t, const float *params, const float *x, con
     float logits[BATCH * 10], dl[BATCH * 10], loss;
     conv2d_forward_cpu(&t->conv.shape, xr, w + t->conv_w, w + t->conv_b, conv_y);
     relu_forward_cpu(conv_y, conv_y, CONV_Y_COUNT);
-    maxpool2x2_forward_cpu(&t->pool.shape, conv_y, pool_y);
+    maxpool_forward_cpu(&t->pool.shape, conv_y, pool_y);
     linear_forward_cpu(&t->fc, pool_y, w + t->fc_w, w + t->fc_b, logits);
     softmax_xent_cpu(logits, labels, BATCH, 10, NULL, &loss, dl);
     free(w), free(xr), free(conv_y), free(pool_y);

@@ -36,7 +36,9 @@
  * partial sums are 2 x rows x channels floats: NCHW takes many blocks per
  * channel; NHWC, where every block touches every channel, few enough that each
  * covers at least 64 rows and 16 per thread, so that the partials stay a small
- * fraction of the tensor (1/16 of an f16 one at most, 1/128 at c = 64). */
+ * fraction of the tensor (1/16 of an f16 one at most, 1/128 at c = 64), unless
+ * that leaves the GPU idle: a small tensor takes 512 blocks, down to a row a
+ * thread (its partials at most 2 x 512 x c floats). */
 #include "ops/batchnorm.h"
 #include "ops/gelu_math.h"
 
@@ -58,6 +60,11 @@
  * vectors. */
 #define BN_NHWC_MIN_ROWS 64
 #define BN_NHWC_ROWS_PER_THREAD 16
+/* ...but where that leaves fewer blocks than this (about four an SM of an
+ * H100), they take fewer rows each: at 2000x256x3x3 the 141 blocks of 16
+ * rows a thread kept 13% of the warps busy (ncu: the forward apply 17 us
+ * for 9 MB). */
+#define BN_NHWC_MIN_BLOCKS 512
 /* Channels-last forward apply: blocks resident per SM that its registers must
  * allow. ncu on an H100 found its GELU pass latency-bound at 3 (69 registers,
  * 37% occupancy, 44% of the memory roof); at 4 it fits 64 registers without
@@ -105,7 +112,8 @@ static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 /* Blocks along a channel group: the reductions' grid x, fixed at init for the
  * shape (the scratch holds rows x c partial sums). NHWC sizes it for the
- * 16-byte vectors the aligned case runs with. */
+ * 16-byte vectors the aligned case runs with (the half types' backward
+ * reductions, on 8-byte ones, take twice the rows a thread). */
 static unsigned bn_rows(const BatchNormShape *s, DType dtype, int nhwc) {
     size_t count = (size_t)s->n * s->h * s->w, rows;
     if (nhwc) {
@@ -115,6 +123,10 @@ static unsigned bn_rows(const BatchNormShape *s, DType dtype, int nhwc) {
         size_t per_block = height * BN_NHWC_ROWS_PER_THREAD;
         if (per_block < BN_NHWC_MIN_ROWS) per_block = BN_NHWC_MIN_ROWS;
         rows = ceil_div(count, per_block);
+        if (rows * groups < BN_NHWC_MIN_BLOCKS) { /* a small tensor: more blocks, down to a row a thread */
+            size_t fill = ceil_div(BN_NHWC_MIN_BLOCKS, groups), most = ceil_div(count, height);
+            rows = fill < most ? fill : most;
+        }
         if (rows > BN_MAX_BLOCKS / groups) rows = BN_MAX_BLOCKS / groups;
     } else {
         size_t blocks = ceil_div(count * s->c, BN_MIN_BLOCK_ELEMS);
@@ -688,11 +700,12 @@ static bool wide_fits(const BatchNormCuda *bn, const BnArgs &a) {
     return run % WIDE == 0;
 }
 
-template <typename T, int VEC, int MODE>
+/* VEC elements a load through NCHW, NHWC_VEC through NHWC. */
+template <typename T, int VEC, int NHWC_VEC, int MODE>
 static void launch_reduce_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
     if (bn->nhwc) {
-        dim3 grid(a.rows, (unsigned)ceil_div(a.channels / VEC, BN_THREADS));
-        bn_reduce_nhwc<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+        dim3 grid(a.rows, (unsigned)ceil_div(a.channels / NHWC_VEC, BN_THREADS));
+        bn_reduce_nhwc<T, NHWC_VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
     } else {
         dim3 grid(a.rows, a.channels);
         bn_reduce_nchw<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
@@ -717,8 +730,14 @@ static void launch_apply_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStrea
 template <typename T, int MODE>
 static void launch_reduce(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream,
                           BnAllreduce reduce, void *ctx) {
-    if (wide_fits<T>(bn, a)) launch_reduce_vec<T, 16 / sizeof(T), MODE>(bn, a, stream);
-    else launch_reduce_vec<T, 1, MODE>(bn, a, stream);
+    constexpr int WIDE = 16 / sizeof(T);
+    /* Channels-last, the half types' backward reads 8-byte vectors: a thread
+     * keeps up to three constants and two sums per element of its vector,
+     * and with 16 bytes the GELU's took 116 registers, two blocks an SM (ncu
+     * on an H100: 55% of the memory roof); with 8, 64 registers. */
+    constexpr int NHWC_WIDE = MODE != BN_FWD && sizeof(T) == 2 ? WIDE / 2 : WIDE;
+    if (wide_fits<T>(bn, a)) launch_reduce_vec<T, WIDE, NHWC_WIDE, MODE>(bn, a, stream);
+    else launch_reduce_vec<T, 1, 1, MODE>(bn, a, stream);
     if (!reduce) {
         bn_finalize<T, MODE><<<a.channels, BN_THREADS, 0, stream>>>(a, bn->nhwc);
         CUDA_CHECK_LAUNCH();

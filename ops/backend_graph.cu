@@ -300,7 +300,7 @@ void backend_graph_fill_scratch(cudnnHandle_t h, void *p, size_t bytes) {
     size_t n = bytes / sizeof(__half);
     if (n == 0) return;
     fill_scratch_kernel<<<1024, 256, 0, stream>>>((__half *)p, n);
-    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK_LAUNCH();
 }
 
 typedef struct {

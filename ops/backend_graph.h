@@ -99,9 +99,10 @@ int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPo
 float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg);
 /* Fills a timing buffer with fp16 values uniform in [-1, 1), on the handle's
  * stream. Kernels are timed on data like the step's: on an H100 tensor-core
- * kernels fed zeros draw less power and hold a higher clock, and timed up to
- * twice as fast as in the step. Read as fp32 or bf16 the words are finite too
- * (magnitudes below 2), so one fill serves every dtype; bytes must be even. */
+ * kernels fed zeros draw less power and keep a higher clock than on real
+ * data, which ranked the plans differently. Read as fp32 or bf16 the words
+ * are finite too (magnitudes below 2), so one fill serves every dtype; an odd
+ * last byte is left as it was. */
 void backend_graph_fill_scratch(cudnnHandle_t h, void *p, size_t bytes);
 /* Runs the plan on the handle's stream: ptrs[uid - 1] is the device pointer
  * of the tensor of that uid (each recorded one must be given, aligned). A

@@ -26,18 +26,7 @@ static inline GELU_HOST_DEVICE double gelu_grad_d(double x) {
     return cdf + x * pdf;
 }
 
-/* Phi and phi in float for the kernels, with no branch. erff and erfcf
- * each branch on their argument inside (a warp of normalised inputs takes
- * both sides), and so did an earlier form here (Abramowitz and Stegun's
- * 7.1.26, erfcf below -3): a branch an element keeps the compiler from
- * interleaving a vector's elements, and the batch norm's fused GELU passes
- * were bound by the chain of one element at a time (about 40% of the
- * memory roof on an H100). Here erfc(z), z = |x| / sqrt 2, is
- * the Chebyshev fit of Numerical Recipes (2nd ed., 6.2, erfcc),
- *   erfc(z) = t exp(-z^2 + P(t)),  t = 1 / (1 + z / 2),
- * whose relative error is under 1.2e-7 for every z >= 0, so Phi keeps its
- * relative accuracy far into the tail with no second formula. */
-/* The fast forms on the device (2 ulp, far under the 1.2e-7 above). */
+/* The fast forms on the device (2 ulp, far under the 1.2e-7 of gelu_cdf_f's fit below). */
 static inline GELU_HOST_DEVICE float gelu_exp_f(float v) {
 #ifdef __CUDA_ARCH__
     return __expf(v);
@@ -54,7 +43,17 @@ static inline GELU_HOST_DEVICE float gelu_rcp_f(float v) {
 #endif
 }
 
-/* P(t) */
+/* Phi and phi in float for the kernels, with no branch. erff and erfcf
+ * each branch on their argument inside (a warp of normalised inputs takes
+ * both sides), and so did an earlier form here (Abramowitz and Stegun's
+ * 7.1.26, erfcf below -3): a branch an element keeps the compiler from
+ * interleaving a vector's elements, and the batch norm's fused GELU passes
+ * were bound by the chain of one element at a time (about 40% of the
+ * memory roof on an H100). Here erfc(z), z = |x| / sqrt 2, is
+ * the Chebyshev fit of Numerical Recipes (2nd ed., 6.2, erfcc),
+ *   erfc(z) = t exp(-z^2 + P(t)),  t = 1 / (1 + z / 2),
+ * whose relative error is under 1.2e-7 for every z >= 0, so Phi keeps its
+ * relative accuracy far into the tail with no second formula. This is P(t). */
 static inline GELU_HOST_DEVICE float gelu_erfc_poly_f(float t) {
     return -1.26551223f +
            t * (1.00002368f +

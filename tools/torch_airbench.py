@@ -99,9 +99,9 @@ one recipe given with the other is refused):
            NS, the quintic Newton-Schulz iteration (--muon-ns-steps 3, computed in
            --muon-ns-dtype bf16, returned in p's dtype): X = u / (||u||_F + 1e-7),
            transposed when it has more rows than columns (X X^T is then the smaller
-           Gram matrix); 5 times A = X X^T, X = a X + (b A + c A A) X with (a, b, c) =
+           Gram matrix); --muon-ns-steps times A = X X^T, X = a X + (b A + c A A) X with (a, b, c) =
            (3.4445, -4.7750, 2.0315); transposed back. It maps u = U S V^T to
-           U f(S/||u||_F) V^T with f applied 5 times, f(s) = a s + b s^3 + c s^5: every
+           U f(S/||u||_F) V^T with f applied that many times, f(s) = a s + b s^3 + c s^5: every
            s in [0.002, 1] ends in [0.68, 1.21] (the self-check verifies it), a rough
            U V^T. The momentum buffer is in the parameter's dtype (fp16 under --precision
            half), as the original keeps it; ||p||_F is computed in fp32.

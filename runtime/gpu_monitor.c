@@ -24,6 +24,15 @@ typedef int (*nvml_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
 typedef int (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 typedef int (*nvml_temp_fn)(nvmlDevice_t, int, unsigned int *);
 typedef int (*nvml_power_fn)(nvmlDevice_t, unsigned int *);
+typedef int (*nvml_energy_fn)(nvmlDevice_t, unsigned long long *);
+typedef struct { unsigned long long reference_time_us, violation_time_ns; } nvmlViolationTime_t;
+typedef int (*nvml_violation_fn)(nvmlDevice_t, int, nvmlViolationTime_t *);
+#define NVML_PERF_POLICY_POWER 0 /* time the power limit held the clocks below their target */
+
+/* The counters a window's power comes from, read at its ends; < 0: NVML gave none. */
+typedef struct {
+    double t, energy_j, capped_s;
+} PowerCounters;
 
 struct GpuMonitor {
     void *lib;
@@ -33,6 +42,9 @@ struct GpuMonitor {
     nvml_mem_fn get_mem;
     nvml_temp_fn get_temp;
     nvml_power_fn get_power;
+    nvml_energy_fn get_energy;
+    nvml_violation_fn get_violation;
+    nvml_power_fn get_power_limit;
     double interval_s;
 
     pthread_t thread;
@@ -42,6 +54,8 @@ struct GpuMonitor {
     int in_window;
     double window_util_sum;
     int window_samples;
+    PowerCounters window_open;           /* at the window's last begin */
+    double window_s, window_energy_j, window_capped_s; /* summed over its spans; energy and capped < 0: unknown */
     GpuSample latest;
     FILE *record;         /* gpu_monitor_record_to: where samples go, or NULL */
     double record_every_s, record_t0, record_last;
@@ -121,6 +135,9 @@ GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s) {
     g->get_mem = (nvml_mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
     g->get_temp = (nvml_temp_fn)dlsym(lib, "nvmlDeviceGetTemperature");
     g->get_power = (nvml_power_fn)dlsym(lib, "nvmlDeviceGetPowerUsage");
+    g->get_energy = (nvml_energy_fn)dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption");
+    g->get_violation = (nvml_violation_fn)dlsym(lib, "nvmlDeviceGetViolationStatus");
+    g->get_power_limit = (nvml_power_fn)dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
     /* CUDA and NVML number GPUs differently; the PCI bus id is common ground. */
     char bus_id[64];
     int rc = -1;
@@ -142,18 +159,58 @@ GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s) {
     return g;
 }
 
+/* Read in the caller's thread (NVML is thread-safe): the window's ends are the
+ * trainer's, after a device sync, and the sampler's period is far too coarse
+ * for a window of a few steps. */
+static PowerCounters read_power_counters(GpuMonitor *g) {
+    PowerCounters c = {now_seconds(), -1, -1};
+    unsigned long long millijoules;
+    nvmlViolationTime_t v;
+    if (g->get_energy && g->get_energy(g->device, &millijoules) == 0) c.energy_j = millijoules / 1000.0;
+    if (g->get_violation && g->get_violation(g->device, NVML_PERF_POLICY_POWER, &v) == 0)
+        c.capped_s = v.violation_time_ns / 1e9;
+    return c;
+}
+
+/* b - a, or -1 where either end is unknown; a new unknown poisons the sum. */
+static double add_span(double sum, double a, double b) {
+    return sum < 0 || a < 0 || b < 0 ? -1 : sum + (b - a);
+}
+
 void gpu_monitor_window_begin(GpuMonitor *g) {
     if (!g) return;
+    PowerCounters now = read_power_counters(g);
     pthread_mutex_lock(&g->lock);
+    if (!g->in_window) g->window_open = now;
     g->in_window = 1;
     pthread_mutex_unlock(&g->lock);
 }
 
 void gpu_monitor_window_end(GpuMonitor *g) {
     if (!g) return;
+    PowerCounters now = read_power_counters(g);
     pthread_mutex_lock(&g->lock);
+    if (g->in_window) {
+        const PowerCounters *open = &g->window_open;
+        g->window_s += now.t - open->t;
+        g->window_energy_j = add_span(g->window_energy_j, open->energy_j, now.energy_j);
+        g->window_capped_s = add_span(g->window_capped_s, open->capped_s, now.capped_s);
+    }
     g->in_window = 0;
     pthread_mutex_unlock(&g->lock);
+}
+
+GpuWindowPower gpu_monitor_window_power(GpuMonitor *g) {
+    GpuWindowPower p = {-1, -1, -1};
+    if (!g) return p;
+    unsigned int milliwatts;
+    if (g->get_power_limit && g->get_power_limit(g->device, &milliwatts) == 0) p.limit_w = milliwatts / 1000.0;
+    pthread_mutex_lock(&g->lock);
+    int long_enough = g->window_s >= GPU_MONITOR_POWER_MIN_S;
+    if (long_enough && g->window_energy_j >= 0) p.mean_w = g->window_energy_j / g->window_s;
+    if (long_enough && g->window_capped_s >= 0) p.capped_frac = fmin(1, g->window_capped_s / g->window_s);
+    pthread_mutex_unlock(&g->lock);
+    return p;
 }
 
 double gpu_monitor_window_util(GpuMonitor *g) {

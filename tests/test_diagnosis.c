@@ -13,6 +13,10 @@
  * - with CUPTI's figures: the utilisation line gives the kernel-active share
  *   and NVML's "not measured" for a negative one; copies not overlapped come
  *   from CUPTI; communication not hidden appears only with world > 1;
+ * - NVML's power line: mean draw, energy per step, and "power-bound" once the
+ *   power limit held the clocks down PROFILE_FINDING_MIN_SHARE of the window
+ *   or more; what NVML did not give is called not measured, and a window
+ *   under GPU_MONITOR_POWER_MIN_S says how many steps would do;
  * - every finding is at least PROFILE_FINDING_MIN_SHARE of the step. */
 #include <math.h>
 #include <stdio.h>
@@ -156,9 +160,34 @@ static void check_kernels(void) {
     free(text);
 }
 
+static void check_power_line(ProfileReport *r, const char *want, const char *not_want) {
+    char *text = print(r);
+    CHECK_MSG(text && strstr(text, want), "no '%s' in:\n%s", want, text ? text : "");
+    if (text && not_want) CHECK_MSG(!strstr(text, not_want), "'%s' in:\n%s", not_want, text);
+    free(text);
+}
+
+static void check_power(void) {
+    ProfileReport r = report(5.5, 0, 0.05, 2.2, 3.0, 0.3);
+    r.summary.power_w = 686, r.summary.power_limit_w = 700, r.summary.power_capped = 0.36;
+    check_power_line(&r, "GPU power: mean 686 W of the 700 W limit, 3.77 J per step; power-bound: the power limit "
+                         "held the clocks down 36.0% of the window (NVML)", NULL);
+    r.summary.power_capped = 0.01;
+    check_power_line(&r, "3.77 J per step; the power limit held the clocks down 1.0% of the window\n", "power-bound");
+    r.summary.power_capped = r.summary.power_limit_w = -1, r.summary.power_w = 300;
+    check_power_line(&r, "GPU power: mean 300 W, 1.65 J per step; the power limit's hold on the clocks not measured",
+                     "limit,");
+    r.summary.power_w = -1, r.summary.timed_steps = 200; /* 1.1 s: long enough, and NVML gave nothing */
+    check_power_line(&r, "GPU power: not measured (NVML's", "GPU power: mean");
+    r.summary.timed_steps = 30; /* 0.165 s: too short for NVML's counters */
+    check_power_line(&r, "GPU power: not measured: NVML's counters need 1.0 s of steps, the window is 0.17 s (profile "
+                         "182 steps or more)", NULL);
+}
+
 int main(void) {
     check_baseline();
     check_final();
     check_kernels();
+    check_power();
     return test_finish("test_diagnosis");
 }

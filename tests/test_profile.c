@@ -121,6 +121,8 @@ static void check_diagnosis(ProfileReport *r) {
     if (!r->gpu) CHECK_MSG(strstr(text, "\n== kernels: not available: ") != NULL, "%s", text);
     else CHECK_MSG(strstr(text, "== kernels: the GPU's activity") != NULL, "%s", text);
     CHECK(strstr(text, r->gpu ? "GPU utilisation: k" : "GPU utilisation: does not apply") != NULL);
+    /* NVML's power line on a GPU only; its figures depend on the counters' update rate in so short a window. */
+    CHECK_MSG((strstr(text, "\nGPU power: ") != NULL) == r->gpu, "%s", text);
     CHECK(r->peaks.flops_per_s > 0 && r->peaks.bytes_per_s > 0 && strstr(text, "measured on "));
     check_findings(r, text);
     free(text);

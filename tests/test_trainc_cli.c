@@ -361,7 +361,8 @@ int main(void) {
     const char *last = strstr(output, "{\"name\""); /* the summary line (phase_ms nests an object) */
     CHECK(last != NULL);
     if (last) {
-        const char *keys[] = {"\"samples_per_s\"", "\"epoch_s\"", "\"gpu_util\"", "\"peak_mem_bytes\"",
+        const char *keys[] = {"\"samples_per_s\"", "\"epoch_s\"", "\"gpu_util\"", "\"power_w\": null",
+                              "\"power_capped\": null", "\"peak_mem_bytes\"",
                               "\"test_acc\"", "\"steps\": 8", "\"device\": \"cpu\""};
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
             CHECK_MSG(strstr(last, keys[i]) != NULL, "summary lacks %s: %s", keys[i], last);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/gpu_monitor.h"
 #include "tools/trainer/profile.h"
 
 /* ---- the roofline ------------------------------------------------------------- */
@@ -351,6 +352,38 @@ static void print_utilisation(const ProfileReport *r, FILE *f) {
                 r->kernels.why_not[0] ? r->kernels.why_not : "no records", nvml);
 }
 
+/* NVML's power over the window: when the power limit held the clocks down, the
+ * layers bound by arithmetic ran slower than the roofline's measured peaks
+ * (timed on a cool card) say they could; what shortens those stretches is
+ * less energy a step: fewer FLOPs or bytes, or kernels that spend less on each. */
+static void print_power(const ProfileReport *r, FILE *f) {
+    const TrainSummary *s = &r->summary;
+    if (!r->gpu) return;
+    double window_s = s->timed_steps * s->step_ms / 1000;
+    if (s->power_w < 0 && s->power_capped < 0 && window_s < GPU_MONITOR_POWER_MIN_S) {
+        fprintf(f, "GPU power: not measured: NVML's counters need %.1f s of steps, the window is %.2f s (profile "
+                "%.0f steps or more)\n", GPU_MONITOR_POWER_MIN_S, window_s,
+                ceil(1000 * GPU_MONITOR_POWER_MIN_S / fmax(s->step_ms, 1e-3)));
+        return;
+    }
+    if (s->power_w < 0 && s->power_capped < 0) {
+        fprintf(f, "GPU power: not measured (NVML's energy and power-limit counters)\n");
+        return;
+    }
+    char limit[48] = "";
+    if (s->power_limit_w > 0) snprintf(limit, sizeof limit, " of the %.0f W limit", s->power_limit_w);
+    fprintf(f, "GPU power:");
+    if (s->power_w >= 0)
+        fprintf(f, " mean %.0f W%s, %.2f J per step;", s->power_w, limit, s->power_w * s->step_ms / 1000);
+    if (s->power_capped < 0) fprintf(f, " the power limit's hold on the clocks not measured\n");
+    else if (s->power_capped < PROFILE_FINDING_MIN_SHARE)
+        fprintf(f, " the power limit held the clocks down %.1f%% of the window\n", 100 * s->power_capped);
+    else
+        fprintf(f, " power-bound: the power limit held the clocks down %.1f%% of the window (NVML), so the "
+                "layers bound by arithmetic ran below the clock the peaks were measured at\n",
+                100 * s->power_capped);
+}
+
 /* The trainer's phases in one line; sets r->top_phase. */
 static void print_phases(ProfileReport *r, FILE *f) {
     const TrainSummary *s = &r->summary;
@@ -373,6 +406,7 @@ static void print_diagnosis(ProfileReport *r, FILE *f) {
             "estimated gain if removed (they overlap: gains do not add) ==\n", 100 * PROFILE_FINDING_MIN_SHARE,
             s->step_ms);
     print_utilisation(r, f);
+    print_power(r, f);
     print_phases(r, f);
     ProfileFinding fs[PROFILE_MAX_FINDINGS];
     int n = profile_findings(r, fs, PROFILE_MAX_FINDINGS);

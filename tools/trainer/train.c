@@ -340,6 +340,11 @@ static void summarize_device(Trainer *t, const RunTally *r, TrainSummary *out) {
         gpu_memory_info(&free_b, &total_b);
         out->driver_mem_bytes = total_b - free_b;
         out->gpu_util = gpu_monitor_window_util(t->device.monitor);
+        GpuWindowPower power = gpu_monitor_window_power(t->device.monitor);
+        out->power_w = power.mean_w, out->power_capped = power.capped_frac, out->power_limit_w = power.limit_w;
+        if (power.mean_w >= 0 && power.capped_frac >= 0)
+            log_info("GPU power over the timed steps: mean %.0f W (limit %.0f W); the power limit held the clocks "
+                     "down %.1f%% of the time", power.mean_w, power.limit_w, 100 * power.capped_frac);
     }
     if (r->timed_samples == 0)
         log_warn("no step fell inside the timed window (run.warmup_steps = %d, %ld steps taken): "
@@ -461,6 +466,9 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_measure(o, "epoch_s", s->epoch_s);
     json_measure(o, "data_wait_frac", s->data_wait_frac);
     json_measure(o, "gpu_util", s->gpu_util >= 0 ? s->gpu_util / 100.0 : NAN);
+    json_measure(o, "power_w", s->power_w >= 0 ? s->power_w : NAN);
+    json_measure(o, "power_capped", s->power_capped >= 0 ? s->power_capped : NAN);
+    json_measure(o, "power_limit_w", s->power_limit_w >= 0 ? s->power_limit_w : NAN);
     json_measure(o, "final_loss", s->final_loss);
     json_measure(o, "test_acc", s->test_acc >= 0 ? s->test_acc : NAN);
     json_add_int(o, "runs", s->runs);

@@ -26,6 +26,9 @@ typedef struct {
     double epoch_s;         /* mean wall time of an epoch's training (evaluation excluded) */
     double data_wait_frac;  /* share of the timed window spent waiting for the loader */
     double gpu_util;        /* mean NVML utilisation over the timed window; < 0: unknown */
+    double power_w;         /* mean board power over the timed window (NVML's energy counter); < 0: unknown */
+    double power_capped;    /* share of the timed window the power limit held the clocks down; < 0: unknown */
+    double power_limit_w;   /* the enforced power limit; < 0: unknown */
     double final_loss;      /* loss of the last step */
     double loss_scale;      /* the loss scaler's scale at the end; NaN without AMP */
     long skipped_steps;     /* steps skipped for an inf/NaN loss or gradients (fp32 too) */

@@ -211,6 +211,7 @@ static void open_summary(const Trainer *t, TrainSummary *out) {
     out->world = t->ddp.dist->world;
     snprintf(out->device, sizeof out->device, "%s", t->set.run.use_gpu ? "cuda" : "cpu");
     out->gpu_util = -1;
+    out->power_w = out->power_capped = out->power_limit_w = -1;
     out->test_acc = -1;
 }
 

@@ -315,8 +315,8 @@ static void place_weights(InferNet *net, const Model *g) {
             size_t k = s->kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
             size_t w_count = s->kind == STEP_CONV ? k * net->vals[s->in].c * l->conv.shape.r * l->conv.shape.s
                                                   : (size_t)l->linear.in * k;
-            s->w_off = net->n_weights;
-            s->b_off = s->w_off + w_count;
+            s->w_off = model_param_align(net->n_weights); /* as the training model's (add_params) */
+            s->b_off = model_param_align(s->w_off + w_count);
             net->n_weights = s->b_off + k;
         } else if (s->kind == STEP_BATCHNORM) {
             s->w_off = net->n_bn_floats;

@@ -250,7 +250,7 @@ void model_forward(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         if (m->weights_needed && l->w_count) /* the bias follows the weights (add_params) */
-            m->weights_needed(m->weights_needed_ctx, l->w_off, l->w_off + l->w_count + l->b_count);
+            m->weights_needed(m->weights_needed_ctx, l->w_off, l->b_off + l->b_count);
         layer_forward(m, l);
     }
 }

@@ -53,13 +53,45 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     return l;
 }
 
+/* The gaps hold zeros that nothing reads. */
+size_t model_param_align(size_t n) { return (n + MODEL_PARAM_ALIGN - 1) / MODEL_PARAM_ALIGN * MODEL_PARAM_ALIGN; }
+
 static void add_params(Model *m, Layer *l, size_t w_count, size_t b_count, size_t fan_in) {
-    l->w_off = m->n_params;
+    l->w_off = model_param_align(m->n_params);
     l->w_count = w_count;
-    l->b_off = m->n_params + w_count;
+    l->b_off = b_count ? model_param_align(l->w_off + w_count) : l->w_off + w_count;
     l->b_count = b_count;
     l->fan_in = fan_in;
-    m->n_params += w_count + b_count;
+    m->n_params = l->b_off + b_count;
+}
+
+size_t model_param_count(const Model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->n_layers; i++) n += m->layers[i].w_count + m->layers[i].b_count;
+    return n;
+}
+
+size_t model_packed_offset(const Model *m, size_t offset) {
+    size_t packed = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (offset >= l->w_off && offset < l->w_off + l->w_count) return packed + (offset - l->w_off);
+        packed += l->w_count;
+        if (offset >= l->b_off && offset < l->b_off + l->b_count) return packed + (offset - l->b_off);
+        packed += l->b_count;
+    }
+    return (size_t)-1;
+}
+
+void model_unpack_params(const Model *m, const float *packed, float *params) {
+    memset(params, 0, m->n_params * sizeof(float));
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        memcpy(params + l->w_off, packed, l->w_count * sizeof(float));
+        packed += l->w_count;
+        memcpy(params + l->b_off, packed, l->b_count * sizeof(float));
+        packed += l->b_count;
+    }
 }
 
 void model_name_last(Model *m, const char *fmt, ...) {

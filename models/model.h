@@ -48,7 +48,7 @@ typedef struct {
     LayerKind kind;
     int in, out;          /* activation ids */
     int in2;              /* add: the second input; -1 for every other layer */
-    size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer */
+    size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer, each a multiple of 64 */
     size_t w_count, b_count;
     size_t fan_in;        /* for initialisation */
     Conv2d conv;          /* the op of each kind: its shape (and on the GPU its cuDNN state) */
@@ -135,7 +135,7 @@ typedef struct {
     int muon;
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
-    size_t n_params;
+    size_t n_params;      /* the flat buffers' length: the parameters and the zeros that align each layer's */
     float *params;        /* flat, n_params: the fp32 master weights */
     void *weights;        /* what the layers read: params itself in fp32, a rounded copy under AMP */
     void *grads;          /* flat, n_params, activation dtype; parameter gradients are accumulated into it */
@@ -263,6 +263,22 @@ void model_reset_lr_scale(Model *m);
 /* model.muon: the trained convolutions' filters as Muon's matrices (output
  * channels x the rest), in layer order. */
 void model_muon_matrices(const Model *m, MuonMatrices *out);
+
+/* Each layer's weights and bias start at a multiple of MODEL_PARAM_ALIGN
+ * elements, 128 bytes in half precision: cuDNN's Hopper convolutions ran 1.75x
+ * slower on filters at 16-byte offsets (airbench's 64->256 forward at 15x15:
+ * 365 against 204 us on an H100). */
+#define MODEL_PARAM_ALIGN 64
+size_t model_param_align(size_t n); /* n rounded up to a multiple of MODEL_PARAM_ALIGN */
+
+/* The parameters themselves, without the alignment's gaps (what the log and
+ * PyTorch count). */
+size_t model_param_count(const Model *m);
+/* Checkpoints of trainc before the alignment packed the parameters layer
+ * after layer with no gaps (model_param_count floats): a flat offset's place
+ * there ((size_t)-1 in a gap), and such an array spread into n_params floats. */
+size_t model_packed_offset(const Model *m, size_t offset);
+void model_unpack_params(const Model *m, const float *packed, float *params);
 
 /* The same for the optimizer's momentum buffer (n_params floats, fp32). */
 void model_get_momentum(const Model *m, float *host);

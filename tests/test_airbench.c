@@ -36,7 +36,14 @@ static void check_shapes(void) {
     CHECK(m.acts[m.layers[0].out].h == 31 && m.acts[m.layers[0].out].c == 24);
     size_t convs = 24 * 64 * 9 + 64 * 64 * 9 + 64 * 256 * 9 + 256 * 256 * 9 + 2 * 256 * 256 * 9;
     size_t want = 24 * 12 + 24 + convs + 2 * 2 * (64 + 256 + 256) + 256 * CLASSES;
-    CHECK_MSG(m.n_params == want, "airbench: %zu parameters, want %zu", m.n_params, want);
+    CHECK_MSG(model_param_count(&m) == want, "airbench: %zu parameters, want %zu", model_param_count(&m), want);
+    /* Every layer's weights and bias on a 128-byte boundary in half precision, inside the flat buffers. */
+    for (int i = 0; i < m.n_layers; i++) {
+        const Layer *l = &m.layers[i];
+        CHECK_MSG((!l->w_count || l->w_off % 64 == 0) && (!l->b_count || l->b_off % 64 == 0) &&
+                      l->b_off >= l->w_off + l->w_count && l->b_off + l->b_count <= m.n_params,
+                  "layer %d: weights at %zu, bias at %zu", i, l->w_off, l->b_off);
+    }
     const Layer *last = &m.layers[m.n_layers - 1], *head = &m.layers[m.n_layers - 2];
     CHECK(last->kind == LAYER_SCALE && fabsf(last->scale - 1.0f / 9.0f) < 1e-9f);
     CHECK(head->kind == LAYER_LINEAR && head->b_count == 0 && strcmp(head->module, "head") == 0);

@@ -1,6 +1,8 @@
 /* Long runs you can trust, on the CPU: a run stopped and resumed from its
  * checkpoint ends with bitwise the parameters of the run that never stopped
- * (through the API, and through trainc stopped by SIGTERM); corrupt and
+ * (through the API, and through trainc stopped by SIGTERM), also from a
+ * checkpoint laid out as trainc wrote them before each layer's parameters
+ * were aligned (packed, no gaps), which export reads as it reads today's; corrupt and
  * mismatched checkpoints are refused naming the file and what is wrong (every
  * truncation, every changed byte, random bytes); --resume latest moves a
  * damaged newest checkpoint aside and resumes from the one before it; a write
@@ -20,10 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
 #include "runtime/check.h"
 #include "runtime/checkpoint.h"
 #include "runtime/config.h"
 #include "tests/harness.h"
+#include "tools/trainer/export.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/train.h"
 
@@ -375,6 +380,122 @@ static void check_resume(const char *dir) {
     snprintf(p10, sizeof p10, "%s/ckpt-00000010.trc", ckdir);
     snprintf(p40, sizeof p40, "%s/ckpt-00000040.trc", ckdir);
     CHECK(!file_exists(p10) && file_exists(p40) && file_exists(resumed_from));
+    free(whole);
+    free(resumed);
+}
+
+/* ---- checkpoints of the packed layout (trainc before the alignment) -------- */
+
+static void *read_whole_section(CkptFile *f, const char *name, size_t *bytes) {
+    char err[512];
+    int64_t n = ckpt_section_size(f, name);
+    CHECK_MSG(n >= 0, "no section %s", name);
+    *bytes = n > 0 ? (size_t)n : 0;
+    void *data = malloc(*bytes + 1);
+    if (!data || n < 0) return data;
+    if (ckpt_read_section(f, name, data, *bytes, err, sizeof err) != 0) CHECK_MSG(0, "%s", err);
+    ((char *)data)[*bytes] = 0;
+    return data;
+}
+
+static size_t tensor_count(const cJSON *t) {
+    size_t n = 1;
+    const cJSON *d;
+    cJSON_ArrayForEach(d, cJSON_GetObjectItemCaseSensitive(t, "shape")) n *= (size_t)d->valuedouble;
+    return n;
+}
+
+/* The params tensors of the table packed one after another in the table's
+ * order (layer by layer, weight then bias; on the CPU in NCHW no input
+ * channels are padded) into packed when not NULL; with set_offsets the
+ * table's offsets become the packed ones. Returns the packed length. */
+static size_t pack(cJSON *table, const float *flat, float *packed, int set_offsets) {
+    size_t at = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, table) {
+        if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(t, "section")), "params") != 0) continue;
+        cJSON *offset = cJSON_GetObjectItemCaseSensitive(t, "offset");
+        size_t n = tensor_count(t);
+        if (packed) memcpy(packed + at, flat + (size_t)offset->valuedouble, n * sizeof(float));
+        if (set_offsets) cJSON_SetNumberValue(offset, (double)at);
+        at += n;
+    }
+    return at;
+}
+
+/* from rewritten in the packed layout at to: the params and momentum sections,
+ * the tensor table's offsets and the model section's n_params. */
+static void write_packed(const char *from, const char *to) {
+    static const char *names[] = {"model", "meta", "tensors", "position", "data", "loss_scaler", "bn_stats",
+                                  "params", "momentum"};
+    enum { N = sizeof names / sizeof *names, MODEL = 0, TENSORS = 2, PARAMS = 7, MOMENTUM = 8 };
+    char err[512];
+    void *data[N];
+    size_t bytes[N];
+    CkptFile *f = ckpt_open(from, err, sizeof err);
+    CHECK_MSG(f != NULL, "%s", err);
+    if (!f) return;
+    for (int i = 0; i < N; i++) data[i] = read_whole_section(f, names[i], &bytes[i]);
+    ckpt_close(f);
+    cJSON *table = cJSON_Parse(data[TENSORS]);
+    CHECK(table != NULL);
+    size_t flat = bytes[PARAMS] / sizeof(float), packed = pack(table, NULL, NULL, 0);
+    CHECK_MSG(packed < flat, "the model's layout has no gaps (%zu floats, %zu packed): nothing to check", flat,
+              packed);
+    for (int i = PARAMS; i <= MOMENTUM; i++) {
+        float *p = malloc(packed * sizeof(float));
+        pack(table, data[i], p, 0);
+        free(data[i]);
+        data[i] = p, bytes[i] = packed * sizeof(float);
+    }
+    pack(table, NULL, NULL, 1);
+    free(data[TENSORS]);
+    data[TENSORS] = cJSON_PrintUnformatted(table);
+    bytes[TENSORS] = strlen(data[TENSORS]);
+    cJSON_Delete(table);
+    int64_t n64 = (int64_t)packed; /* the model section: char name[32], then int64_t n_params */
+    CHECK(bytes[MODEL] >= 40);
+    memcpy((char *)data[MODEL] + 32, &n64, sizeof n64);
+    CkptWriter *w = ckpt_write_begin(to, N, err, sizeof err);
+    for (int i = 0; w && i < N; i++)
+        if (ckpt_write_section(w, names[i], data[i], bytes[i], err, sizeof err) != 0) w = NULL;
+    CHECK_MSG(w && ckpt_write_commit(w, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < N; i++) free(data[i]);
+}
+
+/* airbench (its whitening layer's 288 weights and 24 biases leave gaps): 6 steps
+ * with a checkpoint at 3, that checkpoint packed, resumed to 6. */
+static void check_packed(const char *dir) {
+    char ckdir[768], from[1024], to[1024];
+    snprintf(ckdir, sizeof ckdir, "%s/packed", dir);
+    snprintf(from, sizeof from, "%s/ckpt-00000003.trc", ckdir);
+    snprintf(to, sizeof to, "%s/packed.trc", ckdir);
+    const char *air[] = {"model.name=airbench", "run.max_steps=6", "data.workers=0"};
+    TrainSummary s;
+    Config *c = small_run();
+    for (size_t i = 0; i < sizeof air / sizeof *air; i++) test_config_set(c, "%s", air[i]);
+    test_config_set(c, "run.checkpoint_every=3");
+    test_config_set(c, "run.checkpoint_dir=%s", ckdir);
+    float *whole = run(c, &s);
+    write_packed(from, to);
+    c = small_run();
+    for (size_t i = 0; i < sizeof air / sizeof *air; i++) test_config_set(c, "%s", air[i]);
+    test_config_set(c, "run.resume=%s", to);
+    float *resumed = run(c, &s);
+    CheckpointWeights a, b;
+    char err[4400];
+    int ra = checkpoint_weights_read(from, &a, err, sizeof err), rb = checkpoint_weights_read(to, &b, err, sizeof err);
+    CHECK_MSG(ra == 0 && rb == 0, "%s", err);
+    if (ra == 0 && rb == 0) {
+        size_t n = a.model->n_params;
+        CHECK_MSG(s.steps == 6 && !memcmp(whole, resumed, n * sizeof(float)),
+                  "resumed from the packed layout: %ld steps, rel %.3g", s.steps, test_rel_error(resumed, whole, n));
+        CHECK_MSG(!memcmp(a.params, b.params, n * sizeof(float)) &&
+                  !memcmp(a.bn_stats, b.bn_stats, a.model->n_bn_stats * sizeof(float)),
+                  "export reads the packed checkpoint's weights otherwise");
+    }
+    if (ra == 0) checkpoint_weights_free(&a);
+    if (rb == 0) checkpoint_weights_free(&b);
     free(whole);
     free(resumed);
 }
@@ -743,6 +864,7 @@ int main(void) {
     check_format_refusals(format_dir, &rng);
     check_stale_temporaries(format_dir);
     check_resume(dir);
+    check_packed(dir);
     check_nan(dir);
     check_refusals(dir);
     check_latest_damaged(dir);

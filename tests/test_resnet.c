@@ -188,9 +188,9 @@ static void report_layers(const float *got, const float *want, int batch) {
     model_build(&m, "resnet18", batch, 32, 10, 0, err, sizeof err);
     for (int i = 0; i < m.n_layers; i++) {
         const Layer *l = &m.layers[i];
-        size_t n = l->w_count + l->b_count;
-        if (!n) continue;
-        double e = test_rel_error(got + l->w_off, want + l->w_off, n);
+        if (!l->w_count) continue;
+        double e = test_rel_error(got + l->w_off, want + l->w_off, l->w_count);
+        if (l->b_count) e = fmax(e, test_rel_error(got + l->b_off, want + l->b_off, l->b_count));
         if (e > 1e-3) printf("  layer %d (kind %d): gradient relative error %.3g\n", i, l->kind, e);
     }
 }

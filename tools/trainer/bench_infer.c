@@ -54,7 +54,8 @@ static void random_weights(const Model *g, uint64_t seed, float *params, float *
         float bound = l->fan_in ? 1.0f / sqrtf((float)l->fan_in) : 0;
         for (size_t j = 0; j < l->w_count + l->b_count; j++) {
             state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-            params[l->w_off + j] = bound * (2.0f * (float)(state >> 40) / (float)(1 << 24) - 1.0f);
+            size_t at = j < l->w_count ? l->w_off + j : l->b_off + (j - l->w_count);
+            params[at] = bound * (2.0f * (float)(state >> 40) / (float)(1 << 24) - 1.0f);
         }
     }
 }

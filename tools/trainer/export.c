@@ -190,24 +190,32 @@ static cJSON *parse_section(CkptFile *f, const char *name, char *err, size_t err
     return root;
 }
 
-/* The checkpoint's tensor table must be the one this trainc gives the model. */
-static int check_table(const cJSON *table, const ModelTensor *ts, int n, const char *path, char *err, size_t errlen) {
+/* The checkpoint's tensor table must be the one this trainc gives the model: its
+ * offsets this trainc's, or those of a checkpoint written before the layers'
+ * parameters were aligned (model_packed_offset); *packed says which. */
+static int check_table(const cJSON *table, const Model *m, const ModelTensor *ts, int n, const char *path,
+                       int *packed, char *err, size_t errlen) {
     if (!cJSON_IsArray(table) || cJSON_GetArraySize(table) != n) {
         snprintf(err, errlen, "%s: its tensor table has %d tensors, this trainc's model %d", path,
                  cJSON_GetArraySize(table), n);
         return -1;
     }
+    int fits[2] = {1, 1}; /* [0]: this layout, [1]: packed */
     for (int i = 0; i < n; i++) {
         const cJSON *e = cJSON_GetArrayItem(table, i);
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "name"));
         const cJSON *offset = cJSON_GetObjectItemCaseSensitive(e, "offset");
-        if (!name || strcmp(name, ts[i].name) != 0 || !cJSON_IsNumber(offset) ||
-            (size_t)offset->valuedouble != ts[i].offset) {
+        int named = name && strcmp(name, ts[i].name) == 0 && cJSON_IsNumber(offset);
+        size_t at = named ? (size_t)offset->valuedouble : 0;
+        fits[0] &= named && at == ts[i].offset;
+        fits[1] &= named && at == (ts[i].in_bn_stats ? ts[i].offset : model_packed_offset(m, ts[i].offset));
+        if (!fits[0] && !fits[1]) {
             snprintf(err, errlen, "%s: tensor %d is %s in it, %s in this trainc's model (another trainc's layout)",
                      path, i, name ? name : "unnamed", ts[i].name);
             return -1;
         }
     }
+    *packed = !fits[0];
     return 0;
 }
 
@@ -266,6 +274,15 @@ static float *read_floats(CkptFile *f, const char *name, size_t count, char *err
     return v;
 }
 
+/* packed (model_param_count floats, malloc'ed) spread into the model's layout; packed is freed. */
+static float *unpack_params(const Model *m, float *packed) {
+    float *params = malloc((m->n_params ? m->n_params : 1) * sizeof(float));
+    if (!params) TC_FATAL("out of host memory: %zu parameters", m->n_params);
+    model_unpack_params(m, packed, params);
+    free(packed);
+    return params;
+}
+
 int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, size_t errlen) {
     memset(w, 0, sizeof *w);
     CkptFile *f = ckpt_open(path, err, errlen);
@@ -275,9 +292,12 @@ int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, s
     if (w->meta) w->model = model_of_meta(w->meta, 1, -1, path, err, errlen);
     if (w->model) w->tensors = list_tensors(w->model, &w->n_tensors, err, errlen);
     if (w->tensors) table = parse_section(f, "tensors", err, errlen);
-    int ok = table && check_table(table, w->tensors, w->n_tensors, path, err, errlen) == 0 &&
-             (w->params = read_floats(f, "params", w->model->n_params, err, errlen)) &&
+    int packed = 0;
+    int ok = table && check_table(table, w->model, w->tensors, w->n_tensors, path, &packed, err, errlen) == 0 &&
+             (w->params = read_floats(f, "params", packed ? model_param_count(w->model) : w->model->n_params, err,
+                                      errlen)) &&
              (w->bn_stats = read_floats(f, "bn_stats", w->model->n_bn_stats, err, errlen));
+    if (ok && packed) w->params = unpack_params(w->model, w->params);
     cJSON_Delete(table);
     ckpt_close(f);
     if (!ok) checkpoint_weights_free(w);

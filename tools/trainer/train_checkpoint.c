@@ -320,16 +320,30 @@ static void check_fits(const Trainer *t, const char *path, const CkptModel *have
                  (long long)pos->epoch);
 }
 
+/* A section of n_params floats into host; from a checkpoint written before the
+ * layers' parameters were aligned (packed), spread into the model's layout. */
+static void read_params_section(Trainer *t, CkptFile *f, const char *name, int packed, float *host) {
+    char err[4400];
+    const Model *m = &t->model;
+    size_t count = packed ? model_param_count(m) : m->n_params;
+    float *read = packed ? malloc(count * sizeof(float)) : host;
+    if (!read) TC_FATAL("out of host memory: %zu parameters from %s", count, ckpt_path(f));
+    if (ckpt_read_section(f, name, read, count * sizeof(float), err, sizeof err) != 0)
+        TC_USER_ERROR("run.resume: %s", err);
+    if (packed) {
+        model_unpack_params(m, read, host);
+        free(read);
+    }
+}
+
 /* Parameters, momentum and batch-norm statistics into the built model. */
-static void load_weights(Trainer *t, CkptFile *f, const char *path) {
+static void load_weights(Trainer *t, CkptFile *f, const char *path, int packed) {
     char err[4400];
     float *host = malloc(t->model.n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
-    if (ckpt_read_section(f, "params", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
+    read_params_section(t, f, "params", packed, host);
     model_set_params(&t->model, host);
-    if (ckpt_read_section(f, "momentum", host, t->model.n_params * sizeof(float), err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
+    read_params_section(t, f, "momentum", packed, host);
     model_set_momentum(&t->model, host);
     free(host);
     if (t->model.n_bn_stats) {
@@ -357,8 +371,11 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
         ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
         TC_USER_ERROR("run.resume: %s", err);
     have.name[sizeof have.name - 1] = 0;
+    /* Written before the layers' parameters were aligned: the same parameters, packed. */
+    int packed = have.n_params != want.n_params && have.n_params == (int64_t)model_param_count(&t->model);
+    if (packed) have.n_params = want.n_params;
     check_fits(t, path, &have, &want, &data, &pos);
-    load_weights(t, f, path);
+    load_weights(t, f, path, packed);
     if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
     t->seen.scaler = scaler;
     op_copy_from_host(&t->model.ops, t->buf.scaler, &scaler, sizeof scaler);

@@ -438,7 +438,7 @@ CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     open_data(t);
     open_model(t);
     open_dist(t);
-    log_info("model: %s, %zu parameters, %.1f MiB on %s", t->set.model.name, t->model.n_params,
+    log_info("model: %s, %zu parameters, %.1f MiB on %s", t->set.model.name, model_param_count(&t->model),
              model_bytes(&t->model) / 1048576.0, out->device);
     open_init_from(t);
     CkptPosition start = open_resume_point(t, resume);

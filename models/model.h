@@ -48,7 +48,8 @@ typedef struct {
     LayerKind kind;
     int in, out;          /* activation ids */
     int in2;              /* add: the second input; -1 for every other layer */
-    size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer, each a multiple of 64 */
+    size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer: multiples of MODEL_PARAM_ALIGN
+                             (b_off where b_count > 0) */
     size_t w_count, b_count;
     size_t fan_in;        /* for initialisation */
     Conv2d conv;          /* the op of each kind: its shape (and on the GPU its cuDNN state) */

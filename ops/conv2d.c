@@ -191,6 +191,13 @@ static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass
     return snprintf(buf, size, "%s algo %d %.1f us (no backend plan)", name, algo, legacy);
 }
 
+float conv2d_timed_us(const OpContext *ctx, const Conv2d *c, Conv2dPass pass) {
+    if (ctx->device != DEVICE_CUDA || pass < 0 || pass >= CONV2D_PASSES) return 0;
+    const Conv2dCuda *cc = &c->cuda;
+    if (cc->legacy_us[pass] <= 0) return 0;
+    return cc->use_plan[pass] ? cc->plan_us[pass] : cc->legacy_us[pass];
+}
+
 void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t size) {
     if (size) buf[0] = 0;
     if (ctx->device != DEVICE_CUDA) return;

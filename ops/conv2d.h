@@ -98,6 +98,9 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c);
 /* What init chose, for the log: per pass the legacy algorithm or the backend
  * plan and, where they were timed, both times. */
 void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t size);
+/* The chosen path's microseconds per run of a pass, as init timed it on
+ * random data; 0 where it was not timed (the CPU, perf.conv_benchmark off). */
+float conv2d_timed_us(const OpContext *ctx, const Conv2d *c, Conv2dPass pass);
 void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y);
 void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
                      void *dw, void *db, int accumulate_dx);

@@ -186,6 +186,11 @@ static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
     pl->forward_bytes = bytes;
     pl->backward_flops = 2 * flops;
     pl->backward_bytes = 2 * bytes;
+    if (l->kind != LAYER_CONV) return;
+    double data = conv2d_timed_us(&m->ops, &l->conv, CONV2D_DATA), filter = conv2d_timed_us(&m->ops, &l->conv,
+                                                                                            CONV2D_FILTER);
+    pl->timed_forward_ms = conv2d_timed_us(&m->ops, &l->conv, CONV2D_FORWARD) / 1000;
+    pl->timed_backward_ms = data > 0 && filter > 0 ? (data + filter) / 1000 : 0;
 }
 
 static void add_op_name(ProfileLayer *pl, const char *op) {

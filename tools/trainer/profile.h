@@ -26,6 +26,9 @@ typedef struct {
     double forward_ms, backward_ms;           /* per step */
     double forward_flops, backward_flops;     /* per step, from the shapes */
     double forward_bytes, backward_bytes;     /* per step, from the shapes */
+    /* A convolution's chosen plans as init timed them on random data (conv2d_timed_us): forward, and
+     * backward data plus backward filter; 0: not timed */
+    double timed_forward_ms, timed_backward_ms;
 } ProfileLayer;
 
 #define PROFILE_MAX_OUTSIDE 16
@@ -175,6 +178,9 @@ typedef struct {
 } ProfileFinding;
 
 #define PROFILE_MAX_FINDINGS 8
+/* A convolution pass counts as slower than timed past this ratio (the data and
+ * the accumulating backward-data pass move it a little). */
+#define PROFILE_SLOW_CONV 1.25
 /* Findings under this share of the step are left out: removing one gains at most 1/(1 - share). */
 #define PROFILE_FINDING_MIN_SHARE 0.05
 

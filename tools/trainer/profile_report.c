@@ -309,6 +309,34 @@ static void find_communication(const ProfileReport *r, Findings *fs) {
     suggest(f, c->cuda_graph && !c->graph_node_priority, "perf.graph_node_priority=on");
 }
 
+/* Convolutions that ran slower in the step than init timed their plans (on
+ * random data, perf.conv_benchmark): what cost airbench 0.6 ms a step on an
+ * H100 until each layer's filters were aligned (365 us against 204 timed). */
+static void find_slow_convs(const ProfileReport *r, Findings *fs) {
+    double excess = 0;
+    char where[512] = "";
+    int n = 0;
+    for (int i = 0; r->gpu && i < r->n_layers; i++) {
+        const ProfileLayer *l = &r->layers[i];
+        for (int bwd = 0; bwd < 2; bwd++) {
+            double ms = bwd ? l->backward_ms : l->forward_ms, timed = bwd ? l->timed_backward_ms : l->timed_forward_ms;
+            if (timed <= 0 || !strstr(l->ops, bwd ? "conv2d_backward" : "conv2d_forward") ||
+                ms <= PROFILE_SLOW_CONV * timed)
+                continue;
+            excess += ms - timed;
+            if (n < 3 && strlen(where) < sizeof where - 96)
+                snprintf(where + strlen(where), sizeof where - strlen(where), "; %s %s %.3f ms against %.3f timed",
+                         l->name, bwd ? "backward" : "forward", ms, timed);
+            n++;
+        }
+    }
+    if (!r->gpu) return;
+    ProfileFinding *f = add(fs, "convolutions slower than timed", excess, excess);
+    snprintf(f->from, sizeof f->from, "the step's convolution passes over %.2fx what init timed their plans at on "
+             "random data (perf.conv_benchmark); the gain is the step at those times (the tensors' alignment, the "
+             "card's clocks)%s", PROFILE_SLOW_CONV, where);
+}
+
 static int by_ms_desc(const void *a, const void *b) {
     double x = ((const ProfileFinding *)a)->ms, y = ((const ProfileFinding *)b)->ms;
     return (x < y) - (x > y);
@@ -323,6 +351,7 @@ int profile_findings(const ProfileReport *r, ProfileFinding *out, int max) {
     double gaps = find_launch_bound(r, &fs);
     find_small_batch(r, &fs, gaps);
     find_layers(r, &fs);
+    find_slow_convs(r, &fs);
     find_communication(r, &fs);
     qsort(all, (size_t)fs.n, sizeof *all, by_ms_desc);
     int n = fs.n < max ? fs.n : max;

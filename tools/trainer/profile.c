@@ -248,8 +248,10 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
             continue;
         }
         ProfileLayer *pl = &r->layers[li];
-        if (strstr(o->op, "backward")) pl->backward_ms += ms;
+        if (strstr(o->op, "backward") || strstr(o->op, "_grad")) pl->backward_ms += ms; /* conv2d_bias_grad */
         else pl->forward_ms += ms;
+        if (!strcmp(o->op, "conv2d_forward")) pl->conv_forward_ms += ms;
+        if (!strcmp(o->op, "conv2d_backward")) pl->conv_backward_ms += ms;
         add_op_name(pl, o->op);
         r->layers_ms += ms;
     }

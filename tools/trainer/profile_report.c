@@ -319,10 +319,9 @@ static void find_slow_convs(const ProfileReport *r, Findings *fs) {
     for (int i = 0; r->gpu && i < r->n_layers; i++) {
         const ProfileLayer *l = &r->layers[i];
         for (int bwd = 0; bwd < 2; bwd++) {
-            double ms = bwd ? l->backward_ms : l->forward_ms, timed = bwd ? l->timed_backward_ms : l->timed_forward_ms;
-            if (timed <= 0 || !strstr(l->ops, bwd ? "conv2d_backward" : "conv2d_forward") ||
-                ms <= PROFILE_SLOW_CONV * timed)
-                continue;
+            double ms = bwd ? l->conv_backward_ms : l->conv_forward_ms;
+            double timed = bwd ? l->timed_backward_ms : l->timed_forward_ms;
+            if (timed <= 0 || ms <= PROFILE_SLOW_CONV * timed) continue;
             excess += ms - timed;
             if (n < 3 && strlen(where) < sizeof where - 96)
                 snprintf(where + strlen(where), sizeof where - strlen(where), "; %s %s %.3f ms against %.3f timed",

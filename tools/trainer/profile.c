@@ -250,8 +250,8 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
         ProfileLayer *pl = &r->layers[li];
         if (strstr(o->op, "backward") || strstr(o->op, "_grad")) pl->backward_ms += ms; /* conv2d_bias_grad */
         else pl->forward_ms += ms;
-        if (!strcmp(o->op, "conv2d_forward")) pl->conv_forward_ms += ms;
-        if (!strcmp(o->op, "conv2d_backward")) pl->conv_backward_ms += ms;
+        if (!strcmp(o->op, "conv2d_forward")) pl->conv_forward_ms += ms, pl->conv_forward_runs += 1 / steps;
+        if (!strcmp(o->op, "conv2d_backward")) pl->conv_backward_ms += ms, pl->conv_backward_runs += 1 / steps;
         add_op_name(pl, o->op);
         r->layers_ms += ms;
     }

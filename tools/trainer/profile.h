@@ -26,10 +26,12 @@ typedef struct {
     double forward_ms, backward_ms;           /* per step */
     double forward_flops, backward_flops;     /* per step, from the shapes */
     double forward_bytes, backward_bytes;     /* per step, from the shapes */
-    /* A convolution's conv2d_forward and conv2d_backward ops alone (per step), and its chosen plans as
-     * init timed them on random data (conv2d_timed_us): forward, and backward data plus backward filter;
+    /* A convolution's conv2d_forward and conv2d_backward ops alone: ms and runs per step (more than one
+     * under memory.checkpoint's recompute or memory.accumulate), and its chosen plans as init timed them
+     * on random data (conv2d_timed_us), ms per run: forward, and backward data plus backward filter;
      * 0: not timed */
-    double conv_forward_ms, conv_backward_ms, timed_forward_ms, timed_backward_ms;
+    double conv_forward_ms, conv_backward_ms, conv_forward_runs, conv_backward_runs;
+    double timed_forward_ms, timed_backward_ms;
 } ProfileLayer;
 
 #define PROFILE_MAX_OUTSIDE 16

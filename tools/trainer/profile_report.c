@@ -320,12 +320,13 @@ static void find_slow_convs(const ProfileReport *r, Findings *fs) {
         const ProfileLayer *l = &r->layers[i];
         for (int bwd = 0; bwd < 2; bwd++) {
             double ms = bwd ? l->conv_backward_ms : l->conv_forward_ms;
+            double runs = bwd ? l->conv_backward_runs : l->conv_forward_runs;
             double timed = bwd ? l->timed_backward_ms : l->timed_forward_ms;
-            if (timed <= 0 || ms <= PROFILE_SLOW_CONV * timed) continue;
-            excess += ms - timed;
+            if (timed <= 0 || runs <= 0 || ms / runs <= PROFILE_SLOW_CONV * timed) continue;
+            excess += ms - runs * timed;
             if (n < 3 && strlen(where) < sizeof where - 96)
                 snprintf(where + strlen(where), sizeof where - strlen(where), "; %s %s %.3f ms against %.3f timed",
-                         l->name, bwd ? "backward" : "forward", ms, timed);
+                         l->name, bwd ? "backward" : "forward", ms / runs, timed);
             n++;
         }
     }

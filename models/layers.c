@@ -249,7 +249,7 @@ void model_forward(Model *m) {
     cast_input(m);
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
-        if (m->weights_needed && l->w_count) /* the bias follows the weights (add_params) */
+        if (m->weights_needed && l->w_count) /* the bias follows the weights past the alignment (add_params) */
             m->weights_needed(m->weights_needed_ctx, l->w_off, l->b_off + l->b_count);
         layer_forward(m, l);
     }

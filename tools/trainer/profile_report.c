@@ -313,10 +313,11 @@ static void find_communication(const ProfileReport *r, Findings *fs) {
  * random data, perf.conv_benchmark): what cost airbench 0.6 ms a step on an
  * H100 until each layer's filters were aligned (365 us against 204 timed). */
 static void find_slow_convs(const ProfileReport *r, Findings *fs) {
+    if (!r->gpu) return;
     double excess = 0;
     char where[512] = "";
     int n = 0;
-    for (int i = 0; r->gpu && i < r->n_layers; i++) {
+    for (int i = 0; i < r->n_layers; i++) {
         const ProfileLayer *l = &r->layers[i];
         for (int bwd = 0; bwd < 2; bwd++) {
             double ms = bwd ? l->conv_backward_ms : l->conv_forward_ms;
@@ -330,7 +331,6 @@ static void find_slow_convs(const ProfileReport *r, Findings *fs) {
             n++;
         }
     }
-    if (!r->gpu) return;
     ProfileFinding *f = add(fs, "convolutions slower than timed", excess, excess);
     snprintf(f->from, sizeof f->from, "the step's convolution passes over %.2fx what init timed their plans at on "
              "random data (perf.conv_benchmark); the gain is the step at those times (the tensors' alignment, the "

@@ -342,7 +342,7 @@ static void summarize_device(Trainer *t, const RunTally *r, TrainSummary *out) {
         out->gpu_util = gpu_monitor_window_util(t->device.monitor);
         GpuWindowPower power = gpu_monitor_window_power(t->device.monitor);
         out->power_w = power.mean_w, out->power_capped = power.capped_frac, out->power_limit_w = power.limit_w;
-        if (power.mean_w >= 0 && power.capped_frac >= 0)
+        if (power.mean_w >= 0 && power.capped_frac >= 0 && power.limit_w > 0)
             log_info("GPU power over the timed steps: mean %.0f W (limit %.0f W); the power limit held the clocks "
                      "down %.1f%% of the time", power.mean_w, power.limit_w, 100 * power.capped_frac);
     }

@@ -17,8 +17,10 @@
  *             fixed, so its coefficients sit in registers:
  *               forward   y  = (x - mean) * scale + shift           [relu or gelu]
  *               backward  dx = a * dy' + b * (x - mean) + d  [+ dx]
- *             (dy' = dy masked by y > 0 for relu; for gelu dy * gelu'(z), z =
- *             (x - mean) * gamma * invstd + beta recomputed in both passes)
+ *             (dy' = dy masked by y > 0 for relu, y recomputed from x as the
+ *             forward computed it, bit for bit, so that backward never reads
+ *             y; for gelu dy * gelu'(z), z = (x - mean) * gamma * invstd +
+ *             beta recomputed in both passes)
  *             with scale = gamma * invstd, shift = beta and
  *               a = gamma * invstd, b = -gamma * invstd^3 * sum(dy' (x - mean)) / m,
  *               d = -gamma * invstd * sum(dy') / m,
@@ -87,7 +89,7 @@ struct alignas(sizeof(T) * N) BnPack {
 
 /* Everything a kernel may need, passed by value. */
 struct BnArgs {
-    const void *x, *y, *dy; /* y: the fused forward's output, for the ReLU mask */
+    const void *x, *dy;
     void *out;              /* y (forward) or dx (backward) */
     unsigned images, channels, plane, count; /* n, c, h*w, n*h*w */
     unsigned rows;          /* partial sums per channel */
@@ -140,6 +142,18 @@ static unsigned bn_rows(const BatchNormShape *s, DType dtype, int nhwc) {
 /* ---- device helpers ---------------------------------------------------------- */
 
 static __device__ __forceinline__ float relu_f(float v) { return v < 0.0f ? 0.0f : v; }
+
+/* The forward's scale, gamma * invstd, from the saved invstd (rounded to
+ * fp32): the backward's coefficient a is the same value, so its ReLU mask
+ * recomputes the forward's output bit for bit. */
+static __device__ __forceinline__ float bn_scale(float gamma, float invstd) {
+    return (float)((double)gamma * (double)invstd);
+}
+
+/* The forward's y = act(bn(x)) before the activation: (x - mean) * scale + shift, one rounding. */
+static __device__ __forceinline__ float bn_value(float xc, float scale, float shift) {
+    return __fmaf_rn(xc, scale, shift);
+}
 
 static __device__ __forceinline__ void add_grad(void *buf, int dtype, int c, float v) {
     switch (dtype) {
@@ -198,7 +212,7 @@ static __device__ void forward_stats(const BnArgs &a, unsigned c, double k, doub
         if (a.running_var)
             a.running_var[c] = (float)((1.0 - mom) * a.running_var[c] + mom * var * m / (m - 1.0));
     }
-    a.coef[c] = make_float4((float)mean, (float)(invstd * a.gamma[c]), a.beta[c], 0.0f);
+    a.coef[c] = make_float4((float)mean, bn_scale(a.gamma[c], (float)invstd), a.beta[c], 0.0f);
 }
 
 /* Backward, from the sums of dy' and dy' * (x - mean). */
@@ -209,7 +223,7 @@ static __device__ void add_param_grads(const BnArgs &a, unsigned c, double s1, d
 
 static __device__ void backward_coef(const BnArgs &a, unsigned c, double s1, double s2, double m) {
     double invstd = a.invstd_in[c], g = a.gamma[c];
-    a.coef[c] = make_float4(a.mean_in[c], (float)(g * invstd),
+    a.coef[c] = make_float4(a.mean_in[c], bn_scale(a.gamma[c], a.invstd_in[c]),
                             (float)(-g * invstd * invstd * invstd * s2 / m),
                             (float)(-g * invstd * s1 / m));
 }
@@ -267,46 +281,46 @@ static __global__ void bn_sync_coef(BnArgs a) {
     }
 }
 
-/* dy through the fused activation's derivative: ReLU masks it by its output
- * y; GELU multiplies by gelu'(z) at its input z = (x - mean) * scale + shift,
- * scale = gamma * invstd and shift = beta (xc = x - mean), rounded to the
- * dtype as BN_BWD_GELU_STORE stores it: every path sums the same values. */
+/* dy through the fused activation's derivative, xc = x - mean and shift =
+ * beta: ReLU masks it by its output y > 0, y recomputed as the forward stored
+ * it (bn_value with scale = bn_scale, rounded to the dtype; NaN and -0 masked
+ * as there); GELU multiplies by gelu'(z) at its input z = xc * scale + shift,
+ * scale = gamma * invstd, rounded to the dtype as BN_BWD_GELU_STORE stores it:
+ * every path sums the same values. */
 template <typename T, bool RELU, bool GELU>
-static __device__ __forceinline__ float activation_dy(float dy, float y, float xc, float scale,
-                                                      float shift) {
-    if (RELU) return !(y > 0.0f) ? 0.0f : dy;
+static __device__ __forceinline__ float activation_dy(float dy, float xc, float scale, float shift) {
+    if (RELU) return to_float(from_float<T>(bn_value(xc, scale, shift))) > 0.0f ? dy : 0.0f;
     if (GELU) return to_float(from_float<T>(dy * gelu_grad_f(xc * scale + shift)));
     return dy;
 }
 
 /* What one element adds to the two sums. k: the forward's shift, or the mean;
- * zs, zb: GELU's scale and shift (activation_dy). */
+ * zs, zb: the activation's scale and shift (activation_dy). */
 template <typename T, int MODE>
-static __device__ __forceinline__ void accumulate_element(float x, float dy, float y, float k,
-                                                          float zs, float zb, float &s1, float &s2) {
+static __device__ __forceinline__ void accumulate_element(float x, float dy, float k, float zs, float zb,
+                                                          float &s1, float &s2) {
     if (MODE == BN_FWD) {
         float d = x - k;
         s1 += d;
         s2 += d * d;
     } else {
-        float g = activation_dy<T, MODE == BN_BWD_RELU, MODE == BN_BWD_GELU>(dy, y, x - k, zs, zb);
+        float g = activation_dy<T, MODE == BN_BWD_RELU, MODE == BN_BWD_GELU>(dy, x - k, zs, zb);
         s1 += g;
         s2 += g * (x - k);
     }
 }
 
 /* One element of the apply pass; coef = mean, then three per mode; shift:
- * the backward's beta, for GELU (backward, p = gamma * invstd). */
+ * the backward's beta, for the activation (backward, p = gamma * invstd). */
 template <typename T, int MODE>
-static __device__ __forceinline__ float apply_element(float x, float dy, float y, float old,
-                                                      float mean, float p, float q, float r,
-                                                      float shift, int accumulate) {
+static __device__ __forceinline__ float apply_element(float x, float dy, float old, float mean, float p,
+                                                      float q, float r, float shift, int accumulate) {
     if (MODE < BN_APPLY_BWD) {
-        float v = (x - mean) * p + q;
+        float v = bn_value(x - mean, p, q);
         if (MODE == BN_APPLY_FWD_GELU) return gelu_value_f(v);
         return MODE == BN_APPLY_FWD_RELU ? relu_f(v) : v;
     }
-    float g = activation_dy<T, MODE == BN_APPLY_BWD_RELU, MODE == BN_APPLY_BWD_GELU>(dy, y, x - mean, p, shift);
+    float g = activation_dy<T, MODE == BN_APPLY_BWD_RELU, MODE == BN_APPLY_BWD_GELU>(dy, x - mean, p, shift);
     float v = p * g + q * (x - mean) + r;
     return accumulate ? old + v : v;
 }
@@ -342,18 +356,18 @@ static __device__ __forceinline__ size_t nchw_vector(unsigned j, unsigned plane_
 template <typename T, int VEC, int MODE>
 static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
     using P = BnPack<T, VEC>;
-    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy;
     unsigned c = blockIdx.y, plane_v = a.plane / VEC, total = a.images * plane_v;
     unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(total, blockIdx.x * chunk), hi = min(total, lo + chunk);
     float k = MODE == BN_FWD ? to_float(((const T *)a.x)[(size_t)c * a.plane]) : a.mean_in[c];
-    constexpr bool GELU_Z = MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
+    constexpr bool Z = MODE == BN_BWD_RELU || MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
     constexpr int SUMS = MODE == BN_BWD_GELU_STORE ? BN_BWD : MODE; /* dy already through gelu' */
-    float zs = GELU_Z ? a.gamma[c] * a.invstd_in[c] : 0.0f;
-    float zb = GELU_Z ? a.beta[c] : 0.0f;
+    float zs = Z ? bn_scale(a.gamma[c], a.invstd_in[c]) : 0.0f;
+    float zb = Z ? a.beta[c] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
-        P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL];
+        P xv[BN_UNROLL], gv[BN_UNROLL];
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
             unsigned j = j0 + u * BN_THREADS;
@@ -361,7 +375,6 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
                 size_t at = nchw_vector(j, plane_v, c, a.channels);
                 xv[u] = x[at];
                 if (MODE != BN_FWD) gv[u] = dy[at];
-                if (MODE == BN_BWD_RELU) yv[u] = y[at];
             }
         }
         if (MODE == BN_BWD_GELU_STORE)
@@ -376,9 +389,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
                     accumulate_element<T, SUMS>(to_float(xv[u].v[e]),
-                                             MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
-                                             MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
-                                             k, zs, zb, s1, s2);
+                                             MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f, k, zs, zb, s1, s2);
     }
     /* block sum: warps by shuffles, then the warps in order */
     __shared__ float warp_s1[BN_THREADS / 32], warp_s2[BN_THREADS / 32];
@@ -405,7 +416,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
 template <typename T, int VEC, int MODE>
 static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     using P = BnPack<T, VEC>;
-    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy;
     P *out = (P *)a.out;
     constexpr bool BWD = MODE >= BN_APPLY_BWD;
     unsigned c = blockIdx.y, C = a.channels, plane_v = a.plane / VEC, total = a.images * plane_v;
@@ -413,9 +424,9 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     unsigned lo = min(total, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(total, lo + chunk);
     float4 k = a.coef[c];
     float mean = k.x, p = k.y, q = k.z, r = k.w;
-    float shift = MODE == BN_APPLY_BWD_GELU ? a.beta[c] : 0.0f;
+    float shift = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[c] : 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
-        P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL], ov[BN_UNROLL];
+        P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL];
         size_t at[BN_UNROLL];
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
@@ -424,7 +435,6 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
                 at[u] = nchw_vector(j, plane_v, c, C);
                 xv[u] = x[at[u]];
                 if (BWD) gv[u] = dy[at[u]];
-                if (MODE == BN_APPLY_BWD_RELU) yv[u] = y[at[u]];
                 if (BWD && a.accumulate) ov[u] = out[at[u]];
             }
         }
@@ -436,7 +446,6 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
             for (int e = 0; e < VEC; e++)
                 res.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
-                    MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
                     BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, shift, a.accumulate));
             out[at[u]] = res;
         }
@@ -464,12 +473,12 @@ template <typename T, int VEC, int MODE>
 static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
     using P = BnPack<T, VEC>;
     __shared__ float sums1[BN_THREADS * VEC], sums2[BN_THREADS * VEC];
-    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy;
     unsigned cols = a.channels / VEC, rows = a.count;
     NhwcTile t = nhwc_tile(cols);
     unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(rows, blockIdx.x * chunk), hi = min(rows, lo + chunk);
-    constexpr bool GELU_Z = MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
+    constexpr bool Z = MODE == BN_BWD_RELU || MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
     constexpr int SUMS = MODE == BN_BWD_GELU_STORE ? BN_BWD : MODE; /* dy already through gelu' */
     float s1[VEC], s2[VEC], k[VEC], zs[VEC], zb[VEC];
 #pragma unroll
@@ -485,13 +494,13 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
             for (int e = 0; e < VEC; e++) {
                 unsigned ch = col * VEC + e;
                 k[e] = a.mean_in[ch];
-                zs[e] = GELU_Z ? a.gamma[ch] * a.invstd_in[ch] : 0.0f;
-                zb[e] = GELU_Z ? a.beta[ch] : 0.0f;
+                zs[e] = Z ? bn_scale(a.gamma[ch], a.invstd_in[ch]) : 0.0f;
+                zb[e] = Z ? a.beta[ch] : 0.0f;
             }
         }
         unsigned step = t.height;
         for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
-            P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL];
+            P xv[BN_UNROLL], gv[BN_UNROLL];
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 unsigned r = r0 + u * step;
@@ -499,7 +508,6 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
                     size_t at = (size_t)r * cols + col;
                     xv[u] = x[at];
                     if (MODE != BN_FWD) gv[u] = dy[at];
-                    if (MODE == BN_BWD_RELU) yv[u] = y[at];
                 }
             }
             if (MODE == BN_BWD_GELU_STORE)
@@ -514,9 +522,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
 #pragma unroll
                     for (int e = 0; e < VEC; e++)
                         accumulate_element<T, SUMS>(to_float(xv[u].v[e]),
-                                                 MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f,
-                                                 MODE == BN_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
-                                                 k[e], zs[e], zb[e], s1[e], s2[e]);
+                                                 MODE != BN_FWD ? to_float(gv[u].v[e]) : 0.0f, k[e], zs[e],
+                                                 zb[e], s1[e], s2[e]);
         }
     }
 #pragma unroll
@@ -543,7 +550,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
 template <typename T, int VEC, int MODE>
 static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NHWC_APPLY_BLOCKS : 1) bn_apply_nhwc(BnArgs a) {
     using P = BnPack<T, VEC>;
-    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *y = (const P *)a.y;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy;
     P *out = (P *)a.out;
     constexpr bool BWD = MODE >= BN_APPLY_BWD;
     unsigned C = a.channels, cols = C / VEC, rows = a.count;
@@ -557,11 +564,11 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NH
     for (int e = 0; e < VEC; e++) {
         float4 k = a.coef[col * VEC + e];
         mean[e] = k.x, p[e] = k.y, q[e] = k.z, r[e] = k.w;
-        shift[e] = MODE == BN_APPLY_BWD_GELU ? a.beta[col * VEC + e] : 0.0f;
+        shift[e] = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[col * VEC + e] : 0.0f;
     }
     unsigned step = t.height;
     for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
-        P xv[BN_UNROLL], gv[BN_UNROLL], yv[BN_UNROLL], ov[BN_UNROLL];
+        P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL];
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
             unsigned row = r0 + u * step;
@@ -569,7 +576,6 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NH
                 size_t at = (size_t)row * cols + col;
                 xv[u] = x[at];
                 if (BWD) gv[u] = dy[at];
-                if (MODE == BN_APPLY_BWD_RELU) yv[u] = y[at];
                 if (BWD && a.accumulate) ov[u] = out[at];
             }
         }
@@ -582,12 +588,18 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NH
             for (int e = 0; e < VEC; e++)
                 res.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
-                    MODE == BN_APPLY_BWD_RELU ? to_float(yv[u].v[e]) : 0.0f,
-                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e],
-                    shift[e], a.accumulate));
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e], shift[e],
+                    a.accumulate));
             out[(size_t)row * cols + col] = res;
         }
     }
+}
+
+/* BN_TRAIN_SAVED: the coefficients from the saved statistics, as forward_stats makes them. */
+static __global__ void bn_saved_coef(BnArgs a) {
+    unsigned C = a.channels;
+    for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x)
+        a.coef[c] = make_float4(a.mean_in[c], bn_scale(a.gamma[c], a.invstd_in[c]), a.beta[c], 0.0f);
 }
 
 /* Eval: the coefficients from the running statistics. */
@@ -694,8 +706,8 @@ template <typename T>
 static bool wide_fits(const BatchNormCuda *bn, const BnArgs &a) {
     constexpr unsigned WIDE = 16 / sizeof(T);
     unsigned run = bn->nhwc ? a.channels : a.plane;
-    const void *ptrs[5] = {a.x, a.y, a.dy, a.out, a.dz};
-    for (int i = 0; i < 5; i++)
+    const void *ptrs[4] = {a.x, a.dy, a.out, a.dz};
+    for (int i = 0; i < 4; i++)
         if (ptrs[i] && !aligned16(ptrs[i])) return false;
     return run % WIDE == 0;
 }
@@ -781,6 +793,13 @@ static void run_forward_eval(const BatchNormCuda *bn, BnArgs a, BatchNormAct act
 }
 
 template <typename T>
+static void run_forward_saved(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream) {
+    bn_saved_coef<<<(unsigned)ceil_div(a.channels, BN_THREADS), BN_THREADS, 0, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+    launch_apply_forward<T>(bn, a, act, stream);
+}
+
+template <typename T>
 static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream,
                          BnAllreduce reduce, void *ctx) {
     BnArgs sums = a;
@@ -841,18 +860,16 @@ static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x
     DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_eval, bn, a, act, pick_stream(h, stream));
 }
 
-/* y: read for ReLU only, beta for GELU only. */
-static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *y,
-                     const void *dy, const float *gamma, const float *beta, const float *save_mean,
-                     const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
-                     void *dbeta, DType grad_dtype, cudaStream_t stream, BatchNormAct act,
-                     BnAllreduce reduce, void *ctx) {
+/* beta: read for an activation only (its input recomputed). */
+static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *dy,
+                     const float *gamma, const float *beta, const float *save_mean, const float *save_invstd,
+                     void *dx, int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
+                     BatchNormAct act, BnAllreduce reduce, void *ctx) {
     if (dgamma || dbeta) check_float_dtype("batchnorm (parameter gradients)", grad_dtype);
-    if (act == BN_ACT_RELU && !y) TC_FATAL("batchnorm+relu backward: the forward output y is needed");
-    if (act == BN_ACT_GELU && !beta) TC_FATAL("batchnorm+gelu backward: beta is needed");
+    if (act != BN_ACT_NONE && !beta)
+        TC_FATAL("batchnorm+%s backward: beta is needed", act == BN_ACT_RELU ? "relu" : "gelu");
     BnArgs a = base_args(bn);
     a.x = x;
-    a.y = act == BN_ACT_RELU ? y : NULL;
     a.dy = dy;
     a.out = dx;
     a.gamma = gamma;
@@ -896,11 +913,25 @@ void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, B
     forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, act);
 }
 
+void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                      const void *x, const float *gamma, const float *beta,
+                                      const float *save_mean, const float *save_invstd, void *y,
+                                      cudaStream_t stream) {
+    BnArgs a = base_args(bn);
+    a.x = x;
+    a.out = y;
+    a.gamma = gamma;
+    a.beta = beta;
+    a.mean_in = save_mean;
+    a.invstd_in = save_invstd;
+    DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_saved, bn, a, act, pick_stream(h, stream));
+}
+
 void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                              const void *dy, const float *gamma, const float *save_mean,
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    backward(bn, h, x, NULL, dy, gamma, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+    backward(bn, h, x, dy, gamma, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
              dbeta, grad_dtype, stream, BN_ACT_NONE, NULL, NULL);
 }
 
@@ -909,7 +940,8 @@ void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, Batch
                                  const float *beta, const float *save_mean,
                                  const float *save_invstd, void *dx, int accumulate_dx,
                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    backward(bn, h, x, y, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+    (void)y; /* recomputed from x (see the top) */
+    backward(bn, h, x, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
              grad_dtype, stream, act, NULL, NULL);
 }
 
@@ -931,6 +963,7 @@ void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
                                   BnAllreduce reduce, void *ctx, BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync backward: no reduce given");
-    backward(bn, h, x, y, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+    (void)y;
+    backward(bn, h, x, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
              grad_dtype, stream, act, reduce, ctx);
 }

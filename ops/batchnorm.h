@@ -19,8 +19,11 @@
  *              accumulate micro-batches) and skipped when NULL. With
  *              accumulate_dx = 0, dx may alias dy.
  *   activation: the same followed by an activation, y = act(bn(x)):
- *              BN_ACT_RELU (NaN passes, as in relu.h): backward takes that y
- *              and masks dy by y > 0 before the batch-norm backward;
+ *              BN_ACT_RELU (NaN passes, as in relu.h): backward masks dy by
+ *              y > 0 before the batch-norm backward; the CPU path takes that
+ *              y, the CUDA path recomputes it from x, beta and the saved
+ *              statistics, bit for bit as its forward stored it, and never
+ *              reads y (one tensor less through memory, twice);
  *              BN_ACT_GELU, the exact (erf) GELU of gelu.h: backward needs no
  *              y (GELU is not monotonic) but recomputes z = xhat * gamma + beta
  *              from x and the saved statistics and takes dy * gelu'(z). On
@@ -37,7 +40,8 @@
  * neither add dgamma/dbeta into a half buffer nor add into dx. Per call:
  *   forward:  a reduction pass (per-channel sums of x - k and (x - k)^2, k the
  *             channel's first value, so the variance does not cancel when
- *             |mean| >> std), then a pass writing y;
+ *             |mean| >> std), then a pass writing y (BN_TRAIN_SAVED: that pass
+ *             alone);
  *   backward: a reduction pass (sums of dy and dy * (x - mean)), then a pass
  *             writing dx (none when dx is NULL); a fused activation's
  *             derivative is applied to dy in both.
@@ -114,14 +118,17 @@ typedef struct {
 /* The activation fused after the norm. */
 typedef enum {
     BN_ACT_NONE,
-    BN_ACT_RELU, /* backward reads the forward's y */
+    BN_ACT_RELU, /* backward masks by y > 0: the CPU reads y, the GPU recomputes it (needs beta) */
     BN_ACT_GELU  /* backward reads beta */
 } BatchNormAct;
 
 typedef enum {
     BN_EVAL,       /* normalise with the running statistics */
     BN_TRAIN,      /* with the batch's; update the running ones */
-    BN_TRAIN_SYNC  /* with the global batch's, the sums added over the processes by reduce */
+    BN_TRAIN_SYNC, /* with the global batch's, the sums added over the processes by reduce */
+    BN_TRAIN_SAVED /* with the batch's, already in save_mean and save_invstd (bn_finalize of ops/conv_genstats.h,
+                      from sums a convolution made of its output): forward is the apply pass alone and leaves the
+                      running statistics to whoever saved them; backward is BN_TRAIN's */
 } BatchNormMode;
 
 /* One layer's per-channel fp32 buffers ([c] each, on ctx's device) and
@@ -145,8 +152,8 @@ void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn);
 void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                        const BatchNormParams *p, const void *x, void *y);
 /* BN_TRAIN_SYNC: dx from the global sums (see above); any other mode: the
- * plain backward. act: the forward's; y is read for BN_ACT_RELU only
- * (otherwise it may be NULL), p->beta for BN_ACT_GELU only. */
+ * plain backward. act: the forward's; y is read for BN_ACT_RELU on the CPU
+ * only (otherwise it may be NULL), p->beta for either activation. */
 void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy,
                         void *dx, int accumulate_dx, void *dgamma, void *dbeta);
@@ -173,6 +180,10 @@ void batchnorm_act_forward_train_cpu(const BatchNormShape *s, BatchNormAct act, 
 void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                     const float *gamma, const float *beta, const float *running_mean,
                                     const float *running_var, float eps, float *y);
+/* BN_TRAIN_SAVED: y = act((x - save_mean) * save_invstd * gamma + beta). */
+void batchnorm_act_forward_saved_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                     const float *gamma, const float *beta, const float *save_mean,
+                                     const float *save_invstd, float *y);
 /* y: read for BN_ACT_RELU only; beta: for BN_ACT_GELU only. */
 void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                 const float *y, const float *dy, const float *gamma,
@@ -231,6 +242,13 @@ void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, B
                                      const void *x, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
                                      float eps, void *y, cudaStream_t stream);
+/* BN_TRAIN_SAVED: the coefficients from the saved statistics, as the training
+ * forward derives them (its ReLU's backward recomputes y from them), then its
+ * apply pass. */
+void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
+                                      const void *x, const float *gamma, const float *beta,
+                                      const float *save_mean, const float *save_invstd, void *y,
+                                      cudaStream_t stream);
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                  const void *x, const void *y, const void *dy, const float *gamma,
                                  const float *beta, const float *save_mean,

@@ -167,7 +167,9 @@ static BatchNormParams bn_params(const BnSetup *b, float momentum) {
 
 /* Training forward, again with momentum 0, then eval from the running
  * statistics the first call left. Returns the device's training y (NCHW) and
- * the reference's saved statistics in smean, sinv. */
+ * in smean, sinv the saved statistics the backward takes on both sides: the
+ * reference's, or with ReLU the device's own, from which the GPU's backward
+ * recomputes y's mask (the reference reads the returned y). */
 static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, float *smean, float *sinv) {
     const BatchNormShape *s = &b->s;
     size_t nx = bn_numel(s);
@@ -183,6 +185,10 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     grid_check(c, "bn save_invstd", gsinv, sinv, s->c, BN_STATS);
     grid_check(c, "bn running_mean", grmean, rmean, s->c, BN_STATS);
     grid_check(c, "bn running_var (unbiased)", grvar, rvar, s->c, BN_STATS);
+    if (act == BN_ACT_RELU) {
+        memcpy(smean, gsmean, s->c * sizeof(float));
+        memcpy(sinv, gsinv, s->c * sizeof(float));
+    }
 
     /* the same bits again; momentum 0 leaves the running statistics alone */
     grid_poison(c, c->dtype, b->d_y, nx);
@@ -195,6 +201,17 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     grid_check_same(c, "bn running_mean (momentum 0)", grmean2, grmean, s->c * sizeof(float));
     grid_check_same(c, "bn running_var (momentum 0)", grvar2, grvar, s->c * sizeof(float));
 
+    /* BN_TRAIN_SAVED from the statistics just saved: the training y (the GPU's
+     * bits, which its ReLU's backward relies on; the CPU's within rounding, its
+     * scale from the rounded invstd) and the running statistics left alone */
+    grid_poison(c, c->dtype, b->d_y, nx);
+    p.momentum = 0.1f;
+    batchnorm_forward(&c->ctx, &l->bn, BN_TRAIN_SAVED, act, &p, b->d_x, b->d_y);
+    float *gys = bn_get(c, s, b->d_y), *grmean3 = stats_get(c, b->d_rmean, s->c);
+    if (c->device == DEVICE_CPU) grid_check(c, "bn saved-statistics y", gys, gy, nx, grid_bound(c, BN_Y));
+    else grid_check_same(c, "bn saved-statistics y (the training y's bits)", gys, gy, nx * sizeof(float));
+    grid_check_same(c, "bn running_mean (saved statistics)", grmean3, grmean, s->c * sizeof(float));
+
     /* eval, from the running statistics just computed */
     float *ye = host_floats(nx);
     if (act) batchnorm_act_forward_eval_cpu(s, act, b->x, b->gamma, b->beta, grmean, grvar, BN_EPS, ye);
@@ -203,14 +220,15 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     batchnorm_forward(&c->ctx, &l->bn, BN_EVAL, act, &p, b->d_x, b->d_y);
     float *gye = bn_get(c, s, b->d_y);
     grid_check(c, "bn eval y", gye, ye, nx, grid_bound(c, BN_Y));
-    void *host[] = {y, rmean, rvar, gsmean, gsinv, grmean, grvar, gy2, gsinv2, grmean2, grvar2, ye, gye};
+    void *host[] = {y, rmean, rvar, gsmean, gsinv, grmean, grvar, gy2, gsinv2, grmean2, grvar2, gys, grmean3, ye,
+                    gye};
     host_free_all(host, GRID_COUNT(host));
     return gy;
 }
 
-/* The backward from the reference's saved statistics on both sides; ReLU:
- * the device's training y (gy) as the mask on both sides; GELU: y NULL (not
- * needed). dx overwritten, then
+/* The backward from the same saved statistics on both sides (bn_check_forward);
+ * ReLU: the device's training y (gy) as the reference's mask, which the GPU
+ * recomputes from x, bit for bit; GELU: y NULL (not needed). dx overwritten, then
  * added onto random values; dgamma and dbeta added onto random values, then a
  * second time; dx NULL: the same parameter gradients. */
 static void bn_check_backward(const GridCase *c, const BnLayer *l, BnSetup *b, const float *smean, const float *sinv,
@@ -434,10 +452,14 @@ static BnOut bn_whole_reference(const GridCase *c, const BatchNormShape *s, cons
 /* Two ranks each with half of the batch against the whole batch's reference.
  * A rank's loss is the mean over its half, so its dy is 2x the whole batch's
  * for the same samples: its dx is 2x the whole's, and the parameter gradients
- * averaged over the ranks (DDP) are the whole's. */
+ * averaged over the ranks (DDP) are the whole's. With ReLU on the GPU, whose
+ * backward recomputes its own forward's mask, the reference's backward is
+ * taken again with the ranks' y as the mask: the two masks could differ where
+ * y rounds to zero on one side only. */
 static void bn_sync_two_ranks(const GridCase *c, const BatchNormShape *s, const float *x, const float *mask,
                               const float *dy, const float *d_gamma, const float *d_beta, const float *gamma,
-                              const float *rmean0, const float *rvar0, int running, const BnOut *whole) {
+                              const float *beta, const float *rmean0, const float *rvar0, int running,
+                              const BnOut *whole_ref) {
     BatchNormShape h = *s;
     h.n = s->n / 2;
     size_t nx = bn_numel(s), nh = bn_numel(&h);
@@ -463,6 +485,18 @@ static void bn_sync_two_ranks(const GridCase *c, const BatchNormShape *s, const 
         }
     BnOut got[2] = {bn_rank_get(c, &r[0]), bn_rank_get(c, &r[1])};
     float *y2 = joined(got[0].y, got[1].y, nh), *dx2 = joined(got[0].dx, got[1].dx, nh);
+    BnOut remasked = bn_out_new(nx, s->c, rmean0, rvar0);
+    const BnOut *whole = whole_ref;
+    if (!cpu && bn_act(c) == BN_ACT_RELU) {
+        memcpy(remasked.y, whole_ref->y, nx * sizeof(float));
+        memcpy(remasked.mean, whole_ref->mean, s->c * sizeof(float));
+        memcpy(remasked.invstd, whole_ref->invstd, s->c * sizeof(float));
+        memcpy(remasked.rmean, whole_ref->rmean, s->c * sizeof(float));
+        memcpy(remasked.rvar, whole_ref->rvar, s->c * sizeof(float));
+        ref_backward(s, BN_ACT_RELU, x, y2, dy, gamma, beta, remasked.mean, remasked.invstd, remasked.dx, 0,
+                     remasked.dgamma, remasked.dbeta);
+        whole = &remasked;
+    }
     float *dgamma2 = host_floats(s->c), *dbeta2 = host_floats(s->c);
     for (size_t i = 0; i < nx; i++) dx2[i] /= 2;
     for (int k = 0; k < s->c; k++) {
@@ -496,7 +530,7 @@ static void bn_sync_two_ranks(const GridCase *c, const BatchNormShape *s, const 
         CHECK_MSG(err > 1e-3, "%s sync bn: per-rank statistics give y within %.3g of the whole batch's", c->name, err);
         free(own);
     }
-    bn_out_free(&got[0]), bn_out_free(&got[1]);
+    bn_out_free(&got[0]), bn_out_free(&got[1]), bn_out_free(&remasked);
     bn_rank_free(c, &r[0]), bn_rank_free(c, &r[1]);
     void *host[] = {dy2, f.recorded[0], f.recorded[1], y2, dx2, dgamma2, dbeta2};
     host_free_all(host, GRID_COUNT(host));
@@ -605,7 +639,7 @@ static void bn_sync(const GridCase *c, BatchNormShape s, float offset, int runni
     float *d_gamma = grid_put(c, DTYPE_F32, gamma, s.c), *d_beta = grid_put(c, DTYPE_F32, beta, s.c);
     float *mask;
     BnOut whole = bn_whole_reference(c, &s, x, dy, gamma, beta, rmean0, rvar0, running, &mask);
-    bn_sync_two_ranks(c, &s, x, mask, dy, d_gamma, d_beta, gamma, rmean0, rvar0, running, &whole);
+    bn_sync_two_ranks(c, &s, x, mask, dy, d_gamma, d_beta, gamma, beta, rmean0, rvar0, running, &whole);
     bn_sync_one_process(c, &s, x, mask, dy, d_gamma, d_beta, rmean0, rvar0, running);
 #if TRAINC_CUDA
     if (c->device == DEVICE_CUDA) bn_sync_graph(c, &s, x, mask, dy, d_gamma, d_beta, rmean0, rvar0);

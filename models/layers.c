@@ -27,6 +27,11 @@ static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out
 
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
+    if (l->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
+        float *sum = m->bn_sums + l->stat_off;
+        conv_genstats_forward(&m->ops, l->genstats, x_of(m, l), NULL, NULL, w_of(m, l), y_of(m, l), sum, sum + s->k);
+        return;
+    }
     if (l->fused_act == BN_ACT_GELU) {
         ConvBiasGeluShape ws = whitening_shape(m, l);
         conv_bias_gelu_forward(&m->ops, &ws, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
@@ -114,7 +119,8 @@ static void linear_layer_backward(Model *m, const Layer *l) {
 }
 
 /* ---- batch norm: in training, the batch's statistics (over every rank with
- * dist.sync_bn); in evaluation, the running ones ---- */
+ * dist.sync_bn; from its conv's sums under model.fuse = graphs); in
+ * evaluation, the running ones ---- */
 
 static BatchNormMode bn_mode(const Model *m) {
     if (!m->training) return BN_EVAL;
@@ -140,7 +146,14 @@ static BatchNormParams bn_params(const Model *m, const Layer *l) {
 
 static void batchnorm_layer_forward(Model *m, const Layer *l) {
     BatchNormParams p = bn_params(m, l);
-    batchnorm_forward(&m->ops, &l->bn, bn_mode(m), l->fused_act, &p, x_of(m, l), y_of(m, l));
+    BatchNormMode mode = bn_mode(m);
+    if (l->stats_by_conv && mode == BN_TRAIN) { /* the statistics from the sums its conv made */
+        const BatchNormShape *s = &l->bn.shape;
+        const float *sum = m->bn_sums + l->stat_off;
+        bn_finalize(&m->ops, s->c, (int64_t)s->n * s->h * s->w, sum, sum + s->c, &p, NULL, NULL);
+        mode = BN_TRAIN_SAVED;
+    }
+    batchnorm_forward(&m->ops, &l->bn, mode, l->fused_act, &p, x_of(m, l), y_of(m, l));
 }
 
 static void batchnorm_layer_backward(Model *m, const Layer *l) {

@@ -22,6 +22,15 @@ extern const LayerKindOps layer_kinds[LAYER_KINDS];
  * layer ("conv 3"); ops outside the layers get none. */
 extern const OpHooks layer_nvtx_hooks;
 
+/* model.fuse = graphs (models/graph_fusion.c), GPU: plan builds each
+ * convolution-before-batch-norm pair's fused graph where an engine takes it
+ * (before the buffers: it sizes the workspace); choose, with the buffers
+ * carved and before the parameters are set, times the pairs under
+ * perf.conv_benchmark and keeps the faster way of each; destroy frees them. */
+void graph_fusion_plan(Model *m);
+void graph_fusion_choose(Model *m);
+void graph_fusion_destroy(Model *m);
+
 /* Element i of a buffer of the activation dtype. */
 static inline void *element(const Model *m, void *base, size_t i) {
     return (char *)base + i * dtype_size(m->act_dtype);

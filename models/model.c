@@ -510,6 +510,8 @@ static void carve_buffers(Model *m, Arena *a) {
     m->lr_scale = needs_lr_scale(m) ? arena_alloc(a, m->n_params * sizeof(float), "learning-rate shares") : NULL;
     m->bn_running = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm running statistics") : NULL;
     m->bn_saved = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm batch statistics") : NULL;
+    m->bn_sums = m->fuse_graphs && m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm sums")
+                                                 : NULL;
     m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
     size_t region = plan_recompute_region(m);
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
@@ -642,6 +644,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (m->fuse) mark_fusions(m);
     plan_grad_slots(m);
     if (gpu) choose_conv_algorithms(m);
+    if (gpu && m->fuse_graphs) graph_fusion_plan(m);
 
     Arena sizing;
     arena_init_counting(&sizing, m->device);
@@ -661,6 +664,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
             if (m->layers[i].kind == LAYER_BATCHNORM)
                 batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
+    if (gpu && m->fuse_graphs) graph_fusion_choose(m);
     model_init_params(m, seed);
     op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
     model_zero_grads(m);
@@ -669,6 +673,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
 void model_destroy(Model *m) {
     if (m->gpu) {
         op_sync(&m->ops);
+        graph_fusion_destroy(m);
         for (int i = 0; i < m->n_layers; i++) {
             if (m->layers[i].kind == LAYER_CONV) conv2d_destroy(&m->ops, &m->layers[i].conv);
             if (m->layers[i].kind == LAYER_MAXPOOL) maxpool_destroy(&m->ops, &m->layers[i].pool);

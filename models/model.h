@@ -21,6 +21,7 @@
 
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
+#include "ops/conv_genstats.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
 #include "ops/muon.h"
@@ -60,7 +61,13 @@ typedef struct {
     BatchNorm bn;         /* batch norm: gamma at w_off, beta at b_off (c each) */
     float scale;          /* scale: the constant factor */
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
-                             the batch's mean and 1/std for backward at bn_saved + stat_off */
+                             the batch's mean and 1/std for backward at bn_saved + stat_off, its input's sums
+                             at bn_sums + stat_off where stats_by_conv; a conv with genstats: its batch norm's */
+    ConvGenStats *genstats; /* conv (model.fuse = graphs): in training its forward is one cuDNN graph that also
+                               sums its output per channel for the batch norm after it (ops/conv_genstats,
+                               models/graph_fusion.c); NULL: conv2d's */
+    int stats_by_conv;    /* batch norm: the conv before it sums its input (genstats); training takes the
+                             statistics from those sums (bn_finalize) and runs the apply pass alone */
     int block;            /* the checkpoint block it belongs to, or -1 */
     int fused;            /* conv: adds its bias and the ReLU after it in one pass (a whitening conv: the
                              GELU, fused_act); relu: done by that conv (or by the max-pool after it); maxpool:
@@ -115,6 +122,10 @@ typedef struct {
     int checkpoint;       /* set before model_finalize: keep only block outputs, recompute inside */
     int fuse;             /* set before model_finalize: conv + bias + ReLU, batch norm + ReLU or GELU,
                              the whitening conv + bias + GELU and add + ReLU each in one pass (GPU) */
+    int fuse_graphs;      /* set before model_finalize (GPU; not with bn_allreduce): each convolution right
+                             before a batch norm computes that norm's statistics in its epilogue where a cuDNN
+                             engine takes the shape and (conv_policy.benchmark) times faster
+                             (models/graph_fusion.c) */
     int no_decay_bn_bias; /* set before model_finalize: decay_mask leaves out biases and batch-norm parameters */
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */
@@ -147,6 +158,7 @@ typedef struct {
     size_t n_bn_stats;    /* floats of running statistics: 2 per batch-norm channel */
     float *bn_running;    /* running mean and variance of every batch norm (model state, not parameters) */
     float *bn_saved;      /* the last training batch's mean and 1/std, for backward */
+    float *bn_sums;       /* fuse_graphs: each batch norm's input sums and sums of squares (fp32, c each) */
     float *input_f32;     /* under AMP: the fp32 batch, cast into the input activation by forward */
     /* Activation gradients share a few buffers: two share one when their
      * lifetimes in backward do not overlap (see plan_grad_slots). */

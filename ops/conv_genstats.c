@@ -57,8 +57,8 @@ void bn_finalize_cpu(int channels, int64_t m, const float *sum, const float *sqs
         double mean = sum[c] / count, var = sqsum[c] / count - mean * mean;
         if (var < 0.0) var = 0.0;
         double invstd = 1.0 / sqrt(var + p->eps), channel_scale = invstd * p->gamma[c];
-        scale[c] = (float)channel_scale;
-        bias[c] = (float)(p->beta[c] - mean * channel_scale);
+        if (scale) scale[c] = (float)channel_scale;
+        if (bias) bias[c] = (float)(p->beta[c] - mean * channel_scale);
         if (p->save_mean) p->save_mean[c] = (float)mean;
         if (p->save_invstd) p->save_invstd[c] = (float)invstd;
         if (p->momentum != 0.0f && p->running_mean)

@@ -210,8 +210,8 @@ __global__ void finalize_kernel(int channels, double m, const float *sum, const 
     double mean = sum[c] / m, var = sqsum[c] / m - mean * mean;
     if (var < 0.0) var = 0.0;
     double invstd = 1.0 / sqrt(var + p.eps), channel_scale = invstd * p.gamma[c];
-    scale[c] = from_float<T>((float)channel_scale);
-    bias[c] = from_float<T>((float)(p.beta[c] - mean * channel_scale));
+    if (scale) scale[c] = from_float<T>((float)channel_scale);
+    if (bias) bias[c] = from_float<T>((float)(p.beta[c] - mean * channel_scale));
     if (p.save_mean) p.save_mean[c] = (float)mean;
     if (p.save_invstd) p.save_invstd[c] = (float)invstd;
     if (p.momentum != 0.0f && p.running_mean)

@@ -86,8 +86,9 @@ void conv_genstats_forward(const OpContext *ctx, const ConvGenStats *op, const v
  *   p->running_mean/var updated by momentum with the UNBIASED var * m / (m - 1)
  *   (momentum 0 or NULL buffers: left alone). m must be at least 2.
  * Computed in double per channel. p->reduce is not used. The face: scale and
- * bias are fp32 on the CPU and ctx->dtype on the GPU (a prologue's operands);
- * the rest fp32 on ctx's device. */
+ * bias are fp32 on the CPU and ctx->dtype on the GPU (a prologue's operands),
+ * or NULL, not written (a batch norm's BN_TRAIN_SAVED forward derives its own
+ * from the saved statistics); the rest fp32 on ctx's device. */
 void bn_finalize(const OpContext *ctx, int channels, int64_t m, const float *sum, const float *sqsum,
                  const BatchNormParams *p, void *scale, void *bias);
 

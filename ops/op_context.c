@@ -2,6 +2,10 @@
 
 #include <string.h>
 
+#include "ops/backend_graph.h"
+#include "runtime/check.h"
+#include "runtime/gpu.h"
+
 OpContext op_context_cpu(void) {
     OpContext ctx;
     memset(&ctx, 0, sizeof ctx);
@@ -34,6 +38,13 @@ void op_fill(const OpContext *ctx, void *dst, int byte, size_t bytes) {
     op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) memset(dst, byte, bytes);
     else gpu_fill(dst, byte, bytes, ctx->stream);
+    op_end(ctx, __func__);
+}
+
+void op_fill_random(const OpContext *ctx, void *dst, size_t bytes) {
+    if (ctx->device == DEVICE_CPU) TC_FATAL("op_fill_random: the GPU's (the CPU times nothing)");
+    op_begin(ctx, __func__);
+    GPU_ONLY(backend_graph_fill_scratch(ctx->cudnn, dst, bytes));
     op_end(ctx, __func__);
 }
 

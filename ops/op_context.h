@@ -68,6 +68,10 @@ static inline void op_end(const OpContext *ctx, const char *op) {
 void op_copy(const OpContext *ctx, void *dst, const void *src, size_t bytes);
 /* Every byte of dst set to 'byte' (an op to the hooks). */
 void op_fill(const OpContext *ctx, void *dst, int byte, size_t bytes);
+/* GPU only: dst filled with fp16 words uniform in [-1, 1), finite read as any
+ * float type: data like a step's, for timing kernels at start-up (ops/backend_graph.h
+ * says why not zeros). */
+void op_fill_random(const OpContext *ctx, void *dst, size_t bytes);
 /* Between host memory and the context's device. */
 void op_copy_from_host(const OpContext *ctx, void *dst, const void *host, size_t bytes);
 void op_copy_to_host(const OpContext *ctx, void *host, const void *src, size_t bytes);

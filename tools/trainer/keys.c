@@ -103,12 +103,15 @@ const CfgKeySpec trainc_keys[] = {
      "stem (7x7 stride 2, 3x3 max-pool) from 128 on; airbench: airbench94's net (2x2 whitening conv, three "
      "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set", "[2, 1000]"},
-    {"model.fuse", CFG_BOOL, "off", 0,
-     "a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
+    {"model.fuse", CFG_ENUM, "off", "off|on|graphs",
+     "on: a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
      "convolution's output, whose backward writes the gradient over that output (CPU and GPU); without the "
      "pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add, and a GELU after batch "
      "norm or after airbench's whitening convolution (with its bias, in one pass over the image), run in their "
-     "pass, the activation's output in theirs", 0},
+     "pass, the activation's output in theirs. graphs: on, and a convolution right before a batch norm computes "
+     "that norm's statistics in its epilogue (one cuDNN graph, in training; f16 or bf16, model.layout = nhwc) "
+     "where an engine takes the shape and, under perf.conv_benchmark, where it times faster at start-up; the "
+     "log names each pair's choice (not with dist.sync_bn or perf.deterministic)", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,

@@ -94,7 +94,7 @@ static DType read_dtype(const Config *cfg, const char *key, DType otherwise) {
 static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->model.name = config_str(cfg, "model.name");
     s->model.num_classes = (int)config_int(cfg, "model.num_classes");
-    s->model.fuse = config_bool(cfg, "model.fuse");
+    s->model.fuse = is(cfg, "model.fuse", "graphs") ? MODEL_FUSE_GRAPHS : is(cfg, "model.fuse", "on");
     s->model.nhwc = is(cfg, "model.layout", "nhwc");
     s->model.bn_momentum = (float)config_float(cfg, "model.bn_momentum");
     s->model.bn_eps = (float)config_float(cfg, "model.bn_eps");

@@ -16,6 +16,9 @@
 /* dist.copy_engine, dist.shard_optimizer */
 typedef enum { SWITCH_OFF, SWITCH_ON, SWITCH_AUTO } Switch;
 
+/* model.fuse = graphs: on, and the convolutions' fused cuDNN graphs (models/graph_fusion.c). */
+#define MODEL_FUSE_GRAPHS 2
+
 typedef struct {
     const Config *config; /* where each value came from, for the messages */
     struct {
@@ -36,7 +39,8 @@ typedef struct {
     } data;
     struct {
         const char *name;
-        int num_classes, fuse, nhwc, bn_weight_fixed;
+        int num_classes, nhwc, bn_weight_fixed;
+        int fuse;          /* model.fuse: 0 off, 1 on, MODEL_FUSE_GRAPHS */
         float bn_momentum, bn_eps, whiten_bias_epochs;
     } model;
     struct {

@@ -242,7 +242,8 @@ static void build_model(Trainer *t) {
     m->conv_policy.deterministic = s->perf.deterministic;
     m->conv_policy.benchmark = s->perf.conv_benchmark;
     m->checkpoint = s->memory.checkpoint_blocks;
-    m->fuse = s->model.fuse;
+    m->fuse = s->model.fuse != 0;
+    m->fuse_graphs = s->model.fuse == MODEL_FUSE_GRAPHS;
     m->bn_momentum = s->model.bn_momentum;
     m->bn_eps = s->model.bn_eps;
     m->nvtx_layers = s->run.nvtx_layers;

@@ -141,19 +141,28 @@ static BatchNormParams bn_params(const Model *m, const Layer *l) {
     p.eps = m->bn_eps;
     p.reduce = m->bn_allreduce;
     p.reduce_ctx = m->bn_allreduce_ctx;
+    p.residual = NULL;
     return p;
 }
 
 static void batchnorm_layer_forward(Model *m, const Layer *l) {
     BatchNormParams p = bn_params(m, l);
     BatchNormMode mode = bn_mode(m);
+    BatchNormAct act = l->fused_act;
+    void *y = y_of(m, l);
     if (l->stats_by_conv && mode == BN_TRAIN) { /* the statistics from the sums its conv made */
         const BatchNormShape *s = &l->bn.shape;
         const float *sum = m->bn_sums + l->stat_off;
         bn_finalize(&m->ops, s->c, (int64_t)s->n * s->h * s->w, sum, sum + s->c, &p, NULL, NULL);
         mode = BN_TRAIN_SAVED;
     }
-    batchnorm_forward(&m->ops, &l->bn, mode, l->fused_act, &p, x_of(m, l), y_of(m, l));
+    if (l->add_layer >= 0) { /* the add after it (and its ReLU), in this pass */
+        const Layer *add = &m->layers[l->add_layer];
+        p.residual = m->acts[add->in == l->out ? add->in2 : add->in].value;
+        act = add->fused ? BN_ACT_RELU : BN_ACT_NONE;
+        y = y_of(m, add);
+    }
+    batchnorm_forward(&m->ops, &l->bn, mode, act, &p, x_of(m, l), y);
 }
 
 static void batchnorm_layer_backward(Model *m, const Layer *l) {
@@ -163,9 +172,10 @@ static void batchnorm_layer_backward(Model *m, const Layer *l) {
                        grad_of(m, l->in), l->dx_accumulate[0], dgamma, dbeta);
 }
 
-/* ---- add: fused, the ReLU after it ---- */
+/* ---- add: fused, the ReLU after it; by_bn, the batch norm before it does both ---- */
 
 static void add_layer_forward(Model *m, const Layer *l) {
+    if (l->by_bn) return;
     const void *b = m->acts[l->in2].value;
     if (l->fused) add_relu_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));
     else add_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));

@@ -48,6 +48,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->in = in;
     l->in2 = -1;
     l->bias_layer = -1;
+    l->add_layer = -1;
     l->block = m->open_block;
     snprintf(l->name, sizeof l->name, "%s %d", layer_kinds[kind].name, m->n_layers - 1);
     return l;
@@ -415,12 +416,30 @@ static int takes_gelu(const Layer *l) {
     return l->kind == LAYER_BATCHNORM || (l->kind == LAYER_CONV && l->whitening && l->b_count);
 }
 
+/* A batch norm with no activation of its own whose output only the add right
+ * after it reads computes that add, and the add's fused ReLU, in its apply
+ * pass (BatchNormParams.residual): the norm's output is never stored and read
+ * back. The add's output takes the norm's storage, kept where the add's was
+ * (a block's output). */
+static void fuse_bn_adds(Model *m) {
+    for (int i = 0; i + 1 < m->n_layers; i++) {
+        Layer *bn = &m->layers[i], *add = &m->layers[i + 1];
+        if (bn->kind != LAYER_BATCHNORM || add->kind != LAYER_ADD || bn->fused_act != BN_ACT_NONE) continue;
+        if ((add->in != bn->out && add->in2 != bn->out) || m->acts[bn->out].consumers != 1) continue;
+        bn->add_layer = i + 1;
+        add->by_bn = 1;
+        m->acts[add->out].shares_with = bn->out;
+        if (m->acts[add->out].internal_to < 0) m->acts[bn->out].internal_to = -1;
+    }
+}
+
 /* A ReLU right after a convolution with a bias, a batch norm or an add, or a
  * GELU right after a batch norm or a whitening convolution, reading nothing
  * else, folds into it; a conv +
  * bias + ReLU that only a 2x2 max-pool reads folds its bias and ReLU into the
  * pool instead (bias_relu_pool), whose backward overwrites the conv's raw
- * output with its gradient. Needs plan_accumulation's consumer counts. */
+ * output with its gradient. Then fuse_bn_adds. Needs plan_accumulation's
+ * consumer counts. */
 static void mark_fusions(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
         Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
@@ -441,6 +460,7 @@ static void mark_fusions(Model *m) {
             conv->fused = relu->fused = 1;
         }
     }
+    fuse_bn_adds(m);
 }
 
 /* ---- finalizing ------------------------------------------------------- */

@@ -68,6 +68,9 @@ typedef struct {
                                models/graph_fusion.c); NULL: conv2d's */
     int stats_by_conv;    /* batch norm: the conv before it sums its input (genstats); training takes the
                              statistics from those sums (bn_finalize) and runs the apply pass alone */
+    int add_layer;        /* batch norm (model.fuse): the add right after it, which alone reads its output,
+                             whose sum (and fused ReLU) its pass writes into the add's output; -1: none */
+    int by_bn;            /* add: the batch norm before it computes it (add_layer); only its backward runs */
     int block;            /* the checkpoint block it belongs to, or -1 */
     int fused;            /* conv: adds its bias and the ReLU after it in one pass (a whitening conv: the
                              GELU, fused_act); relu: done by that conv (or by the max-pool after it); maxpool:

@@ -111,6 +111,17 @@ static void forward_eval(const BatchNormShape *s, const float *x, const float *g
     }
 }
 
+static void forward_saved(const BatchNormShape *s, const float *x, const float *gamma, const float *beta,
+                          const float *save_mean, const float *save_invstd, float *y, BatchNormAct act) {
+    size_t plane = plane_of(s);
+    for (int c = 0; c < s->c; c++) {
+        double scale = (double)save_invstd[c] * gamma[c];
+        for (int i = 0; i < s->n; i++)
+            for (size_t p = 0; p < plane; p++)
+                AT(y, i, c, p) = activate(act, (AT(x, i, c, p) - (double)save_mean[c]) * scale + beta[c]);
+    }
+}
+
 /* The fused activation's backward inputs: y (ReLU) or beta (GELU). */
 typedef struct {
     BatchNormAct act;
@@ -219,6 +230,12 @@ void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, c
     forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, act);
 }
 
+void batchnorm_act_forward_saved_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
+                                     const float *gamma, const float *beta, const float *save_mean,
+                                     const float *save_invstd, float *y) {
+    forward_saved(s, x, gamma, beta, save_mean, save_invstd, y, act);
+}
+
 void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                 const float *y, const float *dy, const float *gamma,
                                 const float *beta, const float *save_mean, const float *save_invstd,
@@ -266,14 +283,25 @@ void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn) {
 }
 
 /* The CPU paths by mode. */
+/* y = act(y + residual), y the norm's output: the CPU's residual after the norm, rounded once more. */
+static void add_residual(const BatchNormShape *s, BatchNormAct act, const float *residual, float *y) {
+    size_t n = (size_t)s->n * s->c * plane_of(s);
+    for (size_t i = 0; i < n; i++) y[i] = activate(act, (double)y[i] + residual[i]);
+}
+
 static void forward_cpu(const BatchNorm *bn, BatchNormMode mode, BatchNormAct act, const BatchNormParams *p,
                         const float *x, float *y) {
+    BatchNormAct after = act;
+    if (p->residual) act = BN_ACT_NONE;
     if (mode == BN_EVAL)
         forward_eval(&bn->shape, x, p->gamma, p->beta, p->running_mean, p->running_var, p->eps, y, act);
+    else if (mode == BN_TRAIN_SAVED)
+        forward_saved(&bn->shape, x, p->gamma, p->beta, p->save_mean, p->save_invstd, y, act);
     else
         forward_train(&bn->shape, x, p->gamma, p->beta, p->momentum, p->eps, p->running_mean, p->running_var,
                       p->save_mean, p->save_invstd, y, act, mode == BN_TRAIN_SYNC ? p->reduce : NULL,
                       p->reduce_ctx);
+    if (p->residual) add_residual(&bn->shape, after, p->residual, y);
 }
 
 static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
@@ -281,14 +309,17 @@ static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMod
     if (mode == BN_TRAIN_SYNC)
         GPU_ONLY(batchnorm_forward_train_sync_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
                                                    p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
-                                                   ctx->stream, p->reduce, p->reduce_ctx, act));
+                                                   p->residual, ctx->stream, p->reduce, p->reduce_ctx, act));
+    else if (mode == BN_TRAIN_SAVED)
+        GPU_ONLY(batchnorm_act_forward_saved_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->save_mean,
+                                                  p->save_invstd, y, p->residual, ctx->stream));
     else if (mode == BN_TRAIN)
         GPU_ONLY(batchnorm_act_forward_train_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->momentum,
                                                   p->eps, p->running_mean, p->running_var, p->save_mean,
-                                                  p->save_invstd, y, ctx->stream));
+                                                  p->save_invstd, y, p->residual, ctx->stream));
     else
         GPU_ONLY(batchnorm_act_forward_eval_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->running_mean,
-                                                 p->running_var, p->eps, y, ctx->stream));
+                                                 p->running_var, p->eps, y, p->residual, ctx->stream));
 }
 
 static void check_act(BatchNormAct act) {

@@ -72,6 +72,8 @@
  * 37% occupancy, 44% of the memory roof); at 4 it fits 64 registers without
  * spilling. The backward passes need more and would spill. */
 #define BN_NHWC_APPLY_BLOCKS 4
+/* ...and with a residual added (its loads in flight too), fewer. */
+#define BN_NHWC_RES_BLOCKS 3
 /* Vectors each thread loads before using them: bytes in flight. */
 #define BN_UNROLL 4
 /* n*h*w at most: per-channel indices stay 32-bit (fast division). */
@@ -108,6 +110,7 @@ struct BnArgs {
     int accumulate;
     double *sums;           /* synchronized: [3][channels], the two sums and the count */
     void *dz;               /* BN_BWD_GELU_STORE: dy * gelu'(z), in the dtype */
+    const void *res;        /* forward: added before the activation, as x (NULL: none) */
 };
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -314,9 +317,11 @@ static __device__ __forceinline__ void accumulate_element(float x, float dy, flo
  * the backward's beta, for the activation (backward, p = gamma * invstd). */
 template <typename T, int MODE>
 static __device__ __forceinline__ float apply_element(float x, float dy, float old, float mean, float p,
-                                                      float q, float r, float shift, int accumulate) {
+                                                      float q, float r, float shift, int accumulate,
+                                                      const float *res) {
     if (MODE < BN_APPLY_BWD) {
         float v = bn_value(x - mean, p, q);
+        if (res) v += *res;
         if (MODE == BN_APPLY_FWD_GELU) return gelu_value_f(v);
         return MODE == BN_APPLY_FWD_RELU ? relu_f(v) : v;
     }
@@ -413,10 +418,10 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
     }
 }
 
-template <typename T, int VEC, int MODE>
+template <typename T, int VEC, int MODE, bool RES>
 static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     using P = BnPack<T, VEC>;
-    const P *x = (const P *)a.x, *dy = (const P *)a.dy;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *res = (const P *)a.res;
     P *out = (P *)a.out;
     constexpr bool BWD = MODE >= BN_APPLY_BWD;
     unsigned c = blockIdx.y, C = a.channels, plane_v = a.plane / VEC, total = a.images * plane_v;
@@ -426,7 +431,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     float mean = k.x, p = k.y, q = k.z, r = k.w;
     float shift = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[c] : 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
-        P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL];
+        P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL], rv[BN_UNROLL];
         size_t at[BN_UNROLL];
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
@@ -435,19 +440,23 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
                 at[u] = nchw_vector(j, plane_v, c, C);
                 xv[u] = x[at[u]];
                 if (BWD) gv[u] = dy[at[u]];
+                if (RES) rv[u] = res[at[u]];
                 if (BWD && a.accumulate) ov[u] = out[at[u]];
             }
         }
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
             if (j0 + u * BN_THREADS >= hi) continue;
-            P res;
+            P o;
 #pragma unroll
-            for (int e = 0; e < VEC; e++)
-                res.v[e] = from_float<T>(apply_element<T, MODE>(
+            for (int e = 0; e < VEC; e++) {
+                float rf = RES ? to_float(rv[u].v[e]) : 0.0f;
+                o.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
-                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, shift, a.accumulate));
-            out[at[u]] = res;
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, shift, a.accumulate,
+                    RES ? &rf : NULL));
+            }
+            out[at[u]] = o;
         }
     }
 }
@@ -547,10 +556,12 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
     }
 }
 
-template <typename T, int VEC, int MODE>
-static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NHWC_APPLY_BLOCKS : 1) bn_apply_nhwc(BnArgs a) {
+template <typename T, int VEC, int MODE, bool RES>
+static __global__ void __launch_bounds__(BN_THREADS, MODE >= BN_APPLY_BWD ? 1 : RES ? BN_NHWC_RES_BLOCKS
+                                                                                    : BN_NHWC_APPLY_BLOCKS)
+    bn_apply_nhwc(BnArgs a) {
     using P = BnPack<T, VEC>;
-    const P *x = (const P *)a.x, *dy = (const P *)a.dy;
+    const P *x = (const P *)a.x, *dy = (const P *)a.dy, *res = (const P *)a.res;
     P *out = (P *)a.out;
     constexpr bool BWD = MODE >= BN_APPLY_BWD;
     unsigned C = a.channels, cols = C / VEC, rows = a.count;
@@ -568,7 +579,7 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NH
     }
     unsigned step = t.height;
     for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
-        P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL];
+        P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL], rv[BN_UNROLL];
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
             unsigned row = r0 + u * step;
@@ -576,6 +587,7 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NH
                 size_t at = (size_t)row * cols + col;
                 xv[u] = x[at];
                 if (BWD) gv[u] = dy[at];
+                if (RES) rv[u] = res[at];
                 if (BWD && a.accumulate) ov[u] = out[at];
             }
         }
@@ -583,14 +595,16 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE < BN_APPLY_BWD ? BN_NH
         for (int u = 0; u < BN_UNROLL; u++) {
             unsigned row = r0 + u * step;
             if (row >= hi) continue;
-            P res;
+            P o;
 #pragma unroll
-            for (int e = 0; e < VEC; e++)
-                res.v[e] = from_float<T>(apply_element<T, MODE>(
+            for (int e = 0; e < VEC; e++) {
+                float rf = RES ? to_float(rv[u].v[e]) : 0.0f;
+                o.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
                     BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e], shift[e],
-                    a.accumulate));
-            out[(size_t)row * cols + col] = res;
+                    a.accumulate, RES ? &rf : NULL));
+            }
+            out[(size_t)row * cols + col] = o;
         }
     }
 }
@@ -706,8 +720,8 @@ template <typename T>
 static bool wide_fits(const BatchNormCuda *bn, const BnArgs &a) {
     constexpr unsigned WIDE = 16 / sizeof(T);
     unsigned run = bn->nhwc ? a.channels : a.plane;
-    const void *ptrs[4] = {a.x, a.dy, a.out, a.dz};
-    for (int i = 0; i < 4; i++)
+    const void *ptrs[5] = {a.x, a.dy, a.out, a.dz, a.res};
+    for (int i = 0; i < 5; i++)
         if (ptrs[i] && !aligned16(ptrs[i])) return false;
     return run % WIDE == 0;
 }
@@ -725,14 +739,14 @@ static void launch_reduce_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStre
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int VEC, int MODE>
+template <typename T, int VEC, int MODE, bool RES>
 static void launch_apply_vec(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
     if (bn->nhwc) {
         dim3 grid(a.rows, (unsigned)ceil_div(a.channels / VEC, BN_THREADS));
-        bn_apply_nhwc<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+        bn_apply_nhwc<T, VEC, MODE, RES><<<grid, BN_THREADS, 0, stream>>>(a);
     } else {
         dim3 grid(a.rows, a.channels);
-        bn_apply_nchw<T, VEC, MODE><<<grid, BN_THREADS, 0, stream>>>(a);
+        bn_apply_nchw<T, VEC, MODE, RES><<<grid, BN_THREADS, 0, stream>>>(a);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -762,16 +776,20 @@ static void launch_reduce(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t
     CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int MODE>
+/* RES: forward with a residual (a.res), its own kernels so that the others keep their registers. */
+template <typename T, int MODE, bool RES = false>
 static void launch_apply(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t stream) {
-    if (wide_fits<T>(bn, a)) launch_apply_vec<T, 16 / sizeof(T), MODE>(bn, a, stream);
-    else launch_apply_vec<T, 1, MODE>(bn, a, stream);
+    if (wide_fits<T>(bn, a)) launch_apply_vec<T, 16 / sizeof(T), MODE, RES>(bn, a, stream);
+    else launch_apply_vec<T, 1, MODE, RES>(bn, a, stream);
 }
 
 /* The apply pass of y = act(bn(x)). */
 template <typename T>
 static void launch_apply_forward(const BatchNormCuda *bn, const BnArgs &a, BatchNormAct act, cudaStream_t stream) {
-    if (act == BN_ACT_RELU) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
+    if (a.res && act == BN_ACT_RELU) launch_apply<T, BN_APPLY_FWD_RELU, true>(bn, a, stream);
+    else if (a.res && act == BN_ACT_GELU) launch_apply<T, BN_APPLY_FWD_GELU, true>(bn, a, stream);
+    else if (a.res) launch_apply<T, BN_APPLY_FWD, true>(bn, a, stream);
+    else if (act == BN_ACT_RELU) launch_apply<T, BN_APPLY_FWD_RELU>(bn, a, stream);
     else if (act == BN_ACT_GELU) launch_apply<T, BN_APPLY_FWD_GELU>(bn, a, stream);
     else launch_apply<T, BN_APPLY_FWD>(bn, a, stream);
 }
@@ -780,7 +798,8 @@ template <typename T>
 static void run_forward_train(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream,
                               BnAllreduce reduce, void *ctx) {
     BnArgs stats = a;
-    stats.out = NULL; /* the reduction reads x alone; y's alignment must not narrow it */
+    stats.out = NULL; /* the reduction reads x alone; y's and the residual's alignment must not narrow it */
+    stats.res = NULL;
     launch_reduce<T, BN_FWD>(bn, stats, stream, reduce, ctx);
     launch_apply_forward<T>(bn, a, act, stream);
 }
@@ -827,13 +846,14 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
 static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                           const float *gamma, const float *beta, float momentum, float eps,
                           float *running_mean, float *running_var, float *save_mean,
-                          float *save_invstd, void *y, cudaStream_t stream, BatchNormAct act,
-                          BnAllreduce reduce, void *ctx) {
+                          float *save_invstd, void *y, const void *residual, cudaStream_t stream,
+                          BatchNormAct act, BnAllreduce reduce, void *ctx) {
     BnArgs a = base_args(bn);
     /* Synchronized, the global count must be 2 or more; only the device knows it. */
     if (a.count < 2 && !reduce) TC_FATAL("batchnorm: training needs more than one value per channel");
     a.x = x;
     a.out = y;
+    a.res = residual;
     a.gamma = gamma;
     a.beta = beta;
     a.momentum = momentum;
@@ -847,11 +867,12 @@ static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *
 
 static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                          const float *gamma, const float *beta, const float *running_mean,
-                         const float *running_var, float eps, void *y, cudaStream_t stream,
-                         BatchNormAct act) {
+                         const float *running_var, float eps, void *y, const void *residual,
+                         cudaStream_t stream, BatchNormAct act) {
     BnArgs a = base_args(bn);
     a.x = x;
     a.out = y;
+    a.res = residual;
     a.gamma = gamma;
     a.beta = beta;
     a.eval_mean = running_mean;
@@ -888,38 +909,39 @@ void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   float *running_mean, float *running_var, float *save_mean,
                                   float *save_invstd, void *y, cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, BN_ACT_NONE, NULL, NULL);
+                  save_invstd, y, NULL, stream, BN_ACT_NONE, NULL, NULL);
 }
 
 void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       float momentum, float eps, float *running_mean,
                                       float *running_var, float *save_mean, float *save_invstd,
-                                      void *y, cudaStream_t stream) {
+                                      void *y, const void *residual, cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, act, NULL, NULL);
+                  save_invstd, y, residual, stream, act, NULL, NULL);
 }
 
 void batchnorm_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                  const float *gamma, const float *beta, const float *running_mean,
                                  const float *running_var, float eps, void *y, cudaStream_t stream) {
-    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, BN_ACT_NONE);
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, NULL, stream, BN_ACT_NONE);
 }
 
 void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                      const void *x, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
-                                     float eps, void *y, cudaStream_t stream) {
-    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, stream, act);
+                                     float eps, void *y, const void *residual, cudaStream_t stream) {
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, residual, stream, act);
 }
 
 void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
-                                      cudaStream_t stream) {
+                                      const void *residual, cudaStream_t stream) {
     BnArgs a = base_args(bn);
     a.x = x;
     a.out = y;
+    a.res = residual;
     a.gamma = gamma;
     a.beta = beta;
     a.mean_in = save_mean;
@@ -949,11 +971,11 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        const float *gamma, const float *beta, float momentum,
                                        float eps, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, void *y,
-                                       cudaStream_t stream, BnAllreduce reduce, void *ctx,
-                                       BatchNormAct act) {
+                                       const void *residual, cudaStream_t stream, BnAllreduce reduce,
+                                       void *ctx, BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync forward: no reduce given");
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, stream, act, reduce, ctx);
+                  save_invstd, y, residual, stream, act, reduce, ctx);
 }
 
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,

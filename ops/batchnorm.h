@@ -143,6 +143,11 @@ typedef struct {
     float momentum, eps;
     BnAllreduce reduce;
     void *reduce_ctx;
+    /* Forward only, NULL: none. Added before the activation, y = act(bn(x) +
+     * residual), as x (dtype, layout): a residual block's add (and ReLU) in
+     * the norm's pass. Backward is the norm's alone: the add's backward
+     * passes dy on, its ReLU's mask reads this y. */
+    const void *residual;
 } BatchNormParams;
 
 size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
@@ -233,22 +238,23 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              void *dbeta, DType grad_dtype, cudaStream_t stream);
 
 /* With a fused activation; y and beta as batchnorm_act_backward_cpu's. */
+/* residual (NULL: none): y = act(bn(x) + residual), residual as x. */
 void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       float momentum, float eps, float *running_mean,
                                       float *running_var, float *save_mean, float *save_invstd,
-                                      void *y, cudaStream_t stream);
+                                      void *y, const void *residual, cudaStream_t stream);
 void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                      const void *x, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
-                                     float eps, void *y, cudaStream_t stream);
+                                     float eps, void *y, const void *residual, cudaStream_t stream);
 /* BN_TRAIN_SAVED: the coefficients from the saved statistics, as the training
  * forward derives them (its ReLU's backward recomputes y from them), then its
  * apply pass. */
 void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
-                                      cudaStream_t stream);
+                                      const void *residual, cudaStream_t stream);
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                  const void *x, const void *y, const void *dy, const float *gamma,
                                  const float *beta, const float *save_mean,
@@ -261,8 +267,8 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        const float *gamma, const float *beta, float momentum,
                                        float eps, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, void *y,
-                                       cudaStream_t stream, BnAllreduce reduce, void *ctx,
-                                       BatchNormAct act);
+                                       const void *residual, cudaStream_t stream, BnAllreduce reduce,
+                                       void *ctx, BatchNormAct act);
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                   const void *y, const void *dy, const float *gamma,
                                   const float *beta, const float *save_mean,

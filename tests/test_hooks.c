@@ -100,8 +100,11 @@ static int check_events(const Model *m, const Recorder *r, const char *pass, int
     return n_order;
 }
 
-/* Layer i runs an op in forward unless a fused ReLU (done by the layer before it). */
-static int runs_forward(const Layer *l) { return !(l->kind == LAYER_RELU && l->fused); }
+/* Layer i runs an op in forward unless a fused ReLU (done by the layer before it) or an add done by the
+ * batch norm before it (by_bn). */
+static int runs_forward(const Layer *l) {
+    return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn);
+}
 
 /* ... and in backward unless a fused ReLU, or an add passing dy on as both inputs' own buffer. */
 static int runs_backward(const Layer *l) {

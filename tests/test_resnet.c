@@ -262,11 +262,13 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
             sgd_step_cuda(m[f].params, m[f].grads, m[f].momentum, n, lr, sgd, gpu->compute);
         }
         double e = test_rel_error(g[1], g[0], n);
-        /* On an H200: 6.8e-6 at the first step, then 5e-4 and 4.4e-3: the two
-         * runs drift apart faster than their first-step difference explains
-         * (an open question, see the README); a wrong fused gradient is off
+        /* On an H200: 6.8e-6 at the first step, then 5e-4 and 4.4e-3; on an
+         * H100, two calls of the same build: 6.8e-6 both, then 4.0e-3 and
+         * 6.7e-3, and 7.1e-3 and 1.3e-2. The two runs drift apart faster
+         * than their first-step difference explains (an open question, see
+         * the README), and by a varying amount; a wrong fused gradient is off
          * by far more from the first step on. */
-        double bound = step == 0 ? 1e-4 : 2e-2;
+        double bound = step == 0 ? 1e-4 : 5e-2;
         CHECK_MSG(e < bound, "resnet18 step %d, batch %d: fused gradients differ from unfused by %.3g", step, batch, e);
         if (e >= bound) report_layers(g[1], g[0], batch);
         printf("resnet18 step %d, batch %d: fused against unfused gradients (GPU, fp32) %.3g relative\n", step, batch, e);

@@ -161,8 +161,36 @@ static void bn_setup_free(const GridCase *c, BnSetup *b) {
 
 static BatchNormParams bn_params(const BnSetup *b, float momentum) {
     BatchNormParams p = {b->d_gamma, b->d_beta, b->d_rmean, b->d_rvar, b->d_smean, b->d_sinv, momentum, BN_EPS,
-                         NULL, NULL};
+                         NULL, NULL, NULL};
     return p;
+}
+
+/* The activation after the norm, in double, rounded once. */
+static float ref_activation(BatchNormAct act, double v) {
+    if (act == BN_ACT_RELU) return v < 0 ? 0.0f : (float)v;
+    if (act == BN_ACT_GELU) return (float)(0.5 * v * (1.0 + erf(v / sqrt(2.0))));
+    return (float)v;
+}
+
+/* A residual added before the activation (BatchNormParams.residual, a block's
+ * add and ReLU in the norm's pass): the training y with momentum 0 against
+ * the reference's act(bn(x) + residual). */
+static void bn_check_residual(const GridCase *c, const BnLayer *l, BnSetup *b, BatchNormAct act) {
+    const BatchNormShape *s = &b->s;
+    size_t nx = bn_numel(s);
+    float *r = grid_random(c, c->dtype, nx, -2, 2), *want = host_floats(nx), *smean = host_floats(s->c),
+          *sinv = host_floats(s->c);
+    ref_forward_train(s, BN_ACT_NONE, b->x, b->gamma, b->beta, 0.0f, NULL, NULL, smean, sinv, want);
+    for (size_t i = 0; i < nx; i++) want[i] = ref_activation(act, (double)want[i] + r[i]);
+    void *d_r = bn_put(c, s, r);
+    BatchNormParams p = bn_params(b, 0.0f);
+    p.residual = d_r;
+    batchnorm_forward(&c->ctx, &l->bn, BN_TRAIN, act, &p, b->d_x, b->d_y);
+    float *got = bn_get(c, s, b->d_y);
+    grid_check(c, "bn train y with a residual before the activation", got, want, nx, grid_bound(c, BN_Y));
+    grid_free(c, d_r);
+    void *host[] = {r, want, smean, sinv, got};
+    host_free_all(host, GRID_COUNT(host));
 }
 
 /* Training forward, again with momentum 0, then eval from the running
@@ -211,6 +239,7 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     if (c->device == DEVICE_CPU) grid_check(c, "bn saved-statistics y", gys, gy, nx, grid_bound(c, BN_Y));
     else grid_check_same(c, "bn saved-statistics y (the training y's bits)", gys, gy, nx * sizeof(float));
     grid_check_same(c, "bn running_mean (saved statistics)", grmean3, grmean, s->c * sizeof(float));
+    bn_check_residual(c, l, b, act);
 
     /* eval, from the running statistics just computed */
     float *ye = host_floats(nx);
@@ -391,7 +420,8 @@ static void bn_rank_reset(const GridCase *c, BnRank *r, const float *rmean0, con
 
 static BatchNormParams bn_rank_params(const BnRank *r, const float *d_gamma, const float *d_beta, BnAllreduce reduce,
                                       void *reduce_ctx) {
-    BatchNormParams p = {d_gamma, d_beta, r->rmean, r->rvar, r->mean, r->invstd, 0.1f, BN_EPS, reduce, reduce_ctx};
+    BatchNormParams p = {d_gamma, d_beta, r->rmean, r->rvar, r->mean, r->invstd, 0.1f, BN_EPS, reduce, reduce_ctx,
+                         NULL};
     return p;
 }
 
@@ -715,7 +745,8 @@ static void bn_check_accumulate_bits(const GridCase *c, const BnLoss *b, const f
     float *gnull = copy_floats(g0, s->c), *bnull = copy_floats(b0, s->c);
     BatchNorm bn;
     batchnorm_init(&c->ctx, &bn, s, NULL);
-    BatchNormParams p = {b->gamma, b->beta, NULL, NULL, (float *)smean, (float *)sinv, 0.0f, BN_EPS, NULL, NULL};
+    BatchNormParams p = {b->gamma, b->beta, NULL, NULL, (float *)smean, (float *)sinv, 0.0f, BN_EPS, NULL, NULL,
+                         NULL};
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, acc, 1, gacc, bacc);
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, NULL, 0, gnull, bnull);
     int ok = 1;
@@ -831,8 +862,8 @@ static void graph_step(const GridCase *c, const BatchNorm *a, const BatchNorm *b
     float *mb = rva + ca, *ib = mb + cb, *rmb = ib + cb, *rvb = rmb + cb;
     char *g = grads;
     void *dga = g, *dba = g + ca * es, *dgb = g + 2 * ca * es, *dbb = g + (2 * ca + cb) * es;
-    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL};
-    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL};
+    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL, NULL};
+    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL, NULL};
     batchnorm_forward(&c->ctx, a, BN_TRAIN, BN_ACT_RELU, &pa, la->x, la->y);
     batchnorm_forward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, lb->y);
     batchnorm_backward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, NULL, lb->y, lb->dx, 0, dgb, dbb);
@@ -1099,7 +1130,7 @@ static void bn_misuse_call(void *arg) {
     OpContext ctx = op_context_cpu();
     BatchNorm bn;
     batchnorm_init(&ctx, &bn, &s, NULL);
-    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL};
+    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL, NULL};
     if (which == 0) batchnorm_backward(&ctx, &bn, BN_TRAIN, BN_ACT_GELU, &p, x, NULL, dy, dx, 0, NULL, NULL);
     else batchnorm_forward(&ctx, &bn, BN_EVAL, (BatchNormAct)7, &p, x, y);
 }

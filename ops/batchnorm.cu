@@ -843,19 +843,26 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
     else launch_apply<T, BN_APPLY_BWD>(bn, a, stream);
 }
 
-static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                          const float *gamma, const float *beta, float momentum, float eps,
-                          float *running_mean, float *running_var, float *save_mean,
-                          float *save_invstd, void *y, const void *residual, cudaStream_t stream,
-                          BatchNormAct act, BnAllreduce reduce, void *ctx) {
+/* What every forward's apply pass reads and writes. */
+static BnArgs forward_args(const BatchNormCuda *bn, const void *x, void *y, const void *residual,
+                           const float *gamma, const float *beta) {
     BnArgs a = base_args(bn);
-    /* Synchronized, the global count must be 2 or more; only the device knows it. */
-    if (a.count < 2 && !reduce) TC_FATAL("batchnorm: training needs more than one value per channel");
     a.x = x;
     a.out = y;
     a.res = residual;
     a.gamma = gamma;
     a.beta = beta;
+    return a;
+}
+
+static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
+                          const float *gamma, const float *beta, float momentum, float eps,
+                          float *running_mean, float *running_var, float *save_mean,
+                          float *save_invstd, void *y, const void *residual, cudaStream_t stream,
+                          BatchNormAct act, BnAllreduce reduce, void *ctx) {
+    BnArgs a = forward_args(bn, x, y, residual, gamma, beta);
+    /* Synchronized, the global count must be 2 or more; only the device knows it. */
+    if (a.count < 2 && !reduce) TC_FATAL("batchnorm: training needs more than one value per channel");
     a.momentum = momentum;
     a.eps = eps;
     a.running_mean = running_mean;
@@ -869,12 +876,7 @@ static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x
                          const float *gamma, const float *beta, const float *running_mean,
                          const float *running_var, float eps, void *y, const void *residual,
                          cudaStream_t stream, BatchNormAct act) {
-    BnArgs a = base_args(bn);
-    a.x = x;
-    a.out = y;
-    a.res = residual;
-    a.gamma = gamma;
-    a.beta = beta;
+    BnArgs a = forward_args(bn, x, y, residual, gamma, beta);
     a.eval_mean = running_mean;
     a.eval_var = running_var;
     a.eps = eps;
@@ -938,12 +940,7 @@ void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, 
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
                                       const void *residual, cudaStream_t stream) {
-    BnArgs a = base_args(bn);
-    a.x = x;
-    a.out = y;
-    a.res = residual;
-    a.gamma = gamma;
-    a.beta = beta;
+    BnArgs a = forward_args(bn, x, y, residual, gamma, beta);
     a.mean_in = save_mean;
     a.invstd_in = save_invstd;
     DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_saved, bn, a, act, pick_stream(h, stream));

@@ -230,12 +230,6 @@ void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, c
     forward_eval(s, x, gamma, beta, running_mean, running_var, eps, y, act);
 }
 
-void batchnorm_act_forward_saved_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
-                                     const float *gamma, const float *beta, const float *save_mean,
-                                     const float *save_invstd, float *y) {
-    forward_saved(s, x, gamma, beta, save_mean, save_invstd, y, act);
-}
-
 void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                 const float *y, const float *dy, const float *gamma,
                                 const float *beta, const float *save_mean, const float *save_invstd,
@@ -282,13 +276,13 @@ void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn) {
     if (ctx->device == DEVICE_CUDA) GPU_ONLY(batchnorm_cuda_destroy(&bn->cuda));
 }
 
-/* The CPU paths by mode. */
 /* y = act(y + residual), y the norm's output: the CPU's residual after the norm, rounded once more. */
 static void add_residual(const BatchNormShape *s, BatchNormAct act, const float *residual, float *y) {
     size_t n = (size_t)s->n * s->c * plane_of(s);
     for (size_t i = 0; i < n; i++) y[i] = activate(act, (double)y[i] + residual[i]);
 }
 
+/* The CPU paths by mode. */
 static void forward_cpu(const BatchNorm *bn, BatchNormMode mode, BatchNormAct act, const BatchNormParams *p,
                         const float *x, float *y) {
     BatchNormAct after = act;

@@ -314,7 +314,9 @@ static __device__ __forceinline__ void accumulate_element(float x, float dy, flo
 }
 
 /* One element of the apply pass; coef = mean, then three per mode; shift:
- * the backward's beta, for the activation (backward, p = gamma * invstd). */
+ * the backward's beta, for the activation (backward, p = gamma * invstd);
+ * res: forward, the residual's element added before the activation (NULL:
+ * none). */
 template <typename T, int MODE>
 static __device__ __forceinline__ float apply_element(float x, float dy, float old, float mean, float p,
                                                       float q, float r, float shift, int accumulate,
@@ -783,7 +785,7 @@ static void launch_apply(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t 
     else launch_apply_vec<T, 1, MODE, RES>(bn, a, stream);
 }
 
-/* The apply pass of y = act(bn(x)). */
+/* The apply pass of y = act(bn(x) [+ residual]). */
 template <typename T>
 static void launch_apply_forward(const BatchNormCuda *bn, const BnArgs &a, BatchNormAct act, cudaStream_t stream) {
     if (a.res && act == BN_ACT_RELU) launch_apply<T, BN_APPLY_FWD_RELU, true>(bn, a, stream);

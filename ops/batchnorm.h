@@ -185,10 +185,6 @@ void batchnorm_act_forward_train_cpu(const BatchNormShape *s, BatchNormAct act, 
 void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                     const float *gamma, const float *beta, const float *running_mean,
                                     const float *running_var, float eps, float *y);
-/* BN_TRAIN_SAVED: y = act((x - save_mean) * save_invstd * gamma + beta). */
-void batchnorm_act_forward_saved_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
-                                     const float *gamma, const float *beta, const float *save_mean,
-                                     const float *save_invstd, float *y);
 /* y: read for BN_ACT_RELU only; beta: for BN_ACT_GELU only. */
 void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                 const float *y, const float *dy, const float *gamma,
@@ -237,8 +233,8 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream);
 
-/* With a fused activation; y and beta as batchnorm_act_backward_cpu's. */
-/* residual (NULL: none): y = act(bn(x) + residual), residual as x. */
+/* With a fused activation; y and beta as batchnorm_act_backward_cpu's;
+ * residual (NULL: none): y = act(bn(x) + residual), residual as x. */
 void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       float momentum, float eps, float *running_mean,

@@ -261,6 +261,12 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
          * before it (model.fuse) runs nothing, its work in that layer's passes */
         if (!strstr(pl->ops, "backward")) pl->backward_flops = pl->backward_bytes = 0;
         if (m->layers[i].fused && !pl->ops[0]) pl->forward_flops = pl->forward_bytes = 0;
+        /* an add computed by the batch norm before it (by_bn): its forward is that pass's, which reads one
+         * tensor more, the residual */
+        if (m->layers[i].by_bn) {
+            r->layers[i - 1].forward_bytes += act_elems(m, m->layers[i].out) * (double)dtype_size(m->act_dtype);
+            pl->forward_flops = pl->forward_bytes = 0;
+        }
     }
 }
 

@@ -218,16 +218,16 @@ static void check_gpu_against_cpu(GpuContext *gpu, int batch, const float *x, co
 }
 
 #if TRAINC_CUDA
-/* Three SGD steps, fused against unfused on the GPU (fp32): the gradients of
- * each step agree, so state carried between steps is right too. The steps are
- * small: a random batch's loss surface turns rounding differences into
- * diverging runs at a learning rate that trains. */
 static float *to_host_floats(const float *dev, size_t n) {
     float *h = malloc(n * sizeof(float));
     CUDA_CHECK(cudaMemcpy(h, dev, n * sizeof(float), cudaMemcpyDeviceToHost));
     return h;
 }
 
+/* Three SGD steps, fused against unfused on the GPU (fp32): the gradients of
+ * each step agree, so state carried between steps is right too. The steps are
+ * small: a random batch's loss surface turns rounding differences into
+ * diverging runs at a learning rate that trains. */
 static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
     Model m[2];
     char err[256];
@@ -285,10 +285,10 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
 /* model.fuse = graphs against model.fuse = on, fp16 channels-last, after one
  * training forward from the same parameters and batch: every batch norm's
  * saved statistics (mean, 1/std) and the change of its running ones, which
- * the fused pairs take from their convolution's sums (bn_finalize). A pair reading another
- * layer's sums, or leaving the running statistics alone, is off by 100% or
- * more; fp16 activations that a fused engine rounds otherwise differ by
- * about 1e-3. At least one pair must have fused (an engine on this card). */
+ * the fused pairs take from their convolution's sums (bn_finalize). A pair
+ * reading another layer's sums, or leaving the running statistics alone, is
+ * off by 100% or more; the H100 gave 1.2e-4 and 7e-5. Without a fused pair
+ * (no engine on this card) it says so and compares nothing. */
 static void check_graph_fusion(GpuContext *gpu, int batch, const float *x) {
     Model m[2];
     char err[256];
@@ -429,9 +429,10 @@ static void check_cpu_overfits(void) {
  * learning rate small enough that rounding differences stay small. A
  * model.fuse = graphs run (the batch norms' statistics from the convolutions'
  * epilogues, untimed: fused wherever an engine takes the shape) is also held
- * to 2% of the run it differs from only by that, the same precision with
- * model.fuse = on (0.5% and 0.3% on an H100; fp32 with and without
- * model.fuse differ by 1.1%: 12 steps amplify rounding). */
+ * to 3% of the run it differs from only by that, the same precision with
+ * model.fuse = on (0.1% to 1.0% over four calls on an H100, whose graphs
+ * runs differ from call to call; fp32 with and without model.fuse differ
+ * by 1.1%: 12 steps amplify rounding). */
 static void check_switches(void) {
     const char *variants[][5] = {
         {"precision.amp=off", "model.layout=nchw", "model.fuse=off", "perf.cuda_graph=off", "perf.deterministic=on"},
@@ -459,7 +460,7 @@ static void check_switches(void) {
         if (v == 0) ref = s.final_loss;
         losses[v] = s.final_loss;
         int twin = same_but_graphs[v];
-        CHECK_MSG(twin < 0 || fabs(s.final_loss - losses[twin]) <= 2e-2 * fabs(losses[twin]),
+        CHECK_MSG(twin < 0 || fabs(s.final_loss - losses[twin]) <= 3e-2 * fabs(losses[twin]),
                   "model.fuse=graphs %s: loss after 12 steps %.6f, model.fuse=on %.6f", variants[v][0], s.final_loss,
                   twin < 0 ? 0.0 : losses[twin]);
         CHECK_MSG(isfinite(s.final_loss) && fabs(s.final_loss - ref) <= tol[v] * fabs(ref) + 1e-6,

@@ -22,11 +22,18 @@ static const void *b_of(const Model *m, const Layer *l) {
 static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out); }
 
 /* ---- convolution: fused, the bias and the ReLU after it (bias_relu), or in
- * the max-pool after it (bias_by_pool); a whitening one, the bias and the GELU
- * after it (conv_bias_gelu) ---- */
+ * the max-pool after it (bias_by_pool); the input's, with the ReLU and the
+ * max-pool too (pool_layer: conv_bias_relu_pool); a whitening one, the bias
+ * and the GELU after it (conv_bias_gelu) ---- */
 
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
+    if (l->pool_layer >= 0) {
+        ConvBiasReluPoolShape fs = first_block_shape(m, l);
+        conv_bias_relu_pool_forward(&m->ops, &fs, x_of(m, l), w_of(m, l), b_of(m, l),
+                                    y_of(m, &m->layers[l->pool_layer]));
+        return;
+    }
     if (l->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
         float *sum = m->bn_sums + l->stat_off;
         conv_genstats_forward(&m->ops, l->genstats, x_of(m, l), NULL, NULL, w_of(m, l), y_of(m, l), sum, sum + s->k);
@@ -47,6 +54,12 @@ static void conv_backward(Model *m, const Layer *l) {
     void *dy = grad_of(m, l->out), *dx = grad_of(m, l->in), *dw = element(m, m->grads, l->w_off);
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
     int acc = l->dx_accumulate[0];
+    if (l->pool_layer >= 0) { /* the input's: no dx */
+        ConvBiasReluPoolShape fs = first_block_shape(m, l);
+        conv_bias_relu_pool_backward(ctx, &fs, x_of(m, l), w_of(m, l), b_of(m, l),
+                                     grad_of(m, m->layers[l->pool_layer].out), dw, db);
+        return;
+    }
     if (l->whitening) { /* its weights never train and its input is the data: the bias alone */
         ConvBiasGeluShape ws = whitening_shape(m, l);
         if (l->fused_act == BN_ACT_GELU) /* dy is the GELU's output's */
@@ -88,7 +101,7 @@ static void gelu_layer_backward(Model *m, const Layer *l) {
     if (dx && !l->fused) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
-/* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first ---- */
+/* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first; by_conv, the conv does it all ---- */
 
 /* A fused max-pool's bias: its conv's, in the weights the layers read. */
 static const void *pool_bias(const Model *m, const Layer *pool) {
@@ -96,12 +109,14 @@ static const void *pool_bias(const Model *m, const Layer *pool) {
 }
 
 static void maxpool_layer_forward(Model *m, const Layer *l) {
+    if (l->by_conv) return;
     if (l->fused) bias_relu_pool_forward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), y_of(m, l));
     else maxpool_forward(&m->ops, &l->pool, x_of(m, l), y_of(m, l));
 }
 
 static void maxpool_layer_backward(Model *m, const Layer *l) {
     void *dx = grad_of(m, l->in), *dy = grad_of(m, l->out);
+    if (l->by_conv) return;
     if (dx && l->fused) bias_relu_pool_backward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), dy, dx);
     else if (dx) maxpool_backward(&m->ops, &l->pool, x_of(m, l), y_of(m, l), dy, dx);
 }

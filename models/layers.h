@@ -7,6 +7,7 @@
 
 #include "models/model.h"
 #include "ops/conv_bias_gelu.h"
+#include "ops/conv_bias_relu_pool.h"
 
 typedef struct {
     const char *name;  /* layer i of this kind is named "<name> i" (NVTX ranges, hooks) */
@@ -53,6 +54,12 @@ static inline void *grad_of(const Model *m, int id) {
 /* A whitening conv's shape for ops/conv_bias_gelu: the image's padding channels skipped. */
 static inline ConvBiasGeluShape whitening_shape(const Model *m, const Layer *l) {
     ConvBiasGeluShape s = {l->conv.shape, m->acts[l->in].c_real};
+    return s;
+}
+
+/* An input convolution's shape for ops/conv_bias_relu_pool: the image's padding channels skipped. */
+static inline ConvBiasReluPoolShape first_block_shape(const Model *m, const Layer *l) {
+    ConvBiasReluPoolShape s = {l->conv.shape, m->acts[l->in].c_real};
     return s;
 }
 

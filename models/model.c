@@ -48,6 +48,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->in = in;
     l->in2 = -1;
     l->bias_layer = -1;
+    l->pool_layer = -1;
     l->add_layer = -1;
     l->block = m->open_block;
     snprintf(l->name, sizeof l->name, "%s %d", layer_kinds[kind].name, m->n_layers - 1);
@@ -433,6 +434,24 @@ static void fuse_bn_adds(Model *m) {
     }
 }
 
+/* A conv + bias + ReLU + 2x2 max-pool reading the input image takes its ReLU
+ * and pool into one op on the GPU where ops/conv_bias_relu_pool takes the
+ * shape (the conv's output never stored); the log says which way it went. */
+static void fuse_first_block(Model *m, Layer *conv, Layer *pool) {
+    if (m->device != DEVICE_CUDA || conv->in != 0) return;
+    ConvBiasReluPoolShape s = first_block_shape(m, conv);
+    const char *why;
+    if (!conv_bias_relu_pool_supported(&m->ops, &s, &why)) {
+        log_info("%s + ReLU + %s: apart (conv_bias_relu_pool: %s)", conv->name, pool->name, why);
+        return;
+    }
+    conv->pool_layer = (int)(pool - m->layers);
+    conv->bias_by_pool = 0;
+    pool->by_conv = 1;
+    log_info("%s + ReLU + %s: one kernel (conv_bias_relu_pool), the convolution's output never stored", conv->name,
+             pool->name);
+}
+
 /* A ReLU right after a convolution with a bias, a batch norm or an add, or a
  * GELU right after a batch norm or a whitening convolution, reading nothing
  * else, folds into it; a conv +
@@ -456,6 +475,7 @@ static void mark_fusions(Model *m) {
             conv->fused = relu->fused = pool->fused = conv->bias_by_pool = 1;
             pool->bias_layer = i;
             m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;
+            fuse_first_block(m, conv, pool);
         } else if (m->device == DEVICE_CUDA) { /* conv + bias + ReLU alone has no CPU path */
             conv->fused = relu->fused = 1;
         }
@@ -472,7 +492,13 @@ static void choose_conv_algorithms(Model *m) {
     m->workspace_bytes = 0;
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
-        if (l->kind == LAYER_CONV) {
+        if (l->kind == LAYER_CONV && l->pool_layer >= 0) {
+            ConvBiasReluPoolShape s = first_block_shape(m, l);
+            size_t bytes = conv_bias_relu_pool_workspace_bytes(ctx, &s);
+            if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
+            log_info("layer %d conv %dx%dx%dx%d k%d: conv_bias_relu_pool, workspace %.1f MiB", i, s.conv.n, s.conv.c,
+                     s.conv.h, s.conv.w, s.conv.k, bytes / 1048576.0);
+        } else if (l->kind == LAYER_CONV) {
             const Conv2dShape *s = &l->conv.shape;
             conv2d_init(ctx, &l->conv, s, &m->conv_policy);
             size_t bytes = conv2d_workspace_bytes(ctx, &l->conv);

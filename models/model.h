@@ -81,6 +81,10 @@ typedef struct {
     int bias_by_pool;     /* conv: writes its raw output; the 2x2 max-pool after its ReLU adds the bias and
                              applies the ReLU, forward and backward (ops/bias_relu_pool) */
     int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
+    int pool_layer;       /* conv (model.fuse, GPU): the input's 3x3 convolution computes its bias, ReLU and
+                             this 2x2 max-pool too, writing only the pool's output (ops/conv_bias_relu_pool);
+                             -1: none */
+    int by_conv;          /* maxpool: the conv two layers before computes it (pool_layer); it runs nothing */
     int whitening;        /* conv: its weights are set from the data (models/whiten.h) and never trained */
     int dirac;            /* conv: its first min(out, in) filters start as the identity (model_dirac_last) */
     /* Backward, per input (in, in2): 1 when another layer reading the same

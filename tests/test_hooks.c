@@ -63,8 +63,9 @@ static int layer_named(const Model *m, const char *label) {
 
 /* Whether op is one that a layer of this kind runs, forward or backward. */
 static int op_of_kind(LayerKind kind, const char *op) {
-    static const char *ops[LAYER_KINDS][5] = {
-        [LAYER_CONV] = {"conv2d_forward", "bias_relu_forward", "conv2d_backward", "conv2d_bias_grad", "relu_backward"},
+    static const char *ops[LAYER_KINDS][7] = {
+        [LAYER_CONV] = {"conv2d_forward", "bias_relu_forward", "conv2d_backward", "conv2d_bias_grad", "relu_backward",
+                        "conv_bias_relu_pool_forward", "conv_bias_relu_pool_backward"},
         [LAYER_RELU] = {"relu_forward", "relu_backward"},
         [LAYER_MAXPOOL] = {"maxpool_forward", "maxpool_backward", "bias_relu_pool_forward", "bias_relu_pool_backward"},
         [LAYER_LINEAR] = {"linear_forward", "linear_backward"},
@@ -74,7 +75,7 @@ static int op_of_kind(LayerKind kind, const char *op) {
         [LAYER_GELU] = {"gelu_forward", "gelu_backward"},
         [LAYER_SCALE] = {"scale_forward", "scale_backward"},
     };
-    for (int k = 0; k < 5 && ops[kind][k]; k++)
+    for (int k = 0; k < 7 && ops[kind][k]; k++)
         if (strcmp(ops[kind][k], op) == 0) return 1;
     return 0;
 }
@@ -100,10 +101,10 @@ static int check_events(const Model *m, const Recorder *r, const char *pass, int
     return n_order;
 }
 
-/* Layer i runs an op in forward unless a fused ReLU (done by the layer before it) or an add done by the
- * batch norm before it (by_bn). */
+/* Layer i runs an op in forward unless a fused ReLU (done by the layer before it), an add done by the
+ * batch norm before it (by_bn) or a max-pool done by the input's conv (by_conv). */
 static int runs_forward(const Layer *l) {
-    return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn);
+    return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn) && !l->by_conv;
 }
 
 /* ... and in backward unless a fused ReLU, or an add passing dy on as both inputs' own buffer. */

@@ -32,7 +32,7 @@ static void gradients_on_gpu(Model *m, GpuContext *gpu, const float *x, const in
                       gpu->compute);
     model_backward(m);
     CUDA_CHECK(cudaStreamSynchronize(gpu->compute));
-    CUDA_CHECK(cudaMemcpy(grads, m->grads, m->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(grads, m->grads, m->n_params * dtype_size(m->act_dtype), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaFree(d_labels));
     CUDA_CHECK(cudaFree(d_loss));
 }
@@ -83,6 +83,38 @@ static void check_checkpointing(GpuContext *gpu, int fuse, const float *x, const
     free(plain);
     free(ckpt);
 }
+
+#if TRAINC_CUDA
+/* Under AMP in NHWC the input's conv, ReLU and max-pool run as one op (ops/conv_bias_relu_pool), whose
+ * sums have a fixed order: checkpointed fp16 gradients are the plain ones bit for bit. */
+static void check_checkpointing_amp(GpuContext *gpu, const float *x, const int32_t *labels) {
+    unsigned char *grads[2];
+    size_t bytes = 0, used[2];
+    for (int checkpoint = 0; checkpoint < 2; checkpoint++) {
+        Model m;
+        char err[256];
+        CHECK(model_build(&m, "simplenet", BATCH, SIZE, CLASSES, 1, err, sizeof err) == 0);
+        m.checkpoint = checkpoint;
+        m.fuse = 1;
+        m.act_dtype = DTYPE_F16;
+        m.conv_policy.deterministic = 1;
+        model_finalize(&m, gpu, 7);
+        CHECK_MSG(m.layers[0].pool_layer == 2 && m.layers[2].by_conv, "fp16 nhwc: the input's block is not one op");
+        bytes = m.n_params * dtype_size(m.act_dtype);
+        grads[checkpoint] = malloc(m.n_params * sizeof(float));
+        gradients_on_gpu(&m, gpu, x, labels, (float *)grads[checkpoint]);
+        used[checkpoint] = model_bytes(&m);
+        model_destroy(&m);
+    }
+    CHECK_MSG(memcmp(grads[0], grads[1], bytes) == 0, "gpu fp16 nhwc fused: checkpointed gradients differ");
+    CHECK_MSG(used[1] < used[0], "gpu fp16 nhwc fused: checkpointing used %zu bytes, plain %zu", used[1], used[0]);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; i++) nonzero += grads[0][i] != 0;
+    CHECK(nonzero > bytes / 4); /* a run that computed nothing must not pass */
+    printf("gpu fp16 nhwc fused: checkpointing %zu bytes, plain %zu bytes\n", used[1], used[0]);
+    free(grads[0]), free(grads[1]);
+}
+#endif
 
 /* On the CPU, bias + ReLU + max-pool as one op (its backward writing the
  * conv's output gradient over that output) gives bitwise the unfused
@@ -247,6 +279,7 @@ int main(void) {
         gpu_context_init(&gpu, 0);
         check_checkpointing(&gpu, 0, x, labels);
         check_checkpointing(&gpu, 1, x, labels);
+        GPU_ONLY(check_checkpointing_amp(&gpu, x, labels));
         gpu_context_destroy(&gpu);
         check_cuda_graph("off");
         check_cuda_graph("fp16");
@@ -257,6 +290,7 @@ int main(void) {
         check_fusion("off", "nhwc", 1e-4);
         check_fusion("fp16", "nchw", 2e-2);
         check_fusion("fp16", "nhwc", 2e-2);
+        check_fusion("bf16", "nhwc", 5e-2);
     } else {
         printf("no GPU: GPU checks skipped\n");
     }

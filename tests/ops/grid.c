@@ -30,6 +30,7 @@
     X(grad_norm) \
     X(bias_relu) \
     X(bias_relu_pool) \
+    X(conv_bias_relu_pool) \
     X(gemm) \
     X(train_step) \
     X(batchnorm) \

@@ -105,10 +105,11 @@ const CfgKeySpec trainc_keys[] = {
     {"model.num_classes", CFG_INT, "10", 0, "classes of the data set", "[2, 1000]"},
     {"model.fuse", CFG_ENUM, "off", "off|on|graphs",
      "on: a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
-     "convolution's output, whose backward writes the gradient over that output (CPU and GPU); without the "
-     "pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add, and a GELU after batch "
-     "norm or after airbench's whitening convolution (with its bias, in one pass over the image), run in their "
-     "pass, the activation's output in theirs. graphs: on, and a convolution right before a batch norm computes "
+     "convolution's output, whose backward writes the gradient over that output (CPU and GPU), and on the GPU "
+     "in f16 or bf16 NHWC the input's 3x3 convolution runs with them as one kernel that never stores its "
+     "output; without the pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add, and "
+     "a GELU after batch norm or after airbench's whitening convolution (with its bias, in one pass over the "
+     "image), run in their pass, the activation's output in theirs. graphs: on, and a convolution right before a batch norm computes "
      "that norm's statistics in its epilogue (one cuDNN graph, in training; f16 or bf16, model.layout = nhwc) "
      "where an engine takes the shape and, under perf.conv_benchmark, where it times faster at start-up; the "
      "log names each pair's choice (not with dist.sync_bn or perf.deterministic)", 0},

@@ -375,7 +375,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["train", "step"], default="train")
     add_args(ap, {"data": "root/{train,test}/<class>/*.jpg (--mode train)"}, data=".data/cifar10-jpg")
-    ap.add_argument("--model", choices=sorted(MODELS), default="resnet18")
+    ap.add_argument("--model", choices=sorted(MODELS) + ["simplenet"], default="resnet18",
+                    help="simplenet: tools/torch_common.py's, for --mode step (its lab recipe is torch_reference.py's)")
     add_args(ap, image_size=32, stem="auto")
     ap.add_argument("--torchvision", action="store_true",
                     help="torchvision.models.<model>(weights=None) (ImageNet stem, torchvision's init)")

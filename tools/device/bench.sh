@@ -70,7 +70,8 @@
 #   TAG=name      scaling: appended to the experiments' names (two scaling runs in one $OUT)
 #   HOST_CPU=1    step: a second run of each trainc case with twice the timed steps; the host
 #                 CPU time per step is the difference of the two runs' CPU times over the extra steps
-#   COMPILE="default max-autotune"  step: the ResNet cases under torch.compile too;
+#   COMPILE="default max-autotune"  step: the ResNet cases and simplenet-224 (tools/torch_resnet.py
+#                 --mode step --model simplenet) under torch.compile too;
 #                 COMPILE_TIMEOUT=s (default 1500); infer: the modes of its compile runs
 #                 (default max-autotune; none: no compile run), each run limited to COMPILE_TIMEOUT
 #   CONFIG, SEEDS, EPOCHS, GPUS, PARTS, R18_SETS, DATA (.data/cifar10-jpg),
@@ -250,11 +251,13 @@ sweep_sets() {
 sweep_tag() { [ -z "$1" ] && return; echo "_${1#--set }" | tr '=./' '-__'; }
 
 # case_def NAME: sets ARGS (trainc), W and S (untimed, timed steps), T1 (the 1-GPU PyTorch
-# command, "" for none) and TN (tools/torch_ddp.py options for NP > 1).
+# command, "" for none), TC (the step under torch.compile, COMPILE's modes; "" for none) and TN
+# (tools/torch_ddp.py options for NP > 1).
 case_def() {
   local ref="python3 tools/torch_reference.py --no-sync --resident --amp fp16 --channels-last"
   local res="python3 tools/torch_resnet.py --mode step --amp fp16 --channels-last"
   local ddp="--data-on-gpu --amp fp16 --channels-last"
+  TC=""
   case $1 in
   simplenet-32)
     ARGS="--config configs/final.ini --set data.image_size=32 --set train.batch=512"; W=100 S=1000
@@ -263,17 +266,18 @@ case_def() {
   simplenet-224)
     ARGS="--config configs/final.ini"; W=20 S=200
     T1="$ref --image-size 224 --batch 256 --epochs 8 --warmup-steps 20 --max-steps 80"
+    TC="$res --model simplenet --image-size 224 --batch 256 --warmup-steps 20 --steps 200"
     TN="--model simplenet --image-size 224 --batch 256 --tf32 $ddp" ;;
   resnet18-32)
     ARGS="--config configs/resnet18.ini --set train.batch=512"; W=50 S=600
-    T1="$res --model resnet18 --image-size 32 --batch 512 --warmup-steps 50 --steps 300"
+    T1="$res --model resnet18 --image-size 32 --batch 512 --warmup-steps 50 --steps 300"; TC=$T1
     TN="--model resnet18 --image-size 32 --batch 512 --lr 0.2 --weight-decay 5e-4 --nesterov $ddp" ;;
   simplenet-224-fp32)
     ARGS="--config configs/model.ini"; W=20 S=100; T1="" TN="" ;;
   resnet50-224)
     ARGS="--config configs/resnet18.ini --set model.name=resnet50 --set data.image_size=224 \
 --set data.source=synthetic --set train.batch=256"; W=20 S=100
-    T1="$res --model resnet50 --image-size 224 --batch 256 --warmup-steps 20 --steps 100"
+    T1="$res --model resnet50 --image-size 224 --batch 256 --warmup-steps 20 --steps 100"; TC=$T1
     TN="--model resnet50 --image-size 224 --batch 256 $ddp" ;;
   ddp)
     ARGS="--config configs/ddp.ini"; W=20 S=200
@@ -311,12 +315,11 @@ bench_step() {
     fi
     [ -n "$T1" ] || continue
     measure "step_${c}_torch" "$RUN_LIMIT" $T1 ${TORCH_ARGS:-}
-    if [[ "$c" == resnet* ]]; then
-      for mode in ${COMPILE:-}; do
-        measure "step_${c}_torch_compile_$mode" $((${COMPILE_TIMEOUT:-1500} + 300)) $T1 --compile "$mode" \
-          --compile-timeout "${COMPILE_TIMEOUT:-1500}" ${TORCH_ARGS:-}
-      done
-    fi
+    [ -n "$TC" ] || continue
+    for mode in ${COMPILE:-}; do
+      measure "step_${c}_torch_compile_$mode" $((${COMPILE_TIMEOUT:-1500} + 300)) $TC --compile "$mode" \
+        --compile-timeout "${COMPILE_TIMEOUT:-1500}" ${TORCH_ARGS:-}
+    done
   done
 }
 

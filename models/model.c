@@ -448,6 +448,7 @@ static void fuse_first_block(Model *m, Layer *conv, Layer *pool) {
     conv->pool_layer = (int)(pool - m->layers);
     conv->bias_by_pool = 0;
     pool->by_conv = 1;
+    m->acts[conv->out].unstored = 1;
     log_info("%s + ReLU + %s: one kernel (conv_bias_relu_pool), the convolution's output never stored", conv->name,
              pool->name);
 }
@@ -519,7 +520,7 @@ static void choose_conv_algorithms(Model *m) {
 }
 
 static int recomputed(const Model *m, int id) {
-    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0;
+    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0 && !m->acts[id].unstored;
 }
 
 /* Under checkpointing the insides of all blocks take turns in one region, laid
@@ -563,7 +564,8 @@ static void carve_buffers(Model *m, Arena *a) {
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
     for (int id = 0; id < m->n_acts; id++) {
         Activation *act = &m->acts[id];
-        if (act->shares_with >= 0) act->value = m->acts[act->shares_with].value;
+        if (act->unstored) act->value = NULL;
+        else if (act->shares_with >= 0) act->value = m->acts[act->shares_with].value;
         else if (recomputed(m, id)) act->value = element(m, m->recompute_region, act->region_offset);
         else act->value = arena_alloc(a, act_floats(m, id) * esize, "activations");
     }

@@ -104,6 +104,8 @@ typedef struct {
     int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none (or grad_in_value) */
     int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output
                              under bias_relu_pool, whose backward works in place) */
+    int unstored;         /* no layer writes or reads it (the input's conv output under conv_bias_relu_pool,
+                             and the in-place ReLU's sharing it): no buffer, value and gradient NULL */
     int consumers;        /* layers that read it */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */

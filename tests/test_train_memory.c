@@ -86,10 +86,20 @@ static void check_checkpointing(GpuContext *gpu, int fuse, const float *x, const
 
 #if TRAINC_CUDA
 /* Under AMP in NHWC the input's conv, ReLU and max-pool run as one op (ops/conv_bias_relu_pool), whose
- * sums have a fixed order: checkpointed fp16 gradients are the plain ones bit for bit. */
+ * sums have a fixed order: checkpointed fp16 gradients are the plain ones bit for bit; and the conv's
+ * output, never stored, takes no memory (against the unfused model). */
 static void check_checkpointing_amp(GpuContext *gpu, const float *x, const int32_t *labels) {
     unsigned char *grads[2];
-    size_t bytes = 0, used[2];
+    size_t bytes = 0, used[2], unfused_bytes, conv_output_bytes;
+    Model unfused;
+    char why[256];
+    CHECK(model_build(&unfused, "simplenet", BATCH, SIZE, CLASSES, 1, why, sizeof why) == 0);
+    unfused.act_dtype = DTYPE_F16;
+    unfused.conv_policy.deterministic = 1; /* the later convolutions' algorithms (and workspace) as below */
+    model_finalize(&unfused, gpu, 7);
+    unfused_bytes = model_bytes(&unfused);
+    conv_output_bytes = (size_t)BATCH * 64 * SIZE * SIZE * dtype_size(DTYPE_F16);
+    model_destroy(&unfused);
     for (int checkpoint = 0; checkpoint < 2; checkpoint++) {
         Model m;
         char err[256];
@@ -99,7 +109,8 @@ static void check_checkpointing_amp(GpuContext *gpu, const float *x, const int32
         m.act_dtype = DTYPE_F16;
         m.conv_policy.deterministic = 1;
         model_finalize(&m, gpu, 7);
-        CHECK_MSG(m.layers[0].pool_layer == 2 && m.layers[2].by_conv, "fp16 nhwc: the input's block is not one op");
+        CHECK_MSG(m.layers[0].pool_layer == 2 && m.layers[2].by_conv && !m.acts[m.layers[0].out].value,
+                  "fp16 nhwc: the input's block is not one op, or its conv's output has a buffer");
         bytes = m.n_params * dtype_size(m.act_dtype);
         grads[checkpoint] = malloc(m.n_params * sizeof(float));
         gradients_on_gpu(&m, gpu, x, labels, (float *)grads[checkpoint]);
@@ -107,6 +118,8 @@ static void check_checkpointing_amp(GpuContext *gpu, const float *x, const int32
         model_destroy(&m);
     }
     CHECK_MSG(memcmp(grads[0], grads[1], bytes) == 0, "gpu fp16 nhwc fused: checkpointed gradients differ");
+    CHECK_MSG(used[0] + conv_output_bytes <= unfused_bytes, "gpu fp16 nhwc: fused %zu bytes, unfused %zu: the input "
+              "conv's output (%zu bytes) is still stored", used[0], unfused_bytes, conv_output_bytes);
     CHECK_MSG(used[1] < used[0], "gpu fp16 nhwc fused: checkpointing used %zu bytes, plain %zu", used[1], used[0]);
     size_t nonzero = 0;
     for (size_t i = 0; i < bytes; i++) nonzero += grads[0][i] != 0;

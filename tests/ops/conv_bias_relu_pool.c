@@ -2,8 +2,8 @@
  * and backward against the CPU reference (conv2d's, then bias_relu_pool's)
  * bit for bit on grid values, where every sum is exact in fp32 on both sides
  * so that windows tie, hold zeros and negatives and pick the same maximum;
- * dw and db accumulated onto random values, and the same bits twice (a fixed
- * order). On the GPU x and w hold NaN in the channels past c_real, which the
+ * dw and db accumulated onto start values on the grid too, and the same bits
+ * twice (a fixed order). On the GPU x and w hold NaN in the channels past c_real, which the
  * op must not read, and dw there must stay as it was. Shapes: SimpleNet's
  * (3 real channels, 64 filters), tails of pooled rows and columns past a
  * tile, 1 and 2 real channels, k not a power of 2. Continuous values check
@@ -104,12 +104,13 @@ static void cbrp_shape(const GridCase *c, int n, int c_real, int h, int w, int k
     ConvBiasReluPoolShape s = {{.n = n, .c = c_real, .h = h, .w = w, .k = k, .r = 3, .s = 3, .pad = 1, .stride = 1},
                                c_real};
     size_t nx = x_count(&s.conv), nw = w_count(&s.conv), ny = y_count(&s.conv);
-    /* On the grid x * w is a multiple of 1/32 and dy * x of 1/32: every sum below 2^19 is exact in fp32. */
+    /* On the grid x * w and dy * x are multiples of 1/32: every sum below 2^19 is exact in fp32. */
     float *x = on_grid ? grid_floats(c, nx, 8, 0.25f) : grid_random(c, dt, nx, -1, 1);
     float *wt = on_grid ? grid_floats(c, nw, 4, 0.125f) : grid_random(c, dt, nw, -0.3f, 0.3f);
     float *b = on_grid ? grid_floats(c, k, 4, 0.125f) : grid_random(c, dt, k, -0.2f, 0.2f);
     float *dy = grid_floats(c, ny, 8, 0.125f);
-    float *dw0 = grid_random(c, dt, nw, -4, 4), *db0 = grid_random(c, dt, k, -4, 4);
+    /* the accumulators' start on the grid too, so that start + sum is exact on both sides */
+    float *dw0 = grid_floats(c, nw, 128, 1.0f / 32), *db0 = grid_floats(c, k, 128, 1.0f / 32);
     float *want_y = host_floats(ny), *want_dw = copy_floats(dw0, nw), *want_db = copy_floats(db0, k);
     conv_bias_relu_pool_forward_cpu(&s, x, wt, b, want_y);
     conv_bias_relu_pool_backward_cpu(&s, x, wt, b, dy, want_dw, want_db);

@@ -9,18 +9,18 @@
  * each window's maximum again from x (a recompute costs a few FLOPs per byte
  * of the 3-channel input) to route dy into the filter and bias gradients.
  *
- * Backward adds to dw and db (dw [k][3][3][c], db [k]); the window's
+ * Backward adds to dw (w's layout) and db (k values); the window's
  * gradient goes to its first maximum of conv + b, in the order top left, top
  * right, bottom left, bottom right, where that maximum is positive; what
  * conv2d, then bias_relu_pool, then their backwards give.
  *
  * The CPU path is the reference: float32, NCHW (x [n][c][h][w], w
  * [k][c][3][3]), conv2d's then bias_relu_pool's, through a buffer for the
- * convolution's output. The CUDA path: f16 or bf16, NHWC with c = 8 (the
- * input padded as cast_nchw_to_nhwc pads it) of which the first c_real (at
- * most 3) carry data: the other channels of x and w are never read, and dw
- * there is left as it is. Tensor-core MMAs with fp32 accumulation; x + b is
- * compared in fp32 and y rounded once. k a multiple of 8, at most 64; h and w
+ * convolution's output. The CUDA path: f16 or bf16, NHWC (x [n][h][w][c],
+ * w [k][3][3][c]) with c = 8 (the input padded as cast_nchw_to_nhwc pads it)
+ * of which the first c_real (at most 3) carry data: the other channels of x
+ * and w are never read, and dw there is left as it is. Tensor-core MMAs with
+ * fp32 accumulation; conv + b is compared in fp32 and y rounded once. k a multiple of 8, at most 64; h and w
  * even. Backward sums per block in registers, then the blocks' partial sums
  * in a fixed order: deterministic, no atomics. */
 #ifndef TRAINC_OPS_CONV_BIAS_RELU_POOL_H

@@ -433,8 +433,7 @@ static void launch_k(const Geometry &g, const void *x, const void *w, const void
 static void dispatch(DType dtype, const ConvBiasReluPoolShape *s, const void *x, const void *w, const void *b,
                      const void *dy, void *y_or_dw, void *db, void *workspace, cudaStream_t stream) {
     Geometry g = geometry(s);
-    check_aligned("x", x), check_aligned(dy ? "dw" : "y", y_or_dw);
-    if (dy) check_aligned("dy", dy);
+    check_aligned("x", x), check_aligned(dy ? "dy" : "y", dy ? dy : y_or_dw); /* read and written 16 bytes at a time */
     if (dy && !workspace) TC_FATAL("conv_bias_relu_pool: backward without a workspace");
     if (dtype == DTYPE_F16) launch_k<__half>(g, x, w, b, dy, y_or_dw, db, workspace, stream);
     else launch_k<__nv_bfloat16>(g, x, w, b, dy, y_or_dw, db, workspace, stream);

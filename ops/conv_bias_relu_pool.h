@@ -20,9 +20,10 @@
  * w [k][3][3][c]) with c = 8 (the input padded as cast_nchw_to_nhwc pads it)
  * of which the first c_real (at most 3) carry data: the other channels of x
  * and w are never read, and dw there is left as it is. Tensor-core MMAs with
- * fp32 accumulation; conv + b is compared in fp32 and y rounded once. k a multiple of 8, at most 64; h and w
- * even. Backward sums per block in registers, then the blocks' partial sums
- * in a fixed order: deterministic, no atomics. */
+ * fp32 accumulation; conv + b is compared in fp32 and y rounded once; x, y
+ * and dy 16-byte aligned. k a multiple of 8, at most 64; h and w even.
+ * Backward sums per block in registers, then the blocks' partial sums in a
+ * fixed order: deterministic, no atomics. */
 #ifndef TRAINC_OPS_CONV_BIAS_RELU_POOL_H
 #define TRAINC_OPS_CONV_BIAS_RELU_POOL_H
 

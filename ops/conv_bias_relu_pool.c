@@ -85,17 +85,23 @@ void conv_bias_relu_pool_backward_cpu(const ConvBiasReluPoolShape *s, const floa
 void conv_bias_relu_pool_forward(const OpContext *ctx, const ConvBiasReluPoolShape *s, const void *x,
                                  const void *w, const void *b, void *y) {
     op_begin(ctx, __func__);
-    check_supported(ctx, s);
-    if (ctx->device == DEVICE_CPU) conv_bias_relu_pool_forward_cpu(s, x, w, b, y);
-    else GPU_ONLY(conv_bias_relu_pool_forward_cuda(ctx->dtype, s, x, w, b, y, ctx->stream));
+    if (ctx->device == DEVICE_CPU) {
+        conv_bias_relu_pool_forward_cpu(s, x, w, b, y); /* which checks the shape itself */
+    } else {
+        check_supported(ctx, s);
+        GPU_ONLY(conv_bias_relu_pool_forward_cuda(ctx->dtype, s, x, w, b, y, ctx->stream));
+    }
     op_end(ctx, __func__);
 }
 
 void conv_bias_relu_pool_backward(const OpContext *ctx, const ConvBiasReluPoolShape *s, const void *x,
                                   const void *w, const void *b, const void *dy, void *dw, void *db) {
     op_begin(ctx, __func__);
-    check_supported(ctx, s);
-    if (ctx->device == DEVICE_CPU) conv_bias_relu_pool_backward_cpu(s, x, w, b, dy, dw, db);
-    else GPU_ONLY(conv_bias_relu_pool_backward_cuda(ctx->dtype, s, x, w, b, dy, dw, db, ctx->workspace, ctx->stream));
+    if (ctx->device == DEVICE_CPU) {
+        conv_bias_relu_pool_backward_cpu(s, x, w, b, dy, dw, db);
+    } else {
+        check_supported(ctx, s);
+        GPU_ONLY(conv_bias_relu_pool_backward_cuda(ctx->dtype, s, x, w, b, dy, dw, db, ctx->workspace, ctx->stream));
+    }
     op_end(ctx, __func__);
 }

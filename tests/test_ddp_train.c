@@ -47,7 +47,8 @@ static Config *small_run(const char *device, const Net *net, int batch, const ch
     const char *lines[] = {"data.source=synthetic", "data.image_size=32", "data.synthetic_train=256",
                            "data.synthetic_test=64", "data.flip=on", "data.crop_pad=2", "run.epochs=1",
                            "run.warmup_steps=0", "optim.weight_decay=5e-4", "train.sync_after_step=off",
-                           "train.read_loss_every=0", "perf.deterministic=on", "dist.bucket_mb=1"};
+                           "train.read_loss_every=0", "perf.deterministic=on", "dist.bucket_mb=1",
+                           "run.eval=off"};
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) set(c, lines[i]);
     snprintf(line, sizeof line, "run.device=%s", device);
     set(c, line);

@@ -180,14 +180,34 @@ static void batchnorm_layer_forward(Model *m, const Layer *l) {
     batchnorm_forward(&m->ops, &l->bn, mode, act, &p, x_of(m, l), y);
 }
 
-static void batchnorm_layer_backward(Model *m, const Layer *l) {
-    BatchNormParams p = bn_params(m, l);
-    void *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
-    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), l->fused_act, &p, x_of(m, l), y_of(m, l), grad_of(m, l->out),
-                       grad_of(m, l->in), l->dx_accumulate[0], dgamma, dbeta);
+/* The ReLU of an add that its batch norm computes runs in the norm's backward
+ * (BN_ACT_ADD_RELU) where both of the add's inputs take dy's buffer itself as
+ * their gradient: the norm, the next layer backward, masks that buffer in
+ * place before any other layer reads it. */
+static int relu_in_bn_backward(const Layer *add) {
+    if (!add->by_bn || !add->fused) return 0;
+    int ins[2] = {add->in, add->in2};
+    for (int k = 0; k < 2; k++)
+        if (ins[k] > 0 && !add->dx_alias[k]) return 0;
+    return 1;
 }
 
-/* ---- add: fused, the ReLU after it; by_bn, the batch norm before it does both ---- */
+static void batchnorm_layer_backward(Model *m, const Layer *l) {
+    BatchNormParams p = bn_params(m, l);
+    BatchNormAct act = l->fused_act;
+    const void *y = y_of(m, l);
+    void *dy = grad_of(m, l->out), *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
+    if (l->add_layer >= 0 && relu_in_bn_backward(&m->layers[l->add_layer])) {
+        act = BN_ACT_ADD_RELU;
+        y = y_of(m, &m->layers[l->add_layer]);
+        p.dy_masked = dy;
+    }
+    batchnorm_backward(&m->ops, &l->bn, bn_mode(m), act, &p, x_of(m, l), y, dy, grad_of(m, l->in),
+                       l->dx_accumulate[0], dgamma, dbeta);
+}
+
+/* ---- add: fused, the ReLU after it; by_bn, the batch norm before it does both (and, with
+ * relu_in_bn_backward, the ReLU's backward) ---- */
 
 static void add_layer_forward(Model *m, const Layer *l) {
     if (l->by_bn) return;
@@ -203,8 +223,8 @@ static void add_layer_backward(Model *m, const Layer *l) {
     int ins[2] = {l->in, l->in2};
     void *dy = grad_of(m, l->out);
     size_t n = n_of(m, l);
-    /* The fused ReLU's backward first, in place: y is the ReLU's output. */
-    if (l->fused) relu_backward(ctx, y_of(m, l), dy, dy, n);
+    /* The fused ReLU's backward first, in place (y is the ReLU's output), unless its batch norm's does it. */
+    if (l->fused && !relu_in_bn_backward(l)) relu_backward(ctx, y_of(m, l), dy, dy, n);
     for (int k = 0; k < 2; k++) {
         void *dx = grad_of(m, ins[k]);
         if (!dx || l->dx_alias[k]) continue;

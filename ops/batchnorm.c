@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ops/gelu_math.h"
+#include "ops/relu.h"
 #include "runtime/check.h"
 
 static size_t plane_of(const BatchNormShape *s) {
@@ -321,6 +322,11 @@ static void check_act(BatchNormAct act) {
         TC_FATAL("batchnorm: unknown activation %d", (int)act);
 }
 
+static void check_backward_act(BatchNormAct act, const BatchNormParams *p, const void *y) {
+    if (act != BN_ACT_ADD_RELU) check_act(act);
+    else if (!y || !p->dy_masked) TC_FATAL("batchnorm+add+relu backward: y (the add's output) and p->dy_masked are needed");
+}
+
 void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                        const BatchNormParams *p, const void *x, void *y) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
@@ -335,22 +341,27 @@ static void backward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMo
                           const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
                           int accumulate_dx, void *dgamma, void *dbeta) {
     if (mode == BN_TRAIN_SYNC)
-        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->gamma, p->beta, p->save_mean,
-                                              p->save_invstd, dx, accumulate_dx, dgamma, dbeta, ctx->dtype,
-                                              ctx->stream, p->reduce, p->reduce_ctx, act));
+        GPU_ONLY(batchnorm_backward_sync_cuda(&bn->cuda, ctx->cudnn, x, y, dy, p->dy_masked, p->gamma, p->beta,
+                                              p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta,
+                                              ctx->dtype, ctx->stream, p->reduce, p->reduce_ctx, act));
     else
-        GPU_ONLY(batchnorm_act_backward_cuda(&bn->cuda, ctx->cudnn, act, x, y, dy, p->gamma, p->beta, p->save_mean,
-                                             p->save_invstd, dx, accumulate_dx, dgamma, dbeta, ctx->dtype,
-                                             ctx->stream));
+        GPU_ONLY(batchnorm_act_backward_cuda(&bn->cuda, ctx->cudnn, act, x, y, dy, p->dy_masked, p->gamma, p->beta,
+                                             p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta,
+                                             ctx->dtype, ctx->stream));
 }
 
 void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
                         int accumulate_dx, void *dgamma, void *dbeta) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
-    check_act(act);
+    check_backward_act(act, p, y);
     op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) {
+        if (act == BN_ACT_ADD_RELU) { /* the add's ReLU backward, then the norm's own */
+            relu_backward_cpu(y, dy, p->dy_masked, (size_t)bn->shape.n * bn->shape.c * plane_of(&bn->shape));
+            dy = p->dy_masked;
+            act = BN_ACT_NONE;
+        }
         ActBackward a = {act, y, p->beta};
         backward(&bn->shape, x, a, dy, p->gamma, p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta,
                  mode == BN_TRAIN_SYNC ? p->reduce : NULL, p->reduce_ctx);

@@ -79,8 +79,9 @@
 /* n*h*w at most: per-channel indices stay 32-bit (fast division). */
 #define BN_MAX_COUNT (1u << 30)
 
-/* reductions; BN_BWD_GELU_STORE also writes dy * gelu'(z) to dz, for an apply pass as BN_BWD's */
-enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU, BN_BWD_GELU_STORE };
+/* reductions; BN_BWD_GELU_STORE also writes dy * gelu'(z) to dz, BN_BWD_MASK_STORE dy masked by mask > 0
+ * (BN_ACT_ADD_RELU), each for an apply pass as BN_BWD's */
+enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU, BN_BWD_GELU_STORE, BN_BWD_MASK_STORE };
 enum { BN_APPLY_FWD, BN_APPLY_FWD_RELU, BN_APPLY_FWD_GELU, /* apply passes; backward from BN_APPLY_BWD on */
        BN_APPLY_BWD, BN_APPLY_BWD_RELU, BN_APPLY_BWD_GELU };
 
@@ -109,7 +110,8 @@ struct BnArgs {
     int grad_dtype;
     int accumulate;
     double *sums;           /* synchronized: [3][channels], the two sums and the count */
-    void *dz;               /* BN_BWD_GELU_STORE: dy * gelu'(z), in the dtype */
+    void *dz;               /* BN_BWD_GELU_STORE: dy * gelu'(z); BN_BWD_MASK_STORE: dy masked; in the dtype */
+    const void *mask;       /* BN_BWD_MASK_STORE: the ReLU's output after the add (dy passes where > 0) */
     const void *res;        /* forward: added before the activation, as x (NULL: none) */
 };
 
@@ -351,6 +353,17 @@ static __device__ __forceinline__ void store_gelu_dy(const BnPack<T, VEC> &x, Bn
     *dz = g;
 }
 
+/* BN_BWD_MASK_STORE: g = dy where the ReLU's output y > 0, else 0 (as relu_backward), stored to dz (which may
+ * be dy itself) and left in g for the sums. */
+template <typename T, int VEC>
+static __device__ __forceinline__ void store_masked_dy(const BnPack<T, VEC> &y, BnPack<T, VEC> &g,
+                                                       BnPack<T, VEC> *dz) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+        if (!(to_float(y.v[e]) > 0.0f)) g.v[e] = from_float<T>(0.0f);
+    *dz = g;
+}
+
 /* ---- NCHW ------------------------------------------------------------------------- */
 
 /* Vector j of channel c's sequence (image j / plane_v, position j % plane_v). */
@@ -369,12 +382,13 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
     unsigned lo = min(total, blockIdx.x * chunk), hi = min(total, lo + chunk);
     float k = MODE == BN_FWD ? to_float(((const T *)a.x)[(size_t)c * a.plane]) : a.mean_in[c];
     constexpr bool Z = MODE == BN_BWD_RELU || MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
-    constexpr int SUMS = MODE == BN_BWD_GELU_STORE ? BN_BWD : MODE; /* dy already through gelu' */
+    constexpr bool STORE = MODE == BN_BWD_GELU_STORE || MODE == BN_BWD_MASK_STORE;
+    constexpr int SUMS = STORE ? BN_BWD : MODE; /* dy already through gelu' or the mask */
     float zs = Z ? bn_scale(a.gamma[c], a.invstd_in[c]) : 0.0f;
     float zb = Z ? a.beta[c] : 0.0f;
     float s1 = 0.0f, s2 = 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
-        P xv[BN_UNROLL], gv[BN_UNROLL];
+        P xv[BN_UNROLL], gv[BN_UNROLL], mv[BN_UNROLL];
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++) {
             unsigned j = j0 + u * BN_THREADS;
@@ -382,13 +396,17 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
                 size_t at = nchw_vector(j, plane_v, c, a.channels);
                 xv[u] = x[at];
                 if (MODE != BN_FWD) gv[u] = dy[at];
+                if (MODE == BN_BWD_MASK_STORE) mv[u] = ((const P *)a.mask)[at];
             }
         }
-        if (MODE == BN_BWD_GELU_STORE)
+        if (STORE)
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 unsigned j = j0 + u * BN_THREADS;
-                if (j < hi) store_gelu_dy(xv[u], gv[u], k, zs, zb, (P *)a.dz + nchw_vector(j, plane_v, c, a.channels));
+                if (j >= hi) continue;
+                P *dz = (P *)a.dz + nchw_vector(j, plane_v, c, a.channels);
+                if (MODE == BN_BWD_GELU_STORE) store_gelu_dy(xv[u], gv[u], k, zs, zb, dz);
+                else store_masked_dy(mv[u], gv[u], dz);
             }
 #pragma unroll
         for (int u = 0; u < BN_UNROLL; u++)
@@ -490,7 +508,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
     unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(rows, blockIdx.x * chunk), hi = min(rows, lo + chunk);
     constexpr bool Z = MODE == BN_BWD_RELU || MODE == BN_BWD_GELU || MODE == BN_BWD_GELU_STORE;
-    constexpr int SUMS = MODE == BN_BWD_GELU_STORE ? BN_BWD : MODE; /* dy already through gelu' */
+    constexpr bool STORE = MODE == BN_BWD_GELU_STORE || MODE == BN_BWD_MASK_STORE;
+    constexpr int SUMS = STORE ? BN_BWD : MODE; /* dy already through gelu' or the mask */
     float s1[VEC], s2[VEC], k[VEC], zs[VEC], zb[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) s1[e] = s2[e] = 0.0f;
@@ -511,7 +530,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
         }
         unsigned step = t.height;
         for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
-            P xv[BN_UNROLL], gv[BN_UNROLL];
+            P xv[BN_UNROLL], gv[BN_UNROLL], mv[BN_UNROLL];
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++) {
                 unsigned r = r0 + u * step;
@@ -519,13 +538,17 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
                     size_t at = (size_t)r * cols + col;
                     xv[u] = x[at];
                     if (MODE != BN_FWD) gv[u] = dy[at];
+                    if (MODE == BN_BWD_MASK_STORE) mv[u] = ((const P *)a.mask)[at];
                 }
             }
-            if (MODE == BN_BWD_GELU_STORE)
+            if (STORE)
 #pragma unroll
                 for (int u = 0; u < BN_UNROLL; u++) {
                     unsigned r = r0 + u * step;
-                    if (r < hi) store_gelu_dy(xv[u], gv[u], k, zs, zb, (P *)a.dz + (size_t)r * cols + col);
+                    if (r >= hi) continue;
+                    P *dz = (P *)a.dz + (size_t)r * cols + col;
+                    if (MODE == BN_BWD_GELU_STORE) store_gelu_dy(xv[u], gv[u], k, zs, zb, dz);
+                    else store_masked_dy(mv[u], gv[u], dz);
                 }
 #pragma unroll
             for (int u = 0; u < BN_UNROLL; u++)
@@ -722,8 +745,8 @@ template <typename T>
 static bool wide_fits(const BatchNormCuda *bn, const BnArgs &a) {
     constexpr unsigned WIDE = 16 / sizeof(T);
     unsigned run = bn->nhwc ? a.channels : a.plane;
-    const void *ptrs[5] = {a.x, a.dy, a.out, a.dz, a.res};
-    for (int i = 0; i < 5; i++)
+    const void *ptrs[6] = {a.x, a.dy, a.out, a.dz, a.res, a.mask};
+    for (int i = 0; i < 6; i++)
         if (ptrs[i] && !aligned16(ptrs[i])) return false;
     return run % WIDE == 0;
 }
@@ -836,6 +859,18 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
         launch_apply<T, BN_APPLY_BWD>(bn, apply, stream);
         return;
     }
+    if (act == BN_ACT_ADD_RELU) {
+        /* dy masked once, into dz (the add's gradient, which its other input reads too), where the apply pass
+         * reads it as a plain backward's dy */
+        launch_reduce<T, BN_BWD_MASK_STORE>(bn, sums, stream, reduce, ctx);
+        if (!a.out) return;
+        BnArgs apply = a;
+        apply.dy = a.dz;
+        apply.dz = NULL;
+        apply.mask = NULL;
+        launch_apply<T, BN_APPLY_BWD>(bn, apply, stream);
+        return;
+    }
     if (act == BN_ACT_RELU) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
     else if (act == BN_ACT_GELU) launch_reduce<T, BN_BWD_GELU>(bn, sums, stream, reduce, ctx);
     else launch_reduce<T, BN_BWD>(bn, sums, stream, reduce, ctx);
@@ -885,17 +920,21 @@ static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x
     DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_eval, bn, a, act, pick_stream(h, stream));
 }
 
-/* beta: read for an activation only (its input recomputed). */
-static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *dy,
-                     const float *gamma, const float *beta, const float *save_mean, const float *save_invstd,
-                     void *dx, int accumulate_dx, void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
-                     BatchNormAct act, BnAllreduce reduce, void *ctx) {
+/* beta: read for BN_ACT_RELU and BN_ACT_GELU only (their input recomputed); y and dy_masked: for
+ * BN_ACT_ADD_RELU only. */
+static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *y, const void *dy,
+                     void *dy_masked, const float *gamma, const float *beta, const float *save_mean,
+                     const float *save_invstd, void *dx, int accumulate_dx, void *dgamma, void *dbeta,
+                     DType grad_dtype, cudaStream_t stream, BatchNormAct act, BnAllreduce reduce, void *ctx) {
     if (dgamma || dbeta) check_float_dtype("batchnorm (parameter gradients)", grad_dtype);
-    if (act != BN_ACT_NONE && !beta)
+    if ((act == BN_ACT_RELU || act == BN_ACT_GELU) && !beta)
         TC_FATAL("batchnorm+%s backward: beta is needed", act == BN_ACT_RELU ? "relu" : "gelu");
+    if (act == BN_ACT_ADD_RELU && (!y || !dy_masked))
+        TC_FATAL("batchnorm+add+relu backward: the add's output and the masked dy's buffer are needed");
     BnArgs a = base_args(bn);
     a.x = x;
     a.dy = dy;
+    if (act == BN_ACT_ADD_RELU) a.mask = y, a.dz = dy_masked;
     a.out = dx;
     a.gamma = gamma;
     a.beta = beta;
@@ -952,17 +991,16 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              const void *dy, const float *gamma, const float *save_mean,
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    backward(bn, h, x, dy, gamma, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+    backward(bn, h, x, NULL, dy, NULL, gamma, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
              dbeta, grad_dtype, stream, BN_ACT_NONE, NULL, NULL);
 }
 
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
-                                 const void *x, const void *y, const void *dy, const float *gamma,
-                                 const float *beta, const float *save_mean,
+                                 const void *x, const void *y, const void *dy, void *dy_masked,
+                                 const float *gamma, const float *beta, const float *save_mean,
                                  const float *save_invstd, void *dx, int accumulate_dx,
                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    (void)y; /* recomputed from x (see the top) */
-    backward(bn, h, x, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+    backward(bn, h, x, y, dy, dy_masked, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
              grad_dtype, stream, act, NULL, NULL);
 }
 
@@ -978,13 +1016,12 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
 }
 
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                  const void *y, const void *dy, const float *gamma,
+                                  const void *y, const void *dy, void *dy_masked, const float *gamma,
                                   const float *beta, const float *save_mean,
                                   const float *save_invstd, void *dx, int accumulate_dx,
                                   void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
                                   BnAllreduce reduce, void *ctx, BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync backward: no reduce given");
-    (void)y;
-    backward(bn, h, x, dy, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
+    backward(bn, h, x, y, dy, dy_masked, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
              grad_dtype, stream, act, reduce, ctx);
 }

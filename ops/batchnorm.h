@@ -29,7 +29,17 @@
  *              from x and the saved statistics and takes dy * gelu'(z). On
  *              the CUDA path with dx overwritten (accumulate_dx = 0), the
  *              reduction pass writes dy * gelu'(z) (in the dtype) into dx and
- *              the apply pass reads it there, so gelu' runs once an element.
+ *              the apply pass reads it there, so gelu' runs once an element;
+ *              BN_ACT_ADD_RELU, backward only: the ReLU after a residual add
+ *              that the forward computed (BatchNormParams.residual, with
+ *              BN_ACT_RELU): dy is masked by y > 0, y the add's output (read
+ *              on both devices: without the residual it cannot be recomputed),
+ *              and the masked dy is written to p->dy_masked, which may be dy
+ *              itself: it is the add's gradient, which its other input takes
+ *              too. The CUDA path masks and writes it in the reduction pass and
+ *              the apply pass reads it there, so the add's ReLU backward needs
+ *              no pass of its own. The results are relu_backward's, then the
+ *              plain backward's, bit for bit.
  * The CPU reference is float32 NCHW and computes in double.
  *
  * The CUDA path stores x, y, dy and dx as the dtype given at init (f32, f16 or
@@ -119,7 +129,9 @@ typedef struct {
 typedef enum {
     BN_ACT_NONE,
     BN_ACT_RELU, /* backward masks by y > 0: the CPU reads y, the GPU recomputes it (needs beta) */
-    BN_ACT_GELU  /* backward reads beta */
+    BN_ACT_GELU, /* backward reads beta */
+    BN_ACT_ADD_RELU /* backward only: the ReLU after the add a residual forward computed; reads y (the add's
+                       output), writes the masked dy to p->dy_masked */
 } BatchNormAct;
 
 typedef enum {
@@ -148,6 +160,9 @@ typedef struct {
      * the norm's pass. Backward is the norm's alone: the add's backward
      * passes dy on, its ReLU's mask reads this y. */
     const void *residual;
+    /* Backward with BN_ACT_ADD_RELU only: where dy masked by y > 0 goes (dtype,
+     * layout; may be dy itself). */
+    void *dy_masked;
 } BatchNormParams;
 
 size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
@@ -157,8 +172,9 @@ void batchnorm_destroy(const OpContext *ctx, BatchNorm *bn);
 void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                        const BatchNormParams *p, const void *x, void *y);
 /* BN_TRAIN_SYNC: dx from the global sums (see above); any other mode: the
- * plain backward. act: the forward's; y is read for BN_ACT_RELU on the CPU
- * only (otherwise it may be NULL), p->beta for either activation. */
+ * plain backward. act: the forward's (BN_ACT_ADD_RELU: see above); y is read
+ * for BN_ACT_RELU on the CPU only and for BN_ACT_ADD_RELU (otherwise it may be
+ * NULL), p->beta for BN_ACT_RELU and BN_ACT_GELU. */
 void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy,
                         void *dx, int accumulate_dx, void *dgamma, void *dbeta);
@@ -251,9 +267,10 @@ void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, 
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
                                       const void *residual, cudaStream_t stream);
+/* y and dy_masked: BN_ACT_ADD_RELU's (otherwise unused; y is recomputed for BN_ACT_RELU). */
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
-                                 const void *x, const void *y, const void *dy, const float *gamma,
-                                 const float *beta, const float *save_mean,
+                                 const void *x, const void *y, const void *dy, void *dy_masked,
+                                 const float *gamma, const float *beta, const float *save_mean,
                                  const float *save_invstd, void *dx, int accumulate_dx,
                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream);
 
@@ -266,7 +283,7 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        const void *residual, cudaStream_t stream, BnAllreduce reduce,
                                        void *ctx, BatchNormAct act);
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
-                                  const void *y, const void *dy, const float *gamma,
+                                  const void *y, const void *dy, void *dy_masked, const float *gamma,
                                   const float *beta, const float *save_mean,
                                   const float *save_invstd, void *dx, int accumulate_dx,
                                   void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,

@@ -107,9 +107,10 @@ static int runs_forward(const Layer *l) {
     return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn) && !l->by_conv;
 }
 
-/* ... and in backward unless a fused ReLU, or an add passing dy on as both inputs' own buffer. */
+/* ... and in backward unless a fused ReLU, or an add passing dy on as both inputs' own buffer whose ReLU,
+ * if any, the batch norm that computed it takes backward too (by_bn). */
 static int runs_backward(const Layer *l) {
-    if (l->kind == LAYER_ADD) return l->fused || !l->dx_alias[0] || !l->dx_alias[1];
+    if (l->kind == LAYER_ADD) return (l->fused && !l->by_bn) || !l->dx_alias[0] || !l->dx_alias[1];
     return runs_forward(l);
 }
 

@@ -181,6 +181,22 @@ static void check_checkpointing(GpuContext *gpu, int batch, const float *x, cons
     free(ckpt);
 }
 
+/* model.fuse on the CPU against unfused: the batch norms with the add (and its
+ * ReLU, forward and, BN_ACT_ADD_RELU, backward) and with their ReLU. Only
+ * rounding differs (the add of a fused norm rounds its sum from double); a
+ * mask applied after a downsample's norm had read dy, say, would be off by
+ * far more. */
+static void check_fused_cpu(int batch, const float *x, const int32_t *labels) {
+    size_t n, n2, bytes;
+    float *plain = resnet18_gradients(0, NULL, batch, x, labels, &n, &bytes, NULL);
+    float *fused = resnet18_gradients(2, NULL, batch, x, labels, &n2, &bytes, NULL);
+    double e = test_rel_error(fused, plain, n);
+    CHECK_MSG(n == n2 && e < 1e-5, "cpu resnet18: fused gradients differ from unfused by %.3g", e);
+    printf("cpu resnet18: fused against unfused gradients %.3g relative\n", e);
+    free(plain);
+    free(fused);
+}
+
 /* The error of each parameter layer's gradients, where it is large. */
 static void report_layers(const float *got, const float *want, int batch) {
     Model m;
@@ -488,6 +504,7 @@ int main(void) {
     float *big = malloc(big_n * sizeof(float));
     test_fill_uniform(big, big_n, &rng, -2, 2);
     check_checkpointing(NULL, BATCH, big, labels);
+    check_fused_cpu(BATCH, big, labels);
     size_t n32 = (size_t)32 * 3 * 32 * 32;
     float *big32 = malloc(n32 * sizeof(float));
     test_fill_uniform(big32, n32, &rng, -2, 2);

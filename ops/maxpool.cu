@@ -1,12 +1,14 @@
 /* Max-pool through cuDNN pooling, in the tensors' own type and layout; the
- * channels-last pools whose windows do not overlap (k = stride, no padding:
- * the 2x2 stride-2 pools, a global max) by kernels of their own, 16 bytes a
- * thread (cuDNN's NHWC pooling ran at about a third of the copy bandwidth
+ * channels-last pools by kernels of their own, 16 bytes a thread: those whose
+ * windows do not overlap (k = stride, no padding: the 2x2 stride-2 pools, a
+ * global max; cuDNN's NHWC pooling ran at about a third of the copy bandwidth
  * forward on an H100, and its backward at 1.0 ms of airbench's 5.1 ms step
  * for a 1024x64x31x31 map that needs 0.1 ms; for airbench's global pool,
- * 2000x256x3x3, 22 us at 3% of the DRAM bandwidth). Their forward keeps where
- * each maximum was, so that their backward reads dy and a byte an element
- * instead of x, y and dy. */
+ * 2000x256x3x3, 22 us at 3% of the DRAM bandwidth), and those whose windows
+ * overlap or take padding (ResNet-50's 3x3 stride-2 stem pool: cuDNN's
+ * backward took 1.47 ms of a 42 ms step at batch 256 on an H100, for 0.6 GB
+ * of traffic). Their forward keeps where each maximum was, so that their
+ * backward reads dy and a byte an element instead of x, y and dy. */
 #include "ops/maxpool.h"
 
 #include <stdint.h>
@@ -118,29 +120,128 @@ static __global__ void maxpool_nhwc_backward_kernel(const uint4 *dy, const unsig
     }
 }
 
-/* Whether the kernels above take the shape: NHWC, non-overlapping windows
- * (k = stride, no padding) of at most kMaxWindow a side, whole vectors of
- * channels. */
-static int nhwc_disjoint_windows_shape(const Pool2dShape *s, DType dtype, int nhwc) {
+/* y [n][oh][ow][c] = the max of each k x k window at 'stride' (at most k:
+ * windows may overlap) of x [n][h][w][c] padded by 'pad' (never picked), one
+ * 16-byte vector of channels a thread; NaN and positions as
+ * maxpool_nhwc_kernel's. */
+template <typename T, int K>
+static __global__ void maxpool_nhwc_overlap_kernel(const uint4 *x, uint4 *y, unsigned char *indices, int h, int w,
+                                                   int k, int stride, int pad, int oh, int ow, int vecs,
+                                                   size_t outputs) {
+    constexpr int width = 16 / sizeof(T);
+    using Positions = Pack<unsigned char, width>;
+    const int side = window_side<K>(k);
+    for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < outputs; o += (size_t)gridDim.x * blockDim.x) {
+        size_t v = o % vecs, pixel = o / vecs, rest = pixel / ow, img = rest / oh;
+        int q = (int)(pixel % ow), p = (int)(rest % oh), i0 = p * stride - pad, j0 = q * stride - pad;
+        float best[width];
+        Positions where;
+#pragma unroll
+        for (int j = 0; j < width; j++) best[j] = __int_as_float(0x7fffffff), where.v[j] = (unsigned char)(side * side);
+#pragma unroll
+        for (int r = 0; r < side; r++) {
+            int i = i0 + r;
+            if (i < 0 || i >= h) continue;
+#pragma unroll
+            for (int c = 0; c < side; c++) {
+                int j = j0 + c;
+                if (j >= 0 && j < w) fold_maximum<T>(x[((img * h + i) * w + j) * vecs + v], r * side + c, best, where);
+            }
+        }
+        alignas(16) T out[width];
+#pragma unroll
+        for (int j = 0; j < width; j++) out[j] = from_float<T>(best[j]);
+        y[o] = *reinterpret_cast<const uint4 *>(out);
+        if (indices) reinterpret_cast<Positions *>(indices)[o] = where;
+    }
+}
+
+/* dx of the kernel above from the positions its forward kept: one thread per
+ * 16-byte vector of channels of x, which adds up, in fp32 from 0 and in the
+ * outputs' row-major order (the CPU reference's), the gradients of the
+ * outputs whose first maximum it is, then rounds once; 0 where there are none
+ * (rows and columns no window reached included). */
+template <typename T, int K>
+static __global__ void maxpool_nhwc_overlap_backward_kernel(const uint4 *dy, const unsigned char *indices, uint4 *dx,
+                                                            int h, int w, int k, int stride, int pad, int oh, int ow,
+                                                            int vecs, size_t inputs) {
+    constexpr int width = 16 / sizeof(T);
+    using Positions = Pack<unsigned char, width>;
+    const int side = window_side<K>(k);
+    for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < inputs; o += (size_t)gridDim.x * blockDim.x) {
+        size_t v = o % vecs, pixel = o / vecs, rest = pixel / w, img = rest / h;
+        int j = (int)(pixel % w), i = (int)(rest % h);
+        /* the outputs whose window holds (i, j): p * stride - pad <= i < p * stride - pad + side */
+        int top = i + pad - side + 1, left = j + pad - side + 1;
+        int p0 = top <= 0 ? 0 : (top + stride - 1) / stride, p1 = min(oh - 1, (i + pad) / stride);
+        int q0 = left <= 0 ? 0 : (left + stride - 1) / stride, q1 = min(ow - 1, (j + pad) / stride);
+        float sum[width];
+#pragma unroll
+        for (int e = 0; e < width; e++) sum[e] = 0.0f;
+        for (int p = p0; p <= p1; p++) {
+            for (int q = q0; q <= q1; q++) {
+                int at = (i + pad - p * stride) * side + (j + pad - q * stride);
+                size_t out = ((img * oh + p) * ow + q) * vecs + v;
+                Positions from = reinterpret_cast<const Positions *>(indices)[out];
+                alignas(16) T g[width];
+                *reinterpret_cast<uint4 *>(g) = dy[out];
+#pragma unroll
+                for (int e = 0; e < width; e++)
+                    if (from.v[e] == at) sum[e] += to_float(g[e]);
+            }
+        }
+        alignas(16) T grad[width];
+#pragma unroll
+        for (int e = 0; e < width; e++) grad[e] = from_float<T>(sum[e]);
+        dx[o] = *reinterpret_cast<const uint4 *>(grad);
+    }
+}
+
+/* Whether the kernels above take the shape: NHWC, windows of at most
+ * kMaxWindow a side at a stride of at most k, whole vectors of channels;
+ * windows that do not overlap (k = stride, no padding) through
+ * maxpool_nhwc_kernel and its backward, the others through the overlap ones. */
+static int nhwc_window_kernels_shape(const Pool2dShape *s, DType dtype, int nhwc) {
     size_t row_bytes = (size_t)s->c * dtype_size(dtype);
     int k = pool2d_window(s);
-    return nhwc && pool2d_stride(s) == k && k <= kMaxWindow && s->pad == 0 && row_bytes % 16 == 0;
+    return nhwc && pool2d_stride(s) <= k && k <= kMaxWindow && row_bytes % 16 == 0;
 }
+
+static int windows_overlap(const Pool2dShape *s) { return pool2d_stride(s) < pool2d_window(s) || s->pad != 0; }
 
 static int aligned16(const void *buf) { return (uintptr_t)buf % 16 == 0; }
 
 /* Whether the kernels run: they take the shape and the buffers are aligned
  * (NULL: not used). Backward gets the forward's x and y, so it falls back to
  * cuDNN (which reads them) wherever the forward did and kept no positions. */
-static int nhwc_disjoint_windows_run(const MaxPoolCuda *p, const void *x, const void *y, const void *dy,
-                                     const void *dx) {
+static int nhwc_window_kernels_run(const MaxPoolCuda *p, const void *x, const void *y, const void *dy,
+                                   const void *dx) {
     return p->vectorized && aligned16(x) && aligned16(y) && aligned16(dy) && aligned16(dx);
+}
+
+/* One pass of the overlapping windows' kernels. */
+template <typename T, int K>
+static void launch_overlap_pass(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
+    const Pool2dShape *s = &p->shape;
+    int k = pool2d_window(s), stride = pool2d_stride(s), vecs = (int)((size_t)s->c * sizeof(T) / 16);
+    int oh = pool2d_out_h(s), ow = pool2d_out_w(s);
+    if (!backward) {
+        size_t outputs = (size_t)s->n * oh * ow * vecs;
+        maxpool_nhwc_overlap_kernel<T, K><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
+            (const uint4 *)in, (uint4 *)out, p->indices, s->h, s->w, k, stride, s->pad, oh, ow, vecs, outputs);
+    } else {
+        size_t inputs = (size_t)s->n * s->h * s->w * vecs;
+        maxpool_nhwc_overlap_backward_kernel<T, K><<<elementwise_blocks(inputs), ELEMENTWISE_THREADS, 0, stream>>>(
+            (const uint4 *)in, p->indices, (uint4 *)out, s->h, s->w, k, stride, s->pad, oh, ow, vecs, inputs);
+    }
+    CUDA_CHECK_LAUNCH();
 }
 
 /* One pass of the kernels on the handle's stream: forward (in x, out y) or
  * backward (in dy, out dx); k fixed at compile time for 2 and 3. */
 template <typename T, int K>
 static void launch_pass(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
+    if (p->overlap) return launch_overlap_pass<T, K>(p, backward, in, out, stream);
     const Pool2dShape *s = &p->shape;
     int k = pool2d_window(s), vecs = (int)((size_t)s->c * sizeof(T) / 16);
     if (!backward) {
@@ -177,7 +278,7 @@ static void launch_kernels(const MaxPoolCuda *p, cudnnHandle_t h, int backward, 
 static const float kOne = 1.0f, kZero = 0.0f;
 
 size_t maxpool_cuda_index_bytes(const Pool2dShape *s, DType dtype, int nhwc) {
-    return nhwc_disjoint_windows_shape(s, dtype, nhwc) ? (size_t)s->n * pool2d_out_h(s) * pool2d_out_w(s) * s->c : 0;
+    return nhwc_window_kernels_shape(s, dtype, nhwc) ? (size_t)s->n * pool2d_out_h(s) * pool2d_out_w(s) * s->c : 0;
 }
 
 void maxpool_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nhwc, void *indices) {
@@ -192,7 +293,8 @@ void maxpool_cuda_init(MaxPoolCuda *p, const Pool2dShape *s, DType dtype, int nh
     p->shape = *s;
     p->dtype = dtype;
     p->nhwc = nhwc != 0;
-    p->vectorized = nhwc_disjoint_windows_shape(s, dtype, p->nhwc);
+    p->vectorized = nhwc_window_kernels_shape(s, dtype, p->nhwc);
+    p->overlap = p->vectorized && windows_overlap(s);
     p->indices = p->vectorized ? (unsigned char *)indices : NULL;
     cudnnDataType_t data_type = dtype_cudnn(dtype);
     cudnnTensorFormat_t format = p->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
@@ -215,7 +317,7 @@ void maxpool_cuda_destroy(MaxPoolCuda *p) {
 }
 
 void maxpool_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y) {
-    if (nhwc_disjoint_windows_run(p, x, y, NULL, NULL)) launch_kernels(p, h, 0, x, y);
+    if (nhwc_window_kernels_run(p, x, y, NULL, NULL)) launch_kernels(p, h, 0, x, y);
     else CUDNN_CHECK(cudnnPoolingForward(h, p->pool_desc, &kOne, p->x_desc, x, &kZero, p->y_desc, y));
 }
 
@@ -223,7 +325,7 @@ void maxpool_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
                            void *dx) {
     if (p->vectorized && !p->indices)
         TC_FATAL("maxpool: backward of a forward-only max-pool (initialised without its index scratch)");
-    if (nhwc_disjoint_windows_run(p, x, y, dy, dx)) launch_kernels(p, h, 1, dy, dx);
+    if (nhwc_window_kernels_run(p, x, y, dy, dx)) launch_kernels(p, h, 1, dy, dx);
     else
         CUDNN_CHECK(cudnnPoolingBackward(h, p->pool_desc, &kOne, p->y_desc, y, p->y_desc, dy, p->x_desc, x, &kZero,
                                          p->x_desc, dx));

@@ -6,13 +6,15 @@
  * where windows overlap; dx is overwritten. The CPU path is float32; the CUDA path stores x, y, dy and dx
  * as the dtype given at init (f32, f16 or bf16), which is exact: a selection.
  *
- * The CUDA path's channels-last pools whose windows do not overlap (k =
- * stride, no padding, k at most 15: the 2x2 stride-2 pools, a global max;
- * whole 16-byte vectors of channels a pixel) run kernels of their own, whose
+ * The CUDA path's channels-last pools with k at most 15 and a stride of at
+ * most k (the 2x2 stride-2 pools, a global max, ResNet's stem pool; whole
+ * 16-byte vectors of channels a pixel) run kernels of their own, whose
  * forward also writes, a byte per output element, where in its window the
  * first maximum lies (0..k*k-1 in row-major order; k*k where every element is
  * NaN), into the layer's scratch; backward then reads dy and those bytes, not
- * x and y, and writes all of dx (0 where no maximum was). So a backward takes
+ * x and y, and writes all of dx (0 where no maximum was; where windows
+ * overlap, each element's gradients added in fp32 in the outputs' row-major
+ * order, the CPU reference's, and rounded once). So a backward takes
  * the positions of the last forward of the same MaxPool2d: a forward of it on
  * other inputs in between (not a recompute of the same) gives the wrong dx. */
 #ifndef TRAINC_OPS_MAXPOOL_H
@@ -38,6 +40,7 @@ typedef struct {
     DType dtype;
     int nhwc;               /* x, y and their gradients are [n][h][w][c] */
     int vectorized;         /* the channels-last kernels take the shape (see above) */
+    int overlap;            /* ...through those for windows that overlap or take padding */
     unsigned char *indices; /* vectorized: laid out as y, each element's window position from the last
                                forward (0..k*k-1 row-major, k*k: every element NaN); NULL: forward only */
     cudnnPoolingDescriptor_t pool_desc;

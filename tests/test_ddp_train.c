@@ -248,6 +248,13 @@ int main(int argc, char **argv) {
         test_skip("needs 2 MPI ranks (ctest runs it under mpirun)");
     }
     int gpu_only = argc > 1 && strcmp(argv[1], "gpu") == 0;
+    /* 'quick' (test_slurm, ranks started by srun): the first check alone */
+    if (argc > 1 && strcmp(argv[1], "quick") == 0) {
+        check_device(&d, "cpu", (const char *[]){NULL}, 1e-5);
+        int rc = test_finish("test_ddp_train");
+        dist_finalize(&d);
+        return rc;
+    }
     /* The GPU part needs a GPU per rank on every host. */
     int gpus = gpu_count(), enough = !dist_any_host(&d, gpus < d.local_world);
     if (gpu_only && !enough) {

@@ -1,6 +1,7 @@
 /* Data-parallel training started by a real Slurm (one node, two tasks, MPI
  * through PMIx), as `srun -n 2 trainc` starts it on a cluster: the ranks of
- * test_ddp_train hold the same weights (as under mpirun), and `srun -n 2
+ * test_ddp_train's first check hold the same weights (as under mpirun; the
+ * rest of it runs under mpirun in its own test), and `srun -n 2
  * trainc --device cpu` trains as one job of 2 ranks that prints one summary.
  * It needs a Slurm controller answering here; .ci/run starts one
  * (tools/slurm_local.sh) and this test skips where there is none. */
@@ -29,15 +30,15 @@ static void require_slurm(void) {
     setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 1);
 }
 
-/* test_ddp_train's checks, each rank a Slurm task. */
+/* test_ddp_train's first check, each rank a Slurm task. */
 static void check_ddp_test(const char *build) {
     char cmd[4200];
-    snprintf(cmd, sizeof cmd, "srun -n 2 %s/test_ddp_train", build);
+    snprintf(cmd, sizeof cmd, "srun -n 2 %s/test_ddp_train quick", build);
     int rc = test_run_command(cmd, output, sizeof output);
     CHECK_MSG(rc == 0, "%s: exit %d:\n%s", cmd, rc, output);
     CHECK_MSG(count(output, "test_ddp_train: ") == 2 && count(output, " 0 failed") == 2,
               "%s: not both ranks passed:\n%s", cmd, output);
-    printf("srun -n 2 test_ddp_train: both ranks passed\n");
+    printf("srun -n 2 test_ddp_train quick: both ranks passed\n");
 }
 
 static void check_trainc(const char *build) {

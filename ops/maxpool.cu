@@ -45,6 +45,28 @@ static __device__ __forceinline__ void fold_maximum(uint4 v, int at, float *best
     }
 }
 
+/* A window's maxima before its first element: NaN, at side*side (every element NaN). */
+template <typename T, typename Positions>
+static __device__ __forceinline__ void start_maximum(float *best, Positions &where, int side) {
+#pragma unroll
+    for (int j = 0; j < 16 / (int)sizeof(T); j++) {
+        best[j] = __int_as_float(0x7fffffff);
+        where.v[j] = (unsigned char)(side * side);
+    }
+}
+
+/* Output o: the window's maxima, and (indices not NULL) their positions. */
+template <typename T, typename Positions>
+static __device__ __forceinline__ void store_maximum(uint4 *y, unsigned char *indices, size_t o, const float *best,
+                                                     const Positions &where) {
+    constexpr int width = 16 / sizeof(T);
+    alignas(16) T out[width];
+#pragma unroll
+    for (int j = 0; j < width; j++) out[j] = from_float<T>(best[j]);
+    y[o] = *reinterpret_cast<const uint4 *>(out);
+    if (indices) reinterpret_cast<Positions *>(indices)[o] = where;
+}
+
 /* y [n][h/k][w/k][c] = the max of each k x k window (stride k) of x
  * [n][h][w][c], one 16-byte vector of channels a thread; vecs: vectors per
  * pixel. NaN is left out of a maximum, as cuDNN's CUDNN_NOT_PROPAGATE_NAN; a
@@ -64,17 +86,12 @@ static __global__ void maxpool_nhwc_kernel(const uint4 *x, uint4 *y, unsigned ch
         size_t base = ((img * h + side * p) * w + side * q) * vecs + v, row = (size_t)w * vecs;
         float best[width];
         Positions where;
-#pragma unroll
-        for (int j = 0; j < width; j++) best[j] = __int_as_float(0x7fffffff), where.v[j] = (unsigned char)(side * side);
+        start_maximum<T>(best, where, side);
 #pragma unroll
         for (int r = 0; r < side; r++)
 #pragma unroll
             for (int s = 0; s < side; s++) fold_maximum<T>(x[base + r * row + s * vecs], r * side + s, best, where);
-        alignas(16) T out[width];
-#pragma unroll
-        for (int j = 0; j < width; j++) out[j] = from_float<T>(best[j]);
-        y[o] = *reinterpret_cast<const uint4 *>(out);
-        if (indices) reinterpret_cast<Positions *>(indices)[o] = where;
+        store_maximum<T>(y, indices, o, best, where);
     }
 }
 
@@ -136,8 +153,7 @@ static __global__ void maxpool_nhwc_overlap_kernel(const uint4 *x, uint4 *y, uns
         int q = (int)(pixel % ow), p = (int)(rest % oh), i0 = p * stride - pad, j0 = q * stride - pad;
         float best[width];
         Positions where;
-#pragma unroll
-        for (int j = 0; j < width; j++) best[j] = __int_as_float(0x7fffffff), where.v[j] = (unsigned char)(side * side);
+        start_maximum<T>(best, where, side);
 #pragma unroll
         for (int r = 0; r < side; r++) {
             int i = i0 + r;
@@ -148,11 +164,7 @@ static __global__ void maxpool_nhwc_overlap_kernel(const uint4 *x, uint4 *y, uns
                 if (j >= 0 && j < w) fold_maximum<T>(x[((img * h + i) * w + j) * vecs + v], r * side + c, best, where);
             }
         }
-        alignas(16) T out[width];
-#pragma unroll
-        for (int j = 0; j < width; j++) out[j] = from_float<T>(best[j]);
-        y[o] = *reinterpret_cast<const uint4 *>(out);
-        if (indices) reinterpret_cast<Positions *>(indices)[o] = where;
+        store_maximum<T>(y, indices, o, best, where);
     }
 }
 

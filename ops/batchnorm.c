@@ -318,6 +318,8 @@ static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMod
 }
 
 static void check_act(BatchNormAct act) {
+    if (act == BN_ACT_ADD_RELU)
+        TC_FATAL("batchnorm: BN_ACT_ADD_RELU is backward only (its forward is BN_ACT_RELU with p->residual)");
     if (act != BN_ACT_NONE && act != BN_ACT_RELU && act != BN_ACT_GELU)
         TC_FATAL("batchnorm: unknown activation %d", (int)act);
 }

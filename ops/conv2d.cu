@@ -168,18 +168,33 @@ static const float kPassBeta[CONV2D_PASSES] = {0.0f, 0.0f, 1.0f, 1.0f};
 static const char *const kPassNames[CONV2D_PASSES] = {"conv2d forward", "conv2d backward data",
                                                       "conv2d backward data (accumulated)", "conv2d backward filter"};
 
-static void run_legacy(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void *const *p, void *workspace) {
+/* The pass by its legacy algorithm: cuDNN's status. */
+static cudnnStatus_t legacy_status(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void *const *p,
+                                   void *workspace) {
     const float *beta = kPassBeta[pass] != 0.0f ? &kOne : &kZero;
     size_t bytes = c->workspace_bytes;
     if (pass == CONV2D_FORWARD)
-        CUDNN_CHECK(cudnnConvolutionForward(h, &kOne, c->x_desc, p[0], c->w_desc, p[1], c->conv_desc, c->fwd_algo,
-                                            workspace, bytes, beta, c->y_desc, p[2]));
-    else if (pass == CONV2D_FILTER)
-        CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, p[0], c->y_desc, p[2], c->bwd_filter_desc,
-                                                   c->bwd_filter_algo, workspace, bytes, beta, c->w_desc, p[1]));
-    else
-        CUDNN_CHECK(cudnnConvolutionBackwardData(h, &kOne, c->w_desc, p[1], c->y_desc, p[2], c->bwd_data_desc,
-                                                 c->bwd_data_algo, workspace, bytes, beta, c->x_desc, p[0]));
+        return cudnnConvolutionForward(h, &kOne, c->x_desc, p[0], c->w_desc, p[1], c->conv_desc, c->fwd_algo,
+                                       workspace, bytes, beta, c->y_desc, p[2]);
+    if (pass == CONV2D_FILTER)
+        return cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, p[0], c->y_desc, p[2], c->bwd_filter_desc,
+                                              c->bwd_filter_algo, workspace, bytes, beta, c->w_desc, p[1]);
+    return cudnnConvolutionBackwardData(h, &kOne, c->w_desc, p[1], c->y_desc, p[2], c->bwd_data_desc,
+                                        c->bwd_data_algo, workspace, bytes, beta, c->x_desc, p[0]);
+}
+
+static int legacy_algo(const Conv2dCuda *c, Conv2dPass pass) {
+    return pass == CONV2D_FORWARD ? (int)c->fwd_algo
+           : pass == CONV2D_FILTER ? (int)c->bwd_filter_algo
+                                   : (int)c->bwd_data_algo;
+}
+
+static void run_legacy(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void *const *p, void *workspace) {
+    cudnnStatus_t status = legacy_status(c, h, pass, p, workspace);
+    if (status != CUDNN_STATUS_SUCCESS)
+        TC_FATAL("%s of %dx%dx%dx%d k%d %dx%d stride %d by cuDNN's algorithm %d failed: %s", kPassNames[pass],
+                 c->shape.n, c->shape.c, c->shape.h, c->shape.w, c->shape.k, c->shape.r, c->shape.s, c->shape.stride,
+                 legacy_algo(c, pass), cudnnGetErrorString(status));
 }
 
 static bool aligned(void *const *p) {
@@ -226,16 +241,13 @@ static void run_legacy_timed(void *arg) {
 }
 
 /* Microseconds per run of the pass by its legacy algorithm; infinite where
- * cuDNN refuses it: the backward-data algorithm, timed for overwriting dx,
- * may not add into it (CUDNN_STATUS_BAD_PARAM on an H100 for a 3x3 stride-2
- * convolution of a 15x17 map, algorithm 1), so that pass is tried once,
- * unchecked, before it is timed. */
+ * cuDNN refuses it, so each pass is tried once, unchecked, before it is
+ * timed: the backward-data algorithm, chosen for overwriting dx, may not add
+ * into it (CUDNN_STATUS_BAD_PARAM on an H100 for a 3x3 stride-2 convolution
+ * of a 15x17 map, algorithm 1), and a full GPU suite on an H100 once saw the
+ * overwriting pass refused too (8x24x31x31 to 64) where it had run before. */
 static float legacy_time_us(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void **ptrs, void *workspace) {
-    if (pass == CONV2D_DATA_ADD &&
-        cudnnConvolutionBackwardData(h, &kOne, c->w_desc, ptrs[1], c->y_desc, ptrs[2], c->bwd_data_desc,
-                                     c->bwd_data_algo, workspace, c->workspace_bytes, &kOne, c->x_desc,
-                                     ptrs[0]) != CUDNN_STATUS_SUCCESS)
-        return INFINITY;
+    if (legacy_status(c, h, pass, ptrs, workspace) != CUDNN_STATUS_SUCCESS) return INFINITY;
     LegacyRun run = {c, h, pass, ptrs, workspace};
     return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run);
 }
@@ -265,9 +277,9 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
             c->use_plan[pass] = c->policy.prefer_backend || c->plan_us[pass] < c->legacy_us[pass];
         }
         if (!c->use_plan[pass] && isinf(c->legacy_us[pass]))
-            TC_FATAL("conv2d %dx%dx%dx%d k%d %dx%d stride %d: cuDNN's backward-data algorithm %d cannot add into dx "
-                     "for this shape, and no backend plan builds for it", s->n, s->c, s->h, s->w, s->k, s->r, s->s,
-                     s->stride, (int)c->bwd_data_algo);
+            TC_FATAL("conv2d %dx%dx%dx%d k%d %dx%d stride %d: cuDNN refuses its %s by algorithm %d for this shape, "
+                     "and no backend plan builds for it", s->n, s->c, s->h, s->w, s->k, s->r, s->s, s->stride,
+                     kPassNames[pass], legacy_algo(c, (Conv2dPass)pass));
         if (c->use_plan[pass] && g->workspace_bytes > plan_bytes) plan_bytes = g->workspace_bytes;
         if (!c->use_plan[pass]) backend_graph_destroy(g);
     }

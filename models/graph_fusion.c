@@ -62,7 +62,8 @@ void graph_fusion_plan(Model *m) {
         Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
         ConvGenStats *op = malloc(sizeof *op);
         if (!op) TC_FATAL("out of host memory planning model.fuse = graphs");
-        ConvGenStatsShape shape = {conv->conv.shape, 0};
+        /* A convolution over a form of the image (models/input_form.c) fuses the one over the copies. */
+        ConvGenStatsShape shape = {conv->input_form ? conv->input_form->conv.shape : conv->conv.shape, 0};
         conv_genstats_init(&m->ops, op, &shape, &m->conv_policy);
         pair_join(conv, bn, op);
         if (!conv_genstats_fused(op)) {
@@ -117,9 +118,12 @@ static void fill_timing_inputs(Model *m) {
     size_t esize = dtype_size(m->act_dtype);
     op_fill_random(&m->ops, m->params, m->n_params * sizeof(float));
     if (m->weights != m->params) op_fill_random(&m->ops, m->weights, m->n_params * esize);
-    for (int i = 0; i < m->n_layers; i++)
-        if (m->layers[i].genstats)
-            op_fill_random(&m->ops, m->acts[m->layers[i].in].value, act_floats(m, m->layers[i].in) * esize);
+    for (int i = 0; i < m->n_layers; i++) {
+        const Activation *in = &m->acts[m->layers[i].in];
+        if (!m->layers[i].genstats) continue;
+        if (in->value) op_fill_random(&m->ops, in->value, act_floats(m, m->layers[i].in) * esize);
+        else op_fill_random(&m->ops, m->input_f32, model_input_floats(m) * sizeof(float)); /* read by its form */
+    }
 }
 
 static void log_pairs(const Model *m) {

@@ -23,8 +23,9 @@ static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out
 
 /* ---- convolution: fused, the bias and the ReLU after it (bias_relu), or in
  * the max-pool after it (bias_by_pool); the input's, with the ReLU and the
- * max-pool too (pool_layer: conv_bias_relu_pool); a whitening one, the bias
- * and the GELU after it (conv_bias_gelu) ---- */
+ * max-pool too (pool_layer: conv_bias_relu_pool), or on copies of the image
+ * and filters in another form (input_form); a whitening one, the bias and the
+ * GELU after it (conv_bias_gelu) ---- */
 
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
@@ -34,17 +35,23 @@ static void conv_forward(Model *m, const Layer *l) {
                                     y_of(m, &m->layers[l->pool_layer]));
         return;
     }
-    if (l->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
-        float *sum = m->bn_sums + l->stat_off;
-        conv_genstats_forward(&m->ops, l->genstats, x_of(m, l), NULL, NULL, w_of(m, l), y_of(m, l), sum, sum + s->k);
-        return;
-    }
     if (l->fused_act == BN_ACT_GELU) {
         ConvBiasGeluShape ws = whitening_shape(m, l);
         conv_bias_gelu_forward(&m->ops, &ws, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
         return;
     }
-    conv2d_forward(&m->ops, &l->conv, x_of(m, l), w_of(m, l), l->fused ? NULL : b_of(m, l), y_of(m, l));
+    const void *x = x_of(m, l), *w = w_of(m, l);
+    const Conv2d *conv = &l->conv;
+    if (l->input_form) { /* what follows runs on the copies */
+        input_form_copy(m, l, x, w);
+        x = l->input_form->x, w = l->input_form->w, conv = &l->input_form->conv;
+    }
+    if (l->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
+        float *sum = m->bn_sums + l->stat_off;
+        conv_genstats_forward(&m->ops, l->genstats, x, NULL, NULL, w, y_of(m, l), sum, sum + s->k);
+        return;
+    }
+    conv2d_forward(&m->ops, conv, x, w, l->fused ? NULL : b_of(m, l), y_of(m, l));
     if (l->fused && !l->bias_by_pool)
         bias_relu_forward(&m->ops, b_of(m, l), y_of(m, l), s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
 }
@@ -66,6 +73,10 @@ static void conv_backward(Model *m, const Layer *l) {
             conv_bias_gelu_backward(ctx, &ws, x_of(m, l), w_of(m, l), b_of(m, l), dy, db);
         else
             conv2d_bias_grad(ctx, &l->conv, dy, db);
+        return;
+    }
+    if (l->input_form) {
+        input_form_backward(m, l, dy, dw, db);
         return;
     }
     if (!l->fused) {
@@ -297,6 +308,7 @@ static void layer_backward(Model *m, const Layer *l) {
 /* The fp32 NCHW batch into the input activation, where they differ (AMP, NHWC). */
 static void cast_input(Model *m) {
     const Activation *in = &m->acts[0];
+    if (in->unstored) return; /* the input convolution's form takes the batch itself (models/input_form.c) */
     if (m->nhwc)
         cast_nchw_to_nhwc(&m->ops, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c);
     else if (m->input_f32)

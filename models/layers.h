@@ -8,6 +8,7 @@
 #include "models/model.h"
 #include "ops/conv_bias_gelu.h"
 #include "ops/conv_bias_relu_pool.h"
+#include "ops/space_to_depth.h"
 
 typedef struct {
     const char *name;  /* layer i of this kind is named "<name> i" (NVTX ranges, hooks) */
@@ -31,6 +32,25 @@ extern const OpHooks layer_nvtx_hooks;
 void graph_fusion_plan(Model *m);
 void graph_fusion_choose(Model *m);
 void graph_fusion_destroy(Model *m);
+
+/* model.fuse (models/input_form.c), GPU: a convolution over the input image
+ * run on copies of the image and its filters in another form. plan (after
+ * the convolutions' algorithms, before the buffers) times the forms and
+ * keeps the fastest; carve takes the copies' buffers with the model's. */
+typedef struct ConvInputForm {
+    SpaceToDepthShape image, filter; /* the copies of the image and of the filters */
+    Conv2d conv;                     /* the convolution over the copies */
+    void *x, *w, *dw;                /* the copies, and the gradient of the filters' copy */
+} ConvInputForm;
+void input_form_plan(Model *m);
+void input_form_carve(Model *m, Arena *a);
+void input_form_destroy(Model *m);
+/* The layer's forward copies the image x (NULL: unstored, the batch from
+ * m->input_f32) and its filters w into the form, then runs its convolution
+ * (conv2d or conv_genstats) on the copies; its
+ * backward (the image takes no gradient) is input_form_backward. */
+void input_form_copy(Model *m, const Layer *l, const void *x, const void *w);
+void input_form_backward(Model *m, const Layer *l, const void *dy, void *dw, void *db);
 
 /* Element i of a buffer of the activation dtype. */
 static inline void *element(const Model *m, void *base, size_t i) {

@@ -578,6 +578,7 @@ static void carve_buffers(Model *m, Arena *a) {
         size_t bytes = l->kind == LAYER_MAXPOOL && !l->fused ? maxpool_scratch_bytes(&m->ops, &l->pool.shape) : 0;
         l->pool_scratch = bytes ? arena_alloc(a, bytes, "max-pool window positions") : NULL;
     }
+    input_form_carve(m, a);
 }
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -692,6 +693,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (m->fuse) mark_fusions(m);
     plan_grad_slots(m);
     if (gpu) choose_conv_algorithms(m);
+    if (gpu) input_form_plan(m);
     if (gpu && m->fuse_graphs) graph_fusion_plan(m);
 
     Arena sizing;
@@ -722,6 +724,7 @@ void model_destroy(Model *m) {
     if (m->gpu) {
         op_sync(&m->ops);
         graph_fusion_destroy(m);
+        input_form_destroy(m);
         for (int i = 0; i < m->n_layers; i++) {
             if (m->layers[i].kind == LAYER_CONV) conv2d_destroy(&m->ops, &m->layers[i].conv);
             if (m->layers[i].kind == LAYER_MAXPOOL) maxpool_destroy(&m->ops, &m->layers[i].pool);

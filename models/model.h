@@ -78,6 +78,9 @@ typedef struct {
                              pass; relu, gelu: done by it */
     BatchNormAct fused_act; /* batch norm, whitening conv: that activation (BN_ACT_NONE unless fused; a conv
                                runs ops/conv_bias_gelu) */
+    struct ConvInputForm *input_form; /* conv over the input image (model.fuse, GPU): runs on copies of the
+                               image and its filters in the form that timed fastest at start-up
+                               (models/input_form.c); NULL: on the image itself */
     int bias_by_pool;     /* conv: writes its raw output; the 2x2 max-pool after its ReLU adds the bias and
                              applies the ReLU, forward and backward (ops/bias_relu_pool) */
     int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
@@ -105,7 +108,8 @@ typedef struct {
     int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output
                              under bias_relu_pool, whose backward works in place) */
     int unstored;         /* no layer writes or reads it (the input's conv output under conv_bias_relu_pool,
-                             and the in-place ReLU's sharing it): no buffer, value and gradient NULL */
+                             and the in-place ReLU's sharing it; the input image where its one reader runs on
+                             a form of it, models/input_form.c): no buffer, value and gradient NULL */
     int consumers;        /* layers that read it */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */
@@ -135,6 +139,8 @@ typedef struct {
                              before a batch norm computes that norm's statistics in its epilogue where a cuDNN
                              engine takes the shape and (conv_policy.benchmark) times faster
                              (models/graph_fusion.c) */
+    int input_form_block; /* set before model_finalize (tests): 1 or 2 runs a convolution over the input image
+                             on that form (models/input_form.c) wherever it fits, untimed; 0: the fastest */
     int no_decay_bn_bias; /* set before model_finalize: decay_mask leaves out biases and batch-norm parameters */
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */

@@ -306,6 +306,49 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
  * reading another layer's sums, or leaving the running statistics alone, is
  * off by 100% or more; the H100 gave 1.2e-4 and 7e-5. Without a fused pair
  * (no engine on this card) it says so and compares nothing. */
+/* ResNet-18 at 128 pixels (ImageNet's 7x7 stride-2 stem over 3 channels
+ * padded to 8), fp32 channels-last, model.fuse on: one step with the stem on
+ * each form of the image (models/input_form.c) against the stem on the image
+ * itself. The same products summed in another order: the logits within
+ * 1e-3, and the gradients within 3e-2, as each of the stem's filter gradients
+ * sums N = 4 x 64 x 64 products of random sign to about sqrt(N) times one,
+ * which leaves float32's rounding of the sum near N x 6e-8 = 1e-3 of it
+ * (3.8e-3 on an H100). A form reading the wrong pixels or taps is off by
+ * O(1). */
+static void check_input_forms(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
+    float *grads[3], *logits[3];
+    size_t stem_off = 0, stem_count = 0, n = 0;
+    for (int block = 0; block <= 2; block++) {
+        Model m;
+        char err[256];
+        CHECK(model_build(&m, "resnet18", batch, 128, 10, 1, err, sizeof err) == 0);
+        m.fuse = 1;
+        m.conv_policy.deterministic = 1;
+        m.input_form_block = block; /* 0: perf.conv_benchmark off, so the image itself */
+        model_finalize(&m, gpu, 11);
+        const Layer *stem = &m.layers[0];
+        CHECK_MSG(block == 0 ? !stem->input_form : stem->input_form != NULL,
+                  "resnet18-128: the stem is %s a form of the image", block ? "not on" : "on");
+        CHECK_MSG(!block == !!m.acts[0].value, "resnet18-128, block %d: the image %s stored", block,
+                  m.acts[0].value ? "is" : "is not"); /* a form takes the batch straight from float32 */
+        stem_off = stem->w_off, stem_count = stem->w_count, n = m.n_params;
+        grads[block] = gradients(&m, gpu, x, labels, &logits[block]);
+        model_destroy(&m);
+    }
+    for (int block = 1; block <= 2; block++) {
+        double e_stem = test_rel_error(grads[block] + stem_off, grads[0] + stem_off, stem_count);
+        double e_all = test_rel_error(grads[block], grads[0], n);
+        double e_logits = test_rel_error(logits[block], logits[0], (size_t)batch * 10);
+        CHECK_MSG(e_stem < 3e-2 && e_all < 3e-2 && e_logits < 1e-3,
+                  "resnet18-128, the stem on block %d's form: stem gradient %.3g, all gradients %.3g, logits %.3g "
+                  "from the stem on the image",
+                  block, e_stem, e_all, e_logits);
+        printf("resnet18-128 fp32, the stem on block %d's form against on the image: stem gradient %.3g, all %.3g, "
+               "logits %.3g relative\n", block, e_stem, e_all, e_logits);
+    }
+    for (int block = 0; block <= 2; block++) free(grads[block]), free(logits[block]);
+}
+
 static void check_graph_fusion(GpuContext *gpu, int batch, const float *x) {
     Model m[2];
     char err[256];
@@ -521,6 +564,11 @@ int main(void) {
         check_gpu_against_cpu(&gpu, 32, big32, labels32, 1);
         GPU_ONLY(check_fused_steps(&gpu, 32, big32, labels32));
         GPU_ONLY(check_graph_fusion(&gpu, 32, big32));
+        size_t n128 = (size_t)BATCH * 3 * 128 * 128;
+        float *big128 = malloc(n128 * sizeof(float));
+        test_fill_uniform(big128, n128, &rng, -2, 2);
+        GPU_ONLY(check_input_forms(&gpu, BATCH, big128, labels));
+        free(big128);
         gpu_context_destroy(&gpu);
         check_switches();
     } else {

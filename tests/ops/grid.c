@@ -40,6 +40,7 @@
     X(freeze_after) \
     X(lookahead) \
     X(muon) \
+    X(space_to_depth) \
     /* end of the table */
 
 #define GRID_DECLARE(name) extern const GridOp grid_op_##name;

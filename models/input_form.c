@@ -1,5 +1,5 @@
-/* model.fuse, GPU, channels-last half precision: a convolution over the
- * input image may run on copies of the image and its filters in another form
+/* model.fuse, GPU, channels-last: a convolution over the input image may run
+ * on copies of the image and its filters in another form
  * (ops/space_to_depth.h), where cuDNN has faster kernels than for the image's
  * 3 channels padded to 8:
  *   block 2, a stride-2 convolution as a stride-1 one over 2x2 squares of

@@ -150,6 +150,7 @@ static void s2d_conv_matches(const Conv2dShape *conv, int c_used, int block, uin
     double err_y = test_rel_error(y, want_y, ny), err_dw = test_rel_error(dw, want_dw_nhwc, nw);
     CHECK_MSG(err_y < 3e-5, "space_to_depth conv y: %.3g from the direct convolution's", err_y);
     CHECK_MSG(err_dw < 3e-5, "space_to_depth conv dw: %.3g from the direct convolution's", err_dw);
+    printf("  y %.3g and dw %.3g from the direct convolution's\n", err_y, err_dw);
     void *host[] = {x, w, dy, x_nchw, w_nchw, want_y, want_dw, xs, ws, xs_nchw, ws_nchw, y, dws_nchw, dw, dws,
                     want_dw_nhwc};
     host_free_all(host, GRID_COUNT(host));

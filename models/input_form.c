@@ -143,7 +143,8 @@ void input_form_carve(Model *m, Arena *a) {
         if (!f) continue;
         f->x = arena_alloc(a, space_to_depth_out_count(&f->image) * esize, "input convolution's image form");
         f->w = arena_alloc(a, space_to_depth_out_count(&f->filter) * esize, "input convolution's filter form");
-        f->dw = arena_alloc(a, space_to_depth_out_count(&f->filter) * esize, "input convolution's filter form gradient");
+        f->dw = arena_alloc(a, space_to_depth_out_count(&f->filter) * esize,
+                            "input convolution's filter form gradient");
     }
 }
 

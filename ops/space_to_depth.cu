@@ -24,7 +24,8 @@ static __global__ void space_to_depth_kernel(SpaceToDepthShape s, const S *x, T 
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < squares; t += (size_t)gridDim.x * blockDim.x) {
         int b = (int)(t % s.block), a = (int)(t / s.block % s.block);
         size_t pixel = t / ((size_t)s.block * s.block);
-        int j = (int)(pixel % s.out_w), i = (int)(pixel / s.out_w % s.out_h), img = (int)(pixel / ((size_t)s.out_w * s.out_h));
+        int j = (int)(pixel % s.out_w), i = (int)(pixel / s.out_w % s.out_h);
+        int img = (int)(pixel / ((size_t)s.out_w * s.out_h));
         int p = s.block * i + a - s.pad, q = s.block * j + b - s.pad;
         int inside = p >= 0 && p < s.h && q >= 0 && q < s.w;
         size_t step;
@@ -46,7 +47,8 @@ static __global__ void space_to_depth_backward_kernel(SpaceToDepthShape s, const
         int q = (int)(pixel % s.w), p = (int)(pixel / s.w % s.h), img = (int)(pixel / ((size_t)s.w * s.h));
         int pp = p + s.pad, qq = q + s.pad, i = pp / s.block, j = qq / s.block;
         if (i >= s.out_h || j >= s.out_w) continue;
-        size_t t = (((size_t)img * s.out_h + i) * s.out_w + j) * yc + ((pp % s.block) * s.block + qq % s.block) * s.group + ch;
+        size_t t = (((size_t)img * s.out_h + i) * s.out_w + j) * yc;
+        t += ((pp % s.block) * s.block + qq % s.block) * s.group + ch;
         T *d = dx + pixel * s.c + ch;
         *d = from_float<T>(to_float(*d) + to_float(dy[t]));
     }
@@ -55,21 +57,24 @@ static __global__ void space_to_depth_backward_kernel(SpaceToDepthShape s, const
 template <typename T>
 static void launch_forward(const SpaceToDepthShape *s, const void *x, void *y, cudaStream_t stream) {
     size_t squares = (size_t)s->n * s->out_h * s->out_w * s->block * s->block;
-    space_to_depth_kernel<T, T, false><<<elementwise_blocks(squares), ELEMENTWISE_THREADS, 0, stream>>>(*s, (const T *)x, (T *)y);
+    space_to_depth_kernel<T, T, false>
+        <<<elementwise_blocks(squares), ELEMENTWISE_THREADS, 0, stream>>>(*s, (const T *)x, (T *)y);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 static void launch_from_f32_nchw(const SpaceToDepthShape *s, const float *x, void *y, cudaStream_t stream) {
     size_t squares = (size_t)s->n * s->out_h * s->out_w * s->block * s->block;
-    space_to_depth_kernel<T, float, true><<<elementwise_blocks(squares), ELEMENTWISE_THREADS, 0, stream>>>(*s, x, (T *)y);
+    space_to_depth_kernel<T, float, true>
+        <<<elementwise_blocks(squares), ELEMENTWISE_THREADS, 0, stream>>>(*s, x, (T *)y);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 static void launch_backward(const SpaceToDepthShape *s, const void *dy, void *dx, cudaStream_t stream) {
     size_t count = (size_t)s->n * s->h * s->w * s->c_used;
-    space_to_depth_backward_kernel<T><<<elementwise_blocks(count), ELEMENTWISE_THREADS, 0, stream>>>(*s, (const T *)dy, (T *)dx);
+    space_to_depth_backward_kernel<T>
+        <<<elementwise_blocks(count), ELEMENTWISE_THREADS, 0, stream>>>(*s, (const T *)dy, (T *)dx);
     CUDA_CHECK_LAUNCH();
 }
 

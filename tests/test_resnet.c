@@ -1,6 +1,7 @@
 /* ResNet as a composition of ops: a residual net's gradients against finite
  * differences (CPU), checkpointed and plain gradients bitwise equal, ResNet-18's
- * step on the GPU against the CPU, evaluation with running statistics, and
+ * step on the GPU against the CPU, evaluation with running statistics, the
+ * ImageNet stem on each form of the image against on the image itself, and
  * every speed switch giving the same training run (GPU); on the CPU, the
  * recipe through the trainer overfits one fixed batch. */
 #include <math.h>
@@ -299,13 +300,6 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
     CUDA_CHECK(cudaFree(lr));
 }
 
-/* model.fuse = graphs against model.fuse = on, fp16 channels-last, after one
- * training forward from the same parameters and batch: every batch norm's
- * saved statistics (mean, 1/std) and the change of its running ones, which
- * the fused pairs take from their convolution's sums (bn_finalize). A pair
- * reading another layer's sums, or leaving the running statistics alone, is
- * off by 100% or more; the H100 gave 1.2e-4 and 7e-5. Without a fused pair
- * (no engine on this card) it says so and compares nothing. */
 /* ResNet-18 at 128 pixels (ImageNet's 7x7 stride-2 stem over 3 channels
  * padded to 8), fp32 channels-last, model.fuse on: one step with the stem on
  * each form of the image (models/input_form.c) against the stem on the image
@@ -350,6 +344,13 @@ static void check_input_forms(GpuContext *gpu, int batch, const float *x, const 
     for (int block = 0; block <= 2; block++) free(grads[block]), free(logits[block]);
 }
 
+/* model.fuse = graphs against model.fuse = on, fp16 channels-last, after one
+ * training forward from the same parameters and batch: every batch norm's
+ * saved statistics (mean, 1/std) and the change of its running ones, which
+ * the fused pairs take from their convolution's sums (bn_finalize). A pair
+ * reading another layer's sums, or leaving the running statistics alone, is
+ * off by 100% or more; the H100 gave 1.2e-4 and 7e-5. Without a fused pair
+ * (no engine on this card) it says so and compares nothing. */
 static void check_graph_fusion(GpuContext *gpu, int batch, const float *x) {
     Model m[2];
     char err[256];

@@ -16,41 +16,57 @@
 
 #include <stdlib.h>
 
+#include "ops/backend_graph.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
-
-#define COPY_TIMING_RUNS 10
 
 static int takes_input_form(const Model *m, const Layer *l) {
     return m->fuse && m->device == DEVICE_CUDA && m->nhwc && l->kind == LAYER_CONV && l->in == 0 && !l->fused &&
            !l->whitening && l->pool_layer < 0;
 }
 
+/* The copy of the image into the form that the step will run: from the
+ * float32 batch where the convolution alone reads the image (input_form_plan
+ * leaves the image unstored then), else from the image. */
+static int copies_from_batch(const Model *m) { return m->acts[0].consumers == 1; }
+
+#if TRAINC_CUDA
+typedef struct {
+    const Model *m;
+    const SpaceToDepthShape *image;
+    const void *x;
+    void *y;
+} ImageCopy;
+
+static void run_image_copy(void *arg) {
+    const ImageCopy *c = arg;
+    if (copies_from_batch(c->m)) space_to_depth_from_f32_nchw(&c->m->ops, c->image, c->x, c->y);
+    else space_to_depth_forward(&c->m->ops, c->image, c->x, c->y);
+}
+
 /* Microseconds per copy of the image into the form, on buffers of its own. */
 static float image_copy_us(const Model *m, const SpaceToDepthShape *image) {
-    size_t esize = dtype_size(m->act_dtype);
-    size_t in_bytes = (size_t)image->n * image->h * image->w * image->c * esize;
-    size_t out_bytes = space_to_depth_out_count(image) * esize;
+    size_t pixels = (size_t)image->n * image->h * image->w;
+    size_t in_bytes = copies_from_batch(m) ? pixels * image->c_used * sizeof(float)
+                                           : pixels * image->c * dtype_size(m->act_dtype);
+    size_t out_bytes = space_to_depth_out_count(image) * dtype_size(m->act_dtype);
     const char *error;
     void *x = gpu_try_malloc(in_bytes, &error), *y = x ? gpu_try_malloc(out_bytes, &error) : NULL;
     if (!y) TC_FATAL("timing the input convolution's forms: %s (%.1f MiB)", error, (in_bytes + out_bytes) / 1048576.0);
     op_fill_random(&m->ops, x, in_bytes);
-    cudaEvent_t start, stop;
-    gpu_event_create(&start, 1);
-    gpu_event_create(&stop, 1);
-    space_to_depth_forward(&m->ops, image, x, y); /* the first run loads the kernel */
-    gpu_event_record(start, m->ops.stream);
-    for (int r = 0; r < COPY_TIMING_RUNS; r++) space_to_depth_forward(&m->ops, image, x, y);
-    gpu_event_record(stop, m->ops.stream);
-    gpu_event_sync(stop);
-    float us = gpu_event_ms(start, stop) * 1000.0f / COPY_TIMING_RUNS;
-    gpu_event_destroy(start);
-    gpu_event_destroy(stop);
+    ImageCopy copy = {m, image, x, y};
+    float us = 1000.0f * backend_graph_time_ms(m->ops.cudnn, run_image_copy, &copy);
     gpu_free(x);
     gpu_free(y);
     return us;
 }
+#else
+static float image_copy_us(const Model *m, const SpaceToDepthShape *image) {
+    (void)m, (void)image;
+    gpu_unavailable(__func__);
+}
+#endif
 
 /* Forward and filter gradient, as conv2d_init timed them (0: not timed). */
 static float conv_us(const Model *m, const Conv2d *c) {
@@ -132,7 +148,7 @@ void input_form_plan(Model *m) {
         Layer *l = &m->layers[i];
         if (!takes_input_form(m, l)) continue;
         plan_layer(m, l, i);
-        if (l->input_form && m->acts[0].consumers == 1) m->acts[0].unstored = 1;
+        if (l->input_form && copies_from_batch(m)) m->acts[0].unstored = 1;
     }
 }
 

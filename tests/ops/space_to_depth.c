@@ -108,9 +108,6 @@ static void s2d_case(const GridCase *c) {
     s2d_finite_differences(c, &S2D_SHAPES[3]);
 }
 
-/* A [n][h][w][c] tensor as [n][c][h][w], conv2d's CPU layout. */
-static float *nchw_of(const float *x, int n, int h, int w, int c) { return to_nchw(x, n, c, h, w); }
-
 /* conv (NHWC x over c_used of its channels, w [k][r][s][c]) directly and on block's forms: y and dw the same. */
 static void s2d_conv_matches(const Conv2dShape *conv, int c_used, int block, uint64_t *rng) {
     SpaceToDepthShape image, filter;
@@ -130,8 +127,8 @@ static void s2d_conv_matches(const Conv2dShape *conv, int c_used, int block, uin
     for (size_t i = 0; i < nw; i++) w[i] = (int)(i % conv->c) < c_used ? test_uniform(rng, -1, 1) : 0.0f;
     test_fill_uniform(dy, ny, rng, -1, 1);
     /* Directly, in NCHW. */
-    float *x_nchw = nchw_of(x, conv->n, conv->h, conv->w, conv->c);
-    float *w_nchw = nchw_of(w, conv->k, conv->r, conv->s, conv->c);
+    float *x_nchw = to_nchw(x, conv->n, conv->c, conv->h, conv->w);
+    float *w_nchw = to_nchw(w, conv->k, conv->c, conv->r, conv->s);
     float *want_y = host_floats(ny), *want_dw = host_floats(nw);
     conv2d_forward_cpu(conv, x_nchw, w_nchw, NULL, want_y);
     conv2d_backward_cpu(conv, x_nchw, w_nchw, dy, NULL, want_dw, NULL);
@@ -140,8 +137,8 @@ static void s2d_conv_matches(const Conv2dShape *conv, int c_used, int block, uin
     float *xs = host_floats(nxs), *ws = host_floats(nws);
     space_to_depth_forward_cpu(&image, x, xs);
     space_to_depth_forward_cpu(&filter, w, ws);
-    float *xs_nchw = nchw_of(xs, inner.n, inner.h, inner.w, inner.c);
-    float *ws_nchw = nchw_of(ws, inner.k, inner.r, inner.s, inner.c);
+    float *xs_nchw = to_nchw(xs, inner.n, inner.c, inner.h, inner.w);
+    float *ws_nchw = to_nchw(ws, inner.k, inner.c, inner.r, inner.s);
     float *y = host_floats(ny), *dws_nchw = host_floats(nws), *dw = host_floats(nw);
     conv2d_forward_cpu(&inner, xs_nchw, ws_nchw, NULL, y);
     conv2d_backward_cpu(&inner, xs_nchw, ws_nchw, dy, NULL, dws_nchw, NULL);

@@ -112,7 +112,8 @@ static void gelu_layer_backward(Model *m, const Layer *l) {
     if (dx && !l->fused) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
-/* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first; by_conv, the conv does it all ---- */
+/* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first; by_conv, the conv does it all;
+ * by_bn, the batch norm before its ReLU runs its forward ---- */
 
 /* A fused max-pool's bias: its conv's, in the weights the layers read. */
 static const void *pool_bias(const Model *m, const Layer *pool) {
@@ -120,7 +121,7 @@ static const void *pool_bias(const Model *m, const Layer *pool) {
 }
 
 static void maxpool_layer_forward(Model *m, const Layer *l) {
-    if (l->by_conv) return;
+    if (l->by_conv || l->by_bn) return;
     if (l->fused) bias_relu_pool_forward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), y_of(m, l));
     else maxpool_forward(&m->ops, &l->pool, x_of(m, l), y_of(m, l));
 }
@@ -146,7 +147,8 @@ static void linear_layer_backward(Model *m, const Layer *l) {
 
 /* ---- batch norm: in training, the batch's statistics (over every rank with
  * dist.sync_bn; from its conv's sums under model.fuse = graphs); in
- * evaluation, the running ones ---- */
+ * evaluation, the running ones; fused, the add after it (add_layer) or the
+ * max-pool after its ReLU (pool_layer) in its pass ---- */
 
 static BatchNormMode bn_mode(const Model *m) {
     if (!m->training) return BN_EVAL;
@@ -168,6 +170,7 @@ static BatchNormParams bn_params(const Model *m, const Layer *l) {
     p.reduce = m->bn_allreduce;
     p.reduce_ctx = m->bn_allreduce_ctx;
     p.residual = NULL;
+    p.pool = NULL;
     return p;
 }
 
@@ -187,6 +190,10 @@ static void batchnorm_layer_forward(Model *m, const Layer *l) {
         p.residual = m->acts[add->in == l->out ? add->in2 : add->in].value;
         act = add->fused ? BN_ACT_RELU : BN_ACT_NONE;
         y = y_of(m, add);
+    }
+    if (l->pool_layer >= 0) { /* the ReLU's max-pool, in this pass */
+        p.pool = &m->layers[l->pool_layer].pool;
+        y = y_of(m, &m->layers[l->pool_layer]);
     }
     batchnorm_forward(&m->ops, &l->bn, mode, act, &p, x_of(m, l), y);
 }

@@ -453,12 +453,36 @@ static void fuse_first_block(Model *m, Layer *conv, Layer *pool) {
              pool->name);
 }
 
+/* A batch norm + ReLU that only a max-pool reads runs the pool in its apply
+ * pass on the GPU where ops/batchnorm takes the pool (BatchNormParams.pool):
+ * the norm's output is never stored (ResNet's ImageNet stem: 411 MB written
+ * and read back at 224 and batch 256). The pool's backward still writes that
+ * output's gradient, which the norm's backward reads. */
+static void fuse_bn_pools(Model *m) {
+    for (int i = 0; m->device == DEVICE_CUDA && i + 2 < m->n_layers; i++) {
+        Layer *bn = &m->layers[i], *relu = &m->layers[i + 1], *pool = &m->layers[i + 2];
+        if (bn->kind != LAYER_BATCHNORM || bn->fused_act != BN_ACT_RELU || relu->kind != LAYER_RELU ||
+            relu->in != bn->out || pool->kind != LAYER_MAXPOOL || pool->in != relu->out ||
+            m->acts[relu->out].consumers != 1)
+            continue;
+        if (!batchnorm_pool_supported(&m->ops, &pool->pool.shape)) {
+            log_info("%s + ReLU + %s: apart (the pool's channels-last kernels do not take it)", bn->name,
+                     pool->name);
+            continue;
+        }
+        bn->pool_layer = i + 2;
+        pool->by_bn = 1;
+        m->acts[bn->out].unstored = m->acts[relu->out].unstored = 1;
+        log_info("%s + ReLU + %s: one pass (the norm's output never stored)", bn->name, pool->name);
+    }
+}
+
 /* A ReLU right after a convolution with a bias, a batch norm or an add, or a
  * GELU right after a batch norm or a whitening convolution, reading nothing
  * else, folds into it; a conv +
  * bias + ReLU that only a 2x2 max-pool reads folds its bias and ReLU into the
  * pool instead (bias_relu_pool), whose backward overwrites the conv's raw
- * output with its gradient. Then fuse_bn_adds. Needs plan_accumulation's
+ * output with its gradient. Then fuse_bn_adds and fuse_bn_pools. Needs plan_accumulation's
  * consumer counts. */
 static void mark_fusions(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
@@ -482,6 +506,7 @@ static void mark_fusions(Model *m) {
         }
     }
     fuse_bn_adds(m);
+    fuse_bn_pools(m);
 }
 
 /* ---- finalizing ------------------------------------------------------- */

@@ -70,7 +70,8 @@ typedef struct {
                              statistics from those sums (bn_finalize) and runs the apply pass alone */
     int add_layer;        /* batch norm (model.fuse): the add right after it, which alone reads its output,
                              whose sum (and fused ReLU) its pass writes into the add's output; -1: none */
-    int by_bn;            /* add: the batch norm before it computes it (add_layer); only its backward runs */
+    int by_bn;            /* add: the batch norm before it computes it (add_layer); maxpool: the batch norm
+                             two layers before computes its forward (pool_layer); only its backward runs */
     int block;            /* the checkpoint block it belongs to, or -1 */
     int fused;            /* conv: adds its bias and the ReLU after it in one pass (a whitening conv: the
                              GELU, fused_act); relu: done by that conv (or by the max-pool after it); maxpool:
@@ -86,7 +87,8 @@ typedef struct {
     int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
     int pool_layer;       /* conv (model.fuse, GPU): the input's 3x3 convolution computes its bias, ReLU and
                              this 2x2 max-pool too, writing only the pool's output (ops/conv_bias_relu_pool);
-                             -1: none */
+                             batch norm (model.fuse, GPU): its pass computes its ReLU and this max-pool, writing
+                             only the pool's output (BatchNormParams.pool); -1: none */
     int by_conv;          /* maxpool: the conv two layers before computes it (pool_layer); it runs nothing */
     int whitening;        /* conv: its weights are set from the data (models/whiten.h) and never trained */
     int dirac;            /* conv: its first min(out, in) filters start as the identity (model_dirac_last) */
@@ -109,7 +111,8 @@ typedef struct {
                              under bias_relu_pool, whose backward works in place) */
     int unstored;         /* no layer writes or reads it (the input's conv output under conv_bias_relu_pool,
                              and the in-place ReLU's sharing it; the input image where its one reader runs on
-                             a form of it, models/input_form.c): no buffer, value and gradient NULL */
+                             a form of it, models/input_form.c; a batch norm's output, and its ReLU's, where
+                             the norm's pass computes the max-pool after them): no buffer, value NULL */
     int consumers;        /* layers that read it */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */

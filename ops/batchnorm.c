@@ -299,22 +299,45 @@ static void forward_cpu(const BatchNorm *bn, BatchNormMode mode, BatchNormAct ac
     if (p->residual) add_residual(&bn->shape, after, p->residual, y);
 }
 
+static int same_map(const BatchNormShape *s, const Pool2dShape *pool) {
+    return s->n == pool->n && s->c == pool->c && s->h == pool->h && s->w == pool->w;
+}
+
+/* BatchNormParams.pool on the CPU: the norm into a buffer of its own, then the pool. */
+static void forward_pool_cpu(const BatchNorm *bn, BatchNormMode mode, BatchNormAct act, const BatchNormParams *p,
+                             const float *x, float *y) {
+    const BatchNormShape *s = &bn->shape;
+    float *z = malloc((size_t)s->n * s->c * plane_of(s) * sizeof(float));
+    if (!z) TC_FATAL("batchnorm: out of host memory for the output the max-pool after it reads");
+    forward_cpu(bn, mode, act, p, x, z);
+    maxpool_forward_cpu(&p->pool->shape, z, y);
+    free(z);
+}
+
+static inline const MaxPoolCuda *cuda_pool(const BatchNormParams *p) { return p->pool ? &p->pool->cuda : NULL; }
+
 static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                          const BatchNormParams *p, const void *x, void *y) {
     if (mode == BN_TRAIN_SYNC)
         GPU_ONLY(batchnorm_forward_train_sync_cuda(&bn->cuda, ctx->cudnn, x, p->gamma, p->beta, p->momentum, p->eps,
                                                    p->running_mean, p->running_var, p->save_mean, p->save_invstd, y,
-                                                   p->residual, ctx->stream, p->reduce, p->reduce_ctx, act));
+                                                   p->residual, cuda_pool(p), ctx->stream, p->reduce, p->reduce_ctx,
+                                                   act));
     else if (mode == BN_TRAIN_SAVED)
         GPU_ONLY(batchnorm_act_forward_saved_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->save_mean,
-                                                  p->save_invstd, y, p->residual, ctx->stream));
+                                                  p->save_invstd, y, p->residual, cuda_pool(p), ctx->stream));
     else if (mode == BN_TRAIN)
         GPU_ONLY(batchnorm_act_forward_train_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->momentum,
                                                   p->eps, p->running_mean, p->running_var, p->save_mean,
-                                                  p->save_invstd, y, p->residual, ctx->stream));
+                                                  p->save_invstd, y, p->residual, cuda_pool(p), ctx->stream));
     else
         GPU_ONLY(batchnorm_act_forward_eval_cuda(&bn->cuda, ctx->cudnn, act, x, p->gamma, p->beta, p->running_mean,
-                                                 p->running_var, p->eps, y, p->residual, ctx->stream));
+                                                 p->running_var, p->eps, y, p->residual, cuda_pool(p), ctx->stream));
+}
+
+int batchnorm_pool_supported(const OpContext *ctx, const Pool2dShape *pool) {
+    /* The pool's own kernels are those that keep window positions. */
+    return ctx->device == DEVICE_CPU || (ctx->nhwc && maxpool_scratch_bytes(ctx, pool) > 0);
 }
 
 static void check_act(BatchNormAct act) {
@@ -333,8 +356,16 @@ void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode 
                        const BatchNormParams *p, const void *x, void *y) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
     check_act(act);
+    if (p->pool && !same_map(&bn->shape, &p->pool->shape))
+        TC_FATAL("batchnorm: the max-pool in the norm's pass is for a %dx%dx%dx%d input, the norm's is %dx%dx%dx%d",
+                 p->pool->shape.n, p->pool->shape.c, p->pool->shape.h, p->pool->shape.w, bn->shape.n, bn->shape.c,
+                 bn->shape.h, bn->shape.w);
+    if (p->pool && (p->residual || act == BN_ACT_GELU || !batchnorm_pool_supported(ctx, &p->pool->shape)))
+        TC_FATAL("batchnorm: the max-pool in the norm's pass takes a ReLU or no activation, no residual, and on the "
+                 "GPU channels-last data its own kernels take (batchnorm_pool_supported)");
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) forward_cpu(bn, mode, act, p, x, y);
+    if (ctx->device == DEVICE_CPU && p->pool) forward_pool_cpu(bn, mode, act, p, x, y);
+    else if (ctx->device == DEVICE_CPU) forward_cpu(bn, mode, act, p, x, y);
     else forward_cuda(ctx, bn, mode, act, p, x, y);
     op_end(ctx, __func__);
 }

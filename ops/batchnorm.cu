@@ -113,6 +113,7 @@ struct BnArgs {
     void *dz;               /* BN_BWD_GELU_STORE: dy * gelu'(z); BN_BWD_MASK_STORE: dy masked; in the dtype */
     const void *mask;       /* BN_BWD_MASK_STORE: the ReLU's output after the add (dy passes where > 0) */
     const void *res;        /* forward: added before the activation, as x (NULL: none) */
+    const MaxPoolCuda *pool;/* forward: the max-pool after the activation runs the apply pass (NULL: none) */
 };
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
@@ -811,6 +812,7 @@ static void launch_apply(const BatchNormCuda *bn, const BnArgs &a, cudaStream_t 
 /* The apply pass of y = act(bn(x) [+ residual]). */
 template <typename T>
 static void launch_apply_forward(const BatchNormCuda *bn, const BnArgs &a, BatchNormAct act, cudaStream_t stream) {
+    if (a.pool) return maxpool_forward_bn_cuda(a.pool, a.x, (const float *)a.coef, act == BN_ACT_RELU, a.out, stream);
     if (a.res && act == BN_ACT_RELU) launch_apply<T, BN_APPLY_FWD_RELU, true>(bn, a, stream);
     else if (a.res && act == BN_ACT_GELU) launch_apply<T, BN_APPLY_FWD_GELU, true>(bn, a, stream);
     else if (a.res) launch_apply<T, BN_APPLY_FWD, true>(bn, a, stream);
@@ -882,11 +884,15 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
 
 /* What every forward's apply pass reads and writes. */
 static BnArgs forward_args(const BatchNormCuda *bn, const void *x, void *y, const void *residual,
-                           const float *gamma, const float *beta) {
+                           const MaxPoolCuda *pool, const float *gamma, const float *beta) {
+    if (pool && (residual || !bn->nhwc || pool->dtype != bn->dtype || !maxpool_cuda_takes_prologue(pool)))
+        TC_FATAL("batchnorm: a max-pool in the norm's pass needs channels-last, the pool's own kernels in the "
+                 "norm's dtype, and no residual");
     BnArgs a = base_args(bn);
     a.x = x;
     a.out = y;
     a.res = residual;
+    a.pool = pool;
     a.gamma = gamma;
     a.beta = beta;
     return a;
@@ -895,9 +901,9 @@ static BnArgs forward_args(const BatchNormCuda *bn, const void *x, void *y, cons
 static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                           const float *gamma, const float *beta, float momentum, float eps,
                           float *running_mean, float *running_var, float *save_mean,
-                          float *save_invstd, void *y, const void *residual, cudaStream_t stream,
-                          BatchNormAct act, BnAllreduce reduce, void *ctx) {
-    BnArgs a = forward_args(bn, x, y, residual, gamma, beta);
+                          float *save_invstd, void *y, const void *residual, const MaxPoolCuda *pool,
+                          cudaStream_t stream, BatchNormAct act, BnAllreduce reduce, void *ctx) {
+    BnArgs a = forward_args(bn, x, y, residual, pool, gamma, beta);
     /* Synchronized, the global count must be 2 or more; only the device knows it. */
     if (a.count < 2 && !reduce) TC_FATAL("batchnorm: training needs more than one value per channel");
     a.momentum = momentum;
@@ -912,8 +918,8 @@ static void forward_train(const BatchNormCuda *bn, cudnnHandle_t h, const void *
 static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                          const float *gamma, const float *beta, const float *running_mean,
                          const float *running_var, float eps, void *y, const void *residual,
-                         cudaStream_t stream, BatchNormAct act) {
-    BnArgs a = forward_args(bn, x, y, residual, gamma, beta);
+                         const MaxPoolCuda *pool, cudaStream_t stream, BatchNormAct act) {
+    BnArgs a = forward_args(bn, x, y, residual, pool, gamma, beta);
     a.eval_mean = running_mean;
     a.eval_var = running_var;
     a.eps = eps;
@@ -952,36 +958,38 @@ void batchnorm_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   float *running_mean, float *running_var, float *save_mean,
                                   float *save_invstd, void *y, cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, NULL, stream, BN_ACT_NONE, NULL, NULL);
+                  save_invstd, y, NULL, NULL, stream, BN_ACT_NONE, NULL, NULL);
 }
 
 void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       float momentum, float eps, float *running_mean,
                                       float *running_var, float *save_mean, float *save_invstd,
-                                      void *y, const void *residual, cudaStream_t stream) {
+                                      void *y, const void *residual, const MaxPoolCuda *pool,
+                                      cudaStream_t stream) {
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, residual, stream, act, NULL, NULL);
+                  save_invstd, y, residual, pool, stream, act, NULL, NULL);
 }
 
 void batchnorm_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                  const float *gamma, const float *beta, const float *running_mean,
                                  const float *running_var, float eps, void *y, cudaStream_t stream) {
-    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, NULL, stream, BN_ACT_NONE);
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, NULL, NULL, stream, BN_ACT_NONE);
 }
 
 void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                      const void *x, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
-                                     float eps, void *y, const void *residual, cudaStream_t stream) {
-    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, residual, stream, act);
+                                     float eps, void *y, const void *residual, const MaxPoolCuda *pool,
+                                     cudaStream_t stream) {
+    forward_eval(bn, h, x, gamma, beta, running_mean, running_var, eps, y, residual, pool, stream, act);
 }
 
 void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
-                                      const void *residual, cudaStream_t stream) {
-    BnArgs a = forward_args(bn, x, y, residual, gamma, beta);
+                                      const void *residual, const MaxPoolCuda *pool, cudaStream_t stream) {
+    BnArgs a = forward_args(bn, x, y, residual, pool, gamma, beta);
     a.mean_in = save_mean;
     a.invstd_in = save_invstd;
     DISPATCH_FLOAT_DTYPE(bn->dtype, run_forward_saved, bn, a, act, pick_stream(h, stream));
@@ -1008,11 +1016,11 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        const float *gamma, const float *beta, float momentum,
                                        float eps, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, void *y,
-                                       const void *residual, cudaStream_t stream, BnAllreduce reduce,
-                                       void *ctx, BatchNormAct act) {
+                                       const void *residual, const MaxPoolCuda *pool, cudaStream_t stream,
+                                       BnAllreduce reduce, void *ctx, BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync forward: no reduce given");
     forward_train(bn, h, x, gamma, beta, momentum, eps, running_mean, running_var, save_mean,
-                  save_invstd, y, residual, stream, act, reduce, ctx);
+                  save_invstd, y, residual, pool, stream, act, reduce, ctx);
 }
 
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,

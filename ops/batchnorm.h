@@ -88,6 +88,7 @@
 
 #include <stddef.h>
 
+#include "ops/maxpool.h"
 #include "ops/op_context.h"
 #include "runtime/dtype.h"
 
@@ -163,7 +164,19 @@ typedef struct {
     /* Backward with BN_ACT_ADD_RELU only: where dy masked by y > 0 goes (dtype,
      * layout; may be dy itself). */
     void *dy_masked;
+    /* Forward only, NULL: none. The max-pool after the norm (and its ReLU:
+     * act BN_ACT_RELU or BN_ACT_NONE, no residual) in the norm's pass: y is
+     * the pool's output, and the norm's own output is never stored. The pool
+     * keeps its window positions for its maxpool_backward, whose dx is the
+     * norm's dy, as after its own forward. The GPU takes it where
+     * batchnorm_pool_supported says; the CPU composes the two. */
+    const MaxPool2d *pool;
 } BatchNormParams;
+
+/* Whether the forward takes a max-pool of this shape as p->pool: on the GPU
+ * where the data is channels-last and the pool's own kernels take it (those
+ * that keep window positions, ops/maxpool.h); on the CPU always. */
+int batchnorm_pool_supported(const OpContext *ctx, const Pool2dShape *pool);
 
 size_t batchnorm_scratch_bytes(const OpContext *ctx, const BatchNormShape *s);
 void batchnorm_init(const OpContext *ctx, BatchNorm *bn, const BatchNormShape *s, void *scratch);
@@ -250,23 +263,26 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              void *dbeta, DType grad_dtype, cudaStream_t stream);
 
 /* With a fused activation; y and beta as batchnorm_act_backward_cpu's;
- * residual (NULL: none): y = act(bn(x) + residual), residual as x. */
+ * residual (NULL: none): y = act(bn(x) + residual), residual as x; pool
+ * (NULL: none): y = maxpool(act(bn(x))) (BatchNormParams.pool). */
 void batchnorm_act_forward_train_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       float momentum, float eps, float *running_mean,
                                       float *running_var, float *save_mean, float *save_invstd,
-                                      void *y, const void *residual, cudaStream_t stream);
+                                      void *y, const void *residual, const MaxPoolCuda *pool,
+                                      cudaStream_t stream);
 void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                      const void *x, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var,
-                                     float eps, void *y, const void *residual, cudaStream_t stream);
+                                     float eps, void *y, const void *residual, const MaxPoolCuda *pool,
+                                     cudaStream_t stream);
 /* BN_TRAIN_SAVED: the coefficients from the saved statistics, as the training
  * forward derives them (its ReLU's backward recomputes y from them), then its
  * apply pass. */
 void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
-                                      const void *residual, cudaStream_t stream);
+                                      const void *residual, const MaxPoolCuda *pool, cudaStream_t stream);
 /* y and dy_masked: BN_ACT_ADD_RELU's (otherwise unused; y is recomputed for BN_ACT_RELU). */
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                  const void *x, const void *y, const void *dy, void *dy_masked,
@@ -280,8 +296,8 @@ void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h,
                                        const float *gamma, const float *beta, float momentum,
                                        float eps, float *running_mean, float *running_var,
                                        float *save_mean, float *save_invstd, void *y,
-                                       const void *residual, cudaStream_t stream, BnAllreduce reduce,
-                                       void *ctx, BatchNormAct act);
+                                       const void *residual, const MaxPoolCuda *pool, cudaStream_t stream,
+                                       BnAllreduce reduce, void *ctx, BatchNormAct act);
 void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
                                   const void *y, const void *dy, void *dy_masked, const float *gamma,
                                   const float *beta, const float *save_mean,

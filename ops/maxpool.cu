@@ -45,6 +45,37 @@ static __device__ __forceinline__ void fold_maximum(uint4 v, int at, float *best
     }
 }
 
+/* What the forward pools: x itself (PRO_NONE), or batch norm's output before
+ * it is stored (maxpool_forward_bn_cuda): act(fma(x - mean, scale, shift)),
+ * rounded to T, as batchnorm.cu's apply pass writes it. */
+enum { PRO_NONE, PRO_AFFINE, PRO_AFFINE_RELU };
+
+/* One thread's channels' coefficients, loaded once for its whole window. */
+template <typename T, int PRO>
+struct Prologue {
+    float mean[PRO ? 16 / sizeof(T) : 1], scale[PRO ? 16 / sizeof(T) : 1], shift[PRO ? 16 / sizeof(T) : 1];
+    __device__ __forceinline__ Prologue(const float4 *coef, size_t vector_in_pixel) {
+#pragma unroll
+        for (int j = 0; j < (PRO ? 16 / (int)sizeof(T) : 0); j++) {
+            float4 k = coef[vector_in_pixel * (16 / sizeof(T)) + j];
+            mean[j] = k.x, scale[j] = k.y, shift[j] = k.z;
+        }
+    }
+    __device__ __forceinline__ uint4 operator()(uint4 v) const {
+        if (PRO == PRO_NONE) return v;
+        constexpr int width = 16 / sizeof(T);
+        alignas(16) T e[width];
+        *reinterpret_cast<uint4 *>(e) = v;
+#pragma unroll
+        for (int j = 0; j < width; j++) {
+            float z = __fmaf_rn(to_float(e[j]) - mean[j], scale[j], shift[j]);
+            if (PRO == PRO_AFFINE_RELU) z = z < 0.0f ? 0.0f : z;
+            e[j] = from_float<T>(z);
+        }
+        return *reinterpret_cast<const uint4 *>(e);
+    }
+};
+
 /* A window's maxima before its first element: NaN, at side*side (every element NaN). */
 template <typename T, typename Positions>
 static __device__ __forceinline__ void start_maximum(float *best, Positions &where, int side) {
@@ -73,9 +104,9 @@ static __device__ __forceinline__ void store_maximum(uint4 *y, unsigned char *in
  * window of NaN alone gives NaN. indices (laid out as y, a byte an element;
  * NULL: not kept) get each maximum's first position in row-major order (the
  * CPU reference's and cuDNN's). */
-template <typename T, int K>
-static __global__ void maxpool_nhwc_kernel(const uint4 *x, uint4 *y, unsigned char *indices, int h, int w, int k,
-                                           int vecs, size_t outputs) {
+template <typename T, int K, int PRO>
+static __global__ void maxpool_nhwc_kernel(const uint4 *x, const float4 *coef, uint4 *y, unsigned char *indices,
+                                           int h, int w, int k, int vecs, size_t outputs) {
     constexpr int width = 16 / sizeof(T);
     using Positions = Pack<unsigned char, width>;
     const int side = window_side<K>(k);
@@ -84,13 +115,14 @@ static __global__ void maxpool_nhwc_kernel(const uint4 *x, uint4 *y, unsigned ch
         size_t v = o % vecs, pixel = o / vecs;
         size_t q = pixel % ow, rest = pixel / ow, p = rest % oh, img = rest / oh;
         size_t base = ((img * h + side * p) * w + side * q) * vecs + v, row = (size_t)w * vecs;
+        const Prologue<T, PRO> z(coef, v);
         float best[width];
         Positions where;
         start_maximum<T>(best, where, side);
 #pragma unroll
         for (int r = 0; r < side; r++)
 #pragma unroll
-            for (int s = 0; s < side; s++) fold_maximum<T>(x[base + r * row + s * vecs], r * side + s, best, where);
+            for (int s = 0; s < side; s++) fold_maximum<T>(z(x[base + r * row + s * vecs]), r * side + s, best, where);
         store_maximum<T>(y, indices, o, best, where);
     }
 }
@@ -141,16 +173,17 @@ static __global__ void maxpool_nhwc_backward_kernel(const uint4 *dy, const unsig
  * windows may overlap) of x [n][h][w][c] padded by 'pad' (never picked), one
  * 16-byte vector of channels a thread; NaN and positions as
  * maxpool_nhwc_kernel's. */
-template <typename T, int K>
-static __global__ void maxpool_nhwc_overlap_kernel(const uint4 *x, uint4 *y, unsigned char *indices, int h, int w,
-                                                   int k, int stride, int pad, int oh, int ow, int vecs,
-                                                   size_t outputs) {
+template <typename T, int K, int PRO>
+static __global__ void maxpool_nhwc_overlap_kernel(const uint4 *x, const float4 *coef, uint4 *y,
+                                                   unsigned char *indices, int h, int w, int k, int stride, int pad,
+                                                   int oh, int ow, int vecs, size_t outputs) {
     constexpr int width = 16 / sizeof(T);
     using Positions = Pack<unsigned char, width>;
     const int side = window_side<K>(k);
     for (size_t o = blockIdx.x * (size_t)blockDim.x + threadIdx.x; o < outputs; o += (size_t)gridDim.x * blockDim.x) {
         size_t v = o % vecs, pixel = o / vecs, rest = pixel / ow, img = rest / oh;
         int q = (int)(pixel % ow), p = (int)(rest % oh), i0 = p * stride - pad, j0 = q * stride - pad;
+        const Prologue<T, PRO> z(coef, v);
         float best[width];
         Positions where;
         start_maximum<T>(best, where, side);
@@ -161,7 +194,8 @@ static __global__ void maxpool_nhwc_overlap_kernel(const uint4 *x, uint4 *y, uns
 #pragma unroll
             for (int c = 0; c < side; c++) {
                 int j = j0 + c;
-                if (j >= 0 && j < w) fold_maximum<T>(x[((img * h + i) * w + j) * vecs + v], r * side + c, best, where);
+                if (j >= 0 && j < w)
+                    fold_maximum<T>(z(x[((img * h + i) * w + j) * vecs + v]), r * side + c, best, where);
             }
         }
         store_maximum<T>(y, indices, o, best, where);
@@ -231,60 +265,89 @@ static int nhwc_window_kernels_run(const MaxPoolCuda *p, const void *x, const vo
     return p->vectorized && aligned16(x) && aligned16(y) && aligned16(dy) && aligned16(dx);
 }
 
-/* One pass of the overlapping windows' kernels. */
-template <typename T, int K>
-static void launch_overlap_pass(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
+/* What a pass takes: forward, x (in) into y (out) through the prologue 'pro'
+ * with batch norm's coefficients (PRO_NONE: none); backward, dy into dx. */
+typedef struct {
+    int backward, pro;
+    const void *in;
+    const float4 *coef;
+    void *out;
+} PoolPass;
+
+/* One forward pass of the overlapping windows' kernel. */
+template <typename T, int K, int PRO>
+static void launch_overlap_forward(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
     const Pool2dShape *s = &p->shape;
     int k = pool2d_window(s), stride = pool2d_stride(s), vecs = (int)((size_t)s->c * sizeof(T) / 16);
     int oh = pool2d_out_h(s), ow = pool2d_out_w(s);
-    if (!backward) {
-        size_t outputs = (size_t)s->n * oh * ow * vecs;
-        maxpool_nhwc_overlap_kernel<T, K><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
-            (const uint4 *)in, (uint4 *)out, p->indices, s->h, s->w, k, stride, s->pad, oh, ow, vecs, outputs);
-    } else {
-        size_t inputs = (size_t)s->n * s->h * s->w * vecs;
-        maxpool_nhwc_overlap_backward_kernel<T, K><<<elementwise_blocks(inputs), ELEMENTWISE_THREADS, 0, stream>>>(
-            (const uint4 *)in, p->indices, (uint4 *)out, s->h, s->w, k, stride, s->pad, oh, ow, vecs, inputs);
-    }
-    CUDA_CHECK_LAUNCH();
+    size_t outputs = (size_t)s->n * oh * ow * vecs;
+    maxpool_nhwc_overlap_kernel<T, K, PRO><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
+        (const uint4 *)a.in, a.coef, (uint4 *)a.out, p->indices, s->h, s->w, k, stride, s->pad, oh, ow, vecs, outputs);
 }
 
-/* One pass of the kernels on the handle's stream: forward (in x, out y) or
- * backward (in dy, out dx); k fixed at compile time for 2 and 3. */
-template <typename T, int K>
-static void launch_pass(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
-    if (p->overlap) return launch_overlap_pass<T, K>(p, backward, in, out, stream);
+/* One forward pass of the disjoint windows' kernel. */
+template <typename T, int K, int PRO>
+static void launch_disjoint_forward(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
     const Pool2dShape *s = &p->shape;
     int k = pool2d_window(s), vecs = (int)((size_t)s->c * sizeof(T) / 16);
-    if (!backward) {
-        size_t outputs = (size_t)s->n * (s->h / k) * (s->w / k) * vecs;
-        maxpool_nhwc_kernel<T, K><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
-            (const uint4 *)in, (uint4 *)out, p->indices, s->h, s->w, k, vecs, outputs);
+    size_t outputs = (size_t)s->n * (s->h / k) * (s->w / k) * vecs;
+    maxpool_nhwc_kernel<T, K, PRO><<<elementwise_blocks(outputs), ELEMENTWISE_THREADS, 0, stream>>>(
+        (const uint4 *)a.in, a.coef, (uint4 *)a.out, p->indices, s->h, s->w, k, vecs, outputs);
+}
+
+template <typename T, int K, int PRO>
+static void launch_forward(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
+    if (p->overlap) launch_overlap_forward<T, K, PRO>(p, a, stream);
+    else launch_disjoint_forward<T, K, PRO>(p, a, stream);
+}
+
+template <typename T, int K>
+static void launch_backward(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
+    const Pool2dShape *s = &p->shape;
+    int k = pool2d_window(s), stride = pool2d_stride(s), vecs = (int)((size_t)s->c * sizeof(T) / 16);
+    if (p->overlap) {
+        int oh = pool2d_out_h(s), ow = pool2d_out_w(s);
+        size_t inputs = (size_t)s->n * s->h * s->w * vecs;
+        maxpool_nhwc_overlap_backward_kernel<T, K><<<elementwise_blocks(inputs), ELEMENTWISE_THREADS, 0, stream>>>(
+            (const uint4 *)a.in, p->indices, (uint4 *)a.out, s->h, s->w, k, stride, s->pad, oh, ow, vecs, inputs);
     } else {
         size_t windows = (size_t)s->n * ((s->h + k - 1) / k) * ((s->w + k - 1) / k) * vecs;
         maxpool_nhwc_backward_kernel<T, K><<<elementwise_blocks(windows), ELEMENTWISE_THREADS, 0, stream>>>(
-            (const uint4 *)in, p->indices, (uint4 *)out, s->h, s->w, k, vecs, windows);
+            (const uint4 *)a.in, p->indices, (uint4 *)a.out, s->h, s->w, k, vecs, windows);
     }
+}
+
+/* One pass of the kernels; k fixed at compile time for 2 and 3. */
+template <typename T, int K>
+static void launch_pass(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
+    if (a.backward) launch_backward<T, K>(p, a, stream);
+    else if (a.pro == PRO_AFFINE_RELU) launch_forward<T, K, PRO_AFFINE_RELU>(p, a, stream);
+    else if (a.pro == PRO_AFFINE) launch_forward<T, K, PRO_AFFINE>(p, a, stream);
+    else launch_forward<T, K, PRO_NONE>(p, a, stream);
     CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-static void launch_window(const MaxPoolCuda *p, int backward, const void *in, void *out, cudaStream_t stream) {
+static void launch_window(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
     switch (pool2d_window(&p->shape)) {
-    case 2: launch_pass<T, 2>(p, backward, in, out, stream); break;
-    case 3: launch_pass<T, 3>(p, backward, in, out, stream); break;
-    default: launch_pass<T, 0>(p, backward, in, out, stream); break;
+    case 2: launch_pass<T, 2>(p, a, stream); break;
+    case 3: launch_pass<T, 3>(p, a, stream); break;
+    default: launch_pass<T, 0>(p, a, stream); break;
     }
 }
 
-static void launch_kernels(const MaxPoolCuda *p, cudnnHandle_t h, int backward, const void *in, void *out) {
+static void launch_kernels(const MaxPoolCuda *p, const PoolPass &a, cudaStream_t stream) {
+    switch (p->dtype) {
+    case DTYPE_F16: launch_window<__half>(p, a, stream); break;
+    case DTYPE_BF16: launch_window<__nv_bfloat16>(p, a, stream); break;
+    default: launch_window<float>(p, a, stream); break;
+    }
+}
+
+static cudaStream_t handle_stream(cudnnHandle_t h) {
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
-    switch (p->dtype) {
-    case DTYPE_F16: launch_window<__half>(p, backward, in, out, stream); break;
-    case DTYPE_BF16: launch_window<__nv_bfloat16>(p, backward, in, out, stream); break;
-    default: launch_window<float>(p, backward, in, out, stream); break;
-    }
+    return stream;
 }
 
 static const float kOne = 1.0f, kZero = 0.0f;
@@ -329,7 +392,8 @@ void maxpool_cuda_destroy(MaxPoolCuda *p) {
 }
 
 void maxpool_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y) {
-    if (nhwc_window_kernels_run(p, x, y, NULL, NULL)) launch_kernels(p, h, 0, x, y);
+    if (nhwc_window_kernels_run(p, x, y, NULL, NULL))
+        launch_kernels(p, PoolPass{0, PRO_NONE, x, NULL, y}, handle_stream(h));
     else CUDNN_CHECK(cudnnPoolingForward(h, p->pool_desc, &kOne, p->x_desc, x, &kZero, p->y_desc, y));
 }
 
@@ -337,8 +401,20 @@ void maxpool_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
                            void *dx) {
     if (p->vectorized && !p->indices)
         TC_FATAL("maxpool: backward of a forward-only max-pool (initialised without its index scratch)");
-    if (nhwc_window_kernels_run(p, x, y, dy, dx)) launch_kernels(p, h, 1, dy, dx);
+    if (nhwc_window_kernels_run(p, x, y, dy, dx))
+        launch_kernels(p, PoolPass{1, PRO_NONE, dy, NULL, dx}, handle_stream(h));
     else
         CUDNN_CHECK(cudnnPoolingBackward(h, p->pool_desc, &kOne, p->y_desc, y, p->y_desc, dy, p->x_desc, x, &kZero,
                                          p->x_desc, dx));
+}
+
+int maxpool_cuda_takes_prologue(const MaxPoolCuda *p) { return p->vectorized; }
+
+void maxpool_forward_bn_cuda(const MaxPoolCuda *p, const void *x, const float *coef, int relu, void *y,
+                             cudaStream_t stream) {
+    if (!p->vectorized || !nhwc_window_kernels_run(p, x, y, NULL, NULL))
+        TC_FATAL("maxpool: batch norm's pass in the pool needs the channels-last kernels and 16-byte aligned tensors "
+                 "(%dx%dx%dx%d, window %d)", p->shape.n, p->shape.c, p->shape.h, p->shape.w, pool2d_window(&p->shape));
+    PoolPass a = {0, relu ? PRO_AFFINE_RELU : PRO_AFFINE, x, (const float4 *)coef, y};
+    launch_kernels(p, a, stream);
 }

@@ -1,7 +1,8 @@
 /* ResNet as a composition of ops: a residual net's gradients against finite
  * differences (CPU), checkpointed and plain gradients bitwise equal, ResNet-18's
  * step on the GPU against the CPU, evaluation with running statistics, the
- * ImageNet stem on each form of the image against on the image itself, and
+ * ImageNet stem on each form of the image against on the image itself and
+ * fused against unfused (its max-pool in its batch norm's pass), and
  * every speed switch giving the same training run (GPU); on the CPU, the
  * recipe through the trainer overfits one fixed batch. */
 #include <math.h>
@@ -303,45 +304,58 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
 /* ResNet-18 at 128 pixels (ImageNet's 7x7 stride-2 stem over 3 channels
  * padded to 8), fp32 channels-last, model.fuse on: one step with the stem on
  * each form of the image (models/input_form.c) against the stem on the image
- * itself. The same products summed by other cuDNN algorithms, which it
+ * itself, and that against model.fuse off, whose stem's batch norm, ReLU and
+ * max-pool run apart (fused, the norm's pass pools and its output is never
+ * stored). The same products summed by other cuDNN algorithms, which it
  * picks per shape and, under other tests' load, per run (FFT among them, whose
  * rounding goes with the largest terms): the logits within 1e-3, and the
  * gradients within 3e-2, as each of the stem's filter gradients sums 16,384
  * products of random sign to a result about 128 times smaller than their
  * magnitudes (an H100 gave 3.8e-3 in one run, 4e-6 in another). A form
- * reading the wrong pixels or taps is off by O(1). */
+ * reading the wrong pixels or taps, or a pool reading the wrong channel's
+ * statistics, is off by O(1). */
 static void check_input_forms(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
-    float *grads[3], *logits[3];
+    enum { UNFUSED = 3 }; /* runs 0..2: the stem on block 0 (the image), 1, 2's form; 3: model.fuse off */
+    float *grads[4], *logits[4];
     size_t stem_off = 0, stem_count = 0, n = 0;
-    for (int block = 0; block <= 2; block++) {
+    for (int run = 0; run <= UNFUSED; run++) {
         Model m;
         char err[256];
+        int block = run == UNFUSED ? 0 : run;
         CHECK(model_build(&m, "resnet18", batch, 128, 10, 1, err, sizeof err) == 0);
-        m.fuse = 1;
+        m.fuse = run != UNFUSED;
         m.conv_policy.deterministic = 1;
         m.input_form_block = block; /* 0: perf.conv_benchmark off, so the image itself */
         model_finalize(&m, gpu, 11);
-        const Layer *stem = &m.layers[0];
+        const Layer *stem = &m.layers[0], *stem_bn = &m.layers[1];
         CHECK_MSG(block == 0 ? !stem->input_form : stem->input_form != NULL,
                   "resnet18-128: the stem is %s a form of the image", block ? "not on" : "on");
         CHECK_MSG(!block == !!m.acts[0].value, "resnet18-128, block %d: the image %s stored", block,
                   m.acts[0].value ? "is" : "is not"); /* a form takes the batch straight from float32 */
+        CHECK_MSG(stem_bn->kind == LAYER_BATCHNORM && (stem_bn->pool_layer >= 0) == m.fuse &&
+                      (m.acts[stem_bn->out].value == NULL) == m.fuse,
+                  "resnet18-128, model.fuse %d: the stem's max-pool %s in its batch norm's pass", m.fuse,
+                  m.fuse ? "is not" : "is");
         stem_off = stem->w_off, stem_count = stem->w_count, n = m.n_params;
-        grads[block] = gradients(&m, gpu, x, labels, &logits[block]);
+        grads[run] = gradients(&m, gpu, x, labels, &logits[run]);
         model_destroy(&m);
     }
-    for (int block = 1; block <= 2; block++) {
-        double e_stem = test_rel_error(grads[block] + stem_off, grads[0] + stem_off, stem_count);
-        double e_all = test_rel_error(grads[block], grads[0], n);
-        double e_logits = test_rel_error(logits[block], logits[0], (size_t)batch * 10);
+    /* each form against the image; fused (the image) against unfused */
+    const int pairs[3][2] = {{1, 0}, {2, 0}, {0, UNFUSED}};
+    const char *names[4] = {"model.fuse on", "the stem on block 1's form", "the stem on block 2's form",
+                            "model.fuse off"};
+    for (int k = 0; k < 3; k++) {
+        int got = pairs[k][0], want = pairs[k][1];
+        double e_stem = test_rel_error(grads[got] + stem_off, grads[want] + stem_off, stem_count);
+        double e_all = test_rel_error(grads[got], grads[want], n);
+        double e_logits = test_rel_error(logits[got], logits[want], (size_t)batch * 10);
         CHECK_MSG(e_stem < 3e-2 && e_all < 3e-2 && e_logits < 1e-3,
-                  "resnet18-128, the stem on block %d's form: stem gradient %.3g, all gradients %.3g, logits %.3g "
-                  "from the stem on the image",
-                  block, e_stem, e_all, e_logits);
-        printf("resnet18-128 fp32, the stem on block %d's form against on the image: stem gradient %.3g, all %.3g, "
-               "logits %.3g relative\n", block, e_stem, e_all, e_logits);
+                  "resnet18-128, %s against %s: stem gradient %.3g, all gradients %.3g, logits %.3g", names[got],
+                  names[want], e_stem, e_all, e_logits);
+        printf("resnet18-128 fp32, %s against %s: stem gradient %.3g, all %.3g, logits %.3g relative\n",
+               names[got], names[want], e_stem, e_all, e_logits);
     }
-    for (int block = 0; block <= 2; block++) free(grads[block]), free(logits[block]);
+    for (int run = 0; run <= UNFUSED; run++) free(grads[run]), free(logits[run]);
 }
 
 /* model.fuse = graphs against model.fuse = on, fp16 channels-last, after one

@@ -12,7 +12,8 @@
  * layers sharing one scratch buffer, and calls captured in a CUDA graph giving
  * the eager calls' bits. Extras: values by hand, the statistics against sums in
  * double (PyTorch's unbiased running variance), eval against its formula, the
- * fused forward as relu(bn(x)) to the bit and as gelu(bn(x)) within rounding. */
+ * fused forward as relu(bn(x)) to the bit and as gelu(bn(x)) within rounding.
+ * A max-pool in the norm's pass (BatchNormParams.pool) against the two apart. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 
 #include "ops/batchnorm.h"
 #include "ops/gelu.h"
+#include "ops/maxpool.h"
 #include "ops/relu.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
@@ -161,7 +163,7 @@ static void bn_setup_free(const GridCase *c, BnSetup *b) {
 
 static BatchNormParams bn_params(const BnSetup *b, float momentum) {
     BatchNormParams p = {b->d_gamma, b->d_beta, b->d_rmean, b->d_rvar, b->d_smean, b->d_sinv, momentum, BN_EPS,
-                         NULL, NULL, NULL, NULL};
+                         NULL, NULL, NULL, NULL, NULL};
     return p;
 }
 
@@ -190,6 +192,62 @@ static void bn_check_residual(const GridCase *c, const BnLayer *l, BnSetup *b, B
     grid_free(c, d_r);
     void *host[] = {r, want, got};
     host_free_all(host, GRID_COUNT(host));
+}
+
+/* BatchNormParams.pool: the norm's pass with a max-pool after it (window k,
+ * stride 2, padding pad) in each forward mode, where the device takes it,
+ * against the norm and then the pool on the same device, to the bit: the
+ * pooled y, and through the pool's backward from the same dy the window
+ * positions it kept. The training one also against the CPU reference. */
+static void bn_check_pool(const GridCase *c, const BnLayer *l, BnSetup *b, BatchNormAct act, int k, int pad) {
+    const BatchNormShape *s = &b->s;
+    Pool2dShape ps = {s->n, s->c, s->h, s->w, k, 2, pad};
+    if (act == BN_ACT_GELU || !batchnorm_pool_supported(&c->ctx, &ps)) return;
+    int oh = pool2d_out_h(&ps), ow = pool2d_out_w(&ps);
+    size_t nx = bn_numel(s), ny = (size_t)s->n * s->c * oh * ow, bytes = maxpool_scratch_bytes(&c->ctx, &ps);
+    MaxPool2d pool[2];
+    void *scratch[2], *d_pooled[2], *d_dx[2];
+    float *dpool = grid_random(c, c->dtype, ny, -1, 1);
+    void *d_dpool = grid_put(c, c->dtype, dpool, ny);
+    for (int j = 0; j < 2; j++) {
+        scratch[j] = bytes ? dev_bytes(bytes) : NULL;
+        maxpool_init(&c->ctx, &pool[j], &ps, scratch[j]);
+        d_pooled[j] = grid_alloc(c, c->dtype, ny), d_dx[j] = grid_alloc(c, c->dtype, nx);
+    }
+    const BatchNormMode modes[] = {BN_TRAIN, BN_TRAIN_SAVED, BN_EVAL};
+    const char *names[] = {"train", "saved-statistics", "eval"};
+    for (int i = 0; i < 3; i++) {
+        BatchNormParams p = bn_params(b, 0.0f);
+        batchnorm_forward(&c->ctx, &l->bn, modes[i], act, &p, b->d_x, b->d_y);
+        maxpool_forward(&c->ctx, &pool[0], b->d_y, d_pooled[0]);
+        grid_poison(c, c->dtype, d_pooled[1], ny);
+        p.pool = &pool[1];
+        batchnorm_forward(&c->ctx, &l->bn, modes[i], act, &p, b->d_x, d_pooled[1]);
+        for (int j = 0; j < 2; j++) maxpool_backward(&c->ctx, &pool[j], b->d_y, d_pooled[j], d_dpool, d_dx[j]);
+        float *apart = grid_get(c, c->dtype, d_pooled[0], ny), *together = grid_get(c, c->dtype, d_pooled[1], ny);
+        float *dx_apart = grid_get(c, c->dtype, d_dx[0], nx), *dx_together = grid_get(c, c->dtype, d_dx[1], nx);
+        char what[96];
+        snprintf(what, sizeof what, "bn %s y %dx%d-pooled in the norm's pass", names[i], k, k);
+        grid_check_same(c, what, together, apart, ny * sizeof(float));
+        snprintf(what, sizeof what, "bn %s: the pool's dx from the positions it kept", names[i]);
+        grid_check_same(c, what, dx_together, dx_apart, nx * sizeof(float));
+        if (modes[i] == BN_TRAIN) {
+            float *y = host_floats(nx), *want = host_floats(ny);
+            ref_forward_train(s, act, b->x, b->gamma, b->beta, 0.0f, NULL, NULL, NULL, NULL, y);
+            maxpool_forward_cpu(&ps, y, want);
+            float *got = grid_from_layout(c, together, s->n, s->c, oh, ow);
+            grid_check(c, "bn train y pooled in the norm's pass, against the CPU", got, want, ny,
+                       grid_bound(c, BN_Y));
+            free(y), free(want), free(got);
+        }
+        free(apart), free(together), free(dx_apart), free(dx_together);
+    }
+    for (int j = 0; j < 2; j++) {
+        maxpool_destroy(&c->ctx, &pool[j]);
+        grid_free(c, scratch[j]), grid_free(c, d_pooled[j]), grid_free(c, d_dx[j]);
+    }
+    grid_free(c, d_dpool);
+    free(dpool);
 }
 
 /* Training forward, again with momentum 0, then eval from the running
@@ -239,6 +297,8 @@ static float *bn_check_forward(const GridCase *c, const BnLayer *l, BnSetup *b, 
     else grid_check_same(c, "bn saved-statistics y (the training y's bits)", gys, gy, nx * sizeof(float));
     grid_check_same(c, "bn running_mean (saved statistics)", grmean3, grmean, s->c * sizeof(float));
     bn_check_residual(c, l, b, act);
+    bn_check_pool(c, l, b, act, 3, 1); /* ResNet's stem: windows that overlap, padding */
+    bn_check_pool(c, l, b, act, 2, 0); /* disjoint windows */
 
     /* eval, from the running statistics just computed */
     float *ye = host_floats(nx);
@@ -462,7 +522,7 @@ static void bn_rank_reset(const GridCase *c, BnRank *r, const float *rmean0, con
 static BatchNormParams bn_rank_params(const BnRank *r, const float *d_gamma, const float *d_beta, BnAllreduce reduce,
                                       void *reduce_ctx) {
     BatchNormParams p = {d_gamma, d_beta, r->rmean, r->rvar, r->mean, r->invstd, 0.1f, BN_EPS, reduce, reduce_ctx,
-                         NULL, NULL};
+                         NULL, NULL, NULL};
     return p;
 }
 
@@ -787,7 +847,7 @@ static void bn_check_accumulate_bits(const GridCase *c, const BnLoss *b, const f
     BatchNorm bn;
     batchnorm_init(&c->ctx, &bn, s, NULL);
     BatchNormParams p = {b->gamma, b->beta, NULL, NULL, (float *)smean, (float *)sinv, 0.0f, BN_EPS, NULL, NULL,
-                         NULL, NULL};
+                         NULL, NULL, NULL};
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, acc, 1, gacc, bacc);
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, NULL, 0, gnull, bnull);
     int ok = 1;
@@ -903,8 +963,8 @@ static void graph_step(const GridCase *c, const BatchNorm *a, const BatchNorm *b
     float *mb = rva + ca, *ib = mb + cb, *rmb = ib + cb, *rvb = rmb + cb;
     char *g = grads;
     void *dga = g, *dba = g + ca * es, *dgb = g + 2 * ca * es, *dbb = g + (2 * ca + cb) * es;
-    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL, NULL, NULL};
-    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL, NULL, NULL};
+    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL};
     batchnorm_forward(&c->ctx, a, BN_TRAIN, BN_ACT_RELU, &pa, la->x, la->y);
     batchnorm_forward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, lb->y);
     batchnorm_backward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, NULL, lb->y, lb->dx, 0, dgb, dbb);
@@ -1171,7 +1231,7 @@ static void bn_misuse_call(void *arg) {
     OpContext ctx = op_context_cpu();
     BatchNorm bn;
     batchnorm_init(&ctx, &bn, &s, NULL);
-    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL, NULL, NULL};
+    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL, NULL, NULL, NULL};
     if (which == 0) batchnorm_backward(&ctx, &bn, BN_TRAIN, BN_ACT_GELU, &p, x, NULL, dy, dx, 0, NULL, NULL);
     else batchnorm_forward(&ctx, &bn, BN_EVAL, (BatchNormAct)7, &p, x, y);
 }

@@ -109,7 +109,9 @@ const CfgKeySpec trainc_keys[] = {
      "in f16 or bf16 NHWC the input's 3x3 convolution runs with them as one kernel that never stores its "
      "output; without the pool, bias and ReLU run in one pass; a ReLU after batch norm or a residual add, and "
      "a GELU after batch norm or after airbench's whitening convolution (with its bias, in one pass over the "
-     "image), run in their pass, the activation's output in theirs. graphs: on, and a convolution right before a batch norm computes "
+     "image), run in their pass, the activation's output in theirs; on the GPU in NHWC a max-pool after a batch "
+     "norm and ReLU runs in the norm's pass, whose output is never stored. graphs: on, and a convolution right "
+     "before a batch norm computes "
      "that norm's statistics in its epilogue (one cuDNN graph, in training; f16 or bf16, model.layout = nhwc) "
      "where an engine takes the shape and, under perf.conv_benchmark, where it times faster at start-up; the "
      "log names each pair's choice (not with dist.sync_bn or perf.deterministic)", 0},

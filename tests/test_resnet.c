@@ -342,8 +342,8 @@ static void check_input_forms(GpuContext *gpu, int batch, const float *x, const 
     }
     /* each form against the image; fused (the image) against unfused */
     const int pairs[3][2] = {{1, 0}, {2, 0}, {0, UNFUSED}};
-    const char *names[4] = {"model.fuse on", "the stem on block 1's form", "the stem on block 2's form",
-                            "model.fuse off"};
+    const char *names[4] = {"the stem on the image (model.fuse on)", "the stem on block 1's form",
+                            "the stem on block 2's form", "model.fuse off"};
     for (int k = 0; k < 3; k++) {
         int got = pairs[k][0], want = pairs[k][1];
         double e_stem = test_rel_error(grads[got] + stem_off, grads[want] + stem_off, stem_count);

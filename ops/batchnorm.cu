@@ -885,9 +885,10 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
 /* What every forward's apply pass reads and writes. */
 static BnArgs forward_args(const BatchNormCuda *bn, const void *x, void *y, const void *residual,
                            const MaxPoolCuda *pool, const float *gamma, const float *beta) {
-    if (pool && (residual || !bn->nhwc || pool->dtype != bn->dtype || !maxpool_cuda_takes_prologue(pool)))
-        TC_FATAL("batchnorm: a max-pool in the norm's pass needs channels-last, the pool's own kernels in the "
-                 "norm's dtype, and no residual");
+    /* whether the pool's kernels take it, maxpool_forward_bn_cuda checks */
+    if (pool && (residual || !bn->nhwc || pool->dtype != bn->dtype))
+        TC_FATAL("batchnorm: a max-pool in the norm's pass needs channels-last data in the norm's dtype and no "
+                 "residual");
     BnArgs a = base_args(bn);
     a.x = x;
     a.out = y;

@@ -408,8 +408,6 @@ void maxpool_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x,
                                          p->x_desc, dx));
 }
 
-int maxpool_cuda_takes_prologue(const MaxPoolCuda *p) { return p->vectorized; }
-
 void maxpool_forward_bn_cuda(const MaxPoolCuda *p, const void *x, const float *coef, int relu, void *y,
                              cudaStream_t stream) {
     if (!p->vectorized || !nhwc_window_kernels_run(p, x, y, NULL, NULL))

@@ -80,9 +80,8 @@ void maxpool_cuda_destroy(MaxPoolCuda *p);
 void maxpool_forward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, void *y);
 /* Batch norm's apply pass and the pool in one (BatchNormParams.pool, ops/batchnorm.h): the pool of
  * z = act(fma(x - mean, scale, shift)), rounded to the dtype as batch norm stores it, per channel from
- * coef (device, [c][4]: mean, scale, shift, unused); act ReLU (relu 1) or none. z is never stored. Where
- * maxpool_cuda_takes_prologue: the channels-last kernels, 16-byte aligned x and y. */
-int maxpool_cuda_takes_prologue(const MaxPoolCuda *p);
+ * coef (device, [c][4]: mean, scale, shift, unused); act ReLU (relu 1) or none. z is never stored. Only
+ * where the channels-last kernels take the pool, with 16-byte aligned x and y (else it fails). */
 void maxpool_forward_bn_cuda(const MaxPoolCuda *p, const void *x, const float *coef, int relu, void *y,
                              cudaStream_t stream);
 void maxpool_backward_cuda(const MaxPoolCuda *p, cudnnHandle_t h, const void *x, const void *y, const void *dy,

@@ -66,9 +66,10 @@ double grid_bound(const GridCase *c, GridBound b);
 
 /* got against want, relative L2 (NaN anywhere fails), printed with c's name. */
 void grid_check(const GridCase *c, const char *what, const float *got, const float *want, size_t n, double bound);
-/* k sums (a bias gradient) against want: the error relative to the size of
- * their terms, magnitude[ch] (the sum of their absolute values), rather than
- * to the sums themselves, which can cancel to near 0. */
+/* k sums (a bias gradient, a convolution's outputs) against want: the error
+ * relative to the size of their terms, magnitude[ch] (the sum of their
+ * absolute values), rather than to the sums themselves, which can cancel to
+ * near 0. */
 void grid_check_sums(const GridCase *c, const char *what, const float *got, const float *want,
                      const double *magnitude, int k, double bound);
 /* The same bytes (bit for bit). */

@@ -145,8 +145,10 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
     if (db) conv2d_bias_grad_cpu(s, dy, db);
     for (int n = 0; n < s->n; n++) {
         const float *dy_n = dy + n * y_image;
-        im2col(s, x + n * x_image, col);
-        cpu_sgemm(0, 1, s->k, crs, pq, 1.0f, dy_n, pq, col, pq, 1.0f, dw, crs);
+        if (dw) {
+            im2col(s, x + n * x_image, col);
+            cpu_sgemm(0, 1, s->k, crs, pq, 1.0f, dy_n, pq, col, pq, 1.0f, dw, crs);
+        }
         if (dx) {
             /* col is no longer needed for this image: reuse it for dcol. */
             cpu_sgemm(1, 0, crs, pq, s->k, 1.0f, w, crs, dy_n, pq, 0.0f, col, pq);

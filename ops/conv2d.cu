@@ -658,6 +658,6 @@ void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x
                              int accumulate_dx) {
     check_workspace(c, workspace);
     if (dx) run_pass(c, h, accumulate_dx ? CONV2D_DATA_ADD : CONV2D_DATA, dx, w, dy, workspace);
-    run_pass(c, h, CONV2D_FILTER, x, dw, dy, workspace);
+    if (dw) run_pass(c, h, CONV2D_FILTER, x, dw, dy, workspace);
     if (db) accumulate_bias_grad(c, h, dy, db, workspace);
 }

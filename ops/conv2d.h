@@ -3,7 +3,9 @@
  * A NULL b (forward) or db (backward) skips the bias: a fused bias+ReLU
  * (ops/bias_relu.h) does it instead.
  * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
- * flat gradient buffer zeroed once per optimizer step accumulates micro-batches.
+ * flat gradient buffer zeroed once per optimizer step accumulates micro-batches
+ * (a NULL dw skips the filter gradient: conv_genstats_backward_filter takes it
+ * where the input is a batch norm's prologue, ops/conv_genstats.h).
  * The _ex versions take accumulate_dx: 1 adds the input gradient into dx
  * instead (a tensor feeding two layers, such as a residual block's input, sums
  * the gradients of both); the plain versions are the _ex ones with 0.

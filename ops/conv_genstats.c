@@ -33,19 +33,32 @@ static void channel_sums_cpu(int n, int k, size_t plane, const float *y, float *
     }
 }
 
+/* x' in new memory (freed by the caller), or NULL without a prologue. */
+static float *prologue_copy_cpu(const ConvGenStatsShape *s, const float *x, const float *scale, const float *bias) {
+    const Conv2dShape *cs = &s->conv;
+    if (!s->prologue) return NULL;
+    if (!scale || !bias) TC_FATAL("conv_genstats: a prologue shape without scale and bias");
+    float *xp = (float *)malloc(sizeof(float) * cs->n * cs->c * cs->h * cs->w);
+    if (!xp) TC_FATAL("conv_genstats: out of host memory for the prologue's %d x %d x %d x %d values", cs->n, cs->c,
+                      cs->h, cs->w);
+    conv_genstats_prologue_cpu(cs, x, scale, bias, xp);
+    return xp;
+}
+
 void conv_genstats_forward_cpu(const ConvGenStatsShape *s, const float *x, const float *scale, const float *bias,
                                const float *w, float *y, float *sum, float *sqsum) {
     const Conv2dShape *cs = &s->conv;
-    float *xp = NULL;
-    if (s->prologue) {
-        if (!scale || !bias) TC_FATAL("conv_genstats: a prologue shape without scale and bias");
-        xp = (float *)malloc(sizeof(float) * cs->n * cs->c * cs->h * cs->w);
-        if (!xp) TC_FATAL("conv_genstats: out of host memory for the prologue's %d x %d x %d x %d values", cs->n,
-                          cs->c, cs->h, cs->w);
-        conv_genstats_prologue_cpu(cs, x, scale, bias, xp);
-    }
+    float *xp = prologue_copy_cpu(s, x, scale, bias);
     conv2d_forward_cpu(cs, xp ? xp : x, w, NULL, y);
     channel_sums_cpu(cs->n, cs->k, (size_t)conv2d_out_h(cs) * conv2d_out_w(cs), y, sum, sqsum);
+    free(xp);
+}
+
+void conv_genstats_backward_filter_cpu(const ConvGenStatsShape *s, const float *x, const float *scale,
+                                       const float *bias, const float *dy, float *dw) {
+    if (!s->prologue) TC_FATAL("conv_genstats: the filter gradient is for prologue shapes");
+    float *xp = prologue_copy_cpu(s, x, scale, bias);
+    conv2d_backward_ex_cpu(&s->conv, xp, NULL, dy, NULL, dw, NULL, 0);
     free(xp);
 }
 
@@ -90,6 +103,8 @@ size_t conv_genstats_workspace_bytes(const OpContext *ctx, const ConvGenStats *o
 
 int conv_genstats_fused(const ConvGenStats *op) { return op->cuda.fused; }
 
+int conv_genstats_filter_fused(const ConvGenStats *op) { return op->cuda.filter_fused; }
+
 void conv_genstats_forward(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
                            const void *bias, const void *w, void *y, float *sum, float *sqsum) {
     op_begin(ctx, __func__);
@@ -97,6 +112,16 @@ void conv_genstats_forward(const OpContext *ctx, const ConvGenStats *op, const v
     else
         GPU_ONLY(conv_genstats_forward_cuda(&op->cuda, ctx->cudnn, x, scale, bias, w, y, sum, sqsum,
                                             ctx->workspace));
+    op_end(ctx, __func__);
+}
+
+void conv_genstats_backward_filter(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
+                                   const void *bias, const void *dy, void *dw) {
+    op_begin(ctx, __func__);
+    if (ctx->device == DEVICE_CPU) conv_genstats_backward_filter_cpu(&op->shape, x, scale, bias, dy, dw);
+    else
+        GPU_ONLY(conv_genstats_backward_filter_cuda(&op->cuda, ctx->cudnn, x, scale, bias, dy, dw,
+                                                    ctx->workspace));
     op_end(ctx, __func__);
 }
 

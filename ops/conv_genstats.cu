@@ -40,25 +40,33 @@ static cudnnBackendDescriptor_t genstats_op(BackendGraph *g, cudnnBackendDescrip
     return op;
 }
 
-/* The operations of the graph, in order; returns their count. */
-static int build_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDescriptor_t ops[5]) {
+/* The convolution's input in g: X, or with a prologue the virtual
+ * relu(X * SCALE + BIAS), its three operations appended to ops[*count]. */
+static cudnnBackendDescriptor_t input_ops(const ConvGenStatsCuda *c, BackendGraph *g, cudnnDataType_t data,
+                                          cudnnBackendDescriptor_t *ops, int *count) {
+    const Conv2dShape *s = &c->shape.conv;
+    cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+    cudnnBackendDescriptor_t x = backend_graph_tensor(g, CGS_UID_X, data, s->n, s->c, s->h, s->w, false);
+    if (!c->shape.prologue) return x;
+    cudnnBackendDescriptor_t scale = backend_graph_tensor(g, CGS_UID_SCALE, data, 1, s->c, 1, 1, false);
+    cudnnBackendDescriptor_t bias = backend_graph_tensor(g, CGS_UID_BIAS, data, 1, s->c, 1, 1, false);
+    cudnnBackendDescriptor_t scaled = backend_graph_tensor(g, UID_SCALED, f32, s->n, s->c, s->h, s->w, true);
+    cudnnBackendDescriptor_t biased = backend_graph_tensor(g, UID_BIASED, f32, s->n, s->c, s->h, s->w, true);
+    cudnnBackendDescriptor_t act = backend_graph_tensor(g, UID_ACTIVATED, f32, s->n, s->c, s->h, s->w, true);
+    ops[(*count)++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_MUL, x, scale, scaled);
+    ops[(*count)++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_ADD, scaled, bias, biased);
+    ops[(*count)++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_RELU_FWD, biased, NULL, act);
+    return act;
+}
+
+/* The forward graph's operations, in order; returns their count. */
+static int forward_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDescriptor_t ops[5]) {
     const Conv2dShape *s = &c->shape.conv;
     int64_t oh = conv2d_out_h(s), ow = conv2d_out_w(s);
     BackendGraph *g = &c->graph;
     cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
     int count = 0;
-    cudnnBackendDescriptor_t x = backend_graph_tensor(g, CGS_UID_X, data, s->n, s->c, s->h, s->w, false);
-    if (c->shape.prologue) {
-        cudnnBackendDescriptor_t scale = backend_graph_tensor(g, CGS_UID_SCALE, data, 1, s->c, 1, 1, false);
-        cudnnBackendDescriptor_t bias = backend_graph_tensor(g, CGS_UID_BIAS, data, 1, s->c, 1, 1, false);
-        cudnnBackendDescriptor_t scaled = backend_graph_tensor(g, UID_SCALED, f32, s->n, s->c, s->h, s->w, true);
-        cudnnBackendDescriptor_t biased = backend_graph_tensor(g, UID_BIASED, f32, s->n, s->c, s->h, s->w, true);
-        cudnnBackendDescriptor_t act = backend_graph_tensor(g, UID_ACTIVATED, f32, s->n, s->c, s->h, s->w, true);
-        ops[count++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_MUL, x, scale, scaled);
-        ops[count++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_ADD, scaled, bias, biased);
-        ops[count++] = backend_graph_pointwise_op(g, CUDNN_POINTWISE_RELU_FWD, biased, NULL, act);
-        x = act;
-    }
+    cudnnBackendDescriptor_t x = input_ops(c, g, data, ops, &count);
     cudnnBackendDescriptor_t w = backend_graph_tensor(g, CGS_UID_W, data, s->k, s->c, s->r, s->s, false);
     cudnnBackendDescriptor_t y = backend_graph_tensor(g, CGS_UID_Y, data, s->n, s->k, oh, ow, false);
     cudnnBackendDescriptor_t sum = backend_graph_tensor(g, CGS_UID_SUM, f32, 1, s->k, 1, 1, false);
@@ -68,14 +76,23 @@ static int build_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDesc
     return count;
 }
 
-/* Builds the graph and keeps a plan; 0 when there is none (fallback). */
-static int choose_plan(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
-    cudnnBackendDescriptor_t ops[5];
-    int count = build_ops(c, dtype_cudnn(c->dtype), ops);
-    if (!backend_graph_build(&c->graph, h, ops, count)) return 0;
-    if (!backend_graph_choose_plan(&c->graph, h, policy)) return 0;
-    c->workspace_bytes = c->graph.workspace_bytes;
-    return 1;
+/* The filter gradient's graph: dw (uid W) += wgrad(x', dy (uid Y)). */
+static int filter_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDescriptor_t ops[4]) {
+    const Conv2dShape *s = &c->shape.conv;
+    BackendGraph *g = &c->filter_graph;
+    int count = 0;
+    cudnnBackendDescriptor_t x = input_ops(c, g, data, ops, &count);
+    cudnnBackendDescriptor_t dw = backend_graph_tensor(g, CGS_UID_W, data, s->k, s->c, s->r, s->s, false);
+    cudnnBackendDescriptor_t dy =
+        backend_graph_tensor(g, CGS_UID_Y, data, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), false);
+    ops[count++] = backend_graph_conv_pass_op(g, s, BACKEND_CONV_FILTER, x, dw, dy, 1.0f);
+    return count;
+}
+
+/* Builds g from its operations and keeps a plan; 0 when there is none (fallback). */
+static int choose_plan(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int count,
+                       const ConvAlgoPolicy *policy) {
+    return backend_graph_build(g, h, ops, count) && backend_graph_choose_plan(g, h, policy);
 }
 
 /* ---- the fallback's kernels -------------------------------------------------------- */
@@ -138,20 +155,26 @@ static size_t round_up(size_t bytes) {
     return (bytes + WORKSPACE_ALIGNMENT - 1) / WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT;
 }
 
+/* The fallback's convolution input: x, or x' written by the prologue kernel
+ * at the front of the workspace; *conv_workspace is what is left after it. */
+static const void *fallback_input(const ConvGenStatsCuda *c, const void *x, const void *scale, const void *bias,
+                                  void *workspace, void **conv_workspace, cudaStream_t stream) {
+    const Conv2dShape *s = &c->shape.conv;
+    *conv_workspace = workspace;
+    if (!c->shape.prologue) return x;
+    size_t plane = (size_t)s->h * s->w, count = (size_t)s->n * s->c * plane;
+    DISPATCH_FLOAT_DTYPE(c->dtype, launch_prologue, x, scale, bias, workspace, count, s->c, plane, c->nhwc, stream);
+    *conv_workspace = (char *)workspace + c->prologue_bytes;
+    return workspace;
+}
+
 static void forward_fallback(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x, const void *scale,
                              const void *bias, const void *w, void *y, float *sum, float *sqsum, void *workspace) {
     const Conv2dShape *s = &c->shape.conv;
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
-    const void *conv_in = x;
-    void *conv_workspace = workspace;
-    if (c->shape.prologue) {
-        size_t plane = (size_t)s->h * s->w, count = (size_t)s->n * s->c * plane;
-        DISPATCH_FLOAT_DTYPE(c->dtype, launch_prologue, x, scale, bias, workspace, count, s->c, plane, c->nhwc,
-                             stream);
-        conv_in = workspace;
-        conv_workspace = (char *)workspace + c->prologue_bytes;
-    }
+    void *conv_workspace;
+    const void *conv_in = fallback_input(c, x, scale, bias, workspace, &conv_workspace, stream);
     conv2d_forward_cuda(&c->fallback, h, conv_in, w, NULL, y, conv_workspace);
     size_t out_plane = (size_t)conv2d_out_h(s) * conv2d_out_w(s);
     DISPATCH_FLOAT_DTYPE(c->dtype, launch_channel_stats, y, sum, sqsum, s->n, s->k, out_plane, c->nhwc, stream);
@@ -171,19 +194,30 @@ void conv_genstats_cuda_init(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvGen
     c->shape = *s;
     c->dtype = dtype;
     c->nhwc = nhwc != 0;
+    cudnnDataType_t data = dtype_cudnn(dtype);
+    cudnnBackendDescriptor_t ops[5];
     backend_graph_init(&c->graph, "conv_genstats", dtype, nhwc);
-    c->fused = choose_plan(c, h, policy);
-    if (!c->fused) {
+    c->fused = choose_plan(&c->graph, h, ops, forward_ops(c, data, ops), policy);
+    if (s->prologue) {
+        backend_graph_init(&c->filter_graph, "conv_genstats filter gradient", dtype, nhwc);
+        c->filter_fused = choose_plan(&c->filter_graph, h, ops, filter_ops(c, data, ops), policy);
+    }
+    if (c->fused) c->workspace_bytes = c->graph.workspace_bytes;
+    if (c->filter_fused && c->filter_graph.workspace_bytes > c->workspace_bytes)
+        c->workspace_bytes = c->filter_graph.workspace_bytes;
+    if (!c->fused || (s->prologue && !c->filter_fused)) {
         conv2d_cuda_init(&c->fallback, h, cs, dtype, nhwc, policy);
         size_t x_bytes = (size_t)cs->n * cs->c * cs->h * cs->w * dtype_size(dtype);
         c->prologue_bytes = s->prologue ? round_up(x_bytes) : 0;
-        c->workspace_bytes = c->prologue_bytes + c->fallback.workspace_bytes; /* the stats kernel needs none */
+        size_t fallback_bytes = c->prologue_bytes + c->fallback.workspace_bytes; /* the stats kernel needs none */
+        if (fallback_bytes > c->workspace_bytes) c->workspace_bytes = fallback_bytes;
     }
 }
 
 void conv_genstats_cuda_destroy(ConvGenStatsCuda *c) {
     backend_graph_destroy(&c->graph);
-    if (!c->fused && c->fallback.x_desc) conv2d_cuda_destroy(&c->fallback);
+    backend_graph_destroy(&c->filter_graph);
+    if (c->fallback.x_desc) conv2d_cuda_destroy(&c->fallback);
     memset(c, 0, sizeof *c);
 }
 
@@ -197,6 +231,23 @@ void conv_genstats_forward_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, cons
     }
     void *ptrs[CGS_TENSORS] = {(void *)x, (void *)scale, (void *)bias, (void *)w, y, sum, sqsum};
     backend_graph_execute(&c->graph, h, ptrs, workspace);
+}
+
+void conv_genstats_backward_filter_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x,
+                                        const void *scale, const void *bias, const void *dy, void *dw,
+                                        void *workspace) {
+    if (!c->shape.prologue || !scale || !bias)
+        TC_FATAL("conv_genstats: the filter gradient is for prologue shapes, with their scale and bias");
+    if (c->filter_fused) {
+        void *ptrs[CGS_UID_Y] = {(void *)x, (void *)scale, (void *)bias, dw, (void *)dy};
+        backend_graph_execute(&c->filter_graph, h, ptrs, workspace);
+        return;
+    }
+    cudaStream_t stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    void *conv_workspace;
+    const void *conv_in = fallback_input(c, x, scale, bias, workspace, &conv_workspace, stream);
+    conv2d_backward_ex_cuda(&c->fallback, h, conv_in, NULL, dy, NULL, dw, NULL, conv_workspace, 0);
 }
 
 /* ---- bn_finalize ---------------------------------------------------------------- */

@@ -11,6 +11,8 @@
  * bias, then the sums in double stored as float. The CUDA path builds one
  * cuDNN graph through the backend API at init (ops/backend_graph.h):
  *   [X * SCALE -> + BIAS -> RELU_FWD ->] CONVOLUTION_FORWARD -> Y -> GEN_STATS -> SUM, SQSUM
+ * and with a prologue a second one for the filter gradient (backward_filter):
+ *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW (added to)
  * the prologue's intermediates virtual fp32 (x' is never rounded or stored),
  * Y real in the dtype, SUM and SQSUM fp32 [1, k, 1, 1]; scale and bias are k
  * values of the dtype, as in cuDNN's and Paddle's ConvBN-fprop pattern (the
@@ -18,7 +20,7 @@
  * with c and k multiples of 8; elsewhere no engine finalizes and it falls
  * back: the prologue as a kernel writing x' (rounded to the dtype) into the
  * front of the workspace (so the fallback's workspace holds a copy of x), then
- * conv2d_forward_cuda, then a per-channel reduction of y into sum and sqsum
+ * conv2d_forward_cuda (conv2d's filter gradient in backward_filter), then a per-channel reduction of y into sum and sqsum
  * (accumulated in double in a fixed order: deterministic, no atomics). A
  * fused engine may sum y before or after rounding it to the dtype. */
 #ifndef TRAINC_OPS_CONV_GENSTATS_H
@@ -54,7 +56,11 @@ typedef struct {
     BackendGraph graph;      /* its descriptors and plan */
     size_t workspace_bytes;  /* of the plan, or of the fallback */
     size_t prologue_bytes;   /* the fallback's x' at the front of the workspace (0 without prologue) */
-    Conv2dCuda fallback;     /* initialized only when not fused */
+    /* The filter gradient's graph, prologue shapes only:
+     *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW (added to) */
+    int filter_fused;
+    BackendGraph filter_graph;
+    Conv2dCuda fallback; /* initialized only where a graph is not fused */
 } ConvGenStatsCuda;
 
 /* The face (op_context.h). */
@@ -68,6 +74,8 @@ void conv_genstats_init(const OpContext *ctx, ConvGenStats *op, const ConvGenSta
 void conv_genstats_destroy(const OpContext *ctx, ConvGenStats *op);
 size_t conv_genstats_workspace_bytes(const OpContext *ctx, const ConvGenStats *op); /* 0 on the CPU */
 int conv_genstats_fused(const ConvGenStats *op); /* 1 when the GPU path is one cuDNN graph */
+/* 1 when the GPU's filter gradient with the prologue is one cuDNN graph too. */
+int conv_genstats_filter_fused(const ConvGenStats *op);
 /* x, w, y in ctx->dtype and layout on the GPU (ctx->nhwc: x, y [n][h][w][c],
  * w [k][r][s][c]; else NCHW, w [k][c][r][s]); scale and bias (NULL unless
  * prologue) c values of ctx->dtype; sum and sqsum k floats, overwritten. All
@@ -75,6 +83,14 @@ int conv_genstats_fused(const ConvGenStats *op); /* 1 when the GPU path is one c
  * ctx->stream, with no allocation and no sync. CPU: fp32 NCHW. */
 void conv_genstats_forward(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
                            const void *bias, const void *w, void *y, float *sum, float *sqsum);
+/* Backward of a prologue shape, the filter's part: dw += wgrad(x', dy), x'
+ * the prologue's output recomputed from x as the forward computes it, never
+ * stored. The data gradient at x' is conv2d's (ops/conv2d.h) and the
+ * prologue's own backward is its batch norm's, so neither is here; a shape
+ * without a prologue has conv2d's whole backward. Tensors as forward's (dy as
+ * y, dw as w), on ctx->stream with ctx->workspace. */
+void conv_genstats_backward_filter(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
+                                   const void *bias, const void *dy, void *dw);
 
 /* ---- Batch-norm finalize: the statistics' sums to what the next layer needs --
  * From sum and sqsum of a channel's m values (a batch norm's input, as
@@ -96,6 +112,8 @@ void bn_finalize(const OpContext *ctx, int channels, int64_t m, const float *sum
 
 void conv_genstats_forward_cpu(const ConvGenStatsShape *s, const float *x, const float *scale, const float *bias,
                                const float *w, float *y, float *sum, float *sqsum);
+void conv_genstats_backward_filter_cpu(const ConvGenStatsShape *s, const float *x, const float *scale,
+                                       const float *bias, const float *dy, float *dw);
 /* The prologue alone, in place allowed: x' = relu(x * scale[c] + bias[c]), NCHW. */
 void conv_genstats_prologue_cpu(const Conv2dShape *s, const float *x, const float *scale, const float *bias,
                                 float *out);
@@ -111,6 +129,9 @@ void conv_genstats_cuda_destroy(ConvGenStatsCuda *c);
 void conv_genstats_forward_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x, const void *scale,
                                 const void *bias, const void *w, void *y, float *sum, float *sqsum,
                                 void *workspace);
+void conv_genstats_backward_filter_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x,
+                                        const void *scale, const void *bias, const void *dy, void *dw,
+                                        void *workspace);
 /* scale and bias in scale_dtype; on 'stream'. */
 void bn_finalize_cuda(DType scale_dtype, int channels, int64_t m, const float *sum, const float *sqsum,
                       const BatchNormParams *p, void *scale, void *bias, cudaStream_t stream);

@@ -9,14 +9,18 @@
  * bounds. Shapes: ResNet-18-CIFAR's 3x3, stride-2 3x3 with k = 128 and 1x1
  * stride-2 downsample, with and without the prologue. Each GPU shape prints
  * whether the fused cuDNN graph was taken (the fallback is not a failure).
- * On the CPU y and sum are measured against the size of their terms, which
- * can cancel (the 1x1 image's 6 outputs). bn_finalize against batchnorm_forward_train_cpu's statistics. */
+ * With a prologue, the filter gradient too (backward_filter, added onto
+ * random values): on the CPU against the definition and finite differences,
+ * on the GPU against the CPU reference. On the CPU y and sum are measured
+ * against the size of their terms, which can cancel (the 1x1 image's 6
+ * outputs). bn_finalize against batchnorm_forward_train_cpu's statistics. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ops/conv_genstats.h"
 #include "runtime/gpu.h"
+#include "tests/op_checks.h"
 #include "tests/ops/grid.h"
 
 #define CGS_WORKSPACE_LIMIT ((size_t)512 << 20)
@@ -132,6 +136,71 @@ static void cgs_check_double(const GridCase *c, const char *label, const char *n
     free(want);
 }
 
+/* dw[k][c][r][t] = sum over n, p, q of x'[n][c][ih][iw] * dy[n][k][p][q] in
+ * double, added to dw0, with the sizes of its terms (dw0's among them). */
+static void naive_filter_grad(const ConvGenStatsShape *a, const CgsInputs *in, const float *dy, const float *dw0,
+                              double *dw, double *size) {
+    const Conv2dShape *s = &a->conv;
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    for (size_t i = 0; i < cgs_w_count(s); i++) dw[i] = dw0[i], size[i] = fabs(dw0[i]);
+    for (int n = 0; n < s->n; n++)
+        for (int k = 0; k < s->k; k++)
+            for (int p = 0; p < oh; p++)
+                for (int q = 0; q < ow; q++) {
+                    double g = dy[(((size_t)n * s->k + k) * oh + p) * ow + q];
+                    for (int c = 0; c < s->c; c++)
+                        for (int r = 0; r < s->r; r++)
+                            for (int t = 0; t < s->s; t++) {
+                                int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
+                                if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
+                                size_t wi = (((size_t)k * s->c + c) * s->r + r) * s->s + t;
+                                double term = g * naive_input(a, in, n, c, ih, iw);
+                                dw[wi] += term, size[wi] += fabs(term);
+                            }
+                }
+}
+
+typedef struct {
+    const ConvGenStatsShape *a;
+    const CgsInputs *in;
+    float *y, *sum, *sqsum;
+    const float *r;
+} CgsLoss;
+
+static double cgs_loss(void *p) {
+    CgsLoss *l = p;
+    conv_genstats_forward_cpu(l->a, l->in->x, l->in->scale, l->in->bias, l->in->w, l->y, l->sum, l->sqsum);
+    return weighted_sum(l->y, l->r, cgs_y_count(&l->a->conv));
+}
+
+/* backward_filter on the CPU: onto random dw0 against the definition, and
+ * (less dw0, small shapes) against finite differences of sum(y * dy) in w. */
+static void cgs_cpu_filter_grad(const GridCase *c, ConvGenStatsShape a, const char *label, int differences) {
+    const Conv2dShape *s = &a.conv;
+    char what[220];
+    size_t nw = cgs_w_count(s), ny = cgs_y_count(s);
+    CgsInputs in = cgs_inputs(c, DTYPE_F32, &a);
+    float *dy = grid_random(c, DTYPE_F32, ny, -1, 1), *dw0 = grid_random(c, DTYPE_F32, nw, -1, 1);
+    float *dw = copy_floats(dw0, nw);
+    ConvGenStats op;
+    conv_genstats_init(&c->ctx, &op, &a, &cgs_policy);
+    conv_genstats_backward_filter(&c->ctx, &op, in.x, in.scale, in.bias, dy, dw);
+    double *exact = malloc(sizeof(double) * 2 * nw);
+    naive_filter_grad(&a, &in, dy, dw0, exact, exact + nw);
+    cgs_check_double(c, label, "dw (added to)", dw, exact, exact + nw, nw, 1e-5);
+    for (size_t i = 0; i < nw; i++) dw[i] -= dw0[i];
+    CgsLoss l = {&a, &in, host_floats(ny), host_floats(s->k), host_floats(s->k), dy};
+    if (differences) {
+        numeric_gradient(in.w, nw, 1e-2f, cgs_loss, &l, exact);
+        snprintf(what, sizeof what, "%s: dw", label);
+        check_gradient(what, dw, exact, nw);
+    }
+    conv_genstats_destroy(&c->ctx, &op);
+    void *host[] = {dy, dw0, dw, exact, l.y, l.sum, l.sqsum};
+    host_free_all(host, GRID_COUNT(host));
+    cgs_inputs_free(&in);
+}
+
 static void cgs_cpu_shape(const GridCase *c, ConvGenStatsShape a) {
     const Conv2dShape *s = &a.conv;
     char label[160];
@@ -154,9 +223,44 @@ static void cgs_cpu_shape(const GridCase *c, ConvGenStatsShape a) {
     void *host[] = {y, sum, sqsum, e.y};
     host_free_all(host, GRID_COUNT(host));
     cgs_inputs_free(&in);
+    if (a.prologue) cgs_cpu_filter_grad(c, a, label, ny < 1000);
 }
 
 /* ---- the GPU against the CPU reference --------------------------------------------- */
+
+/* backward_filter on the GPU onto a random dw0, against dw0 plus the CPU
+ * reference on x' rounded to the dtype (the fallback's; the fused graph's x'
+ * is fp32, a rounding apart), rounded. */
+static void cgs_gpu_filter_grad(const GridCase *c, const OpContext *ctx, const ConvGenStats *op,
+                                const CgsInputs *in, const char *label) {
+    const ConvGenStatsShape *a = &op->shape;
+    const Conv2dShape *s = &a->conv;
+    DType dt = c->dtype;
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    size_t nx = cgs_x_count(s), nw = cgs_w_count(s), ny = cgs_y_count(s);
+    float *dy = grid_random(c, dt, ny, -1, 1), *xp = host_floats(nx), *grad = host_floats(nw);
+    conv_genstats_prologue_cpu(s, in->x, in->scale, in->bias, xp);
+    round_to(dt, xp, nx);
+    conv2d_backward_ex_cpu(s, xp, NULL, dy, NULL, grad, NULL, 0);
+    float *dw0 = grid_accumulator_start(c, dt, grad, nw), *want = host_floats(nw);
+    for (size_t i = 0; i < nw; i++) want[i] = dw0[i] + grad[i];
+    round_to(dt, want, nw);
+    float *xl = grid_to_layout(c, in->x, s->n, s->c, s->h, s->w), *dyl = grid_to_layout(c, dy, s->n, s->k, oh, ow);
+    float *dw0l = grid_to_layout(c, dw0, s->k, s->c, s->r, s->s);
+    void *d_x = grid_put(c, dt, xl, nx), *d_dy = grid_put(c, dt, dyl, ny), *d_dw = grid_put(c, dt, dw0l, nw);
+    void *d_scale = grid_put(c, dt, in->scale, s->c), *d_bias = grid_put(c, dt, in->bias, s->c);
+    conv_genstats_backward_filter(ctx, op, d_x, d_scale, d_bias, d_dy, d_dw);
+    float *t = grid_get(c, dt, d_dw, nw), *got = grid_from_layout(c, t, s->k, s->c, s->r, s->s);
+    char what[220];
+    int fused = conv_genstats_filter_fused(op);
+    printf(" %s filter gradient: %s\n", label, fused ? "fused cuDNN graph" : "FALLBACK (prologue kernel + conv2d)");
+    snprintf(what, sizeof what, "%s: dw added to (%s)", label, fused ? "fused" : "fallback");
+    grid_check(c, what, got, want, nw, grid_bound(c, GRID_CONV));
+    void *dev[] = {d_x, d_dy, d_dw, d_scale, d_bias};
+    grid_free_all(c, dev, GRID_COUNT(dev));
+    void *host[] = {dy, xp, grad, dw0, want, xl, dyl, dw0l, t, got};
+    host_free_all(host, GRID_COUNT(host));
+}
 
 static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a) {
     const Conv2dShape *s = &a.conv;
@@ -207,6 +311,7 @@ static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a) {
     grid_check(c, what, sum, want_sum, s->k, bound);
     snprintf(what, sizeof what, "%s: sqsum (%s)", label, path);
     grid_check(c, what, sqsum, want_sqsum, s->k, bound);
+    if (a.prologue) cgs_gpu_filter_grad(c, &ctx, &op, &in, label);
 
     void *dev[] = {d_x, d_w, d_scale, d_bias, d_y, d_sum, d_sqsum, ctx.workspace};
     grid_free_all(c, dev, GRID_COUNT(dev));
@@ -397,5 +502,5 @@ const GridOp grid_op_conv_genstats = {
     .cuda_types = GRID_ALL_TYPES,
     .cuda_layouts = GRID_BOTH_LAYOUTS,
     .cpu_layouts = GRID_NCHW,
-    .skipped = "cpu nhwc (the CPU path is NCHW); backward (forward only for now)",
+    .skipped = "cpu nhwc (the CPU path is NCHW); backward without a prologue (conv2d's)",
 };

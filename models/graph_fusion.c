@@ -15,7 +15,19 @@
  * apart, and why. Not under synchronized batch norm, whose statistics are
  * the global batch's, nor under perf.deterministic: two runs of the same 12
  * steps with the fused graphs ended 0.9% apart in loss on an H100, where
- * model.fuse = on repeats its bits. */
+ * model.fuse = on repeats its bits.
+ *
+ * Then a batch norm + ReLU that only the convolution of another fused pair
+ * reads becomes that convolution's prologue: the convolution reads the norm's
+ * input and applies x * scale + bias and the ReLU as it loads it (one cuDNN
+ * graph with the GEN_STATS epilogue), its filter gradient recomputes the same
+ * in another graph (conv_genstats_backward_filter), and the norm computes
+ * only its scale and bias (bn_finalize): its apply pass and its output are
+ * gone, in training. Where both graphs have an engine, and under
+ * perf.conv_benchmark where the norm's forward and the convolution's forward
+ * and filter gradient timed faster that way. On the CPU the pairs and
+ * prologues compose the reference ops: no faster, the same wiring, which the
+ * tests check. */
 #include "models/layers.h"
 
 #include <stdio.h>
@@ -40,16 +52,63 @@ static void pair_join(Layer *conv, Layer *bn, ConvGenStats *op) {
     bn->stats_by_conv = 1;
 }
 
+static void genstats_free(const Model *m, ConvGenStats *op) {
+    if (!op) return;
+    conv_genstats_destroy(&m->ops, op);
+    free(op);
+}
+
 static void pair_split(const Model *m, Layer *conv, Layer *bn) {
-    conv_genstats_destroy(&m->ops, conv->genstats);
-    free(conv->genstats);
+    genstats_free(m, conv->genstats);
     conv->genstats = NULL;
     bn->stats_by_conv = 0;
 }
 
+static ConvGenStats *genstats_new(Model *m, const ConvGenStatsShape *shape) {
+    ConvGenStats *op = malloc(sizeof *op);
+    if (!op) TC_FATAL("out of host memory planning model.fuse = graphs");
+    conv_genstats_init(&m->ops, op, shape, &m->conv_policy);
+    return op;
+}
+
+static void reserve_workspace(Model *m, const ConvGenStats *op) {
+    size_t bytes = conv_genstats_workspace_bytes(&m->ops, op);
+    if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
+}
+
+/* The conv that may take batch norm i (+ its ReLU) as its prologue: a fused
+ * pair's, reading the ReLU's output alone, right after it; -1: none. */
+static int prologue_conv(const Model *m, int i) {
+    if (i + 2 >= m->n_layers) return -1;
+    const Layer *bn = &m->layers[i], *relu = &m->layers[i + 1], *conv = &m->layers[i + 2];
+    int ok = bn->kind == LAYER_BATCHNORM && bn->stats_by_conv && bn->fused_act == BN_ACT_RELU &&
+             bn->add_layer < 0 && bn->pool_layer < 0 && relu->kind == LAYER_RELU && relu->in == bn->out &&
+             relu->fused && conv->kind == LAYER_CONV && conv->in == relu->out && conv->genstats &&
+             !conv->input_form && m->acts[relu->out].consumers == 1;
+    return ok ? i + 2 : -1;
+}
+
+/* The prologue form of batch norm i's conv, kept aside for choose where its two graphs have an engine. */
+static void plan_prologue(Model *m, int i) {
+    int j = prologue_conv(m, i);
+    if (j < 0) return;
+    Layer *conv = &m->layers[j];
+    ConvGenStatsShape shape = {conv->conv.shape, 1};
+    ConvGenStats *op = genstats_new(m, &shape);
+    if (m->device == DEVICE_CUDA && (!conv_genstats_fused(op) || !conv_genstats_filter_fused(op))) {
+        log_info("layer %d %s + ReLU as layer %d %s's prologue: apart (no cuDNN engine takes the %s graph)", i,
+                 m->layers[i].name, j, conv->name, conv_genstats_fused(op) ? "filter gradient's" : "forward");
+        genstats_free(m, op);
+        return;
+    }
+    conv->prologue_genstats = op;
+    reserve_workspace(m, op);
+}
+
 void graph_fusion_plan(Model *m) {
     const char *why_not = m->bn_allreduce ? "dist.sync_bn (the statistics are the global batch's)"
-                          : m->conv_policy.deterministic ? "perf.deterministic (runs with the fused graphs differ "
+                          : m->conv_policy.deterministic && m->device == DEVICE_CUDA
+                              ? "perf.deterministic (runs with the fused graphs differ "
                                                            "from run to run)"
                                                          : NULL;
     if (why_not) {
@@ -60,42 +119,58 @@ void graph_fusion_plan(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++) {
         if (!stats_pair(m, i)) continue;
         Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
-        ConvGenStats *op = malloc(sizeof *op);
-        if (!op) TC_FATAL("out of host memory planning model.fuse = graphs");
         /* A convolution over a form of the image (models/input_form.c) fuses the one over the copies. */
         ConvGenStatsShape shape = {conv->input_form ? conv->input_form->conv.shape : conv->conv.shape, 0};
-        conv_genstats_init(&m->ops, op, &shape, &m->conv_policy);
+        ConvGenStats *op = genstats_new(m, &shape);
         pair_join(conv, bn, op);
-        if (!conv_genstats_fused(op)) {
+        if (m->device == DEVICE_CUDA && !conv_genstats_fused(op)) {
             log_info("layer %d %s + layer %d %s: apart (no cuDNN engine takes the fused graph)", i, conv->name,
                      i + 1, bn->name);
             pair_split(m, conv, bn);
             continue;
         }
-        size_t bytes = conv_genstats_workspace_bytes(&m->ops, op);
-        if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
+        reserve_workspace(m, op);
     }
+    for (int i = 0; i + 2 < m->n_layers; i++) plan_prologue(m, i);
 }
+
+/* Two layers of the model, for a timing. */
+typedef struct {
+    Model *m;
+    const Layer *a, *b;
+} Timed;
 
 /* The pair's forward through the layers' own code: fused while conv->genstats is set. */
-static void pair_forward(Model *m, const Layer *conv, const Layer *bn) {
-    layer_kinds[LAYER_CONV].forward(m, conv);
-    layer_kinds[LAYER_BATCHNORM].forward(m, bn);
+static void pair_forward(const Timed *t) {
+    layer_kinds[LAYER_CONV].forward(t->m, t->a);
+    layer_kinds[LAYER_BATCHNORM].forward(t->m, t->b);
 }
 
-static float pair_time_us(Model *m, const Layer *conv, const Layer *bn) {
+/* A norm's forward, the conv after it forward and backward: its prologue while the flags say so. */
+static void prologue_step(const Timed *t) {
+    layer_kinds[LAYER_BATCHNORM].forward(t->m, t->a);
+    layer_kinds[LAYER_CONV].forward(t->m, t->b);
+    layer_kinds[LAYER_CONV].backward(t->m, t->b);
+}
+
+static float time_us(void (*run)(const Timed *), const Timed *t) {
     cudaEvent_t start, stop;
     gpu_event_create(&start, 1);
     gpu_event_create(&stop, 1);
-    pair_forward(m, conv, bn); /* the first run loads the kernels */
-    gpu_event_record(start, m->ops.stream);
-    for (int r = 0; r < PAIR_TIMING_RUNS; r++) pair_forward(m, conv, bn);
-    gpu_event_record(stop, m->ops.stream);
+    run(t); /* the first run loads the kernels */
+    gpu_event_record(start, t->m->ops.stream);
+    for (int r = 0; r < PAIR_TIMING_RUNS; r++) run(t);
+    gpu_event_record(stop, t->m->ops.stream);
     gpu_event_sync(stop);
     float us = gpu_event_ms(start, stop) * 1000.0f / PAIR_TIMING_RUNS;
     gpu_event_destroy(start);
     gpu_event_destroy(stop);
     return us;
+}
+
+static float pair_time_us(Model *m, const Layer *conv, const Layer *bn) {
+    Timed t = {m, conv, bn};
+    return time_us(pair_forward, &t);
 }
 
 /* Fused and apart, twice each in turn, the faster of each kept. */
@@ -119,10 +194,12 @@ static void fill_timing_inputs(Model *m) {
     op_fill_random(&m->ops, m->params, m->n_params * sizeof(float));
     if (m->weights != m->params) op_fill_random(&m->ops, m->weights, m->n_params * esize);
     for (int i = 0; i < m->n_layers; i++) {
-        const Activation *in = &m->acts[m->layers[i].in];
-        if (!m->layers[i].genstats) continue;
-        if (in->value) op_fill_random(&m->ops, in->value, act_floats(m, m->layers[i].in) * esize);
+        const Layer *l = &m->layers[i];
+        const Activation *in = &m->acts[l->in];
+        if (!l->genstats) continue;
+        if (in->value) op_fill_random(&m->ops, in->value, act_floats(m, l->in) * esize);
         else op_fill_random(&m->ops, m->input_f32, model_input_floats(m) * sizeof(float)); /* read by its form */
+        if (l->prologue_genstats) op_fill_random(&m->ops, grad_of(m, l->out), act_floats(m, l->out) * esize);
     }
 }
 
@@ -141,8 +218,63 @@ static void log_pairs(const Model *m) {
              fused, pairs, fused < pairs ? "; apart: layers" : "", apart);
 }
 
+/* Batch norm i in or out of conv j's prologue: the flags, and which of the conv's two ops runs. */
+static void prologue_swap(Model *m, int i, int j) {
+    Layer *bn = &m->layers[i], *conv = &m->layers[j];
+    ConvGenStats *other = conv->genstats;
+    conv->genstats = conv->prologue_genstats, conv->prologue_genstats = other;
+    bn->by_conv_prologue = !bn->by_conv_prologue;
+    conv->prologue_bn = bn->by_conv_prologue ? i : -1;
+}
+
+static float prologue_time_us(Model *m, int i, int j) {
+    Timed t = {m, &m->layers[i], &m->layers[j]};
+    return time_us(prologue_step, &t);
+}
+
+/* Batch norm i as conv j's prologue where both ways are built: under
+ * benchmark where it timed faster (the conv that sums the norm's input runs
+ * first, so the norm normalises real sums), else always. */
+static void choose_prologue(Model *m, int i, int benchmark) {
+    int j = prologue_conv(m, i);
+    if (j < 0 || !m->layers[j].prologue_genstats) return;
+    Layer *bn = &m->layers[i], *conv = &m->layers[j];
+    float fused_us = 0, apart_us = 0;
+    if (benchmark) {
+        layer_kinds[LAYER_CONV].forward(m, &m->layers[i - 1]);
+        apart_us = prologue_time_us(m, i, j);
+        prologue_swap(m, i, j);
+        fused_us = prologue_time_us(m, i, j);
+        if (fused_us >= apart_us) prologue_swap(m, i, j);
+    } else {
+        prologue_swap(m, i, j);
+    }
+    genstats_free(m, conv->prologue_genstats);
+    conv->prologue_genstats = NULL;
+    if (benchmark)
+        log_info("layer %d %s + ReLU: %s layer %d %s's prologue, norm + conv forward and backward %.1f us so against "
+                 "%.1f us apart",
+                 i, bn->name, bn->by_conv_prologue ? "" : "apart (slower) from", j, conv->name, fused_us, apart_us);
+    else
+        log_info("layer %d %s + ReLU: layer %d %s's prologue (%s)", i, bn->name, j, conv->name,
+                 m->device == DEVICE_CUDA ? "cuDNN graphs; not timed: perf.conv_benchmark off"
+                                          : "the CPU composes the reference ops");
+}
+
+static void log_prologues(const Model *m) {
+    int candidates = 0, taken = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        if (m->layers[i].kind != LAYER_BATCHNORM || m->layers[i].fused_act != BN_ACT_RELU) continue;
+        candidates += prologue_conv(m, i) >= 0;
+        taken += m->layers[i].by_conv_prologue;
+    }
+    if (candidates)
+        log_info("model.fuse = graphs: %d of %d batch norms + ReLU before a fused convolution run as its prologue",
+                 taken, candidates);
+}
+
 void graph_fusion_choose(Model *m) {
-    int benchmark = m->conv_policy.benchmark, training = m->training;
+    int benchmark = m->conv_policy.benchmark && m->device == DEVICE_CUDA, training = m->training;
     if (benchmark) fill_timing_inputs(m);
     m->training = 1;
     m->recomputing = 1; /* momentum 0: the timings leave the running statistics alone */
@@ -150,9 +282,10 @@ void graph_fusion_choose(Model *m) {
         Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
         if (!conv->genstats) continue;
         if (!benchmark) {
-            log_info("layer %d %s + layer %d %s: statistics in the convolution's epilogue (cuDNN graph; not timed: "
-                     "perf.conv_benchmark off)",
-                     i, conv->name, i + 1, bn->name);
+            log_info("layer %d %s + layer %d %s: statistics in the convolution's epilogue (%s)", i, conv->name, i + 1,
+                     bn->name,
+                     m->device == DEVICE_CUDA ? "cuDNN graph; not timed: perf.conv_benchmark off"
+                                              : "the CPU composes the reference ops");
             continue;
         }
         float fused_us, apart_us;
@@ -163,9 +296,17 @@ void graph_fusion_choose(Model *m) {
                  fused_us, apart_us);
         if (!keep) pair_split(m, conv, bn);
     }
+    for (int i = 0; i < m->n_layers; i++) {
+        choose_prologue(m, i, benchmark);
+        if (m->layers[i].prologue_genstats) { /* its pairs came apart */
+            genstats_free(m, m->layers[i].prologue_genstats);
+            m->layers[i].prologue_genstats = NULL;
+        }
+    }
     m->recomputing = 0;
     m->training = training;
     log_pairs(m);
+    log_prologues(m);
 }
 
 void graph_fusion_destroy(Model *m) {

@@ -20,12 +20,18 @@ static const void *b_of(const Model *m, const Layer *l) {
     return l->b_count ? element(m, m->weights, l->b_off) : NULL;
 }
 static size_t n_of(const Model *m, const Layer *l) { return act_floats(m, l->out); }
+/* A batch norm's scale and bias where a conv applies it as its prologue (model.fuse = graphs). */
+static void *bn_scale_of(const Model *m, const Layer *bn) { return element(m, m->bn_coef, bn->stat_off); }
+static void *bn_bias_of(const Model *m, const Layer *bn) {
+    return element(m, m->bn_coef, bn->stat_off + (size_t)bn->bn.shape.c);
+}
 
 /* ---- convolution: fused, the bias and the ReLU after it (bias_relu), or in
  * the max-pool after it (bias_by_pool); the input's, with the ReLU and the
  * max-pool too (pool_layer: conv_bias_relu_pool), or on copies of the image
  * and filters in another form (input_form); a whitening one, the bias and the
- * GELU after it (conv_bias_gelu) ---- */
+ * GELU after it (conv_bias_gelu); under model.fuse = graphs, the next batch
+ * norm's sums (genstats) and the previous one's apply + ReLU (prologue_bn) ---- */
 
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
@@ -48,7 +54,12 @@ static void conv_forward(Model *m, const Layer *l) {
     }
     if (l->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
         float *sum = m->bn_sums + l->stat_off;
-        conv_genstats_forward(&m->ops, l->genstats, x, NULL, NULL, w, y_of(m, l), sum, sum + s->k);
+        const void *scale = NULL, *bias = NULL;
+        if (l->prologue_bn >= 0) { /* the batch norm + ReLU before it, applied to the norm's input */
+            const Layer *bn = &m->layers[l->prologue_bn];
+            x = x_of(m, bn), scale = bn_scale_of(m, bn), bias = bn_bias_of(m, bn);
+        }
+        conv_genstats_forward(&m->ops, l->genstats, x, scale, bias, w, y_of(m, l), sum, sum + s->k);
         return;
     }
     conv2d_forward(&m->ops, conv, x, w, l->fused ? NULL : b_of(m, l), y_of(m, l));
@@ -77,6 +88,12 @@ static void conv_backward(Model *m, const Layer *l) {
     }
     if (l->input_form) {
         input_form_backward(m, l, dy, dw, db);
+        return;
+    }
+    if (l->prologue_bn >= 0) { /* the data gradient at the prologue's output; the filter's from the norm's input */
+        const Layer *bn = &m->layers[l->prologue_bn];
+        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, acc);
+        conv_genstats_backward_filter(ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn), dy, dw);
         return;
     }
     if (!l->fused) {
@@ -146,7 +163,8 @@ static void linear_layer_backward(Model *m, const Layer *l) {
 }
 
 /* ---- batch norm: in training, the batch's statistics (over every rank with
- * dist.sync_bn; from its conv's sums under model.fuse = graphs); in
+ * dist.sync_bn; from its conv's sums under model.fuse = graphs, and there,
+ * where the conv after it applies it, only its scale and bias); in
  * evaluation, the running ones; fused, the add after it (add_layer) or the
  * max-pool after its ReLU (pool_layer) in its pass ---- */
 
@@ -182,7 +200,10 @@ static void batchnorm_layer_forward(Model *m, const Layer *l) {
     if (l->stats_by_conv && mode == BN_TRAIN) { /* the statistics from the sums its conv made */
         const BatchNormShape *s = &l->bn.shape;
         const float *sum = m->bn_sums + l->stat_off;
-        bn_finalize(&m->ops, s->c, (int64_t)s->n * s->h * s->w, sum, sum + s->c, &p, NULL, NULL);
+        int prologue = l->by_conv_prologue; /* the conv after it applies it: its scale and bias alone */
+        bn_finalize(&m->ops, s->c, (int64_t)s->n * s->h * s->w, sum, sum + s->c, &p,
+                    prologue ? bn_scale_of(m, l) : NULL, prologue ? bn_bias_of(m, l) : NULL);
+        if (prologue) return;
         mode = BN_TRAIN_SAVED;
     }
     if (l->add_layer >= 0) { /* the add after it (and its ReLU), in this pass */
@@ -213,7 +234,7 @@ static int relu_in_bn_backward(const Layer *add) {
 static void batchnorm_layer_backward(Model *m, const Layer *l) {
     BatchNormParams p = bn_params(m, l);
     BatchNormAct act = l->fused_act;
-    const void *y = y_of(m, l);
+    const void *y = l->by_conv_prologue ? NULL : y_of(m, l); /* never written: the ReLU's mask recomputed */
     void *dy = grad_of(m, l->out), *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
     if (l->add_layer >= 0 && relu_in_bn_backward(&m->layers[l->add_layer])) {
         act = BN_ACT_ADD_RELU;

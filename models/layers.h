@@ -24,11 +24,13 @@ extern const LayerKindOps layer_kinds[LAYER_KINDS];
  * layer ("conv 3"); ops outside the layers get none. */
 extern const OpHooks layer_nvtx_hooks;
 
-/* model.fuse = graphs (models/graph_fusion.c), GPU: plan builds each
- * convolution-before-batch-norm pair's fused graph where an engine takes it
- * (before the buffers: it sizes the workspace); choose, with the buffers
- * carved and before the parameters are set, times the pairs under
- * perf.conv_benchmark and keeps the faster way of each; destroy frees them. */
+/* model.fuse = graphs (models/graph_fusion.c): plan builds each
+ * convolution-before-batch-norm pair's fused graph where an engine takes it,
+ * and each batch norm + ReLU's prologue form of the conv after it (before
+ * the buffers: they size the workspace); choose, with the buffers carved and
+ * before the parameters are set, times them under perf.conv_benchmark and
+ * keeps the faster way of each; destroy frees them. On the CPU every pair
+ * and prologue is taken, composed of the reference ops. */
 void graph_fusion_plan(Model *m);
 void graph_fusion_choose(Model *m);
 void graph_fusion_destroy(Model *m);

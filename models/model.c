@@ -50,6 +50,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->bias_layer = -1;
     l->pool_layer = -1;
     l->add_layer = -1;
+    l->prologue_bn = -1;
     l->block = m->open_block;
     snprintf(l->name, sizeof l->name, "%s %d", layer_kinds[kind].name, m->n_layers - 1);
     return l;
@@ -584,6 +585,8 @@ static void carve_buffers(Model *m, Arena *a) {
     m->bn_saved = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm batch statistics") : NULL;
     m->bn_sums = m->fuse_graphs && m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm sums")
                                                  : NULL;
+    m->bn_coef = m->fuse_graphs && m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * esize, "batch-norm prologues")
+                                                 : NULL;
     m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
     size_t region = plan_recompute_region(m);
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
@@ -719,7 +722,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     plan_grad_slots(m);
     if (gpu) choose_conv_algorithms(m);
     if (gpu) input_form_plan(m);
-    if (gpu && m->fuse_graphs) graph_fusion_plan(m);
+    if (m->fuse_graphs) graph_fusion_plan(m);
 
     Arena sizing;
     arena_init_counting(&sizing, m->device);
@@ -739,16 +742,16 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
             if (m->layers[i].kind == LAYER_BATCHNORM)
                 batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
-    if (gpu && m->fuse_graphs) graph_fusion_choose(m);
+    if (m->fuse_graphs) graph_fusion_choose(m);
     model_init_params(m, seed);
     op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
     model_zero_grads(m);
 }
 
 void model_destroy(Model *m) {
+    if (m->gpu) op_sync(&m->ops);
+    graph_fusion_destroy(m);
     if (m->gpu) {
-        op_sync(&m->ops);
-        graph_fusion_destroy(m);
         input_form_destroy(m);
         for (int i = 0; i < m->n_layers; i++) {
             if (m->layers[i].kind == LAYER_CONV) conv2d_destroy(&m->ops, &m->layers[i].conv);

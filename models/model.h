@@ -66,8 +66,15 @@ typedef struct {
     ConvGenStats *genstats; /* conv (model.fuse = graphs): in training its forward is one cuDNN graph that also
                                sums its output per channel for the batch norm after it (ops/conv_genstats,
                                models/graph_fusion.c); NULL: conv2d's */
+    ConvGenStats *prologue_genstats; /* conv: the same with the previous batch norm + ReLU as its prologue,
+                               between plan and choose, which keeps one of the two (graph_fusion.c) */
     int stats_by_conv;    /* batch norm: the conv before it sums its input (genstats); training takes the
                              statistics from those sums (bn_finalize) and runs the apply pass alone */
+    int prologue_bn;      /* conv with genstats (model.fuse = graphs): in training it applies this batch norm
+                             and its ReLU to the norm's input as its prologue, forward and filter gradient
+                             (scale and bias at bn_coef + the norm's stat_off); -1: none */
+    int by_conv_prologue; /* batch norm + ReLU: the conv after it applies it (prologue_bn); training
+                             computes only its scale and bias (bn_finalize) and never writes its output */
     int add_layer;        /* batch norm (model.fuse): the add right after it, which alone reads its output,
                              whose sum (and fused ReLU) its pass writes into the add's output; -1: none */
     int by_bn;            /* add: the batch norm before it computes it (add_layer); maxpool: the batch norm
@@ -177,6 +184,8 @@ typedef struct {
     float *bn_running;    /* running mean and variance of every batch norm (model state, not parameters) */
     float *bn_saved;      /* the last training batch's mean and 1/std, for backward */
     float *bn_sums;       /* fuse_graphs: each batch norm's input sums and sums of squares (fp32, c each) */
+    void *bn_coef;        /* fuse_graphs: each batch norm's scale and bias (act dtype, c each) where a conv
+                             applies it as its prologue */
     float *input_f32;     /* under AMP: the fp32 batch, cast into the input activation by forward */
     /* Activation gradients share a few buffers: two share one when their
      * lifetimes in backward do not overlap (see plan_grad_slots). */

@@ -134,8 +134,9 @@ static double channel_dy(const BatchNormShape *s, ActBackward a, const float *dy
                          double gamma, double xhat) {
     size_t plane = plane_of(s);
     if (a.act == BN_ACT_NONE) return AT(dy, i, c, p);
-    float y = a.act == BN_ACT_RELU ? AT(a.y, i, c, p) : 0.0f;
-    double z = a.act == BN_ACT_GELU ? xhat * gamma + a.beta[c] : 0.0; /* bn(x), from the saved statistics */
+    /* bn(x), from the saved statistics: GELU's input, and the ReLU's mask where y is not given */
+    double z = a.act == BN_ACT_GELU || !a.y ? xhat * gamma + a.beta[c] : 0.0;
+    float y = a.act != BN_ACT_RELU ? 0.0f : a.y ? AT(a.y, i, c, p) : activate(BN_ACT_RELU, z);
     return activation_dy(a.act, AT(dy, i, c, p), y, z);
 }
 
@@ -160,7 +161,7 @@ static void backward(const BatchNormShape *s, const float *x, ActBackward a, con
                      const float *gamma, const float *save_mean, const float *save_invstd,
                      float *dx, int accumulate_dx, float *dgamma, float *dbeta,
                      BnAllreduce reduce, void *ctx) {
-    if (a.act == BN_ACT_RELU && !a.y) TC_FATAL("batchnorm+relu backward: the forward output y is needed");
+    if (a.act == BN_ACT_RELU && !a.y && !a.beta) TC_FATAL("batchnorm+relu backward: y or beta is needed");
     if (a.act == BN_ACT_GELU && !a.beta) TC_FATAL("batchnorm+gelu backward: beta is needed");
     size_t plane = plane_of(s);
     double m = (double)s->n * plane, *sums = NULL;

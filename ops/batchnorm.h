@@ -21,9 +21,10 @@
  *   activation: the same followed by an activation, y = act(bn(x)):
  *              BN_ACT_RELU (NaN passes, as in relu.h): backward masks dy by
  *              y > 0 before the batch-norm backward; the CPU path takes that
- *              y, the CUDA path recomputes it from x, beta and the saved
- *              statistics, bit for bit as its forward stored it, and never
- *              reads y (one tensor less through memory, twice);
+ *              y where given (NULL: recomputed from x, beta and the saved
+ *              statistics), the CUDA path always recomputes it, bit for bit
+ *              as its forward stored it, and never reads y (one tensor less
+ *              through memory, twice);
  *              BN_ACT_GELU, the exact (erf) GELU of gelu.h: backward needs no
  *              y (GELU is not monotonic) but recomputes z = xhat * gamma + beta
  *              from x and the saved statistics and takes dy * gelu'(z). On
@@ -129,7 +130,7 @@ typedef struct {
 /* The activation fused after the norm. */
 typedef enum {
     BN_ACT_NONE,
-    BN_ACT_RELU, /* backward masks by y > 0: the CPU reads y, the GPU recomputes it (needs beta) */
+    BN_ACT_RELU, /* backward masks by y > 0: the CPU reads y if given, the GPU recomputes it (needs beta) */
     BN_ACT_GELU, /* backward reads beta */
     BN_ACT_ADD_RELU /* backward only: the ReLU after the add a residual forward computed; reads y (the add's
                        output), writes the masked dy to p->dy_masked */
@@ -186,8 +187,9 @@ void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode 
                        const BatchNormParams *p, const void *x, void *y);
 /* BN_TRAIN_SYNC: dx from the global sums (see above); any other mode: the
  * plain backward. act: the forward's (BN_ACT_ADD_RELU: see above); y is read
- * for BN_ACT_RELU on the CPU only and for BN_ACT_ADD_RELU (otherwise it may be
- * NULL), p->beta for BN_ACT_RELU and BN_ACT_GELU. */
+ * for BN_ACT_RELU on the CPU only, where given (NULL: recomputed from x, as
+ * on the GPU), and for BN_ACT_ADD_RELU (otherwise it may be NULL), p->beta
+ * for BN_ACT_RELU and BN_ACT_GELU. */
 void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy,
                         void *dx, int accumulate_dx, void *dgamma, void *dbeta);
@@ -214,7 +216,8 @@ void batchnorm_act_forward_train_cpu(const BatchNormShape *s, BatchNormAct act, 
 void batchnorm_act_forward_eval_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                     const float *gamma, const float *beta, const float *running_mean,
                                     const float *running_var, float eps, float *y);
-/* y: read for BN_ACT_RELU only; beta: for BN_ACT_GELU only. */
+/* y: read for BN_ACT_RELU only (NULL: recomputed from x and beta); beta: for
+ * BN_ACT_GELU, and for BN_ACT_RELU without y. */
 void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const float *x,
                                 const float *y, const float *dy, const float *gamma,
                                 const float *beta, const float *save_mean, const float *save_invstd,

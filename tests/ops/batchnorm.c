@@ -822,7 +822,8 @@ static float *bn_input_away_from_zero(uint64_t *rng, const BatchNormShape *s) {
     return x;
 }
 
-/* The fused backward is the plain one on dy masked by y > 0, to the bit. */
+/* The fused backward is the plain one on dy masked by y > 0, to the bit; and
+ * without y (its mask recomputed from x and beta) the same bits again. */
 static void bn_check_fused_backward(const BnLoss *b, const float *y, const float *smean, const float *sinv,
                                     const float *dx, const float *dgamma, const float *dbeta) {
     const BatchNormShape *s = &b->s;
@@ -832,6 +833,11 @@ static void bn_check_fused_backward(const BnLoss *b, const float *y, const float
     batchnorm_backward_cpu(s, b->x, masked, b->gamma, smean, sinv, dx2, 0, dgamma2, dbeta2);
     CHECK_MSG(same_bits(dx, dx2, nx) && same_bits(dgamma, dgamma2, s->c) && same_bits(dbeta, dbeta2, s->c),
               "bn+relu backward differs from bn backward on relu-masked dy");
+    memset(dgamma2, 0, sizeof(float) * s->c), memset(dbeta2, 0, sizeof(float) * s->c);
+    batchnorm_act_backward_cpu(s, BN_ACT_RELU, b->x, NULL, b->r, b->gamma, b->beta, smean, sinv, dx2, 0, dgamma2,
+                               dbeta2);
+    CHECK_MSG(same_bits(dx, dx2, nx) && same_bits(dgamma, dgamma2, s->c) && same_bits(dbeta, dbeta2, s->c),
+              "bn+relu backward with y NULL (its mask recomputed) differs from the one reading y");
     free(masked), free(dx2), free(dgamma2), free(dbeta2);
 }
 

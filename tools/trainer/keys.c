@@ -113,8 +113,12 @@ const CfgKeySpec trainc_keys[] = {
      "norm and ReLU runs in the norm's pass, whose output is never stored. graphs: on, and a convolution right "
      "before a batch norm computes "
      "that norm's statistics in its epilogue (one cuDNN graph, in training; f16 or bf16, model.layout = nhwc) "
-     "where an engine takes the shape and, under perf.conv_benchmark, where it times faster at start-up; the "
-     "log names each pair's choice (not with dist.sync_bn or perf.deterministic)", 0},
+     "where an engine takes the shape and, under perf.conv_benchmark, where it times faster at start-up; then a "
+     "batch norm + ReLU that only such a convolution reads becomes its prologue (the convolution applies scale, "
+     "bias and ReLU to the norm's input as it loads it, forward and filter gradient, and the norm's output is "
+     "never written) where engines take both graphs and, under perf.conv_benchmark, where it times faster; the "
+     "log names each choice (not with dist.sync_bn or perf.deterministic on the GPU; on the CPU every pair and "
+     "prologue is taken, composed of the reference ops)", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,

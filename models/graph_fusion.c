@@ -108,9 +108,8 @@ static void plan_prologue(Model *m, int i) {
 void graph_fusion_plan(Model *m) {
     const char *why_not = m->bn_allreduce ? "dist.sync_bn (the statistics are the global batch's)"
                           : m->conv_policy.deterministic && m->device == DEVICE_CUDA
-                              ? "perf.deterministic (runs with the fused graphs differ "
-                                                           "from run to run)"
-                                                         : NULL;
+                              ? "perf.deterministic (runs with the fused graphs differ from run to run)"
+                              : NULL;
     if (why_not) {
         log_info("model.fuse = graphs: the batch norms compute their statistics themselves under %s", why_not);
         m->fuse_graphs = 0;
@@ -252,9 +251,10 @@ static void choose_prologue(Model *m, int i, int benchmark) {
     genstats_free(m, conv->prologue_genstats);
     conv->prologue_genstats = NULL;
     if (benchmark)
-        log_info("layer %d %s + ReLU: %s layer %d %s's prologue, norm + conv forward and backward %.1f us so against "
-                 "%.1f us apart",
-                 i, bn->name, bn->by_conv_prologue ? "" : "apart (slower) from", j, conv->name, fused_us, apart_us);
+        log_info("layer %d %s + ReLU: %s layer %d %s's prologue, the norm's forward and the conv's forward and "
+                 "backward %.1f us so against %.1f us apart",
+                 i, bn->name, bn->by_conv_prologue ? "as" : "apart (slower) from being", j, conv->name, fused_us,
+                 apart_us);
     else
         log_info("layer %d %s + ReLU: layer %d %s's prologue (%s)", i, bn->name, j, conv->name,
                  m->device == DEVICE_CUDA ? "cuDNN graphs; not timed: perf.conv_benchmark off"

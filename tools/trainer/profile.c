@@ -193,6 +193,8 @@ static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
     if (l->kind == LAYER_BATCHNORM && l->pool_layer >= 0) /* its pass writes the pool's output, not its own */
         pl->forward_bytes = (in + act_elems(m, m->layers[l->pool_layer].out)) * esize + weights;
     if (l->kind == LAYER_MAXPOOL && l->by_bn) pl->forward_flops = pl->forward_bytes = 0; /* in the norm's pass */
+    if (l->kind == LAYER_BATCHNORM && l->by_conv_prologue) /* its scale and bias alone: the conv after it applies it */
+        pl->forward_flops = pl->forward_bytes = 0;
     if (l->kind != LAYER_CONV) return;
     double data = conv2d_timed_us(&m->ops, &l->conv, CONV2D_DATA), filter = conv2d_timed_us(&m->ops, &l->conv,
                                                                                             CONV2D_FILTER);

@@ -232,6 +232,24 @@ static void check_graph_fusion_cpu(int batch, const float *x, const int32_t *lab
     free(ckpt);
 }
 
+/* ResNet-50's plan under model.fuse = graphs on the CPU: each of its 53
+ * convolutions before a batch norm sums that norm's input, and each
+ * bottleneck's first two norms + ReLU (32) are the next convolution's
+ * prologue; the others' outputs are read by more than one layer or by an add. */
+static void check_graph_fusion_plan_resnet50(void) {
+    Model m;
+    char err[256];
+    CHECK(model_build(&m, "resnet50", 2, 32, 10, 0, err, sizeof err) == 0);
+    m.fuse = m.fuse_graphs = 1;
+    model_finalize(&m, NULL, 11);
+    int pairs = 0, prologues = 0;
+    for (int i = 0; i < m.n_layers; i++) pairs += m.layers[i].stats_by_conv, prologues += m.layers[i].by_conv_prologue;
+    CHECK_MSG(pairs == 53 && prologues == 32, "cpu resnet50 model.fuse = graphs: %d pairs, %d prologues", pairs,
+              prologues);
+    printf("cpu resnet50 model.fuse = graphs: %d pairs, %d prologues\n", pairs, prologues);
+    model_destroy(&m);
+}
+
 /* model.fuse on the CPU against unfused: the batch norms with the add (and its
  * ReLU, forward and, BN_ACT_ADD_RELU, backward) and with their ReLU. Only
  * rounding differs (the add of a fused norm rounds its sum from double); a
@@ -614,6 +632,7 @@ int main(void) {
     test_fill_uniform(big, big_n, &rng, -2, 2);
     check_checkpointing(NULL, BATCH, big, labels);
     check_fused_cpu(BATCH, big, labels);
+    check_graph_fusion_plan_resnet50();
     size_t n32 = (size_t)32 * 3 * 32 * 32;
     float *big32 = malloc(n32 * sizeof(float));
     test_fill_uniform(big32, n32, &rng, -2, 2);

@@ -74,8 +74,15 @@ static Slopes directional_slopes(Model *m, ModelLoss *l, const float *v, float e
 /* Two of a max-pool's candidates nearly tied at the point put a switch within
  * eps of it, and the loss bends there: the one-sided slopes part by far more
  * than the curvature over eps and float32's rounding part them (both well
- * under 0.01). The gradient is then no test of the analytic one. */
-static int kinked(Slopes s) { return fabs(s.right - s.left) > 2e-2 + 2e-2 * fabs(s.central); }
+ * under 0.01; along the gradient, where the slope is large, 0.2% of it).
+ * Switches on both sides can leave the one-sided slopes close but move the
+ * central one with the step: at half the step it moved 1.3% and 0.7% (seeds
+ * 5179 and 1513), against 0.02% at points without. The gradient is then no
+ * test of the analytic one. */
+static int kinked(Slopes s, Slopes half) {
+    return fabs(s.right - s.left) > 2e-2 + 5e-3 * fabs(s.central) ||
+           fabs(s.central - half.central) > 2e-2 + 2e-3 * fabs(s.central);
+}
 
 /* One draw of the net (PyTorch's default start: the identity filters would
  * pass maxima through unchanged and tie them), its input and the loss's
@@ -105,10 +112,11 @@ static int check_gradients_at(uint64_t *rng) {
         for (size_t i = 0; i < m.n_params; i++) norm += (double)v[i] * v[i];
         for (size_t i = 0; i < m.n_params; i++) v[i] = (float)(v[i] / sqrt(norm));
         for (size_t i = 0; i < m.n_params; i++) want += (double)analytic[i] * v[i];
-        Slopes got = directional_slopes(&m, &loss, v, 1e-4f);
-        printf("  airbench direction %d: analytic slope %.6f, finite differences %.6f (right %.6f, left %.6f)\n", d,
-               want, got.central, got.right, got.left);
-        if ((kink = kinked(got))) continue;
+        Slopes got = directional_slopes(&m, &loss, v, 1e-4f), half = directional_slopes(&m, &loss, v, 5e-5f);
+        printf("  airbench direction %d: analytic slope %.6f, finite differences %.6f (right %.6f, left %.6f; "
+               "at half the step %.6f)\n",
+               d, want, got.central, got.right, got.left, half.central);
+        if ((kink = kinked(got, half))) continue;
         /* Off by the curvature over eps and float32's rounding over eps: a percent or so along the gradient,
          * up to 0.01 along a random direction, whose slope is small; a wrong gradient is off by far more. */
         CHECK_MSG(fabs(got.central - want) <= (d == 0 ? 1e-2 : 5e-2) * fabs(want) + 2e-2,
@@ -248,7 +256,9 @@ static void check_fuse(uint64_t *rng) {
     test_fill_uniform(input, IN, rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
     ModelTrainEval plain = fuse_run(NULL, 0, 0, input, r), fused = fuse_run(NULL, 0, 1, input, r);
-    check_train_eval_near("airbench model.fuse on against off", &fused, &plain, 1e-5);
+    /* The same arithmetic rounded otherwise: 1.4e-6 at most, but where a rounding flips one of the max-pools'
+     * choices the gradients move by that element's share (seed 2330 of 1 to 6000: 5.7e-5). */
+    check_train_eval_near("airbench model.fuse on against off", &fused, &plain, 1e-3);
     CHECK_MSG(fused.bytes < plain.bytes, "fused: %zu bytes, unfused %zu", fused.bytes, plain.bytes);
     if (gpu_count() > 0) check_fuse_gpu(input, r, &fused);
     else printf("no GPU: airbench's fused GPU checks skipped\n");

@@ -313,37 +313,47 @@ static void conv_gpu_case(const GridCase *c) {
 
 /* ---- the CPU: against the definition in double, and finite differences ----------- */
 
-static void naive_conv_forward(const Conv2dShape *s, const float *x, const float *w, const float *b, double *y) {
+/* The definition in double; beside each value (size) the sum of its terms'
+ * absolute values: an fp32 sum is off by a few roundings of that, however
+ * far its terms cancel (a 1x1x2x1 image's 2 dx values, 2 db values). */
+static void naive_conv_forward(const Conv2dShape *s, const float *x, const float *w, const float *b, double *y,
+                               double *size) {
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
     for (int n = 0; n < s->n; n++)
         for (int k = 0; k < s->k; k++)
             for (int p = 0; p < oh; p++)
                 for (int q = 0; q < ow; q++) {
-                    double sum = b[k];
+                    double sum = b[k], abs_sum = fabs(b[k]);
                     for (int c = 0; c < s->c; c++)
                         for (int r = 0; r < s->r; r++)
                             for (int t = 0; t < s->s; t++) {
                                 int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
                                 if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
-                                sum += (double)x[(((size_t)n * s->c + c) * s->h + ih) * s->w + iw] *
-                                       w[(((size_t)k * s->c + c) * s->r + r) * s->s + t];
+                                double term = (double)x[(((size_t)n * s->c + c) * s->h + ih) * s->w + iw] *
+                                              w[(((size_t)k * s->c + c) * s->r + r) * s->s + t];
+                                sum += term, abs_sum += fabs(term);
                             }
-                    y[(((size_t)n * s->k + k) * oh + p) * ow + q] = sum;
+                    size_t at = (((size_t)n * s->k + k) * oh + p) * ow + q;
+                    y[at] = sum, size[at] = abs_sum;
                 }
 }
 
+/* dx, dw and db, and their sizes (size: dx's, then dw's, then db's). */
 static void naive_conv_backward(const Conv2dShape *s, const float *x, const float *w, const float *dy, double *dx,
-                                double *dw, double *db) {
+                                double *dw, double *db, double *size) {
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
-    memset(dx, 0, sizeof(double) * conv_x_count(s));
-    memset(dw, 0, sizeof(double) * conv_w_count(s));
+    size_t nx = conv_x_count(s), nw = conv_w_count(s);
+    double *size_dx = size, *size_dw = size + nx, *size_db = size + nx + nw;
+    memset(dx, 0, sizeof(double) * nx);
+    memset(dw, 0, sizeof(double) * nw);
     memset(db, 0, sizeof(double) * s->k);
+    memset(size, 0, sizeof(double) * (nx + nw + s->k));
     for (int n = 0; n < s->n; n++)
         for (int k = 0; k < s->k; k++)
             for (int p = 0; p < oh; p++)
                 for (int q = 0; q < ow; q++) {
                     double g = dy[(((size_t)n * s->k + k) * oh + p) * ow + q];
-                    db[k] += g;
+                    db[k] += g, size_db[k] += fabs(g);
                     for (int c = 0; c < s->c; c++)
                         for (int r = 0; r < s->r; r++)
                             for (int t = 0; t < s->s; t++) {
@@ -351,17 +361,18 @@ static void naive_conv_backward(const Conv2dShape *s, const float *x, const floa
                                 if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
                                 size_t xi = (((size_t)n * s->c + c) * s->h + ih) * s->w + iw;
                                 size_t wi = (((size_t)k * s->c + c) * s->r + r) * s->s + t;
-                                dx[xi] += g * w[wi];
-                                dw[wi] += g * x[xi];
+                                dx[xi] += g * w[wi], size_dx[xi] += fabs(g * w[wi]);
+                                dw[wi] += g * x[xi], size_dw[wi] += fabs(g * x[xi]);
                             }
                 }
 }
 
-/* Relative L2 against a double reference (NaN fails). */
-static void check_close(const GridCase *c, const char *what, const float *got, const double *want, size_t n) {
+/* Against a double reference, relative to the size of its terms (NaN fails). */
+static void check_close(const GridCase *c, const char *what, const float *got, const double *want,
+                        const double *size, size_t n) {
     float *w = host_floats(n);
     for (size_t i = 0; i < n; i++) w[i] = (float)want[i];
-    grid_check(c, what, got, w, n, 1e-5);
+    grid_check_sums(c, what, got, w, size, (int)n, 1e-5);
     free(w);
 }
 
@@ -378,26 +389,28 @@ static void conv_cpu_against_naive(const GridCase *c, const Conv2dShape *s) {
     float *dw = copy_floats(dw0, nw), *db = copy_floats(db0, s->k);
     double *want_y = malloc(sizeof(double) * ny), *want_dx = malloc(sizeof(double) * nx);
     double *want_dw = malloc(sizeof(double) * nw), *want_db = malloc(sizeof(double) * s->k);
+    double *size = malloc(sizeof(double) * (ny + nx + nw + s->k)); /* y's, then dx's, dw's and db's */
+    double *size_dx = size + ny, *size_dw = size_dx + nx, *size_db = size_dw + nw;
     Conv2d conv;
     conv2d_init(&c->ctx, &conv, s, &strict_policy);
     grid_fill_nan(y, ny);
     conv2d_forward(&c->ctx, &conv, x, w, b, y);
-    naive_conv_forward(s, x, w, b, want_y);
+    naive_conv_forward(s, x, w, b, want_y, size);
     snprintf(what, sizeof what, "%s: y", label);
-    check_close(c, what, y, want_y, ny);
+    check_close(c, what, y, want_y, size, ny);
     grid_fill_nan(dx, nx);
     conv2d_backward(&c->ctx, &conv, x, w, dy, dx, dw, db, 0);
-    naive_conv_backward(s, x, w, dy, want_dx, want_dw, want_db);
-    for (size_t i = 0; i < nw; i++) want_dw[i] += dw0[i];
-    for (int k = 0; k < s->k; k++) want_db[k] += db0[k];
+    naive_conv_backward(s, x, w, dy, want_dx, want_dw, want_db, size_dx);
+    for (size_t i = 0; i < nw; i++) want_dw[i] += dw0[i], size_dw[i] += fabs(dw0[i]);
+    for (int k = 0; k < s->k; k++) want_db[k] += db0[k], size_db[k] += fabs(db0[k]);
     snprintf(what, sizeof what, "%s: dx", label);
-    check_close(c, what, dx, want_dx, nx);
+    check_close(c, what, dx, want_dx, size_dx, nx);
     snprintf(what, sizeof what, "%s: dw", label);
-    check_close(c, what, dw, want_dw, nw);
+    check_close(c, what, dw, want_dw, size_dw, nw);
     snprintf(what, sizeof what, "%s: db", label);
-    check_close(c, what, db, want_db, s->k);
+    check_close(c, what, db, want_db, size_db, s->k);
     conv2d_destroy(&c->ctx, &conv);
-    void *host[] = {x, w, b, dy, y, dx, dw0, db0, dw, db, want_y, want_dx, want_dw, want_db};
+    void *host[] = {x, w, b, dy, y, dx, dw0, db0, dw, db, want_y, want_dx, want_dw, want_db, size};
     host_free_all(host, GRID_COUNT(host));
 }
 

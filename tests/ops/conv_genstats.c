@@ -10,7 +10,8 @@
  * stride-2 downsample, with and without the prologue. Each GPU shape prints
  * whether the fused cuDNN graph was taken (the fallback is not a failure).
  * On the CPU y and sum are measured against the size of their terms, which
- * can cancel (the 1x1 image's 6 outputs). bn_finalize against batchnorm_forward_train_cpu's statistics. */
+ * can cancel (the 1x1 image's 6 outputs). bn_finalize against
+ * batchnorm_forward_train_cpu's statistics. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

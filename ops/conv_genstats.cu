@@ -8,6 +8,8 @@
  * per-channel reduction kernel; and bn_finalize's kernel. */
 #include "ops/conv_genstats.h"
 
+#include "ops/add.h"
+
 #include <string.h>
 
 #include "runtime/check.h"
@@ -76,7 +78,9 @@ static int forward_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDe
     return count;
 }
 
-/* The filter gradient's graph: dw (uid W) += wgrad(x', dy (uid Y)). */
+/* The filter gradient's graph: dw (uid W) = wgrad(x', dy (uid Y)). Its
+ * runtime-fusion plans ignore a beta of 1 (measured on an H100: dw came back
+ * overwritten), so it writes a scratch that the op then adds into dw. */
 static int filter_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDescriptor_t ops[4]) {
     const Conv2dShape *s = &c->shape.conv;
     BackendGraph *g = &c->filter_graph;
@@ -85,7 +89,7 @@ static int filter_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDes
     cudnnBackendDescriptor_t dw = backend_graph_tensor(g, CGS_UID_W, data, s->k, s->c, s->r, s->s, false);
     cudnnBackendDescriptor_t dy =
         backend_graph_tensor(g, CGS_UID_Y, data, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), false);
-    ops[count++] = backend_graph_conv_pass_op(g, s, BACKEND_CONV_FILTER, x, dw, dy, 1.0f);
+    ops[count++] = backend_graph_conv_pass_op(g, s, BACKEND_CONV_FILTER, x, dw, dy, 0.0f);
     return count;
 }
 
@@ -203,8 +207,9 @@ void conv_genstats_cuda_init(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvGen
         c->filter_fused = choose_plan(&c->filter_graph, h, ops, filter_ops(c, data, ops), policy);
     }
     if (c->fused) c->workspace_bytes = c->graph.workspace_bytes;
-    if (c->filter_fused && c->filter_graph.workspace_bytes > c->workspace_bytes)
-        c->workspace_bytes = c->filter_graph.workspace_bytes;
+    c->filter_scratch_bytes = round_up((size_t)cs->k * cs->c * cs->r * cs->s * dtype_size(dtype));
+    if (c->filter_fused && c->filter_scratch_bytes + c->filter_graph.workspace_bytes > c->workspace_bytes)
+        c->workspace_bytes = c->filter_scratch_bytes + c->filter_graph.workspace_bytes;
     if (!c->fused || (s->prologue && !c->filter_fused)) {
         conv2d_cuda_init(&c->fallback, h, cs, dtype, nhwc, policy);
         size_t x_bytes = (size_t)cs->n * cs->c * cs->h * cs->w * dtype_size(dtype);
@@ -238,13 +243,15 @@ void conv_genstats_backward_filter_cuda(const ConvGenStatsCuda *c, cudnnHandle_t
                                         void *workspace) {
     if (!c->shape.prologue || !scale || !bias)
         TC_FATAL("conv_genstats: the filter gradient is for prologue shapes, with their scale and bias");
-    if (c->filter_fused) {
-        void *ptrs[CGS_UID_Y] = {(void *)x, (void *)scale, (void *)bias, dw, (void *)dy};
-        backend_graph_execute(&c->filter_graph, h, ptrs, workspace);
-        return;
-    }
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
+    if (c->filter_fused) {
+        void *ptrs[CGS_UID_Y] = {(void *)x, (void *)scale, (void *)bias, workspace, (void *)dy};
+        backend_graph_execute(&c->filter_graph, h, ptrs, (char *)workspace + c->filter_scratch_bytes);
+        const Conv2dShape *s = &c->shape.conv;
+        add_accumulate_cuda(c->dtype, dw, workspace, (size_t)s->k * s->c * s->r * s->s, stream);
+        return;
+    }
     void *conv_workspace;
     const void *conv_in = fallback_input(c, x, scale, bias, workspace, &conv_workspace, stream);
     conv2d_backward_ex_cuda(&c->fallback, h, conv_in, NULL, dy, NULL, dw, NULL, conv_workspace, 0);

@@ -57,9 +57,11 @@ typedef struct {
     size_t workspace_bytes;  /* of the plan, or of the fallback */
     size_t prologue_bytes;   /* the fallback's x' at the front of the workspace (0 without prologue) */
     /* The filter gradient's graph, prologue shapes only:
-     *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW (added to) */
+     *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW
+     * into a scratch at the front of the workspace, then added to dw. */
     int filter_fused;
     BackendGraph filter_graph;
+    size_t filter_scratch_bytes;
     Conv2dCuda fallback; /* initialized only where a graph is not fused */
 } ConvGenStatsCuda;
 

@@ -8,10 +8,9 @@
  * per-channel reduction kernel; and bn_finalize's kernel. */
 #include "ops/conv_genstats.h"
 
-#include "ops/add.h"
-
 #include <string.h>
 
+#include "ops/add.h"
 #include "runtime/check.h"
 #include "runtime/dtype_cuda.cuh"
 

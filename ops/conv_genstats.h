@@ -12,7 +12,8 @@
  * cuDNN graph through the backend API at init (ops/backend_graph.h):
  *   [X * SCALE -> + BIAS -> RELU_FWD ->] CONVOLUTION_FORWARD -> Y -> GEN_STATS -> SUM, SQSUM
  * and with a prologue a second one for the filter gradient (backward_filter):
- *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW (added to)
+ *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW
+ * (into a scratch, then added to dw: its plans ignore beta),
  * the prologue's intermediates virtual fp32 (x' is never rounded or stored),
  * Y real in the dtype, SUM and SQSUM fp32 [1, k, 1, 1]; scale and bias are k
  * values of the dtype, as in cuDNN's and Paddle's ConvBN-fprop pattern (the

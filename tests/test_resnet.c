@@ -428,16 +428,20 @@ static void check_input_forms(GpuContext *gpu, int batch, const float *x, const 
 }
 
 /* Two forward and backward passes on the same batch, the gradients added up
- * (as two micro-batches would be), downloaded as floats. */
+ * (as two micro-batches would be), downloaded as floats. The loss is scaled
+ * by 1024 as the loss scaler would, so that fp16's gradients stay normal
+ * numbers instead of rounding in the subnormals. */
 static float *gpu_gradients_twice(Model *m, GpuContext *gpu, const int32_t *labels) {
     int32_t *d_labels;
-    float *d_loss;
+    float *d_loss, *d_scale, loss_scale = 1024.0f;
     CUDA_CHECK(cudaMalloc((void **)&d_labels, m->batch * sizeof(int32_t)));
     CUDA_CHECK(cudaMalloc((void **)&d_loss, sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&d_scale, sizeof(float)));
     CUDA_CHECK(cudaMemcpy(d_labels, labels, m->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_scale, &loss_scale, sizeof(float), cudaMemcpyHostToDevice));
     for (int pass = 0; pass < 2; pass++) {
         if (pass) model_forward(m);
-        softmax_xent_cuda(m->act_dtype, model_logits(m), d_labels, m->batch, m->num_classes, NULL, d_loss,
+        softmax_xent_cuda(m->act_dtype, model_logits(m), d_labels, m->batch, m->num_classes, d_scale, d_loss,
                           model_logits_grad(m), gpu->compute);
         model_backward(m);
     }
@@ -450,30 +454,38 @@ static float *gpu_gradients_twice(Model *m, GpuContext *gpu, const int32_t *labe
     free(raw);
     CUDA_CHECK(cudaFree(d_labels));
     CUDA_CHECK(cudaFree(d_loss));
+    CUDA_CHECK(cudaFree(d_scale));
     return grads;
 }
 
 /* The gradients of model.fuse = graphs against on (gpu_gradients_twice): the
- * whole and each prologue convolution's filter gradient. Not yet run on a
- * GPU when written: the bound of 0.2 is a guess above fp16's roundings and
- * the ReLU masks that the two forwards round differently; a prologue's
- * filter gradient overwritten instead of added to is off by 0.5 there, one
- * left out by 1. */
+ * whole, each prologue convolution's filter gradient and each other one's.
+ * In fp16 the fused pairs' statistics round differently from the separate
+ * norm's, which turns some ReLU masks: on an H100 (seeds 1 to 3) the whole
+ * was off by 0.100 to 0.106, the prologue convs by up to 0.110 to 0.119 and
+ * the other convs by up to 0.112 to 0.119. So a prologue conv is held to its
+ * neighbours' error (x1.5 + 0.05), the rest to 0.3: a prologue's filter
+ * gradient overwritten instead of added to is off by 0.5, one left out by 1. */
 static void check_graph_fusion_gradients(Model m[2], const float *grads[2]) {
     size_t n = m[0].n_params;
-    double e = test_rel_error(grads[1], grads[0], n), worst = 0;
+    double e = test_rel_error(grads[1], grads[0], n), worst = 0, worst_other = 0;
     int prologues = 0;
     for (int i = 0; i < m[1].n_layers; i++) {
         const Layer *l = &m[1].layers[i];
-        if (l->kind != LAYER_CONV || l->prologue_bn < 0) continue;
+        if (l->kind != LAYER_CONV) continue;
+        double e_conv = test_rel_error(grads[1] + l->w_off, grads[0] + l->w_off, l->w_count);
+        if (l->prologue_bn < 0) {
+            worst_other = fmax(worst_other, e_conv);
+            continue;
+        }
         prologues++;
-        worst = fmax(worst, test_rel_error(grads[1] + l->w_off, grads[0] + l->w_off, l->w_count));
+        worst = fmax(worst, e_conv);
     }
-    CHECK_MSG(e < 0.2 && worst < 0.2,
+    CHECK_MSG(e < 0.3 && worst_other < 0.3 && worst < 1.5 * worst_other + 0.05,
               "resnet18 model.fuse=graphs: gradients (two passes added) off by %.3g, the %d prologue convs' by up "
-              "to %.3g", e, prologues, worst);
+              "to %.3g, the other convs' by up to %.3g", e, prologues, worst, worst_other);
     printf("resnet18 model.fuse=graphs against on, fp16, two passes added: gradients %.3g relative, the %d "
-           "prologue convs' up to %.3g\n", e, prologues, worst);
+           "prologue convs' up to %.3g, the other convs' up to %.3g\n", e, prologues, worst, worst_other);
 }
 
 /* model.fuse = graphs against model.fuse = on, fp16 channels-last, after one

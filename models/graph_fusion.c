@@ -130,16 +130,6 @@ void graph_fusion_plan(Model *m) {
         }
         reserve_workspace(m, op);
     }
-    /* Held back on the GPU: there the prologue applies the scale and bias
-     * rounded to the dtype, while the norm's backward recomputes the ReLU's
-     * mask from its fp32 statistics, so a fraction of the masks (about 1e-4,
-     * more where a channel's mean is large next to its std) disagree with the
-     * forward's. Until the backward takes the prologue's scale and bias. */
-    if (m->device == DEVICE_CUDA) {
-        log_info("model.fuse = graphs: no batch norm + ReLU runs as a convolution's prologue on the GPU yet (the "
-                 "norm's backward would recompute the ReLU's mask from other roundings than the prologue's)");
-        return;
-    }
     for (int i = 0; i + 2 < m->n_layers; i++) plan_prologue(m, i);
 }
 

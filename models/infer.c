@@ -466,7 +466,7 @@ static void run_step(InferNet *net, const Step *s) {
         size_t c = (size_t)net->vals[s->in].c;
         float *p = net->bn_params + s->w_off;
         BatchNormParams bp = {p, p + c, p + 2 * c, p + 3 * c, NULL, NULL, 0.0f, net->bn_eps, NULL, NULL, NULL, NULL,
-                              NULL};
+                              NULL, NULL};
         batchnorm_forward(ctx, &s->bn, BN_EVAL, s->relu ? BN_ACT_RELU : BN_ACT_NONE, &bp, x, y);
         break;
     }

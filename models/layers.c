@@ -175,7 +175,7 @@ static BatchNormMode bn_mode(const Model *m) {
 
 /* A layer's batch-norm buffers: gamma and beta from the fp32 masters. */
 static BatchNormParams bn_params(const Model *m, const Layer *l) {
-    BatchNormParams p;
+    BatchNormParams p = {0};
     p.gamma = m->params + l->w_off;
     p.beta = m->params + l->b_off;
     p.running_mean = m->bn_running + l->stat_off;
@@ -187,8 +187,6 @@ static BatchNormParams bn_params(const Model *m, const Layer *l) {
     p.eps = m->bn_eps;
     p.reduce = m->bn_allreduce;
     p.reduce_ctx = m->bn_allreduce_ctx;
-    p.residual = NULL;
-    p.pool = NULL;
     return p;
 }
 
@@ -235,6 +233,7 @@ static void batchnorm_layer_backward(Model *m, const Layer *l) {
     BatchNormParams p = bn_params(m, l);
     BatchNormAct act = l->fused_act;
     const void *y = l->by_conv_prologue ? NULL : y_of(m, l); /* never written: the ReLU's mask recomputed */
+    if (l->by_conv_prologue) p.relu_coef = bn_scale_of(m, l); /* as the prologue computed it: scale, then bias */
     void *dy = grad_of(m, l->out), *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
     if (l->add_layer >= 0 && relu_in_bn_backward(&m->layers[l->add_layer])) {
         act = BN_ACT_ADD_RELU;

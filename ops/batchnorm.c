@@ -123,19 +123,23 @@ static void forward_saved(const BatchNormShape *s, const float *x, const float *
     }
 }
 
-/* The fused activation's backward inputs: y (ReLU) or beta (GELU). */
+/* The fused activation's backward inputs: y (ReLU) or beta (GELU); relu_coef
+ * (ReLU, NULL: none), a convolution prologue's scale and bias. */
 typedef struct {
     BatchNormAct act;
-    const float *y, *beta;
+    const float *y, *beta, *relu_coef;
 } ActBackward;
 
-/* dy' of element (i, c, p), the activation's derivative applied; xhat its normalised x. */
+/* dy' of element (i, c, p), the activation's derivative applied; x its input, xhat that normalised. */
 static double channel_dy(const BatchNormShape *s, ActBackward a, const float *dy, int i, int c, size_t p,
-                         double gamma, double xhat) {
+                         double gamma, float x, double xhat) {
     size_t plane = plane_of(s);
     if (a.act == BN_ACT_NONE) return AT(dy, i, c, p);
-    /* bn(x), from the saved statistics: GELU's input, and the ReLU's mask where y is not given */
-    double z = a.act == BN_ACT_GELU || !a.y ? xhat * gamma + a.beta[c] : 0.0;
+    /* the ReLU's input where a prologue applied the norm, else bn(x) from the saved statistics: GELU's
+     * input, and the ReLU's mask where y is not given */
+    double z = a.relu_coef                  ? bn_prologue_input(x, a.relu_coef[c], a.relu_coef[s->c + c])
+               : a.act == BN_ACT_GELU || !a.y ? xhat * gamma + a.beta[c]
+                                              : 0.0;
     float y = a.act != BN_ACT_RELU ? 0.0f : a.y ? AT(a.y, i, c, p) : activate(BN_ACT_RELU, z);
     return activation_dy(a.act, AT(dy, i, c, p), y, z);
 }
@@ -149,7 +153,7 @@ static void channel_dx(const BatchNormShape *s, int c, const float *x, ActBackwa
     for (int i = 0; i < s->n; i++)
         for (size_t p = 0; p < plane; p++) {
             double xhat = (AT(x, i, c, p) - mean) * invstd;
-            double g = channel_dy(s, a, dy, i, c, p, gamma, xhat);
+            double g = channel_dy(s, a, dy, i, c, p, gamma, AT(x, i, c, p), xhat);
             float v = (float)(factor * (m * g - sum_dy - xhat * sum_dy_xhat));
             AT(dx, i, c, p) = accumulate_dx ? AT(dx, i, c, p) + v : v;
         }
@@ -161,7 +165,8 @@ static void backward(const BatchNormShape *s, const float *x, ActBackward a, con
                      const float *gamma, const float *save_mean, const float *save_invstd,
                      float *dx, int accumulate_dx, float *dgamma, float *dbeta,
                      BnAllreduce reduce, void *ctx) {
-    if (a.act == BN_ACT_RELU && !a.y && !a.beta) TC_FATAL("batchnorm+relu backward: y or beta is needed");
+    if (a.act == BN_ACT_RELU && !a.y && !a.beta && !a.relu_coef)
+        TC_FATAL("batchnorm+relu backward: y, beta or a prologue's scale and bias is needed");
     if (a.act == BN_ACT_GELU && !a.beta) TC_FATAL("batchnorm+gelu backward: beta is needed");
     size_t plane = plane_of(s);
     double m = (double)s->n * plane, *sums = NULL;
@@ -175,7 +180,7 @@ static void backward(const BatchNormShape *s, const float *x, ActBackward a, con
         for (int i = 0; i < s->n; i++)
             for (size_t p = 0; p < plane; p++) {
                 double d = AT(x, i, c, p) - mean;
-                double g = channel_dy(s, a, dy, i, c, p, gamma[c], d * invstd);
+                double g = channel_dy(s, a, dy, i, c, p, gamma[c], AT(x, i, c, p), d * invstd);
                 sum_dy += g;
                 sum_dy_xhat += g * d * invstd;
             }
@@ -214,7 +219,7 @@ void batchnorm_forward_eval_cpu(const BatchNormShape *s, const float *x, const f
 void batchnorm_backward_cpu(const BatchNormShape *s, const float *x, const float *dy,
                             const float *gamma, const float *save_mean, const float *save_invstd,
                             float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
-    ActBackward a = {BN_ACT_NONE, NULL, NULL};
+    ActBackward a = {BN_ACT_NONE, NULL, NULL, NULL};
     backward(s, x, a, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL, NULL);
 }
 
@@ -236,7 +241,7 @@ void batchnorm_act_backward_cpu(const BatchNormShape *s, BatchNormAct act, const
                                 const float *y, const float *dy, const float *gamma,
                                 const float *beta, const float *save_mean, const float *save_invstd,
                                 float *dx, int accumulate_dx, float *dgamma, float *dbeta) {
-    ActBackward a = {act, y, beta};
+    ActBackward a = {act, y, beta, NULL};
     backward(s, x, a, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, NULL, NULL);
 }
 
@@ -254,7 +259,7 @@ void batchnorm_backward_sync_cpu(const BatchNormShape *s, const float *x, const 
                                  const float *save_mean, const float *save_invstd, float *dx,
                                  int accumulate_dx, float *dgamma, float *dbeta, BnAllreduce reduce,
                                  void *ctx, BatchNormAct act) {
-    ActBackward a = {act, y, beta};
+    ActBackward a = {act, y, beta, NULL};
     backward(s, x, a, dy, gamma, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta, reduce, ctx);
 }
 
@@ -348,9 +353,12 @@ static void check_act(BatchNormAct act) {
         TC_FATAL("batchnorm: unknown activation %d", (int)act);
 }
 
-static void check_backward_act(BatchNormAct act, const BatchNormParams *p, const void *y) {
+static void check_backward_act(BatchNormMode mode, BatchNormAct act, const BatchNormParams *p, const void *y) {
     if (act != BN_ACT_ADD_RELU) check_act(act);
     else if (!y || !p->dy_masked) TC_FATAL("batchnorm+add+relu backward: y (the add's output) and p->dy_masked are needed");
+    if (p->relu_coef && (act != BN_ACT_RELU || y || mode == BN_TRAIN_SYNC))
+        TC_FATAL("batchnorm backward: a prologue's scale and bias (relu_coef) go with BN_ACT_RELU, no y and no "
+                 "BN_TRAIN_SYNC");
 }
 
 void batchnorm_forward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
@@ -380,15 +388,15 @@ static void backward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMo
                                               ctx->dtype, ctx->stream, p->reduce, p->reduce_ctx, act));
     else
         GPU_ONLY(batchnorm_act_backward_cuda(&bn->cuda, ctx->cudnn, act, x, y, dy, p->dy_masked, p->gamma, p->beta,
-                                             p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta,
-                                             ctx->dtype, ctx->stream));
+                                             p->relu_coef, p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma,
+                                             dbeta, ctx->dtype, ctx->stream));
 }
 
 void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                         const BatchNormParams *p, const void *x, const void *y, const void *dy, void *dx,
                         int accumulate_dx, void *dgamma, void *dbeta) {
     if (mode == BN_TRAIN_SYNC && !p->reduce) TC_FATAL("batchnorm: BN_TRAIN_SYNC without a reduce");
-    check_backward_act(act, p, y);
+    check_backward_act(mode, act, p, y);
     op_begin(ctx, __func__);
     if (ctx->device == DEVICE_CPU) {
         if (act == BN_ACT_ADD_RELU) { /* the add's ReLU backward, then the norm's own */
@@ -396,7 +404,7 @@ void batchnorm_backward(const OpContext *ctx, const BatchNorm *bn, BatchNormMode
             dy = p->dy_masked;
             act = BN_ACT_NONE;
         }
-        ActBackward a = {act, y, p->beta};
+        ActBackward a = {act, y, p->beta, p->relu_coef};
         backward(&bn->shape, x, a, dy, p->gamma, p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta,
                  mode == BN_TRAIN_SYNC ? p->reduce : NULL, p->reduce_ctx);
     } else {

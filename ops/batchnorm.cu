@@ -19,8 +19,10 @@
  *               backward  dx = a * dy' + b * (x - mean) + d  [+ dx]
  *             (dy' = dy masked by y > 0 for relu, y recomputed from x as the
  *             forward computed it, bit for bit, so that backward never reads
- *             y; for gelu dy * gelu'(z), z = (x - mean) * gamma * invstd +
- *             beta recomputed in both passes)
+ *             y, or where a convolution's prologue applied the norm, by
+ *             x * scale' + bias' > 0 from that prologue's scale and bias; for
+ *             gelu dy * gelu'(z), z = (x - mean) * gamma * invstd + beta
+ *             recomputed in both passes)
  *             with scale = gamma * invstd, shift = beta and
  *               a = gamma * invstd, b = -gamma * invstd^3 * sum(dy' (x - mean)) / m,
  *               d = -gamma * invstd * sum(dy') / m,
@@ -80,10 +82,11 @@
 #define BN_MAX_COUNT (1u << 30)
 
 /* reductions; BN_BWD_GELU_STORE also writes dy * gelu'(z) to dz, BN_BWD_MASK_STORE dy masked by mask > 0
- * (BN_ACT_ADD_RELU), each for an apply pass as BN_BWD's */
-enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU, BN_BWD_GELU_STORE, BN_BWD_MASK_STORE };
+ * (BN_ACT_ADD_RELU), each for an apply pass as BN_BWD's; the _PROLOGUE modes mask by the ReLU's input as
+ * a convolution's prologue computed it, x * relu_coef[c] + relu_coef[channels + c] */
+enum { BN_FWD, BN_BWD, BN_BWD_RELU, BN_BWD_GELU, BN_BWD_GELU_STORE, BN_BWD_MASK_STORE, BN_BWD_RELU_PROLOGUE };
 enum { BN_APPLY_FWD, BN_APPLY_FWD_RELU, BN_APPLY_FWD_GELU, /* apply passes; backward from BN_APPLY_BWD on */
-       BN_APPLY_BWD, BN_APPLY_BWD_RELU, BN_APPLY_BWD_GELU };
+       BN_APPLY_BWD, BN_APPLY_BWD_RELU, BN_APPLY_BWD_GELU, BN_APPLY_BWD_RELU_PROLOGUE };
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) BnPack {
@@ -112,6 +115,7 @@ struct BnArgs {
     double *sums;           /* synchronized: [3][channels], the two sums and the count */
     void *dz;               /* BN_BWD_GELU_STORE: dy * gelu'(z); BN_BWD_MASK_STORE: dy masked; in the dtype */
     const void *mask;       /* BN_BWD_MASK_STORE: the ReLU's output after the add (dy passes where > 0) */
+    const void *relu_coef;  /* the _PROLOGUE modes: [2][channels] in the dtype, the prologue's scale and bias */
     const void *res;        /* forward: added before the activation, as x (NULL: none) */
     const MaxPoolCuda *pool;/* forward: the max-pool after the activation runs the apply pass (NULL: none) */
 };
@@ -159,6 +163,16 @@ static __device__ __forceinline__ float bn_scale(float gamma, float invstd) {
 /* The forward's y = act(bn(x)) before the activation: (x - mean) * scale + shift, one rounding. */
 static __device__ __forceinline__ float bn_value(float xc, float scale, float shift) {
     return __fmaf_rn(xc, scale, shift);
+}
+
+/* Channel c's scale and bias where a convolution's prologue applied the norm
+ * (BatchNormParams.relu_coef): bn_value(x, scale, bias) is that prologue's
+ * ReLU input (conv_genstats.h). */
+template <typename T>
+static __device__ __forceinline__ void prologue_coef(const BnArgs &a, unsigned c, float &scale,
+                                                     float &bias) {
+    scale = to_float(((const T *)a.relu_coef)[c]);
+    bias = to_float(((const T *)a.relu_coef)[a.channels + c]);
 }
 
 static __device__ __forceinline__ void add_grad(void *buf, int dtype, int c, float v) {
@@ -301,7 +315,8 @@ static __device__ __forceinline__ float activation_dy(float dy, float xc, float 
 }
 
 /* What one element adds to the two sums. k: the forward's shift, or the mean;
- * zs, zb: the activation's scale and shift (activation_dy). */
+ * zs, zb: the activation's scale and shift (activation_dy), applied to x - k,
+ * or under BN_BWD_RELU_PROLOGUE to x itself. */
 template <typename T, int MODE>
 static __device__ __forceinline__ void accumulate_element(float x, float dy, float k, float zs, float zb,
                                                           float &s1, float &s2) {
@@ -310,7 +325,9 @@ static __device__ __forceinline__ void accumulate_element(float x, float dy, flo
         s1 += d;
         s2 += d * d;
     } else {
-        float g = activation_dy<T, MODE == BN_BWD_RELU, MODE == BN_BWD_GELU>(dy, x - k, zs, zb);
+        constexpr bool PROLOGUE = MODE == BN_BWD_RELU_PROLOGUE;
+        float g = activation_dy<T, MODE == BN_BWD_RELU || PROLOGUE, MODE == BN_BWD_GELU>(dy, PROLOGUE ? x : x - k,
+                                                                                          zs, zb);
         s1 += g;
         s2 += g * (x - k);
     }
@@ -318,11 +335,12 @@ static __device__ __forceinline__ void accumulate_element(float x, float dy, flo
 
 /* One element of the apply pass; coef = mean, then three per mode; shift:
  * the backward's beta, for the activation (backward, p = gamma * invstd);
- * res: forward, the residual's element added before the activation (NULL:
- * none). */
+ * under BN_APPLY_BWD_RELU_PROLOGUE the ReLU's mask from zs and shift (the
+ * prologue's scale and bias) applied to x; res: forward, the residual's
+ * element added before the activation (NULL: none). */
 template <typename T, int MODE>
 static __device__ __forceinline__ float apply_element(float x, float dy, float old, float mean, float p,
-                                                      float q, float r, float shift, int accumulate,
+                                                      float q, float r, float zs, float shift, int accumulate,
                                                       const float *res) {
     if (MODE < BN_APPLY_BWD) {
         float v = bn_value(x - mean, p, q);
@@ -330,7 +348,9 @@ static __device__ __forceinline__ float apply_element(float x, float dy, float o
         if (MODE == BN_APPLY_FWD_GELU) return gelu_value_f(v);
         return MODE == BN_APPLY_FWD_RELU ? relu_f(v) : v;
     }
-    float g = activation_dy<T, MODE == BN_APPLY_BWD_RELU, MODE == BN_APPLY_BWD_GELU>(dy, x - mean, p, shift);
+    constexpr bool PROLOGUE = MODE == BN_APPLY_BWD_RELU_PROLOGUE;
+    float g = activation_dy<T, MODE == BN_APPLY_BWD_RELU || PROLOGUE, MODE == BN_APPLY_BWD_GELU>(
+        dy, PROLOGUE ? x : x - mean, PROLOGUE ? zs : p, shift);
     float v = p * g + q * (x - mean) + r;
     return accumulate ? old + v : v;
 }
@@ -387,6 +407,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
     constexpr int SUMS = STORE ? BN_BWD : MODE; /* dy already through gelu' or the mask */
     float zs = Z ? bn_scale(a.gamma[c], a.invstd_in[c]) : 0.0f;
     float zb = Z ? a.beta[c] : 0.0f;
+    if (MODE == BN_BWD_RELU_PROLOGUE) prologue_coef<T>(a, c, zs, zb);
     float s1 = 0.0f, s2 = 0.0f;
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
         P xv[BN_UNROLL], gv[BN_UNROLL], mv[BN_UNROLL];
@@ -449,8 +470,9 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(total, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(total, lo + chunk);
     float4 k = a.coef[c];
-    float mean = k.x, p = k.y, q = k.z, r = k.w;
+    float mean = k.x, p = k.y, q = k.z, r = k.w, zs = 0.0f;
     float shift = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[c] : 0.0f;
+    if (MODE == BN_APPLY_BWD_RELU_PROLOGUE) prologue_coef<T>(a, c, zs, shift);
     for (unsigned j0 = lo + threadIdx.x; j0 < hi; j0 += BN_THREADS * BN_UNROLL) {
         P xv[BN_UNROLL], gv[BN_UNROLL], ov[BN_UNROLL], rv[BN_UNROLL];
         size_t at[BN_UNROLL];
@@ -474,7 +496,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
                 float rf = RES ? to_float(rv[u].v[e]) : 0.0f;
                 o.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
-                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, shift, a.accumulate,
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean, p, q, r, zs, shift, a.accumulate,
                     RES ? &rf : NULL));
             }
             out[at[u]] = o;
@@ -527,6 +549,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
                 k[e] = a.mean_in[ch];
                 zs[e] = Z ? bn_scale(a.gamma[ch], a.invstd_in[ch]) : 0.0f;
                 zb[e] = Z ? a.beta[ch] : 0.0f;
+                if (MODE == BN_BWD_RELU_PROLOGUE) prologue_coef<T>(a, ch, zs[e], zb[e]);
             }
         }
         unsigned step = t.height;
@@ -596,12 +619,13 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE >= BN_APPLY_BWD ? 1 : 
     unsigned chunk = (rows + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(rows, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(rows, lo + chunk);
     unsigned col = t.col0 + t.col;
-    float mean[VEC], p[VEC], q[VEC], r[VEC], shift[VEC];
+    float mean[VEC], p[VEC], q[VEC], r[VEC], zs[VEC], shift[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) {
         float4 k = a.coef[col * VEC + e];
-        mean[e] = k.x, p[e] = k.y, q[e] = k.z, r[e] = k.w;
+        mean[e] = k.x, p[e] = k.y, q[e] = k.z, r[e] = k.w, zs[e] = 0.0f;
         shift[e] = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[col * VEC + e] : 0.0f;
+        if (MODE == BN_APPLY_BWD_RELU_PROLOGUE) prologue_coef<T>(a, col * VEC + e, zs[e], shift[e]);
     }
     unsigned step = t.height;
     for (unsigned r0 = lo + t.lane_row; r0 < hi; r0 += step * BN_UNROLL) {
@@ -627,8 +651,8 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE >= BN_APPLY_BWD ? 1 : 
                 float rf = RES ? to_float(rv[u].v[e]) : 0.0f;
                 o.v[e] = from_float<T>(apply_element<T, MODE>(
                     to_float(xv[u].v[e]), BWD ? to_float(gv[u].v[e]) : 0.0f,
-                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e], shift[e],
-                    a.accumulate, RES ? &rf : NULL));
+                    BWD && a.accumulate ? to_float(ov[u].v[e]) : 0.0f, mean[e], p[e], q[e], r[e], zs[e],
+                    shift[e], a.accumulate, RES ? &rf : NULL));
             }
             out[(size_t)row * cols + col] = o;
         }
@@ -873,11 +897,13 @@ static void run_backward(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cu
         launch_apply<T, BN_APPLY_BWD>(bn, apply, stream);
         return;
     }
-    if (act == BN_ACT_RELU) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
+    if (act == BN_ACT_RELU && a.relu_coef) launch_reduce<T, BN_BWD_RELU_PROLOGUE>(bn, sums, stream, reduce, ctx);
+    else if (act == BN_ACT_RELU) launch_reduce<T, BN_BWD_RELU>(bn, sums, stream, reduce, ctx);
     else if (act == BN_ACT_GELU) launch_reduce<T, BN_BWD_GELU>(bn, sums, stream, reduce, ctx);
     else launch_reduce<T, BN_BWD>(bn, sums, stream, reduce, ctx);
     if (!a.out) return;
-    if (act == BN_ACT_RELU) launch_apply<T, BN_APPLY_BWD_RELU>(bn, a, stream);
+    if (act == BN_ACT_RELU && a.relu_coef) launch_apply<T, BN_APPLY_BWD_RELU_PROLOGUE>(bn, a, stream);
+    else if (act == BN_ACT_RELU) launch_apply<T, BN_APPLY_BWD_RELU>(bn, a, stream);
     else if (act == BN_ACT_GELU) launch_apply<T, BN_APPLY_BWD_GELU>(bn, a, stream);
     else launch_apply<T, BN_APPLY_BWD>(bn, a, stream);
 }
@@ -928,14 +954,16 @@ static void forward_eval(const BatchNormCuda *bn, cudnnHandle_t h, const void *x
 }
 
 /* beta: read for BN_ACT_RELU and BN_ACT_GELU only (their input recomputed); y and dy_masked: for
- * BN_ACT_ADD_RELU only. */
+ * BN_ACT_ADD_RELU only; relu_coef (NULL: none): BN_ACT_RELU's mask from a prologue's scale and bias. */
 static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, const void *y, const void *dy,
-                     void *dy_masked, const float *gamma, const float *beta, const float *save_mean,
-                     const float *save_invstd, void *dx, int accumulate_dx, void *dgamma, void *dbeta,
-                     DType grad_dtype, cudaStream_t stream, BatchNormAct act, BnAllreduce reduce, void *ctx) {
+                     void *dy_masked, const float *gamma, const float *beta, const void *relu_coef,
+                     const float *save_mean, const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
+                     void *dbeta, DType grad_dtype, cudaStream_t stream, BatchNormAct act, BnAllreduce reduce,
+                     void *ctx) {
     if (dgamma || dbeta) check_float_dtype("batchnorm (parameter gradients)", grad_dtype);
     if ((act == BN_ACT_RELU || act == BN_ACT_GELU) && !beta)
         TC_FATAL("batchnorm+%s backward: beta is needed", act == BN_ACT_RELU ? "relu" : "gelu");
+    if (relu_coef && act != BN_ACT_RELU) TC_FATAL("batchnorm backward: a prologue's scale and bias need BN_ACT_RELU");
     if (act == BN_ACT_ADD_RELU && (!y || !dy_masked))
         TC_FATAL("batchnorm+add+relu backward: the add's output and the masked dy's buffer are needed");
     BnArgs a = base_args(bn);
@@ -945,6 +973,7 @@ static void backward(const BatchNormCuda *bn, cudnnHandle_t h, const void *x, co
     a.out = dx;
     a.gamma = gamma;
     a.beta = beta;
+    a.relu_coef = relu_coef;
     a.mean_in = save_mean;
     a.invstd_in = save_invstd;
     a.dgamma = dgamma;
@@ -1000,17 +1029,17 @@ void batchnorm_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const voi
                              const void *dy, const float *gamma, const float *save_mean,
                              const float *save_invstd, void *dx, int accumulate_dx, void *dgamma,
                              void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    backward(bn, h, x, NULL, dy, NULL, gamma, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+    backward(bn, h, x, NULL, dy, NULL, gamma, NULL, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
              dbeta, grad_dtype, stream, BN_ACT_NONE, NULL, NULL);
 }
 
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                  const void *x, const void *y, const void *dy, void *dy_masked,
-                                 const float *gamma, const float *beta, const float *save_mean,
-                                 const float *save_invstd, void *dx, int accumulate_dx,
+                                 const float *gamma, const float *beta, const void *relu_coef,
+                                 const float *save_mean, const float *save_invstd, void *dx, int accumulate_dx,
                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream) {
-    backward(bn, h, x, y, dy, dy_masked, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, act, NULL, NULL);
+    backward(bn, h, x, y, dy, dy_masked, gamma, beta, relu_coef, save_mean, save_invstd, dx, accumulate_dx,
+             dgamma, dbeta, grad_dtype, stream, act, NULL, NULL);
 }
 
 void batchnorm_forward_train_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, const void *x,
@@ -1031,6 +1060,6 @@ void batchnorm_backward_sync_cuda(const BatchNormCuda *bn, cudnnHandle_t h, cons
                                   void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream,
                                   BnAllreduce reduce, void *ctx, BatchNormAct act) {
     if (!reduce) TC_FATAL("batchnorm sync backward: no reduce given");
-    backward(bn, h, x, y, dy, dy_masked, gamma, beta, save_mean, save_invstd, dx, accumulate_dx, dgamma, dbeta,
-             grad_dtype, stream, act, reduce, ctx);
+    backward(bn, h, x, y, dy, dy_masked, gamma, beta, NULL, save_mean, save_invstd, dx, accumulate_dx, dgamma,
+             dbeta, grad_dtype, stream, act, reduce, ctx);
 }

@@ -87,6 +87,7 @@
 #ifndef TRAINC_OPS_BATCHNORM_H
 #define TRAINC_OPS_BATCHNORM_H
 
+#include <math.h>
 #include <stddef.h>
 
 #include "ops/maxpool.h"
@@ -136,6 +137,11 @@ typedef enum {
                        output), writes the masked dy to p->dy_masked */
 } BatchNormAct;
 
+/* The ReLU's input where a convolution's prologue applies a batch norm + ReLU
+ * (ops/conv_genstats.h, BatchNormParams.relu_coef): x * scale + bias in one
+ * rounding, as the prologue's CPU and fallback paths compute it. */
+static inline float bn_prologue_input(float x, float scale, float bias) { return fmaf(x, scale, bias); }
+
 typedef enum {
     BN_EVAL,       /* normalise with the running statistics */
     BN_TRAIN,      /* with the batch's; update the running ones */
@@ -172,6 +178,13 @@ typedef struct {
      * norm's dy, as after its own forward. The GPU takes it where
      * batchnorm_pool_supported says; the CPU composes the two. */
     const MaxPool2d *pool;
+    /* Backward with BN_ACT_RELU, no y and not BN_TRAIN_SYNC only, NULL: none.
+     * Where a convolution's prologue applied the norm and its ReLU
+     * (ops/conv_genstats.h), its scale and bias ([2][c], the dtype): the
+     * ReLU's mask is bn_prologue_input(x, scale[c], bias[c]) > 0 as that
+     * prologue computed it (in the dtype's rounding on the GPU), not from the
+     * saved statistics, so that the backward follows that forward. */
+    const void *relu_coef;
 } BatchNormParams;
 
 /* Whether the forward takes a max-pool of this shape as p->pool: on the GPU
@@ -286,11 +299,12 @@ void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, 
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,
                                       const void *residual, const MaxPoolCuda *pool, cudaStream_t stream);
-/* y and dy_masked: BN_ACT_ADD_RELU's (otherwise unused; y is recomputed for BN_ACT_RELU). */
+/* y and dy_masked: BN_ACT_ADD_RELU's (otherwise unused; y is recomputed for
+ * BN_ACT_RELU); relu_coef: BatchNormParams'. */
 void batchnorm_act_backward_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                  const void *x, const void *y, const void *dy, void *dy_masked,
-                                 const float *gamma, const float *beta, const float *save_mean,
-                                 const float *save_invstd, void *dx, int accumulate_dx,
+                                 const float *gamma, const float *beta, const void *relu_coef,
+                                 const float *save_mean, const float *save_invstd, void *dx, int accumulate_dx,
                                  void *dgamma, void *dbeta, DType grad_dtype, cudaStream_t stream);
 
 /* Synchronized: 'reduce' gets the 3 x c sums in the layer's scratch, on the

@@ -14,7 +14,7 @@ void conv_genstats_prologue_cpu(const Conv2dShape *s, const float *x, const floa
         for (int c = 0; c < s->c; c++) {
             size_t base = ((size_t)n * s->c + c) * plane;
             for (size_t i = 0; i < plane; i++) {
-                float v = x[base + i] * scale[c] + bias[c];
+                float v = bn_prologue_input(x[base + i], scale[c], bias[c]);
                 out[base + i] = v < 0.0f ? 0.0f : v; /* NaN passes, as in relu.h */
             }
         }

@@ -107,7 +107,7 @@ __global__ void prologue_kernel(const T *x, const T *scale, const T *bias, T *ou
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     int c = nhwc ? (int)(i % channels) : (int)(i / plane % channels);
-    float v = to_float(x[i]) * to_float(scale[c]) + to_float(bias[c]);
+    float v = __fmaf_rn(to_float(x[i]), to_float(scale[c]), to_float(bias[c])); /* as bn_prologue_input */
     out[i] = from_float<T>(v < 0.0f ? 0.0f : v); /* NaN passes, as in relu.h */
 }
 

@@ -191,7 +191,7 @@ static void bn_setup_free(const GridCase *c, BnSetup *b) {
 
 static BatchNormParams bn_params(const BnSetup *b, float momentum) {
     BatchNormParams p = {b->d_gamma, b->d_beta, b->d_rmean, b->d_rvar, b->d_smean, b->d_sinv, momentum, BN_EPS,
-                         NULL, NULL, NULL, NULL, NULL};
+                         NULL, NULL, NULL, NULL, NULL, NULL};
     return p;
 }
 
@@ -441,6 +441,50 @@ static void bn_check_add_relu_backward(const GridCase *c, const BnLayer *l, BnSe
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* BN_ACT_RELU's backward where a convolution's prologue applied the norm
+ * (p->relu_coef, no y): dy masked where bn_prologue_input(x, scale, bias),
+ * rounded to the dtype as the GPU compares it, is > 0, then the plain
+ * backward. The scale and bias are drawn apart from the statistics: a mask
+ * taken from those instead differs in a large share of the elements. */
+static void bn_check_prologue_backward(const GridCase *c, const BnLayer *l, BnSetup *b, const float *smean,
+                                       const float *sinv) {
+    const BatchNormShape *s = &b->s;
+    DType dt = c->dtype;
+    size_t nx = bn_numel(s), plane = (size_t)s->h * s->w;
+    float *coef = grid_random(c, dt, 2 * (size_t)s->c, -1, 1), *masked = host_floats(nx), *dx = host_floats(nx);
+    for (size_t at = 0; at < nx; at++) {
+        int ch = (int)(at / plane % s->c);
+        float z = bn_prologue_input(b->x[at], coef[ch], coef[s->c + ch]);
+        round_to(dt, &z, 1);
+        masked[at] = z > 0.0f ? b->dy[at] : 0.0f;
+    }
+    float *dgamma = calloc(s->c, sizeof(float)), *dbeta = calloc(s->c, sizeof(float));
+    batchnorm_backward_cpu(s, b->x, masked, b->gamma, smean, sinv, dx, 0, dgamma, dbeta);
+
+    grid_set(c, DTYPE_F32, b->d_smean, smean, s->c);
+    grid_set(c, DTYPE_F32, b->d_sinv, sinv, s->c);
+    void *d_coef = grid_put(c, dt, coef, 2 * (size_t)s->c);
+    void *d_dgamma = grid_alloc(c, dt, s->c), *d_dbeta = grid_alloc(c, dt, s->c);
+    float *zeros = calloc(s->c, sizeof(float));
+    grid_set(c, dt, d_dgamma, zeros, s->c);
+    grid_set(c, dt, d_dbeta, zeros, s->c);
+    BatchNormParams p = bn_params(b, 0.1f);
+    p.relu_coef = d_coef;
+    grid_poison(c, dt, b->d_dx, nx);
+    batchnorm_backward(&c->ctx, &l->bn, BN_TRAIN, BN_ACT_RELU, &p, b->d_x, NULL, b->d_dy, b->d_dx, 0, d_dgamma,
+                       d_dbeta);
+    float *gdx = bn_get(c, s, b->d_dx), *gdgamma = grid_get(c, dt, d_dgamma, s->c);
+    float *gdbeta = grid_get(c, dt, d_dbeta, s->c);
+    grid_check(c, "bn prologue's mask: dx", gdx, dx, nx, grid_bound(c, BN_DX));
+    grid_check(c, "bn prologue's mask: dgamma", gdgamma, dgamma, s->c, grid_bound(c, BN_Y));
+    grid_check(c, "bn prologue's mask: dbeta", gdbeta, dbeta, s->c, grid_bound(c, BN_Y));
+
+    void *dev[] = {d_coef, d_dgamma, d_dbeta};
+    grid_free_all(c, dev, GRID_COUNT(dev));
+    void *host[] = {coef, masked, dx, dgamma, dbeta, zeros, gdx, gdgamma, gdbeta};
+    host_free_all(host, GRID_COUNT(host));
+}
+
 static void bn_shape(const GridCase *c, BatchNormShape s, float offset) {
     printf(" %dx%dx%dx%d (offset %g)\n", s.n, s.c, s.h, s.w, offset);
     BnSetup b = bn_setup(c, s, offset);
@@ -449,6 +493,7 @@ static void bn_shape(const GridCase *c, BatchNormShape s, float offset) {
     float *gy = bn_check_forward(c, &l, &b, smean, sinv);
     bn_check_backward(c, &l, &b, smean, sinv, gy);
     if (!c->fused) bn_check_add_relu_backward(c, &l, &b, smean, sinv);
+    if (bn_act(c) == BN_ACT_RELU) bn_check_prologue_backward(c, &l, &b, smean, sinv);
     bn_layer_free(c, &l);
     bn_setup_free(c, &b);
     free(smean), free(sinv), free(gy);
@@ -550,7 +595,7 @@ static void bn_rank_reset(const GridCase *c, BnRank *r, const float *rmean0, con
 static BatchNormParams bn_rank_params(const BnRank *r, const float *d_gamma, const float *d_beta, BnAllreduce reduce,
                                       void *reduce_ctx) {
     BatchNormParams p = {d_gamma, d_beta, r->rmean, r->rvar, r->mean, r->invstd, 0.1f, BN_EPS, reduce, reduce_ctx,
-                         NULL, NULL, NULL};
+                         NULL, NULL, NULL, NULL};
     return p;
 }
 
@@ -892,7 +937,7 @@ static void bn_check_accumulate_bits(const GridCase *c, const BnLoss *b, const f
     BatchNorm bn;
     batchnorm_init(&c->ctx, &bn, s, NULL);
     BatchNormParams p = {b->gamma, b->beta, NULL, NULL, (float *)smean, (float *)sinv, 0.0f, BN_EPS, NULL, NULL,
-                         NULL, NULL, NULL};
+                         NULL, NULL, NULL, NULL};
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, acc, 1, gacc, bacc);
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, NULL, 0, gnull, bnull);
     int ok = 1;
@@ -1008,8 +1053,8 @@ static void graph_step(const GridCase *c, const BatchNorm *a, const BatchNorm *b
     float *mb = rva + ca, *ib = mb + cb, *rmb = ib + cb, *rvb = rmb + cb;
     char *g = grads;
     void *dga = g, *dba = g + ca * es, *dgb = g + 2 * ca * es, *dbb = g + (2 * ca + cb) * es;
-    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL};
-    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL, NULL};
     batchnorm_forward(&c->ctx, a, BN_TRAIN, BN_ACT_RELU, &pa, la->x, la->y);
     batchnorm_forward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, lb->y);
     batchnorm_backward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, NULL, lb->y, lb->dx, 0, dgb, dbb);
@@ -1276,7 +1321,7 @@ static void bn_misuse_call(void *arg) {
     OpContext ctx = op_context_cpu();
     BatchNorm bn;
     batchnorm_init(&ctx, &bn, &s, NULL);
-    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL, NULL, NULL, NULL, NULL};
     if (which == 0) batchnorm_backward(&ctx, &bn, BN_TRAIN, BN_ACT_GELU, &p, x, NULL, dy, dx, 0, NULL, NULL);
     else batchnorm_forward(&ctx, &bn, BN_EVAL, (BatchNormAct)7, &p, x, y);
 }

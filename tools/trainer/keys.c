@@ -117,8 +117,8 @@ const CfgKeySpec trainc_keys[] = {
      "batch norm + ReLU that only such a convolution reads becomes its prologue (the convolution applies scale, "
      "bias and ReLU to the norm's input as it loads it, forward and filter gradient, and the norm's output is "
      "never written) where engines take both graphs and, under perf.conv_benchmark, where it times faster; the "
-     "log names each choice (not with dist.sync_bn or perf.deterministic on the GPU; the prologues on the CPU "
-     "only for now, where every pair and prologue is taken, composed of the reference ops)", 0},
+     "log names each choice (not with dist.sync_bn or perf.deterministic on the GPU; on the CPU every pair and "
+     "prologue is taken, composed of the reference ops)", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,

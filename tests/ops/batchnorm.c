@@ -400,6 +400,19 @@ static void bn_check_backward(const GridCase *c, const BnLayer *l, BnSetup *b, c
     host_free_all(host, GRID_COUNT(host));
 }
 
+/* The saved statistics onto the device, and dgamma and dbeta there, zeroed. */
+static void bn_backward_buffers(const GridCase *c, BnSetup *b, const float *smean, const float *sinv,
+                                void **d_dgamma, void **d_dbeta) {
+    int channels = b->s.c;
+    grid_set(c, DTYPE_F32, b->d_smean, smean, channels);
+    grid_set(c, DTYPE_F32, b->d_sinv, sinv, channels);
+    *d_dgamma = grid_alloc(c, c->dtype, channels), *d_dbeta = grid_alloc(c, c->dtype, channels);
+    float *zeros = calloc(channels, sizeof(float));
+    grid_set(c, c->dtype, *d_dgamma, zeros, channels);
+    grid_set(c, c->dtype, *d_dbeta, zeros, channels);
+    free(zeros);
+}
+
 /* BN_ACT_ADD_RELU (backward only): dy masked by the add's output y > 0 (y with
  * zeros, negatives and a NaN) and written over dy itself, then the plain
  * backward from it: the masked dy bit for bit, dx, dgamma and dbeta against
@@ -416,13 +429,8 @@ static void bn_check_add_relu_backward(const GridCase *c, const BnLayer *l, BnSe
     relu_backward_cpu(y, b->dy, masked, nx);
     batchnorm_backward_cpu(s, b->x, masked, b->gamma, smean, sinv, dx, 0, dgamma, dbeta);
 
-    grid_set(c, DTYPE_F32, b->d_smean, smean, s->c);
-    grid_set(c, DTYPE_F32, b->d_sinv, sinv, s->c);
-    void *d_y = bn_put(c, s, y), *d_g = bn_put(c, s, b->dy);
-    void *d_dgamma = grid_alloc(c, dt, s->c), *d_dbeta = grid_alloc(c, dt, s->c);
-    float *zeros = calloc(s->c, sizeof(float));
-    grid_set(c, dt, d_dgamma, zeros, s->c);
-    grid_set(c, dt, d_dbeta, zeros, s->c);
+    void *d_y = bn_put(c, s, y), *d_g = bn_put(c, s, b->dy), *d_dgamma, *d_dbeta;
+    bn_backward_buffers(c, b, smean, sinv, &d_dgamma, &d_dbeta);
     BatchNormParams p = bn_params(b, 0.1f);
     p.dy_masked = d_g;
     grid_poison(c, dt, b->d_dx, nx);
@@ -437,7 +445,7 @@ static void bn_check_add_relu_backward(const GridCase *c, const BnLayer *l, BnSe
 
     void *dev[] = {d_y, d_g, d_dgamma, d_dbeta};
     grid_free_all(c, dev, GRID_COUNT(dev));
-    void *host[] = {y, masked, dx, dgamma, dbeta, zeros, gmasked, gdx, gdgamma, gdbeta};
+    void *host[] = {y, masked, dx, dgamma, dbeta, gmasked, gdx, gdgamma, gdbeta};
     host_free_all(host, GRID_COUNT(host));
 }
 
@@ -461,13 +469,8 @@ static void bn_check_prologue_backward(const GridCase *c, const BnLayer *l, BnSe
     float *dgamma = calloc(s->c, sizeof(float)), *dbeta = calloc(s->c, sizeof(float));
     batchnorm_backward_cpu(s, b->x, masked, b->gamma, smean, sinv, dx, 0, dgamma, dbeta);
 
-    grid_set(c, DTYPE_F32, b->d_smean, smean, s->c);
-    grid_set(c, DTYPE_F32, b->d_sinv, sinv, s->c);
-    void *d_coef = grid_put(c, dt, coef, 2 * (size_t)s->c);
-    void *d_dgamma = grid_alloc(c, dt, s->c), *d_dbeta = grid_alloc(c, dt, s->c);
-    float *zeros = calloc(s->c, sizeof(float));
-    grid_set(c, dt, d_dgamma, zeros, s->c);
-    grid_set(c, dt, d_dbeta, zeros, s->c);
+    void *d_coef = grid_put(c, dt, coef, 2 * (size_t)s->c), *d_dgamma, *d_dbeta;
+    bn_backward_buffers(c, b, smean, sinv, &d_dgamma, &d_dbeta);
     BatchNormParams p = bn_params(b, 0.1f);
     p.relu_coef = d_coef;
     grid_poison(c, dt, b->d_dx, nx);
@@ -481,7 +484,7 @@ static void bn_check_prologue_backward(const GridCase *c, const BnLayer *l, BnSe
 
     void *dev[] = {d_coef, d_dgamma, d_dbeta};
     grid_free_all(c, dev, GRID_COUNT(dev));
-    void *host[] = {coef, masked, dx, dgamma, dbeta, zeros, gdx, gdgamma, gdbeta};
+    void *host[] = {coef, masked, dx, dgamma, dbeta, gdx, gdgamma, gdbeta};
     host_free_all(host, GRID_COUNT(host));
 }
 

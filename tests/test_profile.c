@@ -19,7 +19,8 @@
  *   and the ops outside the layers the same number each step.
  * - The kernels section (CUPTI) is not available on the CPU: the report
  *   says so in one line, and the trace holds no GPU tracks.
- * - A bad --steps: one message naming it, exit status 2.
+ * - A bad --steps: one message naming it, exit status 2; --graph on the CPU,
+ *   before step 3, or without `profile`: one message each, status 1, 2, 2.
  * With a GPU (the lead's run) the same on cuda, timed by events: there the
  * ops' device intervals lie one after another on the compute stream between
  * the window's first and last event, so the bound adds only the events'
@@ -28,7 +29,11 @@
  * kernels every step, the kernel-active time within the window (both unions
  * of the same integer-ns records, divided alike), the compute stream among
  * the streams, and an "X" event in the trace per kernel of the window on a
- * stream track. */
+ * stream track. And profile --graph on cuda: no op timed, the CUPTI kernels
+ * of the window launched by fewer calls than half their number (one graph
+ * launch a step, where the eager run launches each), a kernel event per
+ * kernel and a "graph" phase span per step in the trace, and the convolutions'
+ * and linear layers' FLOPs the eager run's to the bit. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +223,22 @@ static void check_kernels(const ProfileReport *r) {
     CHECK(k->launches > 0 && k->launch_ms > 0 && k->gap_ms >= 0 && k->longest_gap_ms >= 0);
 }
 
+/* trainc ARGS (the binary): its exit status is want_status and its output holds want. */
+static void check_trainc_fails(const char *args, int want_status, const char *want) {
+    const char *build = getenv("TRAINC_BUILD_DIR");
+    char cmd[1200], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "%s/trainc %s 2>&1", build ? build : "build", args);
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL);
+    if (!p) return;
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int status = pclose(p);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == want_status, "trainc %s: exit status %d, want %d:\n%s",
+              args, status, want_status, out);
+    CHECK_MSG(strstr(out, want) != NULL, "trainc %s: no '%s' in:\n%s", args, want, out);
+}
+
 static void check_bad_steps(void) {
     char err[256];
     long a, b;
@@ -225,38 +246,66 @@ static void check_bad_steps(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
         CHECK_MSG(profile_parse_steps(bad[i], &a, &b, err, sizeof err) != 0, "--steps %s accepted", bad[i]);
     CHECK(profile_parse_steps("11:30", &a, &b, err, sizeof err) == 0 && a == 11 && b == 30);
-    const char *build = getenv("TRAINC_BUILD_DIR");
-    char cmd[1200], out[4096] = "";
-    snprintf(cmd, sizeof cmd, "%s/trainc profile --config configs/cpu.ini --steps 9:2 2>&1", build ? build : "build");
-    FILE *p = popen(cmd, "r");
-    CHECK(p != NULL);
-    if (!p) return;
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int status = pclose(p);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 2, "exit status %d:\n%s", status, out);
-    CHECK_MSG(strstr(out, "trainc: error: --steps 9:2") != NULL, "%s", out);
+    check_trainc_fails("profile --config configs/cpu.ini --steps 9:2", 2, "trainc: error: --steps 9:2");
+    check_trainc_fails("profile --config configs/cpu.ini --graph --steps 2:5", 2,
+                       "trainc: error: --graph: step 1 runs eagerly and step 2 captures the CUDA graph");
+    check_trainc_fails("--config configs/cpu.ini --graph", 2,
+                       "trainc: error: --steps, --trace and --graph belong to trainc profile");
+    check_trainc_fails("profile --config configs/cpu.ini --device cpu --graph", 1,
+                       "profile --graph: the step's CUDA graph needs the GPU");
 }
 
-static void check_device(const char *device) {
+/* profile --graph on cuda (see the top); eager_flops: the eager run's product_flops. */
+static void check_graph(double eager_flops) {
+    char trace[700];
+    snprintf(trace, sizeof trace, "%s/trace.json", test_tmpdir("profile-graph"));
+    Config *c = tiny_config("cuda");
+    ProfileReport r;
+    profile_run(c, FIRST, LAST, trace, 1, &r);
+    config_free(c);
+    const ProfileKernels *k = &r.kernels;
+    CHECK(r.graph && r.gpu && r.summary.timed_steps == STEPS && r.n_ops == 0 && r.summary.phase_graph_ms > 0);
+    CHECK_MSG(r.product_flops == eager_flops, "FLOPs %.17g under --graph, %.17g eager", r.product_flops, eager_flops);
+    CHECK_MSG(k->available && k->kernels > 0 && k->launches < k->kernels / 2,
+              "kernels %s: %g per step, %g launch calls per step", k->available ? "available" : k->why_not,
+              k->kernels, k->launches);
+    char *text = test_read_file(trace);
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    CHECK_MSG(root != NULL, "%s does not parse as JSON", trace);
+    if (root) {
+        const cJSON *events = cJSON_GetObjectItemCaseSensitive(root, "traceEvents");
+        CHECK_NEAR(count_events(events, "cat", "op"), 0, 0);
+        CHECK_NEAR(count_events(events, "cat", "step"), STEPS, 0);
+        CHECK_NEAR(count_events(events, "name", "graph"), STEPS, 0);
+        CHECK_NEAR(count_events(events, "cat", "kernel"), (long)(k->kernels * STEPS + 0.5), 0);
+        cJSON_Delete(root);
+    }
+    profile_report_free(&r);
+}
+
+static double check_device(const char *device) {
     char trace[700], dir[32];
     snprintf(dir, sizeof dir, "profile-%s", device);
     snprintf(trace, sizeof trace, "%s/trace.json", test_tmpdir(dir));
     Config *c = tiny_config(device);
     ProfileReport r;
-    profile_run(c, FIRST, LAST, trace, &r);
+    profile_run(c, FIRST, LAST, trace, 0, &r);
     config_free(c);
     CHECK(r.summary.timed_steps == STEPS && r.dropped == 0 && r.gpu == (strcmp(device, "cuda") == 0));
     check_layers(&r);
     check_diagnosis(&r);
     check_kernels(&r);
     check_trace(&r, trace);
+    CHECK(r.product_flops > 0);
+    double flops = r.product_flops;
     profile_report_free(&r);
+    return flops;
 }
 
 int main(void) {
     check_device("cpu");
-    if (test_have_gpu()) check_device("cuda");
+    if (test_have_gpu()) check_graph(check_device("cuda"));
     check_bad_steps();
     return test_finish("test_profile");
 }

@@ -3,7 +3,7 @@
  *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
  *          [--resume FILE|latest] [--print-config] [--quiet]
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
- *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
+ *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json] [--graph]
  *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
@@ -52,6 +52,7 @@ static void usage(FILE *f) {
             "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
             "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
             "       trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
+            "                      [--graph]\n"
             "       trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n"
             "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
             "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
@@ -64,7 +65,9 @@ static void usage(FILE *f) {
             "                    up to --max-batch (65536); prints the table and the best batch\n"
             "  profile           run the config's steps 1..B, time steps A..B (--steps, default %d:%d) op by op\n"
             "                    through the op hook and print them by layer, a diagnosis by phase and the\n"
-            "                    memory split; --trace writes them as Chrome trace-event JSON (Perfetto)\n"
+            "                    memory split; --trace writes them as Chrome trace-event JSON (Perfetto);\n"
+            "                    --graph keeps the step in its CUDA graph (perf.cuda_graph on, GPU): CUPTI's\n"
+            "                    kernels, the phases and the diagnosis, the FLOPs per step, no per-layer times\n"
             "  eval              load a checkpoint into the model the config builds and print its top-1 (and\n"
             "                    top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
             "                    split; --csv writes the last two as CSV\n"
@@ -103,6 +106,7 @@ typedef struct {
     const char *program; /* argv[0], as invoked */
     const char *config_path;
     const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
+    int graph;                 /* profile's --graph */
     const char *checkpoint, *csv; /* eval's --checkpoint (also bench-infer's) and --csv; NULL: not given */
     const char *batches;          /* bench-infer's --batch; NULL: not given */
     int by_layer;                 /* bench-infer's --by-layer */
@@ -142,6 +146,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"steps", required_argument, NULL, 'S'},   {"trace", required_argument, NULL, 'T'},
         {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
         {"batch", required_argument, NULL, 'B'},   {"by-layer", no_argument, NULL, 'L'},
+        {"graph", no_argument, NULL, 'G'},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
@@ -165,6 +170,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'C': a->csv = optarg; break;
         case 'B': a->batches = optarg; break;
         case 'L': a->by_layer = 1; break;
+        case 'G': a->graph = 1; break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
@@ -239,14 +245,17 @@ static Config *load_config(const Args *a) {
 }
 
 /* trainc profile: the report on stdout (under mpirun rank 0's, with the
- * trace of every rank); exits 2 on a bad --steps. */
+ * trace of every rank); exits 2 on a bad --steps (or one too early for --graph). */
 static int profile_main(const Args *a, Config *cfg, Dist *dist) {
     long first = PROFILE_DEFAULT_FIRST, last = PROFILE_DEFAULT_LAST;
     char err[256];
     if (a->steps && profile_parse_steps(a->steps, &first, &last, err, sizeof err) != 0) fail_usage(err, NULL);
+    if (a->graph && first < PROFILE_GRAPH_FIRST)
+        fail_usage("--graph: step 1 runs eagerly and step 2 captures the CUDA graph; start --steps at 3 or later",
+                   NULL);
     if (dist->rank != 0) log_set_quiet(1);
     ProfileReport r;
-    profile_run_dist(cfg, dist, first, last, a->trace, &r);
+    profile_run_dist(cfg, dist, first, last, a->trace, a->graph, &r);
     if (dist->rank == 0) {
         profile_print(&r, stdout);
         profile_print_ranks(&r, stdout);
@@ -315,7 +324,8 @@ int main(int argc, char **argv) {
     int profiling = subcommand && strcmp(subcommand, "profile") == 0;
     int evaluating = subcommand && strcmp(subcommand, "eval") == 0;
     int bench_infer = subcommand && strcmp(subcommand, "bench-infer") == 0;
-    if ((args.steps || args.trace) && !profiling) fail_usage("--steps and --trace belong to trainc profile", NULL);
+    if ((args.steps || args.trace || args.graph) && !profiling)
+        fail_usage("--steps, --trace and --graph belong to trainc profile", NULL);
     if (args.csv && !evaluating) fail_usage("--csv belongs to trainc eval", NULL);
     if (args.checkpoint && !evaluating && !bench_infer)
         fail_usage("--checkpoint belongs to trainc eval and trainc bench-infer", NULL);

@@ -40,8 +40,9 @@ typedef struct {
     const OpHooks *chained;   /* what was installed before (NVTX), called around ours */
     int active;               /* inside the window */
     long counted;             /* ops of the step before the window */
-    OpRecord *rec;
+    OpRecord *rec;            /* none under --graph */
     long n_rec, cap_rec, open, dropped;
+    int pool_ready;           /* allocate_pool ran */
     double *step_t0, *step_t1;/* host seconds of each window step's begin and end */
     PhaseRecord *phases;      /* the window's host phases, allocated with the op records */
     long n_phases, cap_phases, counted_phases, dropped_phases;
@@ -94,7 +95,7 @@ static void on_opened(void *user, Model *m) {
     p->gpu = m->device == DEVICE_CUDA;
     p->chained = m->ops.hooks;
     p->hooks = (OpHooks){hook_begin, hook_end, p};
-    m->ops.hooks = &p->hooks;
+    if (!p->report->graph) m->ops.hooks = &p->hooks; /* a replayed graph calls no hook */
     p->kernels = profile_kernels_open(p->gpu, &p->report->kernels);
 }
 
@@ -106,13 +107,14 @@ static void on_opened(void *user, Model *m) {
  * margin for ops that come only now and then, a log point's read-back). */
 static void allocate_pool(Profiler *p) {
     long steps = p->last - p->first + 1;
-    p->cap_rec = (p->counted + 16) * steps;
+    p->pool_ready = 1;
+    p->cap_rec = p->report->graph ? 0 : (p->counted + 16) * steps;
     p->cap_phases = (p->counted_phases + PHASE_MARGIN) * steps;
-    p->rec = calloc((size_t)p->cap_rec, sizeof *p->rec);
+    p->rec = p->cap_rec ? calloc((size_t)p->cap_rec, sizeof *p->rec) : NULL;
     p->phases = calloc((size_t)p->cap_phases, sizeof *p->phases);
     p->step_t0 = calloc((size_t)steps, sizeof *p->step_t0);
     p->step_t1 = calloc((size_t)steps, sizeof *p->step_t1);
-    if (!p->rec || !p->phases || !p->step_t0 || !p->step_t1)
+    if ((p->cap_rec && !p->rec) || !p->phases || !p->step_t0 || !p->step_t1)
         TC_FATAL("out of host memory: %ld op records", p->cap_rec);
     if (!p->gpu) return;
     gpu_event_create(&p->base, 1);
@@ -127,7 +129,7 @@ static void on_step_begin(void *user, long step) {
     if (step == p->first - 1) p->counted = p->counted_phases = 0;
     if (step < p->first || step > p->last) return;
     if (step == p->first) {
-        if (!p->rec) allocate_pool(p); /* no step before the window was seen (a resumed run) */
+        if (!p->pool_ready) allocate_pool(p); /* no step before the window was seen (a resumed run) */
         p->active = 1;
         p->open = -1;
         /* The ranks' common time base: each takes it on leaving this barrier,
@@ -247,6 +249,8 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
         snprintf(pl->name, sizeof pl->name, "%s", m->layers[i].name);
         pl->n = m->batch, pl->c = a->c, pl->h = a->h, pl->w = a->w;
         layer_cost(m, &m->layers[i], pl);
+        if (m->layers[i].kind == LAYER_CONV || m->layers[i].kind == LAYER_LINEAR)
+            r->product_flops += pl->forward_flops + pl->backward_flops;
     }
     for (long i = 0; i < p->n_rec; i++) {
         const OpRecord *o = &p->rec[i];
@@ -362,7 +366,7 @@ static cJSON *trace_events(const Profiler *p) {
     snprintf(rank_name, sizeof rank_name, "rank %d", p->dist->rank);
     trace_name(events, "process_name", 0, rank_name);
     trace_thread_name(events, 0, "host: steps");
-    trace_thread_name(events, 1, p->gpu ? "compute stream: ops" : "host: ops");
+    if (!p->report->graph) trace_thread_name(events, 1, p->gpu ? "compute stream: ops" : "host: ops");
     trace_thread_name(events, 2, "host: phases");
     for (long s = 0; s <= p->last - p->first; s++) {
         char name[32];
@@ -434,7 +438,7 @@ static void on_closing(void *user, Model *m) {
     if (p->trace_path) write_trace(p);
     profile_kernels_close(p->kernels);
     m->ops.hooks = p->chained;
-    if (p->gpu && p->rec) {
+    if (p->gpu && p->pool_ready) {
         gpu_event_destroy(p->base);
         for (long i = 0; i < p->cap_rec; i++) {
             gpu_event_destroy(p->rec[i].ev0);
@@ -496,17 +500,25 @@ static void note_settings(const Config *cfg, ProfileSettings *o) {
                            s.dist.half_allreduce};
 }
 
-void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r) {
+void profile_run(Config *cfg, long first, long last, const char *trace_path, int graph, ProfileReport *r) {
     Dist solo;
     dist_init_solo(&solo);
-    profile_run_dist(cfg, &solo, first, last, trace_path, r);
+    profile_run_dist(cfg, &solo, first, last, trace_path, graph, r);
 }
 
-void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, ProfileReport *r) {
+void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, int graph,
+                      ProfileReport *r) {
     memset(r, 0, sizeof *r);
-    r->first = first, r->last = last;
+    r->first = first, r->last = last, r->graph = graph;
     r->rank = dist->rank, r->world = dist->world;
     note_settings(cfg, &r->settings);
+    if (graph && !r->settings.use_gpu)
+        TC_USER_ERROR("profile --graph: the step's CUDA graph needs the GPU (run.device = cuda; this run is on "
+                      "the CPU)");
+    if (graph && first < PROFILE_GRAPH_FIRST)
+        TC_USER_ERROR("profile --graph: the window starts at step %ld; step 1 runs eagerly and step 2 captures "
+                      "the graph, so start it at %d or later", first, PROFILE_GRAPH_FIRST);
+    r->settings.cuda_graph |= graph; /* on in this run: not a switch to suggest */
     if (dist->world > 1 && r->settings.use_gpu) { /* as train_open picks it: one GPU per rank */
         char err[256];
         r->settings.gpu = dist_pick_device(dist->local_rank, dist->local_world, gpu_count(), err, sizeof err);
@@ -519,7 +531,7 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     force(cfg, "run.eval", 0);
     force(cfg, "run.checkpoint_every", 0);
     force(cfg, "run.warmup_runs", 0); /* one pass over the steps profiled */
-    force(cfg, "perf.cuda_graph", 0); /* events per op cannot be timed inside a replayed graph */
+    force(cfg, "perf.cuda_graph", graph); /* events per op cannot be timed inside a replayed graph */
     Profiler p = {.first = first, .last = last, .report = r, .trace_path = trace_path, .open = -1, .dist = dist};
     TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p, on_phase};
     train_run_dist_observed(cfg, &r->summary, dist, &obs);

@@ -18,6 +18,8 @@
 
 #define PROFILE_DEFAULT_FIRST 11
 #define PROFILE_DEFAULT_LAST 30
+/* --graph's earliest window: step 1 runs eagerly, step 2 captures the graph. */
+#define PROFILE_GRAPH_FIRST 3
 
 typedef struct {
     char name[24];            /* the layer's ("conv 3") */
@@ -116,10 +118,12 @@ typedef struct {
 typedef struct {
     TrainSummary summary;     /* the run's, timed window = the profiled steps */
     long first, last;         /* the profiled steps */
+    int graph;                /* --graph: the steps replayed as the run's CUDA graph, no op timed (n_ops 0) */
     int gpu;                  /* timed with events on the compute stream (else host time) */
     int n_layers;
     ProfileLayer *layers;     /* n_layers, in the model's order */
     double layers_ms;         /* per step: the layers' forward and backward together */
+    double product_flops;     /* per step: the convolutions' and linear layers' FLOPs (backward as twice forward) */
     double outside_ms;        /* per step: ops with no layer (input copy, loss, optimizer, zeroing) */
     int n_outside;
     ProfileOutsideOp outside[PROFILE_MAX_OUTSIDE]; /* those ops by name, in the order first seen (the rest
@@ -205,13 +209,17 @@ int profile_parse_steps(const char *text, long *first, long *last, char *err, si
  * last, run.warmup_steps = first - 1, run.eval off, checkpoints off,
  * perf.cuda_graph off) with the op hook timing steps first..last; fills r
  * (free with profile_report_free), writes the Chrome trace to trace_path
- * unless NULL. Bad config values end the process as a training run would. */
-void profile_run(Config *cfg, long first, long last, const char *trace_path, ProfileReport *r);
+ * unless NULL. Bad config values end the process as a training run would.
+ * graph: perf.cuda_graph on instead and no op hook (events per op cannot be
+ * timed inside a replayed graph): CUPTI's kernels, the phases, the layers'
+ * FLOPs and bytes without times; the GPU only, first >= PROFILE_GRAPH_FIRST. */
+void profile_run(Config *cfg, long first, long last, const char *trace_path, int graph, ProfileReport *r);
 /* The same on one rank of a data-parallel run (dist from dist_init): every
  * rank calls it and profiles its own process; the window starts after a
  * barrier, where each rank takes its trace's time zero; rank 0 gathers the
  * ranks' trace events and writes the one file (pid = rank). */
-void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, ProfileReport *r);
+void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, int graph,
+                      ProfileReport *r);
 void profile_report_free(ProfileReport *r);
 /* Under mpirun (world > 1): a line with the ranks' step and data wait, least and most. */
 void profile_print_ranks(const ProfileReport *r, FILE *f);

@@ -49,10 +49,28 @@ ProfileRoofline profile_roofline(const ProfileReport *r, const ProfileLayer *l) 
 
 /* ---- the per-layer table ------------------------------------------------------- */
 
+/* --graph: no op was timed; the matrix products' FLOPs over the graph's step. */
+static void print_graph_step(const ProfileReport *r, FILE *f) {
+    const TrainSummary *s = &r->summary;
+    double peak, bw, achieved = r->product_flops / (s->step_ms / 1000);
+    peaks_or_nominal(r, &peak, &bw);
+    fprintf(f, "== per layer: not timed (--graph: steps %ld..%ld replayed as the run's CUDA graph, inside which "
+            "events per op cannot be timed; trainc profile without --graph times them eagerly) ==\n", r->first,
+            r->last);
+    fprintf(f, "the convolutions and linear layers: %.4g GFLOP a step (backward counted as twice forward), %.4g "
+            "TFLOP/s over the %.4f ms step, %.1f%% of the %.4g TFLOP/s %s%s\n", r->product_flops / 1e9,
+            achieved / 1e12, s->step_ms, 100 * achieved / peak, peak / 1e12, peak_precision(r),
+            measured_peaks(r) ? " measured" : " (nominal: no measured peaks)");
+}
+
 static void print_layers(const ProfileReport *r, FILE *f) {
     const TrainSummary *s = &r->summary;
     const char *rate = r->gpu ? "TFLOP/s" : "GFLOP/s";
     double scale = r->gpu ? 1e12 : 1e9, peak, bw;
+    if (r->graph) {
+        print_graph_step(r, f);
+        return;
+    }
     peaks_or_nominal(r, &peak, &bw);
     fprintf(f, "== per layer: ms per step over steps %ld..%ld (%s), FLOPs and bytes from the shapes "
             "(backward counted as twice forward) ==\n", r->first, r->last,
@@ -444,8 +462,13 @@ static void print_diagnosis(ProfileReport *r, FILE *f) {
                 "from: %s\n", i + 1, fs[i].what, fs[i].ms, 100 * fs[i].share, fs[i].gain_ms,
                 s->step_ms / fmax(s->step_ms - fs[i].gain_ms, 1e-9), fs[i].switches, fs[i].from);
     if (!n) fprintf(f, "no bottleneck over %.0f%% of the step\n", 100 * PROFILE_FINDING_MIN_SHARE);
-    fprintf(f, "perf.cuda_graph was off while profiling (events per op cannot be timed inside a replayed graph)%s\n",
-            r->settings.cuda_graph ? "; the config has it on: trainc --config ... gives the graph's step time" : "");
+    if (r->graph)
+        fprintf(f, "perf.cuda_graph was on while profiling (--graph): the step is the graph's, no layer's time is "
+                "in the findings\n");
+    else
+        fprintf(f, "perf.cuda_graph was off while profiling (events per op cannot be timed inside a replayed "
+                "graph)%s\n", r->settings.cuda_graph ? "; the config has it on: trainc --config ... gives the "
+                "graph's step time, trainc profile --graph its kernels" : "");
 }
 
 static void print_memory(const ProfileReport *r, FILE *f) {

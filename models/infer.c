@@ -465,8 +465,8 @@ static void run_step(InferNet *net, const Step *s) {
     case STEP_BATCHNORM: {
         size_t c = (size_t)net->vals[s->in].c;
         float *p = net->bn_params + s->w_off;
-        BatchNormParams bp = {p, p + c, p + 2 * c, p + 3 * c, NULL, NULL, 0.0f, net->bn_eps, NULL, NULL, NULL, NULL,
-                              NULL, NULL};
+        BatchNormParams bp = {.gamma = p, .beta = p + c, .running_mean = p + 2 * c, .running_var = p + 3 * c,
+                              .momentum = 0.0f, .eps = net->bn_eps};
         batchnorm_forward(ctx, &s->bn, BN_EVAL, s->relu ? BN_ACT_RELU : BN_ACT_NONE, &bp, x, y);
         break;
     }

@@ -190,8 +190,9 @@ static void bn_setup_free(const GridCase *c, BnSetup *b) {
 }
 
 static BatchNormParams bn_params(const BnSetup *b, float momentum) {
-    BatchNormParams p = {b->d_gamma, b->d_beta, b->d_rmean, b->d_rvar, b->d_smean, b->d_sinv, momentum, BN_EPS,
-                         NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams p = {.gamma = b->d_gamma, .beta = b->d_beta, .running_mean = b->d_rmean,
+                         .running_var = b->d_rvar, .save_mean = b->d_smean, .save_invstd = b->d_sinv,
+                         .momentum = momentum, .eps = BN_EPS};
     return p;
 }
 
@@ -597,8 +598,9 @@ static void bn_rank_reset(const GridCase *c, BnRank *r, const float *rmean0, con
 
 static BatchNormParams bn_rank_params(const BnRank *r, const float *d_gamma, const float *d_beta, BnAllreduce reduce,
                                       void *reduce_ctx) {
-    BatchNormParams p = {d_gamma, d_beta, r->rmean, r->rvar, r->mean, r->invstd, 0.1f, BN_EPS, reduce, reduce_ctx,
-                         NULL, NULL, NULL, NULL};
+    BatchNormParams p = {.gamma = d_gamma, .beta = d_beta, .running_mean = r->rmean, .running_var = r->rvar,
+                         .save_mean = r->mean, .save_invstd = r->invstd, .momentum = 0.1f, .eps = BN_EPS,
+                         .reduce = reduce, .reduce_ctx = reduce_ctx};
     return p;
 }
 
@@ -939,8 +941,8 @@ static void bn_check_accumulate_bits(const GridCase *c, const BnLoss *b, const f
     float *gnull = copy_floats(g0, s->c), *bnull = copy_floats(b0, s->c);
     BatchNorm bn;
     batchnorm_init(&c->ctx, &bn, s, NULL);
-    BatchNormParams p = {b->gamma, b->beta, NULL, NULL, (float *)smean, (float *)sinv, 0.0f, BN_EPS, NULL, NULL,
-                         NULL, NULL, NULL, NULL};
+    BatchNormParams p = {.gamma = b->gamma, .beta = b->beta, .save_mean = (float *)smean,
+                         .save_invstd = (float *)sinv, .momentum = 0.0f, .eps = BN_EPS};
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, acc, 1, gacc, bacc);
     batchnorm_backward(&c->ctx, &bn, BN_TRAIN, b->act, &p, b->x, y, b->r, NULL, 0, gnull, bnull);
     int ok = 1;
@@ -1056,8 +1058,10 @@ static void graph_step(const GridCase *c, const BatchNorm *a, const BatchNorm *b
     float *mb = rva + ca, *ib = mb + cb, *rmb = ib + cb, *rvb = rmb + cb;
     char *g = grads;
     void *dga = g, *dba = g + ca * es, *dgb = g + 2 * ca * es, *dbb = g + (2 * ca + cb) * es;
-    BatchNormParams pa = {la->gamma, la->beta, rma, rva, ma, ia, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL, NULL};
-    BatchNormParams pb = {lb->gamma, lb->beta, rmb, rvb, mb, ib, 0.1f, BN_EPS, NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams pa = {.gamma = la->gamma, .beta = la->beta, .running_mean = rma, .running_var = rva,
+                          .save_mean = ma, .save_invstd = ia, .momentum = 0.1f, .eps = BN_EPS};
+    BatchNormParams pb = {.gamma = lb->gamma, .beta = lb->beta, .running_mean = rmb, .running_var = rvb,
+                          .save_mean = mb, .save_invstd = ib, .momentum = 0.1f, .eps = BN_EPS};
     batchnorm_forward(&c->ctx, a, BN_TRAIN, BN_ACT_RELU, &pa, la->x, la->y);
     batchnorm_forward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, lb->y);
     batchnorm_backward(&c->ctx, b, BN_TRAIN, BN_ACT_NONE, &pb, lb->x, NULL, lb->y, lb->dx, 0, dgb, dbb);
@@ -1324,7 +1328,7 @@ static void bn_misuse_call(void *arg) {
     OpContext ctx = op_context_cpu();
     BatchNorm bn;
     batchnorm_init(&ctx, &bn, &s, NULL);
-    BatchNormParams p = {&gamma, NULL, NULL, NULL, &mean, &inv, 0.0f, BN_EPS, NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams p = {.gamma = &gamma, .save_mean = &mean, .save_invstd = &inv, .momentum = 0.0f, .eps = BN_EPS};
     if (which == 0) batchnorm_backward(&ctx, &bn, BN_TRAIN, BN_ACT_GELU, &p, x, NULL, dy, dx, 0, NULL, NULL);
     else batchnorm_forward(&ctx, &bn, BN_EVAL, (BatchNormAct)7, &p, x, y);
 }

@@ -375,8 +375,9 @@ static void cgs_finalize(uint64_t *rng) {
     const float momentum = 0.1f, eps = 1e-5f;
     batchnorm_forward_train_cpu(&b, x, bn.gamma, bn.beta, momentum, eps, bn.running_mean, bn.running_var,
                                 bn.save_mean, bn.save_invstd, y);
-    BatchNormParams p = {fin.gamma, fin.beta, fin.running_mean, fin.running_var, fin.save_mean, fin.save_invstd,
-                         momentum, eps, NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams p = {.gamma = fin.gamma, .beta = fin.beta, .running_mean = fin.running_mean,
+                         .running_var = fin.running_var, .save_mean = fin.save_mean, .save_invstd = fin.save_invstd,
+                         .momentum = momentum, .eps = eps};
     bn_finalize_cpu(b.c, m, sum, sqsum, &p, fin.scale, fin.bias);
     double want_scale[64], want_bias[64], want[64];
     const float *pairs[4][2] = {{fin.save_mean, bn.save_mean}, {fin.save_invstd, bn.save_invstd},
@@ -429,10 +430,12 @@ static void cgs_finalize_gpu(const GridCase *c) {
     for (int i = 0; i < 6; i++) dev[i] = grid_put(c, DTYPE_F32, host_in[i], CH);
     dev[6] = grid_alloc(c, DTYPE_F32, CH), dev[7] = grid_alloc(c, DTYPE_F32, CH);
     void *d_scale = grid_alloc(c, c->dtype, CH), *d_bias = grid_alloc(c, c->dtype, CH);
-    BatchNormParams dp = {dev[0], dev[1], dev[2], dev[3], dev[6], dev[7], 0.1f, 1e-5f, NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams dp = {.gamma = dev[0], .beta = dev[1], .running_mean = dev[2], .running_var = dev[3],
+                          .save_mean = dev[6], .save_invstd = dev[7], .momentum = 0.1f, .eps = 1e-5f};
     bn_finalize(&c->ctx, CH, m, dev[4], dev[5], &dp, d_scale, d_bias);
-    BatchNormParams hp = {cpu.gamma, cpu.beta, cpu.running_mean, cpu.running_var, cpu.save_mean, cpu.save_invstd,
-                          0.1f, 1e-5f, NULL, NULL, NULL, NULL, NULL, NULL};
+    BatchNormParams hp = {.gamma = cpu.gamma, .beta = cpu.beta, .running_mean = cpu.running_mean,
+                          .running_var = cpu.running_var, .save_mean = cpu.save_mean,
+                          .save_invstd = cpu.save_invstd, .momentum = 0.1f, .eps = 1e-5f};
     bn_finalize_cpu(CH, m, sum, sqsum, &hp, cpu.scale, cpu.bias);
     round_to(c->dtype, cpu.scale, CH), round_to(c->dtype, cpu.bias, CH);
     float *got[6] = {grid_get(c, c->dtype, d_scale, CH), grid_get(c, c->dtype, d_bias, CH),

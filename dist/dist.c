@@ -273,6 +273,22 @@ void dist_allreduce_sum_host_double(Dist *d, double *vals, int n) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, vals, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
 }
 
+void dist_mean_timings(void *dist, float *times, int n) {
+    Dist *d = (Dist *)dist;
+    if (d->world == 1) return;
+    double count[2] = {n, (double)n * n}; /* equal counts: world n and world n^2 */
+    dist_allreduce_sum_host_double(d, count, 2);
+    if (count[0] * count[0] != d->world * count[1])
+        TC_FATAL("the ranks time different numbers of candidates (%d on rank %d): do they have the same GPUs and "
+                 "libraries? (perf.conv_benchmark = off chooses without timing)", n, d->rank);
+    double *sum = malloc((size_t)(n > 0 ? n : 1) * sizeof *sum);
+    if (!sum) TC_FATAL("out of host memory agreeing %d timings", n);
+    for (int i = 0; i < n; i++) sum[i] = times[i];
+    dist_allreduce_sum_host_double(d, sum, n);
+    for (int i = 0; i < n; i++) times[i] = (float)(sum[i] / d->world);
+    free(sum);
+}
+
 void dist_bcast_host(Dist *d, void *buf, size_t bytes, int root) {
     if (d->world == 1) return;
     /* MPI counts are ints: send large buffers in pieces. */

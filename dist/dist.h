@@ -71,6 +71,12 @@ char *dist_gather_bytes(Dist *d, const void *buf, size_t bytes, int root, size_t
 /* Logical OR of flag over the ranks: a stop asked for on one rank stops all
  * ranks at the same step. */
 int dist_any_host(Dist *d, int flag);
+/* Each of n timings (dist is a Dist *) replaced by its mean over the ranks,
+ * the same bits on every rank (summed exactly, in doubles, so in any order):
+ * ranks that time the same candidates then choose alike. Infinite where any
+ * rank's is. Every rank must pass the same n: a rank that passes another
+ * stops the run. The signature of ConvAlgoPolicy's agree. */
+void dist_mean_timings(void *dist, float *times, int n);
 
 /* In place, the sum over the ranks of n doubles on the device (synchronized
  * batch norm's sums), ordered on 'stream'. No host sync and no allocation, so

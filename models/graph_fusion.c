@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ops/backend_graph.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/log.h"
@@ -133,10 +134,11 @@ void graph_fusion_plan(Model *m) {
     for (int i = 0; i + 2 < m->n_layers; i++) plan_prologue(m, i);
 }
 
-/* Two layers of the model, for a timing. */
-typedef struct {
+/* Two layers of the model, for a timing of run. */
+typedef struct Timed {
     Model *m;
     const Layer *a, *b;
+    void (*run)(const struct Timed *t);
 } Timed;
 
 /* The pair's forward through the layers' own code: fused while conv->genstats is set. */
@@ -152,24 +154,25 @@ static void prologue_step(const Timed *t) {
     layer_kinds[LAYER_CONV].backward(t->m, t->b);
 }
 
-static float time_us(void (*run)(const Timed *), const Timed *t) {
-    cudaEvent_t start, stop;
-    gpu_event_create(&start, 1);
-    gpu_event_create(&stop, 1);
-    run(t); /* the first run loads the kernels */
-    gpu_event_record(start, t->m->ops.stream);
-    for (int r = 0; r < PAIR_TIMING_RUNS; r++) run(t);
-    gpu_event_record(stop, t->m->ops.stream);
-    gpu_event_sync(stop);
-    float us = gpu_event_ms(start, stop) * 1000.0f / PAIR_TIMING_RUNS;
-    gpu_event_destroy(start);
-    gpu_event_destroy(stop);
-    return us;
+#if TRAINC_CUDA
+static void run_timed(void *arg) {
+    const Timed *t = (const Timed *)arg;
+    t->run(t);
 }
 
+static float time_us(const Timed *t) {
+    return 1000.0f * backend_graph_time_ms(t->m->ops.cudnn, run_timed, (void *)t, PAIR_TIMING_RUNS);
+}
+#else
+static float time_us(const Timed *t) {
+    (void)t;
+    gpu_unavailable(__func__);
+}
+#endif
+
 static float pair_time_us(Model *m, const Layer *conv, const Layer *bn) {
-    Timed t = {m, conv, bn};
-    return time_us(pair_forward, &t);
+    Timed t = {m, conv, bn, pair_forward};
+    return time_us(&t);
 }
 
 /* Fused and apart, twice each in turn, the faster of each kept. */
@@ -184,6 +187,9 @@ static void pair_times(Model *m, Layer *conv, Layer *bn, float *fused_us, float 
         if (t < *apart_us) *apart_us = t;
         conv->genstats = op, bn->stats_by_conv = 1;
     }
+    float both[2] = {*fused_us, *apart_us};
+    conv_policy_agree(&m->conv_policy, both, 2);
+    *fused_us = both[0], *apart_us = both[1];
 }
 
 /* The buffers the timings read, random: weights, batch-norm parameters and
@@ -227,8 +233,8 @@ static void prologue_swap(Model *m, int i, int j) {
 }
 
 static float prologue_time_us(Model *m, int i, int j) {
-    Timed t = {m, &m->layers[i], &m->layers[j]};
-    return time_us(prologue_step, &t);
+    Timed t = {m, &m->layers[i], &m->layers[j], prologue_step};
+    return time_us(&t);
 }
 
 /* Batch norm i as conv j's prologue where both ways are built: under
@@ -244,6 +250,9 @@ static void choose_prologue(Model *m, int i, int benchmark) {
         apart_us = prologue_time_us(m, i, j);
         prologue_swap(m, i, j);
         fused_us = prologue_time_us(m, i, j);
+        float both[2] = {fused_us, apart_us};
+        conv_policy_agree(&m->conv_policy, both, 2);
+        fused_us = both[0], apart_us = both[1];
         if (fused_us >= apart_us) prologue_swap(m, i, j);
     } else {
         prologue_swap(m, i, j);

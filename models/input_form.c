@@ -56,7 +56,8 @@ static float image_copy_us(const Model *m, const SpaceToDepthShape *image) {
     if (!y) TC_FATAL("timing the input convolution's forms: %s (%.1f MiB)", error, (in_bytes + out_bytes) / 1048576.0);
     op_fill_random(&m->ops, x, in_bytes);
     ImageCopy copy = {m, image, x, y};
-    float us = 1000.0f * backend_graph_time_ms(m->ops.cudnn, run_image_copy, &copy);
+    float us = 1000.0f * backend_graph_time_ms(m->ops.cudnn, run_image_copy, &copy, BACKEND_GRAPH_TIMING_RUNS);
+    conv_policy_agree(&m->conv_policy, &us, 1);
     gpu_free(x);
     gpu_free(y);
     return us;

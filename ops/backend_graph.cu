@@ -3,13 +3,13 @@
 #include "ops/backend_graph.h"
 
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/check.h"
-
-#define BENCHMARK_RUNS 3
+#include "runtime/log.h"
 
 /* One attribute set; a failure names the attribute and the place. */
 #define SET_ATTR(desc, name, type, count, value) \
@@ -268,22 +268,50 @@ static void execute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, cudnnBackend
     CUDNN_CHECK(cudnnBackendExecute(h, plan, pack));
 }
 
-float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg) {
+/* Holds the stream until the host opens the gate (gate[0]) or timeout_ns
+ * passes (then says so in gate[1]): the runs queued behind it then start
+ * back to back, so that their events time the GPU, not how fast the host
+ * queued them (a host busy with other threads, or a rank pinned to one core,
+ * queued cuDNN's launches slower than the GPU ran them and made fast plans
+ * time slow). */
+static __global__ void gate_kernel(volatile int *gate, unsigned long long timeout_ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(2000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (!gate[0] && now - start < timeout_ns);
+    if (!gate[0]) gate[1] = 1;
+}
+
+#define GATE_TIMEOUT_NS 20000000ull
+
+float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg, int runs) {
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
+    volatile int *gate;
+    CUDA_CHECK(cudaHostAlloc((void **)&gate, 2 * sizeof(int), cudaHostAllocMapped));
+    gate[0] = gate[1] = 0;
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
     run(arg); /* the first run also pays the kernel's loading */
+    gate_kernel<<<1, 1, 0, stream>>>((int *)gate, GATE_TIMEOUT_NS);
+    CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < BENCHMARK_RUNS; i++) run(arg);
+    for (int i = 0; i < runs; i++) run(arg);
     CUDA_CHECK(cudaEventRecord(stop, stream));
+    gate[0] = 1;
     CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (gate[1])
+        log_warn("timing a plan: the host took over %.0f ms to queue %d runs, so their time (%.3f ms each) is partly "
+                 "the host's", GATE_TIMEOUT_NS / 1e6, runs, ms / runs);
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
-    return ms / BENCHMARK_RUNS;
+    CUDA_CHECK(cudaFreeHost((void *)gate));
+    return ms / runs;
 }
 
 static __global__ void fill_scratch_kernel(__half *p, size_t n) {
@@ -317,14 +345,13 @@ static void run_plan(void *arg) {
 static float time_plan(const BackendGraph *g, cudnnHandle_t h, cudnnBackendDescriptor_t plan, void *const *ptrs,
                        void *workspace) {
     PlanRun r = {h, plan, variant_pack(g, ptrs, workspace)};
-    float ms = backend_graph_time_ms(h, run_plan, &r);
+    float ms = backend_graph_time_ms(h, run_plan, &r, BACKEND_GRAPH_TIMING_RUNS);
     CUDNN_CHECK(cudnnBackendDestroyDescriptor(r.pack));
     return ms;
 }
 
-/* The index of the fastest candidate, timed on scratch buffers allocated
- * here; its milliseconds per run into *best_ms. */
-static int fastest(const BackendGraph *g, cudnnHandle_t h, const Candidate *cands, int count, float *best_ms) {
+/* Each candidate's milliseconds per run into ms, timed on scratch buffers allocated here. */
+static void time_candidates(const BackendGraph *g, cudnnHandle_t h, const Candidate *cands, int count, float *ms) {
     size_t workspace_bytes = 0;
     for (int i = 0; i < count; i++)
         if (cands[i].workspace > workspace_bytes) workspace_bytes = cands[i].workspace;
@@ -335,34 +362,49 @@ static int fastest(const BackendGraph *g, cudnnHandle_t h, const Candidate *cand
         backend_graph_fill_scratch(h, *p, g->bytes[i]);
     }
     if (workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
-    int best = 0;
-    for (int i = 0; i < count; i++) {
-        float ms = time_plan(g, h, cands[i].plan, ptrs, workspace);
-        if (i == 0 || ms < *best_ms) best = i, *best_ms = ms;
-    }
+    for (int i = 0; i < count; i++) ms[i] = time_plan(g, h, cands[i].plan, ptrs, workspace);
     for (int i = 0; i < g->tensor_count; i++) CUDA_CHECK(cudaFree(ptrs[g->uids[i] - 1]));
     if (workspace) CUDA_CHECK(cudaFree(workspace));
+}
+
+/* The index of the fastest of count candidates by their times, agreed with
+ * the processes the policy chooses with (BACKEND_GRAPH_BENCHMARK_PLANS of
+ * them, infinite past count, so that each passes as many); its milliseconds
+ * per run into *best_ms. -1 where none has a finite time. */
+static int fastest(const BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy, const Candidate *cands,
+                   int count, float *best_ms) {
+    float ms[BACKEND_GRAPH_BENCHMARK_PLANS];
+    for (int i = 0; i < BACKEND_GRAPH_BENCHMARK_PLANS; i++) ms[i] = INFINITY;
+    if (count > 0) time_candidates(g, h, cands, count, ms);
+    conv_policy_agree(policy, ms, BACKEND_GRAPH_BENCHMARK_PLANS);
+    int best = -1;
+    for (int i = 0; i < count; i++)
+        if (isfinite(ms[i]) && (best < 0 || ms[i] < ms[best])) best = i;
+    if (best >= 0) *best_ms = ms[best];
     return best;
 }
 
 /* Heuristics mode A's candidates; under benchmark the FALLBACK list's fill
  * the rest of the timed set (engines mode A does not rank), otherwise they
- * are taken only where mode A has none. */
+ * are taken only where mode A has none. A graph that did not build has none,
+ * but still agrees its (infinite) timings with the other processes. */
 int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
-    if (!g->graph) return 0;
     Candidate cands[BACKEND_GRAPH_BENCHMARK_PLANS];
     int max = policy->benchmark ? BACKEND_GRAPH_BENCHMARK_PLANS : 1;
-    int count = collect_candidates(g, h, policy, CUDNN_HEUR_MODE_A, cands, max);
-    if (count < max)
-        count += collect_candidates(g, h, policy, CUDNN_HEUR_MODE_FALLBACK, cands + count, max - count);
-    if (count == 0) return 0;
+    int count = 0;
+    if (g->graph) {
+        count = collect_candidates(g, h, policy, CUDNN_HEUR_MODE_A, cands, max);
+        if (count < max)
+            count += collect_candidates(g, h, policy, CUDNN_HEUR_MODE_FALLBACK, cands + count, max - count);
+    }
     g->plan_ms = 0;
-    int best = policy->benchmark ? fastest(g, h, cands, count, &g->plan_ms) : 0;
+    int best = policy->benchmark ? fastest(g, h, policy, cands, count, &g->plan_ms) : count > 0 ? 0 : -1;
     for (int i = 0; i < count; i++) {
         if (i == best) continue;
         CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].plan));
         CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].cfg));
     }
+    if (best < 0) return 0;
     g->engine_config = cands[best].cfg;
     g->plan = cands[best].plan;
     g->workspace_bytes = cands[best].workspace;

@@ -43,6 +43,7 @@ extern "C" {
 #define BACKEND_GRAPH_MAX_TENSORS 8
 #define BACKEND_GRAPH_ALIGNMENT 16
 #define BACKEND_GRAPH_BENCHMARK_PLANS 16
+#define BACKEND_GRAPH_TIMING_RUNS 3
 
 /* The three convolution operations (backend_graph_conv_pass_op). */
 typedef enum { BACKEND_CONV_FORWARD, BACKEND_CONV_DATA, BACKEND_CONV_FILTER, BACKEND_CONV_PASSES } BackendConvPass;
@@ -95,8 +96,11 @@ bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDes
  * is none. */
 int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy);
 /* Milliseconds per run of run(arg), which launches work on the handle's
- * stream: run once to warm up, then the mean of a few, timed by events. */
-float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg);
+ * stream and must not wait for it on the host: run once to warm up, then the
+ * mean of 'runs' (BACKEND_GRAPH_TIMING_RUNS for one plan or pass), queued
+ * behind a kernel that holds the stream until all are queued and timed by
+ * events, so that the time is the GPU's however slowly the host queued them. */
+float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg, int runs);
 /* Fills a timing buffer with fp16 values uniform in [-1, 1), on the handle's
  * stream. Kernels are timed on data like the step's: on an H100 tensor-core
  * kernels fed zeros draw less power and keep a higher clock than on real

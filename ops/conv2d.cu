@@ -44,6 +44,52 @@ static bool usable(const Conv2dCuda *c, cudnnStatus_t status, cudnnMathType_t ma
     return !c->policy.deterministic || det == CUDNN_DETERMINISTIC;
 }
 
+/* cuDNN's math types (cudnnMathType_t's values 0 to 3): with the algorithm, an
+ * entry of cudnnFind's results that is the same on every rank. */
+#define MATH_TYPES 4
+
+/* The order to try cudnnFind's count results in (algorithm, math type, time:
+ * infinite where it failed): cuDNN's, by this process's times, or where the
+ * policy agrees timings with other processes, by the times they agree on, per
+ * algorithm and math type (a fixed array, so each process passes as many). */
+static void find_order(const ConvAlgoPolicy *policy, int algo_count, int count, const int *algo, const int *math,
+                       const float *ms, int *order) {
+    for (int i = 0; i < count; i++) order[i] = i;
+    if (!policy->benchmark || !policy->agree) return;
+    int keys = algo_count * MATH_TYPES;
+    float *by_key = (float *)malloc((size_t)keys * sizeof(float));
+    float *agreed = (float *)malloc((size_t)(count > 0 ? count : 1) * sizeof(float));
+    if (!by_key || !agreed) TC_FATAL("conv2d: out of host memory ranking %d algorithms", algo_count);
+    for (int k = 0; k < keys; k++) by_key[k] = INFINITY;
+    for (int i = 0; i < count; i++)
+        if (algo[i] >= 0 && algo[i] < algo_count && math[i] >= 0 && math[i] < MATH_TYPES)
+            by_key[algo[i] * MATH_TYPES + math[i]] = ms[i];
+    conv_policy_agree(policy, by_key, keys);
+    for (int i = 0; i < count; i++) {
+        int key = algo[i] * MATH_TYPES + math[i];
+        agreed[i] = key >= 0 && key < keys ? by_key[key] : INFINITY;
+    }
+    for (int i = 1; i < count; i++) /* stable: ties keep cuDNN's order */
+        for (int j = i; j > 0 && agreed[order[j]] < agreed[order[j - 1]]; j--) {
+            int o = order[j];
+            order[j] = order[j - 1], order[j - 1] = o;
+        }
+    free(by_key);
+    free(agreed);
+}
+
+/* find_order over perf, any of the three cudnnFind result types. */
+#define FIND_ORDER(c, perf, count, algo_count, order)                                                     \
+    do {                                                                                                  \
+        int algo_[algo_count], math_[algo_count];                                                          \
+        float ms_[algo_count];                                                                            \
+        for (int i_ = 0; i_ < (count); i_++) {                                                            \
+            algo_[i_] = (int)(perf)[i_].algo, math_[i_] = (int)(perf)[i_].mathType;                        \
+            ms_[i_] = (perf)[i_].status == CUDNN_STATUS_SUCCESS ? (perf)[i_].time : INFINITY;             \
+        }                                                                                                 \
+        find_order(&(c)->policy, algo_count, count, algo_, math_, ms_, order);                            \
+    } while (0)
+
 static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandle_t h,
                                                  size_t limit, size_t *bytes, cudnnMathType_t *math) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -55,8 +101,11 @@ static cudnnConvolutionFwdAlgo_t choose_fwd_algo(const Conv2dCuda *c, cudnnHandl
         CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, c->x_desc, c->w_desc, c->conv_desc,
                                                            c->y_desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                            &count, perf));
+    int order[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    FIND_ORDER(c, perf, count, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, order);
     {
-        for (int i = 0; i < count; i++) {
+        for (int k = 0; k < count; k++) {
+            int i = order[k];
             if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
             size_t need = 0;
             if (cudnnGetConvolutionForwardWorkspaceSize(h, c->x_desc, c->w_desc, c->conv_desc,
@@ -86,8 +135,11 @@ static cudnnConvolutionBwdDataAlgo_t choose_bwd_data_algo(const Conv2dCuda *c, c
         CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
             h, c->w_desc, c->y_desc, c->conv_desc, c->x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
             &count, perf));
+    int order[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    FIND_ORDER(c, perf, count, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, order);
     {
-        for (int i = 0; i < count; i++) {
+        for (int k = 0; k < count; k++) {
+            int i = order[k];
             if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
             size_t need = 0;
             if (cudnnGetConvolutionBackwardDataWorkspaceSize(h, c->w_desc, c->y_desc,
@@ -118,8 +170,11 @@ static cudnnConvolutionBwdFilterAlgo_t choose_bwd_filter_algo(const Conv2dCuda *
         CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
             h, c->x_desc, c->y_desc, c->conv_desc, c->w_desc,
             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
+    int order[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    FIND_ORDER(c, perf, count, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, order);
     {
-        for (int i = 0; i < count; i++) {
+        for (int k = 0; k < count; k++) {
+            int i = order[k];
             if (!usable(c, perf[i].status, perf[i].mathType, perf[i].determinism)) continue;
             size_t need = 0;
             if (cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c->x_desc, c->y_desc,
@@ -224,7 +279,8 @@ static int build_plan(Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass) {
     cudnnBackendDescriptor_t y =
         backend_graph_tensor(g, UID_Y, type, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), false);
     cudnnBackendDescriptor_t op = backend_graph_conv_pass_op(g, s, kBackendPass[pass], x, w, y, kPassBeta[pass]);
-    return backend_graph_build(g, h, &op, 1) && backend_graph_choose_plan(g, h, &c->policy);
+    bool built = backend_graph_build(g, h, &op, 1);
+    return backend_graph_choose_plan(g, h, &c->policy) && built; /* which agrees its timings even where not built */
 }
 
 typedef struct {
@@ -249,7 +305,7 @@ static void run_legacy_timed(void *arg) {
 static float legacy_time_us(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void **ptrs, void *workspace) {
     if (legacy_status(c, h, pass, ptrs, workspace) != CUDNN_STATUS_SUCCESS) return INFINITY;
     LegacyRun run = {c, h, pass, ptrs, workspace};
-    return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run);
+    return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run, BACKEND_GRAPH_TIMING_RUNS);
 }
 
 /* Per pass: the legacy algorithm timed on scratch of random values, the backend plan
@@ -271,6 +327,7 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     size_t plan_bytes = 0;
     for (int pass = 0; pass < CONV2D_PASSES; pass++) {
         c->legacy_us[pass] = legacy_time_us(c, h, (Conv2dPass)pass, ptrs, workspace);
+        conv_policy_agree(&c->policy, &c->legacy_us[pass], 1);
         BackendGraph *g = &c->plans[pass];
         if (build_plan(c, h, (Conv2dPass)pass)) {
             c->plan_us[pass] = 1000.0f * g->plan_ms;

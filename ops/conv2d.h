@@ -46,14 +46,27 @@ int conv2d_out_w(const Conv2dShape *s);
  * Under benchmark, f16 and bf16 in NHWC also time a plan of cuDNN's backend
  * API per pass (ops/backend_graph.h) against the legacy algorithm and run the
  * faster; prefer_backend (tests) takes the backend's plan wherever one
- * finalizes, however it times. */
+ * finalizes, however it times.
+ * agree: processes that choose together (the ranks of data-parallel
+ * training) pass every timing of the same candidates, n floats in the same
+ * order on each, through agree, which makes each the same on all of them
+ * (their mean; infinite where any could not run it): every rank then keeps
+ * the same algorithms and plans, and the step is not as slow as the rank
+ * whose timings were disturbed most. NULL: this process alone. */
 typedef struct {
     size_t workspace_limit;
     int allow_tf32;
     int deterministic;
     int benchmark;
     int prefer_backend;
+    void (*agree)(void *user, float *times, int n);
+    void *agree_user;
 } ConvAlgoPolicy;
+
+/* Under benchmark: times made common to the processes choosing together. */
+static inline void conv_policy_agree(const ConvAlgoPolicy *p, float *times, int n) {
+    if (p->benchmark && p->agree) p->agree(p->agree_user, times, n);
+}
 
 /* The passes a convolution runs: data gradient overwriting dx (DATA) or added
  * to it (DATA_ADD, accumulate_dx); the filter gradient is always added. */

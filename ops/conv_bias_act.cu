@@ -51,8 +51,8 @@ static int build_ops(ConvBiasActCuda *c, cudnnDataType_t data, cudnnBackendDescr
 static int choose_plan(ConvBiasActCuda *c, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
     cudnnBackendDescriptor_t ops[4];
     int count = build_ops(c, dtype_cudnn(c->dtype), ops);
-    if (!backend_graph_build(&c->graph, h, ops, count)) return 0;
-    if (!backend_graph_choose_plan(&c->graph, h, policy)) return 0;
+    bool built = backend_graph_build(&c->graph, h, ops, count);
+    if (!backend_graph_choose_plan(&c->graph, h, policy) || !built) return 0; /* agreed even where not built */
     c->workspace_bytes = c->graph.workspace_bytes;
     return 1;
 }

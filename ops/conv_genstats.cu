@@ -95,7 +95,8 @@ static int filter_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDes
 /* Builds g from its operations and keeps a plan; 0 when there is none (fallback). */
 static int choose_plan(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int count,
                        const ConvAlgoPolicy *policy) {
-    return backend_graph_build(g, h, ops, count) && backend_graph_choose_plan(g, h, policy);
+    bool built = backend_graph_build(g, h, ops, count);
+    return backend_graph_choose_plan(g, h, policy) && built; /* which agrees its timings even where not built */
 }
 
 /* ---- the fallback's kernels -------------------------------------------------------- */

@@ -214,7 +214,77 @@ static void check_stop_together(Dist *d) {
 
 /* The GPU part: a GPU per rank on every host. The copy engines and the
  * sharded optimizer where every rank is on this host. */
+/* perf.conv_benchmark on several ranks: every timing behind a choice goes
+ * through the policy's agree hook. Here the hook first scales each rank's
+ * times by factors of its own, 0.5 to 2, as if each card's timings were
+ * disturbed apart, then means them (dist_mean_timings): every rank must still
+ * make the same choices (algorithms, backend plans, fused pairs, prologues,
+ * the input's form), which timings taken apart and so disturbed would not. */
+typedef struct {
+    Dist *d;
+    uint64_t rng;
+} SkewedTimings;
+
+static void skewed_mean(void *user, float *times, int n) {
+    SkewedTimings *s = user;
+    for (int i = 0; i < n; i++) times[i] *= test_uniform(&s->rng, 0.5f, 2.0f);
+    dist_mean_timings(s->d, times, n);
+}
+
+static uint32_t fnv1a(uint32_t h, const void *p, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++) h = (h ^ ((const uint8_t *)p)[i]) * 16777619u;
+    return h;
+}
+
+/* What the timings chose, per layer; the agreed times of the chosen plans. */
+static uint32_t choices_hash(const Model *m, int *plans) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        int flags[] = {l->kind, l->genstats != NULL, l->stats_by_conv, l->by_conv_prologue, l->input_form != NULL};
+        h = fnv1a(h, flags, sizeof flags);
+        if (l->genstats) h = fnv1a(h, &l->genstats->cuda.graph.plan_ms, sizeof(float));
+        if (l->kind != LAYER_CONV) continue;
+        const Conv2dCuda *c = &l->conv.cuda;
+        int algos[] = {c->fwd_algo, c->bwd_data_algo, c->bwd_filter_algo};
+        h = fnv1a(h, algos, sizeof algos);
+        h = fnv1a(h, c->use_plan, sizeof c->use_plan);
+        h = fnv1a(h, c->legacy_us, sizeof c->legacy_us);
+        h = fnv1a(h, c->plan_us, sizeof c->plan_us);
+        for (int p = 0; p < CONV2D_PASSES; p++) *plans += c->use_plan[p];
+    }
+    return h;
+}
+
+static void check_choices_agree(Dist *d) {
+    GpuContext gpu;
+    gpu_context_init(&gpu, d->local_rank);
+    Model m;
+    char err[256];
+    CHECK(model_build(&m, "resnet18", 8, 32, 10, 1, err, sizeof err) == 0);
+    m.act_dtype = DTYPE_F16;
+    m.fuse = m.fuse_graphs = 1;
+    m.conv_policy.workspace_limit = (size_t)256 << 20;
+    m.conv_policy.benchmark = 1;
+    SkewedTimings skew = {d, test_seed() * 7919 + (uint64_t)d->rank * 104729 + 1};
+    m.conv_policy.agree = skewed_mean;
+    m.conv_policy.agree_user = &skew;
+    model_finalize(&m, &gpu, 11);
+    int plans = 0, pairs = 0, prologues = 0;
+    uint32_t mine = choices_hash(&m, &plans), rank0 = mine;
+    for (int i = 0; i < m.n_layers; i++)
+        pairs += m.layers[i].genstats != NULL, prologues += m.layers[i].prologue_bn >= 0;
+    dist_bcast_host(d, &rank0, sizeof rank0, 0);
+    CHECK_MSG(mine == rank0, "rank %d chose apart from rank 0 under disturbed timings (%d backend plans, %d fused "
+              "pairs, %d prologues here)", d->rank, plans, pairs, prologues);
+    printf("rank %d: the same choices as rank 0 under timings disturbed apart: %d backend plans, %d fused pairs, %d "
+           "prologues\n", d->rank, plans, pairs, prologues);
+    model_destroy(&m);
+    gpu_context_destroy(&gpu);
+}
+
 static void check_gpu(Dist *d) {
+    check_choices_agree(d);
     check_device(d, "cuda", (const char *[]){NULL}, 1e-5);
     check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", NULL}, 1e-5);
     check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", "perf.graph_node_priority=on", NULL}, 1e-5);

@@ -64,6 +64,24 @@ static void test_host_collectives(void) {
 
 /* Each rank sends rank * 1000 bytes (rank 0 none) of the value rank + 1; the
  * last rank, the root, gets them in rank order with their counts. */
+/* dist_mean_timings: the mean over the ranks, the same bits on each however
+ * far apart their times lie, infinite where any rank's is. */
+static void test_mean_timings(void) {
+    enum { N = 5 };
+    float t[N] = {1.0f + d.rank, 0.1f * (d.rank + 1), 3e4f + 0.25f * d.rank, d.rank == d.world - 1 ? INFINITY : 2.0f,
+                  INFINITY};
+    dist_mean_timings(&d, t, N);
+    CHECK(t[0] == 1.0f + (d.world - 1) / 2.0f);
+    CHECK(isinf(t[3]) && isinf(t[4])); /* the last rank's t[3] */
+    double want = 0;
+    for (int r = 0; r < d.world; r++) want += (double)(0.1f * (r + 1));
+    CHECK_MSG(t[1] == (float)(want / d.world), "mean %.9g, want %.9g", t[1], want / d.world);
+    float rank0[N];
+    memcpy(rank0, t, sizeof t);
+    dist_bcast_host(&d, rank0, sizeof rank0, 0);
+    CHECK_MSG(memcmp(rank0, t, sizeof t) == 0, "rank %d's means differ from rank 0's", d.rank);
+}
+
 static void test_gather_bytes(void) {
     int root = d.world - 1;
     size_t mine = (size_t)d.rank * 1000, *counts = calloc((size_t)d.world, sizeof *counts);
@@ -249,6 +267,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "abort") == 0) abort_mode();
     test_ranks();
     test_host_collectives();
+    test_mean_timings();
     test_gather_bytes();
     test_layer_buckets();
     test_grad_buckets(10007, 4096); /* 1024 floats a bucket: 10 buckets */

@@ -109,7 +109,7 @@ static void check_net(const NetCase *nc, uint64_t *rng, GpuContext *gpu) {
     static const DType halves[2] = {DTYPE_F16, DTYPE_BF16};
     static const double bound[2] = {2e-2, 1e-1}; /* of the logits' scale, after ~20 layers in the half type */
     for (int h = 0; gpu && h < 2; h++) {
-        InferOptions g = {BATCH, halves[h], 1, 1, {(size_t)256 << 20, 1, 0, 0, 0}};
+        InferOptions g = {BATCH, halves[h], 1, 1, {.workspace_limit = (size_t)256 << 20, .allow_tf32 = 1}};
         float *dev = run_net(m, params, stats, gpu, &g, input, in_n, &st);
         double dd = max_diff(dev, got, n);
         printf("%-10s gpu %s NHWC graph: max diff %.3g (bound %.3g); %d of %d convs one cuDNN graph\n", nc->name,

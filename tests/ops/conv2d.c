@@ -23,12 +23,14 @@
 #define CONV_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* Full fp32 (no TF32) and deterministic algorithms, so GPU and CPU agree
  * closely and runs repeat; and algorithms picked by timing them. */
-static const ConvAlgoPolicy strict_policy = {CONV_WORKSPACE_LIMIT, 0, 1, 0, 0};
-static const ConvAlgoPolicy benchmarked_policy = {CONV_WORKSPACE_LIMIT, 0, 0, 1, 0};
+static const ConvAlgoPolicy strict_policy = {.workspace_limit = CONV_WORKSPACE_LIMIT, .deterministic = 1};
+static const ConvAlgoPolicy benchmarked_policy = {.workspace_limit = CONV_WORKSPACE_LIMIT, .benchmark = 1};
 /* Benchmarked, cuDNN's backend plans taken wherever they finalize (half
  * types in NHWC; elsewhere the legacy algorithms as benchmarked_policy). */
-static const ConvAlgoPolicy backend_policy = {CONV_WORKSPACE_LIMIT, 0, 0, 1, 1};
-static const ConvAlgoPolicy deterministic_backend_policy = {CONV_WORKSPACE_LIMIT, 0, 1, 1, 1};
+static const ConvAlgoPolicy backend_policy = {.workspace_limit = CONV_WORKSPACE_LIMIT, .benchmark = 1,
+                                              .prefer_backend = 1};
+static const ConvAlgoPolicy deterministic_backend_policy = {.workspace_limit = CONV_WORKSPACE_LIMIT, .deterministic = 1,
+                                                            .benchmark = 1, .prefer_backend = 1};
 
 static size_t conv_x_count(const Conv2dShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
 static size_t conv_w_count(const Conv2dShape *s) { return (size_t)s->k * s->c * s->r * s->s; }

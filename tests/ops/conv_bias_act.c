@@ -20,8 +20,8 @@
 
 #define CBA_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* No TF32 and deterministic engines; and engines picked by timing them. */
-static const ConvAlgoPolicy strict_policy = {CBA_WORKSPACE_LIMIT, 0, 1, 0, 0};
-static const ConvAlgoPolicy benchmarked_policy = {CBA_WORKSPACE_LIMIT, 0, 0, 1, 0};
+static const ConvAlgoPolicy strict_policy = {.workspace_limit = CBA_WORKSPACE_LIMIT, .deterministic = 1};
+static const ConvAlgoPolicy benchmarked_policy = {.workspace_limit = CBA_WORKSPACE_LIMIT, .benchmark = 1};
 
 #define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
     ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})

@@ -24,7 +24,8 @@
 #include "tests/ops/grid.h"
 
 #define CGS_WORKSPACE_LIMIT ((size_t)512 << 20)
-static const ConvAlgoPolicy cgs_policy = {CGS_WORKSPACE_LIMIT, 0, 1, 0, 0}; /* no TF32, deterministic */
+/* no TF32, deterministic */
+static const ConvAlgoPolicy cgs_policy = {.workspace_limit = CGS_WORKSPACE_LIMIT, .deterministic = 1};
 
 #define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
     ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})

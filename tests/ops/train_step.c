@@ -32,7 +32,7 @@
 #define X_COUNT ((size_t)BATCH * 3 * 8 * 8)
 #define CONV_Y_COUNT ((size_t)BATCH * 8 * 8 * 8)
 
-static const ConvAlgoPolicy deterministic_policy = {(size_t)512 << 20, 0, 1, 0, 0};
+static const ConvAlgoPolicy deterministic_policy = {.workspace_limit = (size_t)512 << 20, .deterministic = 1};
 
 typedef struct {
     const GridCase *c;

@@ -241,6 +241,13 @@ static void build_model(Trainer *t) {
     m->conv_policy.allow_tf32 = s->precision.tf32;
     m->conv_policy.deterministic = s->perf.deterministic;
     m->conv_policy.benchmark = s->perf.conv_benchmark;
+    if (s->perf.conv_benchmark && t->ddp.dist->world > 1) { /* every rank the same kernels */
+        m->conv_policy.agree = dist_mean_timings;
+        m->conv_policy.agree_user = t->ddp.dist;
+        if (t->ddp.dist->rank == 0)
+            log_info("perf.conv_benchmark: the %d ranks choose together, each candidate by its mean time over them, "
+                     "so that they run the same kernels", t->ddp.dist->world);
+    }
     m->checkpoint = s->memory.checkpoint_blocks;
     m->fuse = s->model.fuse != 0;
     m->fuse_graphs = s->model.fuse == MODEL_FUSE_GRAPHS;

@@ -2,10 +2,12 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dist/dist_check.h"
 #include "dist/placement.h"
@@ -233,10 +235,34 @@ static void check_env_place(const Dist *d) {
                  p.world, p.local_rank, p.local_world, d->rank, d->world, d->local_rank, d->local_world);
 }
 
+/* Open MPI's default binding (dist_pinned_by_default) puts the rank's loader
+ * threads, NCCL's and its own on one core: the rank takes every CPU it may use
+ * instead, as mpirun --bind-to none would; threads started later inherit it.
+ * The kernel leaves out CPUs outside the process's cpuset. */
+static void unpin_default_binding(Dist *d) {
+    cpu_set_t mask;
+    if (!dist_pinned_by_default(process_env, NULL) || sched_getaffinity(0, sizeof mask, &mask) != 0) return;
+    int pinned = CPU_COUNT(&mask);
+    long cpus = sysconf(_SC_NPROCESSORS_CONF);
+    CPU_ZERO(&mask);
+    for (long i = 0; i < cpus && i < CPU_SETSIZE; i++) CPU_SET((int)i, &mask);
+    if (sched_setaffinity(0, sizeof mask, &mask) != 0 || sched_getaffinity(0, sizeof mask, &mask) != 0) {
+        log_warn("Open MPI's default binding pinned this rank to %d CPU%s and trainc could not widen it: start "
+                 "mpirun with --bind-to none", pinned, pinned == 1 ? "" : "s");
+        return;
+    }
+    d->cpus_pinned = pinned;
+    if (d->rank == 0 && CPU_COUNT(&mask) > pinned)
+        log_info("Open MPI's default binding pinned each rank to %d CPU%s: trainc runs them on all %d this process "
+                 "may use, as mpirun --bind-to none would (a --bind-to of your own is kept)", pinned,
+                 pinned == 1 ? "" : "s", CPU_COUNT(&mask));
+}
+
 void dist_init(Dist *d) {
     dist_init_solo(d);
     if (!launched_by_mpi()) return;
     start_mpi(d);
+    unpin_default_binding(d);
     if (d->world > 1) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "rank %d: ", d->rank);

@@ -28,6 +28,8 @@ typedef struct {
     int device;                  /* the GPU of dist_init_nccl; -1 before it */
     ncclComm_t nccl;             /* NULL while world == 1 or before dist_init_nccl */
     cudaStream_t comm_stream;    /* highest priority, non-blocking; NULL without NCCL */
+    int cpus_pinned;             /* the CPUs Open MPI's default binding gave this rank, before
+                                    dist_init widened it to all it may use; 0: not pinned so */
 } Dist;
 
 /* Detects a launch by mpirun (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK) or srun
@@ -39,7 +41,9 @@ typedef struct {
  * fails alone prints its error and aborts the job. Call it first in main,
  * before other tc_on_fatal hooks are registered: hooks run in reverse order,
  * so theirs then run before the job is aborted. Without MPI (TRAINC_MPI 0) a
- * launch of several ranks stops here with a message. */
+ * launch of several ranks stops here with a message. A rank that Open MPI's
+ * default binding pinned (dist_pinned_by_default) runs on every CPU it may
+ * use from here on. */
 void dist_init(Dist *d);
 /* World 1 without looking at the environment: a run inside another program. */
 void dist_init_solo(Dist *d);

@@ -78,6 +78,12 @@ int dist_place_from_env(EnvGet get, void *ctx, DistPlace *p, char *err, size_t e
     return 1;
 }
 
+int dist_pinned_by_default(EnvGet get, void *ctx) {
+    const char *bound = get(ctx, "OMPI_MCA_orte_bound_at_launch");
+    return get(ctx, "OMPI_COMM_WORLD_SIZE") && bound && strcmp(bound, "1") == 0 &&
+           !get(ctx, "OMPI_MCA_hwloc_base_binding_policy");
+}
+
 int dist_pick_device(int local_rank, int local_world, int visible, char *err, size_t errlen) {
     if (visible >= local_world && local_rank >= 0 && local_rank < local_world) return local_rank;
     if (visible == 1) return 0;

@@ -37,6 +37,13 @@ typedef const char *(*EnvGet)(void *ctx, const char *name);
  * themselves (a rank outside the world, a local rank outside the host's). */
 int dist_place_from_env(EnvGet get, void *ctx, DistPlace *p, char *err, size_t errlen);
 
+/* 1 where Open MPI pinned this process by its own default: Open MPI 4's
+ * mpirun without --bind-to binds each of up to two ranks to one core (more:
+ * to a socket) and says so with OMPI_MCA_orte_bound_at_launch = 1, without
+ * the OMPI_MCA_hwloc_base_binding_policy that --bind-to sets. A binding the
+ * user chose, or another launcher's, gives 0. */
+int dist_pinned_by_default(EnvGet get, void *ctx);
+
 /* The GPU ordinal of local rank local_rank of local_world ranks on a host
  * where this process sees visible GPUs; -1 with a message in err. */
 int dist_pick_device(int local_rank, int local_world, int visible, char *err, size_t errlen);

@@ -7,6 +7,8 @@
  * "test_dist_cpu abort": the last rank fails while the others wait in a
  * barrier; every rank must exit (ctest checks the message and the time). */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -64,6 +66,32 @@ static void test_host_collectives(void) {
 
 /* Each rank sends rank * 1000 bytes (rank 0 none) of the value rank + 1; the
  * last rank, the root, gets them in rank order with their counts. */
+static void *widest_affinity(void *out) {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    for (long i = 0; i < sysconf(_SC_NPROCESSORS_CONF) && i < CPU_SETSIZE; i++) CPU_SET((int)i, &mask);
+    *(int *)out = sched_setaffinity(0, sizeof mask, &mask) == 0 && sched_getaffinity(0, sizeof mask, &mask) == 0
+                      ? CPU_COUNT(&mask)
+                      : -1;
+    return NULL;
+}
+
+/* Under mpirun's default binding (each rank on one core) dist_init has
+ * widened this process to every CPU it may use: as many as a thread of its
+ * own may take. */
+static void test_unpinned(void) {
+    if (!getenv("OMPI_COMM_WORLD_SIZE") || getenv("OMPI_MCA_hwloc_base_binding_policy")) return;
+    cpu_set_t mask;
+    CHECK(sched_getaffinity(0, sizeof mask, &mask) == 0);
+    int may_use = 0;
+    pthread_t thread;
+    CHECK(pthread_create(&thread, NULL, widest_affinity, &may_use) == 0 && pthread_join(thread, NULL) == 0);
+    CHECK_MSG(CPU_COUNT(&mask) == may_use, "rank %d runs on %d CPUs of the %d it may use (pinned to %d by Open "
+              "MPI)", d.rank, CPU_COUNT(&mask), may_use, d.cpus_pinned);
+    if (d.rank == 0)
+        printf("mpirun's binding: %d CPU(s) a rank, widened to %d\n", d.cpus_pinned, CPU_COUNT(&mask));
+}
+
 /* dist_mean_timings: the mean over the ranks, the same bits on each however
  * far apart their times lie, infinite where any rank's is. */
 static void test_mean_timings(void) {
@@ -266,6 +294,7 @@ int main(int argc, char **argv) {
     dist_init(&d);
     if (argc > 1 && strcmp(argv[1], "abort") == 0) abort_mode();
     test_ranks();
+    test_unpinned();
     test_host_collectives();
     test_mean_timings();
     test_gather_bytes();

@@ -121,7 +121,23 @@ static void check_socket_defaults(void) {
     CHECK(!getenv("NCCL_SOCKET_NTHREADS") && !getenv("NCCL_NSOCKS_PERTHREAD"));
 }
 
+/* Open MPI's own default binding against a --bind-to of the user's and other launchers. */
+static void check_default_binding(void) {
+    Env by_default = {{"OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_bound_at_launch"}, {"2", "1"}};
+    Env chosen = {{"OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_bound_at_launch", "OMPI_MCA_hwloc_base_binding_policy"},
+                  {"2", "1", "core"}};
+    Env unbound = {{"OMPI_COMM_WORLD_SIZE", "OMPI_MCA_hwloc_base_binding_policy"}, {"2", "none"}};
+    Env slurm = {{"SLURM_PROCID", "SLURM_NTASKS", "OMPI_MCA_orte_bound_at_launch"}, {"0", "2", "1"}};
+    Env plain = {{0}, {0}};
+    CHECK(dist_pinned_by_default(env_get, &by_default) == 1);
+    CHECK(dist_pinned_by_default(env_get, &chosen) == 0);
+    CHECK(dist_pinned_by_default(env_get, &unbound) == 0);
+    CHECK(dist_pinned_by_default(env_get, &slurm) == 0);
+    CHECK(dist_pinned_by_default(env_get, &plain) == 0);
+}
+
 int main(void) {
+    check_default_binding();
     check_socket_defaults();
     check_two_nodes();
     check_uneven_and_bad();

@@ -76,7 +76,8 @@ char *dist_gather_bytes(Dist *d, const void *buf, size_t bytes, int root, size_t
  * ranks at the same step. */
 int dist_any_host(Dist *d, int flag);
 /* Each of n timings (dist is a Dist *) replaced by its mean over the ranks,
- * the same bits on every rank (summed exactly, in doubles, so in any order):
+ * the same bits on every rank (summed in doubles, exactly for timings within
+ * 10^7 of each other, so in any order):
  * ranks that time the same candidates then choose alike. Infinite where any
  * rank's is. Every rank must pass the same n: a rank that passes another
  * stops the run. The signature of ConvAlgoPolicy's agree. */

@@ -306,8 +306,8 @@ float backend_graph_time_ms(cudnnHandle_t h, void (*run)(void *arg), void *arg, 
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     if (gate[1])
-        log_warn("timing a plan: the host took over %.0f ms to queue %d runs, so their time (%.3f ms each) is partly "
-                 "the host's", GATE_TIMEOUT_NS / 1e6, runs, ms / runs);
+        log_warn("a start-up timing: the host took over %.0f ms to queue %d runs, so their time (%.3f ms each) is "
+                 "partly the host's", GATE_TIMEOUT_NS / 1e6, runs, ms / runs);
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     CUDA_CHECK(cudaFreeHost((void *)gate));

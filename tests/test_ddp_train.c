@@ -212,8 +212,6 @@ static void check_stop_together(Dist *d) {
     printf("rank %d: stopped with rank 0's SIGTERM at step %ld\n", d->rank, s.steps);
 }
 
-/* The GPU part: a GPU per rank on every host. The copy engines and the
- * sharded optimizer where every rank is on this host. */
 /* perf.conv_benchmark on several ranks: every timing behind a choice goes
  * through the policy's agree hook. Here the hook first scales each rank's
  * times by factors of its own, 0.5 to 2, as if each card's timings were
@@ -283,6 +281,8 @@ static void check_choices_agree(Dist *d) {
     gpu_context_destroy(&gpu);
 }
 
+/* The GPU part: a GPU per rank on every host. The copy engines and the
+ * sharded optimizer where every rank is on this host. */
 static void check_gpu(Dist *d) {
     check_choices_agree(d);
     check_device(d, "cuda", (const char *[]){NULL}, 1e-5);

@@ -64,8 +64,7 @@ static void test_host_collectives(void) {
     dist_barrier(&d);
 }
 
-/* Each rank sends rank * 1000 bytes (rank 0 none) of the value rank + 1; the
- * last rank, the root, gets them in rank order with their counts. */
+/* In a thread of its own: the CPUs this process may take (its cpuset's), into *(int *)out. */
 static void *widest_affinity(void *out) {
     cpu_set_t mask;
     CPU_ZERO(&mask);
@@ -92,8 +91,8 @@ static void test_unpinned(void) {
         printf("mpirun's binding: %d CPU(s) a rank, widened to %d\n", d.cpus_pinned, CPU_COUNT(&mask));
 }
 
-/* dist_mean_timings: the mean over the ranks, the same bits on each however
- * far apart their times lie, infinite where any rank's is. */
+/* dist_mean_timings: the mean over the ranks, the same bits on each,
+ * infinite where any rank's is. */
 static void test_mean_timings(void) {
     enum { N = 5 };
     float t[N] = {1.0f + d.rank, 0.1f * (d.rank + 1), 3e4f + 0.25f * d.rank, d.rank == d.world - 1 ? INFINITY : 2.0f,
@@ -110,6 +109,8 @@ static void test_mean_timings(void) {
     CHECK_MSG(memcmp(rank0, t, sizeof t) == 0, "rank %d's means differ from rank 0's", d.rank);
 }
 
+/* Each rank sends rank * 1000 bytes (rank 0 none) of the value rank + 1; the
+ * last rank, the root, gets them in rank order with their counts. */
 static void test_gather_bytes(void) {
     int root = d.world - 1;
     size_t mine = (size_t)d.rank * 1000, *counts = calloc((size_t)d.world, sizeof *counts);

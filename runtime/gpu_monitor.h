@@ -20,13 +20,31 @@ typedef struct {
 typedef struct GpuMonitor GpuMonitor;
 
 GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s);
+/* What a monitor reads (NVML's, in gpu_monitor_start; tests give their own),
+ * each called on the sampler's thread: sample fills what it has of s (the
+ * rest stays -1); the counters return 0 and their value, else non-zero;
+ * energy_j, capped_s and power_limit_w may be NULL, as close may. */
+typedef struct {
+    int (*sample)(void *user, GpuSample *s);
+    int (*energy_j)(void *user, double *joules);   /* energy used since some fixed point */
+    int (*capped_s)(void *user, double *seconds);  /* time the power limit held the clocks down, likewise */
+    int (*power_limit_w)(void *user, double *watts);
+    void (*close)(void *user);                      /* in gpu_monitor_stop */
+    void *user;
+} GpuMonitorSource;
+GpuMonitor *gpu_monitor_start_source(const GpuMonitorSource *src, double interval_s);
 /* Samples taken between window_begin and window_end calls make up the window's
- * mean; a window may be paused (end) and resumed (begin) any number of times. */
+ * mean; a window may be paused (end) and resumed (begin) any number of times.
+ * Neither call waits for NVML: the counters behind the window's power are read
+ * on the sampler's thread, as soon after each call as it can (an NVML read
+ * takes milliseconds, which the trainer would otherwise spend with the device
+ * idle at every epoch's ends). */
 void gpu_monitor_window_begin(GpuMonitor *g);
 void gpu_monitor_window_end(GpuMonitor *g);
 /* Mean utilisation over the window; -1 when no sample fell inside it. */
 double gpu_monitor_window_util(GpuMonitor *g);
-/* The window's power, from NVML's counters read at each begin and end: the
+/* The window's power, from NVML's counters read at each begin and end (it
+ * waits for the reads still due): the
  * mean draw (the energy counter over the time), the share of the time the
  * power limit held the clocks below their target (NVML's power violation
  * time: kernels bound by arithmetic then run slower than on a cool card), and

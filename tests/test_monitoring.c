@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,9 @@
 
 #include <cJSON.h>
 
+#include "runtime/gpu_monitor.h"
 #include "runtime/json_out.h"
+#include "runtime/log.h"
 #include "runtime/prometheus.h"
 #include "tests/harness.h"
 #include "tools/trainer/find_batch.h"
@@ -583,8 +586,71 @@ static void check_plot_run(const char *dir) {
     CHECK_MSG(rc != 0 && strstr(output, "plot.jsonl:44: not JSON"), "bad line: exit %d:\n%s", rc, output);
 }
 
+/* ---- the GPU monitor's window over a source of its own ---------------------------- */
+
+/* Counters that grow at 100 W and 0.5 s capped a second, by now_seconds(); a
+ * read of the energy waits while the test holds it, as a slow NVML read would. */
+static atomic_int energy_held, energy_reads;
+
+static int fake_sample(void *user, GpuSample *s) {
+    (void)user;
+    s->util_pct = 50;
+    return 0;
+}
+
+static int fake_energy_j(void *user, double *j) {
+    (void)user;
+    while (atomic_load(&energy_held)) usleep(1000);
+    atomic_fetch_add(&energy_reads, 1);
+    *j = 100 * now_seconds();
+    return 0;
+}
+
+static int fake_capped_s(void *user, double *s) {
+    (void)user;
+    *s = 0.5 * now_seconds();
+    return 0;
+}
+
+static int fake_limit_w(void *user, double *w) {
+    (void)user;
+    *w = 300;
+    return 0;
+}
+
+/* The window's ends never wait for the counters (a read held until begin has
+ * returned would otherwise never end: the alarm fails the test); its power
+ * comes from the counters read for them, over its spans alone, also across
+ * more pauses than the monitor keeps ends pending. */
+static void check_monitor_window(void) {
+    GpuMonitorSource src = {fake_sample, fake_energy_j, fake_capped_s, fake_limit_w, NULL, NULL};
+    GpuMonitor *g = gpu_monitor_start_source(&src, 0.01);
+    alarm(60);
+    atomic_store(&energy_held, 1);
+    gpu_monitor_window_begin(g);
+    CHECK(atomic_load(&energy_reads) == 0); /* begin returned with its read still held */
+    atomic_store(&energy_held, 0);
+    usleep(600 * 1000);
+    for (int i = 0; i < 20; i++) { /* pauses of no length, more than the ends kept pending */
+        gpu_monitor_window_end(g);
+        gpu_monitor_window_begin(g);
+    }
+    usleep(600 * 1000);
+    gpu_monitor_window_end(g);
+    usleep(300 * 1000); /* outside the window */
+    GpuWindowPower p = gpu_monitor_window_power(g);
+    CHECK(atomic_load(&energy_reads) == 42);
+    CHECK_MSG(fabs(p.mean_w - 100) < 1, "window power %.3f W, want 100", p.mean_w);
+    CHECK_MSG(fabs(p.capped_frac - 0.5) < 0.01, "capped %.4f of the window, want 0.5", p.capped_frac);
+    CHECK(p.limit_w == 300);
+    CHECK(gpu_monitor_window_util(g) == 50);
+    alarm(0);
+    gpu_monitor_stop(g);
+}
+
 int main(void) {
     const char *dir = test_tmpdir("monitoring");
+    check_monitor_window();
     check_json_writer();
     check_prometheus_exposition();
     check_find_batch_words();

@@ -85,6 +85,10 @@ static void test_unpinned(void) {
     int may_use = 0;
     pthread_t thread;
     CHECK(pthread_create(&thread, NULL, widest_affinity, &may_use) == 0 && pthread_join(thread, NULL) == 0);
+    if (may_use < 0) { /* a sandbox that refuses sched_setaffinity: dist_init could not either */
+        printf("rank %d: this process may not set its CPU affinity: not checked\n", d.rank);
+        return;
+    }
     CHECK_MSG(CPU_COUNT(&mask) == may_use, "rank %d runs on %d CPUs of the %d it may use (pinned to %d by Open "
               "MPI)", d.rank, CPU_COUNT(&mask), may_use, d.cpus_pinned);
     if (d.rank == 0)

@@ -19,6 +19,7 @@
 #include "dist/peer_link.h"
 #include "models/model.h"
 #include "models/zoo.h"
+#include "runtime/checkpoint.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "tests/harness.h"
@@ -229,26 +230,21 @@ static void skewed_mean(void *user, float *times, int n) {
     dist_mean_timings(s->d, times, n);
 }
 
-static uint32_t fnv1a(uint32_t h, const void *p, size_t bytes) {
-    for (size_t i = 0; i < bytes; i++) h = (h ^ ((const uint8_t *)p)[i]) * 16777619u;
-    return h;
-}
-
 /* What the timings chose, per layer; the agreed times of the chosen plans. */
 static uint32_t choices_hash(const Model *m, int *plans) {
-    uint32_t h = 2166136261u;
+    uint32_t h = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         int flags[] = {l->kind, l->genstats != NULL, l->stats_by_conv, l->by_conv_prologue, l->input_form != NULL};
-        h = fnv1a(h, flags, sizeof flags);
-        if (l->genstats) h = fnv1a(h, &l->genstats->cuda.graph.plan_ms, sizeof(float));
+        h = ckpt_crc32(h, flags, sizeof flags);
+        if (l->genstats) h = ckpt_crc32(h, &l->genstats->cuda.graph.plan_ms, sizeof(float));
         if (l->kind != LAYER_CONV) continue;
         const Conv2dCuda *c = &l->conv.cuda;
         int algos[] = {c->fwd_algo, c->bwd_data_algo, c->bwd_filter_algo};
-        h = fnv1a(h, algos, sizeof algos);
-        h = fnv1a(h, c->use_plan, sizeof c->use_plan);
-        h = fnv1a(h, c->legacy_us, sizeof c->legacy_us);
-        h = fnv1a(h, c->plan_us, sizeof c->plan_us);
+        h = ckpt_crc32(h, algos, sizeof algos);
+        h = ckpt_crc32(h, c->use_plan, sizeof c->use_plan);
+        h = ckpt_crc32(h, c->legacy_us, sizeof c->legacy_us);
+        h = ckpt_crc32(h, c->plan_us, sizeof c->plan_us);
         for (int p = 0; p < CONV2D_PASSES; p++) *plans += c->use_plan[p];
     }
     return h;

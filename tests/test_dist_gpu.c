@@ -395,6 +395,95 @@ static void test_sharded_flag(DType dtype, DType comm_dtype, uint64_t seed, size
     bucket_case_free(&c);
 }
 
+/* ---- the sharded optimizer's weights ------------------------------------------------ */
+
+static void hold_stream(void *arg) {
+    (void)arg;
+    usleep(20000);
+}
+
+/* Round r's value of weight i, as its owner writes it. */
+static float weight_value(size_t i, int round) { return (float)(i % 4099) + 0.25f * (float)round; }
+
+/* Rank 'rank's values: its owned ranges round r's, the rest -1 (not yet arrived). */
+static void own_weights(const GradBuckets *b, float *host, size_t n, int round) {
+    for (size_t i = 0; i < n; i++) host[i] = -1.0f;
+    int n_owned;
+    const GradBucket *owned = grad_buckets_owned(b, &n_owned);
+    for (int k = 0; k < n_owned; k++)
+        for (size_t i = owned[k].first; i < owned[k].first + owned[k].count; i++) host[i] = weight_value(i, round);
+}
+
+/* Counts the weights in [first, end) that are not round r's. */
+static size_t stale_weights(const float *host, size_t first, size_t end, int round) {
+    size_t stale = 0;
+    for (size_t i = first; i < end; i++) stale += host[i] != weight_value(i, round);
+    return stale;
+}
+
+/* grad_buckets_send_weights and grad_buckets_await_weights over one
+ * copy-engine launch of the whole buffer. In each round every rank holds its
+ * comm stream (so nothing it sends arrives for 20 ms), sends, and reads one
+ * window of the buffer right after awaiting it: every weight there must be
+ * the round's, which only a wait for what the window touches ensures. Then
+ * the whole buffer is awaited. */
+static void test_sharded_weights(uint64_t seed) {
+    BucketCase c;
+    bucket_case_init(&c, DTYPE_F32, DTYPE_F32, seed, 0);
+    size_t n = c.n;
+    float *weights, *host = malloc(n * sizeof(float));
+    CUDA_CHECK(cudaMalloc((void **)&weights, n * sizeof(float)));
+    GradBuckets b;
+    char why[256] = "";
+    grad_buckets_init(&b, &d, c.grads, DTYPE_F32, n, 0, DTYPE_F32);
+    grad_buckets_reduce_flag(&b, c.flag);
+    CHECK_MSG(grad_buckets_use_peer_link(&b, 0, why, sizeof why), "no peer link: %s", why);
+    CHECK_MSG(grad_buckets_shard_optimizer(&b, weights, DTYPE_F32, why, sizeof why), "not sharded: %s", why);
+    make_round(&c, seed, 0);
+    *c.flag_host = 0;
+    backward_pass(&c, &b);
+    CUDA_CHECK(cudaStreamSynchronize(compute));
+    CHECK(b.n_peer_ranges == 1);
+    /* Windows of 300 from 2^j - 150 past the start of the buffer and of the next
+     * rank's part, the last a random one. */
+    GradBucket next_part = {0, n};
+    int n_owned;
+    const GradBucket *owned = grad_buckets_owned(&b, &n_owned);
+    if (owned[0].first == 0) next_part.first = owned[0].first + owned[0].count;
+    uint64_t state = seed;
+    for (int round = 0; round < 24; round++) {
+        size_t from = round == 23 ? (size_t)test_uniform(&state, 0, (float)n)
+                                  : (round % 2 ? next_part.first : 0) + ((size_t)1 << (round / 2 + 8));
+        from = from < 150 ? 0 : from - 150;
+        size_t to = from + 300 < n ? from + 300 : n;
+        if (from >= to) continue;
+        own_weights(&b, host, n, round);
+        CUDA_CHECK(cudaMemcpy(weights, host, n * sizeof(float), cudaMemcpyHostToDevice));
+        dist_barrier(&d); /* no rank sends before every rank has reset what it receives */
+        CUDA_CHECK(cudaLaunchHostFunc(d.comm_stream, hold_stream, NULL));
+        grad_buckets_weights_updated(&b);
+        grad_buckets_send_weights(&b, compute);
+        grad_buckets_await_weights(&b, from, to, compute);
+        CUDA_CHECK(cudaMemcpyAsync(host + from, weights + from, (to - from) * sizeof(float), cudaMemcpyDeviceToHost,
+                                   compute));
+        CUDA_CHECK(cudaStreamSynchronize(compute));
+        size_t stale = stale_weights(host, from, to, round);
+        CHECK_MSG(stale == 0, "rank %d, round %d: %zu of the weights in [%zu, %zu) not yet arrived after their wait",
+                  d.rank, round, stale, from, to);
+        grad_buckets_await_weights(&b, 0, n, compute);
+        grad_buckets_join(&b, compute);
+        CUDA_CHECK(cudaMemcpyAsync(host, weights, n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+        CUDA_CHECK(cudaStreamSynchronize(compute));
+        stale = stale_weights(host, 0, n, round);
+        CHECK_MSG(stale == 0, "rank %d, round %d: %zu weights not the owners' after waiting for all", d.rank, round,
+                  stale);
+    }
+    grad_buckets_free(&b);
+    CUDA_CHECK(cudaFree(weights));
+    free(host);
+    bucket_case_free(&c);
+}
+
 int main(void) {
     alarm(240); /* a hang fails the test instead of stalling CI */
     dist_init(&d);
@@ -424,6 +513,7 @@ int main(void) {
         test_sharded_flag(DTYPE_F32, DTYPE_F32, seed + 201, 0, 0);
         test_sharded_flag(DTYPE_F32, DTYPE_F16, seed + 202, 128 << 10, 0);
         test_sharded_flag(DTYPE_F32, DTYPE_F32, seed + 203, 0, 10);
+        test_sharded_weights(seed + 300);
     } else if (d.world > 1 && d.rank == 0) {
         printf("copy engines not tested: %d ranks, %d on this host\n", d.world, d.local_world);
     }

@@ -156,7 +156,7 @@ static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c, int epoc
 static void begin_step(Trainer *t, EpochClock *c) {
     if (c->window_start < 0 && t->step >= t->set.run.warmup_steps) {
         device_sync(t);
-        gpu_monitor_window_begin(t->device.monitor); /* its NVML reads (milliseconds) before the clock starts */
+        gpu_monitor_window_begin(t->device.monitor); /* queued: the monitor's thread reads NVML (milliseconds) */
         c->window_start = now_seconds();
         c->window_wait_start = loader_wait_seconds(t->data.train_loader);
     }

@@ -46,7 +46,7 @@
 #            window unprofiled (the profiler's overhead), then tools/device/ncu_check.py on the
 #            trace of CHECK (configs/final.ini; CHECK=none: no ncu); GRAPH=1: `--graph` (the step
 #            replayed from its CUDA graph, no op timed), the unprofiled window with the graph too,
-#            and no ncu
+#            and no ncu; NP > 1: every run under mpirun (the trace holds every rank), no ncu
 #   infer    inference throughput (images/s) and latency (p50, p99 ms) at each of INFER_BATCHES
 #            (1,32,256): `trainc bench-infer` (and BASE's, as impl=trainc-base) against
 #            tools/torch_infer.py --mode graph and, unless COMPILE=none, --mode compile, for each
@@ -471,16 +471,17 @@ bench_phases() {
 bench_profile() {
   local steps=${PROFILE_STEPS:-11:30} dir=$OUT/profile cfg name check=${CHECK:-configs/final.ini} graph=off
   [ "${GRAPH:-0}" = 1 ] && graph=on check=none
+  [ "$NP" -gt 1 ] && check=none
   local stages=${STAGES:-configs/baseline.ini configs/dataloader.ini configs/model.ini configs/memory.ini configs/final.ini}
   mkdir -p "$dir"
   for cfg in $stages; do
     name=$(basename "$cfg" .ini)
     echo "== trainc profile --config $cfg --steps $steps"
-    timeout "$RUN_LIMIT" build/trainc profile --config "$cfg" --steps "$steps" --trace "$dir/$name.json" $SETS_ALL \
+    timeout "$RUN_LIMIT" $(on "$NP") build/trainc profile --config "$cfg" --steps "$steps" --trace "$dir/$name.json" $SETS_ALL \
       $([ "$graph" = on ] && echo --graph) \
       > "$dir/$name.txt" 2> "$dir/$name.err" || echo "profile of $cfg failed: $(tail -2 "$dir/$name.err")"
     sed -n '/^== kernels/,$p' "$dir/$name.txt" | cut -c1-400
-    measure "unprofiled_$name" "$RUN_LIMIT" build/trainc --config "$cfg" --quiet --set "run.max_steps=${steps#*:}" \
+    measure "unprofiled_$name" "$RUN_LIMIT" $(on "$NP") build/trainc --config "$cfg" --quiet --set "run.max_steps=${steps#*:}" \
       --set "run.warmup_steps=$((${steps%:*} - 1))" --set run.epochs=100000 --set run.eval=off \
       --set run.checkpoint_every=0 --set perf.cuda_graph=$graph $SETS_ALL
     python3 - "$dir/$name.txt" "$JSONL" "$name" <<'PY'

@@ -446,14 +446,13 @@ static void test_sharded_weights(uint64_t seed) {
     CHECK(b.n_peer_ranges == 1);
     /* Windows of 300 from 2^j - 150 past the start of the buffer and of the next
      * rank's part, the last a random one. */
-    GradBucket next_part = {0, n};
     int n_owned;
     const GradBucket *owned = grad_buckets_owned(&b, &n_owned);
-    if (owned[0].first == 0) next_part.first = owned[0].first + owned[0].count;
+    size_t next_part = owned[0].first == 0 ? owned[0].count : 0; /* where the next rank's part starts */
     uint64_t state = seed;
     for (int round = 0; round < 24; round++) {
         size_t from = round == 23 ? (size_t)test_uniform(&state, 0, (float)n)
-                                  : (round % 2 ? next_part.first : 0) + ((size_t)1 << (round / 2 + 8));
+                                  : (round % 2 ? next_part : 0) + ((size_t)1 << (round / 2 + 8));
         from = from < 150 ? 0 : from - 150;
         if (from > n - 300) from = n - 300; /* every rank takes every round: each one sends */
         size_t to = from + 300;

@@ -17,6 +17,8 @@ void gpu_unavailable(const char *what) {
 #include <cuda_profiler_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include "runtime/gpu_graph.h"
+
 int gpu_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -39,12 +41,18 @@ void gpu_context_init(GpuContext *g, int device_id) {
     CUDNN_CHECK(cudnnSetStream(g->cudnn, g->compute));
     CUBLAS_CHECK(cublasCreate(&g->cublas));
     CUBLAS_CHECK(cublasSetStream(g->cublas, g->compute));
+    /* Without a workspace of its own cuBLAS takes one with cudaMallocAsync
+     * under stream capture: allocation nodes in the step's CUDA graph. Set
+     * after cublasSetStream, which drops it. */
+    CUDA_CHECK(cudaMalloc(&g->cublas_workspace, GPU_CUBLAS_WORKSPACE_BYTES));
+    CUBLAS_CHECK(cublasSetWorkspace(g->cublas, g->cublas_workspace, GPU_CUBLAS_WORKSPACE_BYTES));
     log_info("gpu %d: %s, %d SMs, %.1f GiB, cuDNN %zu", device_id, prop.name,
              prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, cudnnGetVersion());
 }
 
 void gpu_context_destroy(GpuContext *g) {
     if (g->cublas) CUBLAS_CHECK(cublasDestroy(g->cublas));
+    if (g->cublas_workspace) CUDA_CHECK(cudaFree(g->cublas_workspace));
     if (g->cudnn) CUDNN_CHECK(cudnnDestroy(g->cudnn));
     if (g->copy) CUDA_CHECK(cudaStreamDestroy(g->copy));
     if (g->compute) CUDA_CHECK(cudaStreamDestroy(g->compute));
@@ -148,6 +156,9 @@ cudaGraphExec_t gpu_capture_end(cudaStream_t stream, int node_priority) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    if (gpu_graph_fills_as_kernels(graph) < 0)
+        log_info("CUDA graph: its memsets kept as memset nodes (it allocates memory or holds stream memory "
+                 "operations)");
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, node_priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
     return exec;

@@ -25,7 +25,11 @@ typedef struct {
     cudaStream_t copy;    /* host-to-device batch copies */
     cudnnHandle_t cudnn;  /* bound to 'compute' */
     cublasHandle_t cublas;/* bound to 'compute' */
+    void *cublas_workspace;/* cuBLAS's, GPU_CUBLAS_WORKSPACE_BYTES */
 } GpuContext;
+
+/* What cuBLAS's documentation recommends for Hopper (the most it uses). */
+#define GPU_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
 /* Number of usable GPUs; 0 when there is no driver or device, or no CUDA in
  * this build (never fails). */
@@ -76,7 +80,8 @@ void gpu_wait_event(cudaStream_t stream, cudaEvent_t e);
 
 /* CUDA graphs: what this thread issues on 'stream' between begin and end is
  * captured, not run, and end returns it instantiated (node_priority: each
- * node keeps its stream's priority). */
+ * node keeps its stream's priority), its small memsets as kernels
+ * (runtime/gpu_graph.h). */
 void gpu_capture_begin(cudaStream_t stream);
 cudaGraphExec_t gpu_capture_end(cudaStream_t stream, int node_priority);
 void gpu_graph_launch(cudaGraphExec_t graph, cudaStream_t stream);

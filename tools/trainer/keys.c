@@ -206,7 +206,8 @@ const CfgKeySpec trainc_keys[] = {
      "blocks: forward keeps only block inputs and outputs, backward recomputes the rest", 0},
 
     {"perf.cuda_graph", CFG_BOOL, "off", 0,
-     "capture the step (forward, loss, backward, optimizer) once as a CUDA graph and replay it", 0},
+     "capture the step (forward, loss, backward, optimizer) once as a CUDA graph and replay it (its small "
+     "memsets rewritten as kernels: runtime/gpu_graph.h)", 0},
     {"perf.graph_node_priority", CFG_BOOL, "off", 0,
      "instantiate the step's CUDA graph with each node's own stream priority "
      "(cudaGraphInstantiateFlagUseNodePriority), so the data-parallel all-reduces keep their high-priority "

@@ -6,9 +6,9 @@
 
 #include "dist/dist_check.h"
 #include "runtime/check.h"
+#include "runtime/gpu.h"
 
-/* The driver calls, looked up at run time: linking libcuda would make every
- * program fail to start on a machine without a GPU driver (CI). */
+/* The driver calls, looked up at run time (gpu_driver_entry). */
 typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*address_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
@@ -27,18 +27,11 @@ static void fail_driver(CUresult r, const char *call, const char *file, int line
 #define CU_CHECK(call) do { CUresult r_ = (call); \
     if (r_ != CUDA_SUCCESS) fail_driver(r_, #call, __FILE__, __LINE__); } while (0)
 
-static int driver_entry(const char *name, void **fn) {
-    enum cudaDriverEntryPointQueryResult status;
-    cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &status);
-    if (e != cudaSuccess) cudaGetLastError();
-    return e == cudaSuccess && status == cudaDriverEntryPointSuccess && *fn;
-}
-
 static int load_driver_calls(void) {
-    return driver_entry("cuStreamWriteValue32", (void **)&write_value) &&
-           driver_entry("cuStreamWaitValue32", (void **)&wait_value) &&
-           driver_entry("cuMemGetAddressRange", (void **)&address_range) &&
-           driver_entry("cuGetErrorString", (void **)&error_string);
+    return gpu_driver_entry("cuStreamWriteValue32", (void **)&write_value) &&
+           gpu_driver_entry("cuStreamWaitValue32", (void **)&wait_value) &&
+           gpu_driver_entry("cuMemGetAddressRange", (void **)&address_range) &&
+           gpu_driver_entry("cuGetErrorString", (void **)&error_string);
 }
 
 /* Every rank's 'ok' and'ed; the first failing rank's reason goes to all. */

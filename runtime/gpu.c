@@ -69,6 +69,13 @@ cublasComputeType_t gpu_fp32_gemm_compute(cublasHandle_t h) {
                : CUBLAS_COMPUTE_32F_PEDANTIC;
 }
 
+int gpu_driver_entry(const char *name, void **fn) {
+    enum cudaDriverEntryPointQueryResult status;
+    cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &status);
+    if (e != cudaSuccess) cudaGetLastError();
+    return e == cudaSuccess && status == cudaDriverEntryPointSuccess && *fn;
+}
+
 void *gpu_try_malloc(size_t bytes, const char **error) {
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes);
@@ -157,8 +164,7 @@ cudaGraphExec_t gpu_capture_end(cudaStream_t stream, int node_priority) {
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     if (gpu_graph_fills_as_kernels(graph) < 0)
-        log_info("CUDA graph: its memsets kept as memset nodes (it allocates memory or holds stream memory "
-                 "operations)");
+        log_info("CUDA graph: its memsets kept as memset nodes (it allocates memory)");
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, node_priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
     return exec;

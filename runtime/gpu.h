@@ -44,6 +44,13 @@ void gpu_allow_tf32_gemm(GpuContext *g);
 cublasComputeType_t gpu_fp32_gemm_compute(cublasHandle_t h);
 #endif
 
+#if TRAINC_CUDA
+/* A CUDA driver function looked up at run time into *fn: 0 when the driver
+ * has none. Linking libcuda would make every program fail to start on a
+ * machine without a GPU driver (CI's). */
+int gpu_driver_entry(const char *name, void **fn);
+#endif
+
 /* Device memory on the current device: NULL when cudaMalloc fails, with
  * *error saying why (the error is cleared). */
 void *gpu_try_malloc(size_t bytes, const char **error);

@@ -1,10 +1,12 @@
 #include "runtime/gpu_graph.h"
 
+#include <cuda.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/check.h"
+#include "runtime/gpu.h"
 
 /* A longer chain becomes several kernels, one after another. */
 #define FILL_MAX_REGIONS 8
@@ -38,10 +40,23 @@ static __global__ void graph_fill_kernel(FillList list) {
     }
 }
 
+typedef CUresult (*node_type_fn)(CUgraphNode, CUgraphNodeType *);
+
+/* The driver's type of a node: the runtime's cudaGraphNodeGetType has none
+ * for the driver's batch memory operations (the copy engines' peer link
+ * captures them) and answers cudaErrorUnknown. */
+static CUgraphNodeType node_type(cudaGraphNode_t node) {
+    static node_type_fn get_type;
+    if (!get_type && !gpu_driver_entry("cuGraphNodeGetType", (void **)&get_type))
+        TC_FATAL("the CUDA driver has no cuGraphNodeGetType");
+    CUgraphNodeType type;
+    CUresult r = get_type((CUgraphNode)node, &type);
+    if (r != CUDA_SUCCESS) TC_FATAL("cuGraphNodeGetType failed: CUresult %d", (int)r);
+    return type;
+}
+
 static int is_small_memset(cudaGraphNode_t node) {
-    enum cudaGraphNodeType type;
-    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type != cudaGraphNodeTypeMemset) return 0;
+    if (node_type(node) != CU_GRAPH_NODE_TYPE_MEMSET) return 0;
     struct cudaMemsetParams p;
     CUDA_CHECK(cudaGraphMemsetNodeGetParams(node, &p));
     return p.width * p.height * p.elementSize <= GPU_GRAPH_FILL_MAX_BYTES;
@@ -140,19 +155,10 @@ static void replace_with_kernel(cudaGraph_t graph, cudaGraphNode_t *chain, int n
     for (int i = 0; i < n; i++) CUDA_CHECK(cudaGraphDestroyNode(chain[i]));
 }
 
-/* Whether the rewrite may touch this node's graph: CUDA lets no node be
- * removed from a graph that allocates or frees memory, and the runtime names
- * no type for the driver's batch memory operations (dist/peer_link.c's
- * waits and writes, captured), whose graphs are left as they are. */
-static int rewritable(cudaGraphNode_t node) {
-    enum cudaGraphNodeType type;
-    cudaError_t e = cudaGraphNodeGetType(node, &type);
-    if (e == cudaErrorUnknown) {
-        (void)cudaGetLastError(); /* a type without a runtime name, not a failure */
-        return 0;
-    }
-    CUDA_CHECK(e);
-    return type != cudaGraphNodeTypeMemAlloc && type != cudaGraphNodeTypeMemFree;
+/* CUDA lets no node be removed from a graph that allocates or frees memory. */
+static int allocates(cudaGraphNode_t node) {
+    CUgraphNodeType type = node_type(node);
+    return type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || type == CU_GRAPH_NODE_TYPE_MEM_FREE;
 }
 
 int gpu_graph_fills_as_kernels(cudaGraph_t graph) {
@@ -162,7 +168,7 @@ int gpu_graph_fills_as_kernels(cudaGraph_t graph) {
     if (!nodes) TC_FATAL("out of host memory rewriting a CUDA graph");
     if (n > 0) CUDA_CHECK(cudaGraphGetNodes(graph, nodes, &n));
     for (size_t i = 0; i < n; i++)
-        if (!rewritable(nodes[i])) {
+        if (allocates(nodes[i])) {
             free(nodes);
             return -1;
         }

@@ -15,11 +15,9 @@ extern "C" {
  * plans zero their statistics and counters with memsets before each
  * convolution: in a replayed ResNet-18 step on an H200 each memset node left
  * the GPU idle about 2 us on either side, where a kernel node leaves 0.5.
- * Returns the number of memset nodes replaced, or -1 when the graph is left
- * as it is: it allocates memory (cudaMallocAsync captured), which keeps CUDA
- * from removing any of its nodes, or it holds nodes the runtime has no type
- * for (the driver's stream memory operations, as the copy engines' peer link
- * captures). */
+ * Returns the number of memset nodes replaced, or -1 when the graph
+ * allocates memory (cudaMallocAsync captured), which keeps CUDA from
+ * removing any of its nodes: then it is left as it is. */
 #define GPU_GRAPH_FILL_MAX_BYTES 65536
 int gpu_graph_fills_as_kernels(cudaGraph_t graph);
 

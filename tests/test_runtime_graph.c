@@ -3,7 +3,10 @@
  * takes, branches, a large memset and a copy among them) rewritten, replayed,
  * and every byte of the buffer compared with the same operations done on the
  * host in order; then memsets captured from a stream through gpu_capture_end,
- * and a graph that allocates, which is left as it is. */
+ * a graph that allocates, which is left as it is, and one with a driver
+ * stream memory operation among its memsets. */
+#include <cuda.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,6 +239,43 @@ static void test_allocating_graph(uint64_t *state, cudaStream_t stream) {
     CUDA_CHECK(cudaGraphDestroy(g));
 }
 
+/* A driver stream memory operation (as the copy engines' peer link captures)
+ * between memsets: the runtime has no type for its node; the rewrite still
+ * replaces the memsets around it. */
+typedef CUresult (*write_value_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+static void test_memop_graph(uint64_t *state, cudaStream_t stream) {
+    write_value_fn write_value;
+    if (!gpu_driver_entry("cuStreamWriteValue32", (void **)&write_value)) {
+        CHECK_MSG(0, "the driver has no cuStreamWriteValue32");
+        return;
+    }
+    reset_buffers();
+    cudaGraph_t g;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 5; i++) {
+        size_t bytes = uniform_size(state, 1, 3000), offset = uniform_size(state, 0, BUFFER - bytes);
+        CUDA_CHECK(cudaMemsetAsync(dev_buf + offset, 0x21 * (i + 1), bytes, stream));
+        memset(host_buf + offset, 0x21 * (i + 1), bytes);
+        if (i == 1) {
+            size_t at = 4 * uniform_size(state, 0, BUFFER / 4 - 1);
+            uint32_t value = (uint32_t)uniform_size(state, 0, 0xFFFFFF) * 251u;
+            CHECK(write_value((CUstream)stream, (CUdeviceptr)(uintptr_t)(dev_buf + at), value, 0) == CUDA_SUCCESS);
+            for (int b = 0; b < 4; b++) host_buf[at + b] = (unsigned char)(value >> (8 * b));
+        }
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+    CHECK_MSG(gpu_graph_fills_as_kernels(g) == 5, "the memsets beside a stream memory operation not replaced");
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_buffer("graph with a stream memory operation");
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(g));
+}
+
 int main(void) {
     test_require_gpu();
     uint64_t state = test_seed();
@@ -246,6 +286,7 @@ int main(void) {
     for (int round = 0; round < 4; round++) test_built_graph(&state, stream);
     for (int round = 0; round < 4; round++) test_captured(&state, stream);
     test_allocating_graph(&state, stream);
+    test_memop_graph(&state, stream);
     CUDA_CHECK(cudaStreamDestroy(stream));
     CUDA_CHECK(cudaFree(dev_buf));
     return test_finish("test_runtime_graph");

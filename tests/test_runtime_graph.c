@@ -211,6 +211,17 @@ static void test_captured(uint64_t *state, cudaStream_t stream) {
     CUDA_CHECK(cudaStreamDestroy(side));
 }
 
+/* g instantiated, replayed once and checked, then destroyed. */
+static void replay_once(cudaGraph_t g, cudaStream_t stream, const char *what) {
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_buffer(what);
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(g));
+}
+
 /* A captured cudaMallocAsync keeps CUDA from removing any node of its graph:
  * the rewrite leaves such a graph as it is, and it still replays right. */
 static void test_allocating_graph(uint64_t *state, cudaStream_t stream) {
@@ -230,13 +241,7 @@ static void test_allocating_graph(uint64_t *state, cudaStream_t stream) {
     CHECK(gpu_graph_fills_as_kernels(g) == -1);
     CHECK(count_nodes(g, cudaGraphNodeTypeMemset, 0) == memsets && memsets == 3);
     CHECK(cudaGetLastError() == cudaSuccess);
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    check_buffer("allocating graph");
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(g));
+    replay_once(g, stream, "allocating graph");
 }
 
 /* A driver stream memory operation (as the copy engines' peer link captures)
@@ -267,13 +272,7 @@ static void test_memop_graph(uint64_t *state, cudaStream_t stream) {
     CUDA_CHECK(cudaStreamEndCapture(stream, &g));
     CHECK_MSG(gpu_graph_fills_as_kernels(g) == 5, "the memsets beside a stream memory operation not replaced");
     CHECK(cudaGetLastError() == cudaSuccess);
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    check_buffer("graph with a stream memory operation");
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(g));
+    replay_once(g, stream, "graph with a stream memory operation");
 }
 
 int main(void) {

@@ -109,6 +109,7 @@ struct BnArgs {
     const float *eval_mean, *eval_var;
     /* backward */
     const float *mean_in, *invstd_in;
+    int coef_saved;         /* BN_TRAIN_SAVED: the forward apply pass makes its coefficients (saved_coef) */
     void *dgamma, *dbeta;
     int grad_dtype;
     int accumulate;
@@ -175,32 +176,76 @@ static __device__ __forceinline__ void prologue_coef(const BnArgs &a, unsigned c
     bias = to_float(((const T *)a.relu_coef)[a.channels + c]);
 }
 
-static __device__ __forceinline__ void add_grad(void *buf, int dtype, int c, float v) {
+static __device__ __forceinline__ float load_grad(const void *buf, int dtype, unsigned c) {
     switch (dtype) {
-    case DTYPE_F16: {
-        __half *p = (__half *)buf + c;
-        *p = from_float<__half>(to_float(*p) + v);
-        break;
-    }
-    case DTYPE_BF16: {
-        __nv_bfloat16 *p = (__nv_bfloat16 *)buf + c;
-        *p = from_float<__nv_bfloat16>(to_float(*p) + v);
-        break;
-    }
-    default: ((float *)buf)[c] += v; break;
+    case DTYPE_F16: return to_float(((const __half *)buf)[c]);
+    case DTYPE_BF16: return to_float(((const __nv_bfloat16 *)buf)[c]);
+    default: return ((const float *)buf)[c];
     }
 }
 
-/* Block c adds channel c's partial sums, thread t taking rows t, t + 256, ...,
- * then a tree in shared memory (fixed order), in double; thread 0 gets the
- * channel's two sums. */
+static __device__ __forceinline__ void store_grad(void *buf, int dtype, unsigned c, float v) {
+    switch (dtype) {
+    case DTYPE_F16: ((__half *)buf)[c] = from_float<__half>(v); break;
+    case DTYPE_BF16: ((__nv_bfloat16 *)buf)[c] = from_float<__nv_bfloat16>(v); break;
+    default: ((float *)buf)[c] = v; break;
+    }
+}
+
+/* Channel c's values that its statistics or coefficients start from. The
+ * finalize loads them before it adds the partial sums: loaded after its first
+ * store, each would wait for the one before (the compiler cannot tell the
+ * pointers apart), a trip to memory each. */
+struct ChannelIn {
+    double k;                        /* forward: the sums' shift (the caller sets it) */
+    float gamma, beta;
+    float running_mean, running_var; /* forward, where updated */
+    float mean, invstd;              /* backward: the forward's saved statistics */
+    float dgamma, dbeta;             /* backward: the gradients added to */
+};
+
+template <int MODE>
+static __device__ __forceinline__ ChannelIn channel_in(const BnArgs &a, unsigned c) {
+    ChannelIn in = {};
+    in.gamma = a.gamma[c];
+    if (MODE == BN_FWD) {
+        in.beta = a.beta[c];
+        if (a.momentum != 0.0f && a.running_mean) in.running_mean = a.running_mean[c];
+        if (a.momentum != 0.0f && a.running_var) in.running_var = a.running_var[c];
+    } else {
+        in.mean = a.mean_in[c];
+        in.invstd = a.invstd_in[c];
+        if (a.dbeta) in.dbeta = load_grad(a.dbeta, a.grad_dtype, c);
+        if (a.dgamma) in.dgamma = load_grad(a.dgamma, a.grad_dtype, c);
+    }
+    return in;
+}
+
+/* Block c adds channel c's partial sums, thread t taking rows t, t + 256, ...
+ * (four rows' loads issued before their adds), then a tree in shared memory
+ * (fixed order), in double; thread 0 gets the channel's two sums. */
 static __device__ void channel_sums(const BnArgs &a, unsigned c, double &s1, double &s2) {
     __shared__ double sums1[BN_THREADS], sums2[BN_THREADS];
-    unsigned C = a.channels;
+    size_t C = a.channels;
+    const float *p1 = a.partials + c, *p2 = a.partials + (size_t)a.rows * C + c;
     s1 = 0.0, s2 = 0.0;
-    for (unsigned r = threadIdx.x; r < a.rows; r += BN_THREADS) {
-        s1 += a.partials[(size_t)r * C + c];
-        s2 += a.partials[((size_t)a.rows + r) * C + c];
+    unsigned r = threadIdx.x;
+    for (; r + 3 * BN_THREADS < a.rows; r += 4 * BN_THREADS) {
+        float v1[4], v2[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            v1[u] = p1[(r + u * BN_THREADS) * C];
+            v2[u] = p2[(r + u * BN_THREADS) * C];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            s1 += v1[u];
+            s2 += v2[u];
+        }
+    }
+    for (; r < a.rows; r += BN_THREADS) {
+        s1 += p1[r * C];
+        s2 += p2[r * C];
     }
     sums1[threadIdx.x] = s1;
     sums2[threadIdx.x] = s2;
@@ -216,34 +261,33 @@ static __device__ void channel_sums(const BnArgs &a, unsigned c, double &s1, dou
     s2 = sums2[0];
 }
 
-/* Forward: from the sums of x - k and (x - k)^2 over m values, the statistics
- * (saved, running) and the coefficients. */
-static __device__ void forward_stats(const BnArgs &a, unsigned c, double k, double s1, double s2,
+/* Forward: from the sums of x - in.k and (x - in.k)^2 over m values, the
+ * statistics (saved, running) and the coefficients. */
+static __device__ void forward_stats(const BnArgs &a, unsigned c, const ChannelIn &in, double s1, double s2,
                                      double m) {
-    double d = s1 / m, mean = k + d, var = s2 / m - d * d;
+    double d = s1 / m, mean = in.k + d, var = s2 / m - d * d;
     if (var < 0.0) var = 0.0;
     double invstd = 1.0 / sqrt(var + (double)a.eps);
     if (a.save_mean) a.save_mean[c] = (float)mean;
     if (a.save_invstd) a.save_invstd[c] = (float)invstd;
     if (a.momentum != 0.0f) {
         double mom = a.momentum;
-        if (a.running_mean)
-            a.running_mean[c] = (float)((1.0 - mom) * a.running_mean[c] + mom * mean);
-        if (a.running_var)
-            a.running_var[c] = (float)((1.0 - mom) * a.running_var[c] + mom * var * m / (m - 1.0));
+        if (a.running_mean) a.running_mean[c] = (float)((1.0 - mom) * in.running_mean + mom * mean);
+        if (a.running_var) a.running_var[c] = (float)((1.0 - mom) * in.running_var + mom * var * m / (m - 1.0));
     }
-    a.coef[c] = make_float4((float)mean, bn_scale(a.gamma[c], (float)invstd), a.beta[c], 0.0f);
+    a.coef[c] = make_float4((float)mean, bn_scale(in.gamma, (float)invstd), in.beta, 0.0f);
 }
 
 /* Backward, from the sums of dy' and dy' * (x - mean). */
-static __device__ void add_param_grads(const BnArgs &a, unsigned c, double s1, double s2) {
-    if (a.dbeta) add_grad(a.dbeta, a.grad_dtype, c, (float)s1);
-    if (a.dgamma) add_grad(a.dgamma, a.grad_dtype, c, (float)(s2 * a.invstd_in[c]));
+static __device__ void add_param_grads(const BnArgs &a, unsigned c, const ChannelIn &in, double s1, double s2) {
+    if (a.dbeta) store_grad(a.dbeta, a.grad_dtype, c, in.dbeta + (float)s1);
+    if (a.dgamma) store_grad(a.dgamma, a.grad_dtype, c, in.dgamma + (float)(s2 * in.invstd));
 }
 
-static __device__ void backward_coef(const BnArgs &a, unsigned c, double s1, double s2, double m) {
-    double invstd = a.invstd_in[c], g = a.gamma[c];
-    a.coef[c] = make_float4(a.mean_in[c], bn_scale(a.gamma[c], a.invstd_in[c]),
+static __device__ void backward_coef(const BnArgs &a, unsigned c, const ChannelIn &in, double s1, double s2,
+                                     double m) {
+    double invstd = in.invstd, g = in.gamma;
+    a.coef[c] = make_float4(in.mean, bn_scale(in.gamma, in.invstd),
                             (float)(-g * invstd * invstd * invstd * s2 / m),
                             (float)(-g * invstd * s1 / m));
 }
@@ -258,14 +302,19 @@ static __device__ __forceinline__ double first_value(const BnArgs &a, unsigned c
 template <typename T, int MODE>
 static __global__ void __launch_bounds__(BN_THREADS) bn_finalize(BnArgs a, int nhwc) {
     unsigned c = blockIdx.x;
+    ChannelIn in;
+    if (threadIdx.x == 0) {
+        in = channel_in<MODE>(a, c);
+        if (MODE == BN_FWD) in.k = first_value<T>(a, c, nhwc);
+    }
     double s1, s2;
     channel_sums(a, c, s1, s2);
     if (threadIdx.x != 0) return;
     if (MODE == BN_FWD) {
-        forward_stats(a, c, first_value<T>(a, c, nhwc), s1, s2, a.count);
+        forward_stats(a, c, in, s1, s2, a.count);
     } else {
-        add_param_grads(a, c, s1, s2);
-        backward_coef(a, c, s1, s2, a.count);
+        add_param_grads(a, c, in, s1, s2);
+        backward_coef(a, c, in, s1, s2, a.count);
     }
 }
 
@@ -275,15 +324,19 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_finalize(BnArgs a, int n
 template <typename T, int MODE>
 static __global__ void __launch_bounds__(BN_THREADS) bn_finalize_local(BnArgs a, int nhwc) {
     unsigned c = blockIdx.x, C = a.channels;
-    double s1, s2, m = a.count;
+    double s1, s2, m = a.count, k = 0.0;
+    ChannelIn in;
+    if (threadIdx.x == 0) {
+        if (MODE == BN_FWD) k = first_value<T>(a, c, nhwc);
+        else in = channel_in<MODE>(a, c);
+    }
     channel_sums(a, c, s1, s2);
     if (threadIdx.x != 0) return;
     if (MODE == BN_FWD) {
-        double k = first_value<T>(a, c, nhwc);
         s2 += (2.0 * s1 + m * k) * k;
         s1 += m * k;
     } else {
-        add_param_grads(a, c, s1, s2);
+        add_param_grads(a, c, in, s1, s2);
     }
     a.sums[c] = s1;
     a.sums[C + c] = s2;
@@ -295,9 +348,10 @@ template <int MODE>
 static __global__ void bn_sync_coef(BnArgs a) {
     unsigned C = a.channels;
     for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+        ChannelIn in = channel_in<MODE>(a, c);
         double s1 = a.sums[c], s2 = a.sums[C + c], m = a.sums[2 * C + c];
-        if (MODE == BN_FWD) forward_stats(a, c, 0.0, s1, s2, m);
-        else backward_coef(a, c, s1, s2, m);
+        if (MODE == BN_FWD) forward_stats(a, c, in, s1, s2, m);
+        else backward_coef(a, c, in, s1, s2, m);
     }
 }
 
@@ -385,6 +439,20 @@ static __device__ __forceinline__ void store_masked_dy(const BnPack<T, VEC> &y, 
     *dz = g;
 }
 
+/* BN_TRAIN_SAVED: channel c's coefficients from the saved statistics, as forward_stats makes them. */
+static __device__ __forceinline__ float4 saved_coef(const BnArgs &a, unsigned c) {
+    return make_float4(a.mean_in[c], bn_scale(a.gamma[c], a.invstd_in[c]), a.beta[c], 0.0f);
+}
+
+/* Channel c's coefficients for an apply pass: the finalize's, or (forward,
+ * a.coef_saved) made where the pass starts, a launch fewer than a kernel
+ * writing them first. */
+template <int MODE>
+static __device__ __forceinline__ float4 apply_coef(const BnArgs &a, unsigned c) {
+    if (MODE < BN_APPLY_BWD && a.coef_saved) return saved_coef(a, c);
+    return a.coef[c];
+}
+
 /* ---- NCHW ------------------------------------------------------------------------- */
 
 /* Vector j of channel c's sequence (image j / plane_v, position j % plane_v). */
@@ -469,7 +537,7 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_apply_nchw(BnArgs a) {
     unsigned c = blockIdx.y, C = a.channels, plane_v = a.plane / VEC, total = a.images * plane_v;
     unsigned chunk = (total + gridDim.x - 1) / gridDim.x;
     unsigned lo = min(total, (gridDim.x - 1 - blockIdx.x) * chunk), hi = min(total, lo + chunk);
-    float4 k = a.coef[c];
+    float4 k = apply_coef<MODE>(a, c);
     float mean = k.x, p = k.y, q = k.z, r = k.w, zs = 0.0f;
     float shift = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[c] : 0.0f;
     if (MODE == BN_APPLY_BWD_RELU_PROLOGUE) prologue_coef<T>(a, c, zs, shift);
@@ -622,7 +690,7 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE >= BN_APPLY_BWD ? 1 : 
     float mean[VEC], p[VEC], q[VEC], r[VEC], zs[VEC], shift[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) {
-        float4 k = a.coef[col * VEC + e];
+        float4 k = apply_coef<MODE>(a, col * VEC + e);
         mean[e] = k.x, p[e] = k.y, q[e] = k.z, r[e] = k.w, zs[e] = 0.0f;
         shift[e] = MODE == BN_APPLY_BWD_RELU || MODE == BN_APPLY_BWD_GELU ? a.beta[col * VEC + e] : 0.0f;
         if (MODE == BN_APPLY_BWD_RELU_PROLOGUE) prologue_coef<T>(a, col * VEC + e, zs[e], shift[e]);
@@ -659,11 +727,11 @@ static __global__ void __launch_bounds__(BN_THREADS, MODE >= BN_APPLY_BWD ? 1 : 
     }
 }
 
-/* BN_TRAIN_SAVED: the coefficients from the saved statistics, as forward_stats makes them. */
+/* BN_TRAIN_SAVED before a pool's pass, which reads the coefficients from the scratch. */
 static __global__ void bn_saved_coef(BnArgs a) {
     unsigned C = a.channels;
     for (unsigned c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x)
-        a.coef[c] = make_float4(a.mean_in[c], bn_scale(a.gamma[c], a.invstd_in[c]), a.beta[c], 0.0f);
+        a.coef[c] = saved_coef(a, c);
 }
 
 /* Eval: the coefficients from the running statistics. */
@@ -864,8 +932,12 @@ static void run_forward_eval(const BatchNormCuda *bn, BnArgs a, BatchNormAct act
 
 template <typename T>
 static void run_forward_saved(const BatchNormCuda *bn, BnArgs a, BatchNormAct act, cudaStream_t stream) {
-    bn_saved_coef<<<(unsigned)ceil_div(a.channels, BN_THREADS), BN_THREADS, 0, stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    if (a.pool) {
+        bn_saved_coef<<<(unsigned)ceil_div(a.channels, BN_THREADS), BN_THREADS, 0, stream>>>(a);
+        CUDA_CHECK_LAUNCH();
+    } else {
+        a.coef_saved = 1;
+    }
     launch_apply_forward<T>(bn, a, act, stream);
 }
 

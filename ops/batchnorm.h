@@ -292,9 +292,9 @@ void batchnorm_act_forward_eval_cuda(const BatchNormCuda *bn, cudnnHandle_t h, B
                                      const float *running_mean, const float *running_var,
                                      float eps, void *y, const void *residual, const MaxPoolCuda *pool,
                                      cudaStream_t stream);
-/* BN_TRAIN_SAVED: the coefficients from the saved statistics, as the training
- * forward derives them (its ReLU's backward recomputes y from them), then its
- * apply pass. */
+/* BN_TRAIN_SAVED: the apply pass alone, its coefficients made from the saved
+ * statistics as the training forward makes them (its ReLU's backward
+ * recomputes y from them). */
 void batchnorm_act_forward_saved_cuda(const BatchNormCuda *bn, cudnnHandle_t h, BatchNormAct act,
                                       const void *x, const float *gamma, const float *beta,
                                       const float *save_mean, const float *save_invstd, void *y,

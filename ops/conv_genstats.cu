@@ -259,23 +259,29 @@ void conv_genstats_backward_filter_cuda(const ConvGenStatsCuda *c, cudnnHandle_t
 
 /* ---- bn_finalize ---------------------------------------------------------------- */
 
-/* One thread a channel, in double, as bn_finalize_cpu. */
+/* One thread a channel, in double, as bn_finalize_cpu. Every input is loaded
+ * before the first store: after it, each load would wait for the one before
+ * (the compiler cannot tell the pointers apart), a trip to memory each. */
 template <typename T>
 __global__ void finalize_kernel(int channels, double m, const float *sum, const float *sqsum, BatchNormParams p,
                                 T *scale, T *bias) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
-    double mean = sum[c] / m, var = sqsum[c] / m - mean * mean;
+    bool update = p.momentum != 0.0f;
+    float s1 = sum[c], s2 = sqsum[c], gamma = p.gamma[c], beta = bias ? p.beta[c] : 0.0f;
+    float running_mean = update && p.running_mean ? p.running_mean[c] : 0.0f;
+    float running_var = update && p.running_var ? p.running_var[c] : 0.0f;
+    double mean = s1 / m, var = s2 / m - mean * mean;
     if (var < 0.0) var = 0.0;
-    double invstd = 1.0 / sqrt(var + p.eps), channel_scale = invstd * p.gamma[c];
+    double invstd = 1.0 / sqrt(var + p.eps), channel_scale = invstd * gamma;
     if (scale) scale[c] = from_float<T>((float)channel_scale);
-    if (bias) bias[c] = from_float<T>((float)(p.beta[c] - mean * channel_scale));
+    if (bias) bias[c] = from_float<T>((float)(beta - mean * channel_scale));
     if (p.save_mean) p.save_mean[c] = (float)mean;
     if (p.save_invstd) p.save_invstd[c] = (float)invstd;
-    if (p.momentum != 0.0f && p.running_mean)
-        p.running_mean[c] = (float)((1.0 - p.momentum) * p.running_mean[c] + (double)p.momentum * mean);
-    if (p.momentum != 0.0f && p.running_var)
-        p.running_var[c] = (float)((1.0 - p.momentum) * p.running_var[c] + (double)p.momentum * var * m / (m - 1.0));
+    if (update && p.running_mean)
+        p.running_mean[c] = (float)((1.0 - p.momentum) * running_mean + (double)p.momentum * mean);
+    if (update && p.running_var)
+        p.running_var[c] = (float)((1.0 - p.momentum) * running_var + (double)p.momentum * var * m / (m - 1.0));
 }
 
 template <typename T>

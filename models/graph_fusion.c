@@ -284,9 +284,14 @@ static void log_prologues(const Model *m) {
 
 void graph_fusion_choose(Model *m) {
     int benchmark = m->conv_policy.benchmark && m->device == DEVICE_CUDA, training = m->training;
+    int overlap_wgrad = m->overlap_wgrad;
     if (benchmark) fill_timing_inputs(m);
     m->training = 1;
     m->recomputing = 1; /* momentum 0: the timings leave the running statistics alone */
+    /* A filter gradient forked to the side stream is joined only by model_backward: the timings' runs, one
+     * after another on the compute stream, would share the convolutions' workspace with it (on an H200 the
+     * start-up then never ended, the GPU busy at 138 W). */
+    m->overlap_wgrad = 0;
     for (int i = 0; i + 1 < m->n_layers; i++) {
         Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
         if (!conv->genstats) continue;
@@ -314,6 +319,7 @@ void graph_fusion_choose(Model *m) {
     }
     m->recomputing = 0;
     m->training = training;
+    m->overlap_wgrad = overlap_wgrad;
     log_pairs(m);
     log_prologues(m);
 }

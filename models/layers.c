@@ -67,6 +67,33 @@ static void conv_forward(Model *m, const Layer *l) {
         bias_relu_forward(&m->ops, b_of(m, l), y_of(m, l), s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
 }
 
+/* perf.overlap_wgrad: a convolution's filter gradient runs in the context
+ * wgrad_fork returns, the side stream's (waiting first for what the compute
+ * stream has queued: dy is final), while the compute stream goes on with the
+ * layers before it; wgrad_forked marks it pending, and model_backward joins
+ * it back (wgrad_join) before the next layer that layer_joins_wgrad names.
+ * Off, the context is the model's own and nothing forks. */
+static OpContext wgrad_fork(Model *m) {
+    OpContext side = m->ops;
+    if (!m->overlap_wgrad) return side;
+    side.stream = m->gpu->side;
+    gpu_event_record(m->wgrad_fork_event, m->ops.stream);
+    gpu_wait_event(side.stream, m->wgrad_fork_event);
+    gpu_cudnn_stream(side.cudnn, side.stream);
+    return side;
+}
+
+static void wgrad_forked(Model *m) {
+    if (!m->overlap_wgrad) return;
+    gpu_cudnn_stream(m->ops.cudnn, m->ops.stream);
+    gpu_event_record(m->wgrad_done_event, m->gpu->side);
+    m->wgrad_pending = 1;
+}
+
+int layer_joins_wgrad(const Layer *l) {
+    return l->kind != LAYER_BATCHNORM && l->kind != LAYER_RELU && l->kind != LAYER_ADD;
+}
+
 static void conv_backward(Model *m, const Layer *l) {
     const OpContext *ctx = &m->ops;
     void *dy = grad_of(m, l->out), *dx = grad_of(m, l->in), *dw = element(m, m->grads, l->w_off);
@@ -93,7 +120,17 @@ static void conv_backward(Model *m, const Layer *l) {
     if (l->prologue_bn >= 0) { /* the data gradient at the prologue's output; the filter's from the norm's input */
         const Layer *bn = &m->layers[l->prologue_bn];
         conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, acc);
-        conv_genstats_backward_filter(ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn), dy, dw);
+        OpContext filter_ctx = wgrad_fork(m);
+        conv_genstats_backward_filter(&filter_ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn),
+                                      dy, dw);
+        wgrad_forked(m);
+        return;
+    }
+    if (!l->fused && m->overlap_wgrad) { /* the data gradient here, the filter's and the bias's beside */
+        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, acc);
+        OpContext filter_ctx = wgrad_fork(m);
+        conv2d_backward(&filter_ctx, &l->conv, x_of(m, l), w_of(m, l), dy, NULL, dw, db, 0);
+        wgrad_forked(m);
         return;
     }
     if (!l->fused) {
@@ -364,15 +401,33 @@ static void recompute_block(Model *m, int last) {
     gpu_range_pop();
 }
 
+/* A layer's parameter gradients, from w_off on, are queued: grads_ready
+ * hears it now, or with a filter gradient still on the side stream (whose
+ * parameters lie above w_off) at the join. */
+static void grads_queued(Model *m, size_t w_off) {
+    m->grads_queued_from = w_off;
+    if (m->grads_ready && !m->wgrad_pending) m->grads_ready(m->grads_ready_ctx, w_off);
+}
+
+static void wgrad_join(Model *m) {
+    if (!m->wgrad_pending) return;
+    gpu_wait_event(m->ops.stream, m->wgrad_done_event);
+    m->wgrad_pending = 0;
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, m->grads_queued_from);
+}
+
 void model_backward(Model *m) {
     for (int i = m->n_layers - 1; i >= m->frozen_layers; i--) {
         const Layer *l = &m->layers[i];
         int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
         /* The last block's inside is still in place from the forward pass. */
-        if (m->checkpoint && block_end && l->block != m->n_blocks - 1) recompute_block(m, i);
+        int recompute = m->checkpoint && block_end && l->block != m->n_blocks - 1;
+        if (recompute || layer_joins_wgrad(l)) wgrad_join(m);
+        if (recompute) recompute_block(m, i);
         layer_backward(m, l);
-        if (m->grads_ready && l->w_count) m->grads_ready(m->grads_ready_ctx, l->w_off);
+        if (l->w_count) grads_queued(m, l->w_off);
     }
+    wgrad_join(m);
     /* The frozen prefix's gradients stay as zeroed: final too. */
     if (m->grads_ready && m->frozen_layers > 0) m->grads_ready(m->grads_ready_ctx, 0);
 }

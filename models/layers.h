@@ -24,6 +24,13 @@ extern const LayerKindOps layer_kinds[LAYER_KINDS];
  * layer ("conv 3"); ops outside the layers get none. */
 extern const OpHooks layer_nvtx_hooks;
 
+/* perf.overlap_wgrad: whether backward joins a filter gradient forked to the
+ * side stream before this layer's backward. A batch norm's, ReLU's or add's
+ * touches neither the convolutions' workspace nor what the fork reads and
+ * writes (its dy stays in its buffer until the join: plan_grad_slots); any
+ * other layer's may. */
+int layer_joins_wgrad(const Layer *l);
+
 /* model.fuse = graphs (models/graph_fusion.c): plan builds each
  * convolution-before-batch-norm pair's fused graph where an engine takes it,
  * and each batch norm + ReLU's prologue form of the conv after it (before

@@ -335,6 +335,14 @@ static void touch(int *first, int *last, int group, int time) {
     if (time > last[group]) last[group] = time;
 }
 
+/* perf.overlap_wgrad: the backward time before which conv i's filter
+ * gradient is joined back (the next layer that joins it, or the end). */
+static int wgrad_join_time(const Model *m, int i) {
+    for (int j = i - 1; j >= 0; j--)
+        if (layer_joins_wgrad(&m->layers[j])) return m->n_layers - 1 - j;
+    return m->n_layers;
+}
+
 /* Every activation's gradient gets one of a few shared buffers: gradients
  * joined in place (a ReLU's, a GELU's done by its batch norm, an add's
  * passed-on dy) form one group, and two
@@ -363,6 +371,10 @@ static void plan_grad_slots(Model *m) {
         touch(first, last, group_of(parent, l->out), time);
         if (l->in > 0) touch(first, last, group_of(parent, l->in), time);
         if (l->in2 > 0) touch(first, last, group_of(parent, l->in2), time);
+    }
+    for (int i = 0; m->overlap_wgrad && i < m->n_layers; i++) { /* a forked filter gradient reads dy until its join */
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_CONV) touch(first, last, group_of(parent, l->out), wgrad_join_time(m, i));
     }
     size_t need[MODEL_MAX_ACTS] = {0};
     int in_value[MODEL_MAX_ACTS] = {0};
@@ -714,6 +726,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (m->open_block >= 0) TC_FATAL("block %d was not ended", m->open_block);
     if (!gpu && m->act_dtype != DTYPE_F32) TC_FATAL("the CPU path trains in fp32 only (precision.amp = off)");
     if (!gpu && m->nhwc) TC_FATAL("the CPU path trains in NCHW only (model.layout = nchw)");
+    if (!gpu && m->overlap_wgrad) TC_FATAL("the CPU path has no second stream (perf.overlap_wgrad = off)");
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
     m->ops = gpu ? op_context_gpu(gpu, m->act_dtype, m->nhwc) : op_context_cpu();
@@ -731,6 +744,10 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     carve_buffers(m, &m->arena);
     m->ops.workspace = m->workspace;
     if (m->nvtx_layers) m->ops.hooks = &layer_nvtx_hooks;
+    if (m->overlap_wgrad) {
+        gpu_event_create(&m->wgrad_fork_event, 0);
+        gpu_event_create(&m->wgrad_done_event, 0);
+    }
 
     for (int i = 0; gpu && i < m->n_layers; i++)
         if (m->layers[i].kind == LAYER_MAXPOOL)
@@ -750,6 +767,8 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
 
 void model_destroy(Model *m) {
     if (m->gpu) op_sync(&m->ops);
+    if (m->wgrad_fork_event) gpu_event_destroy(m->wgrad_fork_event);
+    if (m->wgrad_done_event) gpu_event_destroy(m->wgrad_done_event);
     graph_fusion_destroy(m);
     if (m->gpu) {
         input_form_destroy(m);

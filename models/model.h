@@ -149,6 +149,9 @@ typedef struct {
                              before a batch norm computes that norm's statistics in its epilogue where a cuDNN
                              engine takes the shape and (conv_policy.benchmark) times faster
                              (models/graph_fusion.c) */
+    int overlap_wgrad;    /* set before model_finalize (GPU): backward runs each convolution's filter gradient on
+                             the GPU's side stream, beside the batch norms, ReLUs and adds before it, and joins it
+                             back before the next layer of another kind (models/layers.c, wgrad_fork) */
     int input_form_block; /* set before model_finalize (tests): 1 or 2 runs a convolution over the input image
                              on that form (models/input_form.c) wherever it fits, untimed; 0: the fastest */
     int no_decay_bn_bias; /* set before model_finalize: decay_mask leaves out biases and batch-norm parameters */
@@ -196,6 +199,11 @@ typedef struct {
      * gradient at index >= first_ready is final (data-parallel all-reduce). */
     void (*grads_ready)(void *ctx, size_t first_ready);
     void *grads_ready_ctx;
+    /* overlap_wgrad: events where backward forks a filter gradient to the side stream and where it is done; a
+     * fork not joined yet, and the lowest parameter gradient queued so far (told to grads_ready at the join) */
+    cudaEvent_t wgrad_fork_event, wgrad_done_event;
+    int wgrad_pending;
+    size_t grads_queued_from;
     /* Called by model_forward before each layer with parameters, with where
      * they lie, [first, end): under a sharded optimizer (data-parallel) part of
      * them may still be on its way from the rank that updated it. */

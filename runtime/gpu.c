@@ -37,6 +37,7 @@ void gpu_context_init(GpuContext *g, int device_id) {
     snprintf(g->name, sizeof g->name, "%s", prop.name);
     CUDA_CHECK(cudaStreamCreateWithFlags(&g->compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&g->copy, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g->side, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&g->cudnn));
     CUDNN_CHECK(cudnnSetStream(g->cudnn, g->compute));
     CUBLAS_CHECK(cublasCreate(&g->cublas));
@@ -54,6 +55,7 @@ void gpu_context_destroy(GpuContext *g) {
     if (g->cublas) CUBLAS_CHECK(cublasDestroy(g->cublas));
     if (g->cublas_workspace) CUDA_CHECK(cudaFree(g->cublas_workspace));
     if (g->cudnn) CUDNN_CHECK(cudnnDestroy(g->cudnn));
+    if (g->side) CUDA_CHECK(cudaStreamDestroy(g->side));
     if (g->copy) CUDA_CHECK(cudaStreamDestroy(g->copy));
     if (g->compute) CUDA_CHECK(cudaStreamDestroy(g->compute));
     memset(g, 0, sizeof *g);
@@ -154,6 +156,7 @@ float gpu_event_ms(cudaEvent_t from, cudaEvent_t to) {
 }
 
 void gpu_wait_event(cudaStream_t stream, cudaEvent_t e) { CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0)); }
+void gpu_cudnn_stream(cudnnHandle_t h, cudaStream_t stream) { CUDNN_CHECK(cudnnSetStream(h, stream)); }
 
 void gpu_capture_begin(cudaStream_t stream) {
     CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -225,6 +228,7 @@ void gpu_event_sync(cudaEvent_t e) { gpu_unavailable("gpu_event_sync"); }
 int gpu_event_done(cudaEvent_t e) { gpu_unavailable("gpu_event_done"); }
 float gpu_event_ms(cudaEvent_t from, cudaEvent_t to) { gpu_unavailable("gpu_event_ms"); }
 void gpu_wait_event(cudaStream_t stream, cudaEvent_t e) { gpu_unavailable("gpu_wait_event"); }
+void gpu_cudnn_stream(cudnnHandle_t h, cudaStream_t stream) { gpu_unavailable("gpu_cudnn_stream"); }
 void gpu_capture_begin(cudaStream_t stream) { gpu_unavailable("CUDA graphs (perf.cuda_graph)"); }
 cudaGraphExec_t gpu_capture_end(cudaStream_t stream, int node_priority) {
     gpu_unavailable("CUDA graphs (perf.cuda_graph)");

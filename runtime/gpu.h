@@ -23,6 +23,8 @@ typedef struct {
     char name[256];       /* the device's name, "NVIDIA H100 80GB HBM3" */
     cudaStream_t compute; /* forward, backward, optimizer */
     cudaStream_t copy;    /* host-to-device batch copies */
+    cudaStream_t side;    /* work beside compute's, forked from it and joined back by events
+                             (perf.overlap_wgrad: the convolutions' filter gradients) */
     cudnnHandle_t cudnn;  /* bound to 'compute' */
     cublasHandle_t cublas;/* bound to 'compute' */
     void *cublas_workspace;/* cuBLAS's, GPU_CUBLAS_WORKSPACE_BYTES */
@@ -84,6 +86,8 @@ int gpu_event_done(cudaEvent_t e);
 float gpu_event_ms(cudaEvent_t from, cudaEvent_t to);
 /* Work issued on 'stream' after this waits for the event. */
 void gpu_wait_event(cudaStream_t stream, cudaEvent_t e);
+/* cuDNN's calls through h, and the kernels ops launch on h's stream, go to 'stream' from now on. */
+void gpu_cudnn_stream(cudnnHandle_t h, cudaStream_t stream);
 
 /* CUDA graphs: what this thread issues on 'stream' between begin and end is
  * captured, not run, and end returns it instantiated (node_priority: each

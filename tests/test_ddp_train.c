@@ -285,6 +285,9 @@ static void check_gpu(Dist *d) {
     check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", NULL}, 1e-5);
     check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", "perf.graph_node_priority=on", NULL}, 1e-5);
     check_device(d, "cuda", (const char *[]){"precision.amp=fp16", NULL}, 2e-3);
+    /* filter gradients beside backward: the buckets hear of them only at their joins */
+    check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", "precision.amp=fp16", "perf.overlap_wgrad=on", NULL},
+                 2e-3);
     /* dist.copy_engine is auto above (the copy engines where the GPUs of one host allow) */
     check_device(d, "cuda", (const char *[]){"perf.cuda_graph=on", "dist.copy_engine=off", NULL}, 1e-5);
     if (d->world == d->local_world && d->world <= PEER_LINK_MAX_RANKS) {
@@ -304,6 +307,7 @@ static void check_gpu(Dist *d) {
     check_sync_bn(d, "cuda", NULL, 5e-5);
     check_sync_bn(d, "cuda", "perf.cuda_graph=on", 5e-5);
     check_sync_bn(d, "cuda", "model.fuse=on", 5e-5);
+    check_sync_bn(d, "cuda", "perf.overlap_wgrad=on", 5e-5);
 }
 
 int main(int argc, char **argv) {

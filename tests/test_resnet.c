@@ -158,7 +158,8 @@ static float *resnet18_gradients(int checkpoint, GpuContext *gpu, int batch, con
     CHECK(model_build(&m, "resnet18", batch, 32, 10, 0, err, sizeof err) == 0);
     m.checkpoint = checkpoint & 1;
     m.fuse = (checkpoint >> 1) & 1; /* 2: fused batch norm + ReLU and add + ReLU */
-    m.fuse_graphs = checkpoint >> 2; /* 4: and model.fuse = graphs */
+    m.fuse_graphs = (checkpoint >> 2) & 1; /* 4: and model.fuse = graphs */
+    m.overlap_wgrad = checkpoint >> 3;     /* 8: filter gradients on the side stream (GPU) */
     m.conv_policy.deterministic = 1;
     model_finalize(&m, gpu, 11);
     if (m.fuse_graphs && !gpu) { /* the CPU takes every pair and prologue: ResNet-18's 20 and 8 */
@@ -193,6 +194,7 @@ static void check_checkpointing(GpuContext *gpu, int batch, const float *x, cons
 }
 
 static void report_layers(const float *got, const float *want, int batch);
+
 
 /* model.fuse = graphs on the CPU, where the pairs and prologues compose the
  * reference ops (models/graph_fusion.c), against model.fuse = on: the
@@ -541,6 +543,68 @@ static void check_graph_fusion(GpuContext *gpu, int batch, const float *x, const
         free(grads[f]);
     }
 }
+/* perf.overlap_wgrad runs the same kernels on the same data, only some beside
+ * others: the gradients to the bit, fp32 with checkpointing (backward then
+ * joins before each block's recompute too) against plain, and fp16 under
+ * model.fuse = graphs (the prologue convolutions' filter graphs forked too)
+ * over two passes added (dy's buffers reused across the pass). A missing join
+ * lets the download read the side stream's filter gradients before they are
+ * written, or a batch norm overwrite the dy they read. */
+static void check_overlap_wgrad(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
+    size_t n, n2, plain_bytes, overlap_bytes;
+    float *plain = resnet18_gradients(0, gpu, batch, x, labels, &n, &plain_bytes, NULL);
+    float *overlap = resnet18_gradients(1 | 8, gpu, batch, x, labels, &n2, &overlap_bytes, NULL);
+    CHECK(n == n2);
+    CHECK_MSG(memcmp(plain, overlap, n * sizeof(float)) == 0,
+              "resnet18 perf.overlap_wgrad with checkpointing: gradients differ (rel %.3g)",
+              test_rel_error(overlap, plain, n));
+    free(plain);
+    free(overlap);
+    Model m[2];
+    char err[256];
+    float *grads[2];
+    for (int f = 0; f < 2; f++) {
+        CHECK(model_build(&m[f], "resnet18", batch, 32, 10, 1, err, sizeof err) == 0);
+        m[f].act_dtype = DTYPE_F16;
+        m[f].fuse = m[f].fuse_graphs = 1;
+        m[f].conv_policy.deterministic = 1;
+        m[f].overlap_wgrad = f;
+        model_finalize(&m[f], gpu, 11);
+        CUDA_CHECK(cudaMemcpy(model_input_buffer(&m[f]), x, model_input_floats(&m[f]) * sizeof(float),
+                              cudaMemcpyHostToDevice));
+        model_forward(&m[f]);
+        grads[f] = gpu_gradients_twice(&m[f], gpu, labels);
+    }
+    double norm = 0;
+    for (size_t i = 0; i < m[0].n_params; i++) norm += fabs(grads[0][i]);
+    CHECK(norm > 0);
+    CHECK_MSG(memcmp(grads[0], grads[1], m[0].n_params * sizeof(float)) == 0,
+              "resnet18 perf.overlap_wgrad, fp16 model.fuse=graphs: gradients differ (rel %.3g)",
+              test_rel_error(grads[1], grads[0], m[0].n_params));
+    printf("resnet18 perf.overlap_wgrad: gradients bitwise equal (fp32 checkpointed, fp16 graphs over two passes); "
+           "%zu bytes against %zu\n", overlap_bytes, plain_bytes);
+    for (int f = 0; f < 2; f++) {
+        model_destroy(&m[f]);
+        free(grads[f]);
+    }
+    /* perf.conv_benchmark's start-up times prologues with the layers' own backward: it must not fork (a fork
+     * nobody joined shared the workspace with the next run's convolutions, and the start-up never ended). */
+    CHECK(model_build(&m[0], "resnet18", batch, 32, 10, 1, err, sizeof err) == 0);
+    m[0].act_dtype = DTYPE_F16;
+    m[0].fuse = m[0].fuse_graphs = m[0].overlap_wgrad = 1;
+    m[0].conv_policy.benchmark = 1;
+    model_finalize(&m[0], gpu, 11);
+    CUDA_CHECK(cudaMemcpy(model_input_buffer(&m[0]), x, model_input_floats(&m[0]) * sizeof(float),
+                          cudaMemcpyHostToDevice));
+    model_forward(&m[0]);
+    float *timed = gpu_gradients_twice(&m[0], gpu, labels);
+    double timed_norm = 0;
+    for (size_t i = 0; i < m[0].n_params; i++) timed_norm += fabs(timed[i]);
+    CHECK_MSG(isfinite(timed_norm) && timed_norm > 0, "resnet18 perf.overlap_wgrad after perf.conv_benchmark's "
+              "start-up: gradients' sum of magnitudes %g", timed_norm);
+    model_destroy(&m[0]);
+    free(timed);
+}
 #endif
 
 /* In evaluation a sample's logits depend on it alone (running statistics); in
@@ -715,6 +779,7 @@ int main(void) {
         check_gpu_against_cpu(&gpu, 32, big32, labels32, 1);
         GPU_ONLY(check_fused_steps(&gpu, 32, big32, labels32));
         GPU_ONLY(check_graph_fusion(&gpu, 32, big32, labels32));
+        GPU_ONLY(check_overlap_wgrad(&gpu, 32, big32, labels32));
         size_t n128 = (size_t)BATCH * 3 * 128 * 128;
         float *big128 = malloc(n128 * sizeof(float));
         test_fill_uniform(big128, n128, &rng, -2, 2);

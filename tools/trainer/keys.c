@@ -197,6 +197,10 @@ const CfgKeySpec trainc_keys[] = {
      "choose convolution algorithms by timing each at start-up (cudnnFind, twice: the second ranking "
      "counts) rather than by heuristics; f16 and bf16 in NHWC also time up to 16 plans of cuDNN's backend "
      "API per pass and keep the faster (logged per layer)", 0},
+    {"perf.overlap_wgrad", CFG_BOOL, "off", 0,
+     "backward runs each convolution's filter gradient on a second stream, beside the batch norms, ReLUs and "
+     "adds before it (memory-bound passes beside a compute-bound one), and joins it back before the next layer "
+     "of another kind; the same kernels and the same bits as off", 0},
     {"perf.deterministic", CFG_BOOL, "on", 0,
      "only convolution algorithms that give the same bits every run; off: the fastest", 0},
 

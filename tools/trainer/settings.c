@@ -141,6 +141,7 @@ static void fill_device(const Config *cfg, TrainSettings *s) {
     s->perf.graph_node_priority = config_bool(cfg, "perf.graph_node_priority");
     s->perf.deterministic = config_bool(cfg, "perf.deterministic");
     s->perf.conv_benchmark = config_bool(cfg, "perf.conv_benchmark");
+    s->perf.overlap_wgrad = config_bool(cfg, "perf.overlap_wgrad");
     s->perf.conv_workspace_bytes = (size_t)config_int(cfg, "perf.conv_workspace_mb") << 20;
     s->dist.sync_bn = config_bool(cfg, "dist.sync_bn");
     s->dist.allreduce_dtype =
@@ -177,6 +178,7 @@ static void require_gpu(ConfigProblems *p, const TrainSettings *s, int ok, const
 static void check_gpu_only(ConfigProblems *p, const TrainSettings *s, int world) {
     require_gpu(p, s, s->precision.amp == DTYPE_F32, "precision.amp", "off");
     require_gpu(p, s, !s->perf.cuda_graph, "perf.cuda_graph", "off");
+    require_gpu(p, s, !s->perf.overlap_wgrad, "perf.overlap_wgrad", "off");
     require_gpu(p, s, !s->data.pinned, "data.pinned", "off");
     require_gpu(p, s, !s->data.transform_on_gpu, "data.transform_on", "cpu");
     require_gpu(p, s, !s->model.nhwc, "model.layout", "nchw");

@@ -68,7 +68,7 @@ typedef struct {
         int accumulate, checkpoint_blocks;
     } memory;
     struct {
-        int cuda_graph, graph_node_priority, deterministic, conv_benchmark;
+        int cuda_graph, graph_node_priority, deterministic, conv_benchmark, overlap_wgrad;
         size_t conv_workspace_bytes;
     } perf;
     struct {

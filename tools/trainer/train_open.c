@@ -251,6 +251,7 @@ static void build_model(Trainer *t) {
     m->checkpoint = s->memory.checkpoint_blocks;
     m->fuse = s->model.fuse != 0;
     m->fuse_graphs = s->model.fuse == MODEL_FUSE_GRAPHS;
+    m->overlap_wgrad = s->perf.overlap_wgrad;
     m->bn_momentum = s->model.bn_momentum;
     m->bn_eps = s->model.bn_eps;
     m->nvtx_layers = s->run.nvtx_layers;

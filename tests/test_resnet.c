@@ -195,7 +195,6 @@ static void check_checkpointing(GpuContext *gpu, int batch, const float *x, cons
 
 static void report_layers(const float *got, const float *want, int batch);
 
-
 /* model.fuse = graphs on the CPU, where the pairs and prologues compose the
  * reference ops (models/graph_fusion.c), against model.fuse = on: the
  * statistics from the convolutions' sums, and 8 norms + ReLU applied as the
@@ -543,6 +542,7 @@ static void check_graph_fusion(GpuContext *gpu, int batch, const float *x, const
         free(grads[f]);
     }
 }
+
 /* perf.overlap_wgrad runs the same kernels on the same data, only some beside
  * others: the gradients to the bit, fp32 with checkpointing (backward then
  * joins before each block's recompute too) against plain, and fp16 under

@@ -220,7 +220,10 @@ static void check_kernels(const ProfileReport *r) {
     int compute = 0;
     for (int i = 0; i < k->n_streams; i++) compute += k->streams[i].compute;
     CHECK_MSG(compute == 1 && k->streams[0].compute, "%d of %d streams marked compute", compute, k->n_streams);
-    CHECK(k->launches > 0 && k->launch_ms > 0 && k->gap_ms >= 0 && k->longest_gap_ms >= 0);
+    CHECK(k->launches > 0 && k->launch_ms > 0 && k->idle_ms >= 0 && k->longest_idle_ms >= 0);
+    /* idle: no record on any stream, so never while a kernel ran */
+    CHECK_MSG(k->idle_ms + k->active_ms <= k->window_ms + 1e-6, "idle %g + kernel-active %g ms, window %g ms",
+              k->idle_ms, k->active_ms, k->window_ms);
 }
 
 /* trainc ARGS (the binary): its exit status is want_status and its output holds want. */

@@ -90,7 +90,7 @@ typedef struct {
     ProfileKernelName longest[PROFILE_TOP_KERNELS]; /* by ms, largest first; empty names past the end */
     int n_streams;
     ProfileStream streams[PROFILE_MAX_STREAMS];
-    double gap_ms, longest_gap_ms;   /* the compute stream idle between its first and last record */
+    double idle_ms, longest_idle_ms; /* no record on any stream, between the window's first and last */
     double h2d_ms, d2h_ms;           /* copies' durations */
     double copy_overlap_ms;          /* of h2d + d2h, the time some kernel ran meanwhile */
     double launch_ms;                /* host time inside launch calls (kernels, copies, graphs) */
@@ -98,7 +98,7 @@ typedef struct {
     double sync_ms;                  /* host time inside synchronizing calls (stream, event, device syncs,
                                         synchronous copies) */
     double comm_ms;                  /* communication: NCCL kernels and peer copies */
-    double comm_exposed_ms;          /* of comm_ms, the time no compute-stream kernel ran meanwhile */
+    double comm_exposed_ms;          /* of comm_ms, the time no other kernel (on any stream) ran meanwhile */
     int streams_seen;                /* streams with records in the window (streams[] holds the busiest) */
     long dropped;                    /* records CUPTI dropped (no free buffer): the figures miss them */
 } ProfileKernels;

@@ -245,8 +245,7 @@ static int compute_then_busiest(const void *a, const void *b) {
     return (x->busy_ms < y->busy_ms) - (x->busy_ms > y->busy_ms);
 }
 
-/* Busy time per stream (the union of its records), the compute stream's gaps.
- * Sorts kr->win by stream. */
+/* Busy time per stream (the union of its records). Sorts kr->win by stream. */
 static void stream_figures(ProfileKernelsRun *kr, long steps, ProfileSpan *spans, ProfileKernels *k) {
     qsort(kr->win, (size_t)kr->n_win, sizeof *kr->win, by_stream);
     ProfileStream all[64];
@@ -256,11 +255,6 @@ static void stream_figures(ProfileKernelsRun *kr, long steps, ProfileSpan *spans
         for (j = i; j < kr->n_win && kr->win[j].stream == kr->win[i].stream; j++) spans[n++] = span_of(&kr->win[j]);
         n = profile_spans_merge(spans, n);
         int compute = kr->win[i].stream == kr->compute_stream;
-        if (compute) {
-            uint64_t longest;
-            k->gap_ms = ms_per_step(profile_spans_gaps(spans, n, &longest), steps);
-            k->longest_gap_ms = longest / 1e6;
-        }
         k->streams_seen++;
         ProfileStream st = {kr->win[i].stream, compute, ms_per_step(profile_spans_length(spans, n), steps)};
         if (n_all < 64) all[n_all++] = st;
@@ -272,16 +266,19 @@ static void stream_figures(ProfileKernelsRun *kr, long steps, ProfileSpan *spans
 }
 
 /* Kernels, copies, overlaps and communication: spans of kernels (merged),
- * of the compute stream's compute kernels (merged), of copies to and from
- * the host, and of communication. */
+ * of compute kernels on any stream (merged: work beside the compute stream,
+ * such as perf.overlap_wgrad's, hides communication too), of copies to and
+ * from the host, of communication, and of every record (the GPU's idle time). */
 static void device_figures(const ProfileKernelsRun *kr, long steps, ProfileSpan *buf, ProfileKernels *k) {
     long n = kr->n_win;
     ProfileSpan *kernels = buf, *compute = buf + n, *host_copies = buf + 2 * n, *comm = buf + 3 * n;
+    ProfileSpan *every = buf + 4 * n;
     long nk = 0, nc = 0, nh = 0, nm = 0;
     uint64_t first = UINT64_MAX, last = 0, kernel_ns = 0, h2d = 0, d2h = 0;
     for (long i = 0; i < n; i++) {
         const GpuActivity *a = &kr->win[i];
         ProfileSpan s = span_of(a);
+        every[i] = s;
         if (a->start < first) first = a->start;
         if (a->end > last) last = a->end;
         if (is_comm(a)) comm[nm++] = s;
@@ -289,7 +286,7 @@ static void device_figures(const ProfileKernelsRun *kr, long steps, ProfileSpan 
             k->kernels++;
             kernel_ns += s.end - s.start;
             kernels[nk++] = s;
-            if (a->stream == kr->compute_stream && !is_comm(a)) compute[nc++] = s;
+            if (!is_comm(a)) compute[nc++] = s;
         } else if (a->kind == GPU_ACT_COPY) {
             k->copies++;
             if (a->copy == GPU_COPY_H2D) h2d += s.end - s.start, host_copies[nh++] = s;
@@ -311,6 +308,9 @@ static void device_figures(const ProfileKernelsRun *kr, long steps, ProfileSpan 
     k->active_ms = ms_per_step(profile_spans_length(kernels, nk), steps);
     k->copy_overlap_ms = ms_per_step(profile_spans_overlap(host_copies, nh, kernels, nk), steps);
     k->comm_exposed_ms = ms_per_step(comm_ns - profile_spans_overlap(comm, nm, compute, nc), steps);
+    uint64_t longest_idle;
+    k->idle_ms = ms_per_step(profile_spans_gaps(every, profile_spans_merge(every, n), &longest_idle), steps);
+    k->longest_idle_ms = longest_idle / 1e6;
 }
 
 static void host_figures(const ProfileKernelsRun *kr, long steps, ProfileKernels *k) {
@@ -335,7 +335,7 @@ void profile_kernels_collect(ProfileKernelsRun *kr, long steps) {
     if (gpu_activity_flush() != 0) return give_up(kr);
     ProfileKernels *k = kr->k;
     select_window(kr);
-    ProfileSpan *buf = malloc((4 * (size_t)kr->n_win + 1) * sizeof *buf);
+    ProfileSpan *buf = malloc((5 * (size_t)kr->n_win + 1) * sizeof *buf);
     if (!buf) TC_FATAL("out of host memory: the profile's kernels");
     device_figures(kr, steps, buf, k);
     longest_kernels(kr, steps, k);
@@ -448,8 +448,8 @@ void profile_kernels_print(const ProfileReport *r, FILE *f) {
                 k->streams[i].compute ? " (compute)" : "", k->streams[i].busy_ms,
                 k->window_ms > 0 ? 100 * k->streams[i].busy_ms / k->window_ms : 0);
     if (k->streams_seen > k->n_streams) fprintf(f, "(%d more streams)\n", k->streams_seen - k->n_streams);
-    fprintf(f, "compute stream idle between its first and last record: %.4f ms, the longest gap %.4f ms\n", k->gap_ms,
-            k->longest_gap_ms);
+    fprintf(f, "GPU idle (no record on any stream) between the first and last record: %.4f ms, the longest gap "
+            "%.4f ms\n", k->idle_ms, k->longest_idle_ms);
     fprintf(f, "copies: H2D %.4f ms, D2H %.4f ms; %.4f ms of them while a kernel ran\n", k->h2d_ms, k->d2h_ms,
             k->copy_overlap_ms);
     fprintf(f, "launches: %.1f calls, %.4f ms of host time in them against %.4f ms of kernels on the GPU\n",
@@ -457,7 +457,6 @@ void profile_kernels_print(const ProfileReport *r, FILE *f) {
     fprintf(f, "syncs: %.4f ms of host time in synchronizing calls (stream, event and device syncs, synchronous "
             "copies)\n", k->sync_ms);
     if (k->comm_ms > 0)
-        fprintf(f, "communication (NCCL kernels, peer copies): %.4f ms, %.4f ms of it while no compute-stream kernel "
-                "ran\n", k->comm_ms, k->comm_exposed_ms);
+        fprintf(f, "communication (NCCL kernels, peer copies): %.4f ms, %.4f ms of it while no other kernel ran\n", k->comm_ms, k->comm_exposed_ms);
     if (k->dropped) fprintf(f, "warning: CUPTI dropped %ld records: the figures miss them\n", k->dropped);
 }

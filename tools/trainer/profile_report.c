@@ -162,21 +162,21 @@ static void find_data_wait(const ProfileReport *r, Findings *fs) {
 
 /* A sync stops the host from queuing the next step's work while the GPU runs
  * this one, so the GPU idles through whatever the host does next (loading,
- * copying, launching). With CUPTI: the compute stream's idle time, as far as
+ * copying, launching). With CUPTI: the GPU's idle time, as far as
  * the host spent at least as long blocked in sync calls; without it, the
  * host's time between the phases. */
 static void find_syncs(const ProfileReport *r, Findings *fs) {
     const ProfileSettings *c = &r->settings;
     const ProfileKernels *k = &r->kernels;
     double between = outside_phases_ms(&r->summary);
-    double ms = k->available ? fmin(k->sync_ms, k->gap_ms) : between;
+    double ms = k->available ? fmin(k->sync_ms, k->idle_ms) : between;
     int syncing = c->sync_after_step || !c->async_copy || (c->read_loss_every > 0 && c->read_loss_every < 100);
     ProfileFinding *f = add(fs, !r->gpu ? "trainer work outside the phases" : syncing ? "host syncs" :
                             "host work between the phases", ms, ms);
     if (k->available)
-        snprintf(f->from, sizeof f->from, "CUPTI: the compute stream idle %.3f ms per step while the host blocked "
-                 "%.3f ms in sync calls (stream, event, device syncs, synchronous copies); %.3f ms between the "
-                 "phases", k->gap_ms, k->sync_ms, between);
+        snprintf(f->from, sizeof f->from, "CUPTI: the GPU idle %.3f ms per step (no record on any stream) while "
+                 "the host blocked %.3f ms in sync calls (stream, event, device syncs, synchronous copies); %.3f ms "
+                 "between the phases", k->idle_ms, k->sync_ms, between);
     else
         snprintf(f->from, sizeof f->from, "step wall time less data wait and the device phases");
     if (!r->gpu) return;
@@ -319,8 +319,8 @@ static void find_communication(const ProfileReport *r, Findings *fs) {
     const ProfileKernels *k = &r->kernels;
     if (r->world <= 1 || !k->available) return;
     ProfileFinding *f = add(fs, "communication not hidden", k->comm_exposed_ms, k->comm_exposed_ms);
-    snprintf(f->from, sizeof f->from, "CUPTI: %.3f ms per step of all-reduce, %.3f of it with no compute-stream "
-             "kernel running", k->comm_ms, k->comm_exposed_ms);
+    snprintf(f->from, sizeof f->from, "CUPTI: %.3f ms per step of all-reduce, %.3f of it with no other kernel "
+             "running", k->comm_ms, k->comm_exposed_ms);
     suggest(f, c->bucket_mb == 0, "dist.bucket_mb=25");
     suggest(f, c->bucket_mb > 0, "dist.bucket_mb (smaller: earlier all-reduces)");
     suggest(f, c->copy_engine_off, "dist.copy_engine=auto");

@@ -287,6 +287,24 @@ static void check_graph(double eager_flops) {
     profile_report_free(&r);
 }
 
+/* A config with perf.overlap_wgrad on is profiled with it off; the report says so. */
+static void check_overlap_note(ProfileReport *r) {
+    const char *note = "; so was perf.overlap_wgrad (each op timed alone)";
+    for (int on = 0; on <= 1; on++) {
+        r->settings.overlap_wgrad = on;
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        CHECK(f != NULL);
+        if (!f) return;
+        profile_print(r, f);
+        fclose(f);
+        CHECK_MSG((strstr(text, note) != NULL) == on, "overlap_wgrad %d:\n%s", on, text);
+        free(text);
+    }
+    r->settings.overlap_wgrad = 0;
+}
+
 static double check_device(const char *device) {
     char trace[700], dir[32];
     snprintf(dir, sizeof dir, "profile-%s", device);
@@ -298,6 +316,7 @@ static double check_device(const char *device) {
     CHECK(r.summary.timed_steps == STEPS && r.dropped == 0 && r.gpu == (strcmp(device, "cuda") == 0));
     check_layers(&r);
     check_diagnosis(&r);
+    check_overlap_note(&r);
     check_kernels(&r);
     check_trace(&r, trace);
     CHECK(r.product_flops > 0);

@@ -496,7 +496,7 @@ static void note_settings(const Config *cfg, ProfileSettings *o) {
                            s.data.async_copy, s.data.transform_on_gpu, s.train.batch, s.train.sync_after_step,
                            s.train.read_loss_every, s.model.fuse, s.model.nhwc, s.precision.amp != DTYPE_F32,
                            s.precision.tf32, s.perf.conv_benchmark, s.perf.cuda_graph, s.perf.graph_node_priority,
-                           (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
+                           s.perf.overlap_wgrad, (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
                            s.dist.half_allreduce};
 }
 
@@ -532,6 +532,7 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     force(cfg, "run.checkpoint_every", 0);
     force(cfg, "run.warmup_runs", 0); /* one pass over the steps profiled */
     force(cfg, "perf.cuda_graph", graph); /* events per op cannot be timed inside a replayed graph */
+    if (!graph) force(cfg, "perf.overlap_wgrad", 0); /* no filter gradient running beside a timed op */
     Profiler p = {.first = first, .last = last, .report = r, .trace_path = trace_path, .open = -1, .dist = dist};
     TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p, on_phase};
     train_run_dist_observed(cfg, &r->summary, dist, &obs);

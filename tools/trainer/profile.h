@@ -104,13 +104,13 @@ typedef struct {
 } ProfileKernels;
 
 /* The switches the diagnosis names, as the config set them (before profile
- * forces its own: perf.cuda_graph is off while profiling), so that one
- * already on is not suggested. */
+ * forces its own: perf.cuda_graph and perf.overlap_wgrad are off while timing
+ * ops), so that one already on is not suggested. */
 typedef struct {
     int use_gpu, gpu;
     int workers, prefetch, pinned, async_copy, transform_on_gpu;
     int batch, sync_after_step, read_loss_every;
-    int fuse, nhwc, amp, tf32, conv_benchmark, cuda_graph, graph_node_priority;
+    int fuse, nhwc, amp, tf32, conv_benchmark, cuda_graph, graph_node_priority, overlap_wgrad;
     long bucket_mb;
     int copy_engine_off, half_allreduce;
 } ProfileSettings;
@@ -207,12 +207,14 @@ int profile_parse_steps(const char *text, long *first, long *last, char *err, si
 
 /* Runs cfg's training for steps 1..last in one process (run.max_steps =
  * last, run.warmup_steps = first - 1, run.eval off, checkpoints off,
- * perf.cuda_graph off) with the op hook timing steps first..last; fills r
- * (free with profile_report_free), writes the Chrome trace to trace_path
- * unless NULL. Bad config values end the process as a training run would.
- * graph: perf.cuda_graph on instead and no op hook (events per op cannot be
- * timed inside a replayed graph): CUPTI's kernels, the phases, the layers'
- * FLOPs and bytes without times; the GPU only, first >= PROFILE_GRAPH_FIRST. */
+ * perf.cuda_graph and perf.overlap_wgrad off) with the op hook timing steps
+ * first..last; fills r (free with profile_report_free), writes the Chrome
+ * trace to trace_path unless NULL. Bad config values end the process as a
+ * training run would.
+ * graph: perf.cuda_graph on instead, perf.overlap_wgrad as the config says,
+ * and no op hook (events per op cannot be timed inside a replayed graph):
+ * CUPTI's kernels, the phases, the layers' FLOPs and bytes without times;
+ * the GPU only, first >= PROFILE_GRAPH_FIRST. */
 void profile_run(Config *cfg, long first, long last, const char *trace_path, int graph, ProfileReport *r);
 /* The same on one rank of a data-parallel run (dist from dist_init): every
  * rank calls it and profiles its own process; the window starts after a

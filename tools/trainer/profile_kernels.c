@@ -457,6 +457,7 @@ void profile_kernels_print(const ProfileReport *r, FILE *f) {
     fprintf(f, "syncs: %.4f ms of host time in synchronizing calls (stream, event and device syncs, synchronous "
             "copies)\n", k->sync_ms);
     if (k->comm_ms > 0)
-        fprintf(f, "communication (NCCL kernels, peer copies): %.4f ms, %.4f ms of it while no other kernel ran\n", k->comm_ms, k->comm_exposed_ms);
+        fprintf(f, "communication (NCCL kernels, peer copies): %.4f ms, %.4f ms of it while no other kernel ran\n",
+                k->comm_ms, k->comm_exposed_ms);
     if (k->dropped) fprintf(f, "warning: CUPTI dropped %ld records: the figures miss them\n", k->dropped);
 }

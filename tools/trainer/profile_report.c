@@ -162,9 +162,9 @@ static void find_data_wait(const ProfileReport *r, Findings *fs) {
 
 /* A sync stops the host from queuing the next step's work while the GPU runs
  * this one, so the GPU idles through whatever the host does next (loading,
- * copying, launching). With CUPTI: the GPU's idle time, as far as
- * the host spent at least as long blocked in sync calls; without it, the
- * host's time between the phases. */
+ * copying, launching). With CUPTI: the GPU's idle time (no record on any
+ * stream), as far as the host spent at least as long blocked in sync calls;
+ * without it, the host's time between the phases. */
 static void find_syncs(const ProfileReport *r, Findings *fs) {
     const ProfileSettings *c = &r->settings;
     const ProfileKernels *k = &r->kernels;
@@ -467,8 +467,10 @@ static void print_diagnosis(ProfileReport *r, FILE *f) {
                 "in the findings\n");
     else
         fprintf(f, "perf.cuda_graph was off while profiling (events per op cannot be timed inside a replayed "
-                "graph)%s\n", r->settings.cuda_graph ? "; the config has it on: trainc --config ... gives the "
-                "graph's step time, trainc profile --graph its kernels" : "");
+                "graph)%s%s\n", r->settings.cuda_graph ? "; the config has it on: trainc --config ... gives the "
+                "graph's step time, trainc profile --graph its kernels" : "", r->settings.overlap_wgrad ?
+                "; so was perf.overlap_wgrad (each op timed alone), which the config has on and --graph keeps" :
+                "");
 }
 
 static void print_memory(const ProfileReport *r, FILE *f) {

@@ -111,14 +111,21 @@ static void check_findings(const ProfileReport *r, const char *text) {
     CHECK(strstr(text, past) == NULL && (n > 0 || strstr(text, "no bottleneck over")));
 }
 
-static void check_diagnosis(ProfileReport *r) {
+/* profile_print's report as a string (free it), or NULL. */
+static char *report_text(ProfileReport *r) {
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     CHECK(f != NULL);
-    if (!f) return;
+    if (!f) return NULL;
     profile_print(r, f);
     fclose(f);
+    return text;
+}
+
+static void check_diagnosis(ProfileReport *r) {
+    char *text = report_text(r);
+    if (!text) return;
     char want[80];
     snprintf(want, sizeof want, "phases, ms per step (largest: %s)", largest_phase(&r->summary));
     CHECK_MSG(strstr(text, want) != NULL, "no '%s' in:\n%s", want, text);
@@ -292,13 +299,8 @@ static void check_overlap_note(ProfileReport *r) {
     const char *note = "; so was perf.overlap_wgrad (each op timed alone)";
     for (int on = 0; on <= 1; on++) {
         r->settings.overlap_wgrad = on;
-        char *text = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&text, &len);
-        CHECK(f != NULL);
-        if (!f) return;
-        profile_print(r, f);
-        fclose(f);
+        char *text = report_text(r);
+        if (!text) break;
         CHECK_MSG((strstr(text, note) != NULL) == on, "overlap_wgrad %d:\n%s", on, text);
         free(text);
     }

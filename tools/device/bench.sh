@@ -74,7 +74,8 @@
 #                 CPU time per step is the difference of the two runs' CPU times over the extra steps
 #   COMPILE="default max-autotune"  step: the ResNet cases and simplenet-224 (tools/torch_resnet.py
 #                 --mode step --model simplenet) under torch.compile too;
-#                 COMPILE_TIMEOUT=s (default 1500); infer: the modes of its compile runs
+#                 COMPILE_TIMEOUT=s (default 1500; a compile cut off goes on from its cache in the
+#                 next call on the same warm machine: prepare.sh); infer: the modes of its compile runs
 #                 (default max-autotune; none: no compile run), each run limited to COMPILE_TIMEOUT
 #   CONFIG, SEEDS, EPOCHS, GPUS, PARTS, R18_SETS, DATA (.data/cifar10-jpg),
 #   INFER_CASES, INFER_BATCHES: as above

@@ -19,6 +19,8 @@
 #   BUILD_LIMIT=s  seconds each build may take (default 900)
 #   NO_BUILD=1 use the builds already there (scripts started side by side after one build)
 #   BUILD_TARGETS="trainc"  build only these targets (default all: the tests too)
+#   TORCHINDUCTOR_CACHE_DIR=dir  torch.compile's cache (default build/torchinductor, kept while
+#              the machine stays warm)
 
 carry_packages() {
   set -euo pipefail
@@ -54,6 +56,10 @@ prepare_machine() {
   mkdir -p "$OUT" "$LOGS"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  # torch.compile's cache (its autotuning timings, its kernels) in build/, which a warm machine
+  # keeps between calls (an ignored folder of another name was not kept): a max-autotune compile
+  # cut off by one call's time limit goes on from its finished autotunings in the next call.
+  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/torchinductor}
   timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   [ -d .data/cifar10-jpg ] || { [ -f .data/cifar10-jpg.tar.gz ] && tar xzf .data/cifar10-jpg.tar.gz -C .data; }
   if [ "${NO_BUILD:-0}" != 1 ]; then

@@ -21,19 +21,21 @@
  *   says so in one line, and the trace holds no GPU tracks.
  * - A bad --steps: one message naming it, exit status 2; --graph on the CPU,
  *   before step 3, or without `profile`: one message each, status 1, 2, 2.
- * With a GPU (the lead's run) the same on cuda, timed by events: there the
- * ops' device intervals lie one after another on the compute stream between
- * the window's first and last event, so the bound adds only the events'
- * resolution (about 0.5 us each, 1 us allowed per op); each layer's ops come
- * the same number of times each step. The kernels section there: available,
- * kernels every step, the kernel-active time within the window (both unions
- * of the same integer-ns records, divided alike), the compute stream among
- * the streams, and an "X" event in the trace per kernel of the window on a
- * stream track. And profile --graph on cuda: no op timed, the CUPTI kernels
- * of the window launched by fewer calls than half their number (one graph
- * launch a step, where the eager run launches each), a kernel event per
- * kernel and a "graph" phase span per step in the trace, and the convolutions'
- * and linear layers' FLOPs the eager run's to the bit. */
+ * With a GPU (the lead's run) the same on cuda, with perf.overlap_wgrad on in
+ * the config: the eager run forces it off (each op timed alone) and notes the
+ * config's setting, --graph keeps it. Timed by events there, the ops' device
+ * intervals lie one after another on the compute stream between the window's
+ * first and last event, so the bound adds only the events' resolution (about
+ * 0.5 us each, 1 us allowed per op); each layer's ops come the same number of
+ * times each step. The kernels section there: available, kernels every step,
+ * the kernel-active time within the window (both unions of the same
+ * integer-ns records, divided alike), the compute stream among the streams,
+ * and an "X" event in the trace per kernel of the window on a stream track.
+ * And profile --graph on cuda: no op timed, the CUPTI kernels of the window
+ * launched by fewer calls than half their number (one graph launch a step,
+ * where the eager run launches each), a kernel event per kernel and a "graph"
+ * phase span per step in the trace, and the convolutions' and linear layers'
+ * FLOPs the eager run's to the bit. */
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +59,8 @@ static Config *tiny_config(const char *device) {
     CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
         CHECK_MSG(config_set(c, sets[i], err, sizeof err) == 0, "%s", err);
+    if (strcmp(device, "cuda") == 0) /* the eager run forces it off, --graph keeps it (the CPU has no second stream) */
+        CHECK_MSG(config_set(c, "perf.overlap_wgrad=on", err, sizeof err) == 0, "%s", err);
     return c;
 }
 
@@ -272,6 +276,9 @@ static void check_graph(double eager_flops) {
     Config *c = tiny_config("cuda");
     ProfileReport r;
     profile_run(c, FIRST, LAST, trace, 1, &r);
+    CHECK_MSG(config_bool(c, "perf.overlap_wgrad") == 1 && r.settings.overlap_wgrad == 1,
+              "profile --graph: perf.overlap_wgrad %d in the run, %d noted", config_bool(c, "perf.overlap_wgrad"),
+              r.settings.overlap_wgrad);
     config_free(c);
     const ProfileKernels *k = &r.kernels;
     CHECK(r.graph && r.gpu && r.summary.timed_steps == STEPS && r.n_ops == 0 && r.summary.phase_graph_ms > 0);
@@ -297,6 +304,7 @@ static void check_graph(double eager_flops) {
 /* A config with perf.overlap_wgrad on is profiled with it off; the report says so. */
 static void check_overlap_note(ProfileReport *r) {
     const char *note = "; so was perf.overlap_wgrad (each op timed alone)";
+    int noted = r->settings.overlap_wgrad;
     for (int on = 0; on <= 1; on++) {
         r->settings.overlap_wgrad = on;
         char *text = report_text(r);
@@ -304,7 +312,7 @@ static void check_overlap_note(ProfileReport *r) {
         CHECK_MSG((strstr(text, note) != NULL) == on, "overlap_wgrad %d:\n%s", on, text);
         free(text);
     }
-    r->settings.overlap_wgrad = 0;
+    r->settings.overlap_wgrad = noted;
 }
 
 static double check_device(const char *device) {
@@ -314,8 +322,12 @@ static double check_device(const char *device) {
     Config *c = tiny_config(device);
     ProfileReport r;
     profile_run(c, FIRST, LAST, trace, 0, &r);
+    int gpu = strcmp(device, "cuda") == 0;
+    CHECK_MSG(config_bool(c, "perf.overlap_wgrad") == 0 && r.settings.overlap_wgrad == gpu,
+              "eager profile on %s: perf.overlap_wgrad %d in the run, %d noted", device,
+              config_bool(c, "perf.overlap_wgrad"), r.settings.overlap_wgrad);
     config_free(c);
-    CHECK(r.summary.timed_steps == STEPS && r.dropped == 0 && r.gpu == (strcmp(device, "cuda") == 0));
+    CHECK(r.summary.timed_steps == STEPS && r.dropped == 0 && r.gpu == gpu);
     check_layers(&r);
     check_diagnosis(&r);
     check_overlap_note(&r);

@@ -134,9 +134,11 @@ cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShap
     return backend_graph_conv_pass_op(g, s, BACKEND_CONV_FORWARD, x, w, y, 0.0f);
 }
 
-cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointwiseMode_t mode,
-                                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
-                                                    cudnnBackendDescriptor_t y) {
+/* A pointwise operation computing in fp32: y = mode(x, alpha2 * b) (b NULL
+ * for a unary mode), or for a backward mode dx = mode(dy, x). */
+static cudnnBackendDescriptor_t pointwise(BackendGraph *g, cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                                          cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t y, float alpha2,
+                                          cudnnBackendDescriptor_t dy) {
     cudnnDataType_t prec = CUDNN_DATA_FLOAT;
     cudnnBackendDescriptor_t pw = backend_graph_part(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     SET_ATTR(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
@@ -145,10 +147,33 @@ cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointw
     cudnnBackendDescriptor_t op = backend_graph_part(g, CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
     SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
     SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
-    if (b) SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
-    SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    if (dy) {
+        SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &dy);
+        SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    } else {
+        if (b) SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+        SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+        if (alpha2 != 1.0f) SET_ATTR(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &alpha2);
+    }
     CUDNN_CHECK(cudnnBackendFinalize(op));
     return op;
+}
+
+cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointwiseMode_t mode,
+                                                    cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                                    cudnnBackendDescriptor_t y) {
+    return pointwise(g, mode, x, b, y, 1.0f, NULL);
+}
+
+cudnnBackendDescriptor_t backend_graph_sub_op(BackendGraph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                              cudnnBackendDescriptor_t y) {
+    return pointwise(g, CUDNN_POINTWISE_ADD, x, b, y, -1.0f, NULL);
+}
+
+cudnnBackendDescriptor_t backend_graph_pointwise_backward_op(BackendGraph *g, cudnnPointwiseMode_t mode,
+                                                             cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t x,
+                                                             cudnnBackendDescriptor_t dx) {
+    return pointwise(g, mode, x, NULL, dx, 1.0f, dy);
 }
 
 bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int count) {

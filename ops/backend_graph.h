@@ -39,8 +39,8 @@
 extern "C" {
 #endif
 
-#define BACKEND_GRAPH_MAX_PARTS 24
-#define BACKEND_GRAPH_MAX_TENSORS 8
+#define BACKEND_GRAPH_MAX_PARTS 40
+#define BACKEND_GRAPH_MAX_TENSORS 16
 #define BACKEND_GRAPH_ALIGNMENT 16
 #define BACKEND_GRAPH_BENCHMARK_PLANS 16
 #define BACKEND_GRAPH_TIMING_RUNS 3
@@ -89,6 +89,14 @@ cudnnBackendDescriptor_t backend_graph_conv_op(BackendGraph *g, const Conv2dShap
 cudnnBackendDescriptor_t backend_graph_pointwise_op(BackendGraph *g, cudnnPointwiseMode_t mode,
                                                     cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
                                                     cudnnBackendDescriptor_t y);
+/* y = x - b in fp32: cuDNN's ADD with alpha2 = -1, the form its batch-norm
+ * backward pattern takes (conv_dgrad_dbn). */
+cudnnBackendDescriptor_t backend_graph_sub_op(BackendGraph *g, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                              cudnnBackendDescriptor_t y);
+/* dx = mode(dy, x) in fp32 for a backward mode (RELU_BWD: dy where x > 0). */
+cudnnBackendDescriptor_t backend_graph_pointwise_backward_op(BackendGraph *g, cudnnPointwiseMode_t mode,
+                                                             cudnnBackendDescriptor_t dy, cudnnBackendDescriptor_t x,
+                                                             cudnnBackendDescriptor_t dx);
 /* The operation graph of ops on the handle, kept in g; false where cuDNN
  * does not take it. */
 bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int count);

@@ -22,6 +22,7 @@
     X(conv_bias_gelu) \
     X(conv_bias_act) \
     X(conv_genstats) \
+    X(conv_dgrad_dbn) \
     X(softmax_xent) \
     X(accuracy) \
     X(cast) \

@@ -47,18 +47,23 @@ typedef struct {
     float *x, *w, *dy, *gamma, *beta, *mean, *invstd;
 } CddInputs;
 
-/* mean and invstd of x per channel, in double, stored as floats. */
+/* Channel c's mean and invstd (biased variance) over the batch, in double. */
+static void channel_statistics(const Conv2dShape *s, const float *x, int c, double *mean, double *invstd) {
+    double m = (double)s->n * cdd_plane(s), sum = 0, sq = 0;
+    for (int n = 0; n < s->n; n++)
+        for (size_t p = 0; p < cdd_plane(s); p++) sum += X_AT(s, x, n, c, p);
+    *mean = sum / m;
+    for (int n = 0; n < s->n; n++)
+        for (size_t p = 0; p < cdd_plane(s); p++) sq += pow(X_AT(s, x, n, c, p) - *mean, 2);
+    *invstd = 1.0 / sqrt(sq / m + CDD_EPS);
+}
+
+/* The saved statistics of x, as floats. */
 static void cdd_statistics(const Conv2dShape *s, CddInputs *in) {
-    double m = (double)s->n * cdd_plane(s);
     for (int c = 0; c < s->c; c++) {
-        double sum = 0, sq = 0;
-        for (int n = 0; n < s->n; n++)
-            for (size_t p = 0; p < cdd_plane(s); p++) sum += X_AT(s, in->x, n, c, p);
-        double mean = sum / m;
-        for (int n = 0; n < s->n; n++)
-            for (size_t p = 0; p < cdd_plane(s); p++) sq += pow(X_AT(s, in->x, n, c, p) - mean, 2);
-        in->mean[c] = (float)mean;
-        in->invstd[c] = (float)(1.0 / sqrt(sq / m + CDD_EPS));
+        double mean, invstd;
+        channel_statistics(s, in->x, c, &mean, &invstd);
+        in->mean[c] = (float)mean, in->invstd[c] = (float)invstd;
     }
 }
 
@@ -169,15 +174,10 @@ static double cdd_loss(void *arg) {
     const Conv2dShape *s = l->s;
     const CddInputs *in = l->in;
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
-    double m = (double)s->n * cdd_plane(s), *act = malloc(sizeof(double) * cdd_x_count(s)), loss = 0;
+    double *act = malloc(sizeof(double) * cdd_x_count(s)), loss = 0;
     for (int c = 0; c < s->c; c++) {
-        double sum = 0, sq = 0;
-        for (int n = 0; n < s->n; n++)
-            for (size_t p = 0; p < cdd_plane(s); p++) sum += X_AT(s, in->x, n, c, p);
-        double mean = sum / m;
-        for (int n = 0; n < s->n; n++)
-            for (size_t p = 0; p < cdd_plane(s); p++) sq += pow(X_AT(s, in->x, n, c, p) - mean, 2);
-        double invstd = 1.0 / sqrt(sq / m + CDD_EPS);
+        double mean, invstd;
+        channel_statistics(s, in->x, c, &mean, &invstd);
         for (int n = 0; n < s->n; n++)
             for (size_t p = 0; p < cdd_plane(s); p++) {
                 double z = (X_AT(s, in->x, n, c, p) - mean) * invstd * in->gamma[c] + in->beta[c];

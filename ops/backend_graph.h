@@ -1,8 +1,8 @@
 /* What the ops built on cuDNN's backend graph API share (conv_bias_act,
- * conv_genstats): a graph's descriptors, the tensors and operations they are
- * built from, the choice of an execution plan by a ConvAlgoPolicy, and its
- * run. Named backend_graph rather than cudnn_graph so that it never shadows
- * cuDNN's own cudnn_graph.h.
+ * conv_genstats, conv_dgrad_dbn): a graph's descriptors, the tensors and
+ * operations they are built from, the choice of an execution plan by a
+ * ConvAlgoPolicy, and its run. Named backend_graph rather than cudnn_graph
+ * so that it never shadows cuDNN's own cudnn_graph.h.
  *
  * An op fills a BackendGraph with backend_graph_tensor and the *_op builders,
  * finalizes the operation graph with backend_graph_build, picks a plan with

@@ -25,9 +25,19 @@
  * only its scale and bias (bn_finalize): its apply pass and its output are
  * gone, in training. Where both graphs have an engine, and under
  * perf.conv_benchmark where the norm's forward and the convolution's forward
- * and filter gradient timed faster that way. On the CPU the pairs and
- * prologues compose the reference ops: no faster, the same wiring, which the
- * tests check. */
+ * and filter gradient timed faster that way.
+ *
+ * And a batch norm + ReLU that only the convolution right after it reads
+ * (a prologue or not) runs its backward in that convolution's data gradient
+ * (ops/conv_dgrad_dbn: the data gradient, the ReLU's mask recomputed from
+ * the norm's input, the norm's reductions in one cuDNN graph, then one pass
+ * making dx): the norm's reduction pass over dy and x is gone. Under
+ * perf.overlap_wgrad the filter gradient is forked first and runs beside it,
+ * the op taking a workspace of its own. Where an engine takes the graph, and
+ * under perf.conv_benchmark where the two layers' backward timed faster so.
+ *
+ * On the CPU the pairs, prologues and data gradients compose the reference
+ * ops: no faster, the same wiring, which the tests check. */
 #include "models/layers.h"
 
 #include <stdio.h>
@@ -77,16 +87,32 @@ static void reserve_workspace(Model *m, const ConvGenStats *op) {
     if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
 }
 
-/* The conv that may take batch norm i (+ its ReLU) as its prologue: a fused
- * pair's, reading the ReLU's output alone, right after it; -1: none. */
-static int prologue_conv(const Model *m, int i) {
+/* The conv right after batch norm i and its fused ReLU, alone in reading the ReLU's output; -1: none. */
+static int norm_relu_conv(const Model *m, int i) {
     if (i + 2 >= m->n_layers) return -1;
     const Layer *bn = &m->layers[i], *relu = &m->layers[i + 1], *conv = &m->layers[i + 2];
-    int ok = bn->kind == LAYER_BATCHNORM && bn->stats_by_conv && bn->fused_act == BN_ACT_RELU &&
-             bn->add_layer < 0 && bn->pool_layer < 0 && relu->kind == LAYER_RELU && relu->in == bn->out &&
-             relu->fused && conv->kind == LAYER_CONV && conv->in == relu->out && conv->genstats &&
-             !conv->input_form && m->acts[relu->out].consumers == 1;
+    int ok = bn->kind == LAYER_BATCHNORM && bn->fused_act == BN_ACT_RELU && bn->add_layer < 0 &&
+             bn->pool_layer < 0 && relu->kind == LAYER_RELU && relu->in == bn->out && relu->fused &&
+             conv->kind == LAYER_CONV && conv->in == relu->out && !conv->input_form &&
+             m->acts[relu->out].consumers == 1;
     return ok ? i + 2 : -1;
+}
+
+/* The conv that may take batch norm i (+ its ReLU) as its prologue: a fused pair's; -1: none. */
+static int prologue_conv(const Model *m, int i) {
+    int j = norm_relu_conv(m, i);
+    return j >= 0 && m->layers[i].stats_by_conv && m->layers[j].genstats ? j : -1;
+}
+
+/* A plain conv (no bias, no fused epilogue or pool) in the norm's checkpoint
+ * block (whose input its backward reads), past the frozen layers. */
+int graph_fusion_dbn_conv(const Model *m, int i) {
+    int j = norm_relu_conv(m, i);
+    if (j < 0) return -1;
+    const Layer *bn = &m->layers[i], *conv = &m->layers[j];
+    int ok = !conv->b_count && !conv->fused && !conv->whitening && conv->pool_layer < 0 && bn->block == conv->block &&
+             bn->in > 0 && i >= m->frozen_layers;
+    return ok ? j : -1;
 }
 
 /* The prologue form of batch norm i's conv, kept aside for choose where its two graphs have an engine. */
@@ -104,6 +130,37 @@ static void plan_prologue(Model *m, int i) {
     }
     conv->prologue_genstats = op;
     reserve_workspace(m, op);
+}
+
+/* Conv j's data gradient with batch norm i's backward, where an engine takes its graph. */
+static void plan_dgrad_dbn(Model *m, int i) {
+    int j = graph_fusion_dbn_conv(m, i);
+    if (j < 0) return;
+    Layer *bn = &m->layers[i], *conv = &m->layers[j];
+    ConvDgradDbn *op = malloc(sizeof *op);
+    if (!op) TC_FATAL("out of host memory planning model.fuse = graphs");
+    conv_dgrad_dbn_init(&m->ops, op, &conv->conv.shape, &m->conv_policy);
+    if (m->device == DEVICE_CUDA && !conv_dgrad_dbn_fused(op)) {
+        log_info("layer %d %s + ReLU backward: apart from layer %d %s's data gradient (no cuDNN engine takes the "
+                 "graph)", i, bn->name, j, conv->name);
+        conv_dgrad_dbn_destroy(&m->ops, op);
+        free(op);
+        return;
+    }
+    conv->dgrad_dbn = op;
+    conv->dbn_layer = i;
+    bn->backward_by_conv = 1;
+    size_t bytes = conv_dgrad_dbn_workspace_bytes(&m->ops, op);
+    size_t *reserved = m->overlap_wgrad ? &m->dgrad_dbn_workspace_bytes : &m->workspace_bytes;
+    if (bytes > *reserved) *reserved = bytes;
+}
+
+static void dgrad_dbn_free(Model *m, Layer *conv) {
+    conv_dgrad_dbn_destroy(&m->ops, conv->dgrad_dbn);
+    free(conv->dgrad_dbn);
+    conv->dgrad_dbn = NULL;
+    m->layers[conv->dbn_layer].backward_by_conv = 0;
+    conv->dbn_layer = -1;
 }
 
 void graph_fusion_plan(Model *m) {
@@ -132,6 +189,7 @@ void graph_fusion_plan(Model *m) {
         reserve_workspace(m, op);
     }
     for (int i = 0; i + 2 < m->n_layers; i++) plan_prologue(m, i);
+    for (int i = 0; i + 2 < m->n_layers; i++) plan_dgrad_dbn(m, i);
 }
 
 /* Two layers of the model, for a timing of run. */
@@ -152,6 +210,14 @@ static void prologue_step(const Timed *t) {
     layer_kinds[LAYER_BATCHNORM].forward(t->m, t->a);
     layer_kinds[LAYER_CONV].forward(t->m, t->b);
     layer_kinds[LAYER_CONV].backward(t->m, t->b);
+}
+
+/* A conv's backward and the batch norm's before it, its filter gradient joined: the norm's in the conv's data
+ * gradient while the flags say so. */
+static void dgrad_dbn_step(const Timed *t) {
+    layer_kinds[LAYER_CONV].backward(t->m, t->b);
+    layer_kinds[LAYER_BATCHNORM].backward(t->m, t->a);
+    layer_wgrad_join(t->m);
 }
 
 #if TRAINC_CUDA
@@ -201,10 +267,11 @@ static void fill_timing_inputs(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         const Activation *in = &m->acts[l->in];
+        if (l->prologue_genstats || l->dgrad_dbn) /* the dy of the backward timed */
+            op_fill_random(&m->ops, grad_of(m, l->out), act_floats(m, l->out) * esize);
         if (!l->genstats) continue;
         if (in->value) op_fill_random(&m->ops, in->value, act_floats(m, l->in) * esize);
         else op_fill_random(&m->ops, m->input_f32, model_input_floats(m) * sizeof(float)); /* read by its form */
-        if (l->prologue_genstats) op_fill_random(&m->ops, grad_of(m, l->out), act_floats(m, l->out) * esize);
     }
 }
 
@@ -282,6 +349,61 @@ static void log_prologues(const Model *m) {
                  taken, candidates);
 }
 
+/* Batch norm i's backward in or out of conv j's data gradient. */
+static void dgrad_dbn_swap(Model *m, ConvDgradDbn **kept, int i, int j) {
+    Layer *conv = &m->layers[j];
+    ConvDgradDbn *other = conv->dgrad_dbn;
+    conv->dgrad_dbn = *kept, *kept = other;
+    m->layers[i].backward_by_conv = conv->dgrad_dbn != NULL;
+}
+
+static float dgrad_dbn_time_us(Model *m, int i, int j) {
+    Timed t = {m, &m->layers[i], &m->layers[j], dgrad_dbn_step};
+    return time_us(&t);
+}
+
+/* Conv j's data gradient with batch norm i's backward, under benchmark where
+ * the two layers' backward (the filter gradient as training runs it, joined)
+ * timed faster so, after their forward on the model's buffers. */
+static void choose_dgrad_dbn(Model *m, int j, int benchmark) {
+    Layer *conv = &m->layers[j];
+    int i = conv->dbn_layer;
+    Layer *bn = &m->layers[i];
+    if (!benchmark) {
+        log_info("layer %d %s + ReLU backward: in layer %d %s's data gradient (%s)", i, bn->name, j, conv->name,
+                 m->device == DEVICE_CUDA ? "cuDNN graph; not timed: perf.conv_benchmark off"
+                                          : "the CPU composes the reference ops");
+        return;
+    }
+    if (bn->stats_by_conv) layer_kinds[LAYER_CONV].forward(m, &m->layers[i - 1]);
+    layer_kinds[LAYER_BATCHNORM].forward(m, bn);
+    layer_kinds[LAYER_CONV].forward(m, conv);
+    ConvDgradDbn *kept = NULL;
+    float fused_us = dgrad_dbn_time_us(m, i, j);
+    dgrad_dbn_swap(m, &kept, i, j);
+    float apart_us = dgrad_dbn_time_us(m, i, j);
+    dgrad_dbn_swap(m, &kept, i, j);
+    float both[2] = {fused_us, apart_us};
+    conv_policy_agree(&m->conv_policy, both, 2);
+    int keep = both[0] < both[1];
+    log_info("layer %d %s + ReLU backward: %s layer %d %s's data gradient, the two layers' backward %.1f us so "
+             "against %.1f us apart",
+             i, bn->name, keep ? "in" : "apart (slower) from", j, conv->name, both[0], both[1]);
+    if (!keep) dgrad_dbn_free(m, conv);
+}
+
+static void log_dgrad_dbns(const Model *m) {
+    int candidates = 0, taken = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        candidates += graph_fusion_dbn_conv(m, i) >= 0;
+        taken += m->layers[i].backward_by_conv;
+    }
+    if (candidates)
+        log_info("model.fuse = graphs: %d of %d batch norms + ReLU before a convolution run their backward in its "
+                 "data gradient",
+                 taken, candidates);
+}
+
 void graph_fusion_choose(Model *m) {
     int benchmark = m->conv_policy.benchmark && m->device == DEVICE_CUDA, training = m->training;
     int overlap_wgrad = m->overlap_wgrad;
@@ -317,14 +439,19 @@ void graph_fusion_choose(Model *m) {
             m->layers[i].prologue_genstats = NULL;
         }
     }
+    m->overlap_wgrad = overlap_wgrad; /* each timing joins its fork, and the op has its own workspace */
+    for (int j = 0; j < m->n_layers; j++)
+        if (m->layers[j].dgrad_dbn) choose_dgrad_dbn(m, j, benchmark);
     m->recomputing = 0;
     m->training = training;
-    m->overlap_wgrad = overlap_wgrad;
     log_pairs(m);
     log_prologues(m);
+    log_dgrad_dbns(m);
 }
 
 void graph_fusion_destroy(Model *m) {
     for (int i = 0; i + 1 < m->n_layers; i++)
         if (m->layers[i].genstats) pair_split(m, &m->layers[i], &m->layers[i + 1]);
+    for (int j = 0; j < m->n_layers; j++)
+        if (m->layers[j].dgrad_dbn) dgrad_dbn_free(m, &m->layers[j]);
 }

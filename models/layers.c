@@ -26,12 +26,15 @@ static void *bn_bias_of(const Model *m, const Layer *bn) {
     return element(m, m->bn_coef, bn->stat_off + (size_t)bn->bn.shape.c);
 }
 
+static BatchNormParams bn_params(const Model *m, const Layer *l);
+
 /* ---- convolution: fused, the bias and the ReLU after it (bias_relu), or in
  * the max-pool after it (bias_by_pool); the input's, with the ReLU and the
  * max-pool too (pool_layer: conv_bias_relu_pool), or on copies of the image
  * and filters in another form (input_form); a whitening one, the bias and the
  * GELU after it (conv_bias_gelu); under model.fuse = graphs, the next batch
- * norm's sums (genstats) and the previous one's apply + ReLU (prologue_bn) ---- */
+ * norm's sums (genstats), the previous one's apply + ReLU (prologue_bn) and
+ * their backward (dgrad_dbn) ---- */
 
 static void conv_forward(Model *m, const Layer *l) {
     const Conv2dShape *s = &l->conv.shape;
@@ -71,7 +74,7 @@ static void conv_forward(Model *m, const Layer *l) {
  * wgrad_fork returns, the side stream's (waiting first for what the compute
  * stream has queued: dy is final), while the compute stream goes on with the
  * layers before it; wgrad_forked marks it pending, and model_backward joins
- * it back (wgrad_join) before the next layer that layer_joins_wgrad names.
+ * it back (layer_wgrad_join) before the next layer that layer_joins_wgrad names.
  * Off, the context is the model's own and nothing forks. */
 static OpContext wgrad_fork(Model *m) {
     OpContext side = m->ops;
@@ -92,6 +95,32 @@ static void wgrad_forked(Model *m) {
 
 int layer_joins_wgrad(const Layer *l) {
     return l->kind != LAYER_BATCHNORM && l->kind != LAYER_RELU && l->kind != LAYER_ADD;
+}
+
+/* The filter gradient, and the bias's, beside on the side stream under
+ * perf.overlap_wgrad; through the prologue from the norm's input where the conv applies one. */
+static void conv_filter_backward(Model *m, const Layer *l, const void *dy, void *dw, void *db) {
+    OpContext filter_ctx = wgrad_fork(m);
+    if (l->prologue_bn >= 0) {
+        const Layer *bn = &m->layers[l->prologue_bn];
+        conv_genstats_backward_filter(&filter_ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn),
+                                      dy, dw);
+    } else {
+        conv2d_backward(&filter_ctx, &l->conv, x_of(m, l), w_of(m, l), dy, NULL, dw, db, 0);
+    }
+    wgrad_forked(m);
+}
+
+/* The data gradient with the batch norm + ReLU before the conv's backward:
+ * the norm's input gradient and its parameters'. Its own workspace where
+ * the filter gradient may run beside it. */
+static void conv_dgrad_dbn_layer_backward(Model *m, const Layer *l, const void *dy) {
+    const Layer *bn = &m->layers[l->dbn_layer];
+    BatchNormParams p = bn_params(m, bn);
+    OpContext ctx = m->ops;
+    if (m->dgrad_dbn_workspace) ctx.workspace = m->dgrad_dbn_workspace;
+    conv_dgrad_dbn_backward(&ctx, l->dgrad_dbn, w_of(m, l), dy, x_of(m, bn), &p, grad_of(m, bn->in),
+                            bn->dx_accumulate[0], element(m, m->grads, bn->w_off), element(m, m->grads, bn->b_off));
 }
 
 static void conv_backward(Model *m, const Layer *l) {
@@ -117,20 +146,14 @@ static void conv_backward(Model *m, const Layer *l) {
         input_form_backward(m, l, dy, dw, db);
         return;
     }
-    if (l->prologue_bn >= 0) { /* the data gradient at the prologue's output; the filter's from the norm's input */
-        const Layer *bn = &m->layers[l->prologue_bn];
-        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, acc);
-        OpContext filter_ctx = wgrad_fork(m);
-        conv_genstats_backward_filter(&filter_ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn),
-                                      dy, dw);
-        wgrad_forked(m);
+    if (l->dgrad_dbn) { /* the filter gradient first, so that under overlap_wgrad the two run side by side */
+        conv_filter_backward(m, l, dy, dw, db);
+        conv_dgrad_dbn_layer_backward(m, l, dy);
         return;
     }
-    if (!l->fused && m->overlap_wgrad) { /* the data gradient here, the filter's and the bias's beside */
+    if (l->prologue_bn >= 0 || (!l->fused && m->overlap_wgrad)) { /* the data gradient here, the filter's beside */
         conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, acc);
-        OpContext filter_ctx = wgrad_fork(m);
-        conv2d_backward(&filter_ctx, &l->conv, x_of(m, l), w_of(m, l), dy, NULL, dw, db, 0);
-        wgrad_forked(m);
+        conv_filter_backward(m, l, dy, dw, db);
         return;
     }
     if (!l->fused) {
@@ -267,6 +290,7 @@ static int relu_in_bn_backward(const Layer *add) {
 }
 
 static void batchnorm_layer_backward(Model *m, const Layer *l) {
+    if (l->backward_by_conv) return;
     BatchNormParams p = bn_params(m, l);
     BatchNormAct act = l->fused_act;
     const void *y = l->by_conv_prologue ? NULL : y_of(m, l); /* never written: the ReLU's mask recomputed */
@@ -409,7 +433,7 @@ static void grads_queued(Model *m, size_t w_off) {
     if (m->grads_ready && !m->wgrad_pending) m->grads_ready(m->grads_ready_ctx, w_off);
 }
 
-static void wgrad_join(Model *m) {
+void layer_wgrad_join(Model *m) {
     if (!m->wgrad_pending) return;
     gpu_wait_event(m->ops.stream, m->wgrad_done_event);
     m->wgrad_pending = 0;
@@ -422,12 +446,12 @@ void model_backward(Model *m) {
         int block_end = l->block >= 0 && (i == m->n_layers - 1 || m->layers[i + 1].block != l->block);
         /* The last block's inside is still in place from the forward pass. */
         int recompute = m->checkpoint && block_end && l->block != m->n_blocks - 1;
-        if (recompute || layer_joins_wgrad(l)) wgrad_join(m);
+        if (recompute || layer_joins_wgrad(l)) layer_wgrad_join(m);
         if (recompute) recompute_block(m, i);
         layer_backward(m, l);
         if (l->w_count) grads_queued(m, l->w_off);
     }
-    wgrad_join(m);
+    layer_wgrad_join(m);
     /* The frozen prefix's gradients stay as zeroed: final too. */
     if (m->grads_ready && m->frozen_layers > 0) m->grads_ready(m->grads_ready_ctx, 0);
 }

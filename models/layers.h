@@ -30,17 +30,24 @@ extern const OpHooks layer_nvtx_hooks;
  * writes (its dy stays in its buffer until the join: plan_grad_slots); any
  * other layer's may. */
 int layer_joins_wgrad(const Layer *l);
+/* Joins a filter gradient forked to the side stream, if one is pending (model_backward; start-up timings). */
+void layer_wgrad_join(Model *m);
 
 /* model.fuse = graphs (models/graph_fusion.c): plan builds each
  * convolution-before-batch-norm pair's fused graph where an engine takes it,
- * and each batch norm + ReLU's prologue form of the conv after it (before
- * the buffers: they size the workspace); choose, with the buffers carved and
- * before the parameters are set, times them under perf.conv_benchmark and
- * keeps the faster way of each; destroy frees them. On the CPU every pair
- * and prologue is taken, composed of the reference ops. */
+ * each batch norm + ReLU's prologue form of the conv after it, and that
+ * conv's data gradient with the norm's backward (before the buffers: they
+ * size the workspaces); choose, with the buffers carved and before the
+ * parameters are set, times them under perf.conv_benchmark and keeps the
+ * faster way of each; destroy frees them. On the CPU every one is taken,
+ * composed of the reference ops. */
 void graph_fusion_plan(Model *m);
 void graph_fusion_choose(Model *m);
 void graph_fusion_destroy(Model *m);
+/* The conv whose data gradient may run batch norm i's backward and its
+ * ReLU's (conv_dgrad_dbn), or -1. It then writes the norm's input gradient
+ * at its own backward time, which plan_grad_slots must know. */
+int graph_fusion_dbn_conv(const Model *m, int i);
 
 /* model.fuse (models/input_form.c), GPU: a convolution over the input image
  * run on copies of the image and its filters in another form. plan (after

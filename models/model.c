@@ -51,6 +51,7 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->pool_layer = -1;
     l->add_layer = -1;
     l->prologue_bn = -1;
+    l->dbn_layer = -1;
     l->block = m->open_block;
     snprintf(l->name, sizeof l->name, "%s %d", layer_kinds[kind].name, m->n_layers - 1);
     return l;
@@ -376,6 +377,10 @@ static void plan_grad_slots(Model *m) {
         const Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) touch(first, last, group_of(parent, l->out), wgrad_join_time(m, i));
     }
+    for (int i = 0; m->fuse_graphs && i < m->n_layers; i++) { /* written by the conv after the norm, earlier */
+        int j = graph_fusion_dbn_conv(m, i);
+        if (j >= 0) touch(first, last, group_of(parent, m->layers[i].in), m->n_layers - 1 - j);
+    }
     size_t need[MODEL_MAX_ACTS] = {0};
     int in_value[MODEL_MAX_ACTS] = {0};
     for (int a = 1; a < m->n_acts; a++) {
@@ -612,6 +617,9 @@ static void carve_buffers(Model *m, Arena *a) {
     for (int s = 0; s < m->n_grad_slots; s++)
         m->act_grads[s] = arena_alloc(a, m->act_grad_floats[s] * esize, "activation gradients");
     m->workspace = m->workspace_bytes ? arena_alloc(a, m->workspace_bytes, "cuDNN workspace") : NULL;
+    m->dgrad_dbn_workspace = m->dgrad_dbn_workspace_bytes
+                                 ? arena_alloc(a, m->dgrad_dbn_workspace_bytes, "dgrad + batch-norm backward workspace")
+                                 : NULL;
     m->bn_scratch = m->bn_scratch_bytes ? arena_alloc(a, m->bn_scratch_bytes, "batch-norm scratch") : NULL;
     for (int i = 0; i < m->n_layers; i++) { /* a fused max-pool runs bias_relu_pool instead */
         Layer *l = &m->layers[i];

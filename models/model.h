@@ -21,6 +21,7 @@
 
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
+#include "ops/conv_dgrad_dbn.h"
 #include "ops/conv_genstats.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
@@ -75,6 +76,10 @@ typedef struct {
                              (scale and bias at bn_coef + the norm's stat_off); -1: none */
     int by_conv_prologue; /* batch norm + ReLU: the conv after it applies it (prologue_bn); training
                              computes only its scale and bias (bn_finalize) and never writes its output */
+    ConvDgradDbn *dgrad_dbn; /* conv (model.fuse = graphs): its data gradient runs the backward of the batch
+                             norm + ReLU before it (dbn_layer) in one cuDNN graph (ops/conv_dgrad_dbn); NULL: none */
+    int dbn_layer;        /* conv with dgrad_dbn: that batch norm; -1: none */
+    int backward_by_conv; /* batch norm + ReLU: the conv after it runs its backward (dgrad_dbn); it runs nothing */
     int add_layer;        /* batch norm (model.fuse): the add right after it, which alone reads its output,
                              whose sum (and fused ReLU) its pass writes into the add's output; -1: none */
     int by_bn;            /* add: the batch norm before it computes it (add_layer); maxpool: the batch norm
@@ -216,6 +221,9 @@ typedef struct {
     void *bn_allreduce_ctx;
     void *workspace;      /* cuDNN workspace shared by all convolutions */
     size_t workspace_bytes;
+    void *dgrad_dbn_workspace; /* the convs' dgrad_dbn under overlap_wgrad, where it runs beside a filter gradient
+                             that uses workspace; NULL: workspace serves them too */
+    size_t dgrad_dbn_workspace_bytes;
     void *bn_scratch;     /* shared by the batch norms' reductions */
     size_t bn_scratch_bytes;
 

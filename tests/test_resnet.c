@@ -162,12 +162,16 @@ static float *resnet18_gradients(int checkpoint, GpuContext *gpu, int batch, con
     m.overlap_wgrad = checkpoint >> 3;     /* 8: filter gradients on the side stream (GPU) */
     m.conv_policy.deterministic = 1;
     model_finalize(&m, gpu, 11);
-    if (m.fuse_graphs && !gpu) { /* the CPU takes every pair and prologue: ResNet-18's 20 and 8 */
-        int pairs = 0, prologues = 0;
-        for (int i = 0; i < m.n_layers; i++)
-            pairs += m.layers[i].stats_by_conv, prologues += m.layers[i].prologue_bn >= 0;
-        CHECK_MSG(pairs == 20 && prologues == 8, "cpu resnet18 model.fuse = graphs: %d pairs, %d prologues", pairs,
-                  prologues);
+    if (m.fuse_graphs && !gpu) { /* the CPU takes every pair, prologue and norm's backward: 20, 8 and 8 */
+        int pairs = 0, prologues = 0, dgrads = 0;
+        for (int i = 0; i < m.n_layers; i++) {
+            const Layer *l = &m.layers[i];
+            pairs += l->stats_by_conv, prologues += l->prologue_bn >= 0;
+            dgrads += l->dgrad_dbn && m.layers[l->dbn_layer].backward_by_conv && l->dbn_layer == i - 2;
+        }
+        CHECK_MSG(pairs == 20 && prologues == 8 && dgrads == 8,
+                  "cpu resnet18 model.fuse = graphs: %d pairs, %d prologues, %d norms' backward in a data gradient",
+                  pairs, prologues, dgrads);
     }
     float *g = gradients(&m, gpu, x, labels, logits);
     *n = m.n_params;
@@ -237,18 +241,25 @@ static void check_graph_fusion_cpu(int batch, const float *x, const int32_t *lab
 /* ResNet-50's plan under model.fuse = graphs on the CPU: each of its 53
  * convolutions before a batch norm sums that norm's input, and each
  * bottleneck's first two norms + ReLU (32) are the next convolution's
- * prologue; the others' outputs are read by more than one layer or by an add. */
+ * prologue and run their backward in its data gradient; the others' outputs
+ * are read by more than one layer or by an add. */
 static void check_graph_fusion_plan_resnet50(void) {
     Model m;
     char err[256];
     CHECK(model_build(&m, "resnet50", 2, 32, 10, 0, err, sizeof err) == 0);
     m.fuse = m.fuse_graphs = 1;
     model_finalize(&m, NULL, 11);
-    int pairs = 0, prologues = 0;
-    for (int i = 0; i < m.n_layers; i++) pairs += m.layers[i].stats_by_conv, prologues += m.layers[i].by_conv_prologue;
-    CHECK_MSG(pairs == 53 && prologues == 32, "cpu resnet50 model.fuse = graphs: %d pairs, %d prologues", pairs,
-              prologues);
-    printf("cpu resnet50 model.fuse = graphs: %d pairs, %d prologues\n", pairs, prologues);
+    int pairs = 0, prologues = 0, dgrads = 0;
+    for (int i = 0; i < m.n_layers; i++) {
+        const Layer *l = &m.layers[i];
+        pairs += l->stats_by_conv, prologues += l->by_conv_prologue;
+        dgrads += l->backward_by_conv && m.layers[i + 2].dgrad_dbn && m.layers[i + 2].dbn_layer == i;
+    }
+    CHECK_MSG(pairs == 53 && prologues == 32 && dgrads == 32,
+              "cpu resnet50 model.fuse = graphs: %d pairs, %d prologues, %d norms' backward in a data gradient", pairs,
+              prologues, dgrads);
+    printf("cpu resnet50 model.fuse = graphs: %d pairs, %d prologues, %d norms' backward in a data gradient\n", pairs,
+           prologues, dgrads);
     model_destroy(&m);
 }
 

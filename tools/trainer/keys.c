@@ -116,9 +116,12 @@ const CfgKeySpec trainc_keys[] = {
      "where an engine takes the shape and, under perf.conv_benchmark, where it times faster at start-up; then a "
      "batch norm + ReLU that only such a convolution reads becomes its prologue (the convolution applies scale, "
      "bias and ReLU to the norm's input as it loads it, forward and filter gradient, and the norm's output is "
-     "never written) where engines take both graphs and, under perf.conv_benchmark, where it times faster; the "
-     "log names each choice (not with dist.sync_bn or perf.deterministic on the GPU; on the CPU every pair and "
-     "prologue is taken, composed of the reference ops)", 0},
+     "never written) where engines take both graphs and, under perf.conv_benchmark, where it times faster; and "
+     "a batch norm + ReLU that only the convolution after it reads runs its backward in that convolution's data "
+     "gradient (one cuDNN graph, then one pass making dx) where an engine takes it and, under "
+     "perf.conv_benchmark, where the two layers' backward times faster; the log names each choice (not with "
+     "dist.sync_bn or perf.deterministic on the GPU; on the CPU every pair, prologue and backward is taken, "
+     "composed of the reference ops)", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,

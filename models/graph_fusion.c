@@ -31,7 +31,9 @@
  * (a prologue or not) runs its backward in that convolution's data gradient
  * (ops/conv_dgrad_dbn: the data gradient, the ReLU's mask recomputed from
  * the norm's input, the norm's reductions in one cuDNN graph, then one pass
- * making dx): the norm's reduction pass over dy and x is gone. Under
+ * making dx over dz): the norm's reduction pass over dy and x is gone. The
+ * norm's input and output gradients share one buffer, so that either way
+ * takes no more memory (apart, the norm's backward runs in place). Under
  * perf.overlap_wgrad the filter gradient is forked first and runs beside it,
  * the op taking a workspace of its own. Where an engine takes the graph, and
  * under perf.conv_benchmark where the two layers' backward timed faster so.
@@ -105,13 +107,14 @@ static int prologue_conv(const Model *m, int i) {
 }
 
 /* A plain conv (no bias, no fused epilogue or pool) in the norm's checkpoint
- * block (whose input its backward reads), past the frozen layers. */
+ * block (whose input its backward reads), past the frozen layers; the norm's
+ * input gradient written, not added to. */
 int graph_fusion_dbn_conv(const Model *m, int i) {
     int j = norm_relu_conv(m, i);
     if (j < 0) return -1;
     const Layer *bn = &m->layers[i], *conv = &m->layers[j];
     int ok = !conv->b_count && !conv->fused && !conv->whitening && conv->pool_layer < 0 && bn->block == conv->block &&
-             bn->in > 0 && i >= m->frozen_layers;
+             bn->in > 0 && i >= m->frozen_layers && !bn->dx_accumulate[0];
     return ok ? j : -1;
 }
 
@@ -150,7 +153,7 @@ static void plan_dgrad_dbn(Model *m, int i) {
     conv->dgrad_dbn = op;
     conv->dbn_layer = i;
     bn->backward_by_conv = 1;
-    size_t bytes = conv_dgrad_dbn_workspace_bytes(&m->ops, op);
+    size_t bytes = conv_dgrad_dbn_workspace_bytes(&m->ops, op, 0);
     size_t *reserved = m->overlap_wgrad ? &m->dgrad_dbn_workspace_bytes : &m->workspace_bytes;
     if (bytes > *reserved) *reserved = bytes;
 }

@@ -45,8 +45,9 @@ void graph_fusion_plan(Model *m);
 void graph_fusion_choose(Model *m);
 void graph_fusion_destroy(Model *m);
 /* The conv whose data gradient may run batch norm i's backward and its
- * ReLU's (conv_dgrad_dbn), or -1. It then writes the norm's input gradient
- * at its own backward time, which plan_grad_slots must know. */
+ * ReLU's (conv_dgrad_dbn), or -1. The norm's input and output gradients then
+ * share a buffer (plan_grad_slots): the conv writes dz there and makes dx
+ * over it, or, apart, the norm's backward runs in place. */
 int graph_fusion_dbn_conv(const Model *m, int i);
 
 /* model.fuse (models/input_form.c), GPU: a convolution over the input image

@@ -364,6 +364,8 @@ static void plan_grad_slots(Model *m) {
         if ((l->kind == LAYER_RELU || (l->kind == LAYER_GELU && l->fused)) && l->in > 0)
             join_groups(parent, l->in, l->out);
         if (l->kind == LAYER_ADD) plan_add_aliases(m, i, parent);
+        /* A norm whose backward the conv after it may run (dx made over dz, in place); apart, it runs in place. */
+        if (m->fuse_graphs && graph_fusion_dbn_conv(m, i) >= 0) join_groups(parent, l->in, l->out);
     }
     touch(first, last, group_of(parent, m->n_acts - 1), -1);
     for (int i = 0; i < m->n_layers; i++) {
@@ -376,10 +378,6 @@ static void plan_grad_slots(Model *m) {
     for (int i = 0; m->overlap_wgrad && i < m->n_layers; i++) { /* a forked filter gradient reads dy until its join */
         const Layer *l = &m->layers[i];
         if (l->kind == LAYER_CONV) touch(first, last, group_of(parent, l->out), wgrad_join_time(m, i));
-    }
-    for (int i = 0; m->fuse_graphs && i < m->n_layers; i++) { /* written by the conv after the norm, earlier */
-        int j = graph_fusion_dbn_conv(m, i);
-        if (j >= 0) touch(first, last, group_of(parent, m->layers[i].in), m->n_layers - 1 - j);
     }
     size_t need[MODEL_MAX_ACTS] = {0};
     int in_value[MODEL_MAX_ACTS] = {0};

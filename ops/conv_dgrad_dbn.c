@@ -31,8 +31,9 @@ void conv_dgrad_dbn_destroy(const OpContext *ctx, ConvDgradDbn *op) {
     if (ctx->device == DEVICE_CUDA) GPU_ONLY(conv_dgrad_dbn_cuda_destroy(&op->cuda));
 }
 
-size_t conv_dgrad_dbn_workspace_bytes(const OpContext *ctx, const ConvDgradDbn *op) {
-    return ctx->device == DEVICE_CUDA ? op->cuda.workspace_bytes : 0;
+size_t conv_dgrad_dbn_workspace_bytes(const OpContext *ctx, const ConvDgradDbn *op, int accumulate_dx) {
+    if (ctx->device != DEVICE_CUDA) return 0;
+    return op->cuda.workspace_bytes + (accumulate_dx ? op->cuda.dz_bytes : 0);
 }
 
 int conv_dgrad_dbn_fused(const ConvDgradDbn *op) { return op->cuda.fused; }

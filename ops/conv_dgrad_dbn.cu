@@ -27,11 +27,11 @@ static size_t round_up(size_t bytes) {
     return (bytes + WORKSPACE_ALIGNMENT - 1) / WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT;
 }
 
-/* One per-channel coefficient's fp32 array in the workspace, after dz. */
+/* One per-channel coefficient's fp32 array in the workspace, from front (after dz where it is there). */
 static size_t coefficient_stride(int channels) { return round_up((size_t)channels * sizeof(float)); }
 
-static float *coefficient(const ConvDgradDbnCuda *c, void *workspace, int which) {
-    return (float *)((char *)workspace + c->dz_bytes + which * coefficient_stride(c->shape.c));
+static float *coefficient(const ConvDgradDbnCuda *c, void *front, int which) {
+    return (float *)((char *)front + which * coefficient_stride(c->shape.c));
 }
 
 /* ---- the graph -------------------------------------------------------------------- */
@@ -172,13 +172,13 @@ void conv_dgrad_dbn_cuda_init(ConvDgradDbnCuda *c, cudnnHandle_t h, const Conv2d
     bool built = count > 0 && backend_graph_build(&c->graph, h, ops, count);
     c->fused = backend_graph_choose_plan(&c->graph, h, policy) && built; /* agrees its timings even where not built */
     if (c->fused) {
-        c->workspace_bytes = c->dz_bytes + CDD_COEFFICIENTS * coefficient_stride(s->c) + c->graph.workspace_bytes;
+        c->workspace_bytes = CDD_COEFFICIENTS * coefficient_stride(s->c) + c->graph.workspace_bytes;
         return;
     }
     BatchNormShape bn = {s->n, s->c, s->h, s->w};
     conv2d_cuda_init(&c->fallback_conv, h, s, dtype, nhwc, policy);
     batchnorm_cuda_init(&c->fallback_bn, h, &bn, dtype, nhwc);
-    c->workspace_bytes = c->dz_bytes + c->fallback_conv.workspace_bytes;
+    c->workspace_bytes = c->fallback_conv.workspace_bytes;
 }
 
 void conv_dgrad_dbn_cuda_destroy(ConvDgradDbnCuda *c) {
@@ -194,25 +194,23 @@ void conv_dgrad_dbn_backward_cuda(const ConvDgradDbnCuda *c, cudnnHandle_t h, co
     const Conv2dShape *s = &c->shape;
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
+    void *dz = accumulate_dx ? workspace : dx; /* else dx is made over dz, in place */
+    char *rest = accumulate_dx ? (char *)workspace + c->dz_bytes : (char *)workspace;
     if (!c->fused) {
-        void *g = workspace;
-        conv2d_backward_ex_cuda(&c->fallback_conv, h, NULL, w, dy, g, NULL, NULL, (char *)workspace + c->dz_bytes,
-                                0);
-        batchnorm_act_backward_cuda(&c->fallback_bn, h, BN_ACT_RELU, x, NULL, g, NULL, p->gamma, p->beta, NULL,
+        conv2d_backward_ex_cuda(&c->fallback_conv, h, NULL, w, dy, dz, NULL, NULL, rest, 0);
+        batchnorm_act_backward_cuda(&c->fallback_bn, h, BN_ACT_RELU, x, NULL, dz, NULL, p->gamma, p->beta, NULL,
                                     p->save_mean, p->save_invstd, dx, accumulate_dx, dgamma, dbeta, grad_dtype,
                                     stream);
         return;
     }
     void *ptrs[CDD_TENSORS] = {(void *)dy, (void *)w, (void *)x, p->save_mean, p->save_invstd, (void *)p->gamma,
-                               (void *)p->beta, workspace};
-    for (int i = 0; i < CDD_COEFFICIENTS; i++) ptrs[CDD_UID_DGAMMA - 1 + i] = coefficient(c, workspace, i);
-    void *plan_workspace = coefficient(c, workspace, CDD_COEFFICIENTS);
-    backend_graph_execute(&c->graph, h, ptrs, plan_workspace);
+                               (void *)p->beta, dz};
+    for (int i = 0; i < CDD_COEFFICIENTS; i++) ptrs[CDD_UID_DGAMMA - 1 + i] = coefficient(c, rest, i);
+    backend_graph_execute(&c->graph, h, ptrs, coefficient(c, rest, CDD_COEFFICIENTS));
     size_t plane = (size_t)s->h * s->w, count = (size_t)s->n * s->c * plane;
-    DISPATCH_FLOAT_DTYPE(c->dtype, launch_apply, workspace, x, coefficient(c, workspace, CDD_A),
-                         coefficient(c, workspace, CDD_B), coefficient(c, workspace, CDD_C), dx, count, s->c, plane,
-                         c->nhwc, accumulate_dx, stream);
+    DISPATCH_FLOAT_DTYPE(c->dtype, launch_apply, dz, x, coefficient(c, rest, CDD_A), coefficient(c, rest, CDD_B),
+                         coefficient(c, rest, CDD_C), dx, count, s->c, plane, c->nhwc, accumulate_dx, stream);
     if (dgamma || dbeta)
-        DISPATCH_FLOAT_DTYPE(grad_dtype, launch_add_params, coefficient(c, workspace, CDD_DGAMMA),
-                             coefficient(c, workspace, CDD_DBETA), dgamma, dbeta, s->c, stream);
+        DISPATCH_FLOAT_DTYPE(grad_dtype, launch_add_params, coefficient(c, rest, CDD_DGAMMA),
+                             coefficient(c, rest, CDD_DBETA), dgamma, dbeta, s->c, stream);
 }

@@ -20,15 +20,16 @@
  *   X - MEAN -> * INVSTD -> * GAMMA -> + BETA -> Z
  *   RELU_BWD (G, Z) -> DZ
  *   BN_BWD_WEIGHTS (DZ, X, MEAN, INVSTD, GAMMA) -> DGAMMA, DBETA, A, B, C
- * G and Z virtual fp32, DZ real in the dtype, the five per-channel outputs
- * fp32, all three in the front of the workspace; then one pass
- * dx = A * dz + B * x + C (or dx += that) and one small kernel adding dgamma
- * and dbeta into the gradient buffers. cuDNN recomputes Z in fp32, as above:
+ * G and Z virtual fp32, DZ real in the dtype (in dx itself; where dx is
+ * added to, in the workspace's front), the five per-channel outputs fp32 in
+ * the workspace; then one pass dx = A * dz + B * x + C, in place (or
+ * dx += that), and one small kernel adding dgamma and dbeta into the
+ * gradient buffers. cuDNN recomputes Z in fp32, as above:
  * its mask may differ from the one the forward stored where Z rounds across
  * 0. Where no engine finalizes the graph (cuDNN runs it on Ampere and Hopper,
  * NHWC f16 or bf16, c and k multiples of 8), or the policy refuses its
- * engines, it falls back: conv2d's data gradient into the workspace's front,
- * then batchnorm_act_backward_cuda. */
+ * engines, it falls back: conv2d's data gradient where dz would go, then
+ * batchnorm_act_backward_cuda. */
 #ifndef TRAINC_OPS_CONV_DGRAD_DBN_H
 #define TRAINC_OPS_CONV_DGRAD_DBN_H
 
@@ -57,8 +58,8 @@ typedef struct {
     int nhwc;
     int fused;              /* 1: the cuDNN graph; 0: the fallback */
     BackendGraph graph;     /* its descriptors and plan */
-    size_t dz_bytes;        /* dz at the workspace's front (the fallback's g) */
-    size_t workspace_bytes; /* dz, the coefficients and the plan's; or the fallback's */
+    size_t dz_bytes;        /* dz at the workspace's front where dx is added to (the fallback's g) */
+    size_t workspace_bytes; /* the coefficients and the plan's, or the fallback's: after dz where it is there */
     Conv2dCuda fallback_conv;  /* initialized only where the graph is not fused */
     BatchNormCuda fallback_bn; /* likewise (its own scratch) */
 } ConvDgradDbnCuda;
@@ -71,13 +72,15 @@ typedef struct {
 
 void conv_dgrad_dbn_init(const OpContext *ctx, ConvDgradDbn *op, const Conv2dShape *s, const ConvAlgoPolicy *policy);
 void conv_dgrad_dbn_destroy(const OpContext *ctx, ConvDgradDbn *op);
-size_t conv_dgrad_dbn_workspace_bytes(const OpContext *ctx, const ConvDgradDbn *op); /* 0 on the CPU */
+/* The workspace backward needs with that accumulate_dx (0 on the CPU): with
+ * accumulate_dx = 0, dz is dx itself, and dx is made over it in place. */
+size_t conv_dgrad_dbn_workspace_bytes(const OpContext *ctx, const ConvDgradDbn *op, int accumulate_dx);
 int conv_dgrad_dbn_fused(const ConvDgradDbn *op); /* 1 when the GPU path is the cuDNN graph */
 /* dy, w, x, dx in ctx->dtype and layout on the GPU (ctx->nhwc: x, dx
  * [n][h][w][c], dy [n][oh][ow][k], w [k][r][s][c]; else NCHW, w [k][c][r][s]);
  * p->gamma, beta, save_mean, save_invstd c floats; dgamma and dbeta c values
  * of ctx->dtype on the GPU, added to. All 16-byte aligned. Runs with
- * ctx->workspace (>= workspace_bytes) on ctx->stream, with no allocation and
+ * ctx->workspace (>= workspace_bytes for accumulate_dx) on ctx->stream, with no allocation and
  * no sync. CPU: fp32 NCHW. */
 void conv_dgrad_dbn_backward(const OpContext *ctx, const ConvDgradDbn *op, const void *w, const void *dy,
                              const void *x, const BatchNormParams *p, void *dx, int accumulate_dx, void *dgamma,

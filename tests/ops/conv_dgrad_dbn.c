@@ -221,7 +221,7 @@ static void cdd_cpu_shape(const GridCase *c, const Conv2dShape *s, int finite_di
     BatchNormParams p = cdd_params(&in);
     ConvDgradDbn op;
     conv_dgrad_dbn_init(&c->ctx, &op, s, &cdd_policy);
-    CHECK(conv_dgrad_dbn_workspace_bytes(&c->ctx, &op) == 0);
+    CHECK(conv_dgrad_dbn_workspace_bytes(&c->ctx, &op, 1) == 0);
     float *dx = host_floats(nx), *dgamma = calloc(s->c, sizeof(float)), *dbeta = calloc(s->c, sizeof(float));
     conv_dgrad_dbn_backward(&c->ctx, &op, in.w, in.dy, in.x, &p, dx, 0, dgamma, dbeta);
     double *want_dx = malloc(sizeof(double) * nx), *want_dgamma = malloc(sizeof(double) * s->c),
@@ -279,7 +279,7 @@ static void cdd_gpu_shape(const GridCase *c, const Conv2dShape *s) {
     ConvDgradDbn op;
     conv_dgrad_dbn_init(&ctx, &op, s, &cdd_policy);
     int fused = conv_dgrad_dbn_fused(&op);
-    size_t ws = conv_dgrad_dbn_workspace_bytes(&ctx, &op);
+    size_t ws = conv_dgrad_dbn_workspace_bytes(&ctx, &op, 1); /* dx is made, then added to */
     printf(" %s: %s, workspace %zu bytes\n", label,
            fused ? "fused cuDNN graph" : "FALLBACK (conv2d's data gradient + batchnorm's backward)", ws);
     ctx.workspace = ws ? dev_bytes(ws) : NULL;

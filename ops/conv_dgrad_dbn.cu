@@ -95,7 +95,8 @@ static int graph_ops(ConvDgradDbnCuda *c, cudnnDataType_t data, cudnnBackendDesc
 
 /* ---- the kernels after the graph ---------------------------------------------------- */
 
-/* dx = a[ch] * dz + b[ch] * x + c[ch] (added to dx with accumulate), VEC
+/* dx = a[ch] * dz + b[ch] * x + c[ch] (added to dx with accumulate; else dz
+ * may be dx, each thread reading its elements before it writes them), VEC
  * elements a thread: one 16-byte access each where the caller found every
  * pointer aligned and the VEC elements in one channel (NCHW) or in VEC
  * channels in a row (NHWC); else VEC = 1. */

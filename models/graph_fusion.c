@@ -352,12 +352,10 @@ static void log_prologues(const Model *m) {
                  taken, candidates);
 }
 
-/* Batch norm i's backward in or out of conv j's data gradient. */
-static void dgrad_dbn_swap(Model *m, ConvDgradDbn **kept, int i, int j) {
-    Layer *conv = &m->layers[j];
-    ConvDgradDbn *other = conv->dgrad_dbn;
-    conv->dgrad_dbn = *kept, *kept = other;
-    m->layers[i].backward_by_conv = conv->dgrad_dbn != NULL;
+/* The norm's backward in the conv's data gradient (op), or apart (NULL). */
+static void dgrad_dbn_set(Model *m, Layer *conv, ConvDgradDbn *op) {
+    conv->dgrad_dbn = op;
+    m->layers[conv->dbn_layer].backward_by_conv = op != NULL;
 }
 
 static float dgrad_dbn_time_us(Model *m, int i, int j) {
@@ -381,11 +379,11 @@ static void choose_dgrad_dbn(Model *m, int j, int benchmark) {
     if (bn->stats_by_conv) layer_kinds[LAYER_CONV].forward(m, &m->layers[i - 1]);
     layer_kinds[LAYER_BATCHNORM].forward(m, bn);
     layer_kinds[LAYER_CONV].forward(m, conv);
-    ConvDgradDbn *kept = NULL;
+    ConvDgradDbn *op = conv->dgrad_dbn;
     float fused_us = dgrad_dbn_time_us(m, i, j);
-    dgrad_dbn_swap(m, &kept, i, j);
+    dgrad_dbn_set(m, conv, NULL);
     float apart_us = dgrad_dbn_time_us(m, i, j);
-    dgrad_dbn_swap(m, &kept, i, j);
+    dgrad_dbn_set(m, conv, op);
     float both[2] = {fused_us, apart_us};
     conv_policy_agree(&m->conv_policy, both, 2);
     int keep = both[0] < both[1];

@@ -27,6 +27,12 @@ is taken as global too unless --trainc-per-rank says rank 0 printed its own rate
 and skipped; its log is kept in --log-dir. With --nccl-debug INFO the transports
 NCCL's channels use ("NET/Socket", "P2P/CUMEM", "SHM") are read from each run's
 output into the table's and the CSV's transport column.
+
+With --each-card each series' 1-GPU case also runs on each of the first max(--gpus)
+cards alone (CUDA_VISIBLE_DEVICES set to that card), before the series, and every
+N-GPU row gets efficiency_cards = samples_per_s(N) / the sum of its N cards' rates
+alone: synchronous training runs at its slowest card's pace, so the cards' own
+spread is told apart from what the exchange costs.
 """
 import argparse
 import csv
@@ -69,6 +75,32 @@ def visible_gpus(names):
     if cvd is not None and cvd.strip() != "":
         return len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"])
     return len(names)
+
+
+def card_ids(names):
+    """The visible cards' CUDA_VISIBLE_DEVICES values, in rank order."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() != "":
+        return [d.strip() for d in cvd.split(",") if d.strip() and d.strip() != "-1"]
+    return [str(i) for i in range(len(names))]
+
+
+def cards_alone(args, name, make, cards, log_dir, tag):
+    """The series' 1-GPU samples/s on each card by itself: {card index: rate}, None where a run failed."""
+    rates = {}
+    for k, card in enumerate(cards):
+        cmd = make(args, 1)
+        env = child_env(args)
+        env["CUDA_VISIBLE_DEVICES"] = card
+        log_path = os.path.join(log_dir, f"scaling{'_' + tag if tag else ''}_{name}_card{card}.log")
+        print(f"{name} card {card} alone: CUDA_VISIBLE_DEVICES={card} {shlex.join(cmd)}", flush=True)
+        rc, out, err, secs = run(cmd, args.timeout, env, log_path)
+        s = parse_summary(out)
+        rates[k] = s.get("samples_per_s") if rc == 0 and s else None
+        print(f"  {fmt(rates[k], ',.0f')} samples/s ({secs:.0f} s)" if rates[k] else
+              f"  failed ({'timed out' if rc is None else f'exit {rc}'}): no efficiency against the cards alone"
+              f"  [log: {log_path}]", flush=True)
+    return rates
 
 
 def nccl_from_logs(logs):
@@ -232,6 +264,10 @@ def fmt(v, spec, missing="-"):
     return missing if v is None else format(v, spec)
 
 
+def pct(v):
+    return fmt(v and 100 * v, ".1f") + ("%" if v else "")
+
+
 def svg_scaling(rows, gpus, path, title):
     """samples/s against GPUs, one line per series, dashed ideal lines (N x the 1-GPU rate)."""
     width, height, left, right, top, bottom = 820, 440, 90, 260, 50, 60
@@ -311,6 +347,8 @@ def main():
     ap.add_argument("--mpi-args", default="", help="more mpirun options (one string)")
     ap.add_argument("--tag-output", action="store_true", help="mpirun --tag-output: pick rank 0's summary for sure")
     ap.add_argument("--direct1", action="store_true", help="run trainc's 1-GPU case without mpirun")
+    ap.add_argument("--each-card", action="store_true",
+                    help="also each series' 1-GPU case on each card alone, and efficiency against their sum")
     ap.add_argument("--nccl-debug", default="VERSION", help="NCCL_DEBUG for the runs ('' to leave it unset)")
     ap.add_argument("--trainc-per-rank", action="store_true",
                     help="trainc's samples_per_s is rank 0's own rate: multiply by N")
@@ -350,13 +388,19 @@ def main():
         sys.exit("scaling.py: nothing to run (--no-trainc without --torch)")
 
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "_", args.label) if args.label else ""
-    rows, logs = [], {}
+    rows, logs, alone = [], {}, {}
+    cards = card_ids(names)[:max(gpus)]
+    if args.each_card and len(cards) < max(gpus):
+        print(f"scaling.py: --each-card: {len(cards)} cards visible for up to {max(gpus)} GPUs", file=sys.stderr)
     for name, make in series:
+        if args.each_card:
+            alone[name] = cards_alone(args, name, make, cards, log_dir, tag)
         for n in gpus:
             row = {"series": name, "label": args.label, "gpus": n, "gpu": card, "status": "ok", "samples_per_s": None,
                    "per_gpu_samples_per_s": None, "epoch_s": None, "epoch_estimated": False, "step_ms": None,
                    "test_acc": None, "peak_mem_bytes": None, "gpu_util": None, "speedup": None,
-                   "efficiency": None, "ideal": None, "seconds": None, "transport": "", "command": ""}
+                   "efficiency": None, "efficiency_cards": None, "ideal": None, "seconds": None, "transport": "",
+                   "command": ""}
             rows.append(row)
             if avail and n > avail:
                 row["status"] = f"skipped: {avail} GPUs visible"
@@ -415,27 +459,31 @@ def main():
             r["efficiency"] = r["samples_per_s"] / r["ideal"]
         if base["gpus"] != 1:
             print(f"note: {name} has no 1-GPU result; speedup and efficiency are against {base['gpus']} GPUs")
+        for r in mine:
+            rates = [alone.get(name, {}).get(k) for k in range(r["gpus"])]
+            if all(rates):
+                r["efficiency_cards"] = r["samples_per_s"] / sum(rates)
 
     nccl = nccl_versions(logs)
     print()
     print(f"weak scaling{': ' + args.label if args.label else ''} on {card}; NCCL {nccl or 'unknown'}")
     print(f"{'series':<8} {'GPUs':>4} {'epoch s':>9} {'samples/s':>11} {'per GPU':>9} {'step ms':>8} "
-          f"{'speedup':>8} {'efficiency':>10}  {'transport':<12} status")
+          f"{'speedup':>8} {'efficiency':>10}{' vs alone' if args.each_card else ''}  {'transport':<12} status")
     for r in rows:
         ep = "-" if r["epoch_s"] is None else ("~" if r["epoch_estimated"] else "") + f"{r['epoch_s']:.2f}"
+        cards_col = f" {pct(r['efficiency_cards']):>9}" if args.each_card else ""
         print(f"{r['series']:<8} {r['gpus']:>4} {ep:>9} {fmt(r['samples_per_s'], ',.0f'):>11} "
               f"{fmt(r['per_gpu_samples_per_s'], ',.0f'):>9} {fmt(r['step_ms'], '.2f'):>8} "
               f"{fmt(r['speedup'], '.2f') + ('x' if r['speedup'] else ''):>8} "
-              f"{fmt(r['efficiency'] and 100 * r['efficiency'], '.1f') + ('%' if r['efficiency'] else ''):>10}  "
-              f"{r['transport'] or '-':<12} {r['status']}")
+              f"{pct(r['efficiency']):>10}{cards_col}  {r['transport'] or '-':<12} {r['status']}")
     sys.stdout.flush()
 
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
             cols = ["label", "series", "gpus", "gpu", "nccl", "status", "epoch_s", "epoch_estimated", "samples_per_s",
-                    "per_gpu_samples_per_s", "step_ms", "speedup", "efficiency", "test_acc", "peak_mem_bytes",
-                    "gpu_util", "seconds", "transport", "command"]
+                    "per_gpu_samples_per_s", "step_ms", "speedup", "efficiency", "efficiency_cards", "test_acc",
+                    "peak_mem_bytes", "gpu_util", "seconds", "transport", "command"]
             w.writerow(cols)
             for r in rows:
                 w.writerow([nccl if c == "nccl" else

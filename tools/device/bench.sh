@@ -33,7 +33,8 @@
 #            PARTS from simplenet-resident resnet18-resident simplenet-loader resnet18-loader
 #            (default the two resident ones): configs/ddp.ini, and configs/resnet18.ini with
 #            ddp.ini's [dist] keys (R18_SETS: more --set for it), trainc against PyTorch DDP;
-#            BASE: BASE's trainc in a second table ($OUT/scaling.csv, scaling_*.svg)
+#            BASE: BASE's trainc in a second table ($OUT/scaling.csv, scaling_*.svg); EACH_CARD=1:
+#            each series' 1-GPU run on each card alone too, and the efficiency against their sum
 #   memory   the memory grid: tools/bench_memory.py on configs/model.ini (batches x precision)
 #   phases   the phase breakdown of one epoch of CONFIG (configs/final.ini), trainc and BASE's
 #   export   train each of EXPORT_CONFIGS (configs/final.ini configs/resnet18.ini; EPOCHS: the
@@ -385,6 +386,7 @@ bench_scaling() {
   ngpu=$(timeout 30 nvidia-smi -L 2> /dev/null | grep -c '^GPU')
   gpus=${GPUS:-1$([ "$ngpu" -ge 2 ] && echo ,2)$([ "$ngpu" -ge 4 ] && echo ,4)}
   n=$(echo "$gpus" | tr ',' '\n' | grep -c .)
+  [ "${EACH_CARD:-0}" = 1 ] && n=$((n + $(echo "$gpus" | tr ',' '\n' | sort -n | tail -1)))
   echo "== scaling on $gpus GPUs ($ngpu visible); mpirun: $(timeout 30 mpirun --version 2>&1 | head -1)"
   for part in ${PARTS:-simplenet-resident resnet18-resident}; do
     cfg=configs/ddp.ini dsets=""
@@ -411,7 +413,7 @@ bench_scaling() {
       echo "-- $tag: $cfg $dsets $sets"
       timeout -k 60 $((2 * n * (RUN_LIMIT + 60) + 120)) python3 tools/scaling.py --gpus "$gpus" --config "$cfg" \
         --trainc "$bin" $dsets $sets $SETS_ALL "${torch_opt[@]}" --mpi-args="${MPI_ARGS:-}" --nccl-debug "$NCCL_DEBUG_RUNS" \
-        --timeout "$RUN_LIMIT" \
+        --timeout "$RUN_LIMIT" $([ "${EACH_CARD:-0}" = 1 ] && echo --each-card) \
         --label "$tag" --csv "$LOGS/scaling_$tag.csv" --svg "$OUT/scaling_$tag.svg" --jsonl "$JSONL" \
         --log-dir "$LOGS" > "$LOGS/scaling_$tag.txt" 2>&1
       echo "scaling.py exit $? (124: timed out)"

@@ -70,19 +70,16 @@ def gpu_names():
     return [l.strip() for l in out.splitlines() if l.strip()]
 
 
-def visible_gpus(names):
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd is not None and cvd.strip() != "":
-        return len([d for d in cvd.split(",") if d.strip() and d.strip() != "-1"])
-    return len(names)
-
-
 def card_ids(names):
     """The visible cards' CUDA_VISIBLE_DEVICES values, in rank order."""
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and cvd.strip() != "":
         return [d.strip() for d in cvd.split(",") if d.strip() and d.strip() != "-1"]
     return [str(i) for i in range(len(names))]
+
+
+def visible_gpus(names):
+    return len(card_ids(names))
 
 
 def cards_alone(args, name, make, cards, log_dir, tag):

@@ -188,6 +188,9 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
 static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass pass, const char *name, int algo) {
     float legacy = c->legacy_us[pass], plan = c->plan_us[pass];
     if (legacy <= 0) return snprintf(buf, size, "%s algo %d", name, algo); /* not timed against a plan */
+    if (c->use_direct[pass])
+        return snprintf(buf, size, "%s direct %.1f us (algo %d %.1f us, backend %.1f us)", name, c->direct_us[pass],
+                        algo, legacy, plan);
     if (c->use_plan[pass]) return snprintf(buf, size, "%s backend %.1f us (algo %d %.1f us)", name, plan, algo, legacy);
     if (plan > 0) return snprintf(buf, size, "%s algo %d %.1f us (backend %.1f us)", name, algo, legacy, plan);
     return snprintf(buf, size, "%s algo %d %.1f us (no backend plan)", name, algo, legacy);
@@ -197,7 +200,7 @@ float conv2d_timed_us(const OpContext *ctx, const Conv2d *c, Conv2dPass pass) {
     if (ctx->device != DEVICE_CUDA || pass < 0 || pass >= CONV2D_PASSES) return 0;
     const Conv2dCuda *cc = &c->cuda;
     if (cc->legacy_us[pass] <= 0) return 0;
-    return cc->use_plan[pass] ? cc->plan_us[pass] : cc->legacy_us[pass];
+    return cc->use_direct[pass] ? cc->direct_us[pass] : cc->use_plan[pass] ? cc->plan_us[pass] : cc->legacy_us[pass];
 }
 
 void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t size) {

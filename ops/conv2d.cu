@@ -11,10 +11,14 @@
  * cuDNN calls deterministic, so two runs of the same step give the same bits. */
 #include "ops/conv2d.h"
 
+#include <limits.h>
 #include <math.h>
+#include <mma.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <type_traits>
 
 #include "ops/backend_graph.h"
 #include "runtime/check.h"
@@ -258,12 +262,215 @@ static bool aligned(void *const *p) {
     return true;
 }
 
+/* ---- the direct path: a 3x3 convolution of an image padded to 8 channels ------------------- */
+
+/* A network's first convolution (3 channels padded to 8, 64 out, 3x3, stride 1)
+ * is far from its memory bound in cuDNN's kernels: ResNet-18's 32x32 stem took
+ * 70 us forward and 97 us for the filter gradient on an H200, where its 67 MB
+ * output takes about 20 us to write. Here a block stages the im2col rows of 128
+ * pixels (9 taps x 8 channels, padded to 80 columns) in shared memory and
+ * multiplies them on tensor cores (WMMA, fp32 accumulation). Under benchmark
+ * each of the two passes is timed against cuDNN's and the faster kept. */
+#define DIRECT_C 8
+#define DIRECT_TAPS 9
+#define DIRECT_COLS 80       /* 9 taps x 8 channels = 72, padded to 5 tiles of 16 */
+#define DIRECT_TILES 5       /* DIRECT_COLS / 16 */
+#define DIRECT_PIXELS 128    /* im2col rows a block stages per round */
+#define DIRECT_THREADS 128   /* 4 warps */
+#define DIRECT_MAX_OUT 64    /* output channels: the filter tile and the filter gradient's 4 warps */
+/* Blocks per SM: the forward pass is bound by its stores and wants warps to
+ * cover them; each filter-gradient block adds a set of partial sums to read. */
+#define DIRECT_FORWARD_BLOCKS_PER_SM 4
+#define DIRECT_FILTER_BLOCKS_PER_SM 2
+
+static bool direct_fits(const Conv2dCuda *c) {
+    const Conv2dShape *s = &c->shape;
+    return c->nhwc && c->dtype != DTYPE_F32 && s->c == DIRECT_C && s->r == 3 && s->s == 3 && s->pad == 1 &&
+           s->stride == 1 && s->k % 16 == 0 && s->k <= DIRECT_MAX_OUT &&
+           (size_t)s->n * s->h * s->w <= (size_t)INT_MAX - DIRECT_PIXELS; /* pixels counted in int */
+}
+
+static size_t direct_pixels(const Conv2dShape *s) { return (size_t)s->n * s->h * s->w; }
+
+/* The filter gradient's workspace: each block's fp32 partial sums [k][80]. */
+static size_t direct_filter_bytes(const Conv2dCuda *c) {
+    return (size_t)c->direct_blocks[CONV2D_FILTER] * c->shape.k * DIRECT_COLS * sizeof(float);
+}
+
+/* rows[p][tap * 8 + ch] = x at pixel first + p's tap neighbour, 0 outside the
+ * image, past the last pixel and in the padding columns (tap 9): thread p
+ * stages row p, its pixel's place found once. */
+template <typename T>
+static __device__ void stage_im2col(const T *__restrict__ x, T *rows, int first, int pixels, int h, int w) {
+    static_assert(DIRECT_THREADS == DIRECT_PIXELS, "a thread a row");
+    int p = threadIdx.x, pixel = first + p;
+    uint4 *row = (uint4 *)(rows + p * DIRECT_COLS);
+    int col = pixel % w, rest = pixel / w, line = rest % h;
+    const T *image = x + (size_t)(rest - line) * w * DIRECT_C;
+#pragma unroll
+    for (int tap = 0; tap < DIRECT_TAPS; tap++) {
+        int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w)
+            v = *(const uint4 *)(image + ((size_t)yy * w + xx) * DIRECT_C);
+        row[tap] = v;
+    }
+    row[DIRECT_TAPS] = make_uint4(0, 0, 0, 0);
+}
+
+template <typename T>
+struct __align__(16) Pack8 {
+    T v[8];
+};
+
+/* y[pixel][k] = sum over the 80 columns of rows[pixel][col] * filter[k][col]:
+ * each warp 32 pixels, all k channels, a 16x16 tile at a time staged in shared
+ * memory so that each lane stores 16 bytes. */
+template <typename T>
+static __global__ void __launch_bounds__(DIRECT_THREADS)
+direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, int pixels, int h, int w,
+                      int k) {
+    using namespace nvcuda;
+    __shared__ __align__(32) T rows[DIRECT_PIXELS * DIRECT_COLS];
+    __shared__ __align__(32) T filter[DIRECT_MAX_OUT * DIRECT_COLS];
+    __shared__ __align__(32) float tile[DIRECT_THREADS / 32][16 * 16];
+    for (int i = threadIdx.x; i < k * (DIRECT_TAPS + 1); i += DIRECT_THREADS) {
+        int o = i / (DIRECT_TAPS + 1), tap = i % (DIRECT_TAPS + 1);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (tap < DIRECT_TAPS) v = *(const uint4 *)(wt + ((size_t)o * DIRECT_TAPS + tap) * DIRECT_C);
+        *(uint4 *)(filter + o * DIRECT_COLS + tap * DIRECT_C) = v;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (long first = (long)blockIdx.x * DIRECT_PIXELS; first < pixels; first += (long)gridDim.x * DIRECT_PIXELS) {
+        __syncthreads(); /* the filter staged; the last round's rows read */
+        stage_im2col(x, rows, (int)first, pixels, h, w);
+        __syncthreads();
+        for (int m = 0; m < 2; m++) {
+            int row0 = warp * 32 + m * 16;
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[DIRECT_TILES];
+            for (int t = 0; t < DIRECT_TILES; t++) wmma::load_matrix_sync(a[t], rows + row0 * DIRECT_COLS + t * 16, DIRECT_COLS);
+            for (int n = 0; n < k / 16; n++) {
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+                wmma::fill_fragment(acc, 0.0f);
+                for (int t = 0; t < DIRECT_TILES; t++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+                    wmma::load_matrix_sync(b, filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
+                    wmma::mma_sync(acc, a[t], b, acc);
+                }
+                wmma::store_matrix_sync(tile[warp], acc, 16, wmma::mem_row_major);
+                __syncwarp();
+                int r = lane / 2, c0 = (lane % 2) * 8;
+                long pixel = first + row0 + r;
+                if (pixel < pixels) {
+                    Pack8<T> out;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) out.v[e] = from_float<T>(tile[warp][r * 16 + c0 + e]);
+                    *(Pack8<T> *)(y + (size_t)pixel * k + n * 16 + c0) = out;
+                }
+                __syncwarp();
+            }
+        }
+    }
+}
+
+/* partials[block][o][col] = block's sum over its pixels of dy[pixel][o] * rows[pixel][col]:
+ * warp j the output channels 16j .. 16j + 15, all 80 columns. */
+template <typename T>
+static __global__ void __launch_bounds__(DIRECT_THREADS)
+direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *__restrict__ partials, int pixels, int h,
+                     int w, int k) {
+    using namespace nvcuda;
+    __shared__ __align__(32) T rows[DIRECT_PIXELS * DIRECT_COLS];
+    __shared__ __align__(32) T grads[DIRECT_PIXELS * DIRECT_MAX_OUT];
+    int warp = threadIdx.x / 32;
+    bool active = warp < k / 16;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DIRECT_TILES];
+    for (int t = 0; t < DIRECT_TILES; t++) wmma::fill_fragment(acc[t], 0.0f);
+    int vectors = k / 8; /* 16-byte loads per pixel of dy */
+    for (long first = (long)blockIdx.x * DIRECT_PIXELS; first < pixels; first += (long)gridDim.x * DIRECT_PIXELS) {
+        __syncthreads();
+        stage_im2col(x, rows, (int)first, pixels, h, w);
+        for (int i = threadIdx.x; i < DIRECT_PIXELS * vectors; i += DIRECT_THREADS) {
+            int p = i / vectors, v = i % vectors;
+            uint4 g = make_uint4(0, 0, 0, 0);
+            if (first + p < pixels) g = *(const uint4 *)(dy + (size_t)(first + p) * k + v * 8);
+            *(uint4 *)(grads + p * k + v * 8) = g;
+        }
+        __syncthreads();
+        if (!active) continue;
+        for (int p0 = 0; p0 < DIRECT_PIXELS; p0 += 16) {
+            /* (o, p) at grads[p * k + o]: dy's 16 channels by 16 pixels */
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a;
+            wmma::load_matrix_sync(a, grads + p0 * k + warp * 16, k);
+            for (int t = 0; t < DIRECT_TILES; t++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
+                wmma::load_matrix_sync(b, rows + p0 * DIRECT_COLS + t * 16, DIRECT_COLS);
+                wmma::mma_sync(acc[t], a, b, acc[t]);
+            }
+        }
+    }
+    if (!active) return;
+    float *mine = partials + ((size_t)blockIdx.x * k + warp * 16) * DIRECT_COLS;
+    for (int t = 0; t < DIRECT_TILES; t++) wmma::store_matrix_sync(mine + t * 16, acc[t], DIRECT_COLS, wmma::mem_row_major);
+}
+
+/* dw[o][tap][ch] += the blocks' partial sums, added in block order. */
+template <typename T>
+static __global__ void direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *dw) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= k * DIRECT_TAPS * DIRECT_C) return;
+    int o = i / (DIRECT_TAPS * DIRECT_C), col = i % (DIRECT_TAPS * DIRECT_C);
+    float sum = 0.0f;
+    for (int b = 0; b < blocks; b++) sum += partials[((size_t)b * k + o) * DIRECT_COLS + col];
+    dw[i] = from_float<T>(to_float(dw[i]) + sum);
+}
+
+template <typename T>
+static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, void *workspace, cudaStream_t stream) {
+    if constexpr (std::is_same<T, float>::value) {
+        TC_FATAL("conv2d: the direct path takes f16 and bf16 only");
+    } else {
+        const Conv2dShape *s = &c->shape;
+        int pixels = (int)direct_pixels(s);
+        unsigned blocks = (unsigned)c->direct_blocks[pass];
+        if (pass == CONV2D_FORWARD) {
+            direct_forward_kernel<T><<<blocks, DIRECT_THREADS, 0, stream>>>(
+                (const T *)p[0], (const T *)p[1], (T *)p[2], pixels, s->h, s->w, s->k);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+        float *partials = (float *)workspace;
+        direct_filter_kernel<T><<<blocks, DIRECT_THREADS, 0, stream>>>((const T *)p[0], (const T *)p[2], partials,
+                                                                        pixels, s->h, s->w, s->k);
+        CUDA_CHECK_LAUNCH();
+        int count = s->k * DIRECT_TAPS * DIRECT_C;
+        direct_filter_finish<T><<<(unsigned)((count + 255) / 256), 256, 0, stream>>>(partials, (int)blocks, s->k,
+                                                                                       (T *)p[1]);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+static void run_direct(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void *const *p, void *workspace) {
+    cudaStream_t stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    DISPATCH_FLOAT_DTYPE(c->dtype, launch_direct, c, pass, p, workspace, stream);
+}
+
+/* The direct kernels load 16 bytes at a time and store the filter gradient's
+ * partial sums as WMMA tiles (32-byte aligned). */
+static bool direct_aligned(void *const *p, const void *workspace, Conv2dPass pass) {
+    for (int i = 0; i < PASS_TENSORS; i++)
+        if ((uintptr_t)p[i] % 16 != 0) return false;
+    return pass != CONV2D_FILTER || (workspace && (uintptr_t)workspace % 32 == 0);
+}
+
 /* The pass by the backend plan where it won (and the tensors are aligned as
  * the plan was built for), else by the legacy algorithm. */
 static void run_pass(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, const void *x, const void *w,
                      const void *y, void *workspace) {
     void *p[PASS_TENSORS] = {(void *)x, (void *)w, (void *)y};
-    if (c->use_plan[pass] && aligned(p)) backend_graph_execute(&c->plans[pass], h, p, workspace);
+    if (c->use_direct[pass] && direct_aligned(p, workspace, pass)) run_direct(c, h, pass, p, workspace);
+    else if (c->use_plan[pass] && aligned(p)) backend_graph_execute(&c->plans[pass], h, p, workspace);
     else run_legacy(c, h, pass, p, workspace);
 }
 
@@ -289,11 +496,16 @@ typedef struct {
     Conv2dPass pass;
     void **ptrs;
     void *workspace;
-} LegacyRun;
+} PassRun;
 
 static void run_legacy_timed(void *arg) {
-    const LegacyRun *r = (const LegacyRun *)arg;
+    const PassRun *r = (const PassRun *)arg;
     run_legacy(r->c, r->h, r->pass, r->ptrs, r->workspace);
+}
+
+static void run_direct_timed(void *arg) {
+    const PassRun *r = (const PassRun *)arg;
+    run_direct(r->c, r->h, r->pass, r->ptrs, r->workspace);
 }
 
 /* Microseconds per run of the pass by its legacy algorithm; infinite where
@@ -304,8 +516,33 @@ static void run_legacy_timed(void *arg) {
  * overwriting pass refused too (8x24x31x31 to 64) where it had run before. */
 static float legacy_time_us(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void **ptrs, void *workspace) {
     if (legacy_status(c, h, pass, ptrs, workspace) != CUDNN_STATUS_SUCCESS) return INFINITY;
-    LegacyRun run = {c, h, pass, ptrs, workspace};
+    PassRun run = {c, h, pass, ptrs, workspace};
     return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run, BACKEND_GRAPH_TIMING_RUNS);
+}
+
+static bool direct_candidate(const Conv2dCuda *c, Conv2dPass pass) {
+    return direct_fits(c) && !c->policy.prefer_backend && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
+}
+
+/* The direct path against the pass's faster of plan and legacy algorithm
+ * (timed as they were, on the same scratch); the faster kept. */
+static void choose_direct(Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void **ptrs, void *workspace) {
+    PassRun run = {c, h, pass, ptrs, workspace};
+    c->direct_us[pass] = 1000.0f * backend_graph_time_ms(h, run_direct_timed, &run, BACKEND_GRAPH_TIMING_RUNS);
+    conv_policy_agree(&c->policy, &c->direct_us[pass], 1);
+    float best = c->use_plan[pass] ? c->plan_us[pass] : c->legacy_us[pass];
+    c->use_direct[pass] = c->policy.prefer_direct || c->direct_us[pass] < best;
+    if (c->use_direct[pass]) c->use_plan[pass] = 0;
+}
+
+static void set_direct_blocks(Conv2dCuda *c) {
+    int device, sms;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    size_t rounds = (direct_pixels(&c->shape) + DIRECT_PIXELS - 1) / DIRECT_PIXELS;
+    size_t forward = (size_t)sms * DIRECT_FORWARD_BLOCKS_PER_SM, filter = (size_t)sms * DIRECT_FILTER_BLOCKS_PER_SM;
+    c->direct_blocks[CONV2D_FORWARD] = (int)(rounds < forward ? rounds : forward);
+    c->direct_blocks[CONV2D_FILTER] = (int)(rounds < filter ? rounds : filter);
 }
 
 /* Per pass: the legacy algorithm timed on scratch of random values, the backend plan
@@ -316,12 +553,16 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     size_t elem = dtype_size(c->dtype);
     size_t bytes[PASS_TENSORS] = {(size_t)s->n * s->c * s->h * s->w * elem, (size_t)s->k * s->c * s->r * s->s * elem,
                                   (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s) * elem};
-    void *ptrs[PASS_TENSORS], *workspace = NULL;
+    void *ptrs[PASS_TENSORS], *workspace = NULL, *direct_workspace = NULL;
     for (int i = 0; i < PASS_TENSORS; i++) {
         CUDA_CHECK(cudaMalloc(&ptrs[i], bytes[i]));
         backend_graph_fill_scratch(h, ptrs[i], bytes[i]);
     }
     if (c->workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, c->workspace_bytes));
+    if (direct_fits(c)) {
+        set_direct_blocks(c);
+        CUDA_CHECK(cudaMalloc(&direct_workspace, direct_filter_bytes(c)));
+    }
     c->plans = (BackendGraph *)calloc(CONV2D_PASSES, sizeof *c->plans);
     if (!c->plans) TC_FATAL("conv2d: out of host memory for the backend plans");
     size_t plan_bytes = 0;
@@ -333,7 +574,8 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
             c->plan_us[pass] = 1000.0f * g->plan_ms;
             c->use_plan[pass] = c->policy.prefer_backend || c->plan_us[pass] < c->legacy_us[pass];
         }
-        if (!c->use_plan[pass] && isinf(c->legacy_us[pass]))
+        if (direct_candidate(c, (Conv2dPass)pass)) choose_direct(c, h, (Conv2dPass)pass, ptrs, direct_workspace);
+        if (!c->use_plan[pass] && !c->use_direct[pass] && isinf(c->legacy_us[pass]))
             TC_FATAL("conv2d %dx%dx%dx%d k%d %dx%d stride %d: cuDNN refuses its %s by algorithm %d for this shape, "
                      "and no backend plan builds for it", s->n, s->c, s->h, s->w, s->k, s->r, s->s, s->stride,
                      kPassNames[pass], legacy_algo(c, (Conv2dPass)pass));
@@ -342,7 +584,10 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     }
     for (int i = 0; i < PASS_TENSORS; i++) CUDA_CHECK(cudaFree(ptrs[i]));
     if (workspace) CUDA_CHECK(cudaFree(workspace));
+    if (direct_workspace) CUDA_CHECK(cudaFree(direct_workspace));
     if (plan_bytes > c->workspace_bytes) c->workspace_bytes = plan_bytes;
+    if (c->use_direct[CONV2D_FILTER] && direct_filter_bytes(c) > c->workspace_bytes)
+        c->workspace_bytes = direct_filter_bytes(c);
 }
 
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype, int nhwc,

@@ -46,7 +46,10 @@ int conv2d_out_w(const Conv2dShape *s);
  * Under benchmark, f16 and bf16 in NHWC also time a plan of cuDNN's backend
  * API per pass (ops/backend_graph.h) against the legacy algorithm and run the
  * faster; prefer_backend (tests) takes the backend's plan wherever one
- * finalizes, however it times.
+ * finalizes, however it times. There too the forward and filter passes of a
+ * 3x3 stride-1 convolution of an image padded to 8 channels time a direct
+ * path of our own (at most 64 output channels, a multiple of 16), run where
+ * fastest; prefer_direct (tests) takes it wherever it fits.
  * agree: processes that choose together (the ranks of data-parallel
  * training) pass every timing of the same candidates, n floats in the same
  * order on each, through agree, which makes each the same on all of them
@@ -59,6 +62,7 @@ typedef struct {
     int deterministic;
     int benchmark;
     int prefer_backend;
+    int prefer_direct;
     void (*agree)(void *user, float *times, int n);
     void *agree_user;
 } ConvAlgoPolicy;
@@ -93,6 +97,11 @@ typedef struct {
     struct BackendGraph *plans;
     int use_plan[CONV2D_PASSES];
     float legacy_us[CONV2D_PASSES], plan_us[CONV2D_PASSES]; /* per run; plan_us 0: none finalized */
+    /* The direct path (forward and filter gradient of a 3x3 convolution of an
+     * image padded to 8 channels, f16/bf16 NHWC), where it timed fastest. */
+    int use_direct[CONV2D_PASSES];
+    float direct_us[CONV2D_PASSES]; /* per run; 0: not tried */
+    int direct_blocks[CONV2D_PASSES]; /* its grids; the filter gradient's partial sums, one set a block */
     size_t workspace_bytes; /* the most any algorithm, plan or the bias gradient needs */
 } Conv2dCuda;
 

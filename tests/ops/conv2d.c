@@ -10,7 +10,8 @@
  * bias to the bit). In f16 and bf16 NHWC, benchmarked: cuDNN backend plans
  * against the legacy algorithms, and the plans forced for every pass (y, dx
  * overwritten and added to, dw) on airbench's 24 -> 64 3x3 at 31x31, a 1x1
- * stride 2 and a 3x3 stride 2, and deterministic ones repeating their bits. */
+ * stride 2 and a 3x3 stride 2, and deterministic ones repeating their bits;
+ * the direct path of a first convolution (8 channels) timed and forced. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,9 @@ static const ConvAlgoPolicy backend_policy = {.workspace_limit = CONV_WORKSPACE_
                                               .prefer_backend = 1};
 static const ConvAlgoPolicy deterministic_backend_policy = {.workspace_limit = CONV_WORKSPACE_LIMIT, .deterministic = 1,
                                                             .benchmark = 1, .prefer_backend = 1};
+/* Benchmarked, the direct path taken wherever it fits (ops/conv2d.cu). */
+static const ConvAlgoPolicy direct_policy = {.workspace_limit = CONV_WORKSPACE_LIMIT, .benchmark = 1,
+                                             .prefer_direct = 1};
 
 static size_t conv_x_count(const Conv2dShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
 static size_t conv_w_count(const Conv2dShape *s) { return (size_t)s->k * s->c * s->r * s->s; }
@@ -188,14 +192,25 @@ static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, co
     conv2d_describe(ctx, conv, chosen, sizeof chosen);
     printf("  %s\n", chosen);
     CHECK_MSG(cc->plans != NULL, "%s conv: no backend plans were tried", c->name);
+    const Conv2dShape *s = &conv->shape;
+    int direct_fits = s->c == 8 && s->r == 3 && s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 &&
+                      s->k <= 64 && !policy->prefer_backend;
     for (int pass = 0; cc->plans && pass < CONV2D_PASSES; pass++) {
         CHECK_MSG(cc->legacy_us[pass] > 0, "%s conv: pass %d's legacy algorithm was not timed", c->name, pass);
+        int direct_pass = direct_fits && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
+        CHECK_MSG((cc->direct_us[pass] > 0) == direct_pass, "%s conv: pass %d's direct path %s (%s)", c->name, pass,
+                  direct_pass ? "was not timed" : "was timed where it does not fit", chosen);
         int faster = cc->plan_us[pass] > 0 && cc->plan_us[pass] < cc->legacy_us[pass];
+        float best = faster ? cc->plan_us[pass] : cc->legacy_us[pass];
+        int direct = direct_pass && (policy->prefer_direct || cc->direct_us[pass] < best);
+        CHECK_MSG(cc->use_direct[pass] == direct, "%s conv: pass %d %s the direct path (%s)", c->name, pass,
+                  direct ? "does not run" : "runs", chosen);
         if (policy->prefer_backend)
             CHECK_MSG(cc->use_plan[pass] && cc->plan_us[pass] > 0, "%s conv: pass %d runs no backend plan (%s)",
                       c->name, pass, chosen);
         else
-            CHECK_MSG(cc->use_plan[pass] == faster, "%s conv: pass %d kept the slower (%s)", c->name, pass, chosen);
+            CHECK_MSG(cc->use_plan[pass] == (faster && !direct), "%s conv: pass %d kept the slower (%s)", c->name,
+                      pass, chosen);
     }
     if (policy->prefer_backend)
         CHECK_MSG(strstr(chosen, "backward data (accumulated) backend") != NULL, "%s conv: log line '%s'", c->name,
@@ -290,7 +305,14 @@ static void conv_gpu_case(const GridCase *c) {
         conv_gpu_shape(c, CONV(4, 16, 15, 17, 32, 3, 3, 1, 2), 16, strict);
         /* timed against cuDNN's backend plans (half types), each pass's faster kept */
         conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, &benchmarked_policy);
-        if (c->dtype != DTYPE_F32) conv_backend_case(c);
+        if (c->dtype != DTYPE_F32) {
+            conv_backend_case(c);
+            /* the direct path: ResNet-18's stem, timed and forced; an odd size (765 pixels, 5 rounds of 128,
+             * the last partial) with 32 outputs (2 of the filter gradient's 4 warps idle) */
+            conv_gpu_shape(c, CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 3, &benchmarked_policy);
+            conv_gpu_shape(c, CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 3, &direct_policy);
+            conv_gpu_shape(c, CONV(3, 8, 15, 17, 32, 3, 3, 1, 1), 8, &direct_policy);
+        }
         return;
     }
     /* SimpleNet's three convolutions at 32x32, then other strides, pads and sizes */

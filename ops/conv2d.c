@@ -188,9 +188,11 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
 static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass pass, const char *name, int algo) {
     float legacy = c->legacy_us[pass], plan = c->plan_us[pass];
     if (legacy <= 0) return snprintf(buf, size, "%s algo %d", name, algo); /* not timed against a plan */
-    if (c->use_direct[pass])
+    if (c->use_direct[pass] && plan > 0)
         return snprintf(buf, size, "%s direct %.1f us (algo %d %.1f us, backend %.1f us)", name, c->direct_us[pass],
                         algo, legacy, plan);
+    if (c->use_direct[pass])
+        return snprintf(buf, size, "%s direct %.1f us (algo %d %.1f us)", name, c->direct_us[pass], algo, legacy);
     if (c->use_plan[pass]) return snprintf(buf, size, "%s backend %.1f us (algo %d %.1f us)", name, plan, algo, legacy);
     if (plan > 0) return snprintf(buf, size, "%s algo %d %.1f us (backend %.1f us)", name, algo, legacy, plan);
     return snprintf(buf, size, "%s algo %d %.1f us (no backend plan)", name, algo, legacy);

@@ -348,7 +348,8 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
         for (int m = 0; m < 2; m++) {
             int row0 = warp * 32 + m * 16;
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[DIRECT_TILES];
-            for (int t = 0; t < DIRECT_TILES; t++) wmma::load_matrix_sync(a[t], rows + row0 * DIRECT_COLS + t * 16, DIRECT_COLS);
+            for (int t = 0; t < DIRECT_TILES; t++)
+                wmma::load_matrix_sync(a[t], rows + row0 * DIRECT_COLS + t * 16, DIRECT_COLS);
             for (int n = 0; n < k / 16; n++) {
                 wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
                 wmma::fill_fragment(acc, 0.0f);
@@ -411,7 +412,8 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
     }
     if (!active) return;
     float *mine = partials + ((size_t)blockIdx.x * k + warp * 16) * DIRECT_COLS;
-    for (int t = 0; t < DIRECT_TILES; t++) wmma::store_matrix_sync(mine + t * 16, acc[t], DIRECT_COLS, wmma::mem_row_major);
+    for (int t = 0; t < DIRECT_TILES; t++)
+        wmma::store_matrix_sync(mine + t * 16, acc[t], DIRECT_COLS, wmma::mem_row_major);
 }
 
 /* dw[o][tap][ch] += the blocks' partial sums, added in block order. */

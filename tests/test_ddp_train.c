@@ -245,6 +245,8 @@ static uint32_t choices_hash(const Model *m, int *plans) {
         h = ckpt_crc32(h, c->use_plan, sizeof c->use_plan);
         h = ckpt_crc32(h, c->legacy_us, sizeof c->legacy_us);
         h = ckpt_crc32(h, c->plan_us, sizeof c->plan_us);
+        h = ckpt_crc32(h, c->use_direct, sizeof c->use_direct);
+        h = ckpt_crc32(h, c->direct_us, sizeof c->direct_us);
         for (int p = 0; p < CONV2D_PASSES; p++) *plans += c->use_plan[p];
     }
     return h;

@@ -683,6 +683,19 @@ static void conv_describe_by_hand(void) {
                         "60.0 us), backward data (accumulated) algo 4 55.0 us (no backend plan), backward filter "
                         "backend 70.0 us (algo 3 80.0 us)";
     CHECK_MSG(!strcmp(line, timed), "conv2d_describe: '%s'", line);
+    /* the direct path where it won: forward against a plan, the filter gradient against the algorithm alone */
+    Conv2d direct = conv;
+    direct.cuda.plan_us[CONV2D_FILTER] = 0;
+    direct.cuda.use_plan[CONV2D_FORWARD] = direct.cuda.use_plan[CONV2D_FILTER] = 0;
+    direct.cuda.use_direct[CONV2D_FORWARD] = direct.cuda.use_direct[CONV2D_FILTER] = 1;
+    direct.cuda.direct_us[CONV2D_FORWARD] = 25, direct.cuda.direct_us[CONV2D_FILTER] = 30;
+    conv2d_describe(&ctx, &direct, line, sizeof line);
+    const char *direct_line = "cuDNN forward direct 25.0 us (algo 1 120.0 us, backend 85.0 us), backward data algo "
+                              "4 50.0 us (backend 60.0 us), backward data (accumulated) algo 4 55.0 us (no backend "
+                              "plan), backward filter direct 30.0 us (algo 3 80.0 us)";
+    CHECK_MSG(!strcmp(line, direct_line), "conv2d_describe: '%s'", line);
+    CHECK_MSG(conv2d_timed_us(&ctx, &direct, CONV2D_FILTER) == 30.0f, "conv2d_timed_us: %g, not the direct path's",
+              conv2d_timed_us(&ctx, &direct, CONV2D_FILTER));
     char small[24];
     conv2d_describe(&ctx, &conv, small, sizeof small);
     CHECK_MSG(strlen(small) == sizeof small - 1 && !strncmp(small, timed, sizeof small - 1),

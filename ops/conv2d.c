@@ -184,8 +184,8 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
     return bytes;
 }
 
-/* One pass: the winner first, the loser's time in parentheses. */
-static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass pass, const char *name, int algo) {
+/* One pass: the winner first, the losers' times in parentheses. */
+static int describe_winner(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass pass, const char *name, int algo) {
     float legacy = c->legacy_us[pass], plan = c->plan_us[pass];
     if (legacy <= 0) return snprintf(buf, size, "%s algo %d", name, algo); /* not timed against a plan */
     if (c->use_direct[pass] && plan > 0)
@@ -196,6 +196,12 @@ static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass
     if (c->use_plan[pass]) return snprintf(buf, size, "%s backend %.1f us (algo %d %.1f us)", name, plan, algo, legacy);
     if (plan > 0) return snprintf(buf, size, "%s algo %d %.1f us (backend %.1f us)", name, algo, legacy, plan);
     return snprintf(buf, size, "%s algo %d %.1f us (no backend plan)", name, algo, legacy);
+}
+
+static int describe_pass(char *buf, size_t size, const Conv2dCuda *c, Conv2dPass pass, const char *name, int algo) {
+    int n = describe_winner(buf, size, c, pass, name, algo);
+    if (n < 0 || (size_t)n >= size || c->use_direct[pass] || c->direct_us[pass] <= 0) return n;
+    return n + snprintf(buf + n, size - (size_t)n, " (direct %.1f us)", c->direct_us[pass]);
 }
 
 float conv2d_timed_us(const OpContext *ctx, const Conv2d *c, Conv2dPass pass) {

@@ -696,6 +696,16 @@ static void conv_describe_by_hand(void) {
     CHECK_MSG(!strcmp(line, direct_line), "conv2d_describe: '%s'", line);
     CHECK_MSG(conv2d_timed_us(&ctx, &direct, CONV2D_FILTER) == 30.0f, "conv2d_timed_us: %g, not the direct path's",
               conv2d_timed_us(&ctx, &direct, CONV2D_FILTER));
+    /* the direct path timed and lost: its time after the winner's */
+    Conv2d lost = conv;
+    lost.cuda.direct_us[CONV2D_FORWARD] = 95;
+    conv2d_describe(&ctx, &lost, line, sizeof line);
+    const char *lost_line = "cuDNN forward backend 85.0 us (algo 1 120.0 us) (direct 95.0 us), backward data algo 4 "
+                            "50.0 us (backend 60.0 us), backward data (accumulated) algo 4 55.0 us (no backend plan), "
+                            "backward filter backend 70.0 us (algo 3 80.0 us)";
+    CHECK_MSG(!strcmp(line, lost_line), "conv2d_describe: '%s'", line);
+    CHECK_MSG(conv2d_timed_us(&ctx, &lost, CONV2D_FORWARD) == 85.0f, "conv2d_timed_us: %g, not the plan's",
+              conv2d_timed_us(&ctx, &lost, CONV2D_FORWARD));
     char small[24];
     conv2d_describe(&ctx, &conv, small, sizeof small);
     CHECK_MSG(strlen(small) == sizeof small - 1 && !strncmp(small, timed, sizeof small - 1),

@@ -278,10 +278,11 @@ static bool aligned(void *const *p) {
 #define DIRECT_PIXELS 128    /* im2col rows a block stages per round */
 #define DIRECT_THREADS 128   /* 4 warps */
 #define DIRECT_MAX_OUT 64    /* output channels: the filter tile and the filter gradient's 4 warps */
-/* Blocks per SM: the forward pass is bound by its stores and wants warps to
- * cover them; each filter-gradient block adds a set of partial sums to read. */
+/* Blocks per SM: a block stages a round and then multiplies it, so four
+ * cover each other's loads; each filter-gradient block adds a set of partial
+ * sums for the finish to read. */
 #define DIRECT_FORWARD_BLOCKS_PER_SM 4
-#define DIRECT_FILTER_BLOCKS_PER_SM 2
+#define DIRECT_FILTER_BLOCKS_PER_SM 4
 
 static bool direct_fits(const Conv2dCuda *c) {
     const Conv2dShape *s = &c->shape;
@@ -318,14 +319,24 @@ static __device__ void stage_im2col(const T *__restrict__ x, T *rows, int first,
     row[DIRECT_TAPS] = make_uint4(0, 0, 0, 0);
 }
 
+/* Eight fp32 values (32-byte aligned) to one 16-byte store of T. */
 template <typename T>
-struct __align__(16) Pack8 {
-    T v[8];
-};
+static __device__ uint4 pack8(const float *v) {
+    union {
+        uint4 bits;
+        T values[8];
+    } out;
+    float4 low = ((const float4 *)v)[0], high = ((const float4 *)v)[1];
+    const float all[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+#pragma unroll
+    for (int e = 0; e < 8; e++) out.values[e] = from_float<T>(all[e]);
+    return out.bits;
+}
 
-/* y[pixel][k] = sum over the 80 columns of rows[pixel][col] * filter[k][col]:
- * each warp 32 pixels, all k channels, a 16x16 tile at a time staged in shared
- * memory so that each lane stores 16 bytes. */
+/* y[pixel][o] = sum over the 80 columns of rows[pixel][col] * filter[o][col]:
+ * each warp 32 pixels, 16 at a time against all k channels (independent
+ * accumulators), the 16 x k result staged in shared memory so that the warp
+ * writes its 16 pixels' outputs as one contiguous run of 16-byte stores. */
 template <typename T>
 static __global__ void __launch_bounds__(DIRECT_THREADS)
 direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, int pixels, int h, int w,
@@ -333,43 +344,45 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
     using namespace nvcuda;
     __shared__ __align__(32) T rows[DIRECT_PIXELS * DIRECT_COLS];
     __shared__ __align__(32) T filter[DIRECT_MAX_OUT * DIRECT_COLS];
-    __shared__ __align__(32) float tile[DIRECT_THREADS / 32][16 * 16];
+    __shared__ __align__(32) float out[DIRECT_THREADS / 32][16 * DIRECT_MAX_OUT];
     for (int i = threadIdx.x; i < k * (DIRECT_TAPS + 1); i += DIRECT_THREADS) {
         int o = i / (DIRECT_TAPS + 1), tap = i % (DIRECT_TAPS + 1);
         uint4 v = make_uint4(0, 0, 0, 0);
         if (tap < DIRECT_TAPS) v = *(const uint4 *)(wt + ((size_t)o * DIRECT_TAPS + tap) * DIRECT_C);
         *(uint4 *)(filter + o * DIRECT_COLS + tap * DIRECT_C) = v;
     }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = k / 16, vectors = k / 8;
+    float *mine = out[warp];
     for (long first = (long)blockIdx.x * DIRECT_PIXELS; first < pixels; first += (long)gridDim.x * DIRECT_PIXELS) {
         __syncthreads(); /* the filter staged; the last round's rows read */
         stage_im2col(x, rows, (int)first, pixels, h, w);
         __syncthreads();
         for (int m = 0; m < 2; m++) {
             int row0 = warp * 32 + m * 16;
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[DIRECT_TILES];
-            for (int t = 0; t < DIRECT_TILES; t++)
-                wmma::load_matrix_sync(a[t], rows + row0 * DIRECT_COLS + t * 16, DIRECT_COLS);
-            for (int n = 0; n < k / 16; n++) {
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-                wmma::fill_fragment(acc, 0.0f);
-                for (int t = 0; t < DIRECT_TILES; t++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DIRECT_MAX_OUT / 16];
+#pragma unroll
+            for (int n = 0; n < DIRECT_MAX_OUT / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+#pragma unroll
+            for (int t = 0; t < DIRECT_TILES; t++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                wmma::load_matrix_sync(a, rows + row0 * DIRECT_COLS + t * 16, DIRECT_COLS);
+#pragma unroll
+                for (int n = 0; n < DIRECT_MAX_OUT / 16; n++) {
+                    if (n >= tiles) break;
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
                     wmma::load_matrix_sync(b, filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
-                    wmma::mma_sync(acc, a[t], b, acc);
+                    wmma::mma_sync(acc[n], a, b, acc[n]);
                 }
-                wmma::store_matrix_sync(tile[warp], acc, 16, wmma::mem_row_major);
-                __syncwarp();
-                int r = lane / 2, c0 = (lane % 2) * 8;
-                long pixel = first + row0 + r;
-                if (pixel < pixels) {
-                    Pack8<T> out;
-#pragma unroll
-                    for (int e = 0; e < 8; e++) out.v[e] = from_float<T>(tile[warp][r * 16 + c0 + e]);
-                    *(Pack8<T> *)(y + (size_t)pixel * k + n * 16 + c0) = out;
-                }
-                __syncwarp();
             }
+#pragma unroll
+            for (int n = 0; n < DIRECT_MAX_OUT / 16; n++)
+                if (n < tiles) wmma::store_matrix_sync(mine + n * 16, acc[n], k, wmma::mem_row_major);
+            __syncwarp();
+            for (int i = lane; i < 16 * vectors; i += 32) {
+                long pixel = first + row0 + i / vectors;
+                if (pixel < pixels) *(uint4 *)(y + (size_t)pixel * k + (i % vectors) * 8) = pack8<T>(mine + i * 8);
+            }
+            __syncwarp();
         }
     }
 }
@@ -416,15 +429,24 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
         wmma::store_matrix_sync(mine + t * 16, acc[t], DIRECT_COLS, wmma::mem_row_major);
 }
 
-/* dw[o][tap][ch] += the blocks' partial sums, added in block order. */
+/* dw[o][tap][ch] += the blocks' partial sums: block o, thread (group, col)
+ * adds blocks group, group + DIRECT_FINISH_GROUPS, ... in order, then the
+ * groups are added in order, so the sum is the same on every run. */
+#define DIRECT_FINISH_GROUPS 12
 template <typename T>
-static __global__ void direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *dw) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= k * DIRECT_TAPS * DIRECT_C) return;
-    int o = i / (DIRECT_TAPS * DIRECT_C), col = i % (DIRECT_TAPS * DIRECT_C);
+static __global__ void __launch_bounds__(DIRECT_FINISH_GROUPS * DIRECT_TAPS * DIRECT_C)
+direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *dw) {
+    __shared__ float sums[DIRECT_FINISH_GROUPS][DIRECT_TAPS * DIRECT_C];
+    int o = blockIdx.x, col = threadIdx.x % (DIRECT_TAPS * DIRECT_C), group = threadIdx.x / (DIRECT_TAPS * DIRECT_C);
     float sum = 0.0f;
-    for (int b = 0; b < blocks; b++) sum += partials[((size_t)b * k + o) * DIRECT_COLS + col];
-    dw[i] = from_float<T>(to_float(dw[i]) + sum);
+#pragma unroll 4
+    for (int b = group; b < blocks; b += DIRECT_FINISH_GROUPS) sum += partials[((size_t)b * k + o) * DIRECT_COLS + col];
+    sums[group][col] = sum;
+    __syncthreads();
+    if (group) return;
+    for (int g = 1; g < DIRECT_FINISH_GROUPS; g++) sum += sums[g][col];
+    T *out = dw + (size_t)o * DIRECT_TAPS * DIRECT_C + col;
+    *out = from_float<T>(to_float(*out) + sum);
 }
 
 template <typename T>
@@ -445,9 +467,8 @@ static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, 
         direct_filter_kernel<T><<<blocks, DIRECT_THREADS, 0, stream>>>((const T *)p[0], (const T *)p[2], partials,
                                                                         pixels, s->h, s->w, s->k);
         CUDA_CHECK_LAUNCH();
-        int count = s->k * DIRECT_TAPS * DIRECT_C;
-        direct_filter_finish<T><<<(unsigned)((count + 255) / 256), 256, 0, stream>>>(partials, (int)blocks, s->k,
-                                                                                       (T *)p[1]);
+        direct_filter_finish<T><<<(unsigned)s->k, DIRECT_FINISH_GROUPS * DIRECT_TAPS * DIRECT_C, 0, stream>>>(
+            partials, (int)blocks, s->k, (T *)p[1]);
         CUDA_CHECK_LAUNCH();
     }
 }

@@ -298,14 +298,11 @@ static size_t direct_filter_bytes(const Conv2dCuda *c) {
     return (size_t)c->direct_blocks[CONV2D_FILTER] * c->shape.k * DIRECT_COLS * sizeof(float);
 }
 
-/* rows[p][tap * 8 + ch] = x at pixel first + p's tap neighbour, 0 outside the
- * image, past the last pixel and in the padding columns (tap 9): thread p
- * stages row p, its pixel's place found once. */
+/* row[tap * 8 + ch] = x at the pixel's tap neighbour: 0 outside the image,
+ * past the last pixel and in the padding columns (tap 9). */
 template <typename T>
-static __device__ void stage_im2col(const T *__restrict__ x, T *rows, int first, int pixels, int h, int w) {
-    static_assert(DIRECT_THREADS == DIRECT_PIXELS, "a thread a row");
-    int p = threadIdx.x, pixel = first + p;
-    uint4 *row = (uint4 *)(rows + p * DIRECT_COLS);
+static __device__ void stage_im2col_row(const T *__restrict__ x, T *row, int pixel, int pixels, int h, int w) {
+    uint4 *out = (uint4 *)row;
     int col = pixel % w, rest = pixel / w, line = rest % h;
     const T *image = x + (size_t)(rest - line) * w * DIRECT_C;
 #pragma unroll
@@ -314,9 +311,9 @@ static __device__ void stage_im2col(const T *__restrict__ x, T *rows, int first,
         uint4 v = make_uint4(0, 0, 0, 0);
         if (pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w)
             v = *(const uint4 *)(image + ((size_t)yy * w + xx) * DIRECT_C);
-        row[tap] = v;
+        out[tap] = v;
     }
-    row[DIRECT_TAPS] = make_uint4(0, 0, 0, 0);
+    out[DIRECT_TAPS] = make_uint4(0, 0, 0, 0);
 }
 
 /* Eight fp32 values (32-byte aligned) to one 16-byte store of T. */
@@ -334,56 +331,62 @@ static __device__ uint4 pack8(const float *v) {
 }
 
 /* y[pixel][o] = sum over the 80 columns of rows[pixel][col] * filter[o][col]:
- * each warp 32 pixels, 16 at a time against all k channels (independent
- * accumulators), the 16 x k result staged in shared memory so that the warp
- * writes its 16 pixels' outputs as one contiguous run of 16-byte stores. */
+ * each warp on its own runs of 32 pixels (their im2col rows its own, so the
+ * warps never wait for each other), 32 pixels by all k channels in
+ * accumulators, each 16 x k half staged in shared memory so that the warp
+ * writes its pixels' outputs as one contiguous run of 16-byte stores. */
 template <typename T>
-static __global__ void __launch_bounds__(DIRECT_THREADS)
+static __global__ void __launch_bounds__(DIRECT_THREADS, DIRECT_FORWARD_BLOCKS_PER_SM)
 direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, int pixels, int h, int w,
                       int k) {
     using namespace nvcuda;
-    __shared__ __align__(32) T rows[DIRECT_PIXELS * DIRECT_COLS];
+    constexpr int WARPS = DIRECT_THREADS / 32, OUT_TILES = DIRECT_MAX_OUT / 16;
     __shared__ __align__(32) T filter[DIRECT_MAX_OUT * DIRECT_COLS];
-    __shared__ __align__(32) float out[DIRECT_THREADS / 32][16 * DIRECT_MAX_OUT];
+    __shared__ __align__(32) T rows[WARPS][32 * DIRECT_COLS];
+    __shared__ __align__(32) float out[WARPS][16 * DIRECT_MAX_OUT];
     for (int i = threadIdx.x; i < k * (DIRECT_TAPS + 1); i += DIRECT_THREADS) {
         int o = i / (DIRECT_TAPS + 1), tap = i % (DIRECT_TAPS + 1);
         uint4 v = make_uint4(0, 0, 0, 0);
         if (tap < DIRECT_TAPS) v = *(const uint4 *)(wt + ((size_t)o * DIRECT_TAPS + tap) * DIRECT_C);
         *(uint4 *)(filter + o * DIRECT_COLS + tap * DIRECT_C) = v;
     }
+    __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = k / 16, vectors = k / 8;
-    float *mine = out[warp];
-    for (long first = (long)blockIdx.x * DIRECT_PIXELS; first < pixels; first += (long)gridDim.x * DIRECT_PIXELS) {
-        __syncthreads(); /* the filter staged; the last round's rows read */
-        stage_im2col(x, rows, (int)first, pixels, h, w);
-        __syncthreads();
-        for (int m = 0; m < 2; m++) {
-            int row0 = warp * 32 + m * 16;
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DIRECT_MAX_OUT / 16];
+    T *my_rows = rows[warp];
+    float *my_out = out[warp];
+    for (long first = ((long)blockIdx.x * WARPS + warp) * 32; first < pixels; first += (long)gridDim.x * WARPS * 32) {
+        stage_im2col_row(x, my_rows + lane * DIRECT_COLS, (int)first + lane, pixels, h, w);
+        __syncwarp();
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][OUT_TILES];
 #pragma unroll
-            for (int n = 0; n < DIRECT_MAX_OUT / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
+        for (int n = 0; n < OUT_TILES; n++) wmma::fill_fragment(acc[0][n], 0.0f), wmma::fill_fragment(acc[1][n], 0.0f);
 #pragma unroll
-            for (int t = 0; t < DIRECT_TILES; t++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-                wmma::load_matrix_sync(a, rows + row0 * DIRECT_COLS + t * 16, DIRECT_COLS);
+        for (int t = 0; t < DIRECT_TILES; t++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a0, a1;
+            wmma::load_matrix_sync(a0, my_rows + t * 16, DIRECT_COLS);
+            wmma::load_matrix_sync(a1, my_rows + 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
 #pragma unroll
-                for (int n = 0; n < DIRECT_MAX_OUT / 16; n++) {
-                    if (n >= tiles) break;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-                    wmma::load_matrix_sync(b, filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
-                    wmma::mma_sync(acc[n], a, b, acc[n]);
-                }
+            for (int n = 0; n < OUT_TILES; n++) {
+                if (n >= tiles) break;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
+                wmma::load_matrix_sync(b, filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
+                wmma::mma_sync(acc[0][n], a0, b, acc[0][n]);
+                wmma::mma_sync(acc[1][n], a1, b, acc[1][n]);
             }
+        }
 #pragma unroll
-            for (int n = 0; n < DIRECT_MAX_OUT / 16; n++)
-                if (n < tiles) wmma::store_matrix_sync(mine + n * 16, acc[n], k, wmma::mem_row_major);
+        for (int m = 0; m < 2; m++) {
+            __syncwarp(); /* the last half's outputs read */
+#pragma unroll
+            for (int n = 0; n < OUT_TILES; n++)
+                if (n < tiles) wmma::store_matrix_sync(my_out + n * 16, acc[m][n], k, wmma::mem_row_major);
             __syncwarp();
             for (int i = lane; i < 16 * vectors; i += 32) {
-                long pixel = first + row0 + i / vectors;
-                if (pixel < pixels) *(uint4 *)(y + (size_t)pixel * k + (i % vectors) * 8) = pack8<T>(mine + i * 8);
+                long pixel = first + m * 16 + i / vectors;
+                if (pixel < pixels) *(uint4 *)(y + (size_t)pixel * k + (i % vectors) * 8) = pack8<T>(my_out + i * 8);
             }
-            __syncwarp();
         }
+        __syncwarp(); /* the rows read before the next run stages its own */
     }
 }
 
@@ -396,6 +399,7 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
     using namespace nvcuda;
     __shared__ __align__(32) T rows[DIRECT_PIXELS * DIRECT_COLS];
     __shared__ __align__(32) T grads[DIRECT_PIXELS * DIRECT_MAX_OUT];
+    static_assert(DIRECT_THREADS == DIRECT_PIXELS, "a thread stages a row");
     int warp = threadIdx.x / 32;
     bool active = warp < k / 16;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DIRECT_TILES];
@@ -403,7 +407,7 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
     int vectors = k / 8; /* 16-byte loads per pixel of dy */
     for (long first = (long)blockIdx.x * DIRECT_PIXELS; first < pixels; first += (long)gridDim.x * DIRECT_PIXELS) {
         __syncthreads();
-        stage_im2col(x, rows, (int)first, pixels, h, w);
+        stage_im2col_row(x, rows + threadIdx.x * DIRECT_COLS, (int)first + threadIdx.x, pixels, h, w);
         for (int i = threadIdx.x; i < DIRECT_PIXELS * vectors; i += DIRECT_THREADS) {
             int p = i / vectors, v = i % vectors;
             uint4 g = make_uint4(0, 0, 0, 0);

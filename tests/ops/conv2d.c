@@ -307,8 +307,9 @@ static void conv_gpu_case(const GridCase *c) {
         conv_gpu_shape(c, CONV(8, 64, 16, 16, 128, 3, 3, 1, 1), 64, &benchmarked_policy);
         if (c->dtype != DTYPE_F32) {
             conv_backend_case(c);
-            /* the direct path: ResNet-18's stem, timed and forced; an odd size (765 pixels, 5 rounds of 128,
-             * the last partial) with 32 outputs (2 of the filter gradient's 4 warps idle) */
+            /* the direct path: ResNet-18's stem, timed and forced; an odd size (765 pixels: the last of the
+             * filter gradient's rounds of 128 and of the forward's runs of 32 partial) with 32 outputs (2 of
+             * the filter gradient's 4 warps idle) */
             conv_gpu_shape(c, CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 3, &benchmarked_policy);
             conv_gpu_shape(c, CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 3, &direct_policy);
             conv_gpu_shape(c, CONV(3, 8, 15, 17, 32, 3, 3, 1, 1), 8, &direct_policy);

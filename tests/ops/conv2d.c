@@ -664,6 +664,16 @@ static void conv_backward_by_hand(void) {
     check_values("conv db (accumulated)", db, (double[]){8}, 1, 1e-6);
 }
 
+/* conv2d_describe's line, and conv2d_timed_us of one pass. */
+static void check_described(const OpContext *ctx, const Conv2d *conv, Conv2dPass pass, float timed_us,
+                            const char *expected) {
+    char line[400];
+    conv2d_describe(ctx, conv, line, sizeof line);
+    CHECK_MSG(!strcmp(line, expected), "conv2d_describe: '%s'", line);
+    float us = conv2d_timed_us(ctx, conv, pass);
+    CHECK_MSG(us == timed_us, "conv2d_timed_us of pass %d: %g, not %g", (int)pass, us, timed_us);
+}
+
 /* The log line of a layer's choices (conv2d_describe), from the fields init
  * fills: the legacy algorithms alone, then timed against backend plans. */
 static void conv_describe_by_hand(void) {
@@ -690,23 +700,17 @@ static void conv_describe_by_hand(void) {
     direct.cuda.use_plan[CONV2D_FORWARD] = direct.cuda.use_plan[CONV2D_FILTER] = 0;
     direct.cuda.use_direct[CONV2D_FORWARD] = direct.cuda.use_direct[CONV2D_FILTER] = 1;
     direct.cuda.direct_us[CONV2D_FORWARD] = 25, direct.cuda.direct_us[CONV2D_FILTER] = 30;
-    conv2d_describe(&ctx, &direct, line, sizeof line);
-    const char *direct_line = "cuDNN forward direct 25.0 us (algo 1 120.0 us, backend 85.0 us), backward data algo "
-                              "4 50.0 us (backend 60.0 us), backward data (accumulated) algo 4 55.0 us (no backend "
-                              "plan), backward filter direct 30.0 us (algo 3 80.0 us)";
-    CHECK_MSG(!strcmp(line, direct_line), "conv2d_describe: '%s'", line);
-    CHECK_MSG(conv2d_timed_us(&ctx, &direct, CONV2D_FILTER) == 30.0f, "conv2d_timed_us: %g, not the direct path's",
-              conv2d_timed_us(&ctx, &direct, CONV2D_FILTER));
+    check_described(&ctx, &direct, CONV2D_FILTER, 30.0f,
+                    "cuDNN forward direct 25.0 us (algo 1 120.0 us, backend 85.0 us), backward data algo 4 50.0 us "
+                    "(backend 60.0 us), backward data (accumulated) algo 4 55.0 us (no backend plan), backward "
+                    "filter direct 30.0 us (algo 3 80.0 us)");
     /* the direct path timed and lost: its time after the winner's */
     Conv2d lost = conv;
     lost.cuda.direct_us[CONV2D_FORWARD] = 95;
-    conv2d_describe(&ctx, &lost, line, sizeof line);
-    const char *lost_line = "cuDNN forward backend 85.0 us (algo 1 120.0 us) (direct 95.0 us), backward data algo 4 "
-                            "50.0 us (backend 60.0 us), backward data (accumulated) algo 4 55.0 us (no backend plan), "
-                            "backward filter backend 70.0 us (algo 3 80.0 us)";
-    CHECK_MSG(!strcmp(line, lost_line), "conv2d_describe: '%s'", line);
-    CHECK_MSG(conv2d_timed_us(&ctx, &lost, CONV2D_FORWARD) == 85.0f, "conv2d_timed_us: %g, not the plan's",
-              conv2d_timed_us(&ctx, &lost, CONV2D_FORWARD));
+    check_described(&ctx, &lost, CONV2D_FORWARD, 85.0f,
+                    "cuDNN forward backend 85.0 us (algo 1 120.0 us) (direct 95.0 us), backward data algo 4 50.0 us "
+                    "(backend 60.0 us), backward data (accumulated) algo 4 55.0 us (no backend plan), backward "
+                    "filter backend 70.0 us (algo 3 80.0 us)");
     char small[24];
     conv2d_describe(&ctx, &conv, small, sizeof small);
     CHECK_MSG(strlen(small) == sizeof small - 1 && !strncmp(small, timed, sizeof small - 1),

@@ -199,7 +199,8 @@ const CfgKeySpec trainc_keys[] = {
     {"perf.conv_benchmark", CFG_BOOL, "off", 0,
      "choose convolution algorithms by timing each at start-up (cudnnFind, twice: the second ranking "
      "counts) rather than by heuristics; f16 and bf16 in NHWC also time up to 16 plans of cuDNN's backend "
-     "API per pass and keep the faster (logged per layer)", 0},
+     "API per pass, and a 3x3 stride-1 convolution of the input padded to 8 channels (at most 64 outputs) also "
+     "trainc's own direct kernels for its forward and filter gradient; the fastest kept (logged per layer)", 0},
     {"perf.overlap_wgrad", CFG_BOOL, "off", 0,
      "backward runs each convolution's filter gradient on a second stream, beside the batch norms, ReLUs and "
      "adds before it (memory-bound passes beside a compute-bound one), and joins it back before the next layer "

@@ -8,7 +8,9 @@
  * products accumulate in fp32). Algorithms come from cuDNN's
  * heuristics at init (or, with 'benchmark', from timing each on the device),
  * the fastest usable one; with 'deterministic' only those
- * cuDNN calls deterministic, so two runs of the same step give the same bits. */
+ * cuDNN calls deterministic, so two runs of the same step give the same bits.
+ * Under 'benchmark' the half types in NHWC also time backend plans and, for a
+ * network's first convolution, a direct path of our own (below). */
 #include "ops/conv2d.h"
 
 #include <limits.h>

@@ -283,10 +283,11 @@ static bool aligned(void *const *p) {
 #define DIRECT_PIXELS 128    /* im2col rows a filter-gradient block stages per round */
 #define DIRECT_THREADS 128   /* 4 warps */
 #define DIRECT_MAX_OUT 64    /* output channels: the filter tile and the filter gradient's 4 warps */
-/* Blocks per SM: four, for warps enough to cover the loads of rows being
- * staged (shared memory holds four of either kernel's blocks); each
- * filter-gradient block adds a set of partial sums for the finish to read. */
-#define DIRECT_FORWARD_BLOCKS_PER_SM 4
+/* Blocks per SM: warps enough to cover the loads of rows being staged;
+ * three forward, whose warps hold the filter in registers (156 of them);
+ * each filter-gradient block adds a set of partial sums for the finish to
+ * read. */
+#define DIRECT_FORWARD_BLOCKS_PER_SM 3
 #define DIRECT_FILTER_BLOCKS_PER_SM 4
 
 static bool direct_fits(const Conv2dCuda *c) {
@@ -337,9 +338,10 @@ static __device__ uint4 pack8(const float *v) {
 
 /* y[pixel][o] = sum over the 80 columns of rows[pixel][col] * filter[o][col]:
  * each warp on its own runs of 32 pixels (their im2col rows its own, so the
- * warps never wait for each other), 32 pixels by all k channels in
- * accumulators, each 16 x k half staged in shared memory so that the warp
- * writes its pixels' outputs as one contiguous run of 16-byte stores. */
+ * warps never wait for each other), the whole filter held in its registers,
+ * 16 pixels by all k channels at a time in accumulators, staged in shared
+ * memory so that the warp writes their outputs as one contiguous run of
+ * 16-byte stores. */
 template <typename T>
 static __global__ void __launch_bounds__(DIRECT_THREADS, DIRECT_FORWARD_BLOCKS_PER_SM)
 direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, int pixels, int h, int w,
@@ -357,34 +359,34 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
     }
     __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = k / 16, vectors = k / 8;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[OUT_TILES][DIRECT_TILES];
+#pragma unroll
+    for (int n = 0; n < OUT_TILES; n++)
+#pragma unroll
+        for (int t = 0; t < DIRECT_TILES; t++)
+            if (n < tiles) wmma::load_matrix_sync(b[n][t], filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
     T *my_rows = rows[warp];
     float *my_out = out[warp];
     for (long first = ((long)blockIdx.x * WARPS + warp) * 32; first < pixels; first += (long)gridDim.x * WARPS * 32) {
         stage_im2col_row(x, my_rows + lane * DIRECT_COLS, (int)first + lane, pixels, h, w);
         __syncwarp();
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][OUT_TILES];
-#pragma unroll
-        for (int n = 0; n < OUT_TILES; n++) wmma::fill_fragment(acc[0][n], 0.0f), wmma::fill_fragment(acc[1][n], 0.0f);
-#pragma unroll
-        for (int t = 0; t < DIRECT_TILES; t++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a0, a1;
-            wmma::load_matrix_sync(a0, my_rows + t * 16, DIRECT_COLS);
-            wmma::load_matrix_sync(a1, my_rows + 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
-#pragma unroll
-            for (int n = 0; n < OUT_TILES; n++) {
-                if (n >= tiles) break;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;
-                wmma::load_matrix_sync(b, filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
-                wmma::mma_sync(acc[0][n], a0, b, acc[0][n]);
-                wmma::mma_sync(acc[1][n], a1, b, acc[1][n]);
-            }
-        }
 #pragma unroll
         for (int m = 0; m < 2; m++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[OUT_TILES];
+#pragma unroll
+            for (int n = 0; n < OUT_TILES; n++) wmma::fill_fragment(acc[n], 0.0f);
+#pragma unroll
+            for (int t = 0; t < DIRECT_TILES; t++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
+                wmma::load_matrix_sync(a, my_rows + m * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
+#pragma unroll
+                for (int n = 0; n < OUT_TILES; n++)
+                    if (n < tiles) wmma::mma_sync(acc[n], a, b[n][t], acc[n]);
+            }
             __syncwarp(); /* the last half's outputs read */
 #pragma unroll
             for (int n = 0; n < OUT_TILES; n++)
-                if (n < tiles) wmma::store_matrix_sync(my_out + n * 16, acc[m][n], k, wmma::mem_row_major);
+                if (n < tiles) wmma::store_matrix_sync(my_out + n * 16, acc[n], k, wmma::mem_row_major);
             __syncwarp();
             for (int i = lane; i < 16 * vectors; i += 32) {
                 long pixel = first + m * 16 + i / vectors;

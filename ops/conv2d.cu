@@ -26,6 +26,7 @@
 #include "runtime/check.h"
 #include "runtime/cuda_launch.h"
 #include "runtime/dtype_cuda.cuh"
+#include "runtime/mma_cuda.cuh"
 
 static const float kOne = 1.0f, kZero = 0.0f;
 
@@ -269,13 +270,13 @@ static bool aligned(void *const *p) {
 /* A network's first convolution (3 channels padded to 8, 64 out, 3x3, stride 1)
  * is far from its memory bound in cuDNN's kernels: ResNet-18's 32x32 stem took
  * 70 us forward and 97 us for the filter gradient on an H200, where its 67 MB
- * output takes about 20 us to write. Here the im2col rows of a run of pixels
- * (9 taps x 8 channels, padded to 80 columns) are staged in shared memory and
- * multiplied on tensor cores (WMMA, fp32 accumulation): 32 pixels a warp
- * forward, 128 a block for the filter gradient. Both passes are bound by
- * shared memory's bandwidth (ncu, H200: L1 at 97% and 88%); at ResNet-18's
- * stem they took 63 and 78 us, against cuDNN's 70 and 98. Under benchmark
- * each pass is timed against cuDNN's and the faster kept. */
+ * output takes about 20 us to write. Here both passes run on tensor cores
+ * with fp32 accumulation, over K = 9 taps x 8 channels padded to 80. Forward:
+ * mma.sync with the filter in registers and the operands loaded straight from
+ * x. Filter gradient: the im2col rows of 128 pixels a block staged in shared
+ * memory, multiplied by WMMA (bound by shared memory's bandwidth: L1 at 88%
+ * in ncu on an H200; 78 us at ResNet-18's stem against cuDNN's 98). Under
+ * benchmark each pass is timed against cuDNN's and the faster kept. */
 #define DIRECT_C 8
 #define DIRECT_TAPS 9
 #define DIRECT_COLS 80       /* 9 taps x 8 channels = 72, padded to 5 tiles of 16 */
@@ -283,10 +284,9 @@ static bool aligned(void *const *p) {
 #define DIRECT_PIXELS 128    /* im2col rows a filter-gradient block stages per round */
 #define DIRECT_THREADS 128   /* 4 warps */
 #define DIRECT_MAX_OUT 64    /* output channels: the filter tile and the filter gradient's 4 warps */
-/* Blocks per SM: warps enough to cover the loads of rows being staged;
- * three forward, whose warps hold the filter in registers (156 of them);
- * each filter-gradient block adds a set of partial sums for the finish to
- * read. */
+/* Blocks per SM: warps enough to cover the loads; three forward, whose warps
+ * hold the filter in registers (145 of them); each filter-gradient block
+ * adds a set of partial sums for the finish to read. */
 #define DIRECT_FORWARD_BLOCKS_PER_SM 3
 #define DIRECT_FILTER_BLOCKS_PER_SM 4
 
@@ -322,78 +322,83 @@ static __device__ void stage_im2col_row(const T *__restrict__ x, T *row, int pix
     out[DIRECT_TAPS] = make_uint4(0, 0, 0, 0);
 }
 
-/* Eight fp32 values (32-byte aligned) to one 16-byte store of T. */
+/* 32 bits of T at p (4-byte aligned). */
 template <typename T>
-static __device__ uint4 pack8(const float *v) {
-    union {
-        uint4 bits;
-        T values[8];
-    } out;
-    float4 low = ((const float4 *)v)[0], high = ((const float4 *)v)[1];
-    const float all[8] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-#pragma unroll
-    for (int e = 0; e < 8; e++) out.values[e] = from_float<T>(all[e]);
-    return out.bits;
+static __device__ __forceinline__ uint32_t load_pair(const T *p) {
+    return *(const uint32_t *)p;
 }
 
-/* y[pixel][o] = sum over the 80 columns of rows[pixel][col] * filter[o][col]:
- * each warp on its own runs of 32 pixels (their im2col rows its own, so the
- * warps never wait for each other), the whole filter held in its registers,
- * 16 pixels by all k channels at a time in accumulators, staged in shared
- * memory so that the warp writes their outputs as one contiguous run of
- * 16-byte stores. */
+/* y[pixel][o] = sum over taps and channels of x[the pixel's tap neighbour][ch]
+ * * w[o][tap][ch], as m16n8k16 MMAs (runtime/mma_cuda.cuh) over K = 2 taps of
+ * 8 channels each, 5 steps (the tenth tap zero). Each warp on its own runs of
+ * 16 pixels, with the whole filter in its registers as b fragments: a lane
+ * loads its a fragments straight from x (4 bytes a tap, 8 pixels of a warp's
+ * load reading 128 contiguous bytes), and the accumulators, rounded to T,
+ * pass through shared memory so that the warp writes its pixels' outputs as
+ * contiguous 16-byte stores. */
+#define DIRECT_OUT_STRIDE (DIRECT_MAX_OUT + 8) /* T a pixel's outputs take in shared memory: 36 words, so a
+                                                  lane quad's 8 pixels store to different banks */
 template <typename T>
 static __global__ void __launch_bounds__(DIRECT_THREADS, DIRECT_FORWARD_BLOCKS_PER_SM)
 direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, int pixels, int h, int w,
                       int k) {
-    using namespace nvcuda;
-    constexpr int WARPS = DIRECT_THREADS / 32, OUT_TILES = DIRECT_MAX_OUT / 16;
-    __shared__ __align__(32) T filter[DIRECT_MAX_OUT * DIRECT_COLS];
-    __shared__ __align__(32) T rows[WARPS][32 * DIRECT_COLS];
-    __shared__ __align__(32) float out[WARPS][16 * DIRECT_MAX_OUT];
-    for (int i = threadIdx.x; i < k * (DIRECT_TAPS + 1); i += DIRECT_THREADS) {
-        int o = i / (DIRECT_TAPS + 1), tap = i % (DIRECT_TAPS + 1);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (tap < DIRECT_TAPS) v = *(const uint4 *)(wt + ((size_t)o * DIRECT_TAPS + tap) * DIRECT_C);
-        *(uint4 *)(filter + o * DIRECT_COLS + tap * DIRECT_C) = v;
-    }
-    __syncthreads();
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = k / 16, vectors = k / 8;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b[OUT_TILES][DIRECT_TILES];
+    constexpr int WARPS = DIRECT_THREADS / 32, N8 = DIRECT_MAX_OUT / 8;
+    __shared__ __align__(16) T out[WARPS][16 * DIRECT_OUT_STRIDE];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, pair = lane % 4, n8 = k / 8;
+    /* b[j][step]: w[8 j + group][taps 2 step and 2 step + 1][channels 2 pair, 2 pair + 1] */
+    uint32_t b[N8][DIRECT_TILES][2];
 #pragma unroll
-    for (int n = 0; n < OUT_TILES; n++)
+    for (int j = 0; j < N8; j++)
 #pragma unroll
-        for (int t = 0; t < DIRECT_TILES; t++)
-            if (n < tiles) wmma::load_matrix_sync(b[n][t], filter + n * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
-    T *my_rows = rows[warp];
-    float *my_out = out[warp];
-    for (long first = ((long)blockIdx.x * WARPS + warp) * 32; first < pixels; first += (long)gridDim.x * WARPS * 32) {
-        stage_im2col_row(x, my_rows + lane * DIRECT_COLS, (int)first + lane, pixels, h, w);
-        __syncwarp();
+        for (int step = 0; step < DIRECT_TILES; step++)
 #pragma unroll
-        for (int m = 0; m < 2; m++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[OUT_TILES];
-#pragma unroll
-            for (int n = 0; n < OUT_TILES; n++) wmma::fill_fragment(acc[n], 0.0f);
-#pragma unroll
-            for (int t = 0; t < DIRECT_TILES; t++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-                wmma::load_matrix_sync(a, my_rows + m * 16 * DIRECT_COLS + t * 16, DIRECT_COLS);
-#pragma unroll
-                for (int n = 0; n < OUT_TILES; n++)
-                    if (n < tiles) wmma::mma_sync(acc[n], a, b[n][t], acc[n]);
+            for (int half = 0; half < 2; half++) {
+                int tap = 2 * step + half;
+                const T *at = wt + ((size_t)(8 * j + group) * DIRECT_TAPS + tap) * DIRECT_C + 2 * pair;
+                b[j][step][half] = j < n8 && tap < DIRECT_TAPS ? load_pair(at) : 0u;
             }
-            __syncwarp(); /* the last half's outputs read */
+    T *mine = out[warp];
+    for (long first = ((long)blockIdx.x * WARPS + warp) * 16; first < pixels; first += (long)gridDim.x * WARPS * 16) {
+        /* a[tap][row]: x at pixel first + group + 8 row's tap neighbour, channels 2 pair, 2 pair + 1 */
+        uint32_t a[DIRECT_TAPS + 1][2];
 #pragma unroll
-            for (int n = 0; n < OUT_TILES; n++)
-                if (n < tiles) wmma::store_matrix_sync(my_out + n * 16, acc[n], k, wmma::mem_row_major);
-            __syncwarp();
-            for (int i = lane; i < 16 * vectors; i += 32) {
-                long pixel = first + m * 16 + i / vectors;
-                if (pixel < pixels) *(uint4 *)(y + (size_t)pixel * k + (i % vectors) * 8) = pack8<T>(my_out + i * 8);
+        for (int row = 0; row < 2; row++) {
+            int pixel = (int)first + group + 8 * row;
+            int col = pixel % w, rest = pixel / w, line = rest % h;
+            const T *image = x + (size_t)(rest - line) * w * DIRECT_C + 2 * pair;
+#pragma unroll
+            for (int tap = 0; tap < DIRECT_TAPS; tap++) {
+                int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
+                bool inside = pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w;
+                a[tap][row] = inside ? load_pair(image + ((size_t)yy * w + xx) * DIRECT_C) : 0u;
             }
+            a[DIRECT_TAPS][row] = 0u;
         }
-        __syncwarp(); /* the rows read before the next run stages its own */
+        float acc[N8][4];
+#pragma unroll
+        for (int j = 0; j < N8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+        for (int step = 0; step < DIRECT_TILES; step++) {
+            const uint32_t frag[4] = {a[2 * step][0], a[2 * step][1], a[2 * step + 1][0], a[2 * step + 1][1]};
+#pragma unroll
+            for (int j = 0; j < N8; j++)
+                if (j < n8) mma<T>(acc[j], frag, b[j][step][0], b[j][step][1]);
+        }
+        __syncwarp(); /* the last run's outputs read */
+#pragma unroll
+        for (int j = 0; j < N8; j++)
+            if (j < n8) {
+                *(uint32_t *)(mine + group * DIRECT_OUT_STRIDE + 8 * j + 2 * pair) = pack2_float<T>(acc[j][0], acc[j][1]);
+                *(uint32_t *)(mine + (group + 8) * DIRECT_OUT_STRIDE + 8 * j + 2 * pair) =
+                    pack2_float<T>(acc[j][2], acc[j][3]);
+            }
+        __syncwarp();
+        for (int i = lane; i < 16 * n8; i += 32) {
+            int row = i / n8, vector = i % n8;
+            long pixel = first + row;
+            if (pixel < pixels)
+                *(uint4 *)(y + (size_t)pixel * k + 8 * vector) = *(const uint4 *)(mine + row * DIRECT_OUT_STRIDE + 8 * vector);
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 
 #include "runtime/check.h"
 #include "runtime/dtype_cuda.cuh"
+#include "runtime/mma_cuda.cuh"
 
 /* The convolution is a GEMM of conv pixels (M) by output channels (N) over
  * K = 9 taps x c_real channels, packed into 32 (k = tap * c_real + channel;
@@ -43,39 +44,6 @@ enum {
     BACKWARD_BLOCKS = 396         /* fixed, so that the partial sums add in the same order on every card;
                                      one wave of 3 blocks an SM on an H100 or H200 (132 SMs) */
 };
-
-/* ---- tensor-core pieces ------------------------------------------------------ */
-
-static __device__ __forceinline__ uint16_t bits16(__half v) { return __half_as_ushort(v); }
-static __device__ __forceinline__ uint16_t bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
-static __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) { return lo | ((uint32_t)hi << 16); }
-
-/* d += a b: m16n8k16, a row-major 16x16, b column-major 16x8, fp32 accumulators. */
-template <typename T>
-static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
-
-#define MMA_M16N8K16(TYPE)                                                                                    \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "     \
-                 "{%8,%9}, {%0,%1,%2,%3};\n"                                                                       \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                   \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-
-template <>
-__device__ __forceinline__ void mma<__half>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    MMA_M16N8K16("f16");
-}
-
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    MMA_M16N8K16("bf16");
-}
-
-/* An 8x8 matrix of 16-bit values, a row per lane quad, transposed across the warp. */
-static __device__ __forceinline__ uint32_t transpose8x8(uint32_t v) {
-    uint32_t r;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(v));
-    return r;
-}
 
 /* ---- where things are ---------------------------------------------------------- */
 

@@ -15,7 +15,6 @@
 
 #include <limits.h>
 #include <math.h>
-#include <mma.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -270,23 +269,21 @@ static bool aligned(void *const *p) {
 /* A network's first convolution (3 channels padded to 8, 64 out, 3x3, stride 1)
  * is far from its memory bound in cuDNN's kernels: ResNet-18's 32x32 stem took
  * 70 us forward and 97 us for the filter gradient on an H200, where its 67 MB
- * output takes about 20 us to write. Here both passes run on tensor cores
- * with fp32 accumulation, over K = 9 taps x 8 channels padded to 80. Forward:
- * mma.sync with the filter in registers and the operands loaded straight from
- * x. Filter gradient: the im2col rows of 128 pixels a block staged in shared
- * memory, multiplied by WMMA (bound by shared memory's bandwidth: L1 at 88%
- * in ncu on an H200; 78 us at ResNet-18's stem against cuDNN's 98). Under
- * benchmark each pass is timed against cuDNN's and the faster kept. */
+ * output takes about 20 us to write. Here both passes run as mma.sync on
+ * tensor cores (runtime/mma_cuda.cuh) with fp32 accumulation, their operands
+ * loaded straight from x, w and dy, 4 bytes a lane (no im2col, and nothing
+ * staged in shared memory but the forward's outputs, for 16-byte stores).
+ * Under benchmark each pass is timed against cuDNN's and the faster kept. */
 #define DIRECT_C 8
 #define DIRECT_TAPS 9
-#define DIRECT_COLS 80       /* 9 taps x 8 channels = 72, padded to 5 tiles of 16 */
-#define DIRECT_TILES 5       /* DIRECT_COLS / 16 */
-#define DIRECT_PIXELS 128    /* im2col rows a filter-gradient block stages per round */
+#define DIRECT_COLS 72       /* 9 taps x 8 channels: a filter's row, and a row of the partial sums */
+#define DIRECT_TILES 5       /* the forward's K steps of 2 taps, the tenth tap zero */
+#define DIRECT_PIXELS 128    /* pixels a block takes, for the grids' size */
 #define DIRECT_THREADS 128   /* 4 warps */
-#define DIRECT_MAX_OUT 64    /* output channels: the filter tile and the filter gradient's 4 warps */
+#define DIRECT_MAX_OUT 64    /* output channels: 8 tiles of 8 forward, 4 of 16 for the filter gradient */
 /* Blocks per SM: warps enough to cover the loads; three forward, whose warps
- * hold the filter in registers (145 of them); each filter-gradient block
- * adds a set of partial sums for the finish to read. */
+ * hold the filter in registers (145 of them), four for the filter gradient
+ * (125), each block a row of partial sums for the finish to read. */
 #define DIRECT_FORWARD_BLOCKS_PER_SM 3
 #define DIRECT_FILTER_BLOCKS_PER_SM 4
 
@@ -299,27 +296,9 @@ static bool direct_fits(const Conv2dCuda *c) {
 
 static size_t direct_pixels(const Conv2dShape *s) { return (size_t)s->n * s->h * s->w; }
 
-/* The filter gradient's workspace: each block's fp32 partial sums [k][80]. */
+/* The filter gradient's workspace: each block's fp32 partial sums [k][72]. */
 static size_t direct_filter_bytes(const Conv2dCuda *c) {
     return (size_t)c->direct_blocks[CONV2D_FILTER] * c->shape.k * DIRECT_COLS * sizeof(float);
-}
-
-/* row[tap * 8 + ch] = x at the pixel's tap neighbour: 0 outside the image,
- * past the last pixel and in the padding columns (tap 9). */
-template <typename T>
-static __device__ void stage_im2col_row(const T *__restrict__ x, T *row, int pixel, int pixels, int h, int w) {
-    uint4 *out = (uint4 *)row;
-    int col = pixel % w, rest = pixel / w, line = rest % h;
-    const T *image = x + (size_t)(rest - line) * w * DIRECT_C;
-#pragma unroll
-    for (int tap = 0; tap < DIRECT_TAPS; tap++) {
-        int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w)
-            v = *(const uint4 *)(image + ((size_t)yy * w + xx) * DIRECT_C);
-        out[tap] = v;
-    }
-    out[DIRECT_TAPS] = make_uint4(0, 0, 0, 0);
 }
 
 /* 32 bits of T at p (4-byte aligned). */
@@ -402,47 +381,81 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
     }
 }
 
-/* partials[block][o][col] = block's sum over its pixels of dy[pixel][o] * rows[pixel][col]:
- * warp j the output channels 16j .. 16j + 15, all 80 columns. */
+/* partials[block][o][tap * 8 + ch] = the block's sum over its pixels of dy[pixel][o] * x[the pixel's tap
+ * neighbour][ch], as m16n8k16 MMAs over 16 pixels at a time: a = 16 channels of dy by the 16 pixels, b =
+ * one tap's 8 channels of x by them (9 taps, no padding), each loaded straight from memory as a lane's 4
+ * bytes of a pixel and turned into operand layout by movmatrix. The block's warps pair up: each pair on
+ * its own runs of 16 pixels, its two warps on half the output channels' tiles each (2 x 9 accumulators);
+ * the second pair's sums are added to the first's in shared memory, in that order. */
 template <typename T>
-static __global__ void __launch_bounds__(DIRECT_THREADS)
+static __global__ void __launch_bounds__(DIRECT_THREADS, DIRECT_FILTER_BLOCKS_PER_SM)
 direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *__restrict__ partials, int pixels, int h,
                      int w, int k) {
-    using namespace nvcuda;
-    __shared__ __align__(32) T rows[DIRECT_PIXELS * DIRECT_COLS];
-    __shared__ __align__(32) T grads[DIRECT_PIXELS * DIRECT_MAX_OUT];
-    static_assert(DIRECT_THREADS == DIRECT_PIXELS, "a thread stages a row");
-    int warp = threadIdx.x / 32;
-    bool active = warp < k / 16;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[DIRECT_TILES];
-    for (int t = 0; t < DIRECT_TILES; t++) wmma::fill_fragment(acc[t], 0.0f);
-    int vectors = k / 8; /* 16-byte loads per pixel of dy */
-    for (long first = (long)blockIdx.x * DIRECT_PIXELS; first < pixels; first += (long)gridDim.x * DIRECT_PIXELS) {
-        __syncthreads();
-        stage_im2col_row(x, rows + threadIdx.x * DIRECT_COLS, (int)first + threadIdx.x, pixels, h, w);
-        for (int i = threadIdx.x; i < DIRECT_PIXELS * vectors; i += DIRECT_THREADS) {
-            int p = i / vectors, v = i % vectors;
-            uint4 g = make_uint4(0, 0, 0, 0);
-            if (first + p < pixels) g = *(const uint4 *)(dy + (size_t)(first + p) * k + v * 8);
-            *(uint4 *)(grads + p * k + v * 8) = g;
-        }
-        __syncthreads();
-        if (!active) continue;
-        for (int p0 = 0; p0 < DIRECT_PIXELS; p0 += 16) {
-            /* (o, p) at grads[p * k + o]: dy's 16 channels by 16 pixels */
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a;
-            wmma::load_matrix_sync(a, grads + p0 * k + warp * 16, k);
-            for (int t = 0; t < DIRECT_TILES; t++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;
-                wmma::load_matrix_sync(b, rows + p0 * DIRECT_COLS + t * 16, DIRECT_COLS);
-                wmma::mma_sync(acc[t], a, b, acc[t]);
+    static_assert(DIRECT_THREADS == 128, "two pairs of warps");
+    __shared__ float second[2][2][DIRECT_TAPS][4][32]; /* the second pair's: [half][m][tap][register][lane] */
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, pair = lane % 4;
+    int half = warp % 2, runner = blockIdx.x * 2 + warp / 2, runners = gridDim.x * 2, tiles = k / 16;
+    bool active = 2 * half < tiles; /* a warp-uniform branch: movmatrix and mma are warp-wide */
+    float acc[2][DIRECT_TAPS][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int tap = 0; tap < DIRECT_TAPS; tap++) acc[m][tap][0] = acc[m][tap][1] = acc[m][tap][2] = acc[m][tap][3] = 0.0f;
+    for (long first = (long)runner * 16; active && first < pixels; first += (long)runners * 16) {
+        /* b[tap][row]: x at pixels first + 8 row .. + 7's tap neighbours, channel group, pixels 2 pair, 2 pair + 1 */
+        uint32_t b[DIRECT_TAPS][2];
+#pragma unroll
+        for (int row = 0; row < 2; row++) {
+            int pixel = (int)first + group + 8 * row;
+            int col = pixel % w, rest = pixel / w, line = rest % h;
+            const T *image = x + (size_t)(rest - line) * w * DIRECT_C + 2 * pair;
+#pragma unroll
+            for (int tap = 0; tap < DIRECT_TAPS; tap++) {
+                int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
+                bool inside = pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w;
+                b[tap][row] = transpose8x8(inside ? load_pair(image + ((size_t)yy * w + xx) * DIRECT_C) : 0u);
             }
         }
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            int tile = 2 * half + m;
+            if (tile >= tiles) continue;
+            /* a[q]: dy's channels 16 tile + 8 (q % 2) + group at pixels first + 8 (q / 2) + 2 pair, + 1 */
+            uint32_t a[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                long pixel = first + group + 8 * (q / 2);
+                const T *at = dy + (size_t)pixel * k + 16 * tile + 8 * (q % 2) + 2 * pair;
+                a[q] = transpose8x8(pixel < pixels ? load_pair(at) : 0u);
+            }
+#pragma unroll
+            for (int tap = 0; tap < DIRECT_TAPS; tap++) mma<T>(acc[m][tap], a, b[tap][0], b[tap][1]);
+        }
     }
-    if (!active) return;
-    float *mine = partials + ((size_t)blockIdx.x * k + warp * 16) * DIRECT_COLS;
-    for (int t = 0; t < DIRECT_TILES; t++)
-        wmma::store_matrix_sync(mine + t * 16, acc[t], DIRECT_COLS, wmma::mem_row_major);
+    if (warp >= 2)
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int tap = 0; tap < DIRECT_TAPS; tap++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) second[half][m][tap][r][lane] = acc[m][tap][r];
+    __syncthreads();
+    if (warp >= 2 || !active) return;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        int tile = 2 * half + m;
+        if (tile >= tiles) continue;
+        float *row0 = partials + ((size_t)blockIdx.x * k + 16 * tile + group) * DIRECT_COLS + 2 * pair;
+        float *row8 = row0 + 8 * DIRECT_COLS;
+#pragma unroll
+        for (int tap = 0; tap < DIRECT_TAPS; tap++) {
+            float sum[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) sum[r] = acc[m][tap][r] + second[half][m][tap][r][lane];
+            *(float2 *)(row0 + 8 * tap) = make_float2(sum[0], sum[1]);
+            *(float2 *)(row8 + 8 * tap) = make_float2(sum[2], sum[3]);
+        }
+    }
 }
 
 /* dw[o][tap][ch] += the blocks' partial sums: block o, thread (group, col)
@@ -450,10 +463,10 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
  * groups are added in order, so the sum is the same on every run. */
 #define DIRECT_FINISH_GROUPS 12
 template <typename T>
-static __global__ void __launch_bounds__(DIRECT_FINISH_GROUPS * DIRECT_TAPS * DIRECT_C)
+static __global__ void __launch_bounds__(DIRECT_FINISH_GROUPS * DIRECT_COLS)
 direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *dw) {
-    __shared__ float sums[DIRECT_FINISH_GROUPS][DIRECT_TAPS * DIRECT_C];
-    int o = blockIdx.x, col = threadIdx.x % (DIRECT_TAPS * DIRECT_C), group = threadIdx.x / (DIRECT_TAPS * DIRECT_C);
+    __shared__ float sums[DIRECT_FINISH_GROUPS][DIRECT_COLS];
+    int o = blockIdx.x, col = threadIdx.x % DIRECT_COLS, group = threadIdx.x / DIRECT_COLS;
     float sum = 0.0f;
 #pragma unroll 4
     for (int b = group; b < blocks; b += DIRECT_FINISH_GROUPS) sum += partials[((size_t)b * k + o) * DIRECT_COLS + col];
@@ -461,7 +474,7 @@ direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *d
     __syncthreads();
     if (group) return;
     for (int g = 1; g < DIRECT_FINISH_GROUPS; g++) sum += sums[g][col];
-    T *out = dw + (size_t)o * DIRECT_TAPS * DIRECT_C + col;
+    T *out = dw + (size_t)o * DIRECT_COLS + col;
     *out = from_float<T>(to_float(*out) + sum);
 }
 
@@ -483,7 +496,7 @@ static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, 
         direct_filter_kernel<T><<<blocks, DIRECT_THREADS, 0, stream>>>((const T *)p[0], (const T *)p[2], partials,
                                                                         pixels, s->h, s->w, s->k);
         CUDA_CHECK_LAUNCH();
-        direct_filter_finish<T><<<(unsigned)s->k, DIRECT_FINISH_GROUPS * DIRECT_TAPS * DIRECT_C, 0, stream>>>(
+        direct_filter_finish<T><<<(unsigned)s->k, DIRECT_FINISH_GROUPS * DIRECT_COLS, 0, stream>>>(
             partials, (int)blocks, s->k, (T *)p[1]);
         CUDA_CHECK_LAUNCH();
     }
@@ -495,12 +508,12 @@ static void run_direct(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, vo
     DISPATCH_FLOAT_DTYPE(c->dtype, launch_direct, c, pass, p, workspace, stream);
 }
 
-/* The direct kernels load 16 bytes at a time and store the filter gradient's
- * partial sums as WMMA tiles (32-byte aligned). */
+/* The forward stores 16 bytes at a time, and the filter gradient its partial
+ * sums 8 bytes at a time. */
 static bool direct_aligned(void *const *p, const void *workspace, Conv2dPass pass) {
     for (int i = 0; i < PASS_TENSORS; i++)
         if ((uintptr_t)p[i] % 16 != 0) return false;
-    return pass != CONV2D_FILTER || (workspace && (uintptr_t)workspace % 32 == 0);
+    return pass != CONV2D_FILTER || (workspace && (uintptr_t)workspace % 8 == 0);
 }
 
 /* The pass by the backend plan where it won (and the tensors are aligned as

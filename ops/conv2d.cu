@@ -367,16 +367,16 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
 #pragma unroll
         for (int j = 0; j < N8; j++)
             if (j < n8) {
-                *(uint32_t *)(mine + group * DIRECT_OUT_STRIDE + 8 * j + 2 * pair) = pack2_float<T>(acc[j][0], acc[j][1]);
-                *(uint32_t *)(mine + (group + 8) * DIRECT_OUT_STRIDE + 8 * j + 2 * pair) =
-                    pack2_float<T>(acc[j][2], acc[j][3]);
+                T *at = mine + group * DIRECT_OUT_STRIDE + 8 * j + 2 * pair;
+                *(uint32_t *)at = pack2_float<T>(acc[j][0], acc[j][1]);
+                *(uint32_t *)(at + 8 * DIRECT_OUT_STRIDE) = pack2_float<T>(acc[j][2], acc[j][3]);
             }
         __syncwarp();
         for (int i = lane; i < 16 * n8; i += 32) {
             int row = i / n8, vector = i % n8;
             long pixel = first + row;
-            if (pixel < pixels)
-                *(uint4 *)(y + (size_t)pixel * k + 8 * vector) = *(const uint4 *)(mine + row * DIRECT_OUT_STRIDE + 8 * vector);
+            const uint4 *staged = (const uint4 *)(mine + row * DIRECT_OUT_STRIDE + 8 * vector);
+            if (pixel < pixels) *(uint4 *)(y + (size_t)pixel * k + 8 * vector) = *staged;
         }
     }
 }
@@ -400,7 +400,9 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
-        for (int tap = 0; tap < DIRECT_TAPS; tap++) acc[m][tap][0] = acc[m][tap][1] = acc[m][tap][2] = acc[m][tap][3] = 0.0f;
+        for (int tap = 0; tap < DIRECT_TAPS; tap++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[m][tap][r] = 0.0f;
     for (long first = (long)runner * 16; active && first < pixels; first += (long)runners * 16) {
         /* b[tap][row]: x at pixels first + 8 row .. + 7's tap neighbours, channel group, pixels 2 pair, 2 pair + 1 */
         uint32_t b[DIRECT_TAPS][2];

@@ -307,6 +307,21 @@ static __device__ __forceinline__ uint32_t load_pair(const T *p) {
     return *(const uint32_t *)p;
 }
 
+/* taps[tap] = x's channels 2 pair and 2 pair + 1 at the pixel's tap neighbour:
+ * 0 outside the image and past the last pixel. */
+template <typename T>
+static __device__ __forceinline__ void load_taps(const T *__restrict__ x, int pixel, int pixels, int h, int w, int pair,
+                                                 uint32_t taps[DIRECT_TAPS]) {
+    int col = pixel % w, rest = pixel / w, line = rest % h;
+    const T *image = x + (size_t)(rest - line) * w * DIRECT_C + 2 * pair;
+#pragma unroll
+    for (int tap = 0; tap < DIRECT_TAPS; tap++) {
+        int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
+        bool inside = pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w;
+        taps[tap] = inside ? load_pair(image + ((size_t)yy * w + xx) * DIRECT_C) : 0u;
+    }
+}
+
 /* y[pixel][o] = sum over taps and channels of x[the pixel's tap neighbour][ch]
  * * w[o][tap][ch], as m16n8k16 MMAs (runtime/mma_cuda.cuh) over K = 2 taps of
  * 8 channels each, 5 steps (the tenth tap zero). Each warp on its own runs of
@@ -342,15 +357,10 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
         uint32_t a[DIRECT_TAPS + 1][2];
 #pragma unroll
         for (int row = 0; row < 2; row++) {
-            int pixel = (int)first + group + 8 * row;
-            int col = pixel % w, rest = pixel / w, line = rest % h;
-            const T *image = x + (size_t)(rest - line) * w * DIRECT_C + 2 * pair;
+            uint32_t taps[DIRECT_TAPS];
+            load_taps(x, (int)first + group + 8 * row, pixels, h, w, pair, taps);
 #pragma unroll
-            for (int tap = 0; tap < DIRECT_TAPS; tap++) {
-                int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
-                bool inside = pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w;
-                a[tap][row] = inside ? load_pair(image + ((size_t)yy * w + xx) * DIRECT_C) : 0u;
-            }
+            for (int tap = 0; tap < DIRECT_TAPS; tap++) a[tap][row] = taps[tap];
             a[DIRECT_TAPS][row] = 0u;
         }
         float acc[N8][4];
@@ -408,15 +418,10 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
         uint32_t b[DIRECT_TAPS][2];
 #pragma unroll
         for (int row = 0; row < 2; row++) {
-            int pixel = (int)first + group + 8 * row;
-            int col = pixel % w, rest = pixel / w, line = rest % h;
-            const T *image = x + (size_t)(rest - line) * w * DIRECT_C + 2 * pair;
+            uint32_t taps[DIRECT_TAPS];
+            load_taps(x, (int)first + group + 8 * row, pixels, h, w, pair, taps);
 #pragma unroll
-            for (int tap = 0; tap < DIRECT_TAPS; tap++) {
-                int yy = line + tap / 3 - 1, xx = col + tap % 3 - 1;
-                bool inside = pixel < pixels && yy >= 0 && yy < h && xx >= 0 && xx < w;
-                b[tap][row] = transpose8x8(inside ? load_pair(image + ((size_t)yy * w + xx) * DIRECT_C) : 0u);
-            }
+            for (int tap = 0; tap < DIRECT_TAPS; tap++) b[tap][row] = transpose8x8(taps[tap]);
         }
 #pragma unroll
         for (int m = 0; m < 2; m++) {

@@ -2,7 +2,9 @@
  * norm's statistics in its epilogue, NVIDIA's MLPerf ResNet fusion. In
  * training its forward is one cuDNN graph (ops/conv_genstats: the
  * convolution and GEN_STATS, the per-channel sums of its output and of their
- * squares), and the batch norm turns the sums into its statistics
+ * squares; a network's first convolution, over the image padded to 8
+ * channels, may run conv2d's direct kernel with the sums in its epilogue
+ * instead, where it times faster), and the batch norm turns the sums into its statistics
  * (bn_finalize) and runs its apply pass alone (BN_TRAIN_SAVED): the norm's
  * reduction pass over the convolution's output is gone. Evaluation and
  * backward are unchanged.
@@ -428,9 +430,10 @@ void graph_fusion_choose(Model *m) {
         float fused_us, apart_us;
         pair_times(m, conv, bn, &fused_us, &apart_us);
         int keep = fused_us < apart_us;
+        char how[64];
+        snprintf(how, sizeof how, "statistics in the convolution's epilogue (%s)", conv_genstats_path(conv->genstats));
         log_info("layer %d %s + layer %d %s: %s, forward %.1f us fused against %.1f us apart", i, conv->name, i + 1,
-                 bn->name, keep ? "statistics in the convolution's epilogue (cuDNN graph)" : "apart (slower fused)",
-                 fused_us, apart_us);
+                 bn->name, keep ? how : "apart (slower fused)", fused_us, apart_us);
         if (!keep) pair_split(m, conv, bn);
     }
     for (int i = 0; i < m->n_layers; i++) {

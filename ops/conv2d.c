@@ -5,6 +5,7 @@
  *             dcol  = w^T * dy_n          [CRS][PQ], scattered back by col2im */
 #include "ops/conv2d.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,12 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
         GPU_ONLY(const Conv2dShape *s = &c->shape;
                  bytes = conv2d_bias_grad_workspace_bytes(s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), ctx->nhwc));
     return bytes;
+}
+
+int conv2d_direct_fits(const Conv2dShape *s, DType dtype, int nhwc) {
+    return nhwc && dtype != DTYPE_F32 && s->c == CONV2D_DIRECT_CHANNELS && s->r == 3 && s->s == 3 && s->pad == 1 &&
+           s->stride == 1 && s->k % 16 == 0 && s->k <= CONV2D_DIRECT_MAX_OUT &&
+           (size_t)s->n * s->h * s->w <= (size_t)INT_MAX / 2; /* pixels counted in int, a block's run past them */
 }
 
 /* One pass: the winner first, the losers' times in parentheses. */

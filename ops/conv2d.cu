@@ -274,25 +274,20 @@ static bool aligned(void *const *p) {
  * loaded straight from x, w and dy, 4 bytes a lane (no im2col, and nothing
  * staged in shared memory but the forward's outputs, for 16-byte stores).
  * Under benchmark each pass is timed against cuDNN's and the faster kept. */
-#define DIRECT_C 8
+#define DIRECT_C CONV2D_DIRECT_CHANNELS
 #define DIRECT_TAPS 9
 #define DIRECT_COLS 72       /* 9 taps x 8 channels: a filter's row, and a row of the partial sums */
 #define DIRECT_TILES 5       /* the forward's K steps of 2 taps, the tenth tap zero */
 #define DIRECT_PIXELS 128    /* pixels a block takes, for the grids' size */
 #define DIRECT_THREADS 128   /* 4 warps */
-#define DIRECT_MAX_OUT 64    /* output channels: 8 tiles of 8 forward, 4 of 16 for the filter gradient */
+#define DIRECT_MAX_OUT CONV2D_DIRECT_MAX_OUT /* 8 tiles of 8 forward, 4 of 16 for the filter gradient */
 /* Blocks per SM: warps enough to cover the loads; three forward, whose warps
- * hold the filter in registers (145 of them), four for the filter gradient
+ * hold the filter in registers (145 of them, 153 with the sums), four for the filter gradient
  * (125), each block a row of partial sums for the finish to read. */
 #define DIRECT_FORWARD_BLOCKS_PER_SM 3
 #define DIRECT_FILTER_BLOCKS_PER_SM 4
 
-static bool direct_fits(const Conv2dCuda *c) {
-    const Conv2dShape *s = &c->shape;
-    return c->nhwc && c->dtype != DTYPE_F32 && s->c == DIRECT_C && s->r == 3 && s->s == 3 && s->pad == 1 &&
-           s->stride == 1 && s->k % 16 == 0 && s->k <= DIRECT_MAX_OUT &&
-           (size_t)s->n * s->h * s->w <= (size_t)INT_MAX - DIRECT_PIXELS; /* pixels counted in int */
-}
+static bool direct_fits(const Conv2dCuda *c) { return conv2d_direct_fits(&c->shape, c->dtype, c->nhwc); }
 
 static size_t direct_pixels(const Conv2dShape *s) { return (size_t)s->n * s->h * s->w; }
 
@@ -322,6 +317,26 @@ static __device__ __forceinline__ void load_taps(const T *__restrict__ x, int pi
     }
 }
 
+/* The block's sums of output channels 2 lane, 2 lane + 1 (and of their
+ * squares) to out[2][k]: each warp's through shared memory, added in order. */
+template <int WARPS>
+static __device__ void add_block_stats(const float sum[2], const float sqsum[2], int k, float *__restrict__ out) {
+    __shared__ float warp_sums[WARPS][2][DIRECT_MAX_OUT];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        warp_sums[warp][0][2 * lane + e] = sum[e];
+        warp_sums[warp][1][2 * lane + e] = sqsum[e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * k; i += blockDim.x) {
+        float total = 0.0f;
+#pragma unroll
+        for (int v = 0; v < WARPS; v++) total += warp_sums[v][i / k][i % k];
+        out[i] = total;
+    }
+}
+
 /* y[pixel][o] = sum over taps and channels of x[the pixel's tap neighbour][ch]
  * * w[o][tap][ch], as m16n8k16 MMAs (runtime/mma_cuda.cuh) over K = 2 taps of
  * 8 channels each, 5 steps (the tenth tap zero). Each warp on its own runs of
@@ -329,15 +344,19 @@ static __device__ __forceinline__ void load_taps(const T *__restrict__ x, int pi
  * loads its a fragments straight from x (4 bytes a tap, 8 pixels of a warp's
  * load reading 128 contiguous bytes), and the accumulators, rounded to T,
  * pass through shared memory so that the warp writes its pixels' outputs as
- * contiguous 16-byte stores. */
+ * contiguous 16-byte stores. STATS: lane l also adds up output channels 2 l
+ * and 2 l + 1 of the staged values (as stored, rounded to T) and their
+ * squares, and the block writes its sums to stats[block][2][k] (the sums,
+ * then the squares), the warps' added in order. */
 #define DIRECT_OUT_STRIDE (DIRECT_MAX_OUT + 8) /* T a pixel's outputs take in shared memory: 36 words, so a
                                                   lane quad's 8 pixels store to different banks */
-template <typename T>
+template <typename T, bool STATS>
 static __global__ void __launch_bounds__(DIRECT_THREADS, DIRECT_FORWARD_BLOCKS_PER_SM)
 direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, int pixels, int h, int w,
-                      int k) {
+                      int k, float *__restrict__ stats) {
     constexpr int WARPS = DIRECT_THREADS / 32, N8 = DIRECT_MAX_OUT / 8;
     __shared__ __align__(16) T out[WARPS][16 * DIRECT_OUT_STRIDE];
+    float sum[2] = {0.0f, 0.0f}, sqsum[2] = {0.0f, 0.0f}; /* STATS: output channels 2 lane, 2 lane + 1 */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, pair = lane % 4, n8 = k / 8;
     /* b[j][step]: w[8 j + group][taps 2 step and 2 step + 1][channels 2 pair, 2 pair + 1] */
     uint32_t b[N8][DIRECT_TILES][2];
@@ -388,7 +407,18 @@ direct_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__re
             const uint4 *staged = (const uint4 *)(mine + row * DIRECT_OUT_STRIDE + 8 * vector);
             if (pixel < pixels) *(uint4 *)(y + (size_t)pixel * k + 8 * vector) = *staged;
         }
+        if (STATS && 2 * lane < k)
+            for (int row = 0; row < 16 && first + row < pixels; row++) {
+                const T *at = mine + row * DIRECT_OUT_STRIDE + 2 * lane;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float v = to_float(at[e]);
+                    sum[e] += v;
+                    sqsum[e] = fmaf(v, v, sqsum[e]);
+                }
+            }
     }
+    if (STATS) add_block_stats<WARPS>(sum, sqsum, k, stats + (size_t)blockIdx.x * 2 * k);
 }
 
 /* partials[block][o][tap * 8 + ch] = the block's sum over its pixels of dy[pixel][o] * x[the pixel's tap
@@ -485,6 +515,25 @@ direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *d
     *out = from_float<T>(to_float(*out) + sum);
 }
 
+/* sum[o], sqsum[o]: the forward blocks' stats [block][2][k] added, thread
+ * (group, i) taking blocks group, group + DIRECT_STATS_GROUPS, ... in order
+ * (in double), then the groups in order: the same bits on every run. */
+#define DIRECT_STATS_GROUPS 8
+static __global__ void __launch_bounds__(DIRECT_STATS_GROUPS * 2 * DIRECT_MAX_OUT)
+direct_stats_finish(const float *__restrict__ stats, int blocks, int k, float *sum, float *sqsum) {
+    __shared__ double sums[DIRECT_STATS_GROUPS][2 * DIRECT_MAX_OUT];
+    int i = threadIdx.x % (2 * DIRECT_MAX_OUT), group = threadIdx.x / (2 * DIRECT_MAX_OUT);
+    double total = 0.0;
+    if (i < 2 * k)
+        for (int b = group; b < blocks; b += DIRECT_STATS_GROUPS) total += stats[(size_t)b * 2 * k + i];
+    sums[group][i] = total;
+    __syncthreads();
+    if (group || i >= 2 * k) return;
+    for (int g = 1; g < DIRECT_STATS_GROUPS; g++) total += sums[g][i];
+    if (i < k) sum[i] = (float)total;
+    else sqsum[i - k] = (float)total;
+}
+
 template <typename T>
 static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, void *workspace, cudaStream_t stream) {
     if constexpr (std::is_same<T, float>::value) {
@@ -494,8 +543,8 @@ static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, 
         int pixels = (int)direct_pixels(s);
         unsigned blocks = (unsigned)c->direct_blocks[pass];
         if (pass == CONV2D_FORWARD) {
-            direct_forward_kernel<T><<<blocks, DIRECT_THREADS, 0, stream>>>(
-                (const T *)p[0], (const T *)p[1], (T *)p[2], pixels, s->h, s->w, s->k);
+            direct_forward_kernel<T, false><<<blocks, DIRECT_THREADS, 0, stream>>>(
+                (const T *)p[0], (const T *)p[1], (T *)p[2], pixels, s->h, s->w, s->k, NULL);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -505,6 +554,24 @@ static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, 
         CUDA_CHECK_LAUNCH();
         direct_filter_finish<T><<<(unsigned)s->k, DIRECT_FINISH_GROUPS * DIRECT_COLS, 0, stream>>>(
             partials, (int)blocks, s->k, (T *)p[1]);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* The direct forward with its output's sums (conv2d_forward_stats_cuda). */
+template <typename T>
+static void launch_direct_stats(const Conv2dCuda *c, const void *x, const void *w, void *y, float *sum, float *sqsum,
+                                float *stats, cudaStream_t stream) {
+    if constexpr (std::is_same<T, float>::value) {
+        TC_FATAL("conv2d: the direct path takes f16 and bf16 only");
+    } else {
+        const Conv2dShape *s = &c->shape;
+        int blocks = c->direct_blocks[CONV2D_FORWARD];
+        direct_forward_kernel<T, true><<<(unsigned)blocks, DIRECT_THREADS, 0, stream>>>(
+            (const T *)x, (const T *)w, (T *)y, (int)direct_pixels(s), s->h, s->w, s->k, stats);
+        CUDA_CHECK_LAUNCH();
+        direct_stats_finish<<<1, DIRECT_STATS_GROUPS * 2 * DIRECT_MAX_OUT, 0, stream>>>(stats, blocks, s->k, sum,
+                                                                                       sqsum);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -1006,6 +1073,25 @@ void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, co
     check_workspace(c, workspace);
     run_pass(c, h, CONV2D_FORWARD, x, w, y, workspace);
     if (b) add_bias(c, h, b, y);
+}
+
+size_t conv2d_direct_stats_bytes(const Conv2dCuda *c) {
+    if (!direct_fits(c) || c->direct_blocks[CONV2D_FORWARD] <= 0) return 0;
+    return (size_t)c->direct_blocks[CONV2D_FORWARD] * 2 * c->shape.k * sizeof(float);
+}
+
+void conv2d_forward_stats_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w, void *y,
+                               float *sum, float *sqsum, void *workspace) {
+    const Conv2dShape *s = &c->shape;
+    if (conv2d_direct_stats_bytes(c) == 0)
+        TC_FATAL("conv2d %dx%dx%dx%d k%d: the direct forward with statistics does not fit this convolution (or was "
+                 "not set up: perf.conv_benchmark)", s->n, s->c, s->h, s->w, s->k);
+    void *p[PASS_TENSORS] = {(void *)x, (void *)w, y};
+    if (!direct_aligned(p, workspace, CONV2D_FILTER))
+        TC_FATAL("conv2d: the direct forward with statistics needs x, w, y 16-byte aligned and a workspace");
+    cudaStream_t stream;
+    CUDNN_CHECK(cudnnGetStream(h, &stream));
+    DISPATCH_FLOAT_DTYPE(c->dtype, launch_direct_stats, c, x, w, y, sum, sqsum, (float *)workspace, stream);
 }
 
 void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,

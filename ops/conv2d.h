@@ -140,6 +140,13 @@ void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, c
 void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                             float *dx, float *dw, float *db, int accumulate_dx);
 
+/* Whether the direct path (conv2d.cu) takes a convolution: 3x3, stride 1,
+ * pad 1, CONV2D_DIRECT_CHANNELS input channels, at most CONV2D_DIRECT_MAX_OUT
+ * outputs in multiples of 16, f16 or bf16 NHWC. */
+#define CONV2D_DIRECT_CHANNELS 8
+#define CONV2D_DIRECT_MAX_OUT 64
+int conv2d_direct_fits(const Conv2dShape *s, DType dtype, int nhwc);
+
 /* nhwc picks the layout above. Half types in NHWC run on tensor cores where
  * cuDNN has a kernel for the shape: c a multiple of 8 (pad the input's channels
  * with zeros, see cast_nchw_to_nhwc_cuda) and k a multiple of 8. */
@@ -154,6 +161,16 @@ void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, c
 void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                              const void *dy, void *dx, void *dw, void *db, void *workspace,
                              int accumulate_dx);
+/* The direct path's forward (see conv2d.cu) with its output's batch-norm sums,
+ * conv_genstats' epilogue: y as conv2d_forward_cuda's without bias, and
+ * sum[o], sqsum[o] of y[..][o] as stored (rounded to the dtype) and of its
+ * squares, fp32, added in a fixed order (the same bits every run). Only where
+ * conv2d_direct_stats_bytes(c) > 0 (the shape fits the direct path, set up
+ * under perf.conv_benchmark); workspace that many bytes, 8-byte aligned;
+ * x, w, y 16-byte aligned. */
+size_t conv2d_direct_stats_bytes(const Conv2dCuda *c);
+void conv2d_forward_stats_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w, void *y,
+                               float *sum, float *sqsum, void *workspace);
 
 /* The bias gradient as conv2d_backward_cuda runs it for every case but NCHW
  * float32 (which keeps cudnnConvolutionBackwardBias): db[k] += the sum of dy

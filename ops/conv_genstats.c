@@ -101,7 +101,11 @@ size_t conv_genstats_workspace_bytes(const OpContext *ctx, const ConvGenStats *o
     return ctx->device == DEVICE_CUDA ? op->cuda.workspace_bytes : 0;
 }
 
-int conv_genstats_fused(const ConvGenStats *op) { return op->cuda.fused; }
+int conv_genstats_fused(const ConvGenStats *op) { return op->cuda.fused || op->cuda.direct; }
+
+const char *conv_genstats_path(const ConvGenStats *op) {
+    return op->cuda.direct ? "direct kernel" : op->cuda.fused ? "cuDNN graph" : "fallback";
+}
 
 int conv_genstats_filter_fused(const ConvGenStats *op) { return op->cuda.filter_fused; }
 

@@ -184,6 +184,59 @@ static void forward_fallback(const ConvGenStatsCuda *c, cudnnHandle_t h, const v
     DISPATCH_FLOAT_DTYPE(c->dtype, launch_channel_stats, y, sum, sqsum, s->n, s->k, out_plane, c->nhwc, stream);
 }
 
+/* ---- the direct path -------------------------------------------------------------- */
+
+typedef struct {
+    const ConvGenStatsCuda *c;
+    cudnnHandle_t h;
+    void *x, *w, *y, *workspace;
+    float *sums;
+} DirectRun;
+
+static void run_direct(void *arg) {
+    const DirectRun *r = (const DirectRun *)arg;
+    conv2d_forward_stats_cuda(&r->c->fallback, r->h, r->x, r->w, r->y, r->sums, r->sums + r->c->shape.conv.k,
+                              r->workspace);
+}
+
+/* Microseconds per run of the direct path with its sums, on scratch of random values. */
+static float direct_time_us(const ConvGenStatsCuda *c, cudnnHandle_t h) {
+    const Conv2dShape *s = &c->shape.conv;
+    size_t elem = dtype_size(c->dtype);
+    size_t bytes[3] = {(size_t)s->n * s->c * s->h * s->w * elem, (size_t)s->k * s->c * s->r * s->s * elem,
+                       (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s) * elem};
+    void *p[3];
+    for (int i = 0; i < 3; i++) {
+        CUDA_CHECK(cudaMalloc(&p[i], bytes[i]));
+        backend_graph_fill_scratch(h, p[i], bytes[i]);
+    }
+    DirectRun r = {c, h, p[0], p[1], p[2], NULL, NULL};
+    CUDA_CHECK(cudaMalloc(&r.workspace, conv2d_direct_stats_bytes(&c->fallback)));
+    CUDA_CHECK(cudaMalloc((void **)&r.sums, 2 * (size_t)s->k * sizeof(float)));
+    float us = 1000.0f * backend_graph_time_ms(h, run_direct, &r, BACKEND_GRAPH_TIMING_RUNS);
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaFree(p[i]));
+    CUDA_CHECK(cudaFree(r.workspace));
+    CUDA_CHECK(cudaFree(r.sums));
+    return us;
+}
+
+/* Under benchmark, a shape without prologue that conv2d's direct path takes:
+ * that path with the sums in its epilogue timed against the graph's plan (its
+ * time agreed with the other processes), the faster kept. The fallback's
+ * conv2d is set up here (it times its own passes, the direct one among them). */
+static void choose_direct(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
+    const Conv2dShape *s = &c->shape.conv;
+    if (c->shape.prologue || !policy->benchmark || !conv2d_direct_fits(s, c->dtype, c->nhwc)) return;
+    conv2d_cuda_init(&c->fallback, h, s, c->dtype, c->nhwc, policy);
+    if (conv2d_direct_stats_bytes(&c->fallback) == 0) return;
+    c->direct_us = direct_time_us(c, h);
+    conv_policy_agree(policy, &c->direct_us, 1);
+    c->graph_us = c->fused ? 1000.0f * c->graph.plan_ms : INFINITY;
+    c->direct = policy->prefer_direct || c->direct_us < c->graph_us;
+    if (c->direct && conv2d_direct_stats_bytes(&c->fallback) > c->workspace_bytes)
+        c->workspace_bytes = conv2d_direct_stats_bytes(&c->fallback);
+}
+
 /* ---- the op ---------------------------------------------------------------------- */
 
 void conv_genstats_cuda_init(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvGenStatsShape *s, DType dtype,
@@ -207,11 +260,12 @@ void conv_genstats_cuda_init(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvGen
         c->filter_fused = choose_plan(&c->filter_graph, h, ops, filter_ops(c, data, ops), policy);
     }
     if (c->fused) c->workspace_bytes = c->graph.workspace_bytes;
+    choose_direct(c, h, policy);
     c->filter_scratch_bytes = round_up((size_t)cs->k * cs->c * cs->r * cs->s * dtype_size(dtype));
     if (c->filter_fused && c->filter_scratch_bytes + c->filter_graph.workspace_bytes > c->workspace_bytes)
         c->workspace_bytes = c->filter_scratch_bytes + c->filter_graph.workspace_bytes;
-    if (!c->fused || (s->prologue && !c->filter_fused)) {
-        conv2d_cuda_init(&c->fallback, h, cs, dtype, nhwc, policy);
+    if (!c->direct && (!c->fused || (s->prologue && !c->filter_fused))) {
+        if (!c->fallback.x_desc) conv2d_cuda_init(&c->fallback, h, cs, dtype, nhwc, policy);
         size_t x_bytes = (size_t)cs->n * cs->c * cs->h * cs->w * dtype_size(dtype);
         c->prologue_bytes = s->prologue ? round_up(x_bytes) : 0;
         size_t fallback_bytes = c->prologue_bytes + c->fallback.workspace_bytes; /* the stats kernel needs none */
@@ -230,6 +284,10 @@ void conv_genstats_forward_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, cons
                                 const void *bias, const void *w, void *y, float *sum, float *sqsum,
                                 void *workspace) {
     if (c->shape.prologue && (!scale || !bias)) TC_FATAL("conv_genstats: a prologue shape without scale and bias");
+    if (c->direct) {
+        conv2d_forward_stats_cuda(&c->fallback, h, x, w, y, sum, sqsum, workspace);
+        return;
+    }
     if (!c->fused) {
         forward_fallback(c, h, x, scale, bias, w, y, sum, sqsum, workspace);
         return;

@@ -23,7 +23,12 @@
  * front of the workspace (so the fallback's workspace holds a copy of x), then
  * conv2d_forward_cuda (conv2d's filter gradient in backward_filter), then a per-channel reduction of y into sum and sqsum
  * (accumulated in double in a fixed order: deterministic, no atomics). A
- * fused engine may sum y before or after rounding it to the dtype. */
+ * fused engine may sum y before or after rounding it to the dtype.
+ * A shape without prologue that conv2d's direct path takes (a network's first
+ * convolution, over the image padded to 8 channels: ops/conv2d.cu) is timed
+ * under the policy's benchmark by that path with the sums in its epilogue
+ * (conv2d_forward_stats_cuda) against the graph's plan, and the faster runs
+ * (prefer_direct: the direct path wherever it fits). */
 #ifndef TRAINC_OPS_CONV_GENSTATS_H
 #define TRAINC_OPS_CONV_GENSTATS_H
 
@@ -54,6 +59,8 @@ typedef struct {
     DType dtype; /* of x, scale, bias, w and y; sum and sqsum are fp32 */
     int nhwc;
     int fused;               /* 1: one cuDNN graph; 0: the fallback */
+    int direct;              /* 1: conv2d's direct path with the sums in its epilogue (fallback.direct) */
+    float graph_us, direct_us; /* their times per run where both were timed, else 0 */
     BackendGraph graph;      /* its descriptors and plan */
     size_t workspace_bytes;  /* of the plan, or of the fallback */
     size_t prologue_bytes;   /* the fallback's x' at the front of the workspace (0 without prologue) */
@@ -76,7 +83,10 @@ void conv_genstats_init(const OpContext *ctx, ConvGenStats *op, const ConvGenSta
                         const ConvAlgoPolicy *policy);
 void conv_genstats_destroy(const OpContext *ctx, ConvGenStats *op);
 size_t conv_genstats_workspace_bytes(const OpContext *ctx, const ConvGenStats *op); /* 0 on the CPU */
-int conv_genstats_fused(const ConvGenStats *op); /* 1 when the GPU path is one cuDNN graph */
+/* 1 when the GPU path computes the sums in the convolution's epilogue: one cuDNN graph or the direct path. */
+int conv_genstats_fused(const ConvGenStats *op);
+/* What runs the GPU's forward, for the log: "cuDNN graph", "direct kernel" or "fallback". */
+const char *conv_genstats_path(const ConvGenStats *op);
 /* 1 when the GPU's filter gradient with the prologue is one cuDNN graph too. */
 int conv_genstats_filter_fused(const ConvGenStats *op);
 /* x, w, y in ctx->dtype and layout on the GPU (ctx->nhwc: x, y [n][h][w][c],

@@ -237,7 +237,12 @@ static uint32_t choices_hash(const Model *m, int *plans) {
         const Layer *l = &m->layers[i];
         int flags[] = {l->kind, l->genstats != NULL, l->stats_by_conv, l->by_conv_prologue, l->input_form != NULL};
         h = ckpt_crc32(h, flags, sizeof flags);
-        if (l->genstats) h = ckpt_crc32(h, &l->genstats->cuda.graph.plan_ms, sizeof(float));
+        if (l->genstats) {
+            const ConvGenStatsCuda *g = &l->genstats->cuda;
+            float times[] = {g->graph.plan_ms, g->direct_us};
+            h = ckpt_crc32(h, times, sizeof times);
+            h = ckpt_crc32(h, &g->direct, sizeof g->direct);
+        }
         if (l->kind != LAYER_CONV) continue;
         const Conv2dCuda *c = &l->conv.cuda;
         int algos[] = {c->fwd_algo, c->bwd_data_algo, c->bwd_filter_algo};

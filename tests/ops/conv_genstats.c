@@ -26,6 +26,12 @@
 #define CGS_WORKSPACE_LIMIT ((size_t)512 << 20)
 /* no TF32, deterministic */
 static const ConvAlgoPolicy cgs_policy = {.workspace_limit = CGS_WORKSPACE_LIMIT, .deterministic = 1};
+/* Timed: a first convolution over the image padded to 8 channels may run conv2d's direct path with the
+ * sums in its epilogue; and that path forced. */
+static const ConvAlgoPolicy cgs_timed_policy = {.workspace_limit = CGS_WORKSPACE_LIMIT, .deterministic = 1,
+                                                .benchmark = 1};
+static const ConvAlgoPolicy cgs_direct_policy = {.workspace_limit = CGS_WORKSPACE_LIMIT, .deterministic = 1,
+                                                 .benchmark = 1, .prefer_direct = 1};
 
 #define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
     ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})
@@ -263,7 +269,7 @@ static void cgs_gpu_filter_grad(const GridCase *c, const OpContext *ctx, const C
     host_free_all(host, GRID_COUNT(host));
 }
 
-static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a) {
+static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a, const ConvAlgoPolicy *policy) {
     const Conv2dShape *s = &a.conv;
     DType dt = c->dtype;
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
@@ -282,11 +288,17 @@ static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a) {
 
     OpContext ctx = c->ctx;
     ConvGenStats op;
-    conv_genstats_init(&ctx, &op, &a, &cgs_policy);
+    conv_genstats_init(&ctx, &op, &a, policy);
     int fused = conv_genstats_fused(&op);
     size_t ws = conv_genstats_workspace_bytes(&ctx, &op);
-    printf(" %s: %s, workspace %zu bytes\n", label,
-           fused ? "fused cuDNN graph" : "FALLBACK (prologue kernel + conv2d + stats kernel)", ws);
+    const char *path = conv_genstats_path(&op);
+    printf(" %s: %s (graph %.1f us, direct %.1f us), workspace %zu bytes\n", label, path, op.cuda.graph_us,
+           op.cuda.direct_us, ws);
+    int direct_fits = conv2d_direct_fits(s, dt, c->nhwc) && !a.prologue;
+    if (policy->prefer_direct)
+        CHECK_MSG(op.cuda.direct == direct_fits && (strcmp(path, "direct kernel") == 0) == direct_fits,
+                  "%s: the direct path %s (%s)", label, direct_fits ? "not taken where it fits" : "taken", path);
+    if (!policy->benchmark) CHECK_MSG(!op.cuda.direct, "%s: the direct path taken untimed", label);
     CHECK(fused || ws <= CGS_WORKSPACE_LIMIT + (a.prologue ? nx * dtype_size(dt) + 256 : 0));
     ctx.workspace = ws ? dev_bytes(ws) : NULL;
 
@@ -300,7 +312,6 @@ static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a) {
     float *sum = grid_get(c, DTYPE_F32, d_sum, s->k), *sqsum = grid_get(c, DTYPE_F32, d_sqsum, s->k);
     float *own_sum = host_floats(s->k), *own_sqsum = host_floats(s->k);
     cgs_sums(s, got, own_sum, own_sqsum);
-    const char *path = fused ? "fused" : "fallback";
     double bound = grid_bound(c, GRID_CONV);
     snprintf(what, sizeof what, "%s: y (%s)", label, path);
     grid_check(c, what, got, want, ny, bound);
@@ -467,9 +478,15 @@ static void cgs_case(const GridCase *c) {
         for (int prologue = 0; prologue < 2; prologue++) {
             ConvGenStatsShape a = {shapes[i], prologue};
             if (c->device == DEVICE_CPU) cgs_cpu_shape(c, a);
-            else cgs_gpu_shape(c, a);
+            else cgs_gpu_shape(c, a, &cgs_policy);
         }
     if (c->device == DEVICE_CUDA) {
+        /* ResNet-18's stem over the image padded to 8 channels, timed and forced onto the direct path; an odd
+         * size (765 pixels) with 32 outputs forced; with a prologue the direct path does not fit */
+        cgs_gpu_shape(c, (ConvGenStatsShape){CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 0}, &cgs_timed_policy);
+        cgs_gpu_shape(c, (ConvGenStatsShape){CONV(8, 8, 32, 32, 64, 3, 3, 1, 1), 0}, &cgs_direct_policy);
+        cgs_gpu_shape(c, (ConvGenStatsShape){CONV(3, 8, 15, 17, 32, 3, 3, 1, 1), 0}, &cgs_direct_policy);
+        cgs_gpu_shape(c, (ConvGenStatsShape){CONV(3, 8, 15, 17, 32, 3, 3, 1, 1), 1}, &cgs_direct_policy);
         cgs_finalize_gpu(c);
     } else {
         /* small and odd: a pad wider than a 1x1 image, an odd stride */

@@ -4,10 +4,10 @@
  * convolution and GEN_STATS, the per-channel sums of its output and of their
  * squares; a network's first convolution, over the image padded to 8
  * channels, may run conv2d's direct kernel with the sums in its epilogue
- * instead, where it times faster), and the batch norm turns the sums into its statistics
- * (bn_finalize) and runs its apply pass alone (BN_TRAIN_SAVED): the norm's
- * reduction pass over the convolution's output is gone. Evaluation and
- * backward are unchanged.
+ * instead, where it times faster), and the batch norm turns the sums into
+ * its statistics (bn_finalize) and runs its apply pass alone
+ * (BN_TRAIN_SAVED): the norm's reduction pass over the convolution's output
+ * is gone. Evaluation and backward are unchanged.
  *
  * A pair is fused where a cuDNN engine takes the shape (f16 or bf16,
  * channels-last, channels multiples of 8) and, under perf.conv_benchmark,

@@ -59,7 +59,7 @@ typedef struct {
     DType dtype; /* of x, scale, bias, w and y; sum and sqsum are fp32 */
     int nhwc;
     int fused;               /* 1: one cuDNN graph; 0: the fallback */
-    int direct;              /* 1: conv2d's direct path with the sums in its epilogue (fallback.direct) */
+    int direct;              /* 1: the fallback conv2d's direct path, the sums in its epilogue */
     float graph_us, direct_us; /* their times per run where both were timed, else 0 */
     BackendGraph graph;      /* its descriptors and plan */
     size_t workspace_bytes;  /* of the plan, or of the fallback */

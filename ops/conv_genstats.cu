@@ -225,18 +225,21 @@ static float direct_time_us(const ConvGenStatsCuda *c, cudnnHandle_t h) {
 /* Under benchmark, a shape without prologue that conv2d's direct path takes:
  * that path with the sums in its epilogue timed against the graph's plan (its
  * time agreed with the other processes), the faster kept. The fallback's
- * conv2d is set up here (it times its own passes, the direct one among them). */
+ * conv2d is set up here (it times its own passes, the direct one among them),
+ * and taken down again where the graph wins, which needs no fallback. */
 static void choose_direct(ConvGenStatsCuda *c, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
     const Conv2dShape *s = &c->shape.conv;
     if (c->shape.prologue || !policy->benchmark || !conv2d_direct_fits(s, c->dtype, c->nhwc)) return;
     conv2d_cuda_init(&c->fallback, h, s, c->dtype, c->nhwc, policy);
-    if (conv2d_direct_stats_bytes(&c->fallback) == 0) return;
-    c->direct_us = direct_time_us(c, h);
-    conv_policy_agree(policy, &c->direct_us, 1);
-    c->graph_us = c->fused ? 1000.0f * c->graph.plan_ms : INFINITY;
-    c->direct = policy->prefer_direct || c->direct_us < c->graph_us;
-    if (c->direct && conv2d_direct_stats_bytes(&c->fallback) > c->workspace_bytes)
-        c->workspace_bytes = conv2d_direct_stats_bytes(&c->fallback);
+    size_t bytes = conv2d_direct_stats_bytes(&c->fallback);
+    if (bytes > 0) {
+        c->direct_us = direct_time_us(c, h);
+        conv_policy_agree(policy, &c->direct_us, 1);
+        float graph_us = c->fused ? 1000.0f * c->graph.plan_ms : INFINITY;
+        c->direct = policy->prefer_direct || c->direct_us < graph_us;
+    }
+    if (c->direct && bytes > c->workspace_bytes) c->workspace_bytes = bytes;
+    if (!c->direct && c->fused) conv2d_cuda_destroy(&c->fallback);
 }
 
 /* ---- the op ---------------------------------------------------------------------- */

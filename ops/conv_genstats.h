@@ -60,7 +60,7 @@ typedef struct {
     int nhwc;
     int fused;               /* 1: one cuDNN graph; 0: the fallback */
     int direct;              /* 1: the fallback conv2d's direct path, the sums in its epilogue */
-    float graph_us, direct_us; /* their times per run where both were timed, else 0 */
+    float direct_us;         /* its time per run where timed (against graph.plan_ms), else 0 */
     BackendGraph graph;      /* its descriptors and plan */
     size_t workspace_bytes;  /* of the plan, or of the fallback */
     size_t prologue_bytes;   /* the fallback's x' at the front of the workspace (0 without prologue) */

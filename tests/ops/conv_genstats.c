@@ -292,8 +292,8 @@ static void cgs_gpu_shape(const GridCase *c, ConvGenStatsShape a, const ConvAlgo
     int fused = conv_genstats_fused(&op);
     size_t ws = conv_genstats_workspace_bytes(&ctx, &op);
     const char *path = conv_genstats_path(&op);
-    printf(" %s: %s (graph %.1f us, direct %.1f us), workspace %zu bytes\n", label, path, op.cuda.graph_us,
-           op.cuda.direct_us, ws);
+    printf(" %s: %s (graph %.1f us, direct %.1f us), workspace %zu bytes\n", label, path,
+           1000.0f * op.cuda.graph.plan_ms, op.cuda.direct_us, ws);
     int direct_fits = conv2d_direct_fits(s, dt, c->nhwc) && !a.prologue;
     if (policy->prefer_direct)
         CHECK_MSG(op.cuda.direct == direct_fits && (strcmp(path, "direct kernel") == 0) == direct_fits,

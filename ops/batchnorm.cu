@@ -37,7 +37,7 @@
  * the first kernel turns its shifted sums into sums of x and x^2 in double,
  * where |mean| >> std no longer cancels.
  * Threads sum in fp32, each over a few dozen vectors, in a fixed order. The
- * partial sums are 2 x rows x channels floats: NCHW takes many blocks per
+ * partial sums are 2 x channels x rows floats: NCHW takes many blocks per
  * channel; NHWC, where every block touches every channel, few enough that each
  * covers at least 64 rows and 16 per thread, so that the partials stay a small
  * fraction of the tensor (1/16 of an f16 one at most, 1/128 at c = 64), unless
@@ -99,7 +99,7 @@ struct BnArgs {
     void *out;              /* y (forward) or dx (backward) */
     unsigned images, channels, plane, count; /* n, c, h*w, n*h*w */
     unsigned rows;          /* partial sums per channel */
-    float *partials;        /* [2][rows][channels] */
+    float *partials;        /* [2][channels][rows]: partial_at */
     float4 *coef;           /* [channels]: mean, then scale/shift/- or a/b/d */
     /* forward statistics */
     const float *gamma, *beta;
@@ -122,6 +122,13 @@ struct BnArgs {
 };
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* The partial sum 'which' (0, 1) of channel c from reduction block 'row': a
+ * channel's rows side by side, so that the finish's loads are coalesced (in
+ * [rows][channels] each lane of a warp loaded a sector of its own). */
+static __device__ __forceinline__ float *partial_at(const BnArgs &a, int which, size_t c, unsigned row) {
+    return a.partials + ((size_t)which * a.channels + c) * a.rows + row;
+}
 
 /* Blocks along a channel group: the reductions' grid x, fixed at init for the
  * shape (the scratch holds rows x c partial sums). NHWC sizes it for the
@@ -226,16 +233,15 @@ static __device__ __forceinline__ ChannelIn channel_in(const BnArgs &a, unsigned
  * (fixed order), in double; thread 0 gets the channel's two sums. */
 static __device__ void channel_sums(const BnArgs &a, unsigned c, double &s1, double &s2) {
     __shared__ double sums1[BN_THREADS], sums2[BN_THREADS];
-    size_t C = a.channels;
-    const float *p1 = a.partials + c, *p2 = a.partials + (size_t)a.rows * C + c;
+    const float *p1 = partial_at(a, 0, c, 0), *p2 = partial_at(a, 1, c, 0);
     s1 = 0.0, s2 = 0.0;
     unsigned r = threadIdx.x;
     for (; r + 3 * BN_THREADS < a.rows; r += 4 * BN_THREADS) {
         float v1[4], v2[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            v1[u] = p1[(r + u * BN_THREADS) * C];
-            v2[u] = p2[(r + u * BN_THREADS) * C];
+            v1[u] = p1[r + u * BN_THREADS];
+            v2[u] = p2[r + u * BN_THREADS];
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -244,8 +250,8 @@ static __device__ void channel_sums(const BnArgs &a, unsigned c, double &s1, dou
         }
     }
     for (; r < a.rows; r += BN_THREADS) {
-        s1 += p1[r * C];
-        s2 += p2[r * C];
+        s1 += p1[r];
+        s2 += p2[r];
     }
     sums1[threadIdx.x] = s1;
     sums2[threadIdx.x] = s2;
@@ -523,8 +529,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nchw(BnArgs a) {
             t1 += warp_s1[w];
             t2 += warp_s2[w];
         }
-        a.partials[(size_t)blockIdx.x * a.channels + c] = t1;
-        a.partials[((size_t)gridDim.x + blockIdx.x) * a.channels + c] = t2;
+        *partial_at(a, 0, c, blockIdx.x) = t1;
+        *partial_at(a, 1, c, blockIdx.x) = t2;
     }
 }
 
@@ -668,8 +674,8 @@ static __global__ void __launch_bounds__(BN_THREADS) bn_reduce_nhwc(BnArgs a) {
             t2 += sums2[lr * tile_channels + i];
         }
         size_t c = (size_t)t.col0 * VEC + i;
-        a.partials[(size_t)blockIdx.x * a.channels + c] = t1;
-        a.partials[((size_t)gridDim.x + blockIdx.x) * a.channels + c] = t2;
+        *partial_at(a, 0, c, blockIdx.x) = t1;
+        *partial_at(a, 1, c, blockIdx.x) = t2;
     }
 }
 

@@ -409,9 +409,10 @@ static void log_dgrad_dbns(const Model *m) {
 
 void graph_fusion_choose(Model *m) {
     int benchmark = m->conv_policy.benchmark && m->device == DEVICE_CUDA, training = m->training;
-    int overlap_wgrad = m->overlap_wgrad;
+    int overlap_wgrad = m->overlap_wgrad, grads_zeroed = m->grads_zeroed;
     if (benchmark) fill_timing_inputs(m);
     m->training = 1;
+    m->grads_zeroed = 1; /* timed as an optimizer step's first micro-batch runs: filter gradients overwritten */
     m->recomputing = 1; /* momentum 0: the timings leave the running statistics alone */
     /* A filter gradient forked to the side stream is joined only by model_backward: the timings' runs, one
      * after another on the compute stream, would share the convolutions' workspace with it (on an H200 the
@@ -448,6 +449,7 @@ void graph_fusion_choose(Model *m) {
         if (m->layers[j].dgrad_dbn) choose_dgrad_dbn(m, j, benchmark);
     m->recomputing = 0;
     m->training = training;
+    m->grads_zeroed = grads_zeroed;
     log_pairs(m);
     log_prologues(m);
     log_dgrad_dbns(m);

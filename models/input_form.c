@@ -174,8 +174,7 @@ void input_form_copy(Model *m, const Layer *l, const void *x, const void *w) {
 
 void input_form_backward(Model *m, const Layer *l, const void *dy, void *dw, void *db) {
     const ConvInputForm *f = l->input_form;
-    op_fill(&m->ops, f->dw, 0, space_to_depth_out_count(&f->filter) * dtype_size(m->act_dtype));
-    conv2d_backward(&m->ops, &f->conv, f->x, f->w, dy, NULL, f->dw, db, 0);
+    conv2d_backward(&m->ops, &f->conv, f->x, f->w, dy, NULL, f->dw, db, 0); /* f->dw overwritten */
     space_to_depth_backward(&m->ops, &f->filter, f->dw, dw);
 }
 

@@ -97,6 +97,12 @@ int layer_joins_wgrad(const Layer *l) {
     return l->kind != LAYER_BATCHNORM && l->kind != LAYER_RELU && l->kind != LAYER_ADD;
 }
 
+/* Which of a convolution's gradients its backward adds to (conv2d's accumulate): dx where its input
+ * feeds another layer too, dw unless the gradients were just zeroed. */
+static int conv_accumulate(const Model *m, const Layer *l, int dx) {
+    return (dx && l->dx_accumulate[0] ? CONV2D_ADD_DX : 0) | (m->grads_zeroed ? 0 : CONV2D_ADD_DW);
+}
+
 /* The filter gradient, and the bias's, beside on the side stream under
  * perf.overlap_wgrad; through the prologue from the norm's input where the conv applies one. */
 static void conv_filter_backward(Model *m, const Layer *l, const void *dy, void *dw, void *db) {
@@ -104,9 +110,9 @@ static void conv_filter_backward(Model *m, const Layer *l, const void *dy, void 
     if (l->prologue_bn >= 0) {
         const Layer *bn = &m->layers[l->prologue_bn];
         conv_genstats_backward_filter(&filter_ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn),
-                                      dy, dw);
+                                      dy, dw, !m->grads_zeroed);
     } else {
-        conv2d_backward(&filter_ctx, &l->conv, x_of(m, l), w_of(m, l), dy, NULL, dw, db, 0);
+        conv2d_backward(&filter_ctx, &l->conv, x_of(m, l), w_of(m, l), dy, NULL, dw, db, conv_accumulate(m, l, 0));
     }
     wgrad_forked(m);
 }
@@ -127,7 +133,6 @@ static void conv_backward(Model *m, const Layer *l) {
     const OpContext *ctx = &m->ops;
     void *dy = grad_of(m, l->out), *dx = grad_of(m, l->in), *dw = element(m, m->grads, l->w_off);
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
-    int acc = l->dx_accumulate[0];
     if (l->pool_layer >= 0) { /* the input's: no dx */
         ConvBiasReluPoolShape fs = first_block_shape(m, l);
         conv_bias_relu_pool_backward(ctx, &fs, x_of(m, l), w_of(m, l), b_of(m, l),
@@ -152,19 +157,19 @@ static void conv_backward(Model *m, const Layer *l) {
         return;
     }
     if (l->prologue_bn >= 0 || (!l->fused && m->overlap_wgrad)) { /* the data gradient here, the filter's beside */
-        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, acc);
+        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, conv_accumulate(m, l, 1));
         conv_filter_backward(m, l, dy, dw, db);
         return;
     }
     if (!l->fused) {
-        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, db, acc);
+        conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, db, conv_accumulate(m, l, 1));
         return;
     }
     /* The fused ReLU's backward, in place (the max-pool did it under bias_by_pool), then the bias and the
      * convolution. */
     if (!l->bias_by_pool) relu_backward(ctx, y_of(m, l), dy, dy, n_of(m, l));
     conv2d_bias_grad(ctx, &l->conv, dy, db);
-    conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, NULL, acc);
+    conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, NULL, conv_accumulate(m, l, 1));
 }
 
 /* ---- ReLU: in place; fused, done by the layer before it (or the max-pool after it) ---- */
@@ -452,6 +457,7 @@ void model_backward(Model *m) {
         if (l->w_count) grads_queued(m, l->w_off);
     }
     layer_wgrad_join(m);
+    m->grads_zeroed = 0;
     /* The frozen prefix's gradients stay as zeroed: final too. */
     if (m->grads_ready && m->frozen_layers > 0) m->grads_ready(m->grads_ready_ctx, 0);
 }

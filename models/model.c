@@ -796,7 +796,10 @@ void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }
 void model_set_training(Model *m, int training) { m->training = training; }
 size_t model_bytes(const Model *m) { return m->arena.peak; }
 
-void model_zero_grads(Model *m) { op_fill(&m->ops, m->grads, 0, m->n_params * dtype_size(m->act_dtype)); }
+void model_zero_grads(Model *m) {
+    op_fill(&m->ops, m->grads, 0, m->n_params * dtype_size(m->act_dtype));
+    m->grads_zeroed = 1;
+}
 
 /* Host copies of model buffers, waited for. */
 static void download(const Model *m, float *host, const void *src, size_t floats) {

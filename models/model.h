@@ -184,6 +184,8 @@ typedef struct {
     float *params;        /* flat, n_params: the fp32 master weights */
     void *weights;        /* what the layers read: params itself in fp32, a rounded copy under AMP */
     void *grads;          /* flat, n_params, activation dtype; parameter gradients are accumulated into it */
+    int grads_zeroed;     /* grads hold zeros (model_zero_grads; model_backward clears it): backward's
+                             convolutions overwrite their filter gradients (conv2d's CONV2D_ADD_DW off) */
     float *momentum;      /* flat, n_params */
     uint8_t *decay_mask;  /* n_params, 1 where weight decay applies; NULL: everywhere */
     float *lr_scale;      /* n_params, each parameter's share of the learning rate (ops/sgd.h; 0: frozen); NULL:
@@ -296,7 +298,8 @@ size_t model_input_floats(const Model *m);
 
 void model_forward(Model *m);
 /* Needs the logits gradient in model_logits_grad; adds parameter gradients to
- * m->grads (zero them with model_zero_grads once per optimizer step). */
+ * m->grads (zero them with model_zero_grads once per optimizer step; right
+ * after it, the convolutions write theirs rather than add them). */
 void model_backward(Model *m);
 void model_zero_grads(Model *m);
 

@@ -133,17 +133,18 @@ void conv2d_bias_grad_cpu(const Conv2dShape *s, const float *dy, float *db) {
 
 void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                          float *dx, float *dw, float *db) {
-    conv2d_backward_ex_cpu(s, x, w, dy, dx, dw, db, 0);
+    conv2d_backward_ex_cpu(s, x, w, dy, dx, dw, db, CONV2D_ADD_DW);
 }
 
 void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db, int accumulate_dx) {
+                            float *dx, float *dw, float *db, int accumulate) {
     check_shape(s);
     int crs = s->c * s->r * s->s;
     int pq = conv2d_out_h(s) * conv2d_out_w(s);
     size_t x_image = (size_t)s->c * s->h * s->w, y_image = (size_t)s->k * pq;
     float *col = alloc_col(s);
     if (db) conv2d_bias_grad_cpu(s, dy, db);
+    if (dw && !(accumulate & CONV2D_ADD_DW)) memset(dw, 0, sizeof(float) * s->k * crs); /* each image adds to it */
     for (int n = 0; n < s->n; n++) {
         const float *dy_n = dy + n * y_image;
         if (dw) {
@@ -154,7 +155,7 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
             /* col is no longer needed for this image: reuse it for dcol. */
             cpu_sgemm(1, 0, crs, pq, s->k, 1.0f, w, crs, dy_n, pq, 0.0f, col, pq);
             float *dx_n = dx + n * x_image;
-            if (!accumulate_dx) memset(dx_n, 0, sizeof(float) * x_image);
+            if (!(accumulate & CONV2D_ADD_DX)) memset(dx_n, 0, sizeof(float) * x_image);
             col2im_add(s, col, dx_n);
         }
     }
@@ -222,12 +223,14 @@ void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t si
     if (size) buf[0] = 0;
     if (ctx->device != DEVICE_CUDA) return;
     const Conv2dCuda *cc = &c->cuda;
-    const char *names[CONV2D_PASSES] = {"forward", "backward data", "backward data (accumulated)", "backward filter"};
+    const char *names[CONV2D_PASSES] = {"forward", "backward data", "backward data (accumulated)", "backward filter",
+                                        "backward filter (accumulated)"};
     const int algos[CONV2D_PASSES] = {(int)cc->fwd_algo, (int)cc->bwd_data_algo, (int)cc->bwd_data_algo,
-                                      (int)cc->bwd_filter_algo};
+                                      (int)cc->bwd_filter_algo, (int)cc->bwd_filter_algo};
     size_t used = (size_t)snprintf(buf, size, "cuDNN");
     for (int pass = 0; pass < CONV2D_PASSES && used < size; pass++) {
-        if (pass == CONV2D_DATA_ADD && cc->legacy_us[pass] <= 0) continue; /* the same algorithm as DATA */
+        /* untimed, the same algorithm as the overwriting pass's (FILTER_ADD never timed) */
+        if ((pass == CONV2D_DATA_ADD || pass == CONV2D_FILTER_ADD) && cc->legacy_us[pass] <= 0) continue;
         used += (size_t)snprintf(buf + used, size - used, pass ? ", " : " ");
         if (used < size) used += (size_t)describe_pass(buf + used, size - used, cc, (Conv2dPass)pass, names[pass], algos[pass]);
     }
@@ -241,10 +244,10 @@ void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const 
 }
 
 void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
-                     void *dw, void *db, int accumulate_dx) {
+                     void *dw, void *db, int accumulate) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) conv2d_backward_ex_cpu(&c->shape, x, w, dy, dx, dw, db, accumulate_dx);
-    else GPU_ONLY(conv2d_backward_ex_cuda(&c->cuda, ctx->cudnn, x, w, dy, dx, dw, db, ctx->workspace, accumulate_dx));
+    if (ctx->device == DEVICE_CPU) conv2d_backward_ex_cpu(&c->shape, x, w, dy, dx, dw, db, accumulate);
+    else GPU_ONLY(conv2d_backward_ex_cuda(&c->cuda, ctx->cudnn, x, w, dy, dx, dw, db, ctx->workspace, accumulate));
     op_end(ctx, __func__);
 }
 

@@ -224,10 +224,14 @@ static bool own_bias_kernels(const Conv2dCuda *c) { return c->dtype != DTYPE_F32
 enum { UID_X = 1, UID_W, UID_Y, PASS_TENSORS = 3 };
 
 static const BackendConvPass kBackendPass[CONV2D_PASSES] = {BACKEND_CONV_FORWARD, BACKEND_CONV_DATA,
-                                                            BACKEND_CONV_DATA, BACKEND_CONV_FILTER};
-static const float kPassBeta[CONV2D_PASSES] = {0.0f, 0.0f, 1.0f, 1.0f};
+                                                            BACKEND_CONV_DATA, BACKEND_CONV_FILTER,
+                                                            BACKEND_CONV_FILTER};
+static const float kPassBeta[CONV2D_PASSES] = {0.0f, 0.0f, 1.0f, 0.0f, 1.0f};
 static const char *const kPassNames[CONV2D_PASSES] = {"conv2d forward", "conv2d backward data",
-                                                      "conv2d backward data (accumulated)", "conv2d backward filter"};
+                                                      "conv2d backward data (accumulated)", "conv2d backward filter",
+                                                      "conv2d backward filter (accumulated)"};
+
+static bool filter_pass(Conv2dPass pass) { return pass == CONV2D_FILTER || pass == CONV2D_FILTER_ADD; }
 
 /* The pass by its legacy algorithm: cuDNN's status. */
 static cudnnStatus_t legacy_status(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void *const *p,
@@ -237,7 +241,7 @@ static cudnnStatus_t legacy_status(const Conv2dCuda *c, cudnnHandle_t h, Conv2dP
     if (pass == CONV2D_FORWARD)
         return cudnnConvolutionForward(h, &kOne, c->x_desc, p[0], c->w_desc, p[1], c->conv_desc, c->fwd_algo,
                                        workspace, bytes, beta, c->y_desc, p[2]);
-    if (pass == CONV2D_FILTER)
+    if (filter_pass(pass))
         return cudnnConvolutionBackwardFilter(h, &kOne, c->x_desc, p[0], c->y_desc, p[2], c->bwd_filter_desc,
                                               c->bwd_filter_algo, workspace, bytes, beta, c->w_desc, p[1]);
     return cudnnConvolutionBackwardData(h, &kOne, c->w_desc, p[1], c->y_desc, p[2], c->bwd_data_desc,
@@ -246,7 +250,7 @@ static cudnnStatus_t legacy_status(const Conv2dCuda *c, cudnnHandle_t h, Conv2dP
 
 static int legacy_algo(const Conv2dCuda *c, Conv2dPass pass) {
     return pass == CONV2D_FORWARD ? (int)c->fwd_algo
-           : pass == CONV2D_FILTER ? (int)c->bwd_filter_algo
+           : filter_pass(pass)     ? (int)c->bwd_filter_algo
                                    : (int)c->bwd_data_algo;
 }
 
@@ -495,13 +499,14 @@ direct_filter_kernel(const T *__restrict__ x, const T *__restrict__ dy, float *_
     }
 }
 
-/* dw[o][tap][ch] += the blocks' partial sums: block o, thread (group, col)
- * adds blocks group, group + DIRECT_FINISH_GROUPS, ... in order, then the
- * groups are added in order, so the sum is the same on every run. */
+/* dw[o][tap][ch] = (or with accumulate +=) the blocks' partial sums: block o,
+ * thread (group, col) adds blocks group, group + DIRECT_FINISH_GROUPS, ... in
+ * order, then the groups are added in order, so the sum is the same on every
+ * run. */
 #define DIRECT_FINISH_GROUPS 12
 template <typename T>
 static __global__ void __launch_bounds__(DIRECT_FINISH_GROUPS * DIRECT_COLS)
-direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *dw) {
+direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *dw, int accumulate) {
     __shared__ float sums[DIRECT_FINISH_GROUPS][DIRECT_COLS];
     int o = blockIdx.x, col = threadIdx.x % DIRECT_COLS, group = threadIdx.x / DIRECT_COLS;
     float sum = 0.0f;
@@ -512,7 +517,7 @@ direct_filter_finish(const float *__restrict__ partials, int blocks, int k, T *d
     if (group) return;
     for (int g = 1; g < DIRECT_FINISH_GROUPS; g++) sum += sums[g][col];
     T *out = dw + (size_t)o * DIRECT_COLS + col;
-    *out = from_float<T>(to_float(*out) + sum);
+    *out = from_float<T>(accumulate ? to_float(*out) + sum : sum);
 }
 
 /* sum[o], sqsum[o]: the forward blocks' stats [block][2][k] added, thread
@@ -553,7 +558,7 @@ static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, 
                                                                         pixels, s->h, s->w, s->k);
         CUDA_CHECK_LAUNCH();
         direct_filter_finish<T><<<(unsigned)s->k, DIRECT_FINISH_GROUPS * DIRECT_COLS, 0, stream>>>(
-            partials, (int)blocks, s->k, (T *)p[1]);
+            partials, (int)blocks, s->k, (T *)p[1], pass == CONV2D_FILTER_ADD);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -587,7 +592,7 @@ static void run_direct(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, vo
 static bool direct_aligned(void *const *p, const void *workspace, Conv2dPass pass) {
     for (int i = 0; i < PASS_TENSORS; i++)
         if ((uintptr_t)p[i] % 16 != 0) return false;
-    return pass != CONV2D_FILTER || (workspace && (uintptr_t)workspace % 8 == 0);
+    return !filter_pass(pass) || (workspace && (uintptr_t)workspace % 8 == 0);
 }
 
 /* The pass by the backend plan where it won (and the tensors are aligned as
@@ -668,7 +673,7 @@ static void set_direct_blocks(Conv2dCuda *c) {
     size_t rounds = (direct_pixels(&c->shape) + DIRECT_PIXELS - 1) / DIRECT_PIXELS;
     size_t forward = (size_t)sms * DIRECT_FORWARD_BLOCKS_PER_SM, filter = (size_t)sms * DIRECT_FILTER_BLOCKS_PER_SM;
     c->direct_blocks[CONV2D_FORWARD] = (int)(rounds < forward ? rounds : forward);
-    c->direct_blocks[CONV2D_FILTER] = (int)(rounds < filter ? rounds : filter);
+    c->direct_blocks[CONV2D_FILTER] = c->direct_blocks[CONV2D_FILTER_ADD] = (int)(rounds < filter ? rounds : filter);
 }
 
 /* Per pass: the legacy algorithm timed on scratch of random values, the backend plan
@@ -693,6 +698,7 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     if (!c->plans) TC_FATAL("conv2d: out of host memory for the backend plans");
     size_t plan_bytes = 0;
     for (int pass = 0; pass < CONV2D_PASSES; pass++) {
+        if (pass == CONV2D_FILTER_ADD) continue; /* taken after FILTER, below */
         c->legacy_us[pass] = legacy_time_us(c, h, (Conv2dPass)pass, ptrs, workspace);
         conv_policy_agree(&c->policy, &c->legacy_us[pass], 1);
         BackendGraph *g = &c->plans[pass];
@@ -714,6 +720,9 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     if (plan_bytes > c->workspace_bytes) c->workspace_bytes = plan_bytes;
     if (c->use_direct[CONV2D_FILTER] && direct_filter_bytes(c) > c->workspace_bytes)
         c->workspace_bytes = direct_filter_bytes(c);
+    /* Only the micro-batches after an optimizer step's first add filter gradients: FILTER's direct path (its
+     * finish adds), else the legacy algorithm, which takes beta 1 as it runs; a plan holds its beta. */
+    c->use_direct[CONV2D_FILTER_ADD] = c->use_direct[CONV2D_FILTER];
 }
 
 void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DType dtype, int nhwc,
@@ -1094,17 +1103,12 @@ void conv2d_forward_stats_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void 
     DISPATCH_FLOAT_DTYPE(c->dtype, launch_direct_stats, c, x, w, y, sum, sqsum, (float *)workspace, stream);
 }
 
-void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
-                          const void *dy, void *dx, void *dw, void *db, void *workspace) {
-    conv2d_backward_ex_cuda(c, h, x, w, dy, dx, dw, db, workspace, 0);
-}
-
-/* accumulate_dx is cuDNN's beta for the data gradient: dx = dgrad + beta * dx. */
+/* Each flag of accumulate is cuDNN's beta for its gradient: dx = dgrad + beta * dx, dw = wgrad + beta * dw. */
 void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                              const void *dy, void *dx, void *dw, void *db, void *workspace,
-                             int accumulate_dx) {
+                             int accumulate) {
     check_workspace(c, workspace);
-    if (dx) run_pass(c, h, accumulate_dx ? CONV2D_DATA_ADD : CONV2D_DATA, dx, w, dy, workspace);
-    if (dw) run_pass(c, h, CONV2D_FILTER, x, dw, dy, workspace);
+    if (dx) run_pass(c, h, accumulate & CONV2D_ADD_DX ? CONV2D_DATA_ADD : CONV2D_DATA, dx, w, dy, workspace);
+    if (dw) run_pass(c, h, accumulate & CONV2D_ADD_DW ? CONV2D_FILTER_ADD : CONV2D_FILTER, x, dw, dy, workspace);
     if (db) accumulate_bias_grad(c, h, dy, db, workspace);
 }

@@ -2,13 +2,19 @@
  * y[n,k,p,q] = b[k] + sum_{c,r,s} x[n,c,p*stride-pad+r,q*stride-pad+s] * w[k,c,r,s]
  * A NULL b (forward) or db (backward) skips the bias: a fused bias+ReLU
  * (ops/bias_relu.h) does it instead.
- * Backward: dx is overwritten (skipped when NULL); dw and db are ADDED to, so a
- * flat gradient buffer zeroed once per optimizer step accumulates micro-batches
- * (a NULL dw skips the filter gradient: conv_genstats_backward_filter takes it
- * where the input is a batch norm's prologue, ops/conv_genstats.h).
- * The _ex versions take accumulate_dx: 1 adds the input gradient into dx
- * instead (a tensor feeding two layers, such as a residual block's input, sums
- * the gradients of both); the plain versions are the _ex ones with 0.
+ * Backward: dx and dw are overwritten unless accumulate adds to them, db is
+ * always ADDED to (NULL skips any of them; a NULL dw skips the filter
+ * gradient: conv_genstats_backward_filter takes it where the input is a batch
+ * norm's prologue, ops/conv_genstats.h). accumulate's flags:
+ *   CONV2D_ADD_DX  adds the input gradient into dx (a tensor feeding two
+ *                  layers, such as a residual block's input, sums the
+ *                  gradients of both);
+ *   CONV2D_ADD_DW  adds the filter gradient into dw (a flat gradient buffer
+ *                  accumulating micro-batches). Without it the GPU writes dw
+ *                  directly, where with beta 1 cuDNN's filter-gradient engines
+ *                  write a scratch and blend it into dw in one more kernel
+ *                  (its convertTensor).
+ * The plain conv2d_backward_cpu is the _ex one with CONV2D_ADD_DW.
  * The CPU path is float32, NCHW. The CUDA path stores x, w, b, y, dy, dx, dw and
  * db as the dtype given at init (f32, f16 or bf16) and accumulates in fp32; its
  * layout is NCHW (x [n][c][h][w], w [k][c][r][s]) or, with nhwc, channels-last
@@ -72,9 +78,21 @@ static inline void conv_policy_agree(const ConvAlgoPolicy *p, float *times, int 
     if (p->benchmark && p->agree) p->agree(p->agree_user, times, n);
 }
 
-/* The passes a convolution runs: data gradient overwriting dx (DATA) or added
- * to it (DATA_ADD, accumulate_dx); the filter gradient is always added. */
-typedef enum { CONV2D_FORWARD, CONV2D_DATA, CONV2D_DATA_ADD, CONV2D_FILTER, CONV2D_PASSES } Conv2dPass;
+/* conv2d_backward's accumulate (above). */
+enum { CONV2D_ADD_DX = 1, CONV2D_ADD_DW = 2 };
+
+/* The passes a convolution runs: the data gradient overwriting dx (DATA) or
+ * added to it (DATA_ADD, CONV2D_ADD_DX); the filter gradient overwriting dw
+ * (FILTER) or added to it (FILTER_ADD, CONV2D_ADD_DW). FILTER_ADD is not timed:
+ * it takes FILTER's direct path where that won, else the legacy algorithm. */
+typedef enum {
+    CONV2D_FORWARD,
+    CONV2D_DATA,
+    CONV2D_DATA_ADD,
+    CONV2D_FILTER,
+    CONV2D_FILTER_ADD,
+    CONV2D_PASSES
+} Conv2dPass;
 
 struct BackendGraph; /* ops/backend_graph.h */
 
@@ -109,7 +127,7 @@ typedef struct {
  * ctx->nhwc on the GPU, where init chooses its algorithms by the policy and
  * the calls run with ctx->workspace, which must hold workspace_bytes (0 on the
  * CPU) and, where conv2d_bias_grad is called, bias_grad_bytes. backward's
- * accumulate_dx is the _ex paths' (below). */
+ * accumulate: CONV2D_ADD_DX, CONV2D_ADD_DW (above). */
 typedef struct {
     Conv2dShape shape;
     Conv2dCuda cuda; /* GPU only */
@@ -127,7 +145,7 @@ void conv2d_describe(const OpContext *ctx, const Conv2d *c, char *buf, size_t si
 float conv2d_timed_us(const OpContext *ctx, const Conv2d *c, Conv2dPass pass);
 void conv2d_forward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *b, void *y);
 void conv2d_backward(const OpContext *ctx, const Conv2d *c, const void *x, const void *w, const void *dy, void *dx,
-                     void *dw, void *db, int accumulate_dx);
+                     void *dw, void *db, int accumulate);
 void conv2d_bias_grad(const OpContext *ctx, const Conv2d *c, const void *dy, void *db);
 
 /* ---- The paths the face picks; tests call them to compare ---------------- */
@@ -138,7 +156,7 @@ void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, co
 void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                          float *dx, float *dw, float *db);
 void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
-                            float *dx, float *dw, float *db, int accumulate_dx);
+                            float *dx, float *dw, float *db, int accumulate);
 
 /* Whether the direct path (conv2d.cu) takes a convolution: 3x3, stride 1,
  * pad 1, CONV2D_DIRECT_CHANNELS input channels, at most CONV2D_DIRECT_MAX_OUT
@@ -156,11 +174,9 @@ void conv2d_cuda_destroy(Conv2dCuda *c);
 /* On the handle's stream (the bias kernels of f16 and bf16 run there too). */
 void conv2d_forward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                          const void *b, void *y, void *workspace);
-void conv2d_backward_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
-                          const void *dy, void *dx, void *dw, void *db, void *workspace);
 void conv2d_backward_ex_cuda(const Conv2dCuda *c, cudnnHandle_t h, const void *x, const void *w,
                              const void *dy, void *dx, void *dw, void *db, void *workspace,
-                             int accumulate_dx);
+                             int accumulate);
 /* The direct path's forward (see conv2d.cu) with its output's batch-norm sums,
  * conv_genstats' epilogue: y as conv2d_forward_cuda's without bias, and
  * sum[o], sqsum[o] of y[..][o] as stored (rounded to the dtype) and of its

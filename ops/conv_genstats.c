@@ -55,10 +55,10 @@ void conv_genstats_forward_cpu(const ConvGenStatsShape *s, const float *x, const
 }
 
 void conv_genstats_backward_filter_cpu(const ConvGenStatsShape *s, const float *x, const float *scale,
-                                       const float *bias, const float *dy, float *dw) {
+                                       const float *bias, const float *dy, float *dw, int accumulate_dw) {
     if (!s->prologue) TC_FATAL("conv_genstats: the filter gradient is for prologue shapes");
     float *xp = prologue_copy_cpu(s, x, scale, bias);
-    conv2d_backward_ex_cpu(&s->conv, xp, NULL, dy, NULL, dw, NULL, 0);
+    conv2d_backward_ex_cpu(&s->conv, xp, NULL, dy, NULL, dw, NULL, accumulate_dw ? CONV2D_ADD_DW : 0);
     free(xp);
 }
 
@@ -120,11 +120,11 @@ void conv_genstats_forward(const OpContext *ctx, const ConvGenStats *op, const v
 }
 
 void conv_genstats_backward_filter(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
-                                   const void *bias, const void *dy, void *dw) {
+                                   const void *bias, const void *dy, void *dw, int accumulate_dw) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) conv_genstats_backward_filter_cpu(&op->shape, x, scale, bias, dy, dw);
+    if (ctx->device == DEVICE_CPU) conv_genstats_backward_filter_cpu(&op->shape, x, scale, bias, dy, dw, accumulate_dw);
     else
-        GPU_ONLY(conv_genstats_backward_filter_cuda(&op->cuda, ctx->cudnn, x, scale, bias, dy, dw,
+        GPU_ONLY(conv_genstats_backward_filter_cuda(&op->cuda, ctx->cudnn, x, scale, bias, dy, dw, accumulate_dw,
                                                     ctx->workspace));
     op_end(ctx, __func__);
 }

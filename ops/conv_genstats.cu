@@ -81,7 +81,8 @@ static int forward_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDe
 
 /* The filter gradient's graph: dw (uid W) = wgrad(x', dy (uid Y)). Its
  * runtime-fusion plans ignore a beta of 1 (measured on an H100: dw came back
- * overwritten), so it writes a scratch that the op then adds into dw. */
+ * overwritten), so where dw is added to it writes a scratch that the op then
+ * adds into dw. */
 static int filter_ops(ConvGenStatsCuda *c, cudnnDataType_t data, cudnnBackendDescriptor_t ops[4]) {
     const Conv2dShape *s = &c->shape.conv;
     BackendGraph *g = &c->filter_graph;
@@ -303,21 +304,23 @@ void conv_genstats_forward_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, cons
 
 void conv_genstats_backward_filter_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x,
                                         const void *scale, const void *bias, const void *dy, void *dw,
-                                        void *workspace) {
+                                        int accumulate_dw, void *workspace) {
     if (!c->shape.prologue || !scale || !bias)
         TC_FATAL("conv_genstats: the filter gradient is for prologue shapes, with their scale and bias");
     cudaStream_t stream;
     CUDNN_CHECK(cudnnGetStream(h, &stream));
     if (c->filter_fused) {
-        void *ptrs[CGS_UID_Y] = {(void *)x, (void *)scale, (void *)bias, workspace, (void *)dy};
+        void *ptrs[CGS_UID_Y] = {(void *)x, (void *)scale, (void *)bias, accumulate_dw ? workspace : dw,
+                                 (void *)dy};
         backend_graph_execute(&c->filter_graph, h, ptrs, (char *)workspace + c->filter_scratch_bytes);
         const Conv2dShape *s = &c->shape.conv;
-        add_accumulate_cuda(c->dtype, dw, workspace, (size_t)s->k * s->c * s->r * s->s, stream);
+        if (accumulate_dw) add_accumulate_cuda(c->dtype, dw, workspace, (size_t)s->k * s->c * s->r * s->s, stream);
         return;
     }
     void *conv_workspace;
     const void *conv_in = fallback_input(c, x, scale, bias, workspace, &conv_workspace, stream);
-    conv2d_backward_ex_cuda(&c->fallback, h, conv_in, NULL, dy, NULL, dw, NULL, conv_workspace, 0);
+    conv2d_backward_ex_cuda(&c->fallback, h, conv_in, NULL, dy, NULL, dw, NULL, conv_workspace,
+                            accumulate_dw ? CONV2D_ADD_DW : 0);
 }
 
 /* ---- bn_finalize ---------------------------------------------------------------- */

@@ -13,7 +13,8 @@
  *   [X * SCALE -> + BIAS -> RELU_FWD ->] CONVOLUTION_FORWARD -> Y -> GEN_STATS -> SUM, SQSUM
  * and with a prologue a second one for the filter gradient (backward_filter):
  *   X * SCALE -> + BIAS -> RELU_FWD -> CONVOLUTION_BACKWARD_FILTER (DY) -> DW
- * (into a scratch, then added to dw: its plans ignore beta),
+ * (into dw where it is overwritten; else into a scratch, then added to dw: its
+ * plans ignore beta),
  * the prologue's intermediates virtual fp32 (x' is never rounded or stored),
  * Y real in the dtype, SUM and SQSUM fp32 [1, k, 1, 1]; scale and bias are k
  * values of the dtype, as in cuDNN's and Paddle's ConvBN-fprop pattern (the
@@ -96,14 +97,15 @@ int conv_genstats_filter_fused(const ConvGenStats *op);
  * ctx->stream, with no allocation and no sync. CPU: fp32 NCHW. */
 void conv_genstats_forward(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
                            const void *bias, const void *w, void *y, float *sum, float *sqsum);
-/* Backward of a prologue shape, the filter's part: dw += wgrad(x', dy), x'
+/* Backward of a prologue shape, the filter's part: dw = wgrad(x', dy), or
+ * with accumulate_dw dw += wgrad(x', dy) (conv2d's CONV2D_ADD_DW), x'
  * the prologue's output recomputed from x as the forward computes it, never
  * stored. The data gradient at x' is conv2d's (ops/conv2d.h) and the
  * prologue's own backward is its batch norm's, so neither is here; a shape
  * without a prologue has conv2d's whole backward. Tensors as forward's (dy as
  * y, dw as w), on ctx->stream with ctx->workspace. */
 void conv_genstats_backward_filter(const OpContext *ctx, const ConvGenStats *op, const void *x, const void *scale,
-                                   const void *bias, const void *dy, void *dw);
+                                   const void *bias, const void *dy, void *dw, int accumulate_dw);
 
 /* ---- Batch-norm finalize: the statistics' sums to what the next layer needs --
  * From sum and sqsum of a channel's m values (a batch norm's input, as
@@ -126,7 +128,7 @@ void bn_finalize(const OpContext *ctx, int channels, int64_t m, const float *sum
 void conv_genstats_forward_cpu(const ConvGenStatsShape *s, const float *x, const float *scale, const float *bias,
                                const float *w, float *y, float *sum, float *sqsum);
 void conv_genstats_backward_filter_cpu(const ConvGenStatsShape *s, const float *x, const float *scale,
-                                       const float *bias, const float *dy, float *dw);
+                                       const float *bias, const float *dy, float *dw, int accumulate_dw);
 /* The prologue alone, in place allowed: x' = relu(x * scale[c] + bias[c]), NCHW. */
 void conv_genstats_prologue_cpu(const Conv2dShape *s, const float *x, const float *scale, const float *bias,
                                 float *out);
@@ -144,7 +146,7 @@ void conv_genstats_forward_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, cons
                                 void *workspace);
 void conv_genstats_backward_filter_cuda(const ConvGenStatsCuda *c, cudnnHandle_t h, const void *x,
                                         const void *scale, const void *bias, const void *dy, void *dw,
-                                        void *workspace);
+                                        int accumulate_dw, void *workspace);
 /* scale and bias in scale_dtype; on 'stream'. */
 void bn_finalize_cuda(DType scale_dtype, int channels, int64_t m, const float *sum, const float *sqsum,
                       const BatchNormParams *p, void *scale, void *bias, cudaStream_t stream);

@@ -2,8 +2,9 @@
  * differences (CPU), checkpointed and plain gradients bitwise equal, ResNet-18's
  * step on the GPU against the CPU, evaluation with running statistics, the
  * ImageNet stem on each form of the image against on the image itself and
- * fused against unfused (its max-pool in its batch norm's pass), and
- * every speed switch giving the same training run (GPU); on the CPU, the
+ * fused against unfused (its max-pool in its batch norm's pass), a second
+ * backward adding to the first's gradients, and every speed switch giving the
+ * same training run (GPU); on the CPU, the
  * recipe through the trainer overfits one fixed batch. */
 #include <math.h>
 #include <stdio.h>
@@ -460,11 +461,12 @@ static void check_input_forms(GpuContext *gpu, int batch, const float *x, const 
     for (int run = 0; run <= UNFUSED; run++) free(grads[run]), free(logits[run]);
 }
 
-/* Two forward and backward passes on the same batch, the gradients added up
- * (as two micro-batches would be), downloaded as floats. The loss is scaled
- * by 1024 as the loss scaler would, so that fp16's gradients stay normal
- * numbers instead of rounding in the subnormals. */
-static float *gpu_gradients_twice(Model *m, GpuContext *gpu, const int32_t *labels) {
+/* 'passes' forward and backward passes on the same batch (the caller ran the
+ * first forward), the gradients added up (as micro-batches would be),
+ * downloaded as floats. The loss is scaled by 1024 as the loss scaler would,
+ * so that fp16's gradients stay normal numbers instead of rounding in the
+ * subnormals. */
+static float *gpu_gradients_passes(Model *m, GpuContext *gpu, const int32_t *labels, int passes) {
     int32_t *d_labels;
     float *d_loss, *d_scale, loss_scale = 1024.0f;
     CUDA_CHECK(cudaMalloc((void **)&d_labels, m->batch * sizeof(int32_t)));
@@ -472,7 +474,7 @@ static float *gpu_gradients_twice(Model *m, GpuContext *gpu, const int32_t *labe
     CUDA_CHECK(cudaMalloc((void **)&d_scale, sizeof(float)));
     CUDA_CHECK(cudaMemcpy(d_labels, labels, m->batch * sizeof(int32_t), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_scale, &loss_scale, sizeof(float), cudaMemcpyHostToDevice));
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < passes; pass++) {
         if (pass) model_forward(m);
         softmax_xent_cuda(m->act_dtype, model_logits(m), d_labels, m->batch, m->num_classes, d_scale, d_loss,
                           model_logits_grad(m), gpu->compute);
@@ -491,7 +493,7 @@ static float *gpu_gradients_twice(Model *m, GpuContext *gpu, const int32_t *labe
     return grads;
 }
 
-/* The gradients of model.fuse = graphs against on (gpu_gradients_twice): the
+/* The gradients of model.fuse = graphs against on (two passes): the
  * whole, each prologue convolution's filter gradient and each other one's.
  * In fp16 the fused pairs' statistics round differently from the separate
  * norm's, which turns some ReLU masks: on an H100 (seeds 1 to 3) the whole
@@ -553,7 +555,7 @@ static void check_graph_fusion(GpuContext *gpu, int batch, const float *x, const
             for (int c = 0; l->kind == LAYER_BATCHNORM && c < l->bn.shape.c; c++) var[c] -= 1.0f;
         }
         saved[f] = to_host_floats(m[f].bn_saved, m[f].n_bn_stats);
-        grads[f] = gpu_gradients_twice(&m[f], gpu, labels);
+        grads[f] = gpu_gradients_passes(&m[f], gpu, labels, 2);
     }
     if (fused == 0) {
         printf("resnet18 model.fuse=graphs: no cuDNN engine took a pair on this card; nothing to compare\n");
@@ -605,7 +607,7 @@ static void check_overlap_wgrad(GpuContext *gpu, int batch, const float *x, cons
         CUDA_CHECK(cudaMemcpy(model_input_buffer(&m[f]), x, model_input_floats(&m[f]) * sizeof(float),
                               cudaMemcpyHostToDevice));
         model_forward(&m[f]);
-        grads[f] = gpu_gradients_twice(&m[f], gpu, labels);
+        grads[f] = gpu_gradients_passes(&m[f], gpu, labels, 2);
     }
     double norm = 0;
     for (size_t i = 0; i < m[0].n_params; i++) norm += fabs(grads[0][i]);
@@ -629,13 +631,57 @@ static void check_overlap_wgrad(GpuContext *gpu, int batch, const float *x, cons
     CUDA_CHECK(cudaMemcpy(model_input_buffer(&m[0]), x, model_input_floats(&m[0]) * sizeof(float),
                           cudaMemcpyHostToDevice));
     model_forward(&m[0]);
-    float *timed = gpu_gradients_twice(&m[0], gpu, labels);
+    float *timed = gpu_gradients_passes(&m[0], gpu, labels, 2);
     double timed_norm = 0;
     for (size_t i = 0; i < m[0].n_params; i++) timed_norm += fabs(timed[i]);
     CHECK_MSG(isfinite(timed_norm) && timed_norm > 0, "resnet18 perf.overlap_wgrad after perf.conv_benchmark's "
               "start-up: gradients' sum of magnitudes %g", timed_norm);
     model_destroy(&m[0]);
     free(timed);
+}
+
+/* A second backward without model_zero_grads adds to the first's gradients,
+ * as memory.accumulate's later micro-batches do: the backward of one forward
+ * run twice gives twice its gradients. The first overwrites the convolutions'
+ * filter gradients (the gradients were just zeroed: cuDNN's plans with beta
+ * 0, the direct stem's finish storing), the second adds them (the legacy
+ * algorithm with beta 1, the stem's finish adding, the prologue's graph
+ * through its scratch). fp16, model.fuse = graphs under perf.conv_benchmark,
+ * as training runs. With one forward the ReLUs' masks are the same in both,
+ * so the passes differ by their engines' rounding alone (an fp16 rounding is
+ * 4.9e-4 relative); a convolution whose second pass overwrote would be off by
+ * 0.5. (A forward for each pass differs by more: its statistics' rounding
+ * turns some masks, and the gradients moved by 0.069 on an H200.) */
+static void check_backward_adds(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
+    Model m;
+    char err[256];
+    CHECK(model_build(&m, "resnet18", batch, 32, 10, 1, err, sizeof err) == 0);
+    m.act_dtype = DTYPE_F16;
+    m.fuse = m.fuse_graphs = 1;
+    m.conv_policy.benchmark = 1;
+    model_finalize(&m, gpu, 11);
+    model_zero_grads(&m);
+    CUDA_CHECK(cudaMemcpy(model_input_buffer(&m), x, model_input_floats(&m) * sizeof(float), cudaMemcpyHostToDevice));
+    model_forward(&m);
+    float *grads[2];
+    for (int pass = 0; pass < 2; pass++) grads[pass] = gpu_gradients_passes(&m, gpu, labels, 1);
+    for (size_t i = 0; i < m.n_params; i++) grads[0][i] *= 2.0f;
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < m.n_layers; i++) {
+        const Layer *l = &m.layers[i];
+        if (l->kind != LAYER_CONV) continue;
+        double e = test_rel_error(grads[1] + l->w_off, grads[0] + l->w_off, l->w_count);
+        if (e >= worst) worst = e, worst_name = l->name;
+    }
+    double e = test_rel_error(grads[1], grads[0], m.n_params);
+    CHECK_MSG(e < 1e-2 && worst < 1e-2, "resnet18 fp16 graphs: two backward passes against twice one: %.3g, the "
+              "convolutions' filter gradients up to %.3g (%s)", e, worst, worst_name);
+    printf("resnet18 fp16 graphs, two backward passes against twice one: gradients %.3g relative, the convolutions' "
+           "up to %.3g (%s)\n", e, worst, worst_name);
+    model_destroy(&m);
+    free(grads[0]);
+    free(grads[1]);
 }
 #endif
 
@@ -812,6 +858,7 @@ int main(void) {
         GPU_ONLY(check_fused_steps(&gpu, 32, big32, labels32));
         GPU_ONLY(check_graph_fusion(&gpu, 32, big32, labels32));
         GPU_ONLY(check_overlap_wgrad(&gpu, 32, big32, labels32));
+        GPU_ONLY(check_backward_adds(&gpu, 32, big32, labels32));
         size_t n128 = (size_t)BATCH * 3 * 128 * 128;
         float *big128 = malloc(n128 * sizeof(float));
         test_fill_uniform(big128, n128, &rng, -2, 2);

@@ -1,6 +1,7 @@
 /* 2-D convolution (ops/conv2d.h) through its face, and the bias gradient
- * (conv2d_bias_grad): y, dx, and dw and db added onto random start values,
- * against the CPU reference. The CPU path also against the definition summed
+ * (conv2d_bias_grad): y, dx, and dw and db added onto random start values
+ * (CONV2D_ADD_DW), against the CPU reference; dw overwritten (NaN before) on
+ * either device too. The CPU path also against the definition summed
  * in double and by finite differences; the GPU's again with dx == NULL (the
  * same dw and db; deterministic algorithms give the same bits). The shapes per
  * combination are those the old tests ran on H100 and H200: SimpleNet's
@@ -97,7 +98,8 @@ static void conv_forward_reference(DType dt, const Conv2dShape *s, const float *
 /* The reference's results and the start values of the accumulators, NCHW. */
 typedef struct {
     float *x, *w, *b, *dy, *dw0, *db0; /* inputs */
-    float *y, *dx, *dw, *db;           /* what the op must give */
+    float *y, *dx, *dw, *db;           /* what the op must give, dw and db added onto dw0 and db0 */
+    float *dw_set;                     /* dw overwritten */
 } ConvValues;
 
 /* The input's channels from real_c on are zero, as the first layer's padded
@@ -122,12 +124,14 @@ static ConvValues conv_values(const GridCase *c, const Conv2dShape *s, int real_
     for (int i = 0; i < s->k; i++) v.db[i] += db_added[i];
     round_to(dt, v.dw, nw);
     round_to(dt, v.db, s->k);
-    free(dw_added), free(db_added);
+    v.dw_set = dw_added;
+    round_to(dt, v.dw_set, nw);
+    free(db_added);
     return v;
 }
 
 static void conv_values_free(ConvValues *v) {
-    void *host[] = {v->x, v->w, v->b, v->dy, v->dw0, v->db0, v->y, v->dx, v->dw, v->db};
+    void *host[] = {v->x, v->w, v->b, v->dy, v->dw0, v->db0, v->y, v->dx, v->dw, v->db, v->dw_set};
     host_free_all(host, GRID_COUNT(host));
 }
 
@@ -136,20 +140,22 @@ typedef struct {
     float *y, *dx, *dw, *db;
 } ConvResults;
 
-/* One forward and backward on the device from v's inputs; dx NULL skips it. */
+/* One forward and backward on the device from v's inputs; without want_dx
+ * dx is NULL; add_dw adds dw onto v's dw0, else overwrites NaNs. */
 static ConvResults conv_run(const GridCase *c, const OpContext *ctx, const Conv2d *conv, const ConvValues *v,
-                            int want_dx) {
+                            int want_dx, int add_dw) {
     const Conv2dShape *s = &conv->shape;
     DType dt = c->dtype;
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
     size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
     float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, s->c, s->r, s->s);
     float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *dw0l = grid_to_layout(c, v->dw0, s->k, s->c, s->r, s->s);
+    if (!add_dw) grid_fill_nan(dw0l, nw);
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_b = grid_put(c, dt, v->b, s->k);
     void *d_dy = grid_put(c, dt, dyl, ny), *d_y = grid_alloc(c, dt, ny), *d_dx = want_dx ? grid_alloc(c, dt, nx) : NULL;
     void *d_dw = grid_put(c, dt, dw0l, nw), *d_db = grid_put(c, dt, v->db0, s->k);
     conv2d_forward(ctx, conv, d_x, d_w, d_b, d_y);
-    conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, d_db, 0);
+    conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, d_db, add_dw ? CONV2D_ADD_DW : 0);
     ConvResults r;
     float *t = grid_get(c, dt, d_y, ny);
     r.y = grid_from_layout(c, t, s->n, s->k, oh, ow);
@@ -195,7 +201,13 @@ static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, co
     const Conv2dShape *s = &conv->shape;
     int direct_fits = s->c == 8 && s->r == 3 && s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 &&
                       s->k <= 64 && !policy->prefer_backend;
+    /* adding the filter gradient is not timed: FILTER's direct path where it won, else the legacy algorithm */
+    CHECK_MSG(cc->legacy_us[CONV2D_FILTER_ADD] == 0 && cc->plan_us[CONV2D_FILTER_ADD] == 0 &&
+                  !cc->use_plan[CONV2D_FILTER_ADD] && cc->use_direct[CONV2D_FILTER_ADD] == cc->use_direct[CONV2D_FILTER],
+              "%s conv: the added filter gradient was timed or does not follow the overwriting one's path (%s)", c->name,
+              chosen);
     for (int pass = 0; cc->plans && pass < CONV2D_PASSES; pass++) {
+        if (pass == CONV2D_FILTER_ADD) continue;
         CHECK_MSG(cc->legacy_us[pass] > 0, "%s conv: pass %d's legacy algorithm was not timed", c->name, pass);
         int direct_pass = direct_fits && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
         CHECK_MSG((cc->direct_us[pass] > 0) == direct_pass, "%s conv: pass %d's direct path %s (%s)", c->name, pass,
@@ -238,24 +250,25 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     if (c->nhwc) CHECK(ws >= conv2d_bias_grad_bytes(&ctx, &conv));
     ctx.workspace = ws ? dev_bytes(ws) : NULL;
 
-    ConvResults r = conv_run(c, &ctx, &conv, &v, 1);
+    ConvResults r = conv_run(c, &ctx, &conv, &v, 1, 1), set = conv_run(c, &ctx, &conv, &v, 0, 0);
     double bound = grid_bound(c, GRID_CONV);
     grid_check(c, "conv y", r.y, v.y, ny, bound);
     grid_check(c, "conv dx", r.dx, v.dx, nx, bound);
     grid_check(c, "conv dw (accumulated onto random dw)", r.dw, v.dw, nw, bound);
     grid_check(c, "conv db (accumulated onto random db)", r.db, v.db, s.k, bound);
+    grid_check(c, "conv dw (overwriting NaN)", set.dw, v.dw_set, nw, bound);
     size_t padded_moved = 0; /* zero input channels: their weight gradient is exactly zero */
     for (int k = 0; k < s.k; k++)
         for (int ch = real_c; ch < s.c; ch++)
             for (int i = 0; i < rs; i++) {
                 size_t at = ((size_t)k * s.c + ch) * rs + i;
-                padded_moved += memcmp(&r.dw[at], &v.dw0[at], sizeof(float)) != 0;
+                padded_moved += memcmp(&r.dw[at], &v.dw0[at], sizeof(float)) != 0 || set.dw[at] != 0.0f;
             }
     CHECK_MSG(padded_moved == 0, "%s conv: %zu weight gradients of zero input channels moved", c->name, padded_moved);
 
     /* again with dx == NULL: the same dw; db from our own fixed-order kernel
      * the same bits (f32 NCHW keeps cuDNN's bias gradient: close) */
-    ConvResults again = conv_run(c, &ctx, &conv, &v, 0);
+    ConvResults again = conv_run(c, &ctx, &conv, &v, 0, 1);
     int f32_nchw = dt == DTYPE_F32 && !c->nhwc;
     if (f32_nchw && deterministic) {
         grid_check_same(c, "conv y (second run)", again.y, r.y, ny * sizeof(float));
@@ -273,6 +286,7 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     else grid_check_same(c, "conv db (dx == NULL, vs the first run)", again.db, r.db, s.k * sizeof(float));
 
     conv_results_free(&r);
+    conv_results_free(&set);
     conv_results_free(&again);
     conv_values_free(&v);
     grid_free(c, ctx.workspace);
@@ -402,7 +416,7 @@ static void check_close(const GridCase *c, const char *what, const float *got, c
 }
 
 /* The face on the CPU against the definition in double: dw and db added onto
- * random start values, dx overwritten. */
+ * random start values, dx overwritten; then dw overwritten. */
 static void conv_cpu_against_naive(const GridCase *c, const Conv2dShape *s) {
     char label[120], what[200];
     conv_label(label, sizeof label, s);
@@ -424,8 +438,13 @@ static void conv_cpu_against_naive(const GridCase *c, const Conv2dShape *s) {
     snprintf(what, sizeof what, "%s: y", label);
     check_close(c, what, y, want_y, size, ny);
     grid_fill_nan(dx, nx);
-    conv2d_backward(&c->ctx, &conv, x, w, dy, dx, dw, db, 0);
+    conv2d_backward(&c->ctx, &conv, x, w, dy, dx, dw, db, CONV2D_ADD_DW);
     naive_conv_backward(s, x, w, dy, want_dx, want_dw, want_db, size_dx);
+    float *dw_set = host_floats(nw);
+    grid_fill_nan(dw_set, nw);
+    conv2d_backward(&c->ctx, &conv, x, w, dy, NULL, dw_set, NULL, 0);
+    snprintf(what, sizeof what, "%s: dw overwriting NaN", label);
+    check_close(c, what, dw_set, want_dw, size_dw, nw);
     for (size_t i = 0; i < nw; i++) want_dw[i] += dw0[i], size_dw[i] += fabs(dw0[i]);
     for (int k = 0; k < s->k; k++) want_db[k] += db0[k], size_db[k] += fabs(db0[k]);
     snprintf(what, sizeof what, "%s: dx", label);
@@ -435,7 +454,7 @@ static void conv_cpu_against_naive(const GridCase *c, const Conv2dShape *s) {
     snprintf(what, sizeof what, "%s: db", label);
     check_close(c, what, db, want_db, size_db, s->k);
     conv2d_destroy(&c->ctx, &conv);
-    void *host[] = {x, w, b, dy, y, dx, dw0, db0, dw, db, want_y, want_dx, want_dw, want_db, size};
+    void *host[] = {x, w, b, dy, y, dx, dw0, db0, dw, db, dw_set, want_y, want_dx, want_dw, want_db, size};
     host_free_all(host, GRID_COUNT(host));
 }
 
@@ -462,7 +481,7 @@ static void conv_cpu_finite_differences(const GridCase *c, const Conv2dShape *s)
     Conv2d conv;
     conv2d_init(&c->ctx, &conv, s, &strict_policy);
     grid_fill_nan(dx, nx);
-    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, dx, dw, db, 0);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, dx, dw, db, CONV2D_ADD_DW);
     for (size_t i = 0; i < nw; i++) dw[i] -= dw0[i];
     for (int k = 0; k < s->k; k++) db[k] -= db0[k];
     double *num = malloc(sizeof(double) * (nx > nw ? nx : nw));
@@ -478,7 +497,7 @@ static void conv_cpu_finite_differences(const GridCase *c, const Conv2dShape *s)
 
     /* dx == NULL: the same dw and db, bit for bit */
     float *dw2 = copy_floats(dw0, nw), *db2 = copy_floats(db0, s->k);
-    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, NULL, dw2, db2, 0);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, NULL, dw2, db2, CONV2D_ADD_DW);
     for (size_t i = 0; i < nw; i++) dw2[i] -= dw0[i];
     for (int k = 0; k < s->k; k++) db2[k] -= db0[k];
     snprintf(what, sizeof what, "%s: dw, db with dx == NULL", label);
@@ -527,7 +546,7 @@ static void conv_check_accumulate_dx(const GridCase *c, const OpContext *ctx, co
     float *dw0l = grid_to_layout(c, v->dw0, s->k, s->c, s->r, s->s);
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_dy = grid_put(c, dt, dyl, ny);
     void *d_dx = grid_put(c, dt, oldl, nx), *d_dw = grid_put(c, dt, dw0l, nw);
-    conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, NULL, 1);
+    conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, NULL, CONV2D_ADD_DX | CONV2D_ADD_DW);
     float *t = grid_get(c, dt, d_dx, nx), *gacc = grid_from_layout(c, t, s->n, s->c, s->h, s->w);
     free(t);
     t = grid_get(c, dt, d_dw, nw);
@@ -562,9 +581,9 @@ static void conv_accumulate_shape(const GridCase *c, Conv2dShape s, int real_c, 
     conv2d_destroy(&ctx, &conv);
 }
 
-/* On the CPU (after finite differences): the plain call is the _ex one with
- * accumulate_dx 0, to the bit; accumulate_dx leaves dw's bits; a NULL bias
- * (and db) is a zero bias, to the bit. */
+/* On the CPU (after finite differences): the face overwriting dw is the plain
+ * call adding onto zeros, to the bit; adding into dx leaves dw's bits; a NULL
+ * bias (and db) is a zero bias, to the bit. */
 static void conv_resnet_cpu(const GridCase *c, Conv2dShape s) {
     char label[120];
     conv_label(label, sizeof label, &s);
@@ -580,10 +599,10 @@ static void conv_resnet_cpu(const GridCase *c, Conv2dShape s) {
     float *dx_plain = host_floats(nx), *dw_plain = host_floats(nw), *db_plain = host_floats(s.k);
     conv2d_backward_cpu(&s, l.x, l.w, l.r, dx_plain, dw_plain, db_plain);
     CHECK_MSG(!memcmp(dx, dx_plain, nx * sizeof(float)) && !memcmp(dw, dw_plain, nw * sizeof(float)),
-              "%s: conv2d_backward_cpu differs from conv2d_backward_ex_cpu(..., 0)", label);
+              "%s: conv2d_backward_cpu onto zeros differs from conv2d_backward(..., 0)", label);
     float *old = grid_random(c, DTYPE_F32, nx, -1, 1), *acc = copy_floats(old, nx), *want = host_floats(nx);
     float *dw2 = host_floats(nw), *db2 = host_floats(s.k);
-    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, acc, dw2, db2, 1);
+    conv2d_backward(&c->ctx, &conv, l.x, l.w, l.r, acc, dw2, db2, CONV2D_ADD_DX);
     for (size_t i = 0; i < nx; i++) want[i] = old[i] + dx[i];
     grid_check(c, "conv dx accumulated = old dx + dx", acc, want, nx, 1e-6);
     CHECK_MSG(!memcmp(dw2, dw, nw * sizeof(float)), "%s: conv dw changes with accumulate_dx", label);
@@ -662,6 +681,10 @@ static void conv_backward_by_hand(void) {
     conv2d_backward_cpu(&s, x, w, dy, NULL, dw, db);
     check_values("conv dw (accumulated)", dw, (double[]){24, 32, 48, 56}, 4, 1e-6);
     check_values("conv db (accumulated)", db, (double[]){8}, 1, 1e-6);
+    /* without CONV2D_ADD_DW dw is overwritten; db is added to still */
+    conv2d_backward_ex_cpu(&s, x, w, dy, NULL, dw, db, 0);
+    check_values("conv dw (overwritten)", dw, (double[]){12, 16, 24, 28}, 4, 1e-6);
+    check_values("conv db (added)", db, (double[]){12}, 1, 1e-6);
 }
 
 /* conv2d_describe's line, and conv2d_timed_us of one pass. */

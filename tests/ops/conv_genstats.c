@@ -10,8 +10,8 @@
  * stride-2 downsample, with and without the prologue. Each GPU shape prints
  * whether the fused cuDNN graph was taken (the fallback is not a failure).
  * With a prologue, the filter gradient too (backward_filter, added onto
- * random values): on the CPU against the definition and finite differences,
- * on the GPU against the CPU reference. On the CPU y and sum are measured
+ * random values, and overwriting NaNs): on the CPU against the definition and
+ * finite differences, on the GPU against the CPU reference. On the CPU y and sum are measured
  * against the size of their terms, which can cancel (the 1x1 image's 6
  * outputs). bn_finalize against batchnorm_forward_train_cpu's statistics. */
 #include <math.h>
@@ -181,7 +181,8 @@ static double cgs_loss(void *p) {
 }
 
 /* backward_filter on the CPU: onto random dw0 against the definition, and
- * (less dw0, small shapes) against finite differences of sum(y * dy) in w. */
+ * (less dw0, small shapes) against finite differences of sum(y * dy) in w;
+ * overwriting NaNs against the definition. */
 static void cgs_cpu_filter_grad(const GridCase *c, ConvGenStatsShape a, const char *label, int differences) {
     const Conv2dShape *s = &a.conv;
     char what[220];
@@ -191,10 +192,15 @@ static void cgs_cpu_filter_grad(const GridCase *c, ConvGenStatsShape a, const ch
     float *dw = copy_floats(dw0, nw);
     ConvGenStats op;
     conv_genstats_init(&c->ctx, &op, &a, &cgs_policy);
-    conv_genstats_backward_filter(&c->ctx, &op, in.x, in.scale, in.bias, dy, dw);
+    conv_genstats_backward_filter(&c->ctx, &op, in.x, in.scale, in.bias, dy, dw, 1);
     double *exact = malloc(sizeof(double) * 2 * nw);
     naive_filter_grad(&a, &in, dy, dw0, exact, exact + nw);
     cgs_check_double(c, label, "dw (added to)", dw, exact, exact + nw, nw, 1e-5);
+    float *zeros = host_floats(nw), *dw_set = host_floats(nw);
+    grid_fill_nan(dw_set, nw);
+    conv_genstats_backward_filter(&c->ctx, &op, in.x, in.scale, in.bias, dy, dw_set, 0);
+    naive_filter_grad(&a, &in, dy, zeros, exact, exact + nw);
+    cgs_check_double(c, label, "dw (overwriting NaN)", dw_set, exact, exact + nw, nw, 1e-5);
     for (size_t i = 0; i < nw; i++) dw[i] -= dw0[i];
     CgsLoss l = {&a, &in, host_floats(ny), host_floats(s->k), host_floats(s->k), dy};
     if (differences) {
@@ -203,7 +209,7 @@ static void cgs_cpu_filter_grad(const GridCase *c, ConvGenStatsShape a, const ch
         check_gradient(what, dw, exact, nw);
     }
     conv_genstats_destroy(&c->ctx, &op);
-    void *host[] = {dy, dw0, dw, exact, l.y, l.sum, l.sqsum};
+    void *host[] = {dy, dw0, dw, zeros, dw_set, exact, l.y, l.sum, l.sqsum};
     host_free_all(host, GRID_COUNT(host));
     cgs_inputs_free(&in);
 }
@@ -237,7 +243,8 @@ static void cgs_cpu_shape(const GridCase *c, ConvGenStatsShape a) {
 
 /* backward_filter on the GPU onto a random dw0, against dw0 plus the CPU
  * reference on x' rounded to the dtype (the fallback's; the fused graph's x'
- * is fp32, a rounding apart), rounded. */
+ * is fp32, a rounding apart), rounded; and overwriting NaNs, against the
+ * reference alone. */
 static void cgs_gpu_filter_grad(const GridCase *c, const OpContext *ctx, const ConvGenStats *op,
                                 const CgsInputs *in, const char *label) {
     const ConvGenStatsShape *a = &op->shape;
@@ -256,16 +263,24 @@ static void cgs_gpu_filter_grad(const GridCase *c, const OpContext *ctx, const C
     float *dw0l = grid_to_layout(c, dw0, s->k, s->c, s->r, s->s);
     void *d_x = grid_put(c, dt, xl, nx), *d_dy = grid_put(c, dt, dyl, ny), *d_dw = grid_put(c, dt, dw0l, nw);
     void *d_scale = grid_put(c, dt, in->scale, s->c), *d_bias = grid_put(c, dt, in->bias, s->c);
-    conv_genstats_backward_filter(ctx, op, d_x, d_scale, d_bias, d_dy, d_dw);
+    conv_genstats_backward_filter(ctx, op, d_x, d_scale, d_bias, d_dy, d_dw, 1);
     float *t = grid_get(c, dt, d_dw, nw), *got = grid_from_layout(c, t, s->k, s->c, s->r, s->s);
     char what[220];
     int fused = conv_genstats_filter_fused(op);
     printf(" %s filter gradient: %s\n", label, fused ? "fused cuDNN graph" : "FALLBACK (prologue kernel + conv2d)");
     snprintf(what, sizeof what, "%s: dw added to (%s)", label, fused ? "fused" : "fallback");
-    grid_check(c, what, got, want, nw, grid_bound(c, GRID_CONV));
-    void *dev[] = {d_x, d_dy, d_dw, d_scale, d_bias};
+    double bound = grid_bound(c, GRID_CONV);
+    grid_check(c, what, got, want, nw, bound);
+    grid_fill_nan(dw0l, nw);
+    void *d_dw_set = grid_put(c, dt, dw0l, nw);
+    conv_genstats_backward_filter(ctx, op, d_x, d_scale, d_bias, d_dy, d_dw_set, 0);
+    float *t_set = grid_get(c, dt, d_dw_set, nw), *got_set = grid_from_layout(c, t_set, s->k, s->c, s->r, s->s);
+    round_to(dt, grad, nw);
+    snprintf(what, sizeof what, "%s: dw overwriting NaN (%s)", label, fused ? "fused" : "fallback");
+    grid_check(c, what, got_set, grad, nw, bound);
+    void *dev[] = {d_x, d_dy, d_dw, d_dw_set, d_scale, d_bias};
     grid_free_all(c, dev, GRID_COUNT(dev));
-    void *host[] = {dy, xp, grad, dw0, want, xl, dyl, dw0l, t, got};
+    void *host[] = {dy, xp, grad, dw0, want, xl, dyl, dw0l, t, got, t_set, got_set};
     host_free_all(host, GRID_COUNT(host));
 }
 

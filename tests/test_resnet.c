@@ -2,9 +2,9 @@
  * differences (CPU), checkpointed and plain gradients bitwise equal, ResNet-18's
  * step on the GPU against the CPU, evaluation with running statistics, the
  * ImageNet stem on each form of the image against on the image itself and
- * fused against unfused (its max-pool in its batch norm's pass), a second
- * backward adding to the first's gradients, and every speed switch giving the
- * same training run (GPU); on the CPU, the
+ * fused against unfused (its max-pool in its batch norm's pass), and
+ * every speed switch giving the same training run (GPU); a second backward
+ * adding to the first's gradients (both); on the CPU, the
  * recipe through the trainer overfits one fixed batch. */
 #include <math.h>
 #include <stdio.h>
@@ -338,6 +338,54 @@ static void check_gpu_against_cpu(GpuContext *gpu, int batch, const float *x, co
     free(gpu_logits);
 }
 
+/* A second backward without model_zero_grads adds to the first's gradients,
+ * as memory.accumulate's later micro-batches do: the backward of one forward
+ * run twice gives twice its gradients (one forward, so that the ReLUs' masks
+ * are the same in both). once and twice: the gradients after the first and
+ * the second pass (once is doubled here); the whole and each convolution's
+ * filter gradient within bound. A convolution whose second pass overwrote
+ * would be off by 0.5. */
+static void check_twice(const Model *m, float *once, const float *twice, const char *what, double bound) {
+    for (size_t i = 0; i < m->n_params; i++) once[i] *= 2.0f;
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind != LAYER_CONV) continue;
+        double e = test_rel_error(twice + l->w_off, once + l->w_off, l->w_count);
+        if (e >= worst) worst = e, worst_name = l->name;
+    }
+    double e = test_rel_error(twice, once, m->n_params);
+    CHECK_MSG(e < bound && worst < bound, "%s: two backward passes against twice one: %.3g, the convolutions' filter "
+              "gradients up to %.3g (%s)", what, e, worst, worst_name);
+    printf("%s, two backward passes against twice one: gradients %.3g relative, the convolutions' up to %.3g (%s)\n",
+           what, e, worst, worst_name);
+}
+
+/* check_twice on the CPU, fp32, model.fuse = graphs (every pair, prologue and
+ * norm's backward taken): the sums of the second pass added onto the first's
+ * in another order, a few roundings apart. */
+static void check_backward_adds_cpu(int batch, const float *x, const int32_t *labels) {
+    Model m;
+    char err[256];
+    CHECK(model_build(&m, "resnet18", batch, 32, 10, 0, err, sizeof err) == 0);
+    m.fuse = m.fuse_graphs = 1;
+    model_finalize(&m, NULL, 11);
+    loss_of(&m, x, labels);
+    float *grads[2], loss;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) /* the logits' gradient again: backward may reuse its buffer */
+            softmax_xent_cpu(model_logits(&m), labels, m.batch, m.num_classes, NULL, &loss, model_logits_grad(&m));
+        model_backward(&m);
+        grads[pass] = malloc(m.n_params * sizeof(float));
+        memcpy(grads[pass], m.grads, m.n_params * sizeof(float));
+    }
+    check_twice(&m, grads[0], grads[1], "cpu resnet18 graphs", 1e-5);
+    model_destroy(&m);
+    free(grads[0]);
+    free(grads[1]);
+}
+
 #if TRAINC_CUDA
 static float *to_host_floats(const float *dev, size_t n) {
     float *h = malloc(n * sizeof(float));
@@ -640,18 +688,15 @@ static void check_overlap_wgrad(GpuContext *gpu, int batch, const float *x, cons
     free(timed);
 }
 
-/* A second backward without model_zero_grads adds to the first's gradients,
- * as memory.accumulate's later micro-batches do: the backward of one forward
- * run twice gives twice its gradients. The first overwrites the convolutions'
- * filter gradients (the gradients were just zeroed: cuDNN's plans with beta
- * 0, the direct stem's finish storing), the second adds them (the legacy
- * algorithm with beta 1, the stem's finish adding, the prologue's graph
- * through its scratch). fp16, model.fuse = graphs under perf.conv_benchmark,
- * as training runs. With one forward the ReLUs' masks are the same in both,
- * so the passes differ by their engines' rounding alone (an fp16 rounding is
- * 4.9e-4 relative); a convolution whose second pass overwrote would be off by
- * 0.5. (A forward for each pass differs by more: its statistics' rounding
- * turns some masks, and the gradients moved by 0.069 on an H200.) */
+/* check_twice on the GPU: fp16, model.fuse = graphs under
+ * perf.conv_benchmark, as training runs. The first backward overwrites the
+ * convolutions' filter gradients (cuDNN's plans with beta 0, the direct
+ * stem's finish storing), the second adds them (the legacy algorithm with
+ * beta 1, the stem's finish adding, the prologue's graph through its
+ * scratch). The passes differ by their engines' rounding alone (an fp16
+ * rounding is 4.9e-4 relative). (A forward before each pass differs by more:
+ * its statistics' rounding turns some masks, and the gradients moved by
+ * 0.069 on an H200.) */
 static void check_backward_adds(GpuContext *gpu, int batch, const float *x, const int32_t *labels) {
     Model m;
     char err[256];
@@ -665,20 +710,7 @@ static void check_backward_adds(GpuContext *gpu, int batch, const float *x, cons
     model_forward(&m);
     float *grads[2];
     for (int pass = 0; pass < 2; pass++) grads[pass] = gpu_gradients_passes(&m, gpu, labels, 1);
-    for (size_t i = 0; i < m.n_params; i++) grads[0][i] *= 2.0f;
-    double worst = 0;
-    const char *worst_name = "";
-    for (int i = 0; i < m.n_layers; i++) {
-        const Layer *l = &m.layers[i];
-        if (l->kind != LAYER_CONV) continue;
-        double e = test_rel_error(grads[1] + l->w_off, grads[0] + l->w_off, l->w_count);
-        if (e >= worst) worst = e, worst_name = l->name;
-    }
-    double e = test_rel_error(grads[1], grads[0], m.n_params);
-    CHECK_MSG(e < 1e-2 && worst < 1e-2, "resnet18 fp16 graphs: two backward passes against twice one: %.3g, the "
-              "convolutions' filter gradients up to %.3g (%s)", e, worst, worst_name);
-    printf("resnet18 fp16 graphs, two backward passes against twice one: gradients %.3g relative, the convolutions' "
-           "up to %.3g (%s)\n", e, worst, worst_name);
+    check_twice(&m, grads[0], grads[1], "gpu resnet18 fp16 graphs", 1e-2);
     model_destroy(&m);
     free(grads[0]);
     free(grads[1]);
@@ -840,6 +872,7 @@ int main(void) {
     test_fill_uniform(big, big_n, &rng, -2, 2);
     check_checkpointing(NULL, BATCH, big, labels);
     check_fused_cpu(BATCH, big, labels);
+    check_backward_adds_cpu(BATCH, big, labels);
     check_graph_fusion_plan_resnet50();
     size_t n32 = (size_t)32 * 3 * 32 * 32;
     float *big32 = malloc(n32 * sizeof(float));

@@ -37,18 +37,19 @@ void dataset_set_class_names(Dataset *d, const char *const *names, int n);
  * 'limit' images. */
 int cifar_bin_load(Dataset *d, const char *dir, int train, int limit, char *err, size_t errlen);
 
-/* Image folder: root/<split>/<class>/<file>.{jpg,jpeg,png,bmp} decoded with
- * stb_image (3 channels); classes are the sub-folders in sorted order; all
- * images must share one size. A split other than "train" must have the same
+/* Image folder: root/<split>/<class>/<file>.{jpg,jpeg,png,bmp} decoded once
+ * to RGB; classes are the sub-folders in sorted order; all images must share
+ * one size. A split other than "train" must have the same
  * class folders as root/train where that exists, as the labels are the class
  * numbers of the training split. Returns 0, or -1 with a message naming the
  * file or folder: a missing root, split or class folder (with the layout and
  * how to get CIFAR-10), a class folder without images, class folders unlike
  * the training split's, a file that is empty, not a JPEG, PNG or BMP, truncated
- * or corrupt, a side outside 1..DATASET_MAX_SIDE, a size unlike the first
- * image's, or more pixels than the machine's memory. limit > 0 keeps 'limit'
- * images spread evenly over the classes (the first ones of each class in
- * sorted file order). */
+ * or corrupt, a side outside 1..DATASET_MAX_SIDE, or more pixels than the
+ * machine's memory; -2 with the message for a size unlike the first image's
+ * (data/source.h streams such a folder). limit > 0 keeps 'limit' images spread
+ * evenly over the classes (the first ones of each class in sorted file order).
+ * Decoding is data/decode.h's. */
 int image_folder_load(Dataset *d, const char *root, const char *split, int limit, char *err,
                       size_t errlen);
 

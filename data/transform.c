@@ -219,6 +219,16 @@ static void cutout_range(int centre, int side, int size, int32_t *lo, int32_t *h
     *hi = last > size ? size : last;
 }
 
+void transform_draw_flip_cutout(uint64_t *rng, int flip, int cutout, int out_h, int out_w, TransformParams *out) {
+    out->flip = flip && (rng_splitmix64(rng) >> 63);
+    if (cutout > 0) {
+        int cy = (int)rng_below(rng, (uint32_t)out_h);
+        int cx = (int)rng_below(rng, (uint32_t)out_w);
+        cutout_range(cy, cutout, out_h, &out->cutout_y0, &out->cutout_y1);
+        cutout_range(cx, cutout, out_w, &out->cutout_x0, &out->cutout_x1);
+    }
+}
+
 void transform_plan_draw(const TransformPlan *p, uint64_t sample_seed, TransformParams *out) {
     /* The random draws, in this order: crop row offset, crop column offset,
      * flip, cutout centre row, cutout centre column. */
@@ -229,21 +239,15 @@ void transform_plan_draw(const TransformPlan *p, uint64_t sample_seed, Transform
         out->crop_dy = (int32_t)rng_below(&rng, offsets) - p->crop_pad;
         out->crop_dx = (int32_t)rng_below(&rng, offsets) - p->crop_pad;
     }
-    out->flip = p->flip && (rng_splitmix64(&rng) >> 63);
-    if (p->cutout > 0) {
-        int cy = (int)rng_below(&rng, (uint32_t)p->out_h);
-        int cx = (int)rng_below(&rng, (uint32_t)p->out_w);
-        cutout_range(cy, p->cutout, p->out_h, &out->cutout_y0, &out->cutout_y1);
-        cutout_range(cx, p->cutout, p->out_w, &out->cutout_x0, &out->cutout_x1);
-    }
+    transform_draw_flip_cutout(&rng, p->flip, p->cutout, p->out_h, p->out_w, out);
 }
 
-static void apply_cutout(const TransformPlan *p, const TransformParams *tp, float *dst) {
+void transform_apply_cutout(const TransformParams *tp, int c, int out_h, int out_w, float *dst) {
     int width = tp->cutout_x1 - tp->cutout_x0;
     if (tp->cutout_y1 <= tp->cutout_y0 || width <= 0) return;
-    for (int ch = 0; ch < p->c; ch++)
+    for (int ch = 0; ch < c; ch++)
         for (int y = tp->cutout_y0; y < tp->cutout_y1; y++) {
-            float *row = dst + ((size_t)ch * p->out_h + y) * p->out_w;
+            float *row = dst + ((size_t)ch * out_h + y) * out_w;
             memset(row + tp->cutout_x0, 0, (size_t)width * sizeof(float));
         }
 }
@@ -258,7 +262,7 @@ void transform_plan_apply_params(const TransformPlan *p, const uint8_t *src,
         gather_normalized(p, src, tp->crop_dy, tp->crop_dx, tp->flip, gathered);
         resize_bilinear(p, gathered, across, dst);
     }
-    apply_cutout(p, tp, dst);
+    transform_apply_cutout(tp, p->c, p->out_h, p->out_w, dst);
 }
 
 void transform_plan_apply(const TransformPlan *p, const uint8_t *src, uint64_t sample_seed,

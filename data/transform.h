@@ -78,6 +78,13 @@ void transform_spec_default(TransformSpec *t, int out_h, int out_w);
 void transform_sample(const TransformSpec *t, const uint8_t *src, int c, int h, int w,
                       uint64_t sample_seed, float *dst);
 
+/* A sample's flip and cutout draws, in this order, from *rng (after its crop
+ * draws), for an output of out_h x out_w: flip with probability 1/2 where flip
+ * is on, then the cutout's centre row and column where cutout > 0. */
+void transform_draw_flip_cutout(uint64_t *rng, int flip, int cutout, int out_h, int out_w, TransformParams *out);
+/* Zeroes the cutout square of c planes of out_h x out_w floats. */
+void transform_apply_cutout(const TransformParams *tp, int c, int out_h, int out_w, float *dst);
+
 /* splitmix64: the one random number generator of the data pipeline. */
 uint64_t rng_splitmix64(uint64_t *state);
 /* A seed for (run seed, epoch, sample) that does not depend on thread order. */

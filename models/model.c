@@ -790,6 +790,18 @@ void model_destroy(Model *m) {
 /* ---- access (the passes are in layers.c) --------------------------------- */
 
 float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 : (float *)m->acts[0].value; }
+
+ModelInputForm model_input_form(const Model *m) {
+    const Activation *in = &m->acts[0];
+    if (!m->input_f32 || in->unstored || !m->nhwc)
+        return (ModelInputForm){model_input_buffer(m), DTYPE_F32, 0, in->c_real, 0};
+    return (ModelInputForm){in->value, m->act_dtype, 1, in->c, 1};
+}
+
+void model_set_input_direct(Model *m, int direct) {
+    if (direct && !model_input_form(m).direct) TC_FATAL("model_set_input_direct: the input is the fp32 batch itself");
+    m->input_direct = direct;
+}
 size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
 void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
 void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }

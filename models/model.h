@@ -197,6 +197,7 @@ typedef struct {
     void *bn_coef;        /* fuse_graphs: each batch norm's scale and bias (act dtype, c each) where a conv
                              applies it as its prologue */
     float *input_f32;     /* under AMP: the fp32 batch, cast into the input activation by forward */
+    int input_direct;     /* batches land in the input activation itself: no cast (model_set_input_direct) */
     /* Activation gradients share a few buffers: two share one when their
      * lifetimes in backward do not overlap (see plan_grad_slots). */
     int n_grad_slots;
@@ -292,6 +293,20 @@ void model_init_params(Model *m, uint64_t seed);
 void model_destroy(Model *m);
 
 float *model_input_buffer(const Model *m);   /* [batch][c][h][w] fp32, where batches land */
+/* Where a batch may be written in the form the first layer reads, skipping
+ * forward's cast of the fp32 batch: the input activation where forward stores
+ * it in NHWC (its channels padded with zeros; fp32 or the AMP dtype), else the
+ * fp32 NCHW batch. */
+typedef struct {
+    void *data;
+    DType dtype;
+    int nhwc, channels;  /* channels a pixel in NHWC (3 in NCHW) */
+    int direct;          /* 1: the input activation (model_set_input_direct applies) */
+} ModelInputForm;
+ModelInputForm model_input_form(const Model *m);
+/* 1: batches are written into model_input_form's direct form, and forward no
+ * longer casts the fp32 batch into it (the data pipeline's GPU kernel does). */
+void model_set_input_direct(Model *m, int direct);
 void *model_logits(const Model *m);          /* [batch][num_classes], activation dtype */
 void *model_logits_grad(const Model *m);     /* where the loss writes d(loss)/d(logits) */
 size_t model_input_floats(const Model *m);

@@ -96,8 +96,9 @@ static void check_level(const char *tta, int level) {
 
     TrainSettings set_read;
     settings_fill(c, &set_read);
-    Dataset test;
-    train_load_dataset(&set_read, &test, 0);
+    Source train_source, test_source;
+    train_open_sources(&set_read, &train_source, &test_source);
+    const Dataset test = test_source.decoded;
     CHECK(test.n == TEST && test.h == SIDE && test.w == SIDE);
     TransformSpec spec;
     transform_spec_default(&spec, SIDE, SIDE);
@@ -117,7 +118,8 @@ static void check_level(const char *tta, int level) {
     CHECK_MSG(counted == correct, "run.eval_tta = %s: trainc counts %d, the plain evaluation %d", tta, counted,
               correct);
     model_destroy(&m);
-    dataset_free(&test);
+    source_free(&train_source);
+    source_free(&test_source);
     free(images);
     free(params);
     config_free(c);

@@ -154,15 +154,13 @@ static void check_json_writer(void) {
     }
 }
 
-/* The log's "epoch E step S/" for step S, E from 1; -1 when no such line. */
+/* The log's "] step S/N  epoch E/" for step S, E from 1; -1 when no such line. */
 static int log_epoch_of_step(long step) {
     char needle[64];
-    snprintf(needle, sizeof needle, " step %ld/", step);
+    snprintf(needle, sizeof needle, "] step %ld/", step);
     for (const char *p = strstr(output, needle); p; p = strstr(p + 1, needle)) {
-        const char *line = p;
-        while (line > output && line[-1] != '\n') line--;
-        const char *e = strstr(line, "] epoch ");
-        if (e && e < p) return atoi(e + 8);
+        const char *end = strchr(p, '\n'), *e = strstr(p, "  epoch ");
+        if (e && (!end || e < end)) return atoi(e + 8);
     }
     return -1;
 }

@@ -116,6 +116,12 @@ static void check_command_line(const char *dir) {
     expect_error("bench-infer --config configs/cpu.ini --batch 1,0", "--batch 1,0: a comma-separated list");
     expect_error("bench-infer --config configs/cpu.ini", "bench-infer measures the GPU's inference path");
 
+    /* pack: its options, and a folder that is not there */
+    CHECK(trainc("pack --help") == 0 && strstr(output, "WebDataset"));
+    expect_error("pack --to x", "trainc pack needs --from ROOT and --to DIR");
+    expect_error("pack --from x --to y --shard-mb 0", "--shard-mb 0");
+    expect_error("pack --from /nonexistent-trainc-folder --to y", "/nonexistent-trainc-folder");
+
     /* A value of any length is kept whole (a fixed buffer cut it at 4187 characters). */
     enum { LONG = 20000 };
     size_t len = LONG + 128;
@@ -139,7 +145,7 @@ static void check_ranges(const char *dir) {
         const char *assignment, *range;
     } cases[] = {
         {"train.batch=4294967297", "[1, 1048576]"},    {"run.epochs=-4294967295", "(0, 1000000]"},
-        {"data.image_size=4294967328", "[8, 4096]"},   {"model.num_classes=4294967306", "[2, 1000]"},
+        {"data.image_size=4294967328", "[8, 4096]"},   {"model.num_classes=4294967306", "[0, 1000]"},
         {"data.crop_pad=2000000000", "[0, 4096]"},     {"monitor.prometheus_port=65536", "[0, 65535]"},
         {"optim.momentum=1", "[0, 1)"},                {"memory.accumulate=0", "[1, 4096]"},
         {"run.epochs=0", "(0, 1000000]"},              {"run.epochs=-0.5", "(0, 1000000]"},

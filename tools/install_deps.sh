@@ -9,7 +9,7 @@ set -euo pipefail
 ci=0
 [ "${1:-}" = --ci ] && ci=1
 
-required=(cmake pkg-config libstb-dev zlib1g-dev libcjson-dev)
+required=(cmake pkg-config libstb-dev zlib1g-dev libcjson-dev libjpeg62-turbo-dev)
 # Without these trainc still builds: plain loops instead of BLAS, one process
 # instead of MPI ranks.
 optional=(libopenblas-dev libopenmpi-dev openmpi-bin)

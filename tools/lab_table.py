@@ -13,6 +13,8 @@ exit status 1.
   python3 tools/lab_table.py --torch-json torch.jsonl   # add PyTorch rows (summary lines)
   python3 tools/lab_table.py --diagnose           # and each stage's `trainc profile` findings,
                                                   # printed and written to lab_report.md
+  python3 tools/lab_table.py --stages imagenet --data /tmp/imnet --set run.max_steps=200
+                                                  # the ImageNet case's stages on a folder (ResNet-50)
 """
 import argparse
 import csv
@@ -24,6 +26,8 @@ import sys
 from xml.sax.saxutils import escape
 
 STAGES = ["baseline", "dataloader", "model", "memory", "final"]
+# The ImageNet case's stages (configs/imagenet_*.ini): --stages imagenet --data DIR.
+IMAGENET_STAGES = ["imagenet_baseline", "imagenet_workers", "imagenet_amp", "imagenet_batch256", "imagenet_final"]
 
 
 def last_line(text, part=""):
@@ -195,7 +199,10 @@ def svg_chart(rows, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainc", default="build/trainc")
-    ap.add_argument("--configs", default=",".join(f"configs/{s}.ini" for s in STAGES))
+    ap.add_argument("--configs", help="a comma-separated list of configs (default: the --stages')")
+    ap.add_argument("--stages", choices=["lab", "imagenet"], default="lab",
+                    help="lab: the lab's five configs; imagenet: configs/imagenet_*.ini (with --data)")
+    ap.add_argument("--data", help="data.path for every config (the ImageNet stages' folder or shards)")
     ap.add_argument("--set", action="append", default=[], help="applied to every config")
     ap.add_argument("--torch-json", help="JSON summary lines of PyTorch runs to add as rows")
     ap.add_argument("--csv", default="lab_table.csv")
@@ -206,6 +213,12 @@ def main():
     ap.add_argument("--top", type=int, default=8, help="findings shown per stage (default: all, 8 at most)")
     ap.add_argument("--report", default="lab_report.md", help="with --diagnose: the markdown report")
     args = ap.parse_args()
+    if not args.configs:
+        args.configs = ",".join(f"configs/{s}.ini" for s in (IMAGENET_STAGES if args.stages == "imagenet" else STAGES))
+    if args.data:
+        args.set = [f"data.path={args.data}"] + args.set
+    elif args.stages == "imagenet":
+        ap.error("--stages imagenet needs --data DIR: an ImageNet-layout folder (tools/make_image_set.py makes one)")
 
     rows = []
     for config in args.configs.split(","):

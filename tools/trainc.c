@@ -8,6 +8,7 @@
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
  *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE] [--by-layer]
+ *   trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S] [--no-shuffle]
  *   trainc --version | --help
  *
  * bench-loader measures the input pipeline alone (tools/bench_loader.c);
@@ -17,7 +18,8 @@
  * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c);
  * eval runs a checkpoint over the test split (tools/trainer/eval.c); predict
  * classifies image files with one, needing no config (tools/trainer/predict.c);
- * bench-infer times the inference path that eval and predict run (tools/trainer/bench_infer.c).
+ * bench-infer times the inference path that eval and predict run (tools/trainer/bench_infer.c);
+ * pack writes an image folder as WebDataset tar shards (tools/trainer/pack.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary (profile: its own report, and the trace of every rank; eval:
@@ -42,6 +44,7 @@
 #include "tools/trainer/eval.h"
 #include "tools/trainer/find_batch.h"
 #include "tools/trainer/keys.h"
+#include "tools/trainer/pack.h"
 #include "tools/trainer/predict.h"
 #include "tools/trainer/profile.h"
 #include "tools/trainer/train.h"
@@ -59,6 +62,7 @@ static void usage(FILE *f) {
             "       trainc predict --checkpoint FILE [--top K] [--json] [--device D] IMAGE...\n"
             "       trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
             "                          [--by-layer]\n"
+            "       trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S]\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
@@ -78,6 +82,7 @@ static void usage(FILE *f) {
             "                    (batch norm folded, fused epilogues, fp16 NHWC, a CUDA graph per batch size)\n"
             "                    for each --batch size, with the checkpoint's weights or random ones;\n"
             "                    --by-layer also times each op of an eager forward, by layer\n"
+            "  pack              write an image folder's splits as WebDataset tar shards (data.source = shards)\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -301,8 +306,11 @@ int main(int argc, char **argv) {
         TC_FATAL("%s runs in one process, not under mpirun", subcommand);
     if (subcommand && strcmp(subcommand, "find-batch") == 0) return find_batch_main(argc - 1, argv + 1);
 
-    if (argc > 1 && (strcmp(argv[1], "export") == 0 || strcmp(argv[1], "predict") == 0)) {
-        int rc = strcmp(argv[1], "export") == 0 ? export_main(argc - 1, argv + 1) : predict_main(argc - 1, argv + 1);
+    if (argc > 1 && (strcmp(argv[1], "export") == 0 || strcmp(argv[1], "predict") == 0 ||
+                     strcmp(argv[1], "pack") == 0)) {
+        int rc = strcmp(argv[1], "export") == 0    ? export_main(argc - 1, argv + 1)
+                 : strcmp(argv[1], "predict") == 0 ? predict_main(argc - 1, argv + 1)
+                                                   : pack_main(argc - 1, argv + 1);
         dist_finalize(&dist);
         return rc;
     }

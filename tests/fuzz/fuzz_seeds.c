@@ -9,6 +9,7 @@
 
 #include <stb_image_write.h>
 
+#include "data/shards.h"
 #include "data/transform.h"
 #include "runtime/checkpoint.h"
 #include "runtime/config.h"
@@ -183,6 +184,47 @@ static void cifar_seeds(const char *dir) {
     free(b.bytes);
 }
 
+/* ------------------------------------------------------------------ shards */
+
+/* A shard that trainc pack writes from a folder of three images (and one made
+ * by hand with a label missing), as the target's input: the tar's bytes. */
+static void shard_seeds(const char *dir, const char *scratch) {
+    uint64_t rng = 3;
+    static const char *kinds[] = {"jpg", "png", "bmp"};
+    char path[4096], err[4600];
+    snprintf(path, sizeof path, "%s/folder", scratch);
+    make_dir(path);
+    snprintf(path, sizeof path, "%s/folder/train", scratch);
+    make_dir(path);
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "%s/folder/train/c%d", scratch, k);
+        make_dir(path);
+        Buffer image = {0};
+        uint8_t pixels[3 * 4 * 3];
+        for (size_t i = 0; i < sizeof pixels; i++) pixels[i] = (uint8_t)rng_splitmix64(&rng);
+        int ok = k == 0 ? stbi_write_jpg_to_func(to_buffer, &image, 4, 3, 3, pixels, 90)
+               : k == 1 ? stbi_write_png_to_func(to_buffer, &image, 4, 3, 3, pixels, 12)
+                        : stbi_write_bmp_to_func(to_buffer, &image, 4, 3, 3, pixels);
+        if (!ok) fuzz_fail("stb_image_write could not make a %s", kinds[k]);
+        snprintf(path, sizeof path, "%s/folder/train/c%d/0.%s", scratch, k, kinds[k]);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(image.bytes, 1, image.size, f) != image.size || fclose(f) != 0) fuzz_fail("writing %s", path);
+        free(image.bytes);
+    }
+    Source s;
+    snprintf(path, sizeof path, "%s/folder", scratch);
+    if (source_open_folder(&s, path, "train", 0, err, sizeof err) != 0) fuzz_fail("%s", err);
+    snprintf(path, sizeof path, "%s/packed", scratch);
+    PackOptions opt = {.shard_bytes = 1 << 20, .shuffle = 0};
+    int shards;
+    if (shards_write(&s, path, "train", &opt, &shards, err, sizeof err) != 0) fuzz_fail("%s", err);
+    source_free(&s);
+    char from[4200], to[4200];
+    snprintf(from, sizeof from, "%s/packed/train-000000.tar", scratch);
+    snprintf(to, sizeof to, "%s/packed", dir);
+    if (rename(from, to) != 0) fuzz_fail("cannot move %s to %s: %s", from, to, strerror(errno));
+}
+
 /* -------------------------------------------------------------- checkpoint */
 
 static void checkpoint_seed(const char *dir, const char *name, int n_sections) {
@@ -204,10 +246,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: fuzz_seeds DIR\n");
         return 2;
     }
-    static const char *targets[] = {"config", "image_folder", "cifar", "checkpoint"};
-    char dir[4096];
+    static const char *targets[] = {"config", "image_folder", "cifar", "checkpoint", "shards"};
+    char dir[4096], scratch[4096];
     make_dir(argv[1]);
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 5; t++) {
         snprintf(dir, sizeof dir, "%s/%s", argv[1], targets[t]);
         make_dir(dir);
     }
@@ -222,5 +264,9 @@ int main(int argc, char **argv) {
     snprintf(dir, sizeof dir, "%s/checkpoint", argv[1]);
     checkpoint_seed(dir, "three_sections", 3);
     checkpoint_seed(dir, "no_sections", 0);
+    snprintf(dir, sizeof dir, "%s/shards", argv[1]);
+    snprintf(scratch, sizeof scratch, "%s/shards-scratch", argv[1]);
+    make_dir(scratch);
+    shard_seeds(dir, scratch);
     return 0;
 }

@@ -48,6 +48,14 @@
 #            trace of CHECK (configs/final.ini; CHECK=none: no ncu); GRAPH=1: `--graph` (the step
 #            replayed from its CUDA graph, no op timed), the unprofiled window with the graph too,
 #            and no ncu; NP > 1: every run under mpirun (the trace holds every rank), no ncu
+#   stream   the streaming image pipeline on an ImageNet-like folder that tools/make_image_set.py makes from
+#            CIFAR-10 ($STREAM_ROOT, default /tmp/imnet: STREAM_IMAGES training images, default 40000, sides
+#            250-500, JPEG quality 90): trainc bench-loader (each way of decoding, the pipeline alone);
+#            ResNet-50 at 224 (configs/imagenet_final.ini, STREAM_SETS more trainc options) for STREAM_STEPS
+#            steps on one resident batch, with data.decode = gpu and with = cpu; the host's peak memory with
+#            data.decode = gpu on that set and on one ten times as large (hard links, $STREAM_ROOT-x10); and
+#            PyTorch's tools/torch_stream.py loader (16 workers) and GPU decode on the same folder;
+#            STREAM_MEMORY=0: no ten-times set
 #   infer    inference throughput (images/s) and latency (p50, p99 ms) at each of INFER_BATCHES
 #            (1,32,256): `trainc bench-infer` (and BASE's, as impl=trainc-base) against
 #            tools/torch_infer.py --mode graph and, unless COMPILE=none, --mode compile, for each
@@ -93,7 +101,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 ddp"
 ALL_PARTS="simplenet-resident resnet18-resident simplenet-loader resnet18-loader"
 ALL_INFER_CASES="resnet18-32 simplenet-224 resnet50-224"
-WHATS="lab step resnet acc loader scaling memory phases profile infer export"
+WHATS="lab step resnet acc loader scaling memory phases profile infer export stream"
 usage() { echo "usage: bash tools/device/bench.sh WHAT... ($WHATS); see its head comment" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 for what in "$@"; do
@@ -582,6 +590,41 @@ for i, p in enumerate(sys.stdin.read().split()):
   done
 }
 
+bench_stream() {
+  local root=${STREAM_ROOT:-/tmp/imnet} n=${STREAM_IMAGES:-40000} steps=${STREAM_STEPS:-120} warm=40
+  local cfg="--config configs/imagenet_final.ini --set data.path=$root --set run.eval=off ${STREAM_SETS:-}"
+  echo "== stream: $n ImageNet-like images in $root"
+  if [ ! -d "$root" ]; then
+    timeout 300 python3 tools/make_image_set.py --src "$DATA" --out "$root" --train "$n" --test 1000 \
+      > "$LOGS/make_image_set.log" 2>&1; tail -1 "$LOGS/make_image_set.log"
+  fi
+  timeout 240 build/trainc bench-loader $cfg --quiet 2>&1 | tee "$LOGS/stream_bench_loader.log" | grep -v "^\["
+  local run="$cfg --set run.warmup_steps=$warm --set run.max_steps=$((warm + steps)) --set run.log_every=1000"
+  measure stream_resident 300 build/trainc $run --set data.resident=on --set data.decode=cpu
+  measure stream_gpu_decode 300 build/trainc $run --set data.decode=gpu
+  measure stream_cpu_decode 300 build/trainc $run --set data.decode=cpu
+  grep -h "data.decode\|data: " "$LOGS"/stream_gpu_decode.log "$LOGS"/stream_cpu_decode.log | cut -c1-240
+  if [ "${STREAM_MEMORY:-1}" = 1 ] && [ ! -d "$root-x10" ]; then
+    timeout 200 python3 tools/make_image_set.py --src "$DATA" --out "$root-x10" --train "$n" --test 100 --links 10 \
+      > "$LOGS/make_image_set_x10.log" 2>&1; tail -1 "$LOGS/make_image_set_x10.log"
+  fi
+  [ "${STREAM_MEMORY:-1}" = 1 ] && measure stream_memory_x10 300 build/trainc $run --set data.decode=gpu \
+    --set data.path="$root-x10"
+  python3 - "$JSONL" <<'PY'
+import json, sys
+rows = {r["tag"]: r for r in map(json.loads, open(sys.argv[1])) if r.get("tag", "").startswith("stream_")}
+for tag in ("stream_gpu_decode", "stream_cpu_decode", "stream_memory_x10"):
+    r = rows.get(tag, {})
+    print(f"{tag}: host peak RSS {r.get('host_peak_rss_bytes', 0) / 2**30:.2f} GiB, data wait "
+          f"{100 * (r.get('data_wait_frac') or 0):.1f}%, decode {r.get('data_decode')}")
+PY
+  [ "$TORCH" = 1 ] || return
+  timeout 200 python3 tools/torch_stream.py --mode loader --root "$root" --batches 60 > "$LOGS/torch_loader.json" \
+    2> "$LOGS/torch_loader.log"; echo "torch loader: $(tail -1 "$LOGS/torch_loader.json")"
+  timeout 200 python3 tools/torch_stream.py --mode decode --root "$root" > "$LOGS/torch_decode.json" \
+    2> "$LOGS/torch_decode.log"; echo "torch decode: $(tail -1 "$LOGS/torch_decode.json")"
+}
+
 summary() {
   echo
   echo "== summary ($JSONL)"
@@ -631,6 +674,7 @@ for what in "$@"; do
   profile) bench_profile ;;
   infer) bench_infer ;;
   export) bench_export ;;
+  stream) bench_stream ;;
   esac
   pack_logs
 done

@@ -2,7 +2,7 @@
 # The set-up of a lent GPU machine, on both sides of a device call.
 #
 #   bash tools/device/prepare.sh carry     here, before the call: unpacks the Debian
-#       packages the GPU machine lacks (stb_image, libcjson, zlib's headers) into .deps/
+#       packages the GPU machine lacks (stb_image, libcjson, zlib's headers, libjpeg-turbo) into .deps/
 #       and copies CIFAR-10 into .data/ (both git-ignored); name .deps and .data (and
 #       .base, when BASE is used) in the call's carry.
 #   bash tools/device/prepare.sh           there: prints the cards, unpacks CIFAR-10,
@@ -19,6 +19,7 @@
 #   BUILD_LIMIT=s  seconds each build may take (default 900)
 #   NO_BUILD=1 use the builds already there (scripts started side by side after one build)
 #   BUILD_TARGETS="trainc"  build only these targets (default all: the tests too)
+#   CMAKE_ARGS="-DTRAINC_WITH_NVJPEG=OFF"  more options for the first configure
 #   TORCHINDUCTOR_CACHE_DIR=dir  torch.compile's cache (default build/torchinductor, kept while
 #              the machine stays warm)
 
@@ -27,11 +28,13 @@ carry_packages() {
   cd "$(dirname "${BASH_SOURCE[0]}")/../.."
   local tmp p
   tmp=$(mktemp -d)
-  (cd "$tmp" && apt-get download libstb-dev libstb0 libcjson-dev libcjson1 zlib1g-dev > /dev/null 2>&1)
-  rm -rf .deps && mkdir -p .deps/stb .deps/cjson .deps/zlib
+  (cd "$tmp" && apt-get download libstb-dev libstb0 libcjson-dev libcjson1 zlib1g-dev libjpeg62-turbo-dev \
+    libjpeg62-turbo > /dev/null 2>&1)
+  rm -rf .deps && mkdir -p .deps/stb .deps/cjson .deps/zlib .deps/jpeg
   for p in libstb-dev libstb0; do dpkg -x "$tmp/${p}_"*.deb .deps/stb; done
   for p in libcjson-dev libcjson1; do dpkg -x "$tmp/${p}_"*.deb .deps/cjson; done
   dpkg -x "$tmp/zlib1g-dev_"*.deb .deps/zlib
+  for p in libjpeg62-turbo-dev libjpeg62-turbo; do dpkg -x "$tmp/${p}_"*.deb .deps/jpeg; done
   rm -rf "$tmp"
   mkdir -p .data
   [ -f .data/cifar10-jpg.tar.gz ] || cp ../shared/data/cifar10-jpg.tar.gz .data/
@@ -43,8 +46,8 @@ build_tree() {
   local deps=$PWD/.deps name
   name=$(basename "$2")
   timeout "${BUILD_LIMIT:-900}" cmake -S "$1" -B "$2" -DCMAKE_BUILD_TYPE=Release -DSTB_ROOT="$deps/stb" \
-    -DCJSON_ROOT="$deps/cjson" -DZLIB_ROOT="$deps/zlib/usr" > "$LOGS/cmake-$name.log" 2>&1 \
-    || { tail -20 "$LOGS/cmake-$name.log"; return 1; }
+    -DCJSON_ROOT="$deps/cjson" -DZLIB_ROOT="$deps/zlib/usr" -DLIBJPEG_ROOT="$deps/jpeg" ${CMAKE_ARGS:-} \
+    > "$LOGS/cmake-$name.log" 2>&1 || { tail -20 "$LOGS/cmake-$name.log"; return 1; }
   timeout "${BUILD_LIMIT:-900}" cmake --build "$2" -j"$(nproc)" --target ${BUILD_TARGETS:-all} > "$LOGS/build-$name.log" 2>&1 \
     || { grep -E "error|Error" "$LOGS/build-$name.log" | head -40; return 1; }
 }

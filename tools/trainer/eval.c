@@ -119,7 +119,7 @@ static void evaluate_test_split(Trainer *t, EvalReport *r) {
     infer_destroy(net);
 }
 
-static void copy_class_names(const Dataset *d, EvalReport *r) {
+static void copy_class_names(const Source *d, EvalReport *r) {
     if (!d->class_names || d->num_classes != r->classes) return;
     r->names = calloc((size_t)r->classes, sizeof *r->names);
     if (!r->names) TC_FATAL("out of host memory: %d class names", r->classes);
@@ -133,6 +133,7 @@ static void limit_training_split(Config *cfg, const Dist *dist) {
     settings_fill(cfg, &s);
     long need = (long)s.train.batch * s.memory.accumulate * dist->world;
     if (s.data.train_limit != 0 && s.data.train_limit <= need) return;
+    if (s.data.val_split > 0) return; /* the held-out images are chosen from the whole split */
     char set[64], *err = NULL;
     snprintf(set, sizeof set, "data.train_limit=%ld", need);
     if (config_set_msg(cfg, set, &err) != 0) TC_USER_ERROR("train.batch and memory.accumulate: %s", err);
@@ -147,7 +148,7 @@ void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     t->weights_only = 1;
     TrainSummary opened;
     trainer_open(t, cfg, dist, &opened, now_seconds());
-    if (t->data.test_set.n == 0)
+    if (t->data.test.n == 0)
         settings_fail(&t->set, "data.path", "the test split of %s holds no images", t->set.data.path);
     snprintf(r->checkpoint, sizeof r->checkpoint, "%s", checkpoint);
     snprintf(r->model, sizeof r->model, "%s", t->set.model.name);
@@ -156,11 +157,11 @@ void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     r->classes = t->model.num_classes;
     r->confusion = calloc((size_t)r->classes * r->classes, sizeof(long));
     if (!r->confusion) TC_FATAL("out of host memory: a %dx%d confusion matrix", r->classes, r->classes);
-    copy_class_names(&t->data.test_set, r);
+    copy_class_names(&t->data.test, r);
     evaluate_test_split(t, r);
     sum_over_ranks(r, dist);
-    if (r->n != t->data.test_set.n)
-        TC_FATAL("internal: the ranks evaluated %ld of %d test images", r->n, t->data.test_set.n);
+    if (r->n != t->data.test.n)
+        TC_FATAL("internal: the ranks evaluated %ld of %d test images", r->n, t->data.test.n);
     trainer_close(t);
 }
 
@@ -198,7 +199,7 @@ static void print_confusion(const EvalReport *r, FILE *f) {
 void eval_print(const EvalReport *r, FILE *f) {
     fprintf(f, "eval: %s (step %ld), %s on %s, %ld test images\n", r->checkpoint, r->step, r->model, r->device, r->n);
     fprintf(f, "top-1 accuracy  %.2f%%  (%ld of %ld)\n", 100 * eval_top1(r), r->top1, r->n);
-    if (r->classes >= 5)
+    if (r->classes > 5) /* with 5 classes or fewer every label is among the 5 largest */
         fprintf(f, "top-5 accuracy  %.2f%%  (%ld of %ld)\n", 100.0 * (double)r->top5 / (double)r->n, r->top5, r->n);
     fprintf(f, "loss            %.6f  (mean cross-entropy)\n", r->loss_sum / (double)r->n);
     fprintf(f, "per-class accuracy:\n%8s %8s %8s %9s  %s\n", "class", "images", "correct", "accuracy",
@@ -237,7 +238,7 @@ void eval_print_json(const EvalReport *r, FILE *f) {
     json_add_int(o, "n", r->n);
     json_add_int(o, "classes", r->classes);
     json_add_number(o, "top1", eval_top1(r), 6);
-    json_add_number(o, "top5", r->classes >= 5 ? (double)r->top5 / (double)r->n : NAN, 6);
+    json_add_number(o, "top5", r->classes > 5 ? (double)r->top5 / (double)r->n : NAN, 6);
     json_add_number(o, "loss", r->loss_sum / (double)r->n, 6);
     if (json_write_line(f, o) != 0) TC_USER_ERROR("writing the evaluation's summary: %s", strerror(errno));
 }

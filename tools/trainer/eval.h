@@ -32,13 +32,13 @@ typedef struct {
  * missing, corrupt or mismatched checkpoint, no test split) ends the process
  * with a message naming the file or key. */
 void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r);
-/* top-1, top-5 (5 classes or more), loss, per-class accuracy and the
+/* top-1, top-5 (more than 5 classes), loss, per-class accuracy and the
  * confusion matrix (up to EVAL_MATRIX_TEXT_MAX classes) as text. */
 #define EVAL_MATRIX_TEXT_MAX 32
 void eval_print(const EvalReport *r, FILE *f);
 /* Per-class accuracy and the confusion matrix as one CSV table; 0, or -1 with errno. */
 int eval_write_csv(const EvalReport *r, const char *path);
-/* One JSON line: checkpoint, step, n, classes, top1, top5 (null under 5 classes), loss. */
+/* One JSON line: checkpoint, step, n, classes, top1, top5 (null with 5 classes or fewer), loss. */
 void eval_print_json(const EvalReport *r, FILE *f);
 void eval_report_free(EvalReport *r);
 

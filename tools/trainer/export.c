@@ -29,13 +29,6 @@ static ModelTensor *list_tensors(const Model *m, int *n, char *err, size_t errle
     return ts;
 }
 
-/* The mean and std the loader normalises with: data/transform.c's. */
-static TransformSpec input_preparation(int image_size) {
-    TransformSpec spec;
-    transform_spec_default(&spec, image_size, image_size);
-    return spec;
-}
-
 static void add_floats(cJSON *obj, const char *key, const float *v, int n) {
     cJSON *a = cJSON_AddArrayToObject(obj, key);
     for (int i = 0; a && i < n; i++) {
@@ -53,23 +46,24 @@ static char *json_text(cJSON *root) {
     return text;
 }
 
-char *export_meta_json(const Model *m, const char *model_name, int image_size, const Dataset *data) {
-    TransformSpec spec = input_preparation(image_size);
+char *export_meta_json(const Model *m, const char *model_name, const InputPreparation *prep,
+                       char *const *class_names, int n_names) {
     cJSON *o = json_object_new();
     json_add_string(o, "model", model_name);
     json_add_int(o, "num_classes", m->num_classes);
-    json_add_int(o, "image_size", image_size);
+    json_add_int(o, "image_size", prep->image_size);
     json_add_int(o, "in_channels", m->acts[0].c_real);
     json_add_string(o, "layout", m->nhwc ? "nhwc" : "nchw");
-    add_floats(o, "mean", spec.mean, 3);
-    add_floats(o, "std", spec.std, 3);
+    add_floats(o, "mean", prep->mean, 3);
+    add_floats(o, "std", prep->std, 3);
+    json_add_int(o, "eval_resize", prep->eval_resize);
     add_floats(o, "bn_eps", &m->bn_eps, 1);
     cJSON *names = cJSON_AddArrayToObject(o, "class_names");
     for (int k = 0; names && k < m->num_classes; k++) {
         char fallback[32];
         snprintf(fallback, sizeof fallback, "class%d", k);
-        int named = data && data->class_names && k < data->num_classes;
-        cJSON_AddItemToArray(names, cJSON_CreateString(named ? data->class_names[k] : fallback));
+        int named = class_names && k < n_names;
+        cJSON_AddItemToArray(names, cJSON_CreateString(named ? class_names[k] : fallback));
     }
     return json_text(o);
 }

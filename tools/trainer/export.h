@@ -3,7 +3,9 @@
  * run.init_from (a safetensors file into the built model).
  *
  *   meta     JSON: {"model", "num_classes", "image_size", "in_channels",
- *            "layout", "mean": [3], "std": [3], "bn_eps": [1], "class_names": [...]}
+ *            "layout", "mean": [3], "std": [3], "eval_resize", "bn_eps": [1], "class_names": [...]}
+ *            (eval_resize: the shorter side an image is resized to before its centre
+ *            crop of image_size; 0 or absent: the whole image resized to image_size)
  *   tensors  JSON: [{"name", "shape", "dtype": "F32", "section": "params" or
  *            "bn_stats", "offset" (floats, the model's layout)}, ...]
  *
@@ -22,9 +24,17 @@
 
 struct cJSON;
 
-/* The two sections' JSON text (malloc'ed) for a model trained at image_size
- * on data (its class names; none: "class0", ...). */
-char *export_meta_json(const Model *m, const char *model_name, int image_size, const Dataset *data);
+/* How an image becomes the net's input, as the evaluation prepares it. */
+typedef struct {
+    int image_size;
+    int eval_resize;       /* 0: the whole image resized to image_size */
+    float mean[3], std[3];
+} InputPreparation;
+
+/* The two sections' JSON text (malloc'ed) for a model whose input is
+ * prepared as prep, its classes named (NULL: "class0", ...). */
+char *export_meta_json(const Model *m, const char *model_name, const InputPreparation *prep,
+                       char *const *class_names, int n_names);
 char *export_tensors_json(const Model *m);
 
 /* A checkpoint's meta section and weights, its tensor table checked against

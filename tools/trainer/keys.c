@@ -64,10 +64,56 @@ const CfgKeySpec trainc_keys[] = {
     {"monitor.prometheus_port", CFG_INT, "0", 0,
      "serve Prometheus gauges (throughput, loss, GPU) at http://127.0.0.1:PORT/metrics (0: off)", "[0, 65535]"},
 
-    {"data.source", CFG_ENUM, "image_folder", "image_folder|cifar_bin|synthetic",
-     "image_folder: root/{train,test}/<class>/*.jpg; cifar_bin: the CIFAR-10 binary batches; "
-     "synthetic: deterministic images from the seed", 0},
-    {"data.path", CFG_STRING, ".data/cifar10-jpg", 0, "data set root (image_folder, cifar_bin)", 0},
+    {"data.source", CFG_ENUM, "image_folder", "image_folder|shards|cifar_bin|synthetic",
+     "image_folder: root/{train,test}/<class>/*.jpg (JPEG, PNG or BMP of any size); shards: WebDataset tar "
+     "shards root/train-000000.tar ... and root/test-*.tar, each sample KEY.jpg (or .png) and KEY.cls, made by "
+     "trainc pack; cifar_bin: the CIFAR-10 binary batches; synthetic: deterministic images from the seed", 0},
+    {"data.path", CFG_STRING, ".data/cifar10-jpg", 0, "data set root (image_folder, shards, cifar_bin)", 0},
+    {"data.cache", CFG_ENUM, "auto", "auto|decoded|stream",
+     "image_folder and shards: decoded, every image decoded once into memory before training (all of one size; "
+     "refused before it starts when they would not fit); stream, each batch's files read and decoded as it is "
+     "made (any size, any number: memory does not grow with the data set); auto: decoded where the split's "
+     "images at the first one's size take at most data.cache_mb and all have that size, else stream", 0},
+    {"data.cache_mb", CFG_INT, "4096", 0, "data.cache = auto: the most a decoded training split may take",
+     "[0, 1048576]"},
+    {"data.decode", CFG_ENUM, "auto", "auto|cpu|gpu",
+     "streamed JPEGs: cpu, decoded by the loader threads (libjpeg-turbo, with data.dct_scaling); gpu, by nvJPEG "
+     "on the card (its hardware JPEG engines where it has them), a batch at a time, then cropped, resampled and "
+     "normalised into the model's input by one kernel (PNG, BMP, CMYK and progressive files still decode on the "
+     "CPU; needs data.crop = random_resized); auto: gpu where this trainc has nvJPEG, the run is on the GPU, the "
+     "data streams and data.crop = random_resized, else cpu; the log says which ran and why", 0},
+    {"data.crop", CFG_ENUM, "pad", "pad|random_resized",
+     "pad: the CIFAR recipe (data.crop_pad, data.flip, data.cutout, then a resize of the whole image to "
+     "data.image_size; one stored size); random_resized: the ImageNet recipe on images of any size, as "
+     "torchvision's: training crops by RandomResizedCrop (data.crop_scale_*, data.crop_ratio_*) resampled to "
+     "data.image_size (bilinear, antialiased as PIL's) then data.flip, evaluation resizes the shorter side to "
+     "data.eval_resize and takes the centre crop", 0},
+    {"data.crop_scale_min", CFG_FLOAT32, "0.08", 0, "data.crop = random_resized: the smallest crop, as a share of "
+     "the image's area", "(0, 1]"},
+    {"data.crop_scale_max", CFG_FLOAT32, "1", 0, "data.crop = random_resized: the largest crop's share of the area",
+     "(0, 1]"},
+    {"data.crop_ratio_min", CFG_FLOAT32, "0.75", 0, "data.crop = random_resized: the narrowest crop (width over "
+     "height; log-uniform between the two)", "(0, 100]"},
+    {"data.crop_ratio_max", CFG_FLOAT32, "1.3333333", 0, "data.crop = random_resized: the widest crop", "(0, 100]"},
+    {"data.eval_resize", CFG_INT, "0", 0, "data.crop = random_resized: evaluation's shorter side before its centre "
+     "crop of data.image_size (0: data.image_size / 0.875, rounded: 256 for 224)", "[0, 16384]"},
+    {"data.dct_scaling", CFG_BOOL, "on", 0, "data.crop = random_resized, decoded on the CPU: a JPEG is decoded at "
+     "1/2, 1/4 or 1/8 of its size (libjpeg-turbo's DCT-domain scaling) where the crop stays at least "
+     "data.image_size, and only its crop's rows and columns are decoded", 0},
+    {"data.mean", CFG_STRING, "auto", 0, "the normalisation's channel means (of pixel / 255), three numbers "
+     "\"r,g,b\"; auto: CIFAR-10's (0.4914,0.4822,0.4465) for cifar_bin, synthetic and a folder or shards of "
+     "CIFAR-10's ten classes, ImageNet's (0.485,0.456,0.406) for the rest", 0},
+    {"data.std", CFG_STRING, "auto", 0, "the normalisation's standard deviations, as data.mean; auto: CIFAR-10's "
+     "(0.2470,0.2435,0.2616) or ImageNet's (0.229,0.224,0.225), as data.mean's", 0},
+    {"data.val_split", CFG_FLOAT, "0", 0, "evaluate on this share of the training split, held out by a seeded "
+     "choice (run.seed) and never trained on, instead of the test split (which may then be missing); 0: the "
+     "test split", "[0, 0.5]"},
+    {"data.skip_bad", CFG_BOOL, "off", 0, "a streamed file that cannot be read or decoded is passed over: named in "
+     "the log once, counted in the summary (skipped_files), its place in the batch taken by the epoch's next "
+     "sample; off: it stops the run with its path", 0},
+    {"data.shuffle_shards", CFG_INT, "8", 0, "shards: each epoch shuffles the order of the shards and the samples "
+     "of each run of this many shards together, so that reads stay within a few files (0: all samples together)",
+     "[0, 1000000]"},
     {"data.image_size", CFG_INT, "224", 0, "images are resized (bilinear) to this square size", "[8, 4096]"},
     {"data.train_limit", CFG_INT, "0", 0, "use only this many training images (0: all)", "[0, 2147483647]"},
     {"data.test_limit", CFG_INT, "0", 0, "use only this many test images (0: all)", "[0, 2147483647]"},
@@ -102,7 +148,9 @@ const CfgKeySpec trainc_keys[] = {
      "the net to train; a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
      "stem (7x7 stride 2, 3x3 max-pool) from 128 on; airbench: airbench94's net (2x2 whitening conv, three "
      "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
-    {"model.num_classes", CFG_INT, "10", 0, "classes of the data set", "[2, 1000]"},
+    {"model.num_classes", CFG_INT, "0", 0, "classes of the net's head: 0 takes the data set's (its class folders, "
+     "CIFAR-10's 10, shards' classes.txt); another number must equal the data set's (synthetic: 0 makes 10)",
+     "[0, 1000]"},
     {"model.fuse", CFG_ENUM, "off", "off|on|graphs",
      "on: a convolution's bias, the ReLU after it and a 2x2 max-pool after that run as one pass over the "
      "convolution's output, whose backward writes the gradient over that output (CPU and GPU), and on the GPU "

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "data/dataset.h"
+#include "data/resample.h"
 #include "data/transform.h"
 #include "models/infer.h"
 #include "runtime/check.h"
@@ -31,6 +32,7 @@ typedef struct {
 typedef struct {
     int num_classes, image_size;
     TransformSpec prep;       /* the test loader's: resize to image_size, normalise, no augmentation */
+    int eval_resize;          /* > 0: the shorter side resized to it, then the centre crop (random_resized) */
     const char **class_names; /* num_classes, pointing into the meta section */
 } Preparation;
 
@@ -110,11 +112,15 @@ static int read_preparation(const cJSON *meta, const Model *m, const char *path,
     const cJSON *names = cJSON_GetObjectItemCaseSensitive(meta, "class_names");
     p->num_classes = m->num_classes;
     p->image_size = cJSON_IsNumber(size) ? size->valueint : 0;
+    const cJSON *resize = cJSON_GetObjectItemCaseSensitive(meta, "eval_resize"); /* absent before data.crop */
+    p->eval_resize = cJSON_IsNumber(resize) ? resize->valueint : 0;
     transform_spec_default(&p->prep, p->image_size, p->image_size);
     int bad = !cJSON_IsNumber(channels) || channels->valueint != 3 || meta_floats(meta, "mean", p->prep.mean, 3) ||
               meta_floats(meta, "std", p->prep.std, 3) || !cJSON_IsArray(names) ||
               cJSON_GetArraySize(names) != p->num_classes;
     for (int c = 0; c < 3 && !bad; c++) bad = !isfinite(p->prep.mean[c]) || !(p->prep.std[c] > 0);
+    bad = bad || p->eval_resize < 0 || (p->eval_resize > 0 && p->eval_resize < p->image_size) ||
+          p->eval_resize > DATASET_MAX_SIDE;
     p->class_names = bad ? NULL : calloc((size_t)p->num_classes, sizeof *p->class_names);
     for (int k = 0; !bad && k < p->num_classes; k++) {
         p->class_names[k] = cJSON_GetStringValue(cJSON_GetArrayItem(names, k));
@@ -122,7 +128,8 @@ static int read_preparation(const cJSON *meta, const Model *m, const char *path,
     }
     if (!bad) return 0;
     snprintf(err, errlen, "%s: its meta section lacks the input preparation predict needs (3 input channels, "
-             "mean and std of 3 numbers, std > 0, %d class names)", path, p->num_classes);
+             "mean and std of 3 numbers, std > 0, eval_resize absent or from image_size to %d, %d class names)", path,
+             DATASET_MAX_SIDE, p->num_classes);
     free(p->class_names);
     p->class_names = NULL;
     return -1;
@@ -141,7 +148,17 @@ static float *prepare_images(char **paths, int n, const Preparation *p, char *er
             free(inputs);
             return NULL;
         }
-        transform_sample(&p->prep, chw, 3, h, w, 0, inputs + (size_t)i * per_image);
+        float *out = inputs + (size_t)i * per_image;
+        if (p->eval_resize > 0) { /* as the evaluation crops (data.crop = random_resized) */
+            CropBox box = crop_center(w, h, p->eval_resize, p->image_size, p->image_size);
+            size_t plane = (size_t)w * h;
+            ResampleSource src = {{chw, chw + plane, chw + 2 * plane}, w, w, h, 0, 0, w, h};
+            ResampleScratch scratch = {0};
+            resample_image(&src, &box, 0, p->image_size, p->image_size, p->prep.mean, p->prep.std, &scratch, out, NULL);
+            resample_scratch_free(&scratch);
+        } else {
+            transform_sample(&p->prep, chw, 3, h, w, 0, out);
+        }
         free(chw);
     }
     return inputs;

@@ -497,7 +497,8 @@ static void note_settings(const Config *cfg, ProfileSettings *o) {
                            s.train.read_loss_every, s.model.fuse, s.model.nhwc, s.precision.amp != DTYPE_F32,
                            s.precision.tf32, s.perf.conv_benchmark, s.perf.cuda_graph, s.perf.graph_node_priority,
                            s.perf.overlap_wgrad, (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
-                           s.dist.half_allreduce};
+                           s.dist.half_allreduce, s.data.resized_crop, s.data.dct_scaling,
+                           strcmp(s.data.source, "image_folder") == 0, s.data.decode == DATA_DECODE_CPU};
 }
 
 void profile_run(Config *cfg, long first, long last, const char *trace_path, int graph, ProfileReport *r) {

@@ -113,6 +113,7 @@ typedef struct {
     int fuse, nhwc, amp, tf32, conv_benchmark, cuda_graph, graph_node_priority, overlap_wgrad;
     long bucket_mb;
     int copy_engine_off, half_allreduce;
+    int resized_crop, dct_scaling, folder, decode_cpu; /* the streaming pipeline's switches */
 } ProfileSettings;
 
 typedef struct {

@@ -148,16 +148,31 @@ static ProfileFinding *add(Findings *fs, const char *what, double ms, double gai
     return f;
 }
 
+/* The data wait, and where the loader threads' time went: reading, decoding,
+ * cropping and resampling (the streamed ImageNet recipe's stages). */
 static void find_data_wait(const ProfileReport *r, Findings *fs) {
     const ProfileSettings *c = &r->settings;
-    double ms = finite_or_0(r->summary.phase_data_wait_ms);
+    const TrainSummary *s = &r->summary;
+    double ms = finite_or_0(s->phase_data_wait_ms);
     ProfileFinding *f = add(fs, "data wait", ms, ms);
-    snprintf(f->from, sizeof f->from, "host time in loader_next (data.workers = %d, data.prefetch = %d)", c->workers,
-             c->prefetch);
+    double read = finite_or_0(s->data_read_ms), decode = finite_or_0(s->data_decode_ms);
+    double augment = finite_or_0(s->data_augment_ms), gpu = finite_or_0(s->data_gpu_decode_ms);
+    int streamed = read > 0;
+    if (streamed)
+        snprintf(f->from, sizeof f->from, "host time in loader_next (data.workers = %d, data.prefetch = %d); the "
+                 "threads' work a step: read %.3f, decode %.3f, crop and resample %.3f ms (summed over the threads)%s",
+                 c->workers, c->prefetch, read, decode, augment, gpu > 0 ? "; the GPU's decode of a batch" : "");
+    else
+        snprintf(f->from, sizeof f->from, "host time in loader_next (data.workers = %d, data.prefetch = %d)",
+                 c->workers, c->prefetch);
+    if (gpu > 0) snprintf(f->from + strlen(f->from), sizeof f->from - strlen(f->from), " %.3f ms", gpu);
     suggest(f, c->workers == 0, "data.workers=8");
     suggest(f, c->workers > 0, "more data.workers");
     suggest(f, c->workers > 0, "data.prefetch");
-    suggest(f, r->gpu && !c->transform_on_gpu, "data.transform_on=gpu");
+    suggest(f, streamed && r->gpu && gpu == 0 && c->decode_cpu, "data.decode=gpu");
+    suggest(f, streamed && !c->dct_scaling && decode > read, "data.dct_scaling=on");
+    suggest(f, streamed && c->folder && read > decode, "data.source=shards (trainc pack)");
+    suggest(f, r->gpu && !c->transform_on_gpu && gpu == 0, "data.transform_on=gpu");
 }
 
 /* A sync stops the host from queuing the next step's work while the GPU runs

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,23 @@ static int parse_profile_steps(const char *v, long *first, long *last) {
     *first = a;
     *last = b;
     return 0;
+}
+
+/* data.mean, data.std: 1 for "auto", 0 for three numbers "r,g,b" (into v), -1 otherwise. */
+static int parse_channels(const char *text, float v[3]) {
+    if (strcmp(text, "auto") == 0) return 1;
+    const char *at = text;
+    for (int c = 0; c < 3; c++) {
+        char *end;
+        errno = 0;
+        double x = strtod(at, &end);
+        if (end == at || errno || !isfinite(x) || fabs(x) > 1e6) return -1;
+        v[c] = (float)x;
+        while (*end == ' ') end++;
+        if (c < 2 && *end != ',') return -1;
+        at = c < 2 ? end + 1 : end;
+    }
+    return *at == 0 ? 0 : -1;
 }
 
 static Switch read_switch(const Config *cfg, const char *key) {
@@ -85,6 +103,26 @@ static void fill_data(const Config *cfg, TrainSettings *s) {
     s->data.resident = config_bool(cfg, "data.resident");
     s->data.pad_reflect = is(cfg, "data.pad_mode", "reflect");
     s->data.on_device = config_bool(cfg, "data.on_device");
+    s->data.cache = is(cfg, "data.cache", "decoded") ? DATA_CACHE_DECODED
+                  : is(cfg, "data.cache", "stream")  ? DATA_CACHE_STREAM
+                                                     : DATA_CACHE_AUTO;
+    s->data.cache_mb = (long)config_int(cfg, "data.cache_mb");
+    s->data.decode = is(cfg, "data.decode", "cpu") ? DATA_DECODE_CPU
+                   : is(cfg, "data.decode", "gpu") ? DATA_DECODE_GPU
+                                                   : DATA_DECODE_AUTO;
+    s->data.resized_crop = is(cfg, "data.crop", "random_resized");
+    s->data.crop_scale_min = (float)config_float(cfg, "data.crop_scale_min");
+    s->data.crop_scale_max = (float)config_float(cfg, "data.crop_scale_max");
+    s->data.crop_ratio_min = (float)config_float(cfg, "data.crop_ratio_min");
+    s->data.crop_ratio_max = (float)config_float(cfg, "data.crop_ratio_max");
+    s->data.eval_resize = (int)config_int(cfg, "data.eval_resize");
+    if (s->data.eval_resize == 0) s->data.eval_resize = (int)lround(s->data.image_size / 0.875);
+    s->data.dct_scaling = config_bool(cfg, "data.dct_scaling");
+    s->data.skip_bad = config_bool(cfg, "data.skip_bad");
+    s->data.shuffle_shards = (int)config_int(cfg, "data.shuffle_shards");
+    s->data.val_split = config_float(cfg, "data.val_split");
+    s->data.mean_auto = parse_channels(config_str(cfg, "data.mean"), s->data.mean) == 1;
+    s->data.std_auto = parse_channels(config_str(cfg, "data.std"), s->data.std) == 1;
 }
 
 static DType read_dtype(const Config *cfg, const char *key, DType otherwise) {
@@ -194,6 +232,33 @@ static void check_gpu_only(ConfigProblems *p, const TrainSettings *s, int world)
                            "for the CPU set %s = auto", copy_keys[i]);
 }
 
+/* The data recipe's keys that join others. */
+static void check_data_keys(ConfigProblems *p, const TrainSettings *s) {
+    const Config *cfg = s->config;
+    float v[3];
+    require(p, parse_channels(config_str(cfg, "data.mean"), v) >= 0, "data.mean",
+            "must be auto or three numbers \"r,g,b\" (e.g. 0.485,0.456,0.406)");
+    int std_form = parse_channels(config_str(cfg, "data.std"), v);
+    require(p, std_form >= 0 && (std_form == 1 || (v[0] > 0 && v[1] > 0 && v[2] > 0)), "data.std",
+            "must be auto or three numbers > 0 \"r,g,b\" (e.g. 0.229,0.224,0.225)");
+    require(p, s->data.crop_scale_min <= s->data.crop_scale_max, "data.crop_scale_min",
+            "must be at most data.crop_scale_max");
+    require(p, s->data.crop_ratio_min <= s->data.crop_ratio_max, "data.crop_ratio_min",
+            "must be at most data.crop_ratio_max");
+    require(p, !s->data.resized_crop || s->data.crop_pad == 0, "data.crop_pad",
+            "belongs to data.crop = pad (data.crop = random_resized crops by data.crop_scale_* and data.crop_ratio_*)");
+    require(p, !s->data.resized_crop || s->data.eval_resize >= s->data.image_size, "data.eval_resize",
+            "must be at least data.image_size: evaluation crops data.image_size from the resized image");
+    require(p, !s->data.resized_crop || !s->data.on_device, "data.on_device",
+            "needs data.crop = pad: the set on the device is augmented by the pad-crop kernel");
+    require(p, !s->data.resized_crop || !s->run.eval_tta, "run.eval_tta", "needs data.crop = pad");
+    require(p, s->data.decode != DATA_DECODE_GPU || s->data.resized_crop, "data.decode",
+            "= gpu needs data.crop = random_resized (the GPU crops and resamples images of any size)");
+    require_gpu(p, s, s->data.decode != DATA_DECODE_GPU, "data.decode", "cpu");
+    require(p, s->data.val_split == 0 || strcmp(s->data.source, "synthetic") != 0, "data.val_split",
+            "needs a data set (data.source = synthetic makes its own test images)");
+}
+
 static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     const Config *cfg = s->config;
     long first, last;
@@ -223,6 +288,7 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
             "from run.seed's weights, and a warm-up run writes no checkpoint)");
     require(p, !s->data.on_device || !s->data.resident, "data.on_device",
             "and data.resident exclude each other (data.resident trains on one batch)");
+    check_data_keys(p, s);
 }
 
 void settings_read(const Config *cfg, int world, TrainSettings *s) {

@@ -16,6 +16,10 @@
 /* dist.copy_engine, dist.shard_optimizer */
 typedef enum { SWITCH_OFF, SWITCH_ON, SWITCH_AUTO } Switch;
 
+/* data.cache and data.decode */
+typedef enum { DATA_CACHE_AUTO, DATA_CACHE_DECODED, DATA_CACHE_STREAM } DataCache;
+typedef enum { DATA_DECODE_AUTO, DATA_DECODE_CPU, DATA_DECODE_GPU } DataDecode;
+
 /* model.fuse = graphs: on, and the convolutions' fused cuDNN graphs (models/graph_fusion.c). */
 #define MODEL_FUSE_GRAPHS 2
 
@@ -36,6 +40,16 @@ typedef struct {
         int image_size, train_limit, test_limit, synthetic_train, synthetic_test;
         int workers, prefetch, pinned, async_copy, shuffle, flip, crop_pad, cutout, transform_on_gpu, resident;
         int pad_reflect, on_device;
+        DataCache cache;
+        long cache_mb;
+        DataDecode decode;
+        int resized_crop;  /* data.crop = random_resized */
+        float crop_scale_min, crop_scale_max, crop_ratio_min, crop_ratio_max;
+        int eval_resize;   /* data.eval_resize, or its default from data.image_size */
+        int dct_scaling, skip_bad, shuffle_shards;
+        float mean[3], std[3];
+        int mean_auto, std_auto; /* "auto": set by the trainer once it knows the data set */
+        double val_split;
     } data;
     struct {
         const char *name;

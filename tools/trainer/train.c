@@ -7,6 +7,8 @@
  * (train.sync_after_step, train.read_loss_every, data.async_copy = off): those
  * are the lab's baseline habits, kept so that their cost can be measured. */
 #include "tools/trainer/trainer.h"
+#include <sys/resource.h>
+
 #include "runtime/json_out.h"
 
 /* ---- stopping: signals and bad steps --------------------------------------- */
@@ -158,7 +160,7 @@ static void begin_step(Trainer *t, EpochClock *c) {
         device_sync(t);
         gpu_monitor_window_begin(t->device.monitor); /* queued: the monitor's thread reads NVML (milliseconds) */
         c->window_start = now_seconds();
-        c->window_wait_start = loader_wait_seconds(t->data.train_loader);
+        c->window_wait_start = train_data_wait(t);
     }
     profile_step_begin(t);
     if (t->observer && t->observer->step_begin) t->observer->step_begin(t->observer->user, t->step + 1);
@@ -208,11 +210,11 @@ static void train_steps(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
  * the data order stands. */
 static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro) {
     EpochClock c = {.start = now_seconds(), .window_start = -1};
-    c.lw = (LogWindow){now_seconds(), loader_wait_seconds(t->data.train_loader), t->step};
+    c.lw = (LogWindow){now_seconds(), train_data_wait(t), t->step};
     t->watch.progress_drawn = c.lw.start; /* the rate leaves out the evaluation */
     t->watch.progress_step = t->step;
-    start_train_epoch(t, epoch);
-    if (resume_micro) c.epoch_micro = skip_batches(t, resume_micro);
+    t->watch.progress_wait_at = train_data_wait(t);
+    c.epoch_micro = start_train_epoch(t, epoch, resume_micro);
     train_steps(t, r, &c, epoch);
     if (r->why == RUN_ON) plan_next_epoch(t, epoch + 1);
     if (t->set.run.use_gpu) release_held(t, t->data.train_loader);
@@ -220,7 +222,7 @@ static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro)
     double end = now_seconds();
     if (c.window_start >= 0) {
         r->timed_s += end - c.window_start;
-        r->timed_wait_s += loader_wait_seconds(t->data.train_loader) - c.window_wait_start;
+        r->timed_wait_s += train_data_wait(t) - c.window_wait_start;
         gpu_monitor_window_end(t->device.monitor);
     }
     if (t->watch.progress) progress_draw(t, epoch, 1);
@@ -335,6 +337,25 @@ static void summarize_device(Trainer *t, const RunTally *r, TrainSummary *out) {
     else if (s.skipped_steps)
         log_info("%d steps skipped for an inf/NaN loss or gradients", s.skipped_steps);
     out->peak_mem_bytes = t->model.arena.peak + t->buf.arena.peak;
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) == 0) out->host_peak_rss_bytes = (size_t)usage.ru_maxrss * 1024;
+    LoaderStages stages;
+    loader_stages(t->data.train_loader, &stages);
+    out->skipped_files = stages.skipped;
+    double steps = t->step > t->first_step ? (double)(t->step - t->first_step) : NAN;
+    out->data_read_ms = 1e3 * stages.read_s / steps;
+    out->data_decode_ms = 1e3 * stages.decode_s / steps;
+    out->data_augment_ms = 1e3 * stages.augment_s / steps;
+    out->data_gpu_decode_ms = NAN;
+    if (t->data.train_decoder) {
+        GpuDecodeStages gpu;
+        gpu_decoder_stages(t->data.train_decoder, &gpu);
+        out->data_gpu_decode_ms = gpu.batches ? 1e3 * gpu.decode_s / gpu.batches : NAN;
+    }
+    if (stages.skipped) log_warn("data.skip_bad: %ld training files were passed over (named above)", stages.skipped);
+    snprintf(out->data_decode, sizeof out->data_decode, "%s", t->data.train_decoder            ? "gpu"
+                                                              : t->data.train.kind == SOURCE_DECODED ? "decoded"
+                                                                                                   : "cpu");
     if (t->set.run.use_gpu) {
         size_t free_b, total_b;
         gpu_memory_info(&free_b, &total_b);
@@ -484,6 +505,9 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_add_int(o, "params_crc", s->params_crc);
     json_add_string(o, "checkpoint", s->checkpoint);
     json_add_int(o, "peak_mem_bytes", (long long)s->peak_mem_bytes);
+    json_add_int(o, "host_peak_rss_bytes", (long long)s->host_peak_rss_bytes);
+    json_add_int(o, "skipped_files", s->skipped_files);
+    json_add_string(o, "data_decode", s->data_decode);
     json_add_int(o, "driver_mem_bytes", (long long)s->driver_mem_bytes);
     cJSON *phases = json_add_object(o, "phase_ms");
     json_measure(phases, "data_wait", s->phase_data_wait_ms);
@@ -493,6 +517,11 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_measure(phases, "optimizer", s->phase_optimizer_ms);
     json_measure(phases, "graph", s->phase_graph_ms);
     json_measure(phases, "step", s->timed_steps ? s->step_ms : NAN);
+    cJSON *data = json_add_object(o, "data_ms");
+    json_measure(data, "read", s->data_read_ms);
+    json_measure(data, "decode", s->data_decode_ms);
+    json_measure(data, "augment", s->data_augment_ms);
+    json_measure(data, "gpu_decode", s->data_gpu_decode_ms);
     if (json_write_line(f, o) != 0) TC_USER_ERROR("writing the run's summary: %s", strerror(errno));
 }
 

@@ -8,6 +8,7 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
+#include "data/source.h"
 #include "dist/dist.h"
 #include "models/model.h"
 #include "runtime/config.h"
@@ -40,6 +41,9 @@ typedef struct {
     double eval_s;          /* the last evaluation's wall time (run.eval_tta's views included, the test set's
                                upload too), the mean over the runs; NaN: not evaluated */
     size_t peak_mem_bytes;  /* device memory the run allocated (arena high-water mark) */
+    size_t host_peak_rss_bytes; /* the process's peak resident host memory (getrusage) */
+    long skipped_files;     /* data.skip_bad: distinct training files passed over */
+    char data_decode[8];    /* the training images: "decoded" once, or streamed and decoded on the "cpu" or "gpu" */
     size_t driver_mem_bytes;/* device memory in use as the driver saw it (context included) */
     uint32_t params_crc;    /* CRC-32 of the final fp32 parameters: equal runs have equal ones */
     int stopped;            /* stopped early: by a signal, or by run.max_bad_steps */
@@ -56,6 +60,11 @@ typedef struct {
      * inside one graph and only graph (its launch to its end) is timed. */
     double phase_data_wait_ms, phase_input_ms, phase_forward_ms, phase_backward_ms, phase_optimizer_ms,
         phase_graph_ms;
+    /* The loader threads' work per step over the run, summed over the threads
+     * (data.workers of them work at once): reading files, decoding them,
+     * cropping and resampling; and with data.decode = gpu the device's time
+     * per batch from the decoder's submission to its last copy. NaN: none. */
+    double data_read_ms, data_decode_ms, data_augment_ms, data_gpu_decode_ms;
 } TrainSummary;
 
 /* Runs training; bad config values, data errors and a corrupt or mismatched
@@ -92,8 +101,12 @@ void train_run_observed(const Config *cfg, TrainSummary *out, const TrainObserve
 void train_run_dist_observed(const Config *cfg, TrainSummary *out, Dist *dist, const TrainObserver *obs);
 void train_summary_print_json(const TrainSummary *s, FILE *f);
 
-/* Loads the training (train = 1) or test split that the data.* keys name. */
-void train_load_dataset(const TrainSettings *s, Dataset *d, int train);
+/* The training and test splits that the data.* keys name: listed (streamed)
+ * or decoded once (data.cache), the test split none without run.eval, or the
+ * training split's held-out share (data.val_split). Resolves what the data
+ * decides in s: model.num_classes (0: the data's; another: checked), and
+ * data.mean and data.std left at auto. A data error ends the process. */
+void train_open_sources(TrainSettings *s, Source *train, Source *test);
 /* The loader settings that the data.* and train.batch keys give, for the
  * training (train = 1) or test split. */
 void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc);

@@ -126,7 +126,7 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     Model *m = &t->model;
     CkptModel cm = ckpt_model_of(t);
     CkptPosition pos = {t->step, epoch, epoch_micro};
-    CkptData data = {(int64_t)t->set.run.seed, t->set.train.batch, t->data.train_set.n, t->set.data.shuffle};
+    CkptData data = {(int64_t)t->set.run.seed, t->set.train.batch, t->data.train.n, t->set.data.shuffle};
     LossScalerState scaler;
     float *host = malloc(m->n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters for the checkpoint", m->n_params);
@@ -136,7 +136,10 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
     if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
     model_get_bn_stats(m, stats);
-    char *meta = export_meta_json(m, t->set.model.name, t->set.data.image_size, &t->data.train_set);
+    InputPreparation prep = {t->set.data.image_size, t->set.data.resized_crop ? t->set.data.eval_resize : 0, {0}, {0}};
+    memcpy(prep.mean, t->set.data.mean, sizeof prep.mean);
+    memcpy(prep.std, t->set.data.std, sizeof prep.std);
+    char *meta = export_meta_json(m, t->set.model.name, &prep, t->data.train.class_names, t->data.train.num_classes);
     char *tensors = export_tensors_json(m);
     CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 9 : 8, err, n);
     if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, n) == 0 &&
@@ -310,7 +313,7 @@ static void check_fits(const Trainer *t, const char *path, const CkptModel *have
         TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
                  "buffer holds k times its value)", path, (long long)have->accumulate, t->set.memory.accumulate);
     if (!t->weights_only && (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
-                             data->train_images != t->data.train_set.n || data->shuffle != t->set.data.shuffle))
+                             data->train_images != t->data.train.n || data->shuffle != t->set.data.shuffle))
         log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
                  "data.shuffle = %s; the data order from here on differs from that run's", path,
                  (long long)data->seed, (long long)data->batch, (long long)data->train_images,
@@ -391,16 +394,3 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
     return pos;
 }
 
-/* A resumed epoch starts where the checkpoint left it: the batches already
- * taken are drawn and dropped (a resident batch is the epoch's first). */
-long skip_batches(Trainer *t, long n) {
-    Batch b;
-    if (t->set.data.on_device) return n; /* take_batch gathers by position */
-    for (long i = 0; i < n; i++) {
-        if (t->set.data.resident && i > 0) continue;
-        if (!loader_next(t->data.train_loader, &b)) return i;
-        if (t->set.data.resident) upload_sync(t, &b);
-        loader_release(t->data.train_loader, &b);
-    }
-    return n;
-}

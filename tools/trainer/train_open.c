@@ -2,6 +2,7 @@
  * monitoring, resume) and closing it. */
 #include <float.h>
 
+#include "data/decode.h"
 #include "dist/placement.h"
 #include "models/whiten.h"
 #include "tools/trainer/export.h"
@@ -39,25 +40,174 @@ static void plan_schedule(Trainer *t, long steps_per_epoch) {
     lr_schedule_check(&t->optim.schedule);
 }
 
-void train_load_dataset(const TrainSettings *s, Dataset *d, int train) {
-    const char *source = s->data.source, *path = s->data.path;
+/* ---- the data ------------------------------------------------------------------ */
+
+static const char *const cifar10_classes[10] = {"airplane", "automobile", "bird",  "cat",  "deer",
+                                                "dog",      "frog",       "horse", "ship", "truck"};
+
+static int is_cifar10(const Source *s) {
+    if (s->num_classes != 10 || !s->class_names) return 0;
+    for (int k = 0; k < 10; k++)
+        if (strcmp(s->class_names[k], cifar10_classes[k]) != 0) return 0;
+    return 1;
+}
+
+/* data.mean and data.std left at auto: CIFAR-10's for its data, ImageNet's for the rest. */
+static void resolve_normalisation(TrainSettings *s, const Source *train) {
+    static const float cifar_mean[3] = {0.4914f, 0.4822f, 0.4465f}, cifar_std[3] = {0.2470f, 0.2435f, 0.2616f};
+    static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f}, imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+    if (!s->data.mean_auto && !s->data.std_auto) return;
+    int cifar = strcmp(s->data.source, "synthetic") == 0 || strcmp(s->data.source, "cifar_bin") == 0 ||
+                is_cifar10(train);
+    if (s->data.mean_auto) memcpy(s->data.mean, cifar ? cifar_mean : imagenet_mean, sizeof s->data.mean);
+    if (s->data.std_auto) memcpy(s->data.std, cifar ? cifar_std : imagenet_std, sizeof s->data.std);
+    s->data.mean_auto = s->data.std_auto = 0;
+    log_info("data.mean, data.std = auto: %s's (%.4g,%.4g,%.4g), (%.4g,%.4g,%.4g)", cifar ? "CIFAR-10" : "ImageNet",
+             s->data.mean[0], s->data.mean[1], s->data.mean[2], s->data.std[0], s->data.std[1], s->data.std[2]);
+}
+
+/* The split listed (a folder's files, the shards' index) or, for the sets that
+ * are always in memory, loaded. 0, or -1 with the message in err. */
+static int open_split(const TrainSettings *s, Source *src, int train, char *err, size_t errlen) {
+    const char *source = s->data.source, *path = s->data.path, *split = train ? "train" : "test";
     int limit = train ? s->data.train_limit : s->data.test_limit;
-    char err[1024];
-    int rc = 0;
+    Dataset d;
+    if (strcmp(source, "image_folder") == 0) return source_open_folder(src, path, split, limit, err, errlen);
+    if (strcmp(source, "shards") == 0) return source_open_shards(src, path, split, limit, err, errlen);
     if (strcmp(source, "synthetic") == 0) {
         int n = train ? s->data.synthetic_train : s->data.synthetic_test;
         if (limit > 0 && limit < n) n = limit;
-        synthetic_make(d, n, 3, 32, 32, s->model.num_classes, s->run.seed * 2 + (uint64_t)train);
-    } else if (strcmp(source, "cifar_bin") == 0) {
-        rc = cifar_bin_load(d, path, train, limit, err, sizeof err);
-    } else {
-        rc = image_folder_load(d, path, train ? "train" : "test", limit, err, sizeof err);
+        int classes = s->model.num_classes ? s->model.num_classes : 10;
+        synthetic_make(&d, n, 3, 32, 32, classes, s->run.seed * 2 + (uint64_t)train);
+    } else if (cifar_bin_load(&d, path, train, limit, err, errlen) != 0) {
+        return -1;
+    }
+    source_from_dataset(src, &d, path);
+    return 0;
+}
+
+/* The decoded size a streaming split would take at its first image's size. */
+static double decoded_mib(const Source *src) {
+    SourceReader r;
+    source_reader_init(&r);
+    const uint8_t *bytes;
+    size_t len;
+    char err[4600], name[4400];
+    ImageInfo info = {0};
+    source_sample_name(src, 0, name, sizeof name);
+    double mib = -1;
+    if (source_read(src, 0, &r, &bytes, &len, err, sizeof err) == 0 &&
+        image_probe(bytes, len, name, &info, err, sizeof err) == 0)
+        mib = (double)src->n * 3.0 * info.w * info.h / 1048576.0;
+    source_reader_close(&r);
+    return mib;
+}
+
+/* Decoded once, in place; with fallback (data.cache = auto, data.crop =
+ * random_resized) images of several sizes leave it streaming. 1: decoded. */
+static int decode_split(const TrainSettings *s, Source *src, int fallback, char *why, size_t whylen) {
+    char err[4600];
+    Dataset d;
+    log_info("decoding the %d images of %s once into memory ...", src->n, src->dir);
+    double t0 = now_seconds();
+    int rc = source_decode_all(src, &d, err, sizeof err);
+    if (rc == -2 && fallback) {
+        snprintf(why, whylen, "its images differ in size (%.900s)", err);
+        return 0;
     }
     if (rc != 0)
-        settings_fail(s, "data.path", "%s (data.source = %s; set data.path to the data set, or "
-                      "data.source = synthetic to measure throughput without it)", err, source);
-    if (d->num_classes > s->model.num_classes)
-        settings_fail(s, "model.num_classes", "%s holds %d classes, more than that", path, d->num_classes);
+        settings_fail(s, "data.path", "%s (data.source = %s%s)", err, s->data.source,
+                      rc == -2 ? "; images of several sizes stream with data.crop = random_resized" : "");
+    log_info("decoded %d images of %dx%d in %.1f s (%.0f MiB)", d.n, d.w, d.h, now_seconds() - t0,
+             (double)d.n * dataset_image_bytes(&d) / 1048576.0);
+    char *dir = strdup(src->dir);
+    source_free(src);
+    source_from_dataset(src, &d, dir);
+    free(dir);
+    return 1;
+}
+
+/* data.cache: whether a streaming split is decoded once; why, for the log. */
+static int choose_decoded(const TrainSettings *s, const Source *train, char *why, size_t whylen) {
+    if (!s->data.resized_crop) {
+        if (s->data.cache == DATA_CACHE_STREAM)
+            settings_fail(s, "data.cache", "= stream needs data.crop = random_resized (data.crop = pad crops images "
+                          "of one stored size, decoded once)");
+        snprintf(why, whylen, "data.crop = pad crops images of one size, decoded once");
+        return 1;
+    }
+    if (s->data.cache != DATA_CACHE_AUTO) {
+        snprintf(why, whylen, "data.cache = %s", s->data.cache == DATA_CACHE_DECODED ? "decoded" : "stream");
+        return s->data.cache == DATA_CACHE_DECODED;
+    }
+    double mib = decoded_mib(train);
+    if (mib < 0) {
+        snprintf(why, whylen, "data.cache = auto: streamed, as the first image does not read (its message comes "
+                 "when it is taken)");
+        return 0;
+    }
+    if (mib > (double)s->data.cache_mb) {
+        snprintf(why, whylen, "data.cache = auto: decoded once, the %d images would take %.0f MiB, more than "
+                 "data.cache_mb = %ld", train->n, mib, s->data.cache_mb);
+        return 0;
+    }
+    snprintf(why, whylen, "data.cache = auto: %.0f MiB decoded, within data.cache_mb = %ld", mib, s->data.cache_mb);
+    return 1;
+}
+
+/* The test split's labels must be classes of the training split. */
+static void check_test_classes(const TrainSettings *s, const Source *train, const Source *test) {
+    for (int i = 0; i < test->n; i++)
+        if (test->labels[i] >= train->num_classes) {
+            char name[4400];
+            source_sample_name(test, i, name, sizeof name);
+            settings_fail(s, "data.path", "%s: label %d, but the training split has %d classes", name,
+                          test->labels[i], train->num_classes);
+        }
+}
+
+/* model.num_classes: the data's, or checked against it. */
+static void resolve_classes(TrainSettings *s, const Source *train) {
+    if (train->num_classes < 2)
+        settings_fail(s, "data.path", "%s holds %d class: a classifier needs 2 or more", train->dir,
+                      train->num_classes);
+    if (s->model.num_classes && s->model.num_classes != train->num_classes)
+        settings_fail(s, "model.num_classes", "is %d, but %s holds %d classes (leave it at 0 to take the data's)",
+                      s->model.num_classes, train->dir, train->num_classes);
+    s->model.num_classes = train->num_classes;
+}
+
+void train_open_sources(TrainSettings *s, Source *train, Source *test) {
+    char err[4600], why[1200] = "", test_why[1200] = "";
+    memset(test, 0, sizeof *test);
+    if (open_split(s, train, 1, err, sizeof err) != 0)
+        settings_fail(s, "data.path", "%s (data.source = %s; set data.path to the data set, or data.source = "
+                      "synthetic to measure throughput without it)", err, s->data.source);
+    int streaming = train->kind != SOURCE_DECODED;
+    int may_stream = s->data.cache == DATA_CACHE_AUTO && s->data.resized_crop;
+    if (streaming && choose_decoded(s, train, why, sizeof why))
+        streaming = !decode_split(s, train, may_stream, why, sizeof why);
+    resolve_classes(s, train);
+    resolve_normalisation(s, train);
+    if (s->data.val_split > 0) {
+        source_hold_out(train, s->data.val_split, s->run.seed, test);
+        log_info("data.val_split = %g: %d of the %d training images held out for evaluation (run.seed %llu); the "
+                 "test split is not read", s->data.val_split, test->n, train->n + test->n,
+                 (unsigned long long)s->run.seed);
+    } else if (s->run.eval) {
+        if (open_split(s, test, 0, err, sizeof err) != 0)
+            settings_fail(s, "data.path", "%s (data.source = %s; without a test split, data.val_split = 0.05 holds "
+                          "out a share of the training split to evaluate on)", err, s->data.source);
+        /* As the training split; with data.crop = pad a size unlike the first image's stops here. */
+        if (test->kind != SOURCE_DECODED && !streaming)
+            decode_split(s, test, s->data.resized_crop, test_why, sizeof test_why);
+        check_test_classes(s, train, test);
+    }
+    if (train->kind != SOURCE_DECODED)
+        log_info("data: %d training images streamed from %s (%.1f GiB encoded; %s)", train->n, train->dir,
+                 train->bytes_total / 1073741824.0, why);
+    else if (why[0])
+        log_info("data: %d training images decoded once (%s)", train->n, why);
 }
 
 void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc) {
@@ -67,18 +217,60 @@ void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc) {
     lc->prefetch = s->data.prefetch;
     lc->pinned = s->data.pinned;
     lc->shuffle = train && s->data.shuffle;
+    lc->shuffle_shards = s->data.shuffle_shards;
     lc->drop_last = train; /* every training step sees a full batch */
     lc->augment = train;
     lc->raw = s->data.transform_on_gpu;
+    lc->resized_crop = s->data.resized_crop;
+    lc->crop = (CropRecipe){s->data.crop_scale_min, s->data.crop_scale_max, s->data.crop_ratio_min,
+                            s->data.crop_ratio_max, s->data.eval_resize};
+    lc->dct_scaling = s->data.dct_scaling;
+    lc->skip_bad = s->data.skip_bad;
     lc->seed = s->run.seed;
     transform_spec_default(&lc->transform, s->data.image_size, s->data.image_size);
+    memcpy(lc->transform.mean, s->data.mean, sizeof lc->transform.mean);
+    memcpy(lc->transform.std, s->data.std, sizeof lc->transform.std);
     lc->transform.flip = s->data.flip;
     lc->transform.crop_pad = s->data.crop_pad;
     lc->transform.pad_reflect = s->data.pad_reflect;
     lc->transform.cutout = s->data.cutout;
 }
 
-static Loader *make_loader(Trainer *t, const Dataset *d, int train) {
+/* data.decode: whether the GPU decodes the training split's JPEGs, and why. */
+static int choose_gpu_decode(const Trainer *t, char *why, size_t whylen) {
+    const TrainSettings *s = &t->set;
+    const char *cpu_reason = s->data.decode == DATA_DECODE_CPU           ? "data.decode = cpu"
+                             : !s->run.use_gpu                           ? "the run is on the CPU"
+                             : !s->data.resized_crop                     ? "data.crop = pad"
+                             : t->data.train.kind == SOURCE_DECODED      ? "the training images are decoded once"
+                             : s->data.resident                          ? "data.resident trains on one batch"
+                                                                         : NULL;
+    if (cpu_reason) {
+        if (s->data.decode == DATA_DECODE_GPU)
+            settings_fail(s, "data.decode", "= gpu decodes streamed images, but here %s", cpu_reason);
+        snprintf(why, whylen, "%s", cpu_reason);
+        return 0;
+    }
+    return 1;
+}
+
+/* The GPU decoder of the training split, or NULL (the loader's threads decode). */
+static GpuDecoder *open_gpu_decoder(Trainer *t, Loader *l) {
+    char why[512];
+    const char *backend = NULL;
+    GpuDecoder *d = gpu_decoder_create(l, t->device.gpu.device_id, t->set.train.batch, why, sizeof why, &backend);
+    if (d) {
+        log_info("data.decode: JPEGs decoded on the GPU by %s, cropped, resampled and normalised into the model's "
+                 "input by one kernel; PNG, BMP, CMYK and progressive files decoded by the %d loader threads",
+                 backend, t->set.data.workers);
+        return d;
+    }
+    if (t->set.data.decode == DATA_DECODE_GPU) settings_fail(&t->set, "data.decode", "= gpu: %s", why);
+    log_info("data.decode = auto: the loader threads decode, as %s", why);
+    return NULL;
+}
+
+static Loader *make_loader(Trainer *t, const Source *src, int train) {
     LoaderConfig lc;
     train_loader_config(&t->set, train, &lc);
     lc.rank = t->ddp.dist->rank; /* each rank its shard of the same shuffle */
@@ -90,11 +282,26 @@ static Loader *make_loader(Trainer *t, const Dataset *d, int train) {
         lc.raw = 1;
     }
     if (!train && t->set.run.eval_tta) lc.raw = 1; /* the views are made from the stored images */
-    gpu_transform_args_init(&t->input.transform_args, &lc.transform, d->c, d->h, d->w);
-    if (train && d->n / t->ddp.dist->world < t->set.train.batch)
-        settings_fail(&t->set, "train.batch", "is larger than the %d training images%s", d->n / t->ddp.dist->world,
-                      t->ddp.dist->world > 1 ? " of this rank's shard" : "");
-    return loader_create(d, &lc);
+    char why[512] = "";
+    lc.encoded = train && choose_gpu_decode(t, why, sizeof why);
+    if (train && !lc.encoded && src->kind != SOURCE_DECODED)
+        log_info("data.decode: the %d loader threads decode (%s)%s", t->set.data.workers, why,
+                 t->set.data.dct_scaling ? ", JPEGs at 1/2, 1/4 or 1/8 where the crop allows (data.dct_scaling)" : "");
+    if (train) {
+        int c, h, w;
+        input_raw_shape(t, &c, &h, &w);
+        gpu_transform_args_init(&t->input.transform_args, &lc.transform, c, h, w);
+        if (src->n / t->ddp.dist->world < t->set.train.batch)
+            settings_fail(&t->set, "train.batch", "is larger than the %d training images%s",
+                          src->n / t->ddp.dist->world, t->ddp.dist->world > 1 ? " of this rank's shard" : "");
+    }
+    Loader *l = loader_create_source(src, &lc);
+    if (lc.encoded && !(t->data.train_decoder = open_gpu_decoder(t, l))) {
+        loader_destroy(l); /* back to the threads' decode */
+        lc.encoded = 0;
+        l = loader_create_source(src, &lc);
+    }
+    return l;
 }
 
 /* cuDNN describes a tensor of at most 2^31 elements. A batch that makes one
@@ -216,16 +423,23 @@ static void open_summary(const Trainer *t, TrainSummary *out) {
 }
 
 static void open_data(Trainer *t) {
-    const Dataset *train = &t->data.train_set, *test = &t->data.test_set;
+    const Source *train = &t->data.train, *test = &t->data.test;
     gpu_range_push("load data");
-    train_load_dataset(&t->set, &t->data.train_set, 1);
-    if (t->set.run.eval) train_load_dataset(&t->set, &t->data.test_set, 0);
+    train_open_sources(&t->set, &t->data.train, &t->data.test);
     gpu_range_pop();
-    if (t->set.run.eval && (test->c != train->c || test->h != train->h || test->w != train->w))
-        TC_USER_ERROR("%s: test images are %dx%dx%d, training images %dx%dx%d", t->set.data.path, test->c, test->h,
-                      test->w, train->c, train->h, train->w);
-    log_info("data: %d training images%s, %dx%d, %d classes", train->n, t->set.run.eval ? "" : " (no evaluation)",
-             train->h, train->w, train->num_classes);
+    const Dataset *a = &train->decoded, *b = &test->decoded;
+    int both_decoded = train->kind == SOURCE_DECODED && test->kind == SOURCE_DECODED && test->n > 0;
+    if (both_decoded && !t->set.data.resized_crop && (a->c != b->c || a->h != b->h || a->w != b->w))
+        TC_USER_ERROR("%s: test images are %dx%dx%d, training images %dx%dx%d (data.crop = random_resized crops "
+                      "images of any size)", t->set.data.path, b->c, b->h, b->w, a->c, a->h, a->w);
+    if (train->kind == SOURCE_DECODED)
+        log_info("data: %d training images%s, %dx%d, %d classes", train->n, t->set.run.eval ? "" : " (no evaluation)",
+                 a->h, a->w, train->num_classes);
+    else
+        log_info("data: %d training images%s, of any size, %d classes", train->n,
+                 t->set.run.eval ? "" : " (no evaluation)", train->num_classes);
+    if (t->set.data.on_device && train->kind != SOURCE_DECODED)
+        settings_fail(&t->set, "data.on_device", "needs the training images decoded once (data.cache = decoded)");
 }
 
 /* The net as model.* says, with its policies and the dist.sync_bn hook. */
@@ -273,8 +487,11 @@ static void build_model(Trainer *t) {
  * images picked by the seed, normalised as the loader normalises them. Every
  * rank picks the same ones. */
 static void whiten_from_data(Trainer *t, uint64_t seed) {
-    const Dataset *d = &t->data.train_set;
+    const Dataset *d = &t->data.train.decoded;
     Model *m = &t->model;
+    if (t->data.train.kind != SOURCE_DECODED)
+        settings_fail(&t->set, "data.cache", "the whitening layer of %s needs the training images decoded once",
+                      t->set.model.name);
     if (d->h != m->acts[0].h || d->w != m->acts[0].w || d->c != m->acts[0].c_real)
         settings_fail(&t->set, "data.image_size", "the whitening layer of %s needs training images of its input, "
                       "%dx%dx%d, as stored (these are %dx%dx%d)", t->set.model.name, m->acts[0].c_real, m->acts[0].h,
@@ -412,8 +629,8 @@ static void open_lookahead(Trainer *t) {
 
 static void open_loop(Trainer *t, double run_start) {
     const TrainSettings *s = &t->set;
-    t->data.train_loader = make_loader(t, &t->data.train_set, 1);
-    if (s->run.eval) t->data.test_loader = make_loader(t, &t->data.test_set, 0);
+    t->data.train_loader = make_loader(t, &t->data.train, 1);
+    if (s->run.eval) t->data.test_loader = make_loader(t, &t->data.test, 0);
     if (s->run.metrics_file[0] && t->ddp.dist->rank == 0) {
         t->watch.metrics = fopen(s->run.metrics_file, "a");
         if (!t->watch.metrics)
@@ -426,7 +643,7 @@ static void open_loop(Trainer *t, double run_start) {
     t->steps_per_epoch = loader_batches_per_epoch(t->data.train_loader) / s->memory.accumulate;
     if (t->steps_per_epoch == 0)
         settings_fail(s, "memory.accumulate", "micro-batches of train.batch = %d are more than an epoch of %d images",
-                      s->train.batch, t->data.train_set.n);
+                      s->train.batch, t->data.train.n);
     plan_run_length(t);
     plan_schedule(t, t->steps_per_epoch);
     t->optim.whiten_bias_steps = (long)ceil(s->model.whiten_bias_epochs * (double)t->steps_per_epoch);
@@ -489,12 +706,22 @@ void trainer_close(Trainer *t) {
     prom_stop(t->watch.prom);
     tensorboard_stop(t);
     phases_destroy(t);
+    if (t->data.train_decoder) {
+        GpuDecodeStages st;
+        gpu_decoder_stages(t->data.train_decoder, &st);
+        double n = st.batches > 0 ? (double)st.batches : 1;
+        log_info("data.decode = gpu: %ld batches (%ld JPEGs on the GPU, %ld images decoded on the CPU); a batch took "
+                 "the decoder thread %.2f ms waiting for the loader threads and %.2f ms submitting, and the device "
+                 "%.2f ms from its submission to its last copy", st.batches, st.gpu_images, st.cpu_images, 1e3 * st.wait_s / n,
+                 1e3 * st.submit_s / n, 1e3 * st.decode_s / n);
+    }
+    gpu_decoder_destroy(t->data.train_decoder); /* before its loader */
     loader_destroy(t->data.train_loader);
     if (t->data.test_loader) loader_destroy(t->data.test_loader);
     model_destroy(&t->model);
     state_free(t);
-    dataset_free(&t->data.train_set);
-    dataset_free(&t->data.test_set);
+    source_free(&t->data.train);
+    source_free(&t->data.test);
     if (t->set.run.use_gpu) {
         gpu_monitor_stop(t->device.monitor);
         gpu_context_destroy(&t->device.gpu);

@@ -4,11 +4,21 @@
 
 /* ---- the buffers beside the model's ---------------------------------------- */
 
+void input_raw_shape(const Trainer *t, int *c, int *h, int *w) {
+    const Dataset *d = &t->data.train.decoded;
+    int resampled = t->set.data.resized_crop;
+    *c = resampled ? 3 : d->c;
+    *h = resampled ? t->set.data.image_size : d->h;
+    *w = resampled ? t->set.data.image_size : d->w;
+}
+
 /* Runs twice, as the model's buffers do: on a counting arena, then the real one. */
 static void carve_aux(Trainer *t, Arena *a) {
     size_t image_floats = model_input_floats(&t->model);
     int batch = t->set.train.batch;
-    const Dataset *d = &t->data.train_set;
+    const Dataset *d = &t->data.train.decoded;
+    int raw_c, raw_h, raw_w;
+    input_raw_shape(t, &raw_c, &raw_h, &raw_w);
     t->buf.labels = arena_alloc(a, batch * sizeof(int32_t), "labels");
     t->buf.loss = arena_alloc(a, sizeof(float), "loss");
     t->buf.lr = arena_alloc(a, sizeof(float), "learning rate");
@@ -47,7 +57,7 @@ static void carve_aux(Trainer *t, Arena *a) {
         if (t->set.data.async_copy)
             t->input.staging_labels[s] = arena_alloc(a, batch * sizeof(int32_t), "label staging");
         if (t->set.data.transform_on_gpu) {
-            size_t raw_bytes = gpu_transform_raw_bytes(batch, d->c, d->h, d->w);
+            size_t raw_bytes = gpu_transform_raw_bytes(batch, raw_c, raw_h, raw_w);
             t->input.staging_raw[s] = arena_alloc(a, raw_bytes, "uint8 batch staging");
             t->input.staging_params[s] = arena_alloc(a, gpu_transform_params_bytes(batch), "transform parameters");
         }
@@ -57,7 +67,7 @@ static void carve_aux(Trainer *t, Arena *a) {
 /* data.on_device: the set once to the device, and the host copy of an epoch's plan. */
 static void upload_training_set(Trainer *t) {
     const OpContext *ctx = &t->model.ops;
-    const Dataset *d = &t->data.train_set;
+    const Dataset *d = &t->data.train.decoded;
     op_copy_from_host(ctx, t->input.set_images, d->pixels, (size_t)d->n * dataset_image_bytes(d));
     op_copy_from_host(ctx, t->input.set_labels, d->labels, (size_t)d->n * sizeof(int32_t));
     t->input.epoch_host = host_alloc((size_t)d->n * (sizeof(int32_t) + sizeof(TransformParams)), t->set.run.use_gpu,
@@ -113,8 +123,9 @@ void state_free(Trainer *t) {
 /* Transform on the GPU: the stored uint8 images and their params go to staging
  * set s, and one kernel writes the model's input from them. */
 static void send_raw(Trainer *t, const Batch *b, int s, cudaStream_t stream) {
-    const Dataset *d = &t->data.train_set;
-    gpu_copy_to_device(t->input.staging_raw[s], b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w), stream);
+    int c, h, w;
+    input_raw_shape(t, &c, &h, &w);
+    gpu_copy_to_device(t->input.staging_raw[s], b->raw_images, gpu_transform_raw_bytes(b->n, c, h, w), stream);
     gpu_copy_to_device(t->input.staging_params[s], b->params, gpu_transform_params_bytes(b->n), stream);
 }
 
@@ -136,7 +147,7 @@ static void run_gpu_transform(Trainer *t, const Batch *b, int s, cudaStream_t st
  * once the last epoch's copy has left it. */
 static void plan_epoch(Trainer *t, int epoch) {
     int32_t *index = t->input.epoch_host;
-    TransformParams *params = (TransformParams *)(index + t->data.train_set.n);
+    TransformParams *params = (TransformParams *)(index + t->data.train.n);
     if (t->set.run.use_gpu) gpu_event_sync(t->input.epoch_sent);
     loader_epoch_plan(t->data.train_loader, epoch, index, params);
     t->input.planned_epoch = epoch;
@@ -148,21 +159,46 @@ void plan_next_epoch(Trainer *t, int epoch) {
     if (t->set.data.on_device && epoch < t->run_epochs) plan_epoch(t, epoch);
 }
 
-void start_train_epoch(Trainer *t, int epoch) {
-    if (!t->set.data.on_device) {
-        loader_start_epoch(t->data.train_loader, epoch);
-        return;
+/* The resident batch is the epoch's first, also in an epoch resumed mid-way. */
+static void start_resident_epoch(Trainer *t, int epoch, long first_micro) {
+    Batch b;
+    loader_start_epoch(t->data.train_loader, epoch);
+    if (first_micro == 0 || !loader_next(t->data.train_loader, &b)) return;
+    upload_sync(t, &b);
+    loader_release(t->data.train_loader, &b);
+}
+
+long start_train_epoch(Trainer *t, int epoch, long first_micro) {
+    long batches = loader_batches_per_epoch(t->data.train_loader);
+    if (first_micro > batches) first_micro = batches; /* a checkpoint of another data set (warned of) */
+    if (t->data.train_decoder) {
+        gpu_decoder_start_epoch(t->data.train_decoder, epoch, (int)first_micro);
+        return first_micro;
+    }
+    if (t->set.data.resident) {
+        start_resident_epoch(t, epoch, first_micro);
+        return first_micro;
+    }
+    if (!t->set.data.on_device) { /* the batches before first_micro are never built */
+        loader_start_epoch_at(t->data.train_loader, epoch, (int)first_micro);
+        return first_micro;
     }
     const OpContext *ctx = &t->model.ops;
     int n = loader_epoch_samples(t->data.train_loader);
     if (t->input.planned_epoch != epoch) plan_epoch(t, epoch);
     int32_t *index = t->input.epoch_host;
-    TransformParams *params = (TransformParams *)(index + t->data.train_set.n);
+    TransformParams *params = (TransformParams *)(index + t->data.train.n);
     /* On the compute stream, so after the last epoch's steps have read them. */
     op_copy_from_host(ctx, t->input.epoch_index, index, (size_t)n * sizeof(int32_t));
     op_copy_from_host(ctx, t->input.epoch_params, params, (size_t)n * sizeof(TransformParams));
     if (t->set.run.use_gpu) gpu_event_record(t->input.epoch_sent, ctx->stream);
     t->input.planned_epoch = -1;
+    return first_micro; /* take_batch gathers by position */
+}
+
+double train_data_wait(const Trainer *t) {
+    return t->data.train_decoder ? gpu_decoder_wait_seconds(t->data.train_decoder)
+                                 : loader_wait_seconds(t->data.train_loader);
 }
 
 void gather_on_device(Trainer *t, long epoch_micro) {
@@ -175,6 +211,20 @@ void gather_on_device(Trainer *t, long epoch_micro) {
     a.labels_out = t->buf.labels;
     a.n = t->set.train.batch;
     transform_into_input(t, &a, t->model.ops.stream);
+}
+
+/* data.decode = gpu: the decoded batch's crops resampled into the model's
+ * input (its NHWC activation where forward stores one), and its labels, on
+ * the compute stream. */
+void resample_into_input(Trainer *t, const DecodedBatch *b) {
+    ModelInputForm form = model_input_form(&t->model);
+    GpuResampleArgs a = {.images = b->images, .samples = b->samples, .labels = b->labels, .labels_out = t->buf.labels,
+                         .out = form.data, .out_dtype = form.dtype, .nhwc = form.nhwc, .out_c = form.channels,
+                         .n = b->n, .out_h = t->set.data.image_size, .out_w = t->set.data.image_size};
+    memcpy(a.mean, t->set.data.mean, sizeof a.mean);
+    memcpy(a.std, t->set.data.std, sizeof a.std);
+    model_set_input_direct(&t->model, form.direct);
+    GPU_ONLY(gpu_resample_batch(&a, t->model.ops.stream));
 }
 
 /* Baseline path: a synchronous copy straight into the model's input, then a

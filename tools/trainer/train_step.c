@@ -19,6 +19,14 @@ int take_batch(Trainer *t, long epoch_micro) {
             phase_mark(t, PH_INPUT);
             gather_on_device(t, epoch_micro);
         }
+    } else if (t->data.train_decoder) {
+        /* Decoded on the GPU; one kernel makes the model's input on the compute stream. */
+        DecodedBatch db;
+        if ((got = gpu_decoder_next(t->data.train_decoder, &db, t->model.ops.stream))) {
+            phase_mark(t, PH_INPUT);
+            resample_into_input(t, &db);
+            gpu_decoder_release(t->data.train_decoder, &db, t->model.ops.stream);
+        }
     } else if (t->set.data.resident) {
         /* The epoch's first batch stays in the model's input buffer all epoch. */
         got = 1;
@@ -264,6 +272,7 @@ double evaluate(Trainer *t, int epoch) {
     gpu_range_push("evaluate");
     op_fill(ctx, t->buf.correct, 0, sizeof(int));
     model_set_training(m, 0);
+    model_set_input_direct(m, 0); /* the test batches are the fp32 batch */
     loader_start_epoch(t->data.test_loader, epoch);
     while (loader_next(t->data.test_loader, &b)) {
         if (t->set.run.eval_tta) {
@@ -281,6 +290,6 @@ double evaluate(Trainer *t, int epoch) {
     double total = correct;
     dist_allreduce_sum_host_double(t->ddp.dist, &total, 1);
     gpu_range_pop();
-    return total / t->data.test_set.n;
+    return total / t->data.test.n;
 }
 

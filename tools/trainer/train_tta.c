@@ -39,7 +39,7 @@ void tta_prepare(Trainer *t) {
  * the loader's slot is free again after the sync. */
 static void upload_views_source(Trainer *t, Loader *l, const Batch *b) {
     const OpContext *ctx = &t->model.ops;
-    const Dataset *d = &t->data.test_set;
+    const Dataset *d = &t->data.test.decoded;
     op_copy_from_host(ctx, t->buf.tta_images, b->raw_images, gpu_transform_raw_bytes(b->n, d->c, d->h, d->w));
     upload_labels_padded(t, b);
     op_sync(ctx);

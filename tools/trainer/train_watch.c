@@ -288,42 +288,68 @@ static void tensorboard_epoch(Trainer *t, double test_acc) {
     tb_flush_or_fail(t);
 }
 
+/* h:mm:ss or m:ss. */
+static void clock_text(double seconds, char *out, size_t n) {
+    long left = seconds > 0 ? (long)(seconds + 0.5) : 0;
+    if (left >= 3600) snprintf(out, n, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
+    else snprintf(out, n, "%ld:%02ld", left / 60, left % 60);
+}
+
+/* Where the run stands at steps_per_s and a data wait of wait_frac: "epoch 1/3
+ * images 12800/40000  2345 img/s  data wait 3%  lr 0.1  loss 2.1034  epoch left
+ * 0:12  run left 3:21" (images of every rank). */
+static void standing_text(const Trainer *t, int epoch, double steps_per_s, double wait_frac, float loss, char *out,
+                          size_t n) {
+    long step_images = (long)t->set.train.batch * t->set.memory.accumulate * t->ddp.dist->world;
+    long epoch_steps = t->step - (long)epoch * t->steps_per_epoch;
+    long epoch_left = t->steps_per_epoch - epoch_steps, run_left = t->watch.total_steps - t->step;
+    if (epoch_left > run_left) epoch_left = run_left;
+    char loss_text[32] = "-", epoch_eta[32], run_eta[32];
+    if (isfinite(loss)) snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+    clock_text(steps_per_s > 0 ? epoch_left / steps_per_s : 0, epoch_eta, sizeof epoch_eta);
+    clock_text(steps_per_s > 0 ? run_left / steps_per_s : 0, run_eta, sizeof run_eta);
+    snprintf(out, n, "epoch %d/%g  images %ld/%ld  %.0f img/s  data wait %.0f%%  lr %.4g  loss %s  epoch left %s  "
+             "run left %s", epoch + 1, t->set.run.epochs, epoch_steps * step_images,
+             (long)t->steps_per_epoch * step_images, steps_per_s * step_images, 100 * wait_frac, step_lr(t), loss_text,
+             epoch_eta, run_eta);
+}
+
 /* Every run.log_every steps: the log line (unless the progress line shows),
  * the metrics line, the Prometheus gauges, TensorBoard, and the phase sets
  * done so far. */
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
-    double now = now_seconds(), wait = loader_wait_seconds(t->data.train_loader);
-    double rate = (t->step - lw->start_step) * t->set.train.batch * t->set.memory.accumulate / (now - lw->start);
-    if (!t->watch.progress && t->buf.grad_norm)
-        log_info("epoch %d step %ld/%ld loss %.4f grad norm %.4g %.1f samples/s", epoch + 1, t->step,
-                 t->watch.total_steps, loss, t->seen.grad_norm, rate);
-    else if (!t->watch.progress)
-        log_info("epoch %d step %ld/%ld loss %.4f %.1f samples/s", epoch + 1, t->step, t->watch.total_steps, loss,
-                 rate);
+    double now = now_seconds(), wait = train_data_wait(t);
+    double seconds = now - lw->start, wait_frac = seconds > 0 ? (wait - lw->wait_start) / seconds : 0;
+    double steps_per_s = seconds > 0 ? (t->step - lw->start_step) / seconds : 0;
+    double rate = steps_per_s * t->set.train.batch * t->set.memory.accumulate;
+    if (!t->watch.progress) {
+        char text[512], norm[64] = "";
+        standing_text(t, epoch, steps_per_s, wait_frac, loss, text, sizeof text);
+        if (t->buf.grad_norm) snprintf(norm, sizeof norm, "  grad norm %.4g", t->seen.grad_norm);
+        log_info("step %ld/%ld  %s%s", t->step, t->watch.total_steps, text, norm);
+    }
     write_metric_step(t, epoch, loss, rate);
     tensorboard_log_point(t, loss, rate);
-    prometheus_update(t, rate, (wait - lw->wait_start) / (now - lw->start), loss);
+    prometheus_update(t, rate, wait_frac, loss);
     phases_collect(t, 0);
     lw->start = now;
     lw->wait_start = wait;
     lw->start_step = t->step;
 }
 
-/* On a terminal: "epoch 1/3  step 120/4686  loss 2.1034  1350 samples/s  ETA 3:21",
- * redrawn at most 4 times a second (force: now). */
+/* On a terminal the same standing, redrawn at most 4 times a second (force: now). */
 void progress_draw(Trainer *t, int epoch, int force) {
-    double now = now_seconds(), dt = now - t->watch.progress_drawn;
+    double now = now_seconds(), dt = now - t->watch.progress_drawn, wait = train_data_wait(t);
     if (!force && dt < 0.25) return;
-    if (t->step > t->watch.progress_step && dt > 0) t->watch.progress_rate = (t->step - t->watch.progress_step) / dt;
+    if (t->step > t->watch.progress_step && dt > 0) {
+        t->watch.progress_rate = (t->step - t->watch.progress_step) / dt;
+        t->watch.progress_wait = (wait - t->watch.progress_wait_at) / dt;
+    }
     t->watch.progress_drawn = now;
     t->watch.progress_step = t->step;
+    t->watch.progress_wait_at = wait;
     if (t->watch.progress_rate <= 0) return;
-    char loss[32] = "-", eta[32];
-    if (isfinite(t->seen.loss)) snprintf(loss, sizeof loss, "%.4f", t->seen.loss);
-    long left = (long)((t->watch.total_steps - t->step) / t->watch.progress_rate + 0.5);
-    if (left >= 3600) snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
-    else snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
-    log_progress("epoch %d/%g  step %ld/%ld  loss %s  %.0f samples/s  ETA %s", epoch + 1, t->set.run.epochs, t->step,
-                 t->watch.total_steps, loss, t->watch.progress_rate * t->set.train.batch * t->set.memory.accumulate,
-                 eta);
+    char text[512];
+    standing_text(t, epoch, t->watch.progress_rate, t->watch.progress_wait, t->seen.loss, text, sizeof text);
+    log_progress("%s", text);
 }

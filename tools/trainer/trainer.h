@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "data/dataset.h"
+#include "data/gpu_decode.h"
 #include "data/gpu_transform.h"
 #include "data/loader.h"
 #include "dist/dist.h"
@@ -92,6 +93,8 @@ typedef struct {
     double progress_drawn;    /* when it was last drawn */
     long progress_step;       /* at that time */
     double progress_rate;     /* steps per second between the last two draws */
+    double progress_wait;     /* the share of that time the step waited for data */
+    double progress_wait_at;  /* train_data_wait at the last draw */
     long total_steps;
 } TrainWatch;
 
@@ -108,8 +111,9 @@ typedef struct {
 } TrainDist;
 
 typedef struct {
-    Dataset train_set, test_set;
+    Source train, test;       /* test: n 0 without evaluation */
     Loader *train_loader, *test_loader;
+    GpuDecoder *train_decoder; /* data.decode = gpu: the training loader's consumer; NULL: none */
 } TrainData;
 
 /* run.eval_tta = flip_translate: the image, translated up-left and down-right, each with its mirror. */
@@ -222,6 +226,9 @@ typedef struct {
 } CkptPosition;
 
 /* train_state.c */
+/* The uint8 images raw-mode batches hold: the stored size, or the output's
+ * with data.crop = random_resized. */
+void input_raw_shape(const Trainer *t, int *c, int *h, int *w);
 void state_alloc(Trainer *t);
 void state_free(Trainer *t);
 void upload_sync(Trainer *t, const Batch *b);
@@ -231,9 +238,13 @@ void upload_sync(Trainer *t, const Batch *b);
 void upload_labels_padded(Trainer *t, const Batch *b);
 void upload_async(Trainer *t, Loader *l, const Batch *b);
 void release_held(Trainer *t, Loader *l);
-/* The training data's epoch begins: the loader's, or (data.on_device) the
- * epoch's order and random choices sent to the device. */
-void start_train_epoch(Trainer *t, int epoch);
+/* The training data's epoch begins at micro-batch first_micro (a resumed
+ * epoch's; the ones before it are never built): the loader's, the GPU
+ * decoder's, or (data.on_device) the epoch's order and random choices sent to
+ * the device. Returns where it begins (first_micro, or the epoch's end). */
+long start_train_epoch(Trainer *t, int epoch, long first_micro);
+/* Host seconds the step waited for its data since the start (the loader's, or the GPU decoder's). */
+double train_data_wait(const Trainer *t);
 void plan_next_epoch(Trainer *t, int epoch);
 /* data.on_device: micro-batch epoch_micro of the epoch gathered, augmented and
  * normalised into the model's input, and its labels, on the device. */
@@ -241,6 +252,7 @@ void gather_on_device(Trainer *t, long epoch_micro);
 /* The transform kernel (on the CPU its reference) from a's images and params
  * into the model's input, on stream. */
 void transform_into_input(Trainer *t, GpuTransformArgs *a, cudaStream_t stream);
+void resample_into_input(Trainer *t, const DecodedBatch *b);
 void device_sync(Trainer *t);
 /* dist.shard_optimizer: every rank gets the whole state (the owners' master
  * weights, momentum and weights), before a checkpoint, an evaluation or the
@@ -288,7 +300,6 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro);
 CkptFile *open_resume(const Trainer *t, const char *resume);
 void check_checkpoint_dir(const Trainer *t, long resume_step);
 CkptPosition load_checkpoint(Trainer *t, CkptFile *f);
-long skip_batches(Trainer *t, long n);
 
 /* train_open.c */
 /* The GPU this process takes (run.gpu, or the local rank's under a launcher);

@@ -1,9 +1,13 @@
 #include "runtime/log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
 
+/* Lines come from several threads (the loader's workers warn of the files they
+ * pass over): one at a time, whole. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int quiet;
 static int progress_shown; /* a progress line is on the terminal, without a newline */
 static double t_start = -1.0;
@@ -29,11 +33,13 @@ static void clear_progress(void) {
 }
 
 static void vlog(const char *level, const char *fmt, va_list ap) {
+    pthread_mutex_lock(&log_lock);
     if (t_start < 0) t_start = now_seconds();
     clear_progress();
     fprintf(stderr, "[%8.2f] %s%s", now_seconds() - t_start, line_prefix, level);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+    pthread_mutex_unlock(&log_lock);
 }
 
 void log_info(const char *fmt, ...) {
@@ -55,15 +61,18 @@ void log_progress(const char *fmt, ...) {
     if (quiet) return;
     va_list ap;
     va_start(ap, fmt);
+    pthread_mutex_lock(&log_lock);
     fputs("\r\033[K", stderr);
     vfprintf(stderr, fmt, ap);
-    va_end(ap);
     fflush(stderr);
     progress_shown = 1;
+    pthread_mutex_unlock(&log_lock);
+    va_end(ap);
 }
 
 void log_progress_end(void) {
-    if (!progress_shown) return;
-    fputc('\n', stderr);
+    pthread_mutex_lock(&log_lock);
+    if (progress_shown) fputc('\n', stderr);
     progress_shown = 0;
+    pthread_mutex_unlock(&log_lock);
 }

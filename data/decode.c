@@ -38,12 +38,7 @@ int read_whole_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, c
         return -1;
     }
     size_t size = (size_t)st.st_size;
-    if (size > *cap) {
-        uint8_t *grown = realloc(*buf, size);
-        if (!grown) TC_FATAL("out of host memory reading %s (%zu bytes)", path, size);
-        *buf = grown;
-        *cap = size;
-    }
+    *buf = buffer_grow(*buf, cap, size, path);
     if (fread(*buf, 1, size, f) != size) {
         snprintf(err, errlen, "%s: read error", path);
         fclose(f);
@@ -181,14 +176,16 @@ static int probe_stb(const uint8_t *buf, size_t len, const char *name, ImageInfo
     return 0;
 }
 
+void *buffer_grow(void *p, size_t *cap, size_t bytes, const char *what) {
+    if (bytes <= *cap && p) return p;
+    void *grown = realloc(p, bytes ? bytes : 1);
+    if (!grown) TC_FATAL("out of host memory: %zu bytes for %s", bytes, what);
+    *cap = bytes;
+    return grown;
+}
+
 static uint8_t *grow(uint8_t **p, size_t *cap, size_t bytes, const char *what) {
-    if (bytes > *cap) {
-        uint8_t *grown = realloc(*p, bytes);
-        if (!grown) TC_FATAL("out of host memory: %zu bytes for %s", bytes, what);
-        *p = grown;
-        *cap = bytes;
-    }
-    return *p;
+    return *p = buffer_grow(*p, cap, bytes, what);
 }
 
 /* Region [x0, x1) x [y0, y1) of interleaved rows of 'channels' bytes a pixel
@@ -392,6 +389,12 @@ int image_decode(const uint8_t *bytes, size_t len, const char *name, const Decod
                  DecodeBuffers *buf, DecodedImage *out, char *err, size_t errlen) {
     ImageInfo info;
     if (image_probe(bytes, len, name, &info, err, errlen) != 0) return -1;
+    return image_decode_probed(bytes, len, name, &info, region, buf, out, err, errlen);
+}
+
+int image_decode_probed(const uint8_t *bytes, size_t len, const char *name, const ImageInfo *probed,
+                        const DecodeRegion *region, DecodeBuffers *buf, DecodedImage *out, char *err, size_t errlen) {
+    ImageInfo info = *probed;
     DecodeRegion whole = {region ? region->scale : 1, 0, 0, 0, 0};
     if (!region || region->x1 <= region->x0 || region->y1 <= region->y0) region = &whole;
     int scale = info.kind == IMAGE_JPEG ? region->scale : 1;

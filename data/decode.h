@@ -71,6 +71,14 @@ int image_decode(const uint8_t *bytes, size_t len, const char *name, const Decod
                  DecodeBuffers *buf, DecodedImage *out, char *err, size_t errlen);
 void decode_buffers_free(DecodeBuffers *buf);
 
+/* Decodes as image_decode, the header already probed into info (image_probe's). */
+int image_decode_probed(const uint8_t *bytes, size_t len, const char *name, const ImageInfo *info,
+                        const DecodeRegion *region, DecodeBuffers *buf, DecodedImage *out, char *err, size_t errlen);
+
+/* p (*cap bytes) grown by realloc to at least bytes (TC_FATAL, naming what,
+ * without the memory): the one growth of data/'s reusable buffers. */
+void *buffer_grow(void *p, size_t *cap, size_t bytes, const char *what);
+
 /* The whole of a file read into *buf (grown as needed); *len its size. 0, or -1
  * with a message naming the path (missing, unreadable, over 2 GiB). */
 int read_whole_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, char *err, size_t errlen);

@@ -214,7 +214,7 @@ static int build_from_file(Loader *l, Worker *w, Slot *s, int i, int index, int 
     int full_w = (info.w + scale - 1) / scale, full_h = (info.h + scale - 1) / scale;
     resample_reads(&scaled, full_w, full_h, l->out_h, l->out_w, &region.x0, &region.y0, &region.x1, &region.y1);
     DecodedImage image;
-    if (image_decode(bytes, len, name, &region, &w->decode, &image, err, errlen) != 0) return -1;
+    if (image_decode_probed(bytes, len, name, &info, &region, &w->decode, &image, err, errlen) != 0) return -1;
     atomic_fetch_add(&w->clock.decode_ns, clock_ns() - t1);
     size_t plane = (size_t)image.w * image.h;
     ResampleSource src = {{image.pixels, image.pixels + plane, image.pixels + 2 * plane}, image.w, image.w, image.h,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "data/decode.h"
 #include "runtime/check.h"
 
 double rng_uniform(uint64_t *state, double lo, double hi) {
@@ -72,13 +73,6 @@ void resample_scratch_free(ResampleScratch *s) {
     memset(s, 0, sizeof *s);
 }
 
-static void *grow_to(void *p, size_t *cap, size_t count, size_t size) {
-    if (count <= *cap) return p;
-    void *grown = realloc(p, count * size);
-    if (!grown) TC_FATAL("out of host memory: resample scratch of %zu bytes", count * size);
-    *cap = count;
-    return grown;
-}
 
 /* Axis taps into the scratch: first[i] and count weights a row of 'stride'. */
 typedef struct {
@@ -113,8 +107,8 @@ static AxisTaps axis_taps(ResampleScratch *s, const ResampleAxis *ax, int out_w,
                           AxisTaps *rows) {
     int sx = max_span(ax, out_w), sy = max_span(ay, out_h);
     size_t weights = (size_t)out_w * sx + (size_t)out_h * sy, firsts = (size_t)out_w + out_h;
-    s->weights = grow_to(s->weights, &s->weights_cap, weights, sizeof(float));
-    s->first = grow_to(s->first, &s->first_cap, firsts, sizeof(int));
+    s->weights = buffer_grow(s->weights, &s->weights_cap, weights * sizeof(float), "resample taps");
+    s->first = buffer_grow(s->first, &s->first_cap, firsts * sizeof(int), "resample taps");
     AxisTaps cols = {s->first, s->weights, sx, out_w};
     *rows = (AxisTaps){s->first + out_w, s->weights + (size_t)out_w * sx, sy, out_h};
     fill_taps(ax, out_w, &cols);
@@ -142,7 +136,7 @@ void resample_image(const ResampleSource *src, const CropBox *box, int flip, int
         TC_FATAL("resample: the box reads [%d, %d) x [%d, %d), outside the decoded [%d, %d) x [%d, %d)", x0, x1, y0,
                  y1, src->x0, src->x0 + src->w, src->y0, src->y0 + src->h);
     int rows = y1 - y0;
-    s->rows = grow_to(s->rows, &s->rows_cap, (size_t)rows * out_w, sizeof(float));
+    s->rows = buffer_grow(s->rows, &s->rows_cap, (size_t)rows * out_w * sizeof(float), "resample rows");
     size_t plane_out = (size_t)out_h * out_w;
     for (int ch = 0; ch < 3; ch++) {
         const uint8_t *plane = src->planes[ch];

@@ -140,7 +140,7 @@ void resample_reads(const CropBox *box, int full_w, int full_h, int out_h, int o
 typedef struct {
     float *rows, *weights;
     int *first;
-    size_t rows_cap, weights_cap, first_cap;
+    size_t rows_cap, weights_cap, first_cap; /* bytes */
 } ResampleScratch;
 void resample_scratch_free(ResampleScratch *s);
 

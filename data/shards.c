@@ -17,6 +17,7 @@
 #include "data/decode.h"
 #include "data/transform.h"
 #include "runtime/check.h"
+#include "runtime/files.h"
 
 #define TAR_NAME_MAX 4096
 #define CLASSES_FILE "classes.txt"
@@ -525,7 +526,7 @@ write_error:
 int shards_write(const Source *s, const char *dir, const char *split, const PackOptions *opt, int *shards_out,
                  char *err, size_t errlen) {
     *shards_out = 0;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (files_make_dirs(dir) != 0) {
         snprintf(err, errlen, "%s: %s", dir, strerror(errno));
         return -1;
     }

@@ -56,16 +56,6 @@ void source_sample_name(const Source *s, int i, char *out, size_t len) {
     else snprintf(out, len, "%s/%s: %s", s->dir, s->names + s->file_at[s->file_of[i]], s->names + s->name_at[i]);
 }
 
-static uint8_t *reader_buffer(SourceReader *r, size_t bytes) {
-    if (bytes > r->cap) {
-        uint8_t *grown = realloc(r->buf, bytes ? bytes : 1);
-        if (!grown) TC_FATAL("out of host memory: a sample of %zu bytes", bytes);
-        r->buf = grown;
-        r->cap = bytes;
-    }
-    return r->buf;
-}
-
 /* Bytes [offset, offset + size) of shard 'file', through the reader's open one. */
 static int read_shard(const Source *s, int i, SourceReader *r, char *err, size_t errlen) {
     char path[4200];
@@ -80,7 +70,7 @@ static int read_shard(const Source *s, int i, SourceReader *r, char *err, size_t
             return -1;
         }
     }
-    uint8_t *buf = reader_buffer(r, (size_t)s->size[i]);
+    uint8_t *buf = r->buf = buffer_grow(r->buf, &r->cap, (size_t)s->size[i], "a sample");
     size_t done = 0, want = (size_t)s->size[i];
     while (done < want) {
         ssize_t got = pread(r->fd, buf + done, want - done, (off_t)(s->offset[i] + (int64_t)done));

@@ -266,7 +266,7 @@ static void produce_one(GpuDecoder *d, int k, int generation) {
     }
     pthread_mutex_lock(&d->lock);
     d->stages.wait_s += t1 - t0;
-    if (got) d->device_wait_s += stall;
+    d->device_wait_s += stall;
     if (generation != d->generation) {
         r->state = RING_FREE; /* an abandoned epoch's */
     } else if (!got) {

@@ -40,6 +40,17 @@ static const char *nvjpeg_status_name(nvjpegStatus_t s) {
 
 enum { RING_FREE, RING_BUSY, RING_READY, RING_HELD };
 
+/* One batch's wait on the consumer's stream: 'arrived' passes once the stream
+ * is done with what it had when the consumer asked for the batch, 'started'
+ * once it can run the batch's work. Between the two it waits for the data:
+ * for the decode on the device, or for its host, held in gpu_decoder_next
+ * until the decoder submitted the batch. */
+typedef struct {
+    cudaEvent_t arrived, started;
+    int pending;                    /* recorded, not counted yet */
+} ConsumerWait;
+#define CONSUMER_WAITS 8
+
 typedef struct {
     uint8_t *images;                /* device */
     size_t cap;
@@ -49,8 +60,6 @@ typedef struct {
     int32_t *labels_host;
     uint8_t *cpu_images;            /* pinned [batch][3][out_h][out_w]: what this thread decoded itself */
     cudaEvent_t ready, consumed, submitted;
-    cudaEvent_t reached;            /* the consumer's stream at its wait for 'ready' */
-    int taken;                      /* the consumer took the last fill ('reached' is its) */
     int consumed_recorded;
     int state, index, n;
     /* Each buffer decodes on its own stream with its own nvJPEG state, so that
@@ -89,6 +98,8 @@ struct GpuDecoder {
     /* Statistics: the thread's (under the lock) and the consumer's. */
     GpuDecodeStages stages;
     double device_wait_s;           /* the consumer's stream waiting for its batches (under the lock) */
+    ConsumerWait waits[CONSUMER_WAITS]; /* the consumer's, recorded in turn */
+    int next_wait;
 };
 
 /* ---- filling a buffer --------------------------------------------------------- */
@@ -141,15 +152,6 @@ static int decodable(GpuDecoder *d, const uint8_t *bytes, size_t len) {
     return unsupported == 0;
 }
 
-/* How long the consumer's stream waited for buffer r's last batch: its ready
- * event has passed; if the stream has not reached its wait yet, it will
- * find the batch there. */
-static double consumer_stall_s(RingBuffer *r) {
-    if (!r->taken || cudaEventQuery(r->reached) == cudaErrorNotReady) return 0;
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, r->reached, r->ready));
-    return ms > 0 ? 1e-3 * ms : 0;
-}
 
 static void fill_buffer(GpuDecoder *d, RingBuffer *r, const Batch *b) {
     int out_pitch = gpu_resample_pitch(d->out_w);
@@ -255,10 +257,8 @@ static void produce_one(GpuDecoder *d, int k, int generation) {
     Batch b;
     double t0 = now_seconds();
     int got = loader_next(d->loader, &b);
-    double t1 = now_seconds(), stall = 0;
+    double t1 = now_seconds();
     if (got) {
-        stall = consumer_stall_s(r);
-        r->taken = 0;
         fill_buffer(d, r, &b);
         r->held = b;
         r->holding = 1;
@@ -266,7 +266,6 @@ static void produce_one(GpuDecoder *d, int k, int generation) {
     }
     pthread_mutex_lock(&d->lock);
     d->stages.wait_s += t1 - t0;
-    d->device_wait_s += stall;
     if (generation != d->generation) {
         r->state = RING_FREE; /* an abandoned epoch's */
     } else if (!got) {
@@ -333,7 +332,6 @@ static void ring_init(GpuDecoder *d, RingBuffer *r) {
     r->cpu_images = pinned((size_t)d->batch * 3 * d->out_h * d->out_w);
     CUDA_CHECK(cudaEventCreateWithFlags(&r->ready, 0));
     CUDA_CHECK(cudaEventCreateWithFlags(&r->submitted, 0));
-    CUDA_CHECK(cudaEventCreateWithFlags(&r->reached, 0));
     CUDA_CHECK(cudaEventCreateWithFlags(&r->consumed, cudaEventDisableTiming));
     /* The decodes' copies and nvJPEG's kernels ahead of the training step's, which has the GPU otherwise. */
     int least, greatest;
@@ -391,6 +389,10 @@ GpuDecoder *gpu_decoder_create(Loader *loader, int device, int batch, char *why,
     d->holding_most = loader_prefetch(loader) - 1;
     if (d->holding_most > GPU_DECODE_RING) d->holding_most = GPU_DECODE_RING;
     for (int k = 0; k < GPU_DECODE_RING; k++) ring_init(d, &d->ring[k]);
+    for (int i = 0; i < CONSUMER_WAITS; i++) {
+        CUDA_CHECK(cudaEventCreate(&d->waits[i].arrived));
+        CUDA_CHECK(cudaEventCreate(&d->waits[i].started));
+    }
     d->data = calloc((size_t)batch, sizeof *d->data);
     d->lengths = calloc((size_t)batch, sizeof *d->lengths);
     d->dests = calloc((size_t)batch, sizeof *d->dests);
@@ -416,7 +418,30 @@ void gpu_decoder_start_epoch(GpuDecoder *d, int epoch, int first_batch) {
     pthread_mutex_unlock(&d->lock);
 }
 
+/* The consumer's waits whose events have passed, added to device_wait_s;
+ * none is waited for (a wait still pending when its turn comes again, eight
+ * batches later, is not counted). */
+static void count_waits(GpuDecoder *d) {
+    double s = 0;
+    for (int i = 0; i < CONSUMER_WAITS; i++) {
+        ConsumerWait *w = &d->waits[i];
+        if (!w->pending || cudaEventQuery(w->started) == cudaErrorNotReady) continue;
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, w->arrived, w->started));
+        s += ms > 0 ? 1e-3 * ms : 0;
+        w->pending = 0;
+    }
+    pthread_mutex_lock(&d->lock);
+    d->device_wait_s += s;
+    pthread_mutex_unlock(&d->lock);
+}
+
 int gpu_decoder_next(GpuDecoder *d, DecodedBatch *out, cudaStream_t consumer) {
+    count_waits(d);
+    ConsumerWait *w = &d->waits[d->next_wait];
+    d->next_wait = (d->next_wait + 1) % CONSUMER_WAITS;
+    w->pending = 0;
+    CUDA_CHECK(cudaEventRecord(w->arrived, consumer));
     pthread_mutex_lock(&d->lock);
     int k;
     for (;;) {
@@ -431,11 +456,11 @@ int gpu_decoder_next(GpuDecoder *d, DecodedBatch *out, cudaStream_t consumer) {
     }
     RingBuffer *r = &d->ring[k];
     r->state = RING_HELD;
-    r->taken = 1;
     d->handed++;
     pthread_mutex_unlock(&d->lock);
-    CUDA_CHECK(cudaEventRecord(r->reached, consumer));
     CUDA_CHECK(cudaStreamWaitEvent(consumer, r->ready, 0));
+    CUDA_CHECK(cudaEventRecord(w->started, consumer));
+    w->pending = 1;
     *out = (DecodedBatch){r->images, r->samples_dev, r->labels_dev, r->n, r->index, k};
     return 1;
 }
@@ -485,8 +510,11 @@ void gpu_decoder_destroy(GpuDecoder *d) {
         CUDA_CHECK(cudaFreeHost(r->cpu_images));
         CUDA_CHECK(cudaEventDestroy(r->ready));
         CUDA_CHECK(cudaEventDestroy(r->submitted));
-        CUDA_CHECK(cudaEventDestroy(r->reached));
         CUDA_CHECK(cudaEventDestroy(r->consumed));
+    }
+    for (int i = 0; i < CONSUMER_WAITS; i++) {
+        CUDA_CHECK(cudaEventDestroy(d->waits[i].arrived));
+        CUDA_CHECK(cudaEventDestroy(d->waits[i].started));
     }
     NVJPEG_CHECK(nvjpegJpegStreamDestroy(d->parsed));
     NVJPEG_CHECK(nvjpegDestroy(d->handle));

@@ -58,9 +58,12 @@ void gpu_decoder_start_epoch(GpuDecoder *d, int epoch, int first_batch);
 int gpu_decoder_next(GpuDecoder *d, DecodedBatch *out, cudaStream_t consumer);
 /* The batch's buffer may be decoded into again once 'consumer' has run what it was given so far. */
 void gpu_decoder_release(GpuDecoder *d, const DecodedBatch *b, cudaStream_t consumer);
-/* Seconds the consumer's stream waited on the device for its batches (the
- * data wait: its host runs ahead and waits in gpu_decoder_next for the
- * decoder's submissions, which is no stall). Counted as buffers are reused. */
+/* Seconds the consumer's stream stood idle for its batches: from when it had
+ * run what it was given before asking for a batch (or from the asking, if
+ * later) to when it could start the batch's work, whether it waited for the
+ * decode on the device or for its host, held in gpu_decoder_next until the
+ * decoder had submitted the batch (the data wait). Counted as the waits pass,
+ * with no sync. */
 double gpu_decoder_wait_seconds(const GpuDecoder *d);
 void gpu_decoder_stages(const GpuDecoder *d, GpuDecodeStages *out);
 void gpu_decoder_destroy(GpuDecoder *d);

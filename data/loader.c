@@ -187,6 +187,11 @@ static int take_encoded(Slot *s, int i, int index, const uint8_t *bytes, size_t 
     return 1;
 }
 
+/* Encoded mode: whether sample i of a batch is one of cpu_share's, spread evenly. */
+static int left_to_cpu(const Loader *l, int i) {
+    return (int)((i + 1) * l->cfg.cpu_share) > (int)(i * l->cfg.cpu_share);
+}
+
 /* Resampled from the file: read, probe, draw, decode (the box's region, at the
  * DCT scale it allows), resample. -1 with the message where the file fails. */
 static int build_from_file(Loader *l, Worker *w, Slot *s, int i, int index, int seed_index, int epoch, char *err,
@@ -203,7 +208,7 @@ static int build_from_file(Loader *l, Worker *w, Slot *s, int i, int index, int 
     if (image_probe(bytes, len, name, &info, err, errlen) != 0) return -1;
     TransformParams params;
     CropBox box = draw_crop(l, epoch, seed_index, info.w, info.h, &params);
-    if (l->mode == MODE_ENCODED && info.gpu_decodable && take_encoded(s, i, index, bytes, len, &info, &box, &params)) {
+    if (l->mode == MODE_ENCODED && info.gpu_decodable && !left_to_cpu(l, i) && take_encoded(s, i, index, bytes, len, &info, &box, &params)) {
         atomic_fetch_add(&w->clock.decode_ns, clock_ns() - t1);
         atomic_fetch_add(&w->clock.gpu_decoded, 1);
         return 0;

@@ -44,6 +44,8 @@ typedef struct {
     CropRecipe crop;
     int dct_scaling;  /* resized_crop: JPEG decoded at 1/2, 1/4 or 1/8 where the box allows */
     int encoded;      /* batches hold the encoded files for the GPU decoder (resized_crop) */
+    float cpu_share;  /* encoded: this share of each batch's JPEGs, spread evenly over it, decoded by the loader
+                         threads instead (the GPU decoder's engines slow beside a training step) */
     int skip_bad;     /* a file that cannot be read or decoded is passed over: counted, named in the
                          log, its place taken by the next sample of the epoch; 0: it stops the run */
     uint64_t seed;

@@ -526,6 +526,19 @@ static void check_encoded(void) {
     source_reader_close(&r);
     loader_release(l, &b);
     loader_destroy(l);
+    /* data.gpu_cpu_share = 0.5: places 1, 3 and 5 of 7 (and the CMYK file wherever it is) on the CPU. */
+    lc.cpu_share = 0.5f;
+    l = loader_create_source(&s, &lc);
+    loader_start_epoch(l, 0);
+    CHECK(loader_next(l, &b) == 1 && b.n == 7);
+    fallbacks = 0;
+    for (int i = 0; i < b.n; i++) {
+        fallbacks += b.samples[i].fallback;
+        if (i % 2) CHECK_MSG(b.samples[i].fallback && b.samples[i].w == 32, "place %d of the share not on the CPU", i);
+    }
+    CHECK_MSG(fallbacks == 3 || fallbacks == 4, "%d of 7 decoded on the CPU, not 3 (or 4 with the CMYK one)", fallbacks);
+    loader_release(l, &b);
+    loader_destroy(l);
     source_free(&s);
 }
 

@@ -118,6 +118,7 @@ static void fill_data(const Config *cfg, TrainSettings *s) {
     s->data.eval_resize = (int)config_int(cfg, "data.eval_resize");
     if (s->data.eval_resize == 0) s->data.eval_resize = (int)lround(s->data.image_size / 0.875);
     s->data.dct_scaling = config_bool(cfg, "data.dct_scaling");
+    s->data.gpu_cpu_share = (float)config_float(cfg, "data.gpu_cpu_share");
     s->data.skip_bad = config_bool(cfg, "data.skip_bad");
     s->data.shuffle_shards = (int)config_int(cfg, "data.shuffle_shards");
     s->data.val_split = config_float(cfg, "data.val_split");

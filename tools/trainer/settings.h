@@ -47,6 +47,7 @@ typedef struct {
         float crop_scale_min, crop_scale_max, crop_ratio_min, crop_ratio_max;
         int eval_resize;   /* data.eval_resize, or its default from data.image_size */
         int dct_scaling, skip_bad, shuffle_shards;
+        float gpu_cpu_share;
         float mean[3], std[3];
         int mean_auto, std_auto; /* "auto": set by the trainer once it knows the data set */
         double val_split;

@@ -225,6 +225,7 @@ void train_loader_config(const TrainSettings *s, int train, LoaderConfig *lc) {
     lc->crop = (CropRecipe){s->data.crop_scale_min, s->data.crop_scale_max, s->data.crop_ratio_min,
                             s->data.crop_ratio_max, s->data.eval_resize};
     lc->dct_scaling = s->data.dct_scaling;
+    lc->cpu_share = s->data.gpu_cpu_share;
     lc->skip_bad = s->data.skip_bad;
     lc->seed = s->run.seed;
     transform_spec_default(&lc->transform, s->data.image_size, s->data.image_size);
@@ -261,8 +262,9 @@ static GpuDecoder *open_gpu_decoder(Trainer *t, Loader *l) {
     GpuDecoder *d = gpu_decoder_create(l, t->device.gpu.device_id, t->set.train.batch, why, sizeof why, &backend);
     if (d) {
         log_info("data.decode: JPEGs decoded on the GPU by %s, cropped, resampled and normalised into the model's "
-                 "input by one kernel; PNG, BMP, CMYK and progressive files decoded by the %d loader threads",
-                 backend, t->set.data.workers);
+                 "input by one kernel; PNG, BMP, CMYK and progressive files, and %g%% of the JPEGs "
+                 "(data.gpu_cpu_share), decoded by the %d loader threads",
+                 backend, 100.0 * t->set.data.gpu_cpu_share, t->set.data.workers);
         return d;
     }
     if (t->set.data.decode == DATA_DECODE_GPU) settings_fail(&t->set, "data.decode", "= gpu: %s", why);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Plot a trainc run: loss and samples/s over steps, from its metrics file.
+"""Plot a trainc run: loss, samples/s and test accuracy over steps, from its metrics file.
 
 Usage:
     python3 tools/plot_run.py METRICS.jsonl [-o run.svg|run.png] [--title TEXT] [--no-matplotlib]
@@ -7,7 +7,8 @@ Usage:
 METRICS.jsonl is what trainc appends to run.metrics_file: one JSON object a
 line; the {"step": .., "loss": .., "samples_per_s": ..} lines (one per
 run.log_every steps) are plotted, loss above and samples/s below, against the
-optimizer step. With {"gpu_sample": ..} lines (monitor.sample_every_s on the
+optimizer step. The {"epoch_end": .., "test_acc": ..} lines of runs that
+evaluated give a test-accuracy panel (%) against the step. With {"gpu_sample": ..} lines (monitor.sample_every_s on the
 GPU) a third panel shows GPU utilisation (%) against seconds since the start.
 A file that several runs appended to is plotted as one series per run (a run
 starts where the step number goes back). A loss that is null (not finite)
@@ -15,7 +16,8 @@ leaves a gap.
 
 Draws with matplotlib where it is installed (any format it writes, by the
 output's extension); without it, or with --no-matplotlib, writes the SVG by
-hand. The default output is the input's name with .svg.
+hand, beside the output asked for when that is not an SVG (-o run.png writes
+run.svg and says so). The default output is the input's name with .svg.
 """
 import argparse
 import json
@@ -34,7 +36,7 @@ def number(v):
 
 
 def read_metrics(path):
-    runs, gpu = [[]], []
+    runs, accs, gpu = [[]], [[]], []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -51,15 +53,21 @@ def read_metrics(path):
             elif "loss" in obj and "samples_per_s" in obj and "step" in obj:
                 if runs[-1] and obj["step"] <= runs[-1][-1][0]:
                     runs.append([])
+                    accs.append([])
                 runs[-1].append((obj["step"], number(obj["loss"]), number(obj["samples_per_s"])))
-    return [r for r in runs if r], gpu
+            elif "epoch_end" in obj and "step" in obj and math.isfinite(number(obj.get("test_acc"))):
+                accs[-1].append((obj["step"], 100 * number(obj["test_acc"])))
+    kept = [i for i, r in enumerate(runs) if r]
+    return [runs[i] for i in kept], [accs[i] for i in kept], gpu
 
 
-def panels_of(runs, gpu):
+def panels_of(runs, accs, gpu):
     """(title, x label, series [[(x, y)]], series names, y from 0) for each panel."""
     names = [f"run {i + 1}" for i in range(len(runs))]
     panels = [("loss", "step", [[(s, l) for s, l, _ in r] for r in runs], names, False),
               ("samples/s", "step", [[(s, v) for s, _, v in r] for r in runs], names, True)]
+    if any(accs):
+        panels.append(("test accuracy (%)", "step", accs, names, False))
     if gpu:
         t0 = gpu[0][0]
         panels.append(("GPU utilisation (%)", "seconds", [[(t - t0, u) for t, u in gpu]], ["gpu"], True))
@@ -207,19 +215,21 @@ def main():
     ap.add_argument("--title", help="title above the plots (default: the file name)")
     ap.add_argument("--no-matplotlib", action="store_true", help="write the SVG by hand even with matplotlib")
     args = ap.parse_args()
-    runs, gpu = read_metrics(args.metrics)
+    runs, accs, gpu = read_metrics(args.metrics)
     if not runs:
         sys.exit(f"{args.metrics}: no step lines (loss, samples_per_s): was run.log_every larger than the run?")
     out_path = args.output or os.path.splitext(args.metrics)[0] + ".svg"
     title = args.title or os.path.basename(args.metrics)
-    panels = panels_of(runs, gpu)
+    panels = panels_of(runs, accs, gpu)
     plt = None if args.no_matplotlib else load_matplotlib()
     if plt:
         plot_matplotlib(plt, panels, title, out_path)
-    elif not out_path.lower().endswith(".svg"):
-        why = "--no-matplotlib" if args.no_matplotlib else "matplotlib is not installed"
-        sys.exit(f"{out_path}: {why}, so only an SVG can be written (-o FILE.svg)")
     else:
+        if not out_path.lower().endswith(".svg"):
+            why = "--no-matplotlib" if args.no_matplotlib else "matplotlib is not installed"
+            svg_path = os.path.splitext(out_path)[0] + ".svg"
+            print(f"{out_path}: {why}, so the plot is an SVG: {svg_path}", file=sys.stderr)
+            out_path = svg_path
         plot_svg(panels, title, out_path)
     print(out_path)
 

@@ -17,7 +17,7 @@ if [ "${gpus:-0}" -gt 0 ]; then
   config=configs/final.ini
 else
   config=configs/cpu.ini
-  why=$(build/trainc --version | sed -n 's/^gpus: *//p')
+  why=$(build/trainc --version | sed -n 's/^gpus: *[0-9]* *(\(.*\))$/\1/p') # "gpus: 0 (why)"
   echo "start: no GPU to train on (${why:-unknown}): training $config on the CPU instead of configs/final.ini"
 fi
 echo "start: build/trainc --config $config ${sets[*]} $*"

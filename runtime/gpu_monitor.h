@@ -52,6 +52,9 @@ double gpu_monitor_window_util(GpuMonitor *g);
  * figures over a window shorter than GPU_MONITOR_POWER_MIN_S: the counters
  * move in steps (on an H100, 0.17 s of steps read 776 W against a 700 W limit). */
 #define GPU_MONITOR_POWER_MIN_S 1.0
+/* NVML's utilisation over a window shorter than this reads the sample period
+ * before it (1/6 s to 1 s by the card): not a figure of the window. */
+#define GPU_MONITOR_UTIL_MIN_S 1.0
 typedef struct {
     double mean_w, capped_frac, limit_w;
 } GpuWindowPower;

@@ -403,8 +403,15 @@ static void print_utilisation(const ProfileReport *r, FILE *f) {
         fprintf(f, "GPU utilisation: does not apply (the CPU)\n");
         return;
     }
-    char nvml[64];
-    if (s->gpu_util >= 0) snprintf(nvml, sizeof nvml, "%.0f%%", s->gpu_util);
+    /* NVML's utilisation is the share of its last sample period (1/6 s to 1 s by the card) with a kernel
+     * running: over a shorter window it reads whatever ran before, often 0. */
+    char nvml[160];
+    double window_s = s->timed_steps * s->step_ms / 1000;
+    if (s->gpu_util >= 0 && window_s >= GPU_MONITOR_UTIL_MIN_S) snprintf(nvml, sizeof nvml, "%.0f%%", s->gpu_util);
+    else if (s->gpu_util >= 0)
+        snprintf(nvml, sizeof nvml, "not measured: the window is %.2f s, shorter than NVML's %.0f s sample (profile "
+                 "%.0f steps or more)", window_s, GPU_MONITOR_UTIL_MIN_S,
+                 ceil(1000 * GPU_MONITOR_UTIL_MIN_S / fmax(s->step_ms, 1e-3)));
     else snprintf(nvml, sizeof nvml, "not measured");
     if (r->kernels.available)
         fprintf(f, "GPU utilisation: kernels active %.1f%% of the step (CUPTI: %.3f of %.3f ms); NVML %s\n",

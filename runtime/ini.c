@@ -94,6 +94,9 @@ static int lex_section(const IniLexer *lx, char *line, IniItem *item, char **err
 static int lex_line(const IniLexer *lx, char *line, IniItem *item, char **err) {
     if (*line == '[') return lex_section(lx, line, item, err);
     char *eq = strchr(line, '=');
+    /* A key is one word: "maxpool 3 stride=2" is a line of its own, its '=' an argument's. */
+    for (char *p = line; eq && p < eq; p++)
+        if (isspace((unsigned char)*p) && !isspace((unsigned char)p[1]) && p + 1 < eq) eq = NULL;
     char *comment = ini_find_comment(eq ? eq + 1 : line);
     if (comment) *comment = '\0';
     if (!eq) {

@@ -3,8 +3,9 @@
  *
  *   # comment            ; comment
  *   [section]            (a trailing comment allowed)
- *   key = value          (value may carry a trailing "# comment")
- *   a line of its own    (no '='; a net file's unnamed layer, a config's mistake)
+ *   key = value          (key one word; value may carry a trailing "# comment")
+ *   a line of its own    (no '=' after a first word: a net file's unnamed layer
+ *                         "maxpool 3 stride=2", a config's mistake)
  *
  * '#' or ';' starts a comment at the start of a line or after whitespace, so
  * "a#b" keeps its '#'. Keys, values and bare lines come trimmed. A UTF-8

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "models/model.h"
 #include "models/netfile.h"
@@ -15,9 +16,11 @@
 #include "runtime/config.h"
 #include "runtime/files.h"
 #include "tests/harness.h"
+#include "tools/trainer/export.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/settings.h"
 #include "tools/trainer/summary.h"
+#include "tools/trainer/train.h"
 
 static Model *new_model(void) {
     Model *m = calloc(1, sizeof *m);
@@ -248,7 +251,10 @@ static void check_config(void) {
     CHECK_MSG(s.model.net && strcmp(s.model.net, want) == 0 && strcmp(s.model.name, "tiny") == 0,
               "model.net resolved to %s (name %s), not %s", s.model.net ? s.model.net : "NULL", s.model.name, want);
     Model *m = new_model();
-    CHECK_MSG(settings_build_net(&s, m, 2, 0, err, sizeof err) == 0, "%s", err);
+    char *text = NULL;
+    CHECK_MSG(settings_build_net(&s, m, 2, 0, &text, err, sizeof err) == 0, "%s", err);
+    CHECK(text && strcmp(text, tiny_net) == 0);
+    free(text);
     CHECK(m->n_layers == 4 && strcmp(m->layers[0].module, "c1") == 0 && m->acts[m->layers[0].out].h == 8);
     char *table = NULL;
     size_t table_len = 0;
@@ -273,6 +279,41 @@ static void check_config(void) {
     config_free(c);
 }
 
+static const char residual_net[] =
+    "[net]\nstem = conv 8 3 bias=no\nstem_bn = batchnorm\nr = relu\nb1 = conv 8 3\nadd r\n"
+    "global_avgpool\nfc = linear {classes}\n";
+
+/* A run of a net file writes its text into the checkpoint, and export rebuilds the net from that text even
+ * once the file is gone. */
+static void check_checkpoint(void) {
+    char root[600], net[700], dir[700], ckpt[800], out[800], line[1000], err[4400];
+    snprintf(root, sizeof root, "%s", test_tmpdir("netfile-ckpt"));
+    snprintf(net, sizeof net, "%s", test_write_file(root, "res.net", residual_net, strlen(residual_net)));
+    snprintf(dir, sizeof dir, "%s/ck", root);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-00000002.trc", dir);
+    snprintf(out, sizeof out, "%s/res.safetensors", root);
+    Config *c = config_new(trainc_keys, trainc_n_keys);
+    const char *sets[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=16", "data.synthetic_train=64",
+                          "data.synthetic_test=16", "train.batch=16", "run.epochs=1", "run.max_steps=2",
+                          "run.checkpoint_every=2", "run.log_every=1000"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) test_config_set(c, "%s", sets[i]);
+    test_config_set(c, "model.net=%s", net);
+    test_config_set(c, "run.checkpoint_dir=%s", dir);
+    TrainSummary run;
+    train_run(c, &run);
+    config_free(c);
+    CHECK(unlink(net) == 0);
+    CheckpointWeights w;
+    CHECK_MSG(checkpoint_weights_read(ckpt, &w, err, sizeof err) == 0, "%s", err);
+    CHECK(w.net_text && strcmp(w.net_text, residual_net) == 0);
+    CHECK(w.model && w.model->n_layers == 7 && w.model->layers[4].kind == LAYER_ADD &&
+          strcmp(w.model->layers[0].module, "stem") == 0);
+    checkpoint_weights_free(&w);
+    snprintf(line, sizeof line, "%s", ckpt);
+    char *argv[] = {"export", "--checkpoint", line, "--format", "safetensors", "--out", out, NULL};
+    CHECK(export_main(7, argv) == 0 && access(out, F_OK) == 0);
+}
+
 int main(void) {
     check_shipped("simplenet", 32, 0, 2);
     check_shipped("simplenet", 64, 1, 2);
@@ -286,5 +327,6 @@ int main(void) {
     check_errors();
     check_good_net();
     check_config();
+    check_checkpoint();
     return test_finish("test_netfile");
 }

@@ -14,6 +14,7 @@
 #include "models/netfile.h"
 #include "models/zoo.h"
 #include "runtime/check.h"
+#include "runtime/ini.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/train.h"
 
@@ -147,11 +148,25 @@ static void fill_net(const Config *cfg, TrainSettings *s) {
     s->model.name = s->model.net_name;
 }
 
-int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, char *err, size_t errlen) {
-    if (!s->model.net) return model_build(m, s->model.name, batch, s->data.image_size, s->model.num_classes, nhwc,
-                                          err, errlen);
-    NetShape shape = {batch, s->data.image_size, s->model.num_classes, nhwc};
-    return netfile_build(m, s->model.net, NULL, &shape, err, errlen);
+int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, char **text, char *err,
+                       size_t errlen) {
+    char *net = NULL;
+    int rc;
+    if (!s->model.net) {
+        rc = model_build(m, s->model.name, batch, s->data.image_size, s->model.num_classes, nhwc, err, errlen);
+        if (rc == 0 && text) net = strdup(netfile_shipped(s->model.name));
+    } else {
+        size_t len;
+        const char *why = NULL;
+        net = ini_read_file(s->model.net, &len, &why);
+        NetShape shape = {batch, s->data.image_size, s->model.num_classes, nhwc};
+        if (!net) snprintf(err, errlen, "%s: cannot open: %s", s->model.net, why);
+        rc = net ? netfile_build(m, s->model.net, net, &shape, err, errlen) : -1;
+    }
+    if (rc == 0 && text && !net) TC_FATAL("out of host memory: the net's text");
+    if (text && rc == 0) *text = net;
+    else free(net);
+    return rc;
 }
 
 static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {

@@ -115,8 +115,10 @@ void settings_read(const Config *cfg, int world, TrainSettings *s);
 void settings_fill(const Config *cfg, TrainSettings *s);
 
 /* Builds the net of model.net or model.name (model_init included) for batch and layout nhwc: 0, or -1
- * with a message in err that names the net file's line, or the keys. */
-int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, char *err, size_t errlen);
+ * with a message in err that names the net file's line, or the keys. text: NULL, or where the net's text
+ * goes (malloc'ed; a checkpoint keeps it). */
+int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, char **text, char *err,
+                       size_t errlen);
 
 /* A value the run found wrong (the data, the GPU): "trainc: error: <file:line
  * of key>: ..." and exit status 1, as config_fail. */

@@ -53,7 +53,7 @@ int summary_main(const Config *cfg) {
     Model *m = calloc(1, sizeof *m);
     if (!m) TC_FATAL("out of host memory: a model");
     char err[4600];
-    if (settings_build_net(&s, m, 1, 0, err, sizeof err) != 0)
+    if (settings_build_net(&s, m, 1, 0, NULL, err, sizeof err) != 0)
         settings_fail(&s, s.model.net ? "model.net" : "model.name", "%s", err);
     char title[4200];
     snprintf(title, sizeof title, "%s%s%s", s.model.name, s.model.net ? " from " : "", s.model.net ? s.model.net : "");

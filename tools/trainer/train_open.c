@@ -447,7 +447,7 @@ static void build_model(Trainer *t) {
     const TrainSettings *s = &t->set;
     Model *m = &t->model;
     char err[512];
-    if (settings_build_net(s, m, s->train.batch, s->model.nhwc, err, sizeof err) != 0)
+    if (settings_build_net(s, m, s->train.batch, s->model.nhwc, &t->net_text, err, sizeof err) != 0)
         tc_fatal(NULL, 0, "%s (%s from %s, data.image_size from %s)", err, s->model.net ? "model.net" : "model.name",
                  settings_origin(s, s->model.net ? "model.net" : "model.name"), settings_origin(s, "data.image_size"));
     m->conv_policy.workspace_limit = s->perf.conv_workspace_bytes;
@@ -718,6 +718,7 @@ void trainer_close(Trainer *t) {
     loader_destroy(t->data.train_loader);
     if (t->data.test_loader) loader_destroy(t->data.test_loader);
     model_destroy(&t->model);
+    free(t->net_text);
     state_free(t);
     source_free(&t->data.train);
     source_free(&t->data.test);

@@ -292,13 +292,11 @@ static void check_checkpoint(void) {
     snprintf(dir, sizeof dir, "%s/ck", root);
     snprintf(ckpt, sizeof ckpt, "%s/ckpt-00000002.trc", dir);
     snprintf(out, sizeof out, "%s/res.safetensors", root);
-    Config *c = config_new(trainc_keys, trainc_n_keys);
-    const char *sets[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=16", "data.synthetic_train=64",
-                          "data.synthetic_test=16", "train.batch=16", "run.epochs=1", "run.max_steps=2",
-                          "run.checkpoint_every=2", "run.log_every=1000"};
-    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) test_config_set(c, "%s", sets[i]);
-    test_config_set(c, "model.net=%s", net);
-    test_config_set(c, "run.checkpoint_dir=%s", dir);
+    char ini[1200]; /* model.net = res.net: beside run.ini */
+    snprintf(ini, sizeof ini, "[run]\ndevice = cpu\nepochs = 1\nmax_steps = 2\ncheckpoint_every = 2\nlog_every = 1000\n"
+             "checkpoint_dir = %s\n[data]\nsource = synthetic\nimage_size = 16\nsynthetic_train = 64\n"
+             "synthetic_test = 16\n[train]\nbatch = 16\n[model]\nnet = res.net\n", dir);
+    Config *c = config_of(test_write_file(root, "run.ini", ini, strlen(ini)));
     TrainSummary run;
     train_run(c, &run);
     config_free(c);

@@ -4,6 +4,7 @@
  * its parameters bound, its names under the use's name. */
 #include "models/netfile.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -163,10 +164,11 @@ static int arg_bool(NetBuild *b, const NetArgs *a, const char *key) {
 }
 
 /* Binds tokens ("64", "stride=2") to the parameters of spec ("out k stride=1"): positional ones fill the
- * parameters in order, named ones their parameter; what is left gets its default. what names the kind or
- * block in messages. */
-static int bind_args(NetBuild *b, const char *what, const char *spec, char **tokens, int n_tokens, NetArgs *a,
-                     char *spec_copy) {
+ * parameters in order, named ones their parameter; what is left gets its default. An argument given twice
+ * is an error, except that tokens from overrides on (a repeat's "then") replace earlier ones. what names
+ * the kind or block in messages. */
+static int bind_args(NetBuild *b, const char *what, const char *spec, char **tokens, int n_tokens, int overrides,
+                     NetArgs *a, char *spec_copy) {
     *a = (NetArgs){0};
     const char *variadic = NULL;
     strcpy(spec_copy, spec);
@@ -179,6 +181,7 @@ static int bind_args(NetBuild *b, const char *what, const char *spec, char **tok
             continue;
         }
         if (eq) *eq = '\0';
+        if (a->n == NET_MAX_TOKENS) return net_fail(b, "%s has more than %d parameters", what, NET_MAX_TOKENS);
         a->list[a->n++] = (NetVar){p, eq ? eq + 1 : NULL};
     }
     int given[NET_MAX_TOKENS] = {0}, next_positional = 0;
@@ -212,6 +215,7 @@ static int bind_args(NetBuild *b, const char *what, const char *spec, char **tok
             }
             k = next_positional;
         }
+        if (given[k] && t < overrides) return net_fail(b, "%s: '%s' is given twice", what, a->list[k].name);
         given[k] = 1;
         a->list[k].value = eq ? eq + 1 : tokens[t];
     }
@@ -261,15 +265,12 @@ static int build_scale(NetBuild *b, int in, const NetArgs *a) {
     return built(b, model_scale(b->m, in, factor));
 }
 
-static int build_batchnorm(NetBuild *b, int in, const NetArgs *a) { (void)a; return built(b, model_batchnorm(b->m, in)); }
-static int build_relu(NetBuild *b, int in, const NetArgs *a) { (void)a; return built(b, model_relu(b->m, in)); }
-static int build_gelu(NetBuild *b, int in, const NetArgs *a) { (void)a; return built(b, model_gelu(b->m, in)); }
-static int build_global_avgpool(NetBuild *b, int in, const NetArgs *a) {
-    (void)a;
-    return built(b, model_avgpool(b->m, in));
-}
+/* The kinds without arguments. */
+static int build_batchnorm(NetBuild *b, int in, const NetArgs *a) { return built(b, model_batchnorm(b->m, in)); }
+static int build_relu(NetBuild *b, int in, const NetArgs *a) { return built(b, model_relu(b->m, in)); }
+static int build_gelu(NetBuild *b, int in, const NetArgs *a) { return built(b, model_gelu(b->m, in)); }
+static int build_global_avgpool(NetBuild *b, int in, const NetArgs *a) { return built(b, model_avgpool(b->m, in)); }
 static int build_global_maxpool(NetBuild *b, int in, const NetArgs *a) {
-    (void)a;
     return built(b, model_global_maxpool(b->m, in));
 }
 
@@ -360,7 +361,7 @@ static const char *find_var(const NetFile *f, const NetScope *s, const char *nam
     return NULL;
 }
 
-static int is_ident_char(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
+static int is_ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
 
 /* One integer term of an expression: a number or a variable holding one. */
 static int eval_atom(NetBuild *b, const NetScope *s, const char **p, long *v) {
@@ -446,10 +447,13 @@ static char *substitute(NetBuild *b, const NetScope *s, const char *text) {
     return out;
 }
 
-static int split(char *text, char **tokens) {
+/* The line's words into tokens; -1 (net_fail) past NET_MAX_TOKENS. */
+static int split(NetBuild *b, char *text, char **tokens) {
     int n = 0;
-    for (char *save = NULL, *t = strtok_r(text, " \t", &save); t && n < NET_MAX_TOKENS; t = strtok_r(NULL, " \t", &save))
+    for (char *save = NULL, *t = strtok_r(text, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
+        if (n == NET_MAX_TOKENS) return net_fail(b, "more than %d words on the line", NET_MAX_TOKENS);
         tokens[n++] = t;
+    }
     return n;
 }
 
@@ -491,13 +495,14 @@ static void set_label(NetBuild *b, const NetScope *s, const char *name, const ch
 
 /* One use of a block: its lines built under prefix with tokens bound to its parameters. */
 static int build_block_use(NetBuild *b, const NetScope *s, const NetBlock *blk, const char *full, char **tokens,
-                           int n_tokens, int *x) {
-    if (b->depth >= NET_MAX_DEPTH) return net_fail(b, "blocks nested more than %d deep (a block that uses itself?)", NET_MAX_DEPTH);
+                           int n_tokens, int overrides, int *x) {
+    if (b->depth >= NET_MAX_DEPTH)
+        return net_fail(b, "blocks nested more than %d deep (a block that uses itself?)", NET_MAX_DEPTH);
     char spec_copy[512], what[96], prefix[256];
     NetArgs params;
     snprintf(what, sizeof what, "block %s", blk->name);
     if (strlen(blk->params) >= sizeof spec_copy) return net_fail(b, "block %s has too many parameters", blk->name);
-    if (bind_args(b, what, blk->params, tokens, n_tokens, &params, spec_copy) != 0) return -1;
+    if (bind_args(b, what, blk->params, tokens, n_tokens, overrides, &params, spec_copy) != 0) return -1;
     if (blk->checkpoint && b->in_checkpoint)
         return net_fail(b, "block %s is a checkpoint block inside another one; they do not nest", blk->name);
     snprintf(prefix, sizeof prefix, "%s%s", full ? full : s->prefix, full ? "." : "");
@@ -526,19 +531,6 @@ static int build_block_use(NetBuild *b, const NetScope *s, const NetBlock *blk, 
     return full ? define_name(b, full, *x) : 0;
 }
 
-/* Named arguments given twice: the later wins (a repeat's "then" over its first use's). */
-static int drop_overridden(char **tokens, int n) {
-    int kept = 0;
-    for (int i = 0; i < n; i++) {
-        char *eq = strchr(tokens[i], '=');
-        int later = 0;
-        for (int j = i + 1; eq && j < n && !later; j++)
-            later = strncmp(tokens[j], tokens[i], (size_t)(eq - tokens[i]) + 1) == 0;
-        if (!later) tokens[kept++] = tokens[i];
-    }
-    return kept;
-}
-
 /* name = repeat N BLOCK ARGS [then [BLOCK2] ARGS2]: uses name.0 .. name.N-1, the first with ARGS, the
  * others with ARGS2 (over ARGS, or BLOCK2's own). */
 static int build_repeat(NetBuild *b, const NetScope *s, const char *full, char **tokens, int n_tokens, int *x) {
@@ -552,21 +544,22 @@ static int build_repeat(NetBuild *b, const NetScope *s, const char *full, char *
     int then = n_tokens;
     for (int i = 3; i < n_tokens && then == n_tokens; i++)
         if (strcmp(tokens[i], "then") == 0) then = i;
-    char *rest_tokens[2 * NET_MAX_TOKENS];
-    int n_rest = 0;
+    char *rest_tokens[NET_MAX_TOKENS];
+    int n_rest = 0, overrides = 0; /* the others' arguments; from overrides on they replace the first's */
     if (then + 1 < n_tokens && find_block(b->f, tokens[then + 1])) {
         rest = find_block(b->f, tokens[then + 1]);
         for (int i = then + 2; i < n_tokens; i++) rest_tokens[n_rest++] = tokens[i];
+        overrides = n_rest;
     } else {
         for (int i = 3; i < n_tokens; i++)
             if (i != then) rest_tokens[n_rest++] = tokens[i];
-        n_rest = drop_overridden(rest_tokens, n_rest);
+        overrides = then - 3;
     }
     for (long i = 0; i < count; i++) {
         char name[300];
         snprintf(name, sizeof name, "%s.%ld", full, i);
-        int rc = i == 0 ? build_block_use(b, s, first, name, tokens + 3, then - 3, x)
-                        : build_block_use(b, s, rest, name, rest_tokens, n_rest, x);
+        int rc = i == 0 ? build_block_use(b, s, first, name, tokens + 3, then - 3, then - 3, x)
+                        : build_block_use(b, s, rest, name, rest_tokens, n_rest, overrides, x);
         if (rc != 0) return -1;
     }
     return define_name(b, full, *x);
@@ -583,7 +576,7 @@ static int build_layer(NetBuild *b, const NetScope *s, const NetKind *kind, cons
     if (b->failed) return -1;
     char spec_copy[512];
     NetArgs args;
-    if (bind_args(b, kind->name, kind->args, tokens, kept, &args, spec_copy) != 0) return -1;
+    if (bind_args(b, kind->name, kind->args, tokens, kept, kept, &args, spec_copy) != 0) return -1;
     b->scope = s;
     int out = kind->build(b, in, &args);
     if (out < 0) return -1;
@@ -609,19 +602,19 @@ static int build_line(NetBuild *b, const NetScope *s, const NetLine *ln, int *x)
     char *name = ln->name ? substitute(b, s, ln->name) : NULL;
     char *value = substitute(b, s, ln->value);
     char *tokens[NET_MAX_TOKENS];
-    int n = value ? split(value, tokens) : 0, rc = -1;
+    int n = value ? split(b, value, tokens) : 0, rc = -1;
     char full[256];
     if (name) snprintf(full, sizeof full, "%s%s", s->prefix, name);
-    if (value && n == 0) net_fail(b, "%s: no kind after '='", name ? name : "");
-    else if (value) {
+    if (value && n == 0) net_fail(b, "no kind after '='");
+    else if (value && n > 0) {
         set_label(b, s, name, tokens[0]);
         int truth = condition(b, tokens, &n);
         const NetKind *kind = find_kind(tokens[0]);
         const NetBlock *blk = find_block(b->f, tokens[0]);
         if (truth <= 0) rc = truth;
         else if (strcmp(tokens[0], "repeat") == 0) rc = build_repeat(b, s, name ? full : NULL, tokens, n, x);
-        else if (blk) rc = build_block_use(b, s, blk, name ? full : NULL, tokens + 1, n - 1, x);
-        else if (kind) rc = build_layer(b, s, kind, name ? full : NULL, tokens, drop_overridden(tokens, n), x);
+        else if (blk) rc = build_block_use(b, s, blk, name ? full : NULL, tokens + 1, n - 1, n - 1, x);
+        else if (kind) rc = build_layer(b, s, kind, name ? full : NULL, tokens, n, x);
         else {
             char known[512] = "";
             for (int i = 0; i < NET_N_KINDS; i++)
@@ -704,7 +697,8 @@ static int read_section(NetBuild *b, const IniItem *item, NetBlock **current, in
     *current = NULL;
     if (*in_vars) return 0;
     if (strcmp(item->name, "net") == 0) {
-        if (f->net_line) return file_fail(b, item->line, "a second [net] section (the first is at line %d)", f->net_line);
+        if (f->net_line)
+            return file_fail(b, item->line, "a second [net] section (the first is at line %d)", f->net_line);
         f->net_line = item->line;
         *current = &f->net;
         return 0;
@@ -712,6 +706,8 @@ static int read_section(NetBuild *b, const IniItem *item, NetBlock **current, in
     if (strncmp(item->name, "block ", 6) != 0)
         return file_fail(b, item->line, "unknown section [%s] (sections: [net], [vars], [block NAME])", item->name);
     const char *name = ini_trim((char *)item->name + 6);
+    if (!*name || strpbrk(name, " \t{}"))
+        return file_fail(b, item->line, "[block %s]: a block's name is one word", name);
     if (find_block(f, name) || find_kind(name) || strcmp(name, "repeat") == 0)
         return file_fail(b, item->line, "block %s: the name is taken by %s", name,
                          find_block(f, name) ? "another block" : "a layer kind");

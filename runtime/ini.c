@@ -85,7 +85,8 @@ static int lex_section(const IniLexer *lx, char *line, IniItem *item, char **err
     *close = '\0';
     char *rest = ini_trim(close + 1);
     char *section = ini_trim(line + 1);
-    if (*rest && *rest != '#' && *rest != ';') return lex_fail(lx, err, "malformed line: '%s' after [%s]", rest, section);
+    if (*rest && *rest != '#' && *rest != ';')
+        return lex_fail(lx, err, "malformed line: '%s' after [%s]", rest, section);
     if (!*section) return lex_fail(lx, err, "empty section name '[]'");
     *item = (IniItem){.kind = INI_SECTION, .line = lx->line, .name = section};
     return 1;

@@ -157,6 +157,12 @@ static void check_errors(void) {
     expect_error("[block conv]\n" HEAD TAIL, "t.net:1: block conv: the name is taken by a layer kind");
     expect_error(HEAD TAIL HEAD, "t.net:4: a second [net] section (the first is at line 1)");
     expect_error("[vars]\nw = 8\nw = 9\n" HEAD TAIL, "t.net:3: variable w is set twice");
+    expect_error(HEAD "c1 = conv 8 3 k=5\n" TAIL, "t.net:2: layer c1: conv: 'k' is given twice");
+    expect_error("[block b]\nparams = w\nc = conv {w} 3\n" HEAD "x = repeat 2 b 8 w=4\n" TAIL,
+                 "t.net:5: layer x: block b: 'w' is given twice");
+    expect_error("[block a b]\n" HEAD TAIL, "t.net:1: [block a b]: a block's name is one word");
+    expect_error(HEAD "c1 = conv 8 3 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1\n" TAIL,
+                 "t.net:2: layer c1: more than 32 words on the line");
     Model *m = new_model();
     char err[256];
     NetShape shape = {2, 16, 10, 0};

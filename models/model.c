@@ -28,6 +28,21 @@ void model_init(Model *m, int batch, int num_classes, int nhwc) {
     m->head_lr_scale = 1.0f;
 }
 
+/* A net the builders cannot make (a shape that does not fit, too many layers): with m->build_err set (a net
+ * file's reader, models/netfile.c) the message goes there and the builder returns -1; else the program
+ * stops, naming the layer. */
+static int build_fail(Model *m, int layer, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int build_fail(Model *m, int layer, const char *fmt, ...) {
+    char what[sizeof m->build_err_text];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    if (!m->build_err) TC_FATAL("layer %d: %s", layer, what);
+    if (!m->build_err_text[0]) memcpy(m->build_err_text, what, sizeof what);
+    return -1;
+}
+
 static int add_act(Model *m, int c, int h, int w) {
     if (m->n_acts >= MODEL_MAX_ACTS) TC_FATAL("model has more than %d activations", MODEL_MAX_ACTS);
     Activation *a = &m->acts[m->n_acts];
@@ -39,8 +54,12 @@ static int add_act(Model *m, int c, int h, int w) {
     return m->n_acts++;
 }
 
+/* NULL (build_fail) past MODEL_MAX_LAYERS. */
 static Layer *add_layer(Model *m, LayerKind kind, int in) {
-    if (m->n_layers >= MODEL_MAX_LAYERS) TC_FATAL("model has more than %d layers", MODEL_MAX_LAYERS);
+    if (m->n_layers >= MODEL_MAX_LAYERS) {
+        build_fail(m, m->n_layers, "more than %d layers", MODEL_MAX_LAYERS);
+        return NULL;
+    }
     if (in < 0 || in >= m->n_acts) TC_FATAL("layer %d reads activation %d, which does not exist", m->n_layers, in);
     Layer *l = &m->layers[m->n_layers++];
     memset(l, 0, sizeof *l);
@@ -133,12 +152,16 @@ int model_input(Model *m, int c, int h, int w) {
 
 static int add_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride, int bias) {
     Layer *l = add_layer(m, LAYER_CONV, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     Conv2dShape s = {m->batch, x->c, x->h, x->w, out_channels, kernel, kernel, pad, stride};
+    if (kernel < 1 || pad < 0 || stride < 1 || out_channels < 1)
+        return build_fail(m, m->n_layers - 1, "a convolution of %d channels, kernel %d, pad %d, stride %d: each "
+                          "must be at least 1 (pad 0)", out_channels, kernel, pad, stride);
     int oh = conv2d_out_h(&s), ow = conv2d_out_w(&s);
     if (oh <= 0 || ow <= 0)
-        TC_FATAL("layer %d: a %dx%d convolution does not fit a %dx%d input", m->n_layers - 1, kernel,
-                 kernel, x->h, x->w);
+        return build_fail(m, m->n_layers - 1, "a %dx%d convolution (pad %d) does not fit a %dx%d input", kernel,
+                          kernel, pad, x->h, x->w);
     l->conv.shape = s;
     add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, bias ? (size_t)out_channels : 0,
                (size_t)x->c_real * kernel * kernel);
@@ -156,6 +179,7 @@ int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, 
 
 int model_batchnorm(Model *m, int in) {
     Layer *l = add_layer(m, LAYER_BATCHNORM, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     l->bn.shape = (BatchNormShape){m->batch, x->c, x->h, x->w};
     l->stat_off = m->n_bn_stats;
@@ -166,22 +190,26 @@ int model_batchnorm(Model *m, int in) {
 
 int model_add(Model *m, int a, int b) {
     Layer *l = add_layer(m, LAYER_ADD, a);
-    if (b < 0 || b >= m->n_acts || b == a) TC_FATAL("layer %d: add needs two distinct inputs", m->n_layers - 1);
+    if (!l) return -1;
+    if (b < 0 || b >= m->n_acts || b == a) return build_fail(m, m->n_layers - 1, "add needs two distinct inputs");
     const Activation *x = &m->acts[a], *y = &m->acts[b];
     if (x->c != y->c || x->h != y->h || x->w != y->w)
-        TC_FATAL("layer %d: add of %dx%dx%d and %dx%dx%d", m->n_layers - 1, x->c, x->h, x->w, y->c, y->h, y->w);
+        return build_fail(m, m->n_layers - 1, "add of %dx%dx%d and %dx%dx%d (channels x height x width): the shapes "
+                          "differ", x->c, x->h, x->w, y->c, y->h, y->w);
     l->in2 = b;
     return l->out = add_act(m, x->c, x->h, x->w);
 }
 
 int model_avgpool(Model *m, int in) {
     Layer *l = add_layer(m, LAYER_AVGPOOL, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     return l->out = add_act(m, x->c, 1, 1);
 }
 
 int model_relu(Model *m, int in) {
     Layer *l = add_layer(m, LAYER_RELU, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     l->out = add_act(m, x->c, x->h, x->w);
     /* ReLU's backward needs only its output, so it can overwrite its input. */
@@ -193,19 +221,21 @@ int model_relu(Model *m, int in) {
  * works in place only on an activation no other layer reads (plan_accumulation). */
 int model_gelu(Model *m, int in) {
     Layer *l = add_layer(m, LAYER_GELU, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     return l->out = add_act(m, x->c, x->h, x->w);
 }
 
 int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     Layer *l = add_layer(m, LAYER_MAXPOOL, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     const Pool2dShape *s = &l->pool.shape;
     /* An odd size drops the last row and column (PyTorch's floor mode). */
     l->pool.shape = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
-    if (pad < 0 || pad >= kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
-        TC_FATAL("layer %d: a %dx%d max-pool (pad %d) does not fit a %dx%d input", m->n_layers - 1, kernel,
-                 kernel, pad, x->h, x->w);
+    if (kernel < 1 || stride < 1 || pad < 0 || pad >= kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
+        return build_fail(m, m->n_layers - 1, "a %dx%d max-pool (stride %d, pad %d) does not fit a %dx%d input",
+                          kernel, kernel, stride, pad, x->h, x->w);
     return l->out = add_act(m, x->c, pool2d_out_h(s), pool2d_out_w(s));
 }
 
@@ -213,14 +243,16 @@ int model_maxpool2(Model *m, int in) { return model_maxpool(m, in, 2, 2, 0); }
 
 int model_global_maxpool(Model *m, int in) {
     const Activation *x = &m->acts[in];
-    if (x->h != x->w) TC_FATAL("layer %d: a global max-pool needs a square map, got %dx%d", m->n_layers, x->h, x->w);
+    if (x->h != x->w) return build_fail(m, m->n_layers, "a global max-pool needs a square map, got %dx%d", x->h, x->w);
     return model_maxpool(m, in, x->h, x->h, 0);
 }
 
 static int add_linear(Model *m, int in, int out_features, int bias) {
     Layer *l = add_layer(m, LAYER_LINEAR, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     int in_features = x->c * x->h * x->w; /* NCHW flattens to [n][c*h*w] for free */
+    if (out_features < 1) return build_fail(m, m->n_layers - 1, "a linear layer of %d outputs", out_features);
     l->linear = (LinearShape){m->batch, in_features, out_features};
     add_params(m, l, (size_t)out_features * in_features, bias ? (size_t)out_features : 0, (size_t)in_features);
     return l->out = add_act(m, out_features, 1, 1);
@@ -229,10 +261,12 @@ static int add_linear(Model *m, int in, int out_features, int bias) {
 int model_linear(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 1); }
 int model_linear_no_bias(Model *m, int in, int out_features) { return add_linear(m, in, out_features, 0); }
 
-void model_mark_whitening(Model *m) {
+int model_mark_whitening(Model *m) {
     Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
-    if (!l || l->kind != LAYER_CONV || l->in != 0) TC_FATAL("model_mark_whitening: the last layer is no convolution over the input");
+    if (!l || l->kind != LAYER_CONV || l->in != 0)
+        return build_fail(m, m->n_layers - 1, "a whitening layer is a convolution over the input image");
     l->whitening = 1;
+    return 0;
 }
 
 void model_set_frozen_prefix(Model *m, int layers) {
@@ -244,15 +278,17 @@ void model_set_frozen_prefix(Model *m, int layers) {
         if (m->layers[i].out + 1 > m->first_grad_act) m->first_grad_act = m->layers[i].out + 1;
 }
 
-void model_dirac_last(Model *m) {
+int model_dirac_last(Model *m) {
     Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
     if (!l || l->kind != LAYER_CONV || l->conv.shape.r != l->conv.shape.s || l->conv.shape.r % 2 == 0)
-        TC_FATAL("model_dirac_last: the last layer is no convolution with an odd square kernel");
+        return build_fail(m, m->n_layers - 1, "a Dirac start needs a convolution with an odd square kernel");
     l->dirac = 1;
+    return 0;
 }
 
 int model_scale(Model *m, int in, float factor) {
     Layer *l = add_layer(m, LAYER_SCALE, in);
+    if (!l) return -1;
     const Activation *x = &m->acts[in];
     l->scale = factor;
     return l->out = add_act(m, x->c, x->h, x->w);
@@ -803,6 +839,17 @@ void model_set_input_direct(Model *m, int direct) {
     m->input_direct = direct;
 }
 size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
+double model_layer_flops(const Model *m, int i) {
+    const Layer *l = &m->layers[i];
+    const Activation *y = &m->acts[l->out];
+    if (l->kind == LAYER_CONV) {
+        const Conv2dShape *s = &l->conv.shape;
+        return 2.0 * s->n * s->k * s->c * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
+    }
+    if (l->kind == LAYER_LINEAR) return 2.0 * l->linear.n * l->linear.in * l->linear.out;
+    return (double)m->batch * y->c * y->h * y->w;
+}
+
 void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
 void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }
 void model_set_training(Model *m, int training) { m->training = training; }

@@ -147,6 +147,9 @@ typedef struct {
     Activation acts[MODEL_MAX_ACTS];
     int n_acts;
     int n_blocks, open_block;  /* blocks marked by model_block_begin/end; open_block -1 outside */
+    int build_err;        /* 1: a builder that cannot make its layer returns -1 and writes why (without the
+                             layer) into build_err_text (the first failure's); 0: it stops the program */
+    char build_err_text[256];
     int checkpoint;       /* set before model_finalize: keep only block outputs, recompute inside */
     int fuse;             /* set before model_finalize: conv + bias + ReLU, batch norm + ReLU or GELU,
                              the whitening conv + bias + GELU and add + ReLU each in one pass (GPU) */
@@ -234,7 +237,9 @@ typedef struct {
 } Model;
 
 /* Builder. model_input must come first; shapes are inferred as layers are added
- * and impossible ones (a pool over an odd size, say) fail naming the layer. */
+ * and impossible ones (a pool larger than its input, say) fail naming the layer:
+ * the program stops, or, with build_err set, the builder returns -1 (0 for
+ * mark_whitening and dirac_last) and the message waits in build_err_text. */
 /* nhwc: activations channels-last ([n][h][w][c]), conv weights [k][r][s][c],
  * and the input's channels padded to 8 for the tensor cores (GPU only). */
 void model_init(Model *m, int batch, int num_classes, int nhwc);
@@ -260,11 +265,11 @@ void model_set_frozen_prefix(Model *m, int layers);
 
 /* The last layer added, a convolution over the input, is a whitening layer
  * (models/whiten.h): its weights are set from the data and never trained. */
-void model_mark_whitening(Model *m);
+int model_mark_whitening(Model *m);
 /* The last layer added, a convolution with an odd square kernel, starts its
  * first min(out, in) filters as the identity (PyTorch's nn.init.dirac_ on
  * them, after the default init; airbench's blocks). */
-void model_dirac_last(Model *m);
+int model_dirac_last(Model *m);
 int model_batchnorm(Model *m, int in);
 int model_add(Model *m, int a, int b);     /* a + b, same shapes: a residual connection */
 int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 1 */
@@ -357,6 +362,10 @@ void model_unpack_params(const Model *m, const float *packed, float *params);
 /* The same for the optimizer's momentum buffer (n_params floats, fp32). */
 void model_get_momentum(const Model *m, float *host);
 void model_set_momentum(Model *m, const float *host);
+
+/* Layer i's forward FLOPs for the whole batch as built, before any fusion: a convolution's and a linear
+ * layer's 2 per multiply-add, any other layer's one per output element (trainc summary, profile). */
+double model_layer_flops(const Model *m, int i);
 
 /* Bytes of the arena: what the model holds on its device. */
 size_t model_bytes(const Model *m);

@@ -1,5 +1,8 @@
-/* The nets trainc knows, by the name model.name gives. */
+/* The nets trainc knows, by the name model.name gives: the shipped net files (nets/NAME.net), and the C
+ * builders they were written from (until the tests need them no more). */
 #include "models/zoo.h"
+
+#include "models/netfile.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -10,9 +13,8 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
     int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
               : strcmp(name, "resnet50") == 0 ? 50 : 0;
     int imagenet_stem = image_size >= 128, airbench = strcmp(name, "airbench") == 0;
-    if (!depth && !airbench && strcmp(name, "simplenet") != 0) {
-        snprintf(err, errlen, "model.name: unknown model '%s' (known: simplenet, resnet18, resnet34, resnet50, "
-                 "airbench)", name);
+    if (!netfile_shipped(name)) {
+        snprintf(err, errlen, "model.name: unknown model '%s' (known: %s)", name, netfile_shipped_names());
         return -1;
     }
     if (airbench && image_size != 32) {
@@ -33,9 +35,19 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
         snprintf(err, errlen, "train.batch must be >= 1 and model.num_classes >= 2");
         return -1;
     }
+    char path[64];
+    snprintf(path, sizeof path, "nets/%s.net", name);
+    NetShape shape = {batch, image_size, num_classes, nhwc};
+    return netfile_build(m, path, netfile_shipped(name), &shape, err, errlen);
+}
+
+int model_build_c(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc) {
+    int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
+              : strcmp(name, "resnet50") == 0 ? 50 : 0;
     model_init(m, batch, num_classes, nhwc);
-    if (depth) resnet_build(m, depth, image_size, imagenet_stem);
-    else if (airbench) airbench_build(m, AIRBENCH_WIDTHS);
-    else simplenet_build(m, image_size);
+    if (depth) resnet_build(m, depth, image_size, image_size >= 128);
+    else if (strcmp(name, "airbench") == 0) airbench_build(m, AIRBENCH_WIDTHS);
+    else if (strcmp(name, "simplenet") == 0) simplenet_build(m, image_size);
+    else return -1;
     return 0;
 }

@@ -11,10 +11,13 @@
 extern "C" {
 #endif
 
-/* Builds a named model (simplenet, resnet18, resnet34, resnet50, airbench); returns 0,
- * or -1 with a message for an unknown name or an impossible input size. */
+/* Builds a named model (simplenet, resnet18, resnet34, resnet50, airbench) from its shipped net file
+ * (nets/NAME.net, models/netfile.h); returns 0, or -1 with a message for an unknown name or an impossible
+ * input size. */
 int model_build(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc,
                 char *err, size_t errlen);
+/* The same net from its C builder below (tests/test_netfile.c compares the two); -1: no such name. */
+int model_build_c(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc);
 /* SimpleNet: 3 x (conv3x3 + ReLU + maxpool2), fc 256*(s/8)^2 -> 512, ReLU, fc -> classes. */
 void simplenet_build(Model *m, int image_size);
 /* ResNet-18/34 (basic blocks) and -50 (bottlenecks), torchvision's layout:

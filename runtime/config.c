@@ -9,11 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "runtime/check.h"
+#include "runtime/ini.h"
 
 #define MAX_INCLUDE_DEPTH 16
 /* Keys longer than this get no "did you mean" suggestion. */
@@ -53,27 +51,11 @@ static char *xstrdup(const char *s) {
     return memcpy(d, s, n);
 }
 
-static char *trim(char *s) {
-    while (isspace((unsigned char)*s)) s++;
-    char *end = s + strlen(s);
-    while (end > s && isspace((unsigned char)end[-1])) end--;
-    *end = '\0';
-    return s;
-}
-
-/* '#' or ';' starts a comment at the start of a value or after whitespace,
- * so "a#b" keeps its '#'. Returns the comment's first character or NULL. */
-static char *find_comment(char *s) {
-    for (char *p = s; *p; p++)
-        if ((*p == '#' || *p == ';') && (p == s || isspace((unsigned char)p[-1]))) return p;
-    return NULL;
-}
-
 /* Whether a trimmed value reads back unchanged from a config file, which is
  * what config_print needs of every value it writes. */
 static int value_fits_in_file(const char *value) {
     char *copy = xstrdup(value);
-    int fits = !strpbrk(copy, "\r\n") && !find_comment(copy) && strcmp(trim(copy), value) == 0;
+    int fits = !strpbrk(copy, "\r\n") && !ini_find_comment(copy) && strcmp(ini_trim(copy), value) == 0;
     free(copy);
     return fits;
 }
@@ -445,8 +427,8 @@ static int parse_range(const CfgKeySpec *spec, CfgRange *r) {
         *comma = '\0';
         r->min_open = text[0] == '(';
         r->max_open = text[n - 1] == ')';
-        rc = parse_bound(spec->type, trim(inner), r->min_open, 0, &r->fmin, &r->imin) ||
-             parse_bound(spec->type, trim(comma + 1), r->max_open, 1, &r->fmax, &r->imax) ? -1 : 0;
+        rc = parse_bound(spec->type, ini_trim(inner), r->min_open, 0, &r->fmin, &r->imin) ||
+             parse_bound(spec->type, ini_trim(comma + 1), r->max_open, 1, &r->fmax, &r->imax) ? -1 : 0;
         if (rc == 0 && (r->fmin > r->fmax || (r->fmin == r->fmax && (r->min_open || r->max_open)))) rc = -1;
         if (rc == 0 && spec->type == CFG_INT && r->imin > r->imax) rc = -1;
     }
@@ -527,47 +509,6 @@ typedef struct {
 
 static int load_file(Loader *L, const char *path, const char *include_site);
 
-/* The whole file, NUL-terminated; NULL with errno set on failure. */
-/* A config is a regular file of at most this size: an include of /dev/zero or
- * a FIFO would otherwise read forever or block. */
-#define CONFIG_MAX_BYTES (16u << 20)
-
-/* The whole file, NUL-terminated; NULL with *why set when it cannot be read. */
-static char *read_text_file(const char *path, size_t *len, const char **why) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        *why = strerror(errno);
-        if (fd >= 0) close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size > CONFIG_MAX_BYTES) {
-        *why = S_ISDIR(st.st_mode) ? "it is a directory"
-             : !S_ISREG(st.st_mode) ? "not a regular file"
-             : "larger than 16 MiB, too large for a config";
-        close(fd);
-        return NULL;
-    }
-    size_t cap = (size_t)st.st_size + 1, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) TC_FATAL("config: out of memory reading %s", path);
-    for (ssize_t got = 1; got > 0 && n + 1 < cap; n += (size_t)got) {
-        got = read(fd, buf + n, cap - 1 - n);
-        if (got < 0 && errno == EINTR) got = 0;
-        else if (got < 0) {
-            *why = strerror(errno);
-            free(buf);
-            close(fd);
-            return NULL;
-        }
-        if (got == 0) break;
-    }
-    close(fd);
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
 /* name relative to the directory of the file that names it (absolute names stay). */
 static char *resolve_relative(const char *including_path, const char *name) {
     const char *slash = strrchr(including_path, '/');
@@ -579,15 +520,7 @@ static char *resolve_relative(const char *including_path, const char *name) {
     return path;
 }
 
-static int parse_section_header(Loader *L, FileCursor *fc, char *line, const char *where) {
-    char *close = strchr(line, ']');
-    if (!close) return fail(L->err, "%s: unterminated section header '%s' (no ']')", where, line);
-    *close = '\0';
-    char *rest = trim(close + 1);
-    char *section = trim(line + 1);
-    if (*rest && *rest != '#' && *rest != ';')
-        return fail(L->err, "%s: malformed line: '%s' after [%s]", where, rest, section);
-    if (!*section) return fail(L->err, "%s: empty section name '[]'", where);
+static int parse_section_header(Loader *L, FileCursor *fc, const char *section, const char *where) {
     if (!section_exists(L->c, section)) {
         int len = 0;
         const char *hint = closest_section(L->c, section, &len);
@@ -608,18 +541,7 @@ static int include_file(Loader *L, const FileCursor *fc, const char *name, const
     return rc;
 }
 
-static int parse_assignment(Loader *L, FileCursor *fc, char *line, const char *where) {
-    char *eq = strchr(line, '=');
-    if (!eq)
-        return fail(L->err, "%s: malformed line '%s' (expected key = value, [section] or a comment)",
-                    where, line);
-    *eq = '\0';
-    char *name = trim(line);
-    char *value = eq + 1;
-    char *comment = find_comment(value);
-    if (comment) *comment = '\0';
-    value = trim(value);
-    if (!*name) return fail(L->err, "%s: malformed line: no key before '='", where);
+static int parse_assignment(Loader *L, FileCursor *fc, const char *name, const char *value, const char *where) {
     if (strcmp(name, "include") == 0) return include_file(L, fc, value, where);
     if (!fc->section)
         return fail(L->err, "%s: key '%s' is outside any section (add a [section] line above it)",
@@ -633,28 +555,30 @@ static int parse_assignment(Loader *L, FileCursor *fc, char *line, const char *w
     return set_value(L->c, k, value, where, where, L->err);
 }
 
-static int parse_line(Loader *L, FileCursor *fc, char *raw, size_t raw_len) {
-    int has_nul = strlen(raw) != raw_len;
-    char *line = trim(raw);
-    if (!has_nul && (*line == '\0' || *line == '#' || *line == ';')) return 0;
+static int parse_item(Loader *L, FileCursor *fc, const IniItem *item) {
+    fc->line = item->line;
     char *where = format("%s:%d", fc->path, fc->line);
     int rc;
-    if (has_nul) rc = fail(L->err, "%s: malformed line: contains a NUL byte", where);
-    else if (*line == '[') rc = parse_section_header(L, fc, line, where);
-    else rc = parse_assignment(L, fc, line, where);
+    if (item->kind == INI_SECTION) rc = parse_section_header(L, fc, item->name, where);
+    else if (item->kind == INI_PAIR) rc = parse_assignment(L, fc, item->name, item->value, where);
+    else rc = fail(L->err, "%s: malformed line '%s' (expected key = value, [section] or a comment)", where,
+                   item->name);
     free(where);
     return rc;
 }
 
 static int parse_text(Loader *L, FileCursor *fc, char *text, size_t len) {
-    char *end = text + len;
-    for (char *line = text; line < end;) {
-        char *newline = memchr(line, '\n', (size_t)(end - line));
-        char *line_end = newline ? newline : end;
-        *line_end = '\0';
-        fc->line++;
-        if (parse_line(L, fc, line, (size_t)(line_end - line)) != 0) return -1;
-        line = line_end + 1;
+    IniLexer lx;
+    ini_begin(&lx, fc->path, text, len);
+    IniItem item;
+    char *lex_err = NULL;
+    int got;
+    while ((got = ini_next(&lx, &item, &lex_err)) == 1)
+        if (parse_item(L, fc, &item) != 0) return -1;
+    if (got < 0) {
+        fail(L->err, "%s", lex_err);
+        free(lex_err);
+        return -1;
     }
     return 0;
 }
@@ -683,22 +607,20 @@ static int load_file(Loader *L, const char *path, const char *include_site) {
     char *real = realpath(path, NULL);
     size_t len = 0;
     const char *why = real ? NULL : strerror(errno);
-    char *text = real ? read_text_file(path, &len, &why) : NULL;
+    char *text = real ? ini_read_file(path, &len, &why) : NULL;
     if (!text) {
         free(real);
         if (include_site) return fail(L->err, "%s: cannot open include '%s': %s", include_site, path, why);
         return fail(L->err, "%s: cannot open: %s", path, why);
     }
     int rc = include_site ? check_include_chain(L, real, path, include_site) : 0;
-    /* A byte-order mark, as some Windows editors write, is not part of the first line. */
-    size_t bom = len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
     if (rc == 0) {
         L->real_paths[L->depth] = real;
         L->shown_paths[L->depth] = path;
         L->depth++;
         FileCursor fc = {.path = path, .set_at_line = calloc((size_t)L->c->n_keys + 1, sizeof(int))};
         if (!fc.set_at_line) TC_FATAL("config: out of memory");
-        rc = parse_text(L, &fc, text + bom, len - bom);
+        rc = parse_text(L, &fc, text, len);
         free(fc.set_at_line);
         L->depth--;
     }
@@ -753,8 +675,8 @@ static int set_assignment(Config *c, char *assignment, const char *where, char *
     char *eq = strchr(assignment, '=');
     if (!eq) return fail(err, "%s: expected section.key=value", where);
     *eq = '\0';
-    char *key = trim(assignment);
-    char *value = trim(eq + 1);
+    char *key = ini_trim(assignment);
+    char *value = ini_trim(eq + 1);
     char *dot = strchr(key, '.');
     if (!dot) {
         const char *hint = closest_key(c, "", key);

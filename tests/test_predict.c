@@ -64,7 +64,7 @@ static uint8_t *write_png(const char *path, int w, int h, uint64_t *rng) {
  * argmax of the logits of the pixels prepared as the test loader prepares them. */
 static int model_argmax(const CheckpointWeights *w, const uint8_t *chw, int width, int height) {
     char err[512];
-    Model *m = model_of_meta(w->meta, 1, 0, "ckpt", err, sizeof err);
+    Model *m = model_of_meta(w->meta, w->net_text, 1, 0, "ckpt", err, sizeof err);
     CHECK_MSG(m != NULL, "%s", err);
     if (!m) return -1;
     model_finalize(m, NULL, 1);

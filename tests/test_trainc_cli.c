@@ -310,6 +310,24 @@ static void check_airbench(void) {
               "without lookahead %lu", held2, held3, moved);
 }
 
+/* trainc summary: the shipped ResNet-18's table; a net file's error through summary and through training. */
+static void check_summary(const char *dir) {
+    CHECK_MSG(trainc("summary --config configs/resnet18.ini") == 0, "%s", output);
+    CHECK_MSG(strstr(output, "layer4.1.bn2") && strstr(output, "512x4x4") &&
+              strstr(output, "total: 67 layers, 11,173,962 parameters"), "%s", output);
+    write_ini(dir, "bad.net", "[net]\nc1 = conv 8 3\nc2 = cnv 8 3\n");
+    const char *ini = write_ini(dir, "badnet.ini", "[run]\ndevice = cpu\n[data]\nsource = synthetic\n"
+                                "[model]\nnet = bad.net\n");
+    char args[1200];
+    snprintf(args, sizeof args, "summary --config %s", ini);
+    expect_error(args, "bad.net:3: layer c2: unknown kind 'cnv'");
+    snprintf(args, sizeof args, "--config %s", ini);
+    expect_error(args, "bad.net:3: layer c2: unknown kind 'cnv'");
+    expect_error(args, "(model.net from ");
+    expect_error("summary --config configs/cpu.ini --set model.name=resnet18 --set model.net=x.net",
+                 "model.net = x.net: and model.name both name the net");
+}
+
 int main(void) {
     const char *dir = test_tmpdir("cli");
     char args[2048];
@@ -329,6 +347,7 @@ int main(void) {
 
     expect_error("--config /nonexistent/trainc.ini", "/nonexistent/trainc.ini");
     check_airbench();
+    check_summary(dir);
     char long_name[200];
     memset(long_name, 'n', sizeof long_name - 1);
     long_name[sizeof long_name - 1] = 0;

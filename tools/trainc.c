@@ -8,6 +8,7 @@
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
  *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE] [--by-layer]
+ *   trainc summary --config FILE [--set ...]
  *   trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S] [--no-shuffle]
  *   trainc --version | --help
  *
@@ -19,7 +20,8 @@
  * eval runs a checkpoint over the test split (tools/trainer/eval.c); predict
  * classifies image files with one, needing no config (tools/trainer/predict.c);
  * bench-infer times the inference path that eval and predict run (tools/trainer/bench_infer.c);
- * pack writes an image folder as WebDataset tar shards (tools/trainer/pack.c).
+ * pack writes an image folder as WebDataset tar shards (tools/trainer/pack.c); summary prints the
+ * config's net layer by layer (tools/trainer/summary.c).
  * Under mpirun (or srun) each process is one rank of a data-parallel run on
  * its host's GPU number local_rank; rank 0 logs, writes checkpoints and prints
  * the summary (profile: its own report, and the trace of every rank; eval:
@@ -47,6 +49,7 @@
 #include "tools/trainer/pack.h"
 #include "tools/trainer/predict.h"
 #include "tools/trainer/profile.h"
+#include "tools/trainer/summary.h"
 #include "tools/trainer/train.h"
 
 static void usage(FILE *f) {
@@ -63,6 +66,7 @@ static void usage(FILE *f) {
             "       trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
             "                          [--by-layer]\n"
             "       trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S]\n"
+            "       trainc summary --config FILE [--set ...]\n"
             "       trainc --version | --help\n"
             "  bench-loader      time loading plus copying alone over the lab's grid\n"
             "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
@@ -83,6 +87,8 @@ static void usage(FILE *f) {
             "                    for each --batch size, with the checkpoint's weights or random ones;\n"
             "                    --by-layer also times each op of an eager forward, by layer\n"
             "  pack              write an image folder's splits as WebDataset tar shards (data.source = shards)\n"
+            "  summary           the config's net, each layer with its output shape, parameters and FLOPs a\n"
+            "                    forward per image, and the totals (CPU, no data)\n"
             "  --config FILE     INI file (may include others)\n"
             "  --set k=v         override one key, e.g. --set train.batch=256\n"
             "  --device D        shorthand for --set run.device=D\n"
@@ -184,7 +190,7 @@ static void parse_args(int argc, char **argv, Args *a) {
     if (optind < argc)
         fail_usage(strcmp(argv[optind], "bench-loader") == 0 || strcmp(argv[optind], "find-batch") == 0 ||
                        strcmp(argv[optind], "profile") == 0 || strcmp(argv[optind], "eval") == 0 ||
-                       strcmp(argv[optind], "bench-infer") == 0
+                       strcmp(argv[optind], "bench-infer") == 0 || strcmp(argv[optind], "summary") == 0
                        ? "a subcommand comes first, before any option"
                        : "unexpected argument",
                    argv[optind]);
@@ -300,7 +306,7 @@ int main(int argc, char **argv) {
     dist_init(&dist); /* first: its fatal hook must run after every other */
     const char *subcommand = argc > 1 && (strcmp(argv[1], "find-batch") == 0 || strcmp(argv[1], "bench-loader") == 0 ||
                                           strcmp(argv[1], "profile") == 0 || strcmp(argv[1], "eval") == 0 ||
-                                          strcmp(argv[1], "bench-infer") == 0)
+                                          strcmp(argv[1], "bench-infer") == 0 || strcmp(argv[1], "summary") == 0)
                            ? argv[1] : NULL;
     if (subcommand && strcmp(subcommand, "profile") != 0 && strcmp(subcommand, "eval") != 0 && dist.world > 1)
         TC_FATAL("%s runs in one process, not under mpirun", subcommand);
@@ -332,6 +338,7 @@ int main(int argc, char **argv) {
     int profiling = subcommand && strcmp(subcommand, "profile") == 0;
     int evaluating = subcommand && strcmp(subcommand, "eval") == 0;
     int bench_infer = subcommand && strcmp(subcommand, "bench-infer") == 0;
+    int summary = subcommand && strcmp(subcommand, "summary") == 0;
     if ((args.steps || args.trace || args.graph) && !profiling)
         fail_usage("--steps, --trace and --graph belong to trainc profile", NULL);
     if (args.csv && !evaluating) fail_usage("--csv belongs to trainc eval", NULL);
@@ -356,6 +363,8 @@ int main(int argc, char **argv) {
         rc = eval_main(&args, cfg, &dist);
     } else if (bench_infer) {
         rc = bench_infer_main(cfg, args.batches, args.checkpoint, args.by_layer);
+    } else if (summary) {
+        rc = summary_main(cfg);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

@@ -174,8 +174,8 @@ static void load_weights(const TrainSettings *s, const char *checkpoint, Weights
     }
     w->graph = calloc(1, sizeof(Model));
     if (!w->graph) TC_FATAL("out of host memory: a model");
-    if (model_build(w->graph, s->model.name, 1, s->data.image_size, s->model.num_classes, 0, err, sizeof err) != 0)
-        settings_fail(s, "model.name", "%s", err);
+    if (settings_build_net(s, w->graph, 1, 0, NULL, err, sizeof err) != 0)
+        settings_fail(s, s->model.net ? "model.net" : "model.name", "%s", err);
     w->params = calloc(w->graph->n_params, sizeof(float));
     w->bn_stats = calloc(w->graph->n_bn_stats + 1, sizeof(float));
     if (!w->params || !w->bn_stats) TC_FATAL("out of host memory: %zu parameters", w->graph->n_params);

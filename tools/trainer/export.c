@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "data/transform.h"
+#include "models/netfile.h"
 #include "models/tensors.h"
 #include "models/zoo.h"
 #include "runtime/check.h"
@@ -236,17 +237,22 @@ static int meta_int(const cJSON *meta, const char *key) {
     return cJSON_IsNumber(v) ? v->valueint : -1;
 }
 
-/* Builds the model the meta section names. */
-Model *model_of_meta(const cJSON *meta, int batch, int nhwc, const char *path, char *err, size_t errlen) {
+/* Builds the model the meta section names: from the checkpoint's net text where it has one, else by name. */
+Model *model_of_meta(const cJSON *meta, const char *net_text, int batch, int nhwc, const char *path, char *err,
+                     size_t errlen) {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "model"));
     const char *layout = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "layout"));
     Model *m = calloc(1, sizeof *m);
     if (!m) TC_FATAL("out of host memory: a model");
-    char why[512];
+    char why[1024], net_path[4200];
+    int image_size = meta_int(meta, "image_size"), num_classes = meta_int(meta, "num_classes");
+    int layout_nhwc = nhwc >= 0 ? nhwc : layout && strcmp(layout, "nhwc") == 0;
+    NetShape shape = {batch, image_size, num_classes, layout_nhwc};
+    snprintf(net_path, sizeof net_path, "%s (its net)", path);
     if (!name || !layout) {
         snprintf(err, errlen, "%s: its meta section names no model or layout", path);
-    } else if (model_build(m, name, batch, meta_int(meta, "image_size"), meta_int(meta, "num_classes"),
-                           nhwc >= 0 ? nhwc : strcmp(layout, "nhwc") == 0, why, sizeof why) != 0) {
+    } else if (net_text ? netfile_build(m, net_path, net_text, &shape, why, sizeof why) != 0
+                        : model_build(m, name, batch, image_size, num_classes, layout_nhwc, why, sizeof why) != 0) {
         snprintf(err, errlen, "%s: its model cannot be built: %s", path, why);
     } else {
         /* a checkpoint from before bn_eps was kept: model_init's (then the only one) */
@@ -283,7 +289,8 @@ int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, s
     if (!f) return -1;
     cJSON *table = NULL;
     w->meta = parse_section(f, "meta", err, errlen);
-    if (w->meta) w->model = model_of_meta(w->meta, 1, -1, path, err, errlen);
+    w->net_text = w->meta ? read_text_section(f, "net", err, errlen) : NULL; /* older checkpoints: by name */
+    if (w->meta) w->model = model_of_meta(w->meta, w->net_text, 1, -1, path, err, errlen);
     if (w->model) w->tensors = list_tensors(w->model, &w->n_tensors, err, errlen);
     if (w->tensors) table = parse_section(f, "tensors", err, errlen);
     int packed = 0;
@@ -300,6 +307,7 @@ int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, s
 
 void checkpoint_weights_free(CheckpointWeights *w) {
     cJSON_Delete(w->meta);
+    free(w->net_text);
     free(w->model);
     free(w->tensors);
     free(w->params);

@@ -41,6 +41,7 @@ char *export_tensors_json(const Model *m);
  * the model its meta names (built at batch 1: shapes only, nothing allocated). */
 typedef struct {
     struct cJSON *meta;
+    char *net_text;           /* the net file the model is built from; NULL: an older checkpoint's, by name */
     Model *model;
     ModelTensor *tensors;
     int n_tensors;
@@ -51,9 +52,11 @@ typedef struct {
  * trainc before named tensors (no meta section), or another trainc's layout. */
 int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, size_t errlen);
 void checkpoint_weights_free(CheckpointWeights *w);
-/* The net meta names, built for batch images (not finalized, calloc'ed);
- * nhwc -1: the layout meta names. NULL with a message naming path in err. */
-Model *model_of_meta(const struct cJSON *meta, int batch, int nhwc, const char *path, char *err, size_t errlen);
+/* The net meta names, built for batch images (not finalized, calloc'ed) from net_text, the checkpoint's
+ * net file (NULL: one from before it kept it, by meta's name); nhwc -1: the layout meta names. NULL with a
+ * message naming path in err. */
+Model *model_of_meta(const struct cJSON *meta, const char *net_text, int batch, int nhwc, const char *path, char *err,
+                     size_t errlen);
 /* w's tensors into m: the same net, finalized, in either layout. */
 void checkpoint_weights_put(const CheckpointWeights *w, Model *m);
 

@@ -148,9 +148,12 @@ const CfgKeySpec trainc_keys[] = {
      "train on one batch kept on the device: the step's throughput without the input pipeline", 0},
 
     {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50|airbench",
-     "the net to train; a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
+     "the shipped net to train (nets/NAME.net, built into trainc; model.net: a file of your own); a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
      "stem (7x7 stride 2, 3x3 max-pool) from 128 on; airbench: airbench94's net (2x2 whitening conv, three "
      "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
+    {"model.net", CFG_STRING, "", 0,
+     "a net file to train (docs/nets.md), relative to the folder of the config that sets it; empty: model.name's "
+     "shipped net (nets/NAME.net, built into trainc); setting both is an error", 0},
     {"model.num_classes", CFG_INT, "0", 0, "classes of the net's head: 0 takes the data set's (its class folders, "
      "CIFAR-10's 10, shards' classes.txt); another number must equal the data set's (synthetic: 0 makes 10)",
      "[0, 1000]"},

@@ -175,16 +175,10 @@ static double act_elems(const Model *m, int id) {
 static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
     double esize = (double)dtype_size(m->act_dtype), out = act_elems(m, l->out), in = act_elems(m, l->in);
     double weights = (double)(l->w_count + l->b_count) * esize;
-    double flops = out, bytes = (in + out) * esize + weights;
-    if (l->kind == LAYER_CONV) {
-        const Conv2dShape *s = &l->conv.shape;
-        flops = 2.0 * s->n * s->k * s->c * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
-    }
+    double flops = model_layer_flops(m, (int)(l - m->layers)), bytes = (in + out) * esize + weights;
     if (l->kind == LAYER_CONV && l->pool_layer >= 0) { /* conv_bias_relu_pool: the real channels, the pool's output */
         flops = flops / l->conv.shape.c * m->acts[l->in].c_real;
         bytes = (in + act_elems(m, m->layers[l->pool_layer].out)) * esize + weights;
-    } else if (l->kind == LAYER_LINEAR) {
-        flops = 2.0 * l->linear.n * l->linear.in * l->linear.out;
     } else if (l->kind == LAYER_ADD) {
         bytes += in * esize;
     }

@@ -11,7 +11,10 @@
 #include <string.h>
 
 #include "data/transform.h"
+#include "models/netfile.h"
+#include "models/zoo.h"
 #include "runtime/check.h"
+#include "runtime/ini.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/train.h"
 
@@ -130,8 +133,46 @@ static DType read_dtype(const Config *cfg, const char *key, DType otherwise) {
     return is(cfg, key, "fp16") ? DTYPE_F16 : is(cfg, key, "bf16") ? DTYPE_BF16 : otherwise;
 }
 
+/* model.net's path against the folder of the file that set it (a --set's: the working folder's). */
+static void fill_net(const Config *cfg, TrainSettings *s) {
+    const char *net = config_str(cfg, "model.net"), *origin = config_origin(cfg, "model.net");
+    if (!net[0]) return;
+    const char *colon = strrchr(origin, ':'), *slash = NULL;
+    for (const char *p = origin; colon && p < colon; p++)
+        if (*p == '/') slash = p;
+    int dir_len = net[0] == '/' || !slash ? 0 : (int)(slash - origin) + 1;
+    snprintf(s->model.net_path, sizeof s->model.net_path, "%.*s%s", dir_len, origin, net);
+    const char *base = strrchr(net, '/') ? strrchr(net, '/') + 1 : net;
+    size_t len = strlen(base) > 4 && strcmp(base + strlen(base) - 4, ".net") == 0 ? strlen(base) - 4 : strlen(base);
+    snprintf(s->model.net_name, sizeof s->model.net_name, "%.*s", (int)len, base);
+    s->model.net = s->model.net_path;
+    s->model.name = s->model.net_name;
+}
+
+int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, char **text, char *err,
+                       size_t errlen) {
+    char *net = NULL;
+    int rc;
+    if (!s->model.net) {
+        rc = model_build(m, s->model.name, batch, s->data.image_size, s->model.num_classes, nhwc, err, errlen);
+        if (rc == 0 && text) net = strdup(netfile_shipped(s->model.name));
+    } else {
+        size_t len;
+        const char *why = NULL;
+        net = ini_read_file(s->model.net, &len, &why);
+        NetShape shape = {batch, s->data.image_size, s->model.num_classes, nhwc};
+        if (!net) snprintf(err, errlen, "%s: cannot open: %s", s->model.net, why);
+        rc = net ? netfile_build(m, s->model.net, net, &shape, err, errlen) : -1;
+    }
+    if (rc == 0 && text && !net) TC_FATAL("out of host memory: the net's text");
+    if (text && rc == 0) *text = net;
+    else free(net);
+    return rc;
+}
+
 static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->model.name = config_str(cfg, "model.name");
+    fill_net(cfg, s);
     s->model.num_classes = (int)config_int(cfg, "model.num_classes");
     s->model.fuse = is(cfg, "model.fuse", "graphs") ? MODEL_FUSE_GRAPHS : is(cfg, "model.fuse", "on");
     s->model.nhwc = is(cfg, "model.layout", "nhwc");
@@ -287,6 +328,8 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     require(p, !s->run.warmup_runs || (!s->run.resume[0] && !s->run.init_from[0] && !s->checkpoint.every),
             "run.warmup_runs", "excludes run.resume, run.init_from and run.checkpoint_every (the counted runs start "
             "from run.seed's weights, and a warm-up run writes no checkpoint)");
+    require(p, !s->model.net || strcmp(config_origin(cfg, "model.name"), "default") == 0, "model.net",
+            "and model.name both name the net: set one of them");
     require(p, !s->data.on_device || !s->data.resident, "data.on_device",
             "and data.resident exclude each other (data.resident trains on one batch)");
     check_data_keys(p, s);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "models/model.h"
 #include "ops/lr_schedule.h"
 #include "runtime/dtype.h"
 #include "runtime/config.h"
@@ -53,7 +54,10 @@ typedef struct {
         double val_split;
     } data;
     struct {
-        const char *name;
+        const char *name;  /* model.name, or model.net's file name without ".net" (logs, checkpoints) */
+        const char *net;   /* model.net against the folder of the config that set it; NULL: model.name's
+                              shipped net */
+        char net_path[4096], net_name[32];
         int num_classes, nhwc, bn_weight_fixed;
         int fuse;          /* model.fuse: 0 off, 1 on, MODEL_FUSE_GRAPHS */
         float bn_momentum, bn_eps, whiten_bias_epochs;
@@ -110,6 +114,12 @@ typedef struct {
 void settings_read(const Config *cfg, int world, TrainSettings *s);
 /* Only fills *s (no rule checked): for tools that need a few values. */
 void settings_fill(const Config *cfg, TrainSettings *s);
+
+/* Builds the net of model.net or model.name (model_init included) for batch and layout nhwc: 0, or -1
+ * with a message in err that names the net file's line, or the keys. text: NULL, or where the net's text
+ * goes (malloc'ed; a checkpoint keeps it). */
+int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, char **text, char *err,
+                       size_t errlen);
 
 /* A value the run found wrong (the data, the GPU): "trainc: error: <file:line
  * of key>: ..." and exit status 1, as config_fail. */

@@ -18,6 +18,7 @@
  *   bn_stats     n_bn_stats fp32: batch norms' running statistics (nets that have them)
  *   meta         JSON: the model, its input preparation and class names (export.h)
  *   tensors      JSON: each tensor's PyTorch name, shape and offset (export.h)
+ *   net          the net file's text (models/netfile.h), from which export, predict and eval rebuild the net
  * Resume reads neither meta nor tensors: older checkpoints without them resume.
  * The loader draws every order and augmentation from run.seed, the epoch and
  * the sample's index, so the position is all of the RNG state there is. */
@@ -141,8 +142,9 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     memcpy(prep.std, t->set.data.std, sizeof prep.std);
     char *meta = export_meta_json(m, t->set.model.name, &prep, t->data.train.class_names, t->data.train.num_classes);
     char *tensors = export_tensors_json(m);
-    CkptWriter *w = ckpt_write_begin(path, stat_bytes ? 9 : 8, err, n);
+    CkptWriter *w = ckpt_write_begin(path, 8 + (stat_bytes > 0) + (t->net_text != NULL), err, n);
     if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, n) == 0 &&
+        (!t->net_text || ckpt_write_section(w, "net", t->net_text, strlen(t->net_text), err, n) == 0) &&
         ckpt_write_section(w, "meta", meta, strlen(meta), err, n) == 0 &&
         ckpt_write_section(w, "tensors", tensors, strlen(tensors), err, n) == 0 &&
         ckpt_write_section(w, "position", &pos, sizeof pos, err, n) == 0 &&

@@ -449,10 +449,9 @@ static void build_model(Trainer *t) {
     const TrainSettings *s = &t->set;
     Model *m = &t->model;
     char err[512];
-    if (model_build(m, s->model.name, s->train.batch, s->data.image_size, s->model.num_classes, s->model.nhwc, err,
-                    sizeof err) != 0)
-        tc_fatal(NULL, 0, "%s (model.name from %s, data.image_size from %s)", err, settings_origin(s, "model.name"),
-                 settings_origin(s, "data.image_size"));
+    if (settings_build_net(s, m, s->train.batch, s->model.nhwc, &t->net_text, err, sizeof err) != 0)
+        tc_fatal(NULL, 0, "%s (%s from %s, data.image_size from %s)", err, s->model.net ? "model.net" : "model.name",
+                 settings_origin(s, s->model.net ? "model.net" : "model.name"), settings_origin(s, "data.image_size"));
     m->conv_policy.workspace_limit = s->perf.conv_workspace_bytes;
     m->conv_policy.allow_tf32 = s->precision.tf32;
     m->conv_policy.deterministic = s->perf.deterministic;
@@ -721,6 +720,7 @@ void trainer_close(Trainer *t) {
     loader_destroy(t->data.train_loader);
     if (t->data.test_loader) loader_destroy(t->data.test_loader);
     model_destroy(&t->model);
+    free(t->net_text);
     state_free(t);
     source_free(&t->data.train);
     source_free(&t->data.test);

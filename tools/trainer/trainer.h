@@ -205,6 +205,7 @@ typedef struct {
     TrainDist ddp;
     TrainData data;
     Model model;
+    char *net_text;           /* the net file's text, as built (a checkpoint's "net" section) */
     TrainBuffers buf;
     TrainInput input;
     TrainOptim optim;

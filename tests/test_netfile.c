@@ -1,0 +1,336 @@
+/* Net files (models/netfile.h): each shipped net against the C builder it was
+ * written from (the same layers with their kinds, shapes and arguments,
+ * blocks, parameter layout, tensor names, and params_crc after model_finalize
+ * from the same seed); a net with adds by name and repeats; and every error of
+ * the reader with its file:line text. CPU only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "models/model.h"
+#include "models/netfile.h"
+#include "models/tensors.h"
+#include "models/zoo.h"
+#include "runtime/checkpoint.h"
+#include "runtime/config.h"
+#include "runtime/files.h"
+#include "tests/harness.h"
+#include "tools/trainer/export.h"
+#include "tools/trainer/keys.h"
+#include "tools/trainer/settings.h"
+#include "tools/trainer/summary.h"
+#include "tools/trainer/train.h"
+
+static Model *new_model(void) {
+    Model *m = calloc(1, sizeof *m);
+    if (!m) abort();
+    return m;
+}
+
+/* Layer i of a and b describe the same layer. */
+static int same_layer(const Layer *a, const Layer *b) {
+    return a->kind == b->kind && a->in == b->in && a->out == b->out && a->in2 == b->in2 && a->block == b->block &&
+           a->w_off == b->w_off && a->b_off == b->b_off && a->w_count == b->w_count && a->b_count == b->b_count &&
+           a->fan_in == b->fan_in && memcmp(&a->conv.shape, &b->conv.shape, sizeof a->conv.shape) == 0 &&
+           memcmp(&a->pool.shape, &b->pool.shape, sizeof a->pool.shape) == 0 &&
+           memcmp(&a->linear, &b->linear, sizeof a->linear) == 0 && a->scale == b->scale &&
+           a->stat_off == b->stat_off && a->whitening == b->whitening && a->dirac == b->dirac &&
+           strcmp(a->name, b->name) == 0 && strcmp(a->module, b->module) == 0;
+}
+
+static int same_act(const Activation *a, const Activation *b) {
+    return a->c == b->c && a->h == b->h && a->w == b->w && a->c_real == b->c_real &&
+           a->shares_with == b->shares_with && a->internal_to == b->internal_to;
+}
+
+static uint32_t params_crc(const Model *m) { return ckpt_crc32(0, m->params, m->n_params * sizeof(float)); }
+
+static void check_tensor_names(const Model *file, const Model *c, const char *what) {
+    enum { MAX = 512 };
+    static ModelTensor a[MAX], b[MAX];
+    char err[256];
+    int na = model_tensors(file, a, MAX, err, sizeof err), nb = model_tensors(c, b, MAX, err, sizeof err);
+    CHECK_MSG(na == nb && na > 0 && na <= MAX, "%s: %d tensors from the file, %d from C", what, na, nb);
+    for (int i = 0; i < na && i < nb && i < MAX; i++)
+        CHECK_MSG(strcmp(a[i].name, b[i].name) == 0 && a[i].count == b[i].count, "%s: tensor %d: %s against %s",
+                  what, i, a[i].name, b[i].name);
+}
+
+/* The shipped file of name against its C builder at image x image, in layout nhwc (finalized and its
+ * params_crc compared in NCHW, the CPU's layout). */
+static void check_shipped(const char *name, int image, int nhwc, int batch) {
+    char what[64], err[512];
+    snprintf(what, sizeof what, "%s at %d%s", name, image, nhwc ? " nhwc" : "");
+    Model *file = new_model(), *c = new_model();
+    int rc = model_build(file, name, batch, image, 10, nhwc, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s: %s", what, err);
+    CHECK(model_build_c(c, name, batch, image, 10, nhwc) == 0);
+    if (rc != 0) goto done;
+    CHECK_MSG(file->n_layers == c->n_layers && file->n_acts == c->n_acts && file->n_blocks == c->n_blocks,
+              "%s: %d layers, %d activations, %d blocks from the file; %d, %d, %d from C", what, file->n_layers,
+              file->n_acts, file->n_blocks, c->n_layers, c->n_acts, c->n_blocks);
+    for (int i = 0; i < file->n_layers && i < c->n_layers; i++)
+        CHECK_MSG(same_layer(&file->layers[i], &c->layers[i]), "%s: layer %d (%s '%s' against %s '%s') differs",
+                  what, i, file->layers[i].name, file->layers[i].module, c->layers[i].name, c->layers[i].module);
+    for (int i = 0; i < file->n_acts && i < c->n_acts; i++)
+        CHECK_MSG(same_act(&file->acts[i], &c->acts[i]), "%s: activation %d differs", what, i);
+    CHECK_MSG(file->n_params == c->n_params && model_param_count(file) == model_param_count(c) &&
+              file->n_bn_stats == c->n_bn_stats, "%s: %zu parameters from the file, %zu from C", what,
+              model_param_count(file), model_param_count(c));
+    check_tensor_names(file, c, what);
+    if (nhwc) goto done; /* the CPU runs NCHW only: the layout's shapes are compared, not finalized */
+    model_finalize(file, NULL, 1234);
+    model_finalize(c, NULL, 1234);
+    CHECK_MSG(params_crc(file) == params_crc(c), "%s: params_crc %08x from the file, %08x from C", what,
+              params_crc(file), params_crc(c));
+    model_destroy(file);
+    model_destroy(c);
+done:
+    free(file);
+    free(c);
+}
+
+/* Builds text as the file "t.net" (16x16 images, 10 classes); returns its error ("" when it built). */
+static const char *build_text(Model *m, const char *text) {
+    static char err[1024];
+    NetShape shape = {2, 16, 10, 0};
+    err[0] = '\0';
+    if (netfile_build(m, "t.net", text, &shape, err, sizeof err) == 0) err[0] = '\0';
+    else if (!err[0]) snprintf(err, sizeof err, "(failed without a message)");
+    return err;
+}
+
+static void expect_error(const char *text, const char *expected) {
+    Model *m = new_model();
+    const char *err = build_text(m, text);
+    CHECK_MSG(strstr(err, expected) == err, "\n%s\ngave  '%s'\nnot   '%s...'", text, err, expected);
+    free(m);
+}
+
+#define HEAD "[net]\n"
+#define TAIL "global_avgpool\nfc = linear {classes}\n"
+
+static void check_errors(void) {
+    expect_error(HEAD "c1 = cnv 8 3\n" TAIL, "t.net:2: layer c1: unknown kind 'cnv' (kinds: conv, linear,");
+    expect_error(HEAD "c1 = conv 8 3 strid=2\n" TAIL,
+                 "t.net:2: layer c1: conv has no argument 'strid' (it takes: out, k, stride, pad, bias, dirac, "
+                 "whiten)");
+    expect_error(HEAD "c1 = conv 8 three\n" TAIL, "t.net:2: layer c1: k = 'three' is not an integer");
+    expect_error(HEAD "c1 = conv 8 3 bias=maybe\n" TAIL, "t.net:2: layer c1: bias = 'maybe' is not yes or no");
+    expect_error(HEAD "c1 = conv 8\n" TAIL, "t.net:2: layer c1: conv needs its argument 'k'");
+    expect_error(HEAD "relu 4\n" TAIL, "t.net:2: unnamed relu: relu takes 0 positional arguments (none), and '4' "
+                 "is one more");
+    expect_error(HEAD "c1 = conv 0 3\n" TAIL, "t.net:2: layer c1: a convolution of 0 channels, kernel 3");
+    expect_error(HEAD "c1 = conv 8 33 pad=0\n" TAIL,
+                 "t.net:2: layer c1: a 33x33 convolution (pad 0) does not fit a 16x16 input");
+    expect_error(HEAD "c1 = conv 8 3 stride=2\nadd input\n" TAIL,
+                 "t.net:3: unnamed add: add of 8x8x8 and 3x16x16 (channels x height x width): the shapes differ");
+    expect_error(HEAD "c1 = conv 8 3\nadd c2\nc2 = conv 8 3\n" TAIL,
+                 "t.net:3: unnamed add: c2 is read before it is defined (line 4)");
+    expect_error(HEAD "c1 = conv 8 3\nadd nowhere\n" TAIL, "t.net:3: unnamed add: no layer before this one is named "
+                 "nowhere");
+    expect_error(HEAD "c1 = conv 8 3\nc1 = conv 8 3\n" TAIL, "t.net:3: layer c1: the name c1 is taken (line 2)");
+    expect_error(HEAD "c1 = conv {width} 3\n" TAIL, "t.net:2: layer c1: unknown variable {width}");
+    expect_error(HEAD "c1 = conv 8 3 whiten=yes\nc2 = conv 8 3 whiten=yes\n" TAIL,
+                 "t.net:3: layer c2: a whitening layer is a convolution over the input image");
+    expect_error(HEAD "c1 = conv 8 2 dirac=yes\n" TAIL,
+                 "t.net:2: layer c1: a Dirac start needs a convolution with an odd square kernel");
+    expect_error(HEAD "c1 = conv 8 3\nrelu\nc2 = conv 8 3 from=c1\n" TAIL,
+                 "t.net:3: unnamed relu: a ReLU works in place, so its input may feed no other layer, and line 4's");
+    expect_error(HEAD "fc = linear 0\n", "t.net:2: layer fc: a linear layer of 0 outputs");
+    expect_error(HEAD "c1 = conv 8 3\n", "t.net:2: the net ends in 8x16x16, not in {classes} = 10 logits");
+    expect_error("[block b]\nc = conv 8 3 stride=4\nadd input\n" HEAD "x = b\n" TAIL,
+                 "t.net:3: unnamed add (block b, used at t.net:5): add of 8x4x4 and 3x16x16");
+    expect_error("[block b]\nparams = w\nc = conv {w} 3\n" HEAD "x = b w=8 v=2\n" TAIL,
+                 "t.net:5: layer x: block b has no argument 'v' (it takes: w)");
+    expect_error("[block b]\nc = conv 8 3\n" HEAD "b\nrepeat 2 b\n" TAIL,
+                 "t.net:5: unnamed repeat: a repeat needs a name");
+    expect_error("[block b]\ncheckpoint = yes\nc = conv 8 3\n[block a]\ncheckpoint = yes\nb\n" HEAD "x = a\n" TAIL,
+                 "t.net:6: unnamed b (block a, used at t.net:8): block b is a checkpoint block inside another one");
+    expect_error("[block b]\nb\n" HEAD "x = b\n" TAIL, "t.net:2: unnamed b (block b, used at t.net:2): blocks nested");
+    expect_error(HEAD "c1 = conv 8 3 if 3 ~ 4\n" TAIL, "t.net:2: layer c1: expected 'if A OP B'");
+    expect_error("[net\n", "t.net:1: unterminated section header '[net' (no ']')");
+    expect_error("[nett]\n", "t.net:1: unknown section [nett] (sections: [net], [vars], [block NAME])");
+    expect_error("c = conv 8 3\n", "t.net:1: a line outside any section (start with [net])");
+    expect_error("[vars]\nw = 8\n", "t.net:2: no [net] section");
+    expect_error("[block conv]\n" HEAD TAIL, "t.net:1: block conv: the name is taken by a layer kind");
+    expect_error(HEAD TAIL HEAD, "t.net:4: a second [net] section (the first is at line 1)");
+    expect_error("[vars]\nw = 8\nw = 9\n" HEAD TAIL, "t.net:3: variable w is set twice");
+    expect_error(HEAD "c1 = conv 8 3 k=5\n" TAIL, "t.net:2: layer c1: conv: 'k' is given twice");
+    expect_error("[block b]\nparams = w\nc = conv {w} 3\n" HEAD "x = repeat 2 b 8 w=4\n" TAIL,
+                 "t.net:5: layer x: block b: 'w' is given twice");
+    expect_error("[block a b]\n" HEAD TAIL, "t.net:1: [block a b]: a block's name is one word");
+    expect_error(HEAD "c1 = conv 8 3 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1\n" TAIL,
+                 "t.net:2: layer c1: more than 32 words on the line");
+    Model *m = new_model();
+    char err[256];
+    NetShape shape = {2, 16, 10, 0};
+    CHECK(netfile_build(m, "/nonexistent/x.net", NULL, &shape, err, sizeof err) == -1 &&
+          strcmp(err, "/nonexistent/x.net: cannot open: No such file or directory") == 0);
+    free(m);
+}
+
+/* Adds by name, repeat with "then", variables with arithmetic, a condition and checkpoint blocks. */
+static void check_good_net(void) {
+    const char *text =
+        "# a residual net\n"
+        "[vars]\n"
+        "width = 8\n"
+        "[block res]\n"
+        "params = w stride=1\n"
+        "checkpoint = yes\n"
+        "a = conv {w} 3 stride={stride} bias=no\n"
+        "an = batchnorm\n"
+        "relu\n"
+        "b = conv {w} 3 bias=no\n"
+        "bn = batchnorm\n"
+        "short = conv {w} 1 stride={stride} bias=no from=input   if {stride} != 1\n"
+        "add bn short   if {stride} != 1\n"
+        "add input      if {stride} == 1\n"
+        "relu\n"
+        "[net]\n"
+        "stem = conv {width} 3\n"
+        "stage = repeat 3 res {2*width} 2 then stride=1\n"
+        "tail = res {2*width}\n"
+        "sum = add stage.0 from=tail\n"
+        "global_avgpool\n"
+        "fc = linear {classes} bias=no\n";
+    Model *m = new_model();
+    const char *err = build_text(m, text);
+    CHECK_MSG(!err[0], "%s", err);
+    if (err[0]) {
+        free(m);
+        return;
+    }
+    /* stem; res with its shortcut (8 layers), 2 without (7 each), tail (7); add, pool, fc */
+    CHECK_MSG(m->n_layers == 1 + 8 + 7 + 7 + 7 + 3, "%d layers", m->n_layers);
+    CHECK(m->n_blocks == 4);
+    int stage0 = -1, tail = -1, sum = -1, short_conv = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (strcmp(l->module, "stage.0.short") == 0) short_conv = i;
+        if (strcmp(l->module, "sum") == 0) sum = i;
+        if (strcmp(l->module, "tail.b") == 0) tail = i;
+        if (l->block == 0) stage0 = i; /* stage.0's last layer */
+    }
+    CHECK(short_conv > 0 && m->layers[short_conv].conv.shape.stride == 2 && m->layers[short_conv].in == 1);
+    CHECK(sum > 0 && m->layers[sum].kind == LAYER_ADD && m->layers[sum].in == m->layers[sum - 1].out &&
+          m->layers[sum].in2 == m->layers[stage0].out);
+    CHECK(tail > 0 && m->layers[tail].conv.shape.k == 16 && m->acts[m->layers[sum].out].h == 8);
+    CHECK(strcmp(m->layers[0].module, "stem") == 0 && m->layers[m->n_layers - 1].b_count == 0);
+    model_finalize(m, NULL, 5);
+    model_forward(m);
+    model_destroy(m);
+    free(m);
+}
+
+static const char tiny_net[] = "[net]\nc1 = conv 8 3 stride=2\nrelu\nglobal_avgpool\nfc = linear {classes}\n";
+
+static Config *config_of(const char *path) {
+    Config *c = config_new(trainc_keys, trainc_n_keys);
+    char err[512];
+    CHECK_MSG(config_load_file(c, path, err, sizeof err) == 0, "%s", err);
+    return c;
+}
+
+static void read_settings(void *cfg) {
+    TrainSettings s;
+    settings_read(cfg, 1, &s);
+}
+
+/* model.net against the config's folder, the net it builds and its summary; model.net with model.name. */
+static void check_config(void) {
+    const char *dir = test_tmpdir("netfile");
+    char sub[512], path[600], nets[600];
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    snprintf(nets, sizeof nets, "%s/sub/nets", dir);
+    CHECK(files_make_dirs(nets) == 0);
+    test_write_file(nets, "tiny.net", tiny_net, strlen(tiny_net));
+    const char *ini = "[run]\ndevice = cpu\n[data]\nimage_size = 16\n[model]\nnum_classes = 10\nnet = nets/tiny.net\n";
+    snprintf(path, sizeof path, "%s", test_write_file(sub, "a.ini", ini, strlen(ini)));
+    Config *c = config_of(path);
+    TrainSettings s;
+    settings_read(c, 1, &s);
+    char want[700], err[512];
+    snprintf(want, sizeof want, "%s/tiny.net", nets);
+    CHECK_MSG(s.model.net && strcmp(s.model.net, want) == 0 && strcmp(s.model.name, "tiny") == 0,
+              "model.net resolved to %s (name %s), not %s", s.model.net ? s.model.net : "NULL", s.model.name, want);
+    Model *m = new_model();
+    char *text = NULL;
+    CHECK_MSG(settings_build_net(&s, m, 2, 0, &text, err, sizeof err) == 0, "%s", err);
+    CHECK(text && strcmp(text, tiny_net) == 0);
+    free(text);
+    CHECK(m->n_layers == 4 && strcmp(m->layers[0].module, "c1") == 0 && m->acts[m->layers[0].out].h == 8);
+    char *table = NULL;
+    size_t table_len = 0;
+    FILE *f = open_memstream(&table, &table_len);
+    summary_print(m, "tiny", f);
+    fclose(f);
+    /* conv 3 -> 8 3x3 at 8x8: 2 * 8*3*9 * 64 FLOPs, 216 + 8 parameters; fc 8 -> 10 */
+    CHECK_MSG(strstr(table, "c1") && strstr(table, "8x8x8") && strstr(table, "224") && strstr(table, "27,648") &&
+              strstr(table, "total: 4 layers, 314 parameters"), "summary:\n%s", table);
+    free(table);
+    free(m);
+    config_free(c);
+
+    const char *both = "[run]\ndevice = cpu\n[model]\nname = resnet18\nnet = nets/tiny.net\n";
+    snprintf(path, sizeof path, "%s", test_write_file(sub, "b.ini", both, strlen(both)));
+    c = config_of(path);
+    int status = 0;
+    char *out = test_child_stderr("netfile", read_settings, c, &status);
+    CHECK_MSG(status == 1 && strstr(out, "b.ini:5: model.net = nets/tiny.net: and model.name both name the net"),
+              "exit %d: %s", status, out);
+    free(out);
+    config_free(c);
+}
+
+static const char residual_net[] =
+    "[net]\nstem = conv 8 3 bias=no\nstem_bn = batchnorm\nr = relu\nb1 = conv 8 3\nadd r\n"
+    "global_avgpool\nfc = linear {classes}\n";
+
+/* A run of a net file writes its text into the checkpoint, and export rebuilds the net from that text even
+ * once the file is gone. */
+static void check_checkpoint(void) {
+    char root[600], net[700], dir[700], ckpt[800], out[800], line[1000], err[4400];
+    snprintf(root, sizeof root, "%s", test_tmpdir("netfile-ckpt"));
+    snprintf(net, sizeof net, "%s", test_write_file(root, "res.net", residual_net, strlen(residual_net)));
+    snprintf(dir, sizeof dir, "%s/ck", root);
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt-00000002.trc", dir);
+    snprintf(out, sizeof out, "%s/res.safetensors", root);
+    char ini[1200]; /* model.net = res.net: beside run.ini */
+    snprintf(ini, sizeof ini, "[run]\ndevice = cpu\nepochs = 1\nmax_steps = 2\ncheckpoint_every = 2\nlog_every = 1000\n"
+             "checkpoint_dir = %s\n[data]\nsource = synthetic\nimage_size = 16\nsynthetic_train = 64\n"
+             "synthetic_test = 16\n[train]\nbatch = 16\n[model]\nnet = res.net\n", dir);
+    Config *c = config_of(test_write_file(root, "run.ini", ini, strlen(ini)));
+    TrainSummary run;
+    train_run(c, &run);
+    config_free(c);
+    CHECK(unlink(net) == 0);
+    CheckpointWeights w;
+    CHECK_MSG(checkpoint_weights_read(ckpt, &w, err, sizeof err) == 0, "%s", err);
+    CHECK(w.net_text && strcmp(w.net_text, residual_net) == 0);
+    CHECK(w.model && w.model->n_layers == 7 && w.model->layers[4].kind == LAYER_ADD &&
+          strcmp(w.model->layers[0].module, "stem") == 0);
+    checkpoint_weights_free(&w);
+    snprintf(line, sizeof line, "%s", ckpt);
+    char *argv[] = {"export", "--checkpoint", line, "--format", "safetensors", "--out", out, NULL};
+    CHECK(export_main(7, argv) == 0 && access(out, F_OK) == 0);
+}
+
+int main(void) {
+    check_shipped("simplenet", 32, 0, 2);
+    check_shipped("simplenet", 64, 1, 2);
+    check_shipped("airbench", 32, 0, 2);
+    check_shipped("airbench", 32, 1, 2);
+    check_shipped("resnet18", 32, 0, 2);
+    check_shipped("resnet18", 128, 1, 1);
+    check_shipped("resnet34", 32, 0, 1);
+    check_shipped("resnet50", 32, 1, 1);
+    check_shipped("resnet50", 224, 0, 1);
+    check_errors();
+    check_good_net();
+    check_config();
+    check_checkpoint();
+    return test_finish("test_netfile");
+}

@@ -203,6 +203,7 @@ static cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape *s, cudnnMa
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, s->pad, s->pad, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, conv2d_groups(s)));
     CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
     return d;
 }
@@ -613,7 +614,9 @@ static int build_plan(Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass) {
     cudnnDataType_t type = dtype_cudnn(c->dtype);
     backend_graph_init(g, kPassNames[pass], c->dtype, c->nhwc);
     cudnnBackendDescriptor_t x = backend_graph_tensor(g, UID_X, type, s->n, s->c, s->h, s->w, false);
-    cudnnBackendDescriptor_t w = backend_graph_tensor(g, UID_W, type, s->k, s->c, s->r, s->s, false);
+    /* grouped: the filter's C / G channels, from which cuDNN's graph takes the groups */
+    cudnnBackendDescriptor_t w =
+        backend_graph_tensor(g, UID_W, type, s->k, s->c / conv2d_groups(s), s->r, s->s, false);
     cudnnBackendDescriptor_t y =
         backend_graph_tensor(g, UID_Y, type, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), false);
     cudnnBackendDescriptor_t op = backend_graph_conv_pass_op(g, s, kBackendPass[pass], x, w, y, kPassBeta[pass]);
@@ -682,7 +685,7 @@ static void set_direct_blocks(Conv2dCuda *c) {
 static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     const Conv2dShape *s = &c->shape;
     size_t elem = dtype_size(c->dtype);
-    size_t bytes[PASS_TENSORS] = {(size_t)s->n * s->c * s->h * s->w * elem, (size_t)s->k * s->c * s->r * s->s * elem,
+    size_t bytes[PASS_TENSORS] = {(size_t)s->n * s->c * s->h * s->w * elem, conv2d_filter_count(s) * elem,
                                   (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s) * elem};
     void *ptrs[PASS_TENSORS], *workspace = NULL, *direct_workspace = NULL;
     for (int i = 0; i < PASS_TENSORS; i++) {
@@ -737,10 +740,11 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     cudnnDataType_t data_type = dtype_cudnn(dtype);
     size_t workspace_limit = policy->workspace_limit;
     int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
+    int groups = conv2d_groups(s);
     if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->k > 65535 || s->r <= 0 || s->s <= 0 ||
-        s->stride <= 0 || s->pad < 0 || out_h <= 0 || out_w <= 0)
-        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", s->n,
-                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride);
+        s->stride <= 0 || s->pad < 0 || out_h <= 0 || out_w <= 0 || s->groups < 0 || s->c % groups || s->k % groups)
+        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d groups=%d", s->n,
+                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride, s->groups);
 
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->x_desc));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->y_desc));
@@ -748,7 +752,7 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&c->w_desc));
     /* Dimensions are given as NCHW in either format; the format says how they lie in memory. */
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->x_desc, format, data_type, s->n, s->c, s->h, s->w));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, data_type, format, s->k, s->c, s->r, s->s));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, data_type, format, s->k, s->c / groups, s->r, s->s));
     /* Heuristics are asked under the widest math allowed; each pass then runs
      * under the math type of the algorithm it got. */
     c->conv_desc = make_conv_desc(s, widest_math(c));

@@ -178,7 +178,7 @@ static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
     double flops = out, bytes = (in + out) * esize + weights;
     if (l->kind == LAYER_CONV) {
         const Conv2dShape *s = &l->conv.shape;
-        flops = 2.0 * s->n * s->k * s->c * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
+        flops = 2.0 * s->n * s->k * (s->c / conv2d_groups(s)) * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
     }
     if (l->kind == LAYER_CONV && l->pool_layer >= 0) { /* conv_bias_relu_pool: the real channels, the pool's output */
         flops = flops / l->conv.shape.c * m->acts[l->in].c_real;

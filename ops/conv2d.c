@@ -171,7 +171,7 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
     size_t x_group = (size_t)g.c * s->h * s->w, y_group = (size_t)g.k * pq, w_group = (size_t)g.k * crs;
     float *col = alloc_col(&g);
     if (db) conv2d_bias_grad_cpu(s, dy, db);
-    if (dw && !(accumulate & CONV2D_ADD_DW)) memset(dw, 0, sizeof(float) * conv2d_filter_count(s)); /* each image adds */
+    if (dw && !(accumulate & CONV2D_ADD_DW)) memset(dw, 0, sizeof(float) * conv2d_filter_count(s)); /* images add */
     for (int n = 0; n < s->n; n++) {
         float *dx_n = dx ? dx + n * x_image : NULL;
         if (dx_n && !(accumulate & CONV2D_ADD_DX)) memset(dx_n, 0, sizeof(float) * x_image);
@@ -216,9 +216,14 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
 }
 
 int conv2d_direct_fits(const Conv2dShape *s, DType dtype, int nhwc) {
-    return nhwc && dtype != DTYPE_F32 && conv2d_groups(s) == 1 && s->c == CONV2D_DIRECT_CHANNELS && s->r == 3 && s->s == 3 && s->pad == 1 &&
-           s->stride == 1 && s->k % 16 == 0 && s->k <= CONV2D_DIRECT_MAX_OUT &&
+    return nhwc && dtype != DTYPE_F32 && conv2d_groups(s) == 1 && s->c == CONV2D_DIRECT_CHANNELS && s->r == 3 &&
+           s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 && s->k <= CONV2D_DIRECT_MAX_OUT &&
            (size_t)s->n * s->h * s->w <= (size_t)INT_MAX / 2; /* pixels counted in int, a block's run past them */
+}
+
+int conv2d_depthwise_fits(const Conv2dShape *s, DType dtype, int nhwc) {
+    return nhwc && dtype != DTYPE_F32 && s->groups == s->c && s->k == s->c && s->c % 2 == 0 && s->r == s->s &&
+           (s->r == 3 || s->r == 5) && (s->stride == 1 || s->stride == 2) && s->pad < s->r;
 }
 
 /* One pass: the winner first, the losers' times in parentheses. */

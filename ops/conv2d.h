@@ -66,7 +66,8 @@ void conv2d_check_ungrouped(const Conv2dShape *s, const char *op);
  * finalizes, however it times. There too the forward and filter passes of a
  * 3x3 stride-1 convolution of an image padded to 8 channels time a direct
  * path of our own (at most 64 output channels, a multiple of 16), run where
- * fastest; prefer_direct (tests) takes it wherever it fits.
+ * fastest, and so do every pass of a depthwise 3x3 or 5x5 (conv2d_depthwise_fits);
+ * prefer_direct (tests) takes either wherever it fits.
  * agree: processes that choose together (the ranks of data-parallel
  * training) pass every timing of the same candidates, n floats in the same
  * order on each, through agree, which makes each the same on all of them
@@ -175,6 +176,10 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
 #define CONV2D_DIRECT_CHANNELS 8
 #define CONV2D_DIRECT_MAX_OUT 64
 int conv2d_direct_fits(const Conv2dShape *s, DType dtype, int nhwc);
+/* Whether the direct path's depthwise kernels (conv2d.cu) take a convolution: groups = c = k (even), a square
+ * 3x3 or 5x5 filter, stride 1 or 2, pad below the filter's size, f16 or bf16 NHWC. Every pass is timed
+ * against cuDNN's under benchmark (prefer_direct: taken). */
+int conv2d_depthwise_fits(const Conv2dShape *s, DType dtype, int nhwc);
 
 /* nhwc picks the layout above. Half types in NHWC run on tensor cores where
  * cuDNN has a kernel for the shape: c a multiple of 8 (pad the input's channels

@@ -153,8 +153,10 @@ static ConvResults conv_run(const GridCase *c, const OpContext *ctx, const Conv2
     DType dt = c->dtype;
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
     size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
-    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, conv_filter_c(s), s->r, s->s);
-    float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *dw0l = grid_to_layout(c, v->dw0, s->k, conv_filter_c(s), s->r, s->s);
+    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w);
+    float *wl = grid_to_layout(c, v->w, s->k, conv_filter_c(s), s->r, s->s);
+    float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow);
+    float *dw0l = grid_to_layout(c, v->dw0, s->k, conv_filter_c(s), s->r, s->s);
     if (!add_dw) grid_fill_nan(dw0l, nw);
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_b = grid_put(c, dt, v->b, s->k);
     void *d_dy = grid_put(c, dt, dyl, ny), *d_y = grid_alloc(c, dt, ny), *d_dx = want_dx ? grid_alloc(c, dt, nx) : NULL;
@@ -204,8 +206,11 @@ static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, co
     printf("  %s\n", chosen);
     CHECK_MSG(cc->plans != NULL, "%s conv: no backend plans were tried", c->name);
     const Conv2dShape *s = &conv->shape;
-    int direct_fits = conv2d_groups(s) == 1 && s->c == 8 && s->r == 3 && s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 &&
-                      s->k <= 64 && !policy->prefer_backend;
+    int direct_fits = s->c == 8 && s->r == 3 && s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 &&
+                      s->k <= 64 && conv2d_groups(s) == 1 && !policy->prefer_backend;
+    /* the depthwise kernels: every pass timed */
+    int depthwise = s->groups == s->c && s->k == s->c && s->c % 2 == 0 && s->r == s->s && (s->r == 3 || s->r == 5) &&
+                    s->stride <= 2 && s->pad < s->r && !policy->prefer_backend;
     /* adding the filter gradient is not timed: FILTER's direct path where it won, else the legacy algorithm */
     CHECK_MSG(cc->legacy_us[CONV2D_FILTER_ADD] == 0 && cc->plan_us[CONV2D_FILTER_ADD] == 0 &&
                   !cc->use_plan[CONV2D_FILTER_ADD] && cc->use_direct[CONV2D_FILTER_ADD] == cc->use_direct[CONV2D_FILTER],
@@ -214,7 +219,7 @@ static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, co
     for (int pass = 0; cc->plans && pass < CONV2D_PASSES; pass++) {
         if (pass == CONV2D_FILTER_ADD) continue;
         CHECK_MSG(cc->legacy_us[pass] > 0, "%s conv: pass %d's legacy algorithm was not timed", c->name, pass);
-        int direct_pass = direct_fits && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
+        int direct_pass = (direct_fits && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER)) || depthwise;
         CHECK_MSG((cc->direct_us[pass] > 0) == direct_pass, "%s conv: pass %d's direct path %s (%s)", c->name, pass,
                   direct_pass ? "was not timed" : "was timed where it does not fit", chosen);
         int faster = cc->plan_us[pass] > 0 && cc->plan_us[pass] < cc->legacy_us[pass];
@@ -246,9 +251,9 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     conv_check_backend_plans(c, &ctx, &conv, policy);
     int deterministic = conv_algos_deterministic(c, &conv.cuda);
     size_t ws = conv2d_workspace_bytes(&ctx, &conv);
-    printf(" %dx%dx%dx%d (%d real) -> %d, %dx%d pad %d stride %d groups %d: algos fwd %d bwd-data %d bwd-filter %d (%s), "
-           "workspace %zu bytes%s\n", s.n, s.c, s.h, s.w, real_c, s.k, s.r, s.s, s.pad, s.stride, conv2d_groups(&s),
-           (int)conv.cuda.fwd_algo, (int)conv.cuda.bwd_data_algo, (int)conv.cuda.bwd_filter_algo,
+    printf(" %dx%dx%dx%d (%d real) -> %d, %dx%d pad %d stride %d groups %d: algos fwd %d bwd-data %d bwd-filter %d "
+           "(%s), workspace %zu bytes%s\n", s.n, s.c, s.h, s.w, real_c, s.k, s.r, s.s, s.pad, s.stride,
+           conv2d_groups(&s), (int)conv.cuda.fwd_algo, (int)conv.cuda.bwd_data_algo, (int)conv.cuda.bwd_filter_algo,
            deterministic ? "deterministic" : "NOT all deterministic", ws, policy->benchmark ? " (benchmarked)" : "");
     CHECK(ws <= CONV_WORKSPACE_LIMIT);
     /* the bias gradient's partial sums live in the workspace (every case but f32 NCHW) */
@@ -536,7 +541,8 @@ static void conv_cpu_case(const GridCase *c) {
     }
     const Conv2dShape bigger[] = {
         CONV(3, 8, 12, 10, 6, 3, 3, 1, 1), CONV(2, 16, 16, 16, 32, 3, 3, 1, 1), CONV(2, 3, 17, 23, 8, 7, 7, 3, 2),
-        CONV(2, 5, 9, 11, 4, 3, 3, 0, 2), CONVG(2, 32, 12, 12, 32, 3, 3, 1, 2, 32), CONVG(2, 16, 9, 9, 32, 3, 3, 1, 1, 4),
+        CONV(2, 5, 9, 11, 4, 3, 3, 0, 2),  CONVG(2, 32, 12, 12, 32, 3, 3, 1, 2, 32),
+        CONVG(2, 16, 9, 9, 32, 3, 3, 1, 1, 4),
     };
     for (size_t i = 0; i < GRID_COUNT(bigger); i++) conv_cpu_against_naive(c, &bigger[i]);
 }
@@ -556,7 +562,8 @@ static void conv_check_accumulate_dx(const GridCase *c, const OpContext *ctx, co
     float *old = grid_accumulator_start(c, dt, v->dx, nx), *want = host_floats(nx);
     for (size_t i = 0; i < nx; i++) want[i] = old[i] + v->dx[i];
     round_to(dt, want, nx);
-    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, conv_filter_c(s), s->r, s->s);
+    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w);
+    float *wl = grid_to_layout(c, v->w, s->k, conv_filter_c(s), s->r, s->s);
     float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *oldl = grid_to_layout(c, old, s->n, s->c, s->h, s->w);
     float *dw0l = grid_to_layout(c, v->dw0, s->k, conv_filter_c(s), s->r, s->s);
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_dy = grid_put(c, dt, dyl, ny);
@@ -670,6 +677,18 @@ static void conv_gpu_grouped_case(const GridCase *c) {
     conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 1, 96), 96, &benchmarked_policy);
     conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 2, 96), 96, &benchmarked_policy);
     conv_gpu_shape(c, CONVG(8, 64, 16, 16, 128, 3, 3, 1, 1, 4), 64, &benchmarked_policy);
+    if (!c->nhwc || c->dtype == DTYPE_F32) return;
+    /* the depthwise kernels forced: 3x3 and 5x5 at stride 1 and 2, 16-byte vectors (c a multiple of 8) and 4-byte
+     * ones, odd sizes, pads 0 and 1 of a 5x5; dx added onto random values too */
+    const Conv2dShape depthwise[] = {
+        CONVG(4, 32, 16, 16, 32, 3, 3, 1, 1, 32), CONVG(4, 32, 15, 17, 32, 3, 3, 1, 2, 32),
+        CONVG(2, 64, 14, 14, 64, 5, 5, 2, 1, 64), CONVG(2, 64, 13, 11, 64, 5, 5, 2, 2, 64),
+        CONVG(3, 18, 9, 7, 18, 3, 3, 1, 1, 18),   CONVG(3, 18, 9, 7, 18, 5, 5, 1, 2, 18),
+        CONVG(2, 24, 6, 6, 24, 5, 5, 0, 1, 24),   CONVG(64, 40, 12, 12, 40, 3, 3, 1, 1, 40),
+    };
+    for (size_t i = 0; i < GRID_COUNT(depthwise); i++) conv_gpu_shape(c, depthwise[i], depthwise[i].c, &direct_policy);
+    conv_accumulate_shape(c, CONVG(4, 32, 9, 9, 32, 3, 3, 1, 2, 32), 32, &direct_policy);
+    conv_accumulate_shape(c, CONVG(4, 18, 8, 8, 18, 5, 5, 2, 1, 18), 18, &direct_policy);
 }
 
 static void conv_case(const GridCase *c) {

@@ -564,72 +564,54 @@ static DwDims dw_dims(const Conv2dShape *s) {
     return (DwDims){s->n, s->h, s->w, s->c, conv2d_out_h(s), conv2d_out_w(s), s->stride, s->pad};
 }
 
-template <typename T, int VEC, int R>
+/* Where tap r of output row (column) p reads: forward, row p * stride - pad + r of x; the data gradient
+ * (DATA: p a row of dx), the row of dy whose tap r reads it; -1 where none, in 'size' rows. */
+template <bool DATA>
+static __device__ __forceinline__ int tap_source(int p, int r, int stride, int pad, int size) {
+    int at = DATA ? p + pad - r : p * stride - pad + r;
+    if (DATA && at >= 0) {
+        if (at % stride) return -1;
+        at /= stride;
+    }
+    return at >= 0 && at < size ? at : -1;
+}
+
+/* Forward, y[pixel][ch] = the sum over its taps of x * w; DATA, dx[pixel][ch] = (with accumulate dx +) the sum
+ * over the taps that reach it of dy * w. One thread per pixel of out and VEC channels. */
+template <typename T, int VEC, int R, bool DATA>
 static __global__ void __launch_bounds__(DW_THREADS)
-depthwise_forward_kernel(const T *__restrict__ x, const T *__restrict__ wt, T *__restrict__ y, DwDims d) {
+depthwise_pass_kernel(T *__restrict__ out, const T *__restrict__ in, const T *__restrict__ wt, DwDims d,
+                      int accumulate) {
+    int out_h = DATA ? d.h : d.oh, out_w = DATA ? d.w : d.ow, in_h = DATA ? d.oh : d.h, in_w = DATA ? d.ow : d.w;
     int vecs = d.c / VEC;
-    size_t total = (size_t)d.n * d.oh * d.ow * vecs;
+    size_t total = (size_t)d.n * out_h * out_w * vecs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         int ch = (int)(i % vecs) * VEC;
         size_t pixel = i / vecs;
-        int q = (int)(pixel % d.ow), p = (int)(pixel / d.ow % d.oh), img = (int)(pixel / ((size_t)d.ow * d.oh));
+        int q = (int)(pixel % out_w), p = (int)(pixel / out_w % out_h), img = (int)(pixel / ((size_t)out_w * out_h));
         float acc[VEC];
 #pragma unroll
         for (int e = 0; e < VEC; e++) acc[e] = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            int ih = p * d.stride - d.pad + r;
-            if (ih < 0 || ih >= d.h) continue;
+            int row = tap_source<DATA>(p, r, d.stride, d.pad, in_h);
+            if (row < 0) continue;
 #pragma unroll
             for (int t = 0; t < R; t++) {
-                int iw = q * d.stride - d.pad + t;
-                if (iw < 0 || iw >= d.w) continue;
-                Pack<T, VEC> v = *(const Pack<T, VEC> *)(x + (((size_t)img * d.h + ih) * d.w + iw) * d.c + ch);
+                int col = tap_source<DATA>(q, t, d.stride, d.pad, in_w);
+                if (col < 0) continue;
+                Pack<T, VEC> v = *(const Pack<T, VEC> *)(in + (((size_t)img * in_h + row) * in_w + col) * d.c + ch);
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
                     acc[e] = fmaf(to_float(v.v[e]), to_float(wt[(ch + e) * R * R + r * R + t]), acc[e]);
             }
         }
-        Pack<T, VEC> out;
+        Pack<T, VEC> *at = (Pack<T, VEC> *)(out + pixel * d.c + ch), result;
+        if (accumulate) result = *at;
 #pragma unroll
-        for (int e = 0; e < VEC; e++) out.v[e] = from_float<T>(acc[e]);
-        *(Pack<T, VEC> *)(y + pixel * d.c + ch) = out;
-    }
-}
-
-/* dx[pixel][ch] = (with accumulate dx +) the sum over the taps that reach it of dy * w. */
-template <typename T, int VEC, int R>
-static __global__ void __launch_bounds__(DW_THREADS)
-depthwise_data_kernel(T *__restrict__ dx, const T *__restrict__ wt, const T *__restrict__ dy, DwDims d,
-                      int accumulate) {
-    int vecs = d.c / VEC;
-    size_t total = (size_t)d.n * d.h * d.w * vecs;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        int ch = (int)(i % vecs) * VEC;
-        size_t pixel = i / vecs;
-        int iw = (int)(pixel % d.w), ih = (int)(pixel / d.w % d.h), img = (int)(pixel / ((size_t)d.w * d.h));
-        float acc[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; e++) acc[e] = 0.0f;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int at_h = ih + d.pad - r, p = at_h / d.stride; /* the output row whose tap r lands here */
-            if (at_h < 0 || at_h % d.stride || p >= d.oh) continue;
-#pragma unroll
-            for (int t = 0; t < R; t++) {
-                int at_w = iw + d.pad - t, q = at_w / d.stride;
-                if (at_w < 0 || at_w % d.stride || q >= d.ow) continue;
-                Pack<T, VEC> g = *(const Pack<T, VEC> *)(dy + (((size_t)img * d.oh + p) * d.ow + q) * d.c + ch);
-#pragma unroll
-                for (int e = 0; e < VEC; e++)
-                    acc[e] = fmaf(to_float(g.v[e]), to_float(wt[(ch + e) * R * R + r * R + t]), acc[e]);
-            }
-        }
-        Pack<T, VEC> *at = (Pack<T, VEC> *)(dx + pixel * d.c + ch), out;
-        if (accumulate) out = *at;
-#pragma unroll
-        for (int e = 0; e < VEC; e++) out.v[e] = from_float<T>(accumulate ? to_float(out.v[e]) + acc[e] : acc[e]);
-        *at = out;
+        for (int e = 0; e < VEC; e++)
+            result.v[e] = from_float<T>(accumulate ? to_float(result.v[e]) + acc[e] : acc[e]);
+        *at = result;
     }
 }
 
@@ -713,12 +695,12 @@ static void launch_depthwise_vec(const Conv2dCuda *c, Conv2dPass pass, void *con
     DwDims d = dw_dims(&c->shape);
     size_t pixels = pass == CONV2D_FORWARD ? (size_t)d.n * d.oh * d.ow : (size_t)d.n * d.h * d.w;
     unsigned blocks = elementwise_blocks(pixels * (d.c / VEC));
-    if (pass == CONV2D_FORWARD)
-        depthwise_forward_kernel<T, VEC, R>
-            <<<blocks, DW_THREADS, 0, stream>>>((const T *)p[0], (const T *)p[1], (T *)p[2], d);
-    else
-        depthwise_data_kernel<T, VEC, R><<<blocks, DW_THREADS, 0, stream>>>((T *)p[0], (const T *)p[1],
-                                                                           (const T *)p[2], d, pass == CONV2D_DATA_ADD);
+    if (pass == CONV2D_FORWARD) /* p: x, w, y */
+        depthwise_pass_kernel<T, VEC, R, false>
+            <<<blocks, DW_THREADS, 0, stream>>>((T *)p[2], (const T *)p[0], (const T *)p[1], d, 0);
+    else /* dx, w, dy */
+        depthwise_pass_kernel<T, VEC, R, true><<<blocks, DW_THREADS, 0, stream>>>(
+            (T *)p[0], (const T *)p[2], (const T *)p[1], d, pass == CONV2D_DATA_ADD);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -664,31 +664,31 @@ static void conv_resnet_case(const GridCase *c) {
 }
 
 /* Grouped convolutions on the GPU, either layout, every dtype: depthwise 3x3 and 5x5 at stride 1 and 2 (MobileNet's
- * and EfficientNet's), two outputs a channel, 2 and 4 groups; strict, then timed (half NHWC: against the backend's
- * plans, each pass's faster kept). */
+ * and EfficientNet's; 16-byte vectors where c is a multiple of 8, else 4-byte ones; odd sizes; a 5x5 unpadded), two
+ * outputs a channel, 2 and 4 groups; strict, and in half NHWC the depthwise ones again on the direct kernels forced
+ * (dx added onto random values too); then timed (half NHWC: against the backend's plans and the direct kernels,
+ * each pass's fastest kept). */
 static void conv_gpu_grouped_case(const GridCase *c) {
-    const Conv2dShape strict[] = {
-        CONVG(4, 32, 16, 16, 32, 3, 3, 1, 1, 32), CONVG(4, 32, 15, 17, 32, 3, 3, 1, 2, 32),
-        CONVG(2, 64, 14, 14, 64, 5, 5, 2, 1, 64), CONVG(2, 64, 14, 14, 64, 5, 5, 2, 2, 64),
-        CONVG(2, 16, 9, 11, 32, 3, 3, 1, 1, 16), CONVG(4, 16, 12, 12, 32, 3, 3, 1, 1, 2),
-        CONVG(4, 32, 8, 8, 64, 1, 1, 0, 1, 4), CONVG(4, 32, 15, 15, 64, 3, 3, 1, 2, 4),
-    };
-    for (size_t i = 0; i < GRID_COUNT(strict); i++) conv_gpu_shape(c, strict[i], strict[i].c, &strict_policy);
-    conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 1, 96), 96, &benchmarked_policy);
-    conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 2, 96), 96, &benchmarked_policy);
-    conv_gpu_shape(c, CONVG(8, 64, 16, 16, 128, 3, 3, 1, 1, 4), 64, &benchmarked_policy);
-    if (!c->nhwc || c->dtype == DTYPE_F32) return;
-    /* the depthwise kernels forced: 3x3 and 5x5 at stride 1 and 2, 16-byte vectors (c a multiple of 8) and 4-byte
-     * ones, odd sizes, pads 0 and 1 of a 5x5; dx added onto random values too */
-    const Conv2dShape depthwise[] = {
+    const Conv2dShape shapes[] = {
         CONVG(4, 32, 16, 16, 32, 3, 3, 1, 1, 32), CONVG(4, 32, 15, 17, 32, 3, 3, 1, 2, 32),
         CONVG(2, 64, 14, 14, 64, 5, 5, 2, 1, 64), CONVG(2, 64, 13, 11, 64, 5, 5, 2, 2, 64),
         CONVG(3, 18, 9, 7, 18, 3, 3, 1, 1, 18),   CONVG(3, 18, 9, 7, 18, 5, 5, 1, 2, 18),
         CONVG(2, 24, 6, 6, 24, 5, 5, 0, 1, 24),   CONVG(64, 40, 12, 12, 40, 3, 3, 1, 1, 40),
+        CONVG(2, 16, 9, 11, 32, 3, 3, 1, 1, 16),  CONVG(4, 16, 12, 12, 32, 3, 3, 1, 1, 2),
+        CONVG(4, 32, 8, 8, 64, 1, 1, 0, 1, 4),    CONVG(4, 32, 15, 15, 64, 3, 3, 1, 2, 4),
     };
-    for (size_t i = 0; i < GRID_COUNT(depthwise); i++) conv_gpu_shape(c, depthwise[i], depthwise[i].c, &direct_policy);
-    conv_accumulate_shape(c, CONVG(4, 32, 9, 9, 32, 3, 3, 1, 2, 32), 32, &direct_policy);
-    conv_accumulate_shape(c, CONVG(4, 18, 8, 8, 18, 5, 5, 2, 1, 18), 18, &direct_policy);
+    for (size_t i = 0; i < GRID_COUNT(shapes); i++) {
+        conv_gpu_shape(c, shapes[i], shapes[i].c, &strict_policy);
+        if (conv2d_depthwise_fits(&shapes[i], c->dtype, c->nhwc))
+            conv_gpu_shape(c, shapes[i], shapes[i].c, &direct_policy);
+    }
+    if (c->nhwc && c->dtype != DTYPE_F32) {
+        conv_accumulate_shape(c, CONVG(4, 32, 9, 9, 32, 3, 3, 1, 2, 32), 32, &direct_policy);
+        conv_accumulate_shape(c, CONVG(4, 18, 8, 8, 18, 5, 5, 2, 1, 18), 18, &direct_policy);
+    }
+    conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 1, 96), 96, &benchmarked_policy);
+    conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 2, 96), 96, &benchmarked_policy);
+    conv_gpu_shape(c, CONVG(8, 64, 16, 16, 128, 3, 3, 1, 1, 4), 64, &benchmarked_policy);
 }
 
 static void conv_case(const GridCase *c) {

@@ -182,6 +182,10 @@ void graph_fusion_plan(Model *m) {
         return;
     }
     for (int i = 0; i + 1 < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_CONV && !ungrouped_conv(l) && m->layers[i + 1].kind == LAYER_BATCHNORM)
+            log_info("layer %d %s + layer %d %s: apart (a convolution in %d groups; the graphs take one of all "
+                     "channels)", i, l->name, i + 1, m->layers[i + 1].name, l->conv.shape.groups);
         if (!stats_pair(m, i)) continue;
         Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
         /* A convolution over a form of the image (models/input_form.c) fuses the one over the copies. */

@@ -1,8 +1,10 @@
 /* Grouped convolutions as layers (their op is in the grid, tests/ops/conv2d.c):
  * a small MobileNetV2-style net's gradients against finite differences, the
  * same net fitting one batch, its parameter count, tensor shapes and NHWC
- * filter places as PyTorch's, model.fuse (with and without checkpointed
- * blocks) giving the unfused net's loss, gradients and evaluation on the CPU,
+ * filter places as PyTorch's, model.fuse and model.fuse = graphs (with and
+ * without checkpointed blocks) giving the unfused net's loss, gradients and
+ * evaluation on the CPU, and so on the GPU where there is one (fp32, NCHW and
+ * NHWC, fused, benchmarked),
  * the inference path (batch norm folded into grouped filters) giving the
  * model's evaluation, and bad groups refused with a message naming the layer. */
 #include <math.h>
@@ -24,11 +26,9 @@ static int act(Model *m, int x, int relu) { return relu ? model_relu(m, x) : mod
 
 /* An inverted residual (1x1 expand, depthwise 3x3, 1x1 project, add), a depthwise 5x5 stride 2 with bias, a
  * conv in 2 groups with bias and a 2x2 max-pool (bias + ReLU + pool: bias_relu_pool under model.fuse), avgpool,
- * linear. Each part in a checkpoint block. */
-static void build(Model *m, int relu, int fuse, int checkpoint) {
-    model_init(m, BATCH, CLASSES, 0);
-    m->fuse = fuse;
-    m->checkpoint = checkpoint;
+ * linear. Each part in a checkpoint block; layer i's module "l<i>". */
+static void build(Model *m, int relu, int nhwc) {
+    model_init(m, BATCH, CLASSES, nhwc);
     int x = model_input(m, IN, SIZE, SIZE);
     model_block_begin(m);
     int e = act(m, model_batchnorm(m, model_conv_no_bias(m, x, 16, 1, 0, 1)), relu);
@@ -41,15 +41,16 @@ static void build(Model *m, int relu, int fuse, int checkpoint) {
     if (relu) x = model_maxpool2(m, x);
     model_block_end(m);
     model_linear(m, model_avgpool(m, x), CLASSES);
+    for (int i = 0; i < m->n_layers; i++) snprintf(m->layers[i].module, sizeof m->layers[i].module, "l%d", i);
 }
 
 static void check_gradients_and_training(uint64_t *rng) {
     Model m;
-    build(&m, 0, 0, 0); /* smooth: central differences across a ReLU's kink would be off */
+    build(&m, 0, 0); /* smooth: central differences across a ReLU's kink would be off */
     model_finalize(&m, NULL, 5);
     check_net_gradients(&m, "inverted residual, depthwise 5x5 stride 2, 2 groups: every parameter", 1e-3f, rng);
     model_destroy(&m);
-    build(&m, 1, 0, 0);
+    build(&m, 1, 0);
     model_finalize(&m, NULL, 7);
     check_fits_batch(&m, "grouped net", 60, 0.05f, rng);
     model_destroy(&m);
@@ -58,12 +59,11 @@ static void check_gradients_and_training(uint64_t *rng) {
 /* PyTorch's count and shapes: a filter has in / groups channels. */
 static void check_layout(void) {
     Model m;
-    build(&m, 1, 0, 0);
+    build(&m, 1, 0);
     size_t want = 16 * IN + 2 * 16 + 16 * 9 + 2 * 16 + IN * 16 + 2 * IN + (8 * 25 + 8) + (8 * 4 * 9 + 8) +
                   (CLASSES * 8 + CLASSES);
     CHECK_MSG(model_param_count(&m) == want, "parameters: %zu, PyTorch's %zu", model_param_count(&m), want);
     ModelTensor t[64];
-    for (int i = 0; i < m.n_layers; i++) snprintf(m.layers[i].module, sizeof m.layers[i].module, "l%d", i);
     char err[200];
     int n = model_tensors(&m, t, 64, err, sizeof err);
     const struct { const char *name; int shape[4]; } convs[] = {
@@ -94,30 +94,107 @@ static void check_layout(void) {
               depthwise->fan_in);
 }
 
-static ModelTrainEval run(int fuse, int checkpoint, const float *input, const float *r) {
-    Model m;
-    build(&m, 1, fuse, checkpoint);
-    model_finalize(&m, NULL, 11);
+/* How a net runs: on the GPU (NULL: the CPU), its layout and the planner's options. */
+typedef struct {
+    GpuContext *gpu;
+    int nhwc, fuse, graphs, checkpoint, benchmark;
+} Variant;
+
+/* The parameters' gradients in PyTorch's order (model_tensor_get): the same in either layout. */
+static float *torch_order(const Model *m, const float *grads) {
+    ModelTensor t[64];
+    char err[200];
+    int n = model_tensors(m, t, 64, err, sizeof err);
+    CHECK_MSG(n > 0 && n <= 64, "model_tensors: %d (%s)", n, n < 0 ? err : "too many");
+    float *out = malloc(model_param_count(m) * sizeof(float));
+    size_t at = 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        if (t[i].in_bn_stats) continue;
+        model_tensor_get(m, &t[i], grads, NULL, out + at);
+        at += t[i].count;
+    }
+    CHECK_MSG(at == model_param_count(m), "tensors of %zu parameters, the model counts %zu", at, model_param_count(m));
+    return out;
+}
+
+/* A grouped conv takes none of the special paths; the CPU's model.fuse = graphs takes the first 1x1's pair. */
+static void check_plan(const Model *m, const Variant *v) {
     int pooled = 0;
-    for (int i = 0; i < m.n_layers; i++) pooled += m.layers[i].bias_by_pool;
-    CHECK_MSG(pooled == fuse, "fuse %d: %d grouped convs leave their bias and ReLU to the max-pool", fuse, pooled);
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        pooled += l->bias_by_pool;
+        if (l->kind != LAYER_CONV || conv2d_groups(&l->conv.shape) == 1) continue;
+        CHECK_MSG(!l->genstats && !l->prologue_genstats && !l->dgrad_dbn && l->prologue_bn < 0 && !l->input_form &&
+                      l->pool_layer < 0,
+                  "%s (groups %d) takes a path of one convolution of all channels", l->name, l->conv.shape.groups);
+    }
+    CHECK_MSG(pooled == v->fuse, "fuse %d: %d grouped convs leave their bias and ReLU to the max-pool", v->fuse,
+              pooled);
+    if (v->graphs && !v->gpu) CHECK_MSG(m->layers[0].genstats != NULL, "model.fuse = graphs: the 1x1 + norm apart");
+}
+
+static ModelTrainEval run_variant(const Variant *v, const float *input, const float *r) {
+    Model m;
+    build(&m, 1, v->nhwc);
+    m.fuse = v->fuse, m.fuse_graphs = v->graphs, m.checkpoint = v->checkpoint;
+    /* deterministic algorithms, but where the graphs run: on the GPU they would not (graph_fusion_plan) */
+    m.conv_policy.deterministic = !v->graphs, m.conv_policy.benchmark = v->benchmark;
+    model_finalize(&m, v->gpu, 11);
+    check_plan(&m, v);
     ModelLoss loss = {&m, input, r};
     ModelTrainEval got = model_train_eval(&loss);
+    float *grads = torch_order(&m, got.grads);
+    free(got.grads);
+    got.grads = grads, got.n_params = model_param_count(&m);
     model_destroy(&m);
     return got;
 }
 
-/* model.fuse takes the batch norms' ReLUs and add, and the grouped conv's bias + ReLU into the max-pool, and
- * must give the unfused net's values, checkpointed or not. */
-static void check_fused(const float *input, const float *r) {
-    check_fuse_checkpoint_variants("grouped net", run, input, r, 1e-5);
+static ModelTrainEval cpu_run(int fuse, int checkpoint, const float *input, const float *r) {
+    Variant v = {NULL, 0, fuse, 0, checkpoint, 0};
+    return run_variant(&v, input, r);
+}
+
+/* Against the CPU's unfused run: on the CPU model.fuse (the batch norms' ReLUs and add, the grouped conv's bias +
+ * ReLU into the max-pool) and model.fuse = graphs (the ungrouped convs' pairs), checkpointed or not, within
+ * float32's rounding; on the GPU (fp32, deterministic algorithms), NCHW and NHWC, fused, benchmarked, within
+ * cuDNN's other rounding through three batch norms. */
+static void check_variants(const float *input, const float *r) {
+    check_fuse_checkpoint_variants("grouped net", cpu_run, input, r, 1e-5);
+    ModelTrainEval want = cpu_run(0, 0, input, r);
+    for (int checkpoint = 0; checkpoint < 2; checkpoint++) {
+        Variant v = {NULL, 0, 1, 1, checkpoint, 0};
+        ModelTrainEval got = run_variant(&v, input, r);
+        check_train_eval_near(checkpoint ? "grouped net, graphs, checkpointed" : "grouped net, graphs", &got, &want,
+                              1e-5);
+        model_train_eval_free(&got);
+    }
+    if (!test_have_gpu()) {
+        printf("no GPU: the grouped net's GPU runs are skipped\n");
+    } else {
+        GpuContext gpu;
+        gpu_context_init(&gpu, 0);
+        const Variant gpu_runs[] = {{&gpu, 0, 0, 0, 0, 0}, {&gpu, 0, 1, 0, 1, 0}, {&gpu, 1, 0, 0, 0, 0},
+                                    {&gpu, 1, 1, 1, 1, 0}, {&gpu, 1, 1, 1, 0, 1}};
+        for (size_t i = 0; i < sizeof gpu_runs / sizeof gpu_runs[0]; i++) {
+            const Variant *v = &gpu_runs[i];
+            char what[120];
+            snprintf(what, sizeof what, "grouped net on the GPU, %s, fuse %d graphs %d checkpoint %d benchmark %d",
+                     v->nhwc ? "NHWC" : "NCHW", v->fuse, v->graphs, v->checkpoint, v->benchmark);
+            ModelTrainEval got = run_variant(v, input, r);
+            check_train_eval_near(what, &got, &want, 1e-3);
+            model_train_eval_free(&got);
+        }
+        gpu_context_destroy(&gpu);
+    }
+    model_train_eval_free(&want);
 }
 
 /* The inference path folds each batch norm into the grouped filter before it: its logits are the model's
  * evaluation forward's, from trained statistics (a few steps moved them from 0 and 1). */
 static void check_infer(const float *input) {
     Model m;
-    build(&m, 1, 0, 0);
+    build(&m, 1, 0);
     model_finalize(&m, NULL, 13);
     int32_t labels[BATCH] = {0, 1, 2, 0};
     for (int s = 0; s < 3; s++) model_train_step_cpu(&m, input, labels, 0.05f);
@@ -171,7 +248,7 @@ int main(void) {
     float *input = malloc(in_floats * sizeof(float)), r[BATCH * CLASSES];
     test_fill_uniform(input, in_floats, &rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, &rng, -1.0f, 1.0f);
-    check_fused(input, r);
+    check_variants(input, r);
     check_infer(input);
     free(input);
     check_refused("6 channels in 4 groups", groups_not_dividing, "6 input channels to 8 in 4 groups");

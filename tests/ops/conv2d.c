@@ -685,6 +685,10 @@ static void conv_gpu_grouped_case(const GridCase *c) {
     if (c->nhwc && c->dtype != DTYPE_F32) {
         conv_accumulate_shape(c, CONVG(4, 32, 9, 9, 32, 3, 3, 1, 2, 32), 32, &direct_policy);
         conv_accumulate_shape(c, CONVG(4, 18, 8, 8, 18, 5, 5, 2, 1, 18), 18, &direct_policy);
+        /* MobileNetV2-CIFAR's expanded 3x3 depthwise at batch 64, stride 1 and 2: the log line's times are the
+         * direct kernels' against cuDNN's at a size that counts */
+        conv_gpu_shape(c, CONVG(64, 144, 32, 32, 144, 3, 3, 1, 1, 144), 144, &benchmarked_policy);
+        conv_gpu_shape(c, CONVG(64, 144, 32, 32, 144, 3, 3, 1, 2, 144), 144, &benchmarked_policy);
     }
     conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 1, 96), 96, &benchmarked_policy);
     conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 2, 96), 96, &benchmarked_policy);

@@ -54,10 +54,13 @@
 
 #define PAIR_TIMING_RUNS 10
 
+/* The graphs are built for one convolution of all channels: a grouped one stays apart. */
+static int ungrouped_conv(const Layer *l) { return l->kind == LAYER_CONV && conv2d_groups(&l->conv.shape) == 1; }
+
 /* A convolution whose output the batch norm right after it normalises. */
 static int stats_pair(const Model *m, int i) {
     const Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
-    return conv->kind == LAYER_CONV && !conv->b_count && !conv->fused && !conv->whitening &&
+    return ungrouped_conv(conv) && !conv->b_count && !conv->fused && !conv->whitening &&
            bn->kind == LAYER_BATCHNORM && bn->in == conv->out;
 }
 
@@ -97,7 +100,7 @@ static int norm_relu_conv(const Model *m, int i) {
     const Layer *bn = &m->layers[i], *relu = &m->layers[i + 1], *conv = &m->layers[i + 2];
     int ok = bn->kind == LAYER_BATCHNORM && bn->fused_act == BN_ACT_RELU && bn->add_layer < 0 &&
              bn->pool_layer < 0 && relu->kind == LAYER_RELU && relu->in == bn->out && relu->fused &&
-             conv->kind == LAYER_CONV && conv->in == relu->out && !conv->input_form &&
+             ungrouped_conv(conv) && conv->in == relu->out && !conv->input_form &&
              m->acts[relu->out].consumers == 1;
     return ok ? i + 2 : -1;
 }
@@ -179,6 +182,10 @@ void graph_fusion_plan(Model *m) {
         return;
     }
     for (int i = 0; i + 1 < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_CONV && !ungrouped_conv(l) && m->layers[i + 1].kind == LAYER_BATCHNORM)
+            log_info("layer %d %s + layer %d %s: apart (a convolution in %d groups; the graphs take one of all "
+                     "channels)", i, l->name, i + 1, m->layers[i + 1].name, l->conv.shape.groups);
         if (!stats_pair(m, i)) continue;
         Layer *conv = &m->layers[i], *bn = &m->layers[i + 1];
         /* A convolution over a form of the image (models/input_form.c) fuses the one over the copies. */

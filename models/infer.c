@@ -206,6 +206,9 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
         ConvBiasActShape shape = {l->conv.shape, s->relu, s->in2 >= 0};
         shape.conv.n = n;
         shape.conv.c = x->c;
+        if (conv2d_groups(&l->conv.shape) > 1 && x->c != g->acts[l->in].c)
+            TC_FATAL("%s: a grouped convolution over the input, whose %d channels the inference path pads to %d "
+                     "in NHWC (infer in NCHW)", s->name, g->acts[l->in].c_real, x->c);
         conv_bias_act_init(&net->ops, &s->conv, &shape, &net->opt.conv_policy);
         size_t ws = conv_bias_act_workspace_bytes(&net->ops, &s->conv);
         if (ws > net->workspace_bytes) net->workspace_bytes = ws;
@@ -294,10 +297,11 @@ static void carve(InferNet *net, Arena *a) {
 static size_t net_weight_index(const InferNet *net, const Model *g, const Layer *l, const Step *s, size_t j) {
     const Value *x = &net->vals[s->in];
     const Activation *gx = &g->acts[l->in];
-    if (l->kind == LAYER_CONV) {
-        size_t rs = (size_t)l->conv.shape.r * l->conv.shape.s, cr = (size_t)gx->c_real;
+    if (l->kind == LAYER_CONV) { /* a filter's channels: c / groups */
+        size_t rs = (size_t)l->conv.shape.r * l->conv.shape.s, groups = (size_t)conv2d_groups(&l->conv.shape);
+        size_t cr = (size_t)gx->c_real / groups, xc = (size_t)x->c / groups;
         size_t k = j / (cr * rs), c = j / rs % cr, pos = j % rs;
-        return net->opt.nhwc ? (k * rs + pos) * x->c + c : (k * x->c + c) * rs + pos;
+        return net->opt.nhwc ? (k * rs + pos) * xc + c : (k * xc + c) * rs + pos;
     }
     if (net->opt.nhwc && x->h * x->w > 1) {
         size_t in = (size_t)x->c * x->h * x->w, hw = (size_t)x->h * x->w;
@@ -313,7 +317,8 @@ static void place_weights(InferNet *net, const Model *g) {
         const Layer *l = &g->layers[s->layer];
         if (s->kind == STEP_CONV || s->kind == STEP_LINEAR) {
             size_t k = s->kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
-            size_t w_count = s->kind == STEP_CONV ? k * net->vals[s->in].c * l->conv.shape.r * l->conv.shape.s
+            size_t w_count = s->kind == STEP_CONV ? k * (net->vals[s->in].c / conv2d_groups(&l->conv.shape)) *
+                                                        l->conv.shape.r * l->conv.shape.s
                                                   : (size_t)l->linear.in * k;
             s->w_off = model_param_align(net->n_weights); /* as the training model's (add_params) */
             s->b_off = model_param_align(s->w_off + w_count);
@@ -350,7 +355,8 @@ static void fill_weights(const InferNet *net, const Model *g, const float *param
         }
         if (s->kind != STEP_CONV && s->kind != STEP_LINEAR) continue;
         size_t k = s->kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
-        size_t per_k = s->kind == STEP_CONV ? (size_t)g->acts[l->in].c_real * l->conv.shape.r * l->conv.shape.s
+        size_t per_k = s->kind == STEP_CONV ? (size_t)(g->acts[l->in].c_real / conv2d_groups(&l->conv.shape)) *
+                                                  l->conv.shape.r * l->conv.shape.s
                                             : (size_t)l->linear.in;
         float *scale = malloc(k * sizeof(float)), *shift = malloc(k * sizeof(float));
         if (!scale || !shift) TC_FATAL("out of host memory folding %s", s->name);

@@ -23,7 +23,7 @@
 
 static int takes_input_form(const Model *m, const Layer *l) {
     return m->fuse && m->device == DEVICE_CUDA && m->nhwc && l->kind == LAYER_CONV && l->in == 0 && !l->fused &&
-           !l->whitening && l->pool_layer < 0;
+           !l->whitening && l->pool_layer < 0 && conv2d_groups(&l->conv.shape) == 1; /* the forms regroup channels */
 }
 
 /* The copy of the image into the form that the step will run: from the

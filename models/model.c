@@ -150,31 +150,37 @@ int model_input(Model *m, int c, int h, int w) {
     return id;
 }
 
-static int add_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride, int bias) {
+/* Grouped, PyTorch's fan_in: (in / groups) * k * k. Groups split channels that carry data alike, so a
+ * grouped convolution may not read channels padded for the tensor cores (the NHWC input's). */
+int model_conv_groups(Model *m, int in, int out_channels, int kernel, int pad, int stride, int groups, int bias) {
     Layer *l = add_layer(m, LAYER_CONV, in);
     if (!l) return -1;
     const Activation *x = &m->acts[in];
-    Conv2dShape s = {m->batch, x->c, x->h, x->w, out_channels, kernel, kernel, pad, stride};
     if (kernel < 1 || pad < 0 || stride < 1 || out_channels < 1)
         return build_fail(m, m->n_layers - 1, "a convolution of %d channels, kernel %d, pad %d, stride %d: each "
                           "must be at least 1 (pad 0)", out_channels, kernel, pad, stride);
+    if (groups < 1 || x->c % groups || out_channels % groups || (groups > 1 && x->c != x->c_real))
+        return build_fail(m, m->n_layers - 1, "a convolution of %d%s input channels to %d in %d groups (both must "
+                          "be multiples of the groups, and grouped the input's channels unpadded)", x->c_real,
+                          x->c != x->c_real ? " (padded)" : "", out_channels, groups);
+    Conv2dShape s = {m->batch, x->c, x->h, x->w, out_channels, kernel, kernel, pad, stride, groups};
     int oh = conv2d_out_h(&s), ow = conv2d_out_w(&s);
     if (oh <= 0 || ow <= 0)
         return build_fail(m, m->n_layers - 1, "a %dx%d convolution (pad %d) does not fit a %dx%d input", kernel,
                           kernel, pad, x->h, x->w);
     l->conv.shape = s;
-    add_params(m, l, (size_t)out_channels * x->c * kernel * kernel, bias ? (size_t)out_channels : 0,
-               (size_t)x->c_real * kernel * kernel);
+    add_params(m, l, conv2d_filter_count(&s), bias ? (size_t)out_channels : 0,
+               (size_t)x->c_real / groups * kernel * kernel);
     return l->out = add_act(m, out_channels, oh, ow);
 }
 
 int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
-    return add_conv(m, in, out_channels, kernel, pad, stride, 1);
+    return model_conv_groups(m, in, out_channels, kernel, pad, stride, 1, 1);
 }
 
 /* A convolution followed by batch norm needs no bias: the norm's beta is one. */
 int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, int stride) {
-    return add_conv(m, in, out_channels, kernel, pad, stride, 0);
+    return model_conv_groups(m, in, out_channels, kernel, pad, stride, 1, 0);
 }
 
 int model_batchnorm(Model *m, int in) {
@@ -263,8 +269,8 @@ int model_linear_no_bias(Model *m, int in, int out_features) { return add_linear
 
 int model_mark_whitening(Model *m) {
     Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
-    if (!l || l->kind != LAYER_CONV || l->in != 0)
-        return build_fail(m, m->n_layers - 1, "a whitening layer is a convolution over the input image");
+    if (!l || l->kind != LAYER_CONV || l->in != 0 || conv2d_groups(&l->conv.shape) > 1)
+        return build_fail(m, m->n_layers - 1, "a whitening layer is an ungrouped convolution over the input image");
     l->whitening = 1;
     return 0;
 }
@@ -280,8 +286,10 @@ void model_set_frozen_prefix(Model *m, int layers) {
 
 int model_dirac_last(Model *m) {
     Layer *l = m->n_layers ? &m->layers[m->n_layers - 1] : NULL;
-    if (!l || l->kind != LAYER_CONV || l->conv.shape.r != l->conv.shape.s || l->conv.shape.r % 2 == 0)
-        return build_fail(m, m->n_layers - 1, "a Dirac start needs a convolution with an odd square kernel");
+    if (!l || l->kind != LAYER_CONV || l->conv.shape.r != l->conv.shape.s || l->conv.shape.r % 2 == 0 ||
+        conv2d_groups(&l->conv.shape) > 1)
+        return build_fail(m, m->n_layers - 1, "a Dirac start needs an ungrouped convolution with an odd square "
+                          "kernel");
     l->dirac = 1;
     return 0;
 }
@@ -680,10 +688,10 @@ static float uniform(uint64_t *state, float bound) {
 size_t model_weight_index(const Model *m, const Layer *l, size_t j) {
     const Activation *x = &m->acts[l->in];
     if (!m->nhwc) return j;
-    if (l->kind == LAYER_CONV) {
-        int rs = l->conv.shape.r * l->conv.shape.s, cr = x->c_real;
+    if (l->kind == LAYER_CONV) { /* a filter's channels: c / groups (grouped, none padded) */
+        int rs = l->conv.shape.r * l->conv.shape.s, groups = conv2d_groups(&l->conv.shape), cr = x->c_real / groups;
         size_t k = j / ((size_t)cr * rs), c = j / rs % cr, pos = j % rs;
-        return (k * rs + pos) * x->c + c;
+        return (k * rs + pos) * (x->c / groups) + c;
     }
     if (l->kind == LAYER_LINEAR && x->h * x->w > 1) {
         size_t in = (size_t)x->c * x->h * x->w, hw = (size_t)x->h * x->w;
@@ -844,7 +852,7 @@ double model_layer_flops(const Model *m, int i) {
     const Activation *y = &m->acts[l->out];
     if (l->kind == LAYER_CONV) {
         const Conv2dShape *s = &l->conv.shape;
-        return 2.0 * s->n * s->k * s->c * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
+        return 2.0 * s->n * s->k * (s->c / conv2d_groups(s)) * s->r * s->s * conv2d_out_h(s) * conv2d_out_w(s);
     }
     if (l->kind == LAYER_LINEAR) return 2.0 * l->linear.n * l->linear.in * l->linear.out;
     return (double)m->batch * y->c * y->h * y->w;

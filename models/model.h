@@ -246,6 +246,10 @@ void model_init(Model *m, int batch, int num_classes, int nhwc);
 int model_input(Model *m, int c, int h, int w);
 int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stride);
 int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, int stride);
+/* Either of the two with its channels in groups (PyTorch's nn.Conv2d groups; depthwise: groups = in = out
+ * channels): filters [out][in / groups][kernel][kernel], fan_in (in / groups) * kernel * kernel; bias 0 or 1.
+ * A grouped one takes none of model.fuse's special paths but bias + ReLU (graph_fusion.c, input_form.c). */
+int model_conv_groups(Model *m, int in, int out_channels, int kernel, int pad, int stride, int groups, int bias);
 int model_relu(Model *m, int in);
 int model_gelu(Model *m, int in);          /* exact (erf) GELU, PyTorch's nn.GELU() */
 int model_maxpool2(Model *m, int in);
@@ -282,8 +286,8 @@ void model_block_end(Model *m);
 /* Names the last layer added by its PyTorch module ("features.0", "layer1.0.bn1"). */
 void model_name_last(Model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Where weight j of layer l, counted in PyTorch's order (conv [k][c][r][s] over
- * the real input channels, linear [out][in] over NCHW-flattened inputs), lives
+/* Where weight j of layer l, counted in PyTorch's order (conv [k][c / groups][r][s]
+ * over the real input channels, linear [out][in] over NCHW-flattened inputs), lives
  * in this model's weights: the identity under NCHW; conv [k][r][s][c_padded]
  * and linear inputs in (h, w, c) order under NHWC. */
 size_t model_weight_index(const Model *m, const Layer *l, size_t j);

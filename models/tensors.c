@@ -39,7 +39,7 @@ int model_tensors(const Model *m, ModelTensor *out, int max, char *err, size_t e
         }
         if (l->kind == LAYER_CONV) {
             const Conv2dShape *s = &l->conv.shape;
-            int shape[4] = {s->k, m->acts[l->in].c_real, s->r, s->s};
+            int shape[4] = {s->k, m->acts[l->in].c_real / conv2d_groups(s), s->r, s->s}; /* PyTorch's */
             add(&list, l, i, "weight", 4, shape, 0, l->w_off, 1);
         } else if (l->kind == LAYER_LINEAR) {
             int shape[2] = {l->linear.out, l->linear.in};

@@ -2,7 +2,9 @@
  * col[c*R*S][P*Q] so the convolution becomes one GEMM with w[K][C*R*S].
  *   forward:  y_n   = w * col             [K][PQ]
  *   backward: dw   += dy_n * col^T        [K][CRS]
- *             dcol  = w^T * dy_n          [CRS][PQ], scattered back by col2im */
+ *             dcol  = w^T * dy_n          [CRS][PQ], scattered back by col2im
+ * Grouped, each group is that on its own C/G channels, K/G outputs and K/G
+ * filters (one group: the same calls as ungrouped). */
 #include "ops/conv2d.h"
 
 #include <limits.h>
@@ -15,6 +17,17 @@
 
 int conv2d_out_h(const Conv2dShape *s) { return (s->h + 2 * s->pad - s->r) / s->stride + 1; }
 int conv2d_out_w(const Conv2dShape *s) { return (s->w + 2 * s->pad - s->s) / s->stride + 1; }
+int conv2d_groups(const Conv2dShape *s) { return s->groups > 1 ? s->groups : 1; }
+
+size_t conv2d_filter_count(const Conv2dShape *s) {
+    return (size_t)s->k * (s->c / conv2d_groups(s)) * s->r * s->s;
+}
+
+void conv2d_check_ungrouped(const Conv2dShape *s, const char *op) {
+    if (conv2d_groups(s) > 1)
+        TC_FATAL("%s: takes no grouped convolution (%dx%dx%dx%d k%d %dx%d in %d groups)", op, s->n, s->c, s->h, s->w,
+                 s->k, s->r, s->s, s->groups);
+}
 
 /* Output columns q whose input column q*stride - pad + kernel_col lies in [0, width). */
 static void valid_range(int width, int out_width, int stride, int pad, int kernel_col,
@@ -93,22 +106,34 @@ static float *alloc_col(const Conv2dShape *s) {
 
 static void check_shape(const Conv2dShape *s) {
     if (s->n < 0 || s->c <= 0 || s->k <= 0 || s->r <= 0 || s->s <= 0 || s->stride <= 0 ||
-        s->pad < 0 || conv2d_out_h(s) <= 0 || conv2d_out_w(s) <= 0)
-        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", s->n,
-                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride);
+        s->pad < 0 || conv2d_out_h(s) <= 0 || conv2d_out_w(s) <= 0 || s->groups < 0 ||
+        s->c % conv2d_groups(s) || s->k % conv2d_groups(s))
+        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d groups=%d", s->n,
+                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride, s->groups);
+}
+
+/* One group's convolution: c/G input channels, k/G outputs, ungrouped. */
+static Conv2dShape group_shape(const Conv2dShape *s) {
+    Conv2dShape g = *s;
+    g.c = s->c / conv2d_groups(s), g.k = s->k / conv2d_groups(s), g.groups = 1;
+    return g;
 }
 
 void conv2d_forward_cpu(const Conv2dShape *s, const float *x, const float *w, const float *b,
                         float *y) {
     check_shape(s);
-    int crs = s->c * s->r * s->s;
+    Conv2dShape g = group_shape(s);
+    int groups = conv2d_groups(s), crs = g.c * g.r * g.s;
     int pq = conv2d_out_h(s) * conv2d_out_w(s);
     size_t x_image = (size_t)s->c * s->h * s->w, y_image = (size_t)s->k * pq;
-    float *col = alloc_col(s);
+    size_t x_group = (size_t)g.c * s->h * s->w, y_group = (size_t)g.k * pq, w_group = (size_t)g.k * crs;
+    float *col = alloc_col(&g);
     for (int n = 0; n < s->n; n++) {
         float *y_n = y + n * y_image;
-        im2col(s, x + n * x_image, col);
-        cpu_sgemm(0, 0, s->k, pq, crs, 1.0f, w, crs, col, pq, 0.0f, y_n, pq);
+        for (int i = 0; i < groups; i++) {
+            im2col(&g, x + n * x_image + i * x_group, col);
+            cpu_sgemm(0, 0, g.k, pq, crs, 1.0f, w + i * w_group, crs, col, pq, 0.0f, y_n + i * y_group, pq);
+        }
         for (int k = 0; b && k < s->k; k++) {
             float *y_plane = y_n + (size_t)k * pq;
             for (int i = 0; i < pq; i++) y_plane[i] += b[k];
@@ -139,24 +164,28 @@ void conv2d_backward_cpu(const Conv2dShape *s, const float *x, const float *w, c
 void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w, const float *dy,
                             float *dx, float *dw, float *db, int accumulate) {
     check_shape(s);
-    int crs = s->c * s->r * s->s;
+    Conv2dShape g = group_shape(s);
+    int groups = conv2d_groups(s), crs = g.c * g.r * g.s;
     int pq = conv2d_out_h(s) * conv2d_out_w(s);
     size_t x_image = (size_t)s->c * s->h * s->w, y_image = (size_t)s->k * pq;
-    float *col = alloc_col(s);
+    size_t x_group = (size_t)g.c * s->h * s->w, y_group = (size_t)g.k * pq, w_group = (size_t)g.k * crs;
+    float *col = alloc_col(&g);
     if (db) conv2d_bias_grad_cpu(s, dy, db);
-    if (dw && !(accumulate & CONV2D_ADD_DW)) memset(dw, 0, sizeof(float) * s->k * crs); /* each image adds to it */
+    if (dw && !(accumulate & CONV2D_ADD_DW)) memset(dw, 0, sizeof(float) * conv2d_filter_count(s)); /* images add */
     for (int n = 0; n < s->n; n++) {
-        const float *dy_n = dy + n * y_image;
-        if (dw) {
-            im2col(s, x + n * x_image, col);
-            cpu_sgemm(0, 1, s->k, crs, pq, 1.0f, dy_n, pq, col, pq, 1.0f, dw, crs);
-        }
-        if (dx) {
-            /* col is no longer needed for this image: reuse it for dcol. */
-            cpu_sgemm(1, 0, crs, pq, s->k, 1.0f, w, crs, dy_n, pq, 0.0f, col, pq);
-            float *dx_n = dx + n * x_image;
-            if (!(accumulate & CONV2D_ADD_DX)) memset(dx_n, 0, sizeof(float) * x_image);
-            col2im_add(s, col, dx_n);
+        float *dx_n = dx ? dx + n * x_image : NULL;
+        if (dx_n && !(accumulate & CONV2D_ADD_DX)) memset(dx_n, 0, sizeof(float) * x_image);
+        for (int i = 0; i < groups; i++) {
+            const float *dy_g = dy + n * y_image + i * y_group;
+            if (dw) {
+                im2col(&g, x + n * x_image + i * x_group, col);
+                cpu_sgemm(0, 1, g.k, crs, pq, 1.0f, dy_g, pq, col, pq, 1.0f, dw + i * w_group, crs);
+            }
+            if (dx_n) {
+                /* col is no longer needed for this group: reuse it for dcol. */
+                cpu_sgemm(1, 0, crs, pq, g.k, 1.0f, w + i * w_group, crs, dy_g, pq, 0.0f, col, pq);
+                col2im_add(&g, col, dx_n + i * x_group);
+            }
         }
     }
     free(col);
@@ -187,9 +216,14 @@ size_t conv2d_bias_grad_bytes(const OpContext *ctx, const Conv2d *c) {
 }
 
 int conv2d_direct_fits(const Conv2dShape *s, DType dtype, int nhwc) {
-    return nhwc && dtype != DTYPE_F32 && s->c == CONV2D_DIRECT_CHANNELS && s->r == 3 && s->s == 3 && s->pad == 1 &&
-           s->stride == 1 && s->k % 16 == 0 && s->k <= CONV2D_DIRECT_MAX_OUT &&
+    return nhwc && dtype != DTYPE_F32 && conv2d_groups(s) == 1 && s->c == CONV2D_DIRECT_CHANNELS && s->r == 3 &&
+           s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 && s->k <= CONV2D_DIRECT_MAX_OUT &&
            (size_t)s->n * s->h * s->w <= (size_t)INT_MAX / 2; /* pixels counted in int, a block's run past them */
+}
+
+int conv2d_depthwise_fits(const Conv2dShape *s, DType dtype, int nhwc) {
+    return nhwc && dtype != DTYPE_F32 && s->groups == s->c && s->k == s->c && s->c % 2 == 0 && s->r == s->s &&
+           (s->r == 3 || s->r == 5) && (s->stride == 1 || s->stride == 2) && s->pad < s->r;
 }
 
 /* One pass: the winner first, the losers' times in parentheses. */

@@ -203,6 +203,7 @@ static cudnnConvolutionDescriptor_t make_conv_desc(const Conv2dShape *s, cudnnMa
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, s->pad, s->pad, s->stride, s->stride, 1, 1,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, conv2d_groups(s)));
     CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
     return d;
 }
@@ -292,11 +293,14 @@ static bool aligned(void *const *p) {
 #define DIRECT_FILTER_BLOCKS_PER_SM 4
 
 static bool direct_fits(const Conv2dCuda *c) { return conv2d_direct_fits(&c->shape, c->dtype, c->nhwc); }
+static bool depthwise_fits(const Conv2dCuda *c) { return conv2d_depthwise_fits(&c->shape, c->dtype, c->nhwc); }
+static size_t depthwise_filter_bytes(const Conv2dCuda *c); /* below */
 
 static size_t direct_pixels(const Conv2dShape *s) { return (size_t)s->n * s->h * s->w; }
 
 /* The filter gradient's workspace: each block's fp32 partial sums [k][72]. */
 static size_t direct_filter_bytes(const Conv2dCuda *c) {
+    if (depthwise_fits(c)) return depthwise_filter_bytes(c);
     return (size_t)c->direct_blocks[CONV2D_FILTER] * c->shape.k * DIRECT_COLS * sizeof(float);
 }
 
@@ -539,10 +543,201 @@ direct_stats_finish(const float *__restrict__ stats, int blocks, int k, float *s
     else sqsum[i - k] = (float)total;
 }
 
+/* ---- the direct path, depthwise: 3x3 or 5x5, stride 1 or 2, f16/bf16 NHWC ------------------------ */
+
+/* A depthwise convolution (groups = c = k) does R*S multiply-adds per value it reads or writes: memory-bound,
+ * where cuDNN's kernels for it are known to be slow. Forward and data gradient: one thread per output (input)
+ * pixel and VEC channels (16 bytes, or 4 where c is no multiple of 8), the taps read straight from x (dy) and
+ * the filter's values from cache, summed in fp32, rounded once. The filter gradient in two passes, as the bias
+ * gradient: blocks of partial sums over their share of the pixels, each block's threads added in a fixed order,
+ * then the blocks added in order (the same bits every run, no atomics). */
+#define DW_THREADS 256
+#define DW_FILTER_MAX_ROWS 1024             /* blocks of partial sums at most (a few waves of an H200)... */
+#define DW_FILTER_MIN_PIXELS 256            /* ...each over this many output pixels at least... */
+#define DW_FILTER_MAX_BYTES ((size_t)8 << 20) /* ...and all their sums within this (the finish reads them) */
+
+typedef struct {
+    int n, h, w, c, oh, ow, stride, pad;
+} DwDims;
+
+static DwDims dw_dims(const Conv2dShape *s) {
+    return (DwDims){s->n, s->h, s->w, s->c, conv2d_out_h(s), conv2d_out_w(s), s->stride, s->pad};
+}
+
+/* Where tap r of output row (column) p reads: forward, row p * stride - pad + r of x; the data gradient
+ * (DATA: p a row of dx), the row of dy whose tap r reads it; -1 where none, in 'size' rows. */
+template <bool DATA>
+static __device__ __forceinline__ int tap_source(int p, int r, int stride, int pad, int size) {
+    int at = DATA ? p + pad - r : p * stride - pad + r;
+    if (DATA && at >= 0) {
+        if (at % stride) return -1;
+        at /= stride;
+    }
+    return at >= 0 && at < size ? at : -1;
+}
+
+/* Forward, y[pixel][ch] = the sum over its taps of x * w; DATA, dx[pixel][ch] = (with accumulate dx +) the sum
+ * over the taps that reach it of dy * w. One thread per pixel of out and VEC channels. */
+template <typename T, int VEC, int R, bool DATA>
+static __global__ void __launch_bounds__(DW_THREADS)
+depthwise_pass_kernel(T *__restrict__ out, const T *__restrict__ in, const T *__restrict__ wt, DwDims d,
+                      int accumulate) {
+    int out_h = DATA ? d.h : d.oh, out_w = DATA ? d.w : d.ow, in_h = DATA ? d.oh : d.h, in_w = DATA ? d.ow : d.w;
+    int vecs = d.c / VEC;
+    size_t total = (size_t)d.n * out_h * out_w * vecs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)(i % vecs) * VEC;
+        size_t pixel = i / vecs;
+        int q = (int)(pixel % out_w), p = (int)(pixel / out_w % out_h), img = (int)(pixel / ((size_t)out_w * out_h));
+        float acc[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) acc[e] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int row = tap_source<DATA>(p, r, d.stride, d.pad, in_h);
+            if (row < 0) continue;
+#pragma unroll
+            for (int t = 0; t < R; t++) {
+                int col = tap_source<DATA>(q, t, d.stride, d.pad, in_w);
+                if (col < 0) continue;
+                Pack<T, VEC> v = *(const Pack<T, VEC> *)(in + (((size_t)img * in_h + row) * in_w + col) * d.c + ch);
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    acc[e] = fmaf(to_float(v.v[e]), to_float(wt[(ch + e) * R * R + r * R + t]), acc[e]);
+            }
+        }
+        Pack<T, VEC> *at = (Pack<T, VEC> *)(out + pixel * d.c + ch), result;
+        if (accumulate) result = *at;
+#pragma unroll
+        for (int e = 0; e < VEC; e++)
+            result.v[e] = from_float<T>(accumulate ? to_float(result.v[e]) + acc[e] : acc[e]);
+        *at = result;
+    }
+}
+
+/* partials[block][ch][tap] = the block's sum over its output pixels of dy[pixel][ch] * x[the pixel's tap][ch].
+ * Block (x, y) takes channel pairs from y * DW_THREADS, 'width' of them, with 'height' threads a pair, each on
+ * every (gridDim.x * height)-th pixel; then per tap one thread a pair adds the column's threads up in order. */
+template <typename T, int R>
+static __global__ void __launch_bounds__(DW_THREADS)
+depthwise_filter_partials(const T *__restrict__ x, const T *__restrict__ dy, float *__restrict__ partials, DwDims d) {
+    __shared__ float column[DW_THREADS][2];
+    int pairs = d.c / 2, pair0 = blockIdx.y * DW_THREADS;
+    int width = min(pairs - pair0, DW_THREADS), height = DW_THREADS / width;
+    int col = threadIdx.x % width, lane_row = threadIdx.x / width, ch = 2 * (pair0 + col);
+    float acc[2][R * R];
+#pragma unroll
+    for (int tap = 0; tap < R * R; tap++) acc[0][tap] = acc[1][tap] = 0.0f;
+    size_t pixels = (size_t)d.n * d.oh * d.ow;
+    for (size_t pixel = (size_t)blockIdx.x * height + lane_row; lane_row < height && pixel < pixels;
+         pixel += (size_t)gridDim.x * height) {
+        int q = (int)(pixel % d.ow), p = (int)(pixel / d.ow % d.oh), img = (int)(pixel / ((size_t)d.ow * d.oh));
+        Pack<T, 2> g = *(const Pack<T, 2> *)(dy + pixel * d.c + ch);
+        float g0 = to_float(g.v[0]), g1 = to_float(g.v[1]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int ih = p * d.stride - d.pad + r;
+            if (ih < 0 || ih >= d.h) continue;
+#pragma unroll
+            for (int t = 0; t < R; t++) {
+                int iw = q * d.stride - d.pad + t;
+                if (iw < 0 || iw >= d.w) continue;
+                Pack<T, 2> v = *(const Pack<T, 2> *)(x + (((size_t)img * d.h + ih) * d.w + iw) * d.c + ch);
+                acc[0][r * R + t] = fmaf(g0, to_float(v.v[0]), acc[0][r * R + t]);
+                acc[1][r * R + t] = fmaf(g1, to_float(v.v[1]), acc[1][r * R + t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int tap = 0; tap < R * R; tap++) {
+        column[threadIdx.x][0] = acc[0][tap], column[threadIdx.x][1] = acc[1][tap];
+        __syncthreads();
+        if (lane_row == 0) {
+            float sum0 = 0.0f, sum1 = 0.0f;
+            for (int lr = 0; lr < height; lr++) {
+                sum0 += column[lr * width + col][0];
+                sum1 += column[lr * width + col][1];
+            }
+            float *row = partials + (size_t)blockIdx.x * d.c * R * R;
+            row[(size_t)ch * R * R + tap] = sum0;
+            row[(size_t)(ch + 1) * R * R + tap] = sum1;
+        }
+        __syncthreads();
+    }
+}
+
+/* dw[ch][tap] = (or with accumulate +=) the sum of partials[0..rows)[ch][tap], in order. */
+template <typename T>
+static __global__ void __launch_bounds__(DW_THREADS)
+depthwise_filter_finish(const float *__restrict__ partials, int rows, int count, T *dw, int accumulate) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        float sum = 0.0f;
+        for (int row = 0; row < rows; row++) sum += partials[(size_t)row * count + i];
+        dw[i] = from_float<T>(accumulate ? to_float(dw[i]) + sum : sum);
+    }
+}
+
+static int depthwise_filter_rows(const Conv2dShape *s) {
+    size_t pixels = (size_t)s->n * conv2d_out_h(s) * conv2d_out_w(s);
+    size_t rows = (pixels + DW_FILTER_MIN_PIXELS - 1) / DW_FILTER_MIN_PIXELS;
+    size_t most = DW_FILTER_MAX_BYTES / (conv2d_filter_count(s) * sizeof(float));
+    if (most > DW_FILTER_MAX_ROWS) most = DW_FILTER_MAX_ROWS;
+    if (rows > most) rows = most;
+    return rows < 1 ? 1 : (int)rows;
+}
+
+static size_t depthwise_filter_bytes(const Conv2dCuda *c) {
+    return (size_t)c->direct_blocks[CONV2D_FILTER] * conv2d_filter_count(&c->shape) * sizeof(float);
+}
+
+template <typename T, int VEC, int R>
+static void launch_depthwise_vec(const Conv2dCuda *c, Conv2dPass pass, void *const *p, cudaStream_t stream) {
+    DwDims d = dw_dims(&c->shape);
+    size_t pixels = pass == CONV2D_FORWARD ? (size_t)d.n * d.oh * d.ow : (size_t)d.n * d.h * d.w;
+    unsigned blocks = elementwise_blocks(pixels * (d.c / VEC));
+    if (pass == CONV2D_FORWARD) /* p: x, w, y */
+        depthwise_pass_kernel<T, VEC, R, false>
+            <<<blocks, DW_THREADS, 0, stream>>>((T *)p[2], (const T *)p[0], (const T *)p[1], d, 0);
+    else /* dx, w, dy */
+        depthwise_pass_kernel<T, VEC, R, true><<<blocks, DW_THREADS, 0, stream>>>(
+            (T *)p[0], (const T *)p[2], (const T *)p[1], d, pass == CONV2D_DATA_ADD);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int R>
+static void launch_depthwise_filter(const Conv2dCuda *c, Conv2dPass pass, void *const *p, float *partials,
+                                    cudaStream_t stream) {
+    DwDims d = dw_dims(&c->shape);
+    int rows = c->direct_blocks[CONV2D_FILTER], count = (int)conv2d_filter_count(&c->shape);
+    dim3 grid((unsigned)rows, (unsigned)(((size_t)d.c / 2 + DW_THREADS - 1) / DW_THREADS));
+    depthwise_filter_partials<T, R><<<grid, DW_THREADS, 0, stream>>>((const T *)p[0], (const T *)p[2], partials, d);
+    CUDA_CHECK_LAUNCH();
+    depthwise_filter_finish<T><<<elementwise_blocks((size_t)count), DW_THREADS, 0, stream>>>(
+        partials, rows, count, (T *)p[1], pass == CONV2D_FILTER_ADD);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int R>
+static void launch_depthwise_r(const Conv2dCuda *c, Conv2dPass pass, void *const *p, void *workspace,
+                               cudaStream_t stream) {
+    if (filter_pass(pass)) launch_depthwise_filter<T, R>(c, pass, p, (float *)workspace, stream);
+    else if (c->shape.c % 8 == 0) launch_depthwise_vec<T, 8, R>(c, pass, p, stream);
+    else launch_depthwise_vec<T, 2, R>(c, pass, p, stream);
+}
+
+template <typename T>
+static void launch_depthwise(const Conv2dCuda *c, Conv2dPass pass, void *const *p, void *workspace,
+                             cudaStream_t stream) {
+    if (c->shape.r == 3) launch_depthwise_r<T, 3>(c, pass, p, workspace, stream);
+    else launch_depthwise_r<T, 5>(c, pass, p, workspace, stream);
+}
+
 template <typename T>
 static void launch_direct(const Conv2dCuda *c, Conv2dPass pass, void *const *p, void *workspace, cudaStream_t stream) {
     if constexpr (std::is_same<T, float>::value) {
         TC_FATAL("conv2d: the direct path takes f16 and bf16 only");
+    } else if (depthwise_fits(c)) {
+        launch_depthwise<T>(c, pass, p, workspace, stream);
     } else {
         const Conv2dShape *s = &c->shape;
         int pixels = (int)direct_pixels(s);
@@ -613,7 +808,9 @@ static int build_plan(Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass) {
     cudnnDataType_t type = dtype_cudnn(c->dtype);
     backend_graph_init(g, kPassNames[pass], c->dtype, c->nhwc);
     cudnnBackendDescriptor_t x = backend_graph_tensor(g, UID_X, type, s->n, s->c, s->h, s->w, false);
-    cudnnBackendDescriptor_t w = backend_graph_tensor(g, UID_W, type, s->k, s->c, s->r, s->s, false);
+    /* grouped: the filter's C / G channels, from which cuDNN's graph takes the groups */
+    cudnnBackendDescriptor_t w =
+        backend_graph_tensor(g, UID_W, type, s->k, s->c / conv2d_groups(s), s->r, s->s, false);
     cudnnBackendDescriptor_t y =
         backend_graph_tensor(g, UID_Y, type, s->n, s->k, conv2d_out_h(s), conv2d_out_w(s), false);
     cudnnBackendDescriptor_t op = backend_graph_conv_pass_op(g, s, kBackendPass[pass], x, w, y, kPassBeta[pass]);
@@ -651,8 +848,12 @@ static float legacy_time_us(const Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pas
     return 1000.0f * backend_graph_time_ms(h, run_legacy_timed, &run, BACKEND_GRAPH_TIMING_RUNS);
 }
 
+/* The first convolution's: forward and filter gradient; the depthwise: every pass timed (FILTER_ADD follows
+ * FILTER). */
 static bool direct_candidate(const Conv2dCuda *c, Conv2dPass pass) {
-    return direct_fits(c) && !c->policy.prefer_backend && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
+    if (c->policy.prefer_backend) return false;
+    if (depthwise_fits(c)) return pass != CONV2D_FILTER_ADD;
+    return direct_fits(c) && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
 }
 
 /* The direct path against the pass's faster of plan and legacy algorithm
@@ -667,6 +868,10 @@ static void choose_direct(Conv2dCuda *c, cudnnHandle_t h, Conv2dPass pass, void 
 }
 
 static void set_direct_blocks(Conv2dCuda *c) {
+    if (depthwise_fits(c)) { /* forward and data gradient: sized at launch */
+        c->direct_blocks[CONV2D_FILTER] = c->direct_blocks[CONV2D_FILTER_ADD] = depthwise_filter_rows(&c->shape);
+        return;
+    }
     int device, sms;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -682,7 +887,7 @@ static void set_direct_blocks(Conv2dCuda *c) {
 static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
     const Conv2dShape *s = &c->shape;
     size_t elem = dtype_size(c->dtype);
-    size_t bytes[PASS_TENSORS] = {(size_t)s->n * s->c * s->h * s->w * elem, (size_t)s->k * s->c * s->r * s->s * elem,
+    size_t bytes[PASS_TENSORS] = {(size_t)s->n * s->c * s->h * s->w * elem, conv2d_filter_count(s) * elem,
                                   (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s) * elem};
     void *ptrs[PASS_TENSORS], *workspace = NULL, *direct_workspace = NULL;
     for (int i = 0; i < PASS_TENSORS; i++) {
@@ -690,7 +895,7 @@ static void choose_backend_plans(Conv2dCuda *c, cudnnHandle_t h) {
         backend_graph_fill_scratch(h, ptrs[i], bytes[i]);
     }
     if (c->workspace_bytes) CUDA_CHECK(cudaMalloc(&workspace, c->workspace_bytes));
-    if (direct_fits(c)) {
+    if (direct_fits(c) || depthwise_fits(c)) {
         set_direct_blocks(c);
         CUDA_CHECK(cudaMalloc(&direct_workspace, direct_filter_bytes(c)));
     }
@@ -737,10 +942,11 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     cudnnDataType_t data_type = dtype_cudnn(dtype);
     size_t workspace_limit = policy->workspace_limit;
     int out_h = conv2d_out_h(s), out_w = conv2d_out_w(s);
+    int groups = conv2d_groups(s);
     if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->k > 65535 || s->r <= 0 || s->s <= 0 ||
-        s->stride <= 0 || s->pad < 0 || out_h <= 0 || out_w <= 0)
-        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", s->n,
-                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride);
+        s->stride <= 0 || s->pad < 0 || out_h <= 0 || out_w <= 0 || s->groups < 0 || s->c % groups || s->k % groups)
+        TC_FATAL("conv2d: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d groups=%d", s->n,
+                 s->c, s->h, s->w, s->k, s->r, s->s, s->pad, s->stride, s->groups);
 
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->x_desc));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&c->y_desc));
@@ -748,7 +954,7 @@ void conv2d_cuda_init(Conv2dCuda *c, cudnnHandle_t h, const Conv2dShape *s, DTyp
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&c->w_desc));
     /* Dimensions are given as NCHW in either format; the format says how they lie in memory. */
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(c->x_desc, format, data_type, s->n, s->c, s->h, s->w));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, data_type, format, s->k, s->c, s->r, s->s));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(c->w_desc, data_type, format, s->k, s->c / groups, s->r, s->s));
     /* Heuristics are asked under the widest math allowed; each pass then runs
      * under the math type of the algorithm it got. */
     c->conv_desc = make_conv_desc(s, widest_math(c));

@@ -1,5 +1,8 @@
-/* 2-D convolution with bias.
+/* 2-D convolution with bias, its channels optionally in groups.
  * y[n,k,p,q] = b[k] + sum_{c,r,s} x[n,c,p*stride-pad+r,q*stride-pad+s] * w[k,c,r,s]
+ * With G groups (PyTorch's groups) input channels [g C/G, (g+1) C/G) feed
+ * only outputs [g K/G, (g+1) K/G), so a filter has C/G channels: w[k][c'][r][s],
+ * c' < C/G, reads input channel (k / (K/G)) * C/G + c'. Depthwise: G = C = K.
  * A NULL b (forward) or db (backward) skips the bias: a fused bias+ReLU
  * (ops/bias_relu.h) does it instead.
  * Backward: dx and dw are overwritten unless accumulate adds to them, db is
@@ -19,7 +22,8 @@
  * db as the dtype given at init (f32, f16 or bf16) and accumulates in fp32; its
  * layout is NCHW (x [n][c][h][w], w [k][c][r][s]) or, with nhwc, channels-last
  * (x, y and their gradients [n][h][w][c], w and dw [k][r][s][c]); b is k values
- * either way. */
+ * either way. Grouped, the filters' c is C/G in both layouts (cuDNN's and
+ * PyTorch's [k][c/groups][r][s]). */
 #ifndef TRAINC_OPS_CONV2D_H
 #define TRAINC_OPS_CONV2D_H
 
@@ -36,10 +40,17 @@ typedef struct {
     int n, c, h, w; /* input */
     int k, r, s;    /* output channels, kernel height and width */
     int pad, stride;
+    int groups;     /* channel groups (above): c and k multiples of it; 0 (a shape that names none) or 1: one */
 } Conv2dShape;
 
 int conv2d_out_h(const Conv2dShape *s);
 int conv2d_out_w(const Conv2dShape *s);
+int conv2d_groups(const Conv2dShape *s);         /* groups, 0 read as 1 */
+size_t conv2d_filter_count(const Conv2dShape *s); /* k * (c / groups) * r * s: w's elements */
+/* The fused ops built on one convolution of all channels (conv_genstats,
+ * conv_dgrad_dbn, conv_bias_relu_pool, conv_bias_gelu) refuse a grouped one,
+ * naming op and shape: their planners must not pick it. */
+void conv2d_check_ungrouped(const Conv2dShape *s, const char *op);
 
 /* How convolution algorithms are chosen, once per layer at init.
  * allow_tf32 lets cuDNN run the float32 convolution on TF32 tensor cores
@@ -55,7 +66,8 @@ int conv2d_out_w(const Conv2dShape *s);
  * finalizes, however it times. There too the forward and filter passes of a
  * 3x3 stride-1 convolution of an image padded to 8 channels time a direct
  * path of our own (at most 64 output channels, a multiple of 16), run where
- * fastest; prefer_direct (tests) takes it wherever it fits.
+ * fastest, and so do every pass of a depthwise 3x3 or 5x5 (conv2d_depthwise_fits);
+ * prefer_direct (tests) takes either wherever it fits.
  * agree: processes that choose together (the ranks of data-parallel
  * training) pass every timing of the same candidates, n floats in the same
  * order on each, through agree, which makes each the same on all of them
@@ -164,6 +176,10 @@ void conv2d_backward_ex_cpu(const Conv2dShape *s, const float *x, const float *w
 #define CONV2D_DIRECT_CHANNELS 8
 #define CONV2D_DIRECT_MAX_OUT 64
 int conv2d_direct_fits(const Conv2dShape *s, DType dtype, int nhwc);
+/* Whether the direct path's depthwise kernels (conv2d.cu) take a convolution: groups = c = k (even), a square
+ * 3x3 or 5x5 filter, stride 1 or 2, pad below the filter's size, f16 or bf16 NHWC. Every pass is timed
+ * against cuDNN's under benchmark (prefer_direct: taken). */
+int conv2d_depthwise_fits(const Conv2dShape *s, DType dtype, int nhwc);
 
 /* nhwc picks the layout above. Half types in NHWC run on tensor cores where
  * cuDNN has a kernel for the shape: c a multiple of 8 (pad the input's channels

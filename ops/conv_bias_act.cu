@@ -28,7 +28,8 @@ static int build_ops(ConvBiasActCuda *c, cudnnDataType_t data, cudnnBackendDescr
     int residual = c->shape.residual, relu = c->shape.relu;
     BackendGraph *g = &c->graph;
     cudnnBackendDescriptor_t x = backend_graph_tensor(g, CBA_UID_X, data, s->n, s->c, s->h, s->w, false);
-    cudnnBackendDescriptor_t w = backend_graph_tensor(g, CBA_UID_W, data, s->k, s->c, s->r, s->s, false);
+    cudnnBackendDescriptor_t w = /* grouped: C / G channels, from which cuDNN's graph takes the groups */
+        backend_graph_tensor(g, CBA_UID_W, data, s->k, s->c / conv2d_groups(s), s->r, s->s, false);
     cudnnBackendDescriptor_t b = backend_graph_tensor(g, CBA_UID_B, data, 1, s->k, 1, 1, false);
     cudnnBackendDescriptor_t y = backend_graph_tensor(g, CBA_UID_Y, data, s->n, s->k, oh, ow, false);
     cudnnBackendDescriptor_t conv = backend_graph_tensor(g, UID_CONV, CUDNN_DATA_FLOAT, s->n, s->k, oh, ow, true);
@@ -64,10 +65,11 @@ void conv_bias_act_cuda_init(ConvBiasActCuda *c, cudnnHandle_t h, const ConvBias
     memset(c, 0, sizeof *c);
     check_float_dtype("conv_bias_act", dtype);
     const Conv2dShape *cs = &s->conv;
+    int groups = conv2d_groups(cs);
     if (cs->n <= 0 || cs->c <= 0 || cs->k <= 0 || cs->r <= 0 || cs->s <= 0 || cs->stride <= 0 || cs->pad < 0 ||
-        conv2d_out_h(cs) <= 0 || conv2d_out_w(cs) <= 0)
-        TC_FATAL("conv_bias_act: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d", cs->n, cs->c,
-                 cs->h, cs->w, cs->k, cs->r, cs->s, cs->pad, cs->stride);
+        conv2d_out_h(cs) <= 0 || conv2d_out_w(cs) <= 0 || cs->groups < 0 || cs->c % groups || cs->k % groups)
+        TC_FATAL("conv_bias_act: bad shape n=%d c=%d h=%d w=%d k=%d r=%d s=%d pad=%d stride=%d groups=%d", cs->n,
+                 cs->c, cs->h, cs->w, cs->k, cs->r, cs->s, cs->pad, cs->stride, cs->groups);
     c->shape = *s;
     c->dtype = dtype;
     c->nhwc = nhwc != 0;

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 typedef struct {
-    Conv2dShape conv; /* n, c, h, w, k, r, s, pad, stride (ops/conv2d.h) */
+    Conv2dShape conv; /* n, c, h, w, k, r, s, pad, stride, groups (ops/conv2d.h) */
     int relu;         /* 1: y = max(0, .) */
     int residual;     /* 1: z (same shape as y) is added before the ReLU */
 } ConvBiasActShape;

@@ -14,6 +14,7 @@
 
 void conv_bias_gelu_check_shape(const ConvBiasGeluShape *cs) {
     const Conv2dShape *s = &cs->conv;
+    conv2d_check_ungrouped(s, "conv_bias_gelu");
     if (s->n <= 0 || s->c <= 0 || s->k <= 0 || s->k > 65535 || s->r <= 0 || s->s <= 0 || s->stride != 1 ||
         s->pad != 0 || s->h < s->r || s->w < s->s || cs->c_real < 1 || cs->c_real > s->c)
         TC_FATAL("conv_bias_gelu: input %dx%dx%dx%d (%d real channels), %d filters %dx%d, pad %d, stride %d: "

@@ -10,6 +10,7 @@
 static const char *shape_misfit(const ConvBiasReluPoolShape *s) {
     const Conv2dShape *c = &s->conv;
     if (c->n <= 0 || c->c <= 0 || c->k <= 0 || c->h < 2 || c->w < 2) return "an empty tensor";
+    if (conv2d_groups(c) > 1) return "a grouped convolution";
     if (c->r != 3 || c->s != 3 || c->pad != 1 || c->stride != 1) return "not a 3x3 convolution, pad 1, stride 1";
     if (c->h % 2 || c->w % 2) return "an odd height or width under the 2x2 pool";
     if (s->c_real < 1 || s->c_real > c->c) return "c_real outside 1..c";

@@ -21,6 +21,7 @@ void conv_dgrad_dbn_backward_cpu(const Conv2dShape *s, const float *w, const flo
 
 void conv_dgrad_dbn_init(const OpContext *ctx, ConvDgradDbn *op, const Conv2dShape *s, const ConvAlgoPolicy *policy) {
     Conv2dShape shape = *s; /* s may be op's own */
+    conv2d_check_ungrouped(&shape, "conv_dgrad_dbn");
     memset(op, 0, sizeof *op);
     op->shape = shape;
     if (ctx->device == DEVICE_CUDA)

@@ -87,6 +87,7 @@ void bn_finalize_cpu(int channels, int64_t m, const float *sum, const float *sqs
 void conv_genstats_init(const OpContext *ctx, ConvGenStats *op, const ConvGenStatsShape *s,
                         const ConvAlgoPolicy *policy) {
     ConvGenStatsShape shape = *s; /* s may be op's own */
+    conv2d_check_ungrouped(&shape.conv, "conv_genstats");
     memset(op, 0, sizeof *op);
     op->shape = shape;
     if (ctx->device == DEVICE_CUDA)

@@ -19,6 +19,7 @@ const char *space_to_depth_invalid(const SpaceToDepthShape *s) {
 int space_to_depth_conv(const Conv2dShape *conv, int c_used, int block, SpaceToDepthShape *image,
                         SpaceToDepthShape *filter, Conv2dShape *inner, const char **why) {
     if (block != 1 && block != 2) return *why = "a block other than 1 or 2", 0;
+    if (conv2d_groups(conv) > 1) return *why = "a grouped convolution", 0;
     if (block == 2 && conv->stride != 2) return *why = "block 2 takes a stride of 2", 0;
     if (c_used < 1 || c_used > conv->c) return *why = "c_used outside 1..c", 0;
     int group = block == 1 ? c_used : (c_used + 1) / 2 * 2;

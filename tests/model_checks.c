@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/sgd.h"
+#include "ops/softmax_xent.h"
 #include "tests/harness.h"
 #include "tests/op_checks.h"
 
@@ -32,6 +34,43 @@ ModelLoss model_loss_random(Model *m, uint64_t *rng) {
 }
 
 void model_loss_free(ModelLoss *l) { free((void *)l->input); }
+
+void check_net_gradients(Model *m, const char *what, float eps, uint64_t *rng) {
+    ModelLoss loss = model_loss_random(m, rng);
+    model_loss_backward(&loss);
+    float *analytic = malloc(m->n_params * sizeof(float));
+    double *numeric = malloc(m->n_params * sizeof(double));
+    if (!analytic || !numeric) abort();
+    memcpy(analytic, m->grads, m->n_params * sizeof(float));
+    numeric_gradient(m->params, m->n_params, eps, model_loss, &loss, numeric);
+    check_gradient(what, analytic, numeric, m->n_params);
+    model_loss_free(&loss), free(analytic), free(numeric);
+}
+
+float model_train_step_cpu(Model *m, const float *input, const int32_t *labels, float lr) {
+    float loss;
+    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL, NULL};
+    memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
+    model_forward(m);
+    softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));
+    model_zero_grads(m);
+    model_backward(m);
+    sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, &lr, sgd);
+    return loss;
+}
+
+void check_fits_batch(Model *m, const char *what, int steps, float lr, uint64_t *rng) {
+    float *input = malloc(model_input_floats(m) * sizeof(float));
+    int32_t *labels = malloc((size_t)m->batch * sizeof(int32_t));
+    if (!input || !labels) abort();
+    test_fill_uniform(input, model_input_floats(m), rng, -2.0f, 2.0f);
+    for (int i = 0; i < m->batch; i++) labels[i] = i % m->num_classes;
+    float first = model_train_step_cpu(m, input, labels, lr), last = first;
+    for (int s = 1; s < steps; s++) last = model_train_step_cpu(m, input, labels, lr);
+    printf("%s: loss %.4f after one step, %.4f after %d\n", what, first, last, steps);
+    CHECK_MSG(isfinite(last) && last < 0.5f * first, "%s: loss %.4f -> %.4f: the net did not learn", what, first, last);
+    free(input), free(labels);
+}
 
 /* Through the model's op context: host memory on the CPU, device memory on the GPU. */
 static void put(const Model *m, void *dst, const float *host, size_t n) {
@@ -91,4 +130,18 @@ void model_train_eval_free(ModelTrainEval *r) {
     free(r->grads);
     free(r->eval_logits);
     r->grads = r->eval_logits = NULL;
+}
+
+void check_fuse_checkpoint_variants(const char *net, ModelVariantRun run, const float *input, const float *r,
+                                    double bound) {
+    ModelTrainEval want = run(0, 0, input, r);
+    for (int variant = 1; variant < 4; variant++) {
+        int fuse = variant & 1, checkpoint = variant >> 1;
+        char what[160];
+        snprintf(what, sizeof what, "%s fuse %d checkpoint %d against neither", net, fuse, checkpoint);
+        ModelTrainEval got = run(fuse, checkpoint, input, r);
+        check_train_eval_near(what, &got, &want, bound);
+        model_train_eval_free(&got);
+    }
+    model_train_eval_free(&want);
 }

@@ -21,6 +21,16 @@ void model_loss_backward(ModelLoss *l);
 ModelLoss model_loss_random(Model *m, uint64_t *rng);
 void model_loss_free(ModelLoss *l);
 
+/* Every parameter's gradient of a finalized CPU model against central differences of step eps, on a fresh
+ * model_loss_random. */
+void check_net_gradients(Model *m, const char *what, float eps, uint64_t *rng);
+/* One step of a finalized CPU model on input (its model_input_floats) and labels: cross-entropy, SGD with
+ * momentum 0.9 at lr. Returns the loss before the step. */
+float model_train_step_cpu(Model *m, const float *input, const int32_t *labels, float lr);
+/* Fitting one batch of random images (uniform in [-2, 2]) to labels i % classes, steps steps at lr: the loss must
+ * fall below half its first. */
+void check_fits_batch(Model *m, const char *what, int steps, float lr, uint64_t *rng);
+
 /* A model's training loss, gradients and evaluation logits on one input. */
 typedef struct {
     double loss;
@@ -34,5 +44,10 @@ ModelTrainEval model_train_eval(ModelLoss *l);
 /* got's loss, gradients and evaluation logits within a relative 'bound' of want's. */
 void check_train_eval_near(const char *what, const ModelTrainEval *got, const ModelTrainEval *want, double bound);
 void model_train_eval_free(ModelTrainEval *r);
+/* run(fuse, checkpoint, input, r) with model.fuse and checkpointed blocks each on and off: the three others within
+ * bound of neither (check_train_eval_near), 'net' naming them. */
+typedef ModelTrainEval (*ModelVariantRun)(int fuse, int checkpoint, const float *input, const float *r);
+void check_fuse_checkpoint_variants(const char *net, ModelVariantRun run, const float *input, const float *r,
+                                    double bound);
 
 #endif

@@ -32,45 +32,16 @@ static void check_model_gradients(uint64_t *rng) {
     Model m;
     build(&m, 0); /* smooth: central differences across a ReLU's kink would be off */
     model_finalize(&m, NULL, 5);
-    ModelLoss loss = model_loss_random(&m, rng);
-    model_loss_backward(&loss);
-    float *analytic = malloc(m.n_params * sizeof(float));
-    double *numeric = malloc(m.n_params * sizeof(double));
-    memcpy(analytic, m.grads, m.n_params * sizeof(float));
-    numeric_gradient(m.params, m.n_params, 1e-4f, model_loss, &loss, numeric);
-    check_gradient("conv, gelu, conv, gelu, avgpool, linear: every parameter", analytic, numeric,
-                   m.n_params);
-    model_loss_free(&loss), free(analytic), free(numeric);
+    check_net_gradients(&m, "conv, gelu, conv, gelu, avgpool, linear: every parameter", 1e-4f, rng);
     model_destroy(&m);
-}
-
-static float train_step(Model *m, const float *input, const int32_t *labels, float lr) {
-    float loss;
-    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL, NULL};
-    memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
-    model_forward(m);
-    softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));
-    model_zero_grads(m);
-    model_backward(m);
-    sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, &lr, sgd);
-    return loss;
 }
 
 /* Fitting one batch of random images to random labels: the loss must fall well below chance. */
 static void check_training(uint64_t *rng) {
-    enum { STEPS = 100 };
     Model m;
     build(&m, 1);
     model_finalize(&m, NULL, 7);
-    float *input = malloc(model_input_floats(&m) * sizeof(float));
-    int32_t labels[BATCH];
-    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
-    for (int i = 0; i < BATCH; i++) labels[i] = i % CLASSES;
-    float first = train_step(&m, input, labels, 0.1f), last = first;
-    for (int s = 1; s < STEPS; s++) last = train_step(&m, input, labels, 0.1f);
-    printf("gelu net: loss %.4f after one step, %.4f after %d\n", first, last, STEPS);
-    CHECK_MSG(isfinite(last) && last < 0.5f * first, "loss %.4f -> %.4f: the net did not learn", first, last);
-    free(input);
+    check_fits_batch(&m, "gelu net", 100, 0.1f, rng);
     model_destroy(&m);
 }
 
@@ -134,17 +105,8 @@ static void check_fused_bn_gelu(uint64_t *rng) {
     float *input = malloc(in_floats * sizeof(float)), r[BATCH * CLASSES];
     test_fill_uniform(input, in_floats, rng, -2.0f, 2.0f);
     test_fill_uniform(r, BATCH * CLASSES, rng, -1.0f, 1.0f);
-    ModelTrainEval want = bn_gelu_run(0, 0, input, r);
-    for (int variant = 1; variant < 4; variant++) {
-        int fuse = variant & 1, checkpoint = variant >> 1;
-        char what[64];
-        snprintf(what, sizeof what, "bn+gelu fuse %d checkpoint %d against neither", fuse, checkpoint);
-        ModelTrainEval got = bn_gelu_run(fuse, checkpoint, input, r);
-        check_train_eval_near(what, &got, &want, 1e-5);
-        model_train_eval_free(&got);
-    }
+    check_fuse_checkpoint_variants("bn+gelu", bn_gelu_run, input, r, 1e-5);
     free(input);
-    model_train_eval_free(&want);
 }
 
 int main(void) {

@@ -133,9 +133,9 @@ static void check_errors(void) {
     expect_error(HEAD "c1 = conv 8 3\nc1 = conv 8 3\n" TAIL, "t.net:3: layer c1: the name c1 is taken (line 2)");
     expect_error(HEAD "c1 = conv {width} 3\n" TAIL, "t.net:2: layer c1: unknown variable {width}");
     expect_error(HEAD "c1 = conv 8 3 whiten=yes\nc2 = conv 8 3 whiten=yes\n" TAIL,
-                 "t.net:3: layer c2: a whitening layer is a convolution over the input image");
+                 "t.net:3: layer c2: a whitening layer is an ungrouped convolution over the input image");
     expect_error(HEAD "c1 = conv 8 2 dirac=yes\n" TAIL,
-                 "t.net:2: layer c1: a Dirac start needs a convolution with an odd square kernel");
+                 "t.net:2: layer c1: a Dirac start needs an ungrouped convolution with an odd square kernel");
     expect_error(HEAD "c1 = conv 8 3\nrelu\nc2 = conv 8 3 from=c1\n" TAIL,
                  "t.net:3: unnamed relu: a ReLU works in place, so its input may feed no other layer, and line 4's");
     expect_error(HEAD "fc = linear 0\n", "t.net:2: layer fc: a linear layer of 0 outputs");

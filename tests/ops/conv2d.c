@@ -12,7 +12,11 @@
  * against the legacy algorithms, and the plans forced for every pass (y, dx
  * overwritten and added to, dw) on airbench's 24 -> 64 3x3 at 31x31, a 1x1
  * stride 2 and a 3x3 stride 2, and deterministic ones repeating their bits;
- * the direct path of a first convolution (8 channels) timed and forced. */
+ * the direct path of a first convolution (8 channels) timed and forced.
+ * Grouped convolutions (depthwise 3x3 and 5x5 at stride 1 and 2, 2 and 4
+ * groups, two outputs a channel) on both devices the same way: on the CPU
+ * against the definition and by finite differences, on the GPU against the
+ * reference in both layouts and every dtype, strict and timed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +42,13 @@ static const ConvAlgoPolicy direct_policy = {.workspace_limit = CONV_WORKSPACE_L
                                              .prefer_direct = 1};
 
 static size_t conv_x_count(const Conv2dShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
-static size_t conv_w_count(const Conv2dShape *s) { return (size_t)s->k * s->c * s->r * s->s; }
+static size_t conv_w_count(const Conv2dShape *s) { return conv2d_filter_count(s); }
+static int conv_filter_c(const Conv2dShape *s) { return s->c / conv2d_groups(s); } /* a filter's channels */
 static size_t conv_y_count(const Conv2dShape *s) { return (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s); }
 
 static void conv_label(char *buf, size_t size, const Conv2dShape *s) {
-    snprintf(buf, size, "conv %dx%dx%dx%d k%d %dx%d pad %d stride %d", s->n, s->c, s->h, s->w, s->k, s->r, s->s,
-             s->pad, s->stride);
+    snprintf(buf, size, "conv %dx%dx%dx%d k%d %dx%d pad %d stride %d groups %d", s->n, s->c, s->h, s->w, s->k, s->r,
+             s->s, s->pad, s->stride, conv2d_groups(s));
 }
 
 /* ---- the GPU against the CPU reference ----------------------------------------- */
@@ -107,7 +112,7 @@ typedef struct {
 static ConvValues conv_values(const GridCase *c, const Conv2dShape *s, int real_c) {
     DType dt = c->dtype;
     size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s), plane = (size_t)s->h * s->w;
-    float w_scale = 1.0f / sqrtf((float)(real_c * s->r * s->s));
+    float w_scale = 1.0f / sqrtf((float)(real_c / conv2d_groups(s) * s->r * s->s));
     ConvValues v;
     v.x = grid_random(c, dt, nx, -1, 1), v.w = grid_random(c, dt, nw, -w_scale, w_scale);
     v.b = grid_random(c, dt, s->k, -1, 1), v.dy = grid_random(c, dt, ny, -1, 1);
@@ -148,8 +153,10 @@ static ConvResults conv_run(const GridCase *c, const OpContext *ctx, const Conv2
     DType dt = c->dtype;
     int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
     size_t nx = conv_x_count(s), nw = conv_w_count(s), ny = conv_y_count(s);
-    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, s->c, s->r, s->s);
-    float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *dw0l = grid_to_layout(c, v->dw0, s->k, s->c, s->r, s->s);
+    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w);
+    float *wl = grid_to_layout(c, v->w, s->k, conv_filter_c(s), s->r, s->s);
+    float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow);
+    float *dw0l = grid_to_layout(c, v->dw0, s->k, conv_filter_c(s), s->r, s->s);
     if (!add_dw) grid_fill_nan(dw0l, nw);
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_b = grid_put(c, dt, v->b, s->k);
     void *d_dy = grid_put(c, dt, dyl, ny), *d_y = grid_alloc(c, dt, ny), *d_dx = want_dx ? grid_alloc(c, dt, nx) : NULL;
@@ -167,7 +174,7 @@ static ConvResults conv_run(const GridCase *c, const OpContext *ctx, const Conv2
         free(t);
     }
     t = grid_get(c, dt, d_dw, nw);
-    r.dw = grid_from_layout(c, t, s->k, s->c, s->r, s->s);
+    r.dw = grid_from_layout(c, t, s->k, conv_filter_c(s), s->r, s->s);
     free(t);
     r.db = grid_get(c, dt, d_db, s->k);
     void *dev[] = {d_x, d_w, d_b, d_dy, d_y, d_dx, d_dw, d_db};
@@ -200,7 +207,10 @@ static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, co
     CHECK_MSG(cc->plans != NULL, "%s conv: no backend plans were tried", c->name);
     const Conv2dShape *s = &conv->shape;
     int direct_fits = s->c == 8 && s->r == 3 && s->s == 3 && s->pad == 1 && s->stride == 1 && s->k % 16 == 0 &&
-                      s->k <= 64 && !policy->prefer_backend;
+                      s->k <= 64 && conv2d_groups(s) == 1 && !policy->prefer_backend;
+    /* the depthwise kernels: every pass timed */
+    int depthwise = s->groups == s->c && s->k == s->c && s->c % 2 == 0 && s->r == s->s && (s->r == 3 || s->r == 5) &&
+                    s->stride <= 2 && s->pad < s->r && !policy->prefer_backend;
     /* adding the filter gradient is not timed: FILTER's direct path where it won, else the legacy algorithm */
     CHECK_MSG(cc->legacy_us[CONV2D_FILTER_ADD] == 0 && cc->plan_us[CONV2D_FILTER_ADD] == 0 &&
                   !cc->use_plan[CONV2D_FILTER_ADD] && cc->use_direct[CONV2D_FILTER_ADD] == cc->use_direct[CONV2D_FILTER],
@@ -209,7 +219,7 @@ static void conv_check_backend_plans(const GridCase *c, const OpContext *ctx, co
     for (int pass = 0; cc->plans && pass < CONV2D_PASSES; pass++) {
         if (pass == CONV2D_FILTER_ADD) continue;
         CHECK_MSG(cc->legacy_us[pass] > 0, "%s conv: pass %d's legacy algorithm was not timed", c->name, pass);
-        int direct_pass = direct_fits && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER);
+        int direct_pass = (direct_fits && (pass == CONV2D_FORWARD || pass == CONV2D_FILTER)) || depthwise;
         CHECK_MSG((cc->direct_us[pass] > 0) == direct_pass, "%s conv: pass %d's direct path %s (%s)", c->name, pass,
                   direct_pass ? "was not timed" : "was timed where it does not fit", chosen);
         int faster = cc->plan_us[pass] > 0 && cc->plan_us[pass] < cc->legacy_us[pass];
@@ -241,9 +251,9 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     conv_check_backend_plans(c, &ctx, &conv, policy);
     int deterministic = conv_algos_deterministic(c, &conv.cuda);
     size_t ws = conv2d_workspace_bytes(&ctx, &conv);
-    printf(" %dx%dx%dx%d (%d real) -> %d, %dx%d pad %d stride %d: algos fwd %d bwd-data %d bwd-filter %d (%s), "
-           "workspace %zu bytes%s\n", s.n, s.c, s.h, s.w, real_c, s.k, s.r, s.s, s.pad, s.stride,
-           (int)conv.cuda.fwd_algo, (int)conv.cuda.bwd_data_algo, (int)conv.cuda.bwd_filter_algo,
+    printf(" %dx%dx%dx%d (%d real) -> %d, %dx%d pad %d stride %d groups %d: algos fwd %d bwd-data %d bwd-filter %d "
+           "(%s), workspace %zu bytes%s\n", s.n, s.c, s.h, s.w, real_c, s.k, s.r, s.s, s.pad, s.stride,
+           conv2d_groups(&s), (int)conv.cuda.fwd_algo, (int)conv.cuda.bwd_data_algo, (int)conv.cuda.bwd_filter_algo,
            deterministic ? "deterministic" : "NOT all deterministic", ws, policy->benchmark ? " (benchmarked)" : "");
     CHECK(ws <= CONV_WORKSPACE_LIMIT);
     /* the bias gradient's partial sums live in the workspace (every case but f32 NCHW) */
@@ -261,7 +271,7 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
     for (int k = 0; k < s.k; k++)
         for (int ch = real_c; ch < s.c; ch++)
             for (int i = 0; i < rs; i++) {
-                size_t at = ((size_t)k * s.c + ch) * rs + i;
+                size_t at = ((size_t)k * conv_filter_c(&s) + ch) * rs + i; /* grouped: real_c is c, none */
                 padded_moved += memcmp(&r.dw[at], &v.dw0[at], sizeof(float)) != 0 || set.dw[at] != 0.0f;
             }
     CHECK_MSG(padded_moved == 0, "%s conv: %zu weight gradients of zero input channels moved", c->name, padded_moved);
@@ -295,6 +305,10 @@ static void conv_gpu_shape(const GridCase *c, Conv2dShape s, int real_c, const C
 
 #define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
     ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})
+/* The same in groups (depthwise: groups = c = k). */
+#define CONVG(n_, c_, h_, w_, k_, r_, s_, pad_, stride_, groups_)                                                   \
+    ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_, \
+                   .groups = groups_})
 
 static void conv_accumulate_shape(const GridCase *c, Conv2dShape s, int real_c, const ConvAlgoPolicy *policy);
 
@@ -352,24 +366,26 @@ static void conv_gpu_case(const GridCase *c) {
 
 /* ---- the CPU: against the definition in double, and finite differences ----------- */
 
-/* The definition in double; beside each value (size) the sum of its terms'
+/* The definition in double (grouped: filter k's channel c reads input channel
+ * (k / (K/G)) * C/G + c); beside each value (size) the sum of its terms'
  * absolute values: an fp32 sum is off by a few roundings of that, however
  * far its terms cancel (a 1x1x2x1 image's 2 dx values, 2 db values). */
 static void naive_conv_forward(const Conv2dShape *s, const float *x, const float *w, const float *b, double *y,
                                double *size) {
-    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s), cg = conv_filter_c(s), kg = s->k / conv2d_groups(s);
     for (int n = 0; n < s->n; n++)
         for (int k = 0; k < s->k; k++)
             for (int p = 0; p < oh; p++)
                 for (int q = 0; q < ow; q++) {
                     double sum = b[k], abs_sum = fabs(b[k]);
-                    for (int c = 0; c < s->c; c++)
+                    for (int c = 0; c < cg; c++)
                         for (int r = 0; r < s->r; r++)
                             for (int t = 0; t < s->s; t++) {
                                 int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
                                 if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
-                                double term = (double)x[(((size_t)n * s->c + c) * s->h + ih) * s->w + iw] *
-                                              w[(((size_t)k * s->c + c) * s->r + r) * s->s + t];
+                                int ch = k / kg * cg + c; /* the input channel of filter k's channel c */
+                                double term = (double)x[(((size_t)n * s->c + ch) * s->h + ih) * s->w + iw] *
+                                              w[(((size_t)k * cg + c) * s->r + r) * s->s + t];
                                 sum += term, abs_sum += fabs(term);
                             }
                     size_t at = (((size_t)n * s->k + k) * oh + p) * ow + q;
@@ -380,7 +396,7 @@ static void naive_conv_forward(const Conv2dShape *s, const float *x, const float
 /* dx, dw and db, and their sizes (size: dx's, then dw's, then db's). */
 static void naive_conv_backward(const Conv2dShape *s, const float *x, const float *w, const float *dy, double *dx,
                                 double *dw, double *db, double *size) {
-    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s), cg = conv_filter_c(s), kg = s->k / conv2d_groups(s);
     size_t nx = conv_x_count(s), nw = conv_w_count(s);
     double *size_dx = size, *size_dw = size + nx, *size_db = size + nx + nw;
     memset(dx, 0, sizeof(double) * nx);
@@ -393,13 +409,13 @@ static void naive_conv_backward(const Conv2dShape *s, const float *x, const floa
                 for (int q = 0; q < ow; q++) {
                     double g = dy[(((size_t)n * s->k + k) * oh + p) * ow + q];
                     db[k] += g, size_db[k] += fabs(g);
-                    for (int c = 0; c < s->c; c++)
+                    for (int c = 0; c < cg; c++)
                         for (int r = 0; r < s->r; r++)
                             for (int t = 0; t < s->s; t++) {
                                 int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
                                 if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
-                                size_t xi = (((size_t)n * s->c + c) * s->h + ih) * s->w + iw;
-                                size_t wi = (((size_t)k * s->c + c) * s->r + r) * s->s + t;
+                                size_t xi = (((size_t)n * s->c + k / kg * cg + c) * s->h + ih) * s->w + iw;
+                                size_t wi = (((size_t)k * cg + c) * s->r + r) * s->s + t;
                                 dx[xi] += g * w[wi], size_dx[xi] += fabs(g * w[wi]);
                                 dw[wi] += g * x[xi], size_dw[wi] += fabs(g * x[xi]);
                             }
@@ -514,6 +530,10 @@ static void conv_cpu_case(const GridCase *c) {
         CONV(1, 2, 5, 4, 2, 2, 3, 2, 3),
         /* the padding is wider than the image: whole kernel rows read only zeros */
         CONV(2, 2, 1, 1, 3, 5, 5, 2, 1), CONV(1, 1, 2, 1, 2, 5, 5, 3, 2),
+        /* grouped: depthwise 3x3 and 5x5, stride 1 and 2; two outputs a channel; 2 and 4 groups */
+        CONVG(2, 4, 7, 6, 4, 3, 3, 1, 1, 4), CONVG(2, 3, 9, 8, 3, 3, 3, 1, 2, 3), CONVG(1, 4, 8, 7, 4, 5, 5, 2, 1, 4),
+        CONVG(1, 3, 9, 9, 3, 5, 5, 2, 2, 3), CONVG(1, 2, 5, 5, 4, 3, 3, 1, 1, 2), CONVG(2, 4, 6, 5, 6, 3, 3, 1, 1, 2),
+        CONVG(1, 8, 5, 6, 8, 3, 3, 0, 2, 4), CONVG(2, 8, 4, 4, 12, 1, 1, 0, 1, 4),
     };
     for (size_t i = 0; i < GRID_COUNT(shapes); i++) {
         conv_cpu_finite_differences(c, &shapes[i]);
@@ -521,7 +541,8 @@ static void conv_cpu_case(const GridCase *c) {
     }
     const Conv2dShape bigger[] = {
         CONV(3, 8, 12, 10, 6, 3, 3, 1, 1), CONV(2, 16, 16, 16, 32, 3, 3, 1, 1), CONV(2, 3, 17, 23, 8, 7, 7, 3, 2),
-        CONV(2, 5, 9, 11, 4, 3, 3, 0, 2),
+        CONV(2, 5, 9, 11, 4, 3, 3, 0, 2),  CONVG(2, 32, 12, 12, 32, 3, 3, 1, 2, 32),
+        CONVG(2, 16, 9, 9, 32, 3, 3, 1, 1, 4),
     };
     for (size_t i = 0; i < GRID_COUNT(bigger); i++) conv_cpu_against_naive(c, &bigger[i]);
 }
@@ -541,16 +562,17 @@ static void conv_check_accumulate_dx(const GridCase *c, const OpContext *ctx, co
     float *old = grid_accumulator_start(c, dt, v->dx, nx), *want = host_floats(nx);
     for (size_t i = 0; i < nx; i++) want[i] = old[i] + v->dx[i];
     round_to(dt, want, nx);
-    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, v->w, s->k, s->c, s->r, s->s);
+    float *xl = grid_to_layout(c, v->x, s->n, s->c, s->h, s->w);
+    float *wl = grid_to_layout(c, v->w, s->k, conv_filter_c(s), s->r, s->s);
     float *dyl = grid_to_layout(c, v->dy, s->n, s->k, oh, ow), *oldl = grid_to_layout(c, old, s->n, s->c, s->h, s->w);
-    float *dw0l = grid_to_layout(c, v->dw0, s->k, s->c, s->r, s->s);
+    float *dw0l = grid_to_layout(c, v->dw0, s->k, conv_filter_c(s), s->r, s->s);
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_dy = grid_put(c, dt, dyl, ny);
     void *d_dx = grid_put(c, dt, oldl, nx), *d_dw = grid_put(c, dt, dw0l, nw);
     conv2d_backward(ctx, conv, d_x, d_w, d_dy, d_dx, d_dw, NULL, CONV2D_ADD_DX | CONV2D_ADD_DW);
     float *t = grid_get(c, dt, d_dx, nx), *gacc = grid_from_layout(c, t, s->n, s->c, s->h, s->w);
     free(t);
     t = grid_get(c, dt, d_dw, nw);
-    float *gdw = grid_from_layout(c, t, s->k, s->c, s->r, s->s);
+    float *gdw = grid_from_layout(c, t, s->k, conv_filter_c(s), s->r, s->s);
     free(t);
     double bound = c->device == DEVICE_CPU ? 1e-6 : grid_bound(c, GRID_CONV);
     grid_check(c, "conv dx (accumulate_dx onto random)", gacc, want, nx, bound);
@@ -629,16 +651,57 @@ static void conv_resnet_case(const GridCase *c) {
         conv_resnet_cpu(c, CONV(2, 4, 9, 8, 6, 1, 1, 0, 2));
         conv_resnet_cpu(c, CONV(2, 3, 11, 10, 4, 7, 7, 3, 2));
         conv_resnet_cpu(c, CONV(2, 3, 6, 5, 4, 3, 3, 1, 1));
+        conv_resnet_cpu(c, CONVG(2, 4, 6, 5, 4, 3, 3, 1, 2, 4));
     }
     conv_accumulate_shape(c, CONV(4, 16, 16, 16, 32, 1, 1, 0, 2), 16, &strict_policy);
     if (c->nhwc) conv_accumulate_shape(c, CONV(2, 8, 32, 32, 16, 7, 7, 3, 2), 3, &strict_policy);
     else conv_accumulate_shape(c, CONV(2, 3, 32, 32, 16, 7, 7, 3, 2), 3, &strict_policy);
     conv_accumulate_shape(c, CONV(4, 16, 8, 8, 16, 3, 3, 1, 1), 16, &strict_policy);
+    /* a MobileNet block's depthwise 3x3 (stride 1 and 2) and a grouped 1x1, adding into dx */
+    conv_accumulate_shape(c, CONVG(4, 32, 8, 8, 32, 3, 3, 1, 1, 32), 32, &strict_policy);
+    conv_accumulate_shape(c, CONVG(4, 32, 9, 9, 32, 3, 3, 1, 2, 32), 32, &strict_policy);
+    conv_accumulate_shape(c, CONVG(4, 32, 8, 8, 64, 1, 1, 0, 1, 4), 32, &strict_policy);
+}
+
+/* Grouped convolutions on the GPU, either layout, every dtype: depthwise 3x3 and 5x5 at stride 1 and 2 (MobileNet's
+ * and EfficientNet's; 16-byte vectors where c is a multiple of 8, else 4-byte ones; odd sizes; a 5x5 unpadded), two
+ * outputs a channel, 2 and 4 groups; strict, and in half NHWC the depthwise ones again on the direct kernels forced
+ * (dx added onto random values too); then timed (half NHWC: against the backend's plans and the direct kernels,
+ * each pass's fastest kept). */
+static void conv_gpu_grouped_case(const GridCase *c) {
+    const Conv2dShape shapes[] = {
+        CONVG(4, 32, 16, 16, 32, 3, 3, 1, 1, 32), CONVG(4, 32, 15, 17, 32, 3, 3, 1, 2, 32),
+        CONVG(2, 64, 14, 14, 64, 5, 5, 2, 1, 64), CONVG(2, 64, 13, 11, 64, 5, 5, 2, 2, 64),
+        CONVG(3, 18, 9, 7, 18, 3, 3, 1, 1, 18),   CONVG(3, 18, 9, 7, 18, 5, 5, 1, 2, 18),
+        CONVG(2, 24, 6, 6, 24, 5, 5, 0, 1, 24),   CONVG(64, 40, 12, 12, 40, 3, 3, 1, 1, 40),
+        CONVG(2, 16, 9, 11, 32, 3, 3, 1, 1, 16),  CONVG(4, 16, 12, 12, 32, 3, 3, 1, 1, 2),
+        CONVG(4, 32, 8, 8, 64, 1, 1, 0, 1, 4),    CONVG(4, 32, 15, 15, 64, 3, 3, 1, 2, 4),
+    };
+    for (size_t i = 0; i < GRID_COUNT(shapes); i++) {
+        conv_gpu_shape(c, shapes[i], shapes[i].c, &strict_policy);
+        if (conv2d_depthwise_fits(&shapes[i], c->dtype, c->nhwc))
+            conv_gpu_shape(c, shapes[i], shapes[i].c, &direct_policy);
+    }
+    if (c->nhwc && c->dtype != DTYPE_F32) {
+        conv_accumulate_shape(c, CONVG(4, 32, 9, 9, 32, 3, 3, 1, 2, 32), 32, &direct_policy);
+        conv_accumulate_shape(c, CONVG(4, 18, 8, 8, 18, 5, 5, 2, 1, 18), 18, &direct_policy);
+        /* MobileNetV2-CIFAR's expanded 3x3 depthwise at batch 64, stride 1 and 2: the log line's times are the
+         * direct kernels' against cuDNN's at a size that counts */
+        conv_gpu_shape(c, CONVG(64, 144, 32, 32, 144, 3, 3, 1, 1, 144), 144, &benchmarked_policy);
+        conv_gpu_shape(c, CONVG(64, 144, 32, 32, 144, 3, 3, 1, 2, 144), 144, &benchmarked_policy);
+    }
+    conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 1, 96), 96, &benchmarked_policy);
+    conv_gpu_shape(c, CONVG(8, 96, 28, 28, 96, 3, 3, 1, 2, 96), 96, &benchmarked_policy);
+    conv_gpu_shape(c, CONVG(8, 64, 16, 16, 128, 3, 3, 1, 1, 4), 64, &benchmarked_policy);
 }
 
 static void conv_case(const GridCase *c) {
-    if (c->device == DEVICE_CPU) conv_cpu_case(c);
-    else conv_gpu_case(c);
+    if (c->device == DEVICE_CPU) {
+        conv_cpu_case(c);
+    } else {
+        conv_gpu_case(c);
+        conv_gpu_grouped_case(c);
+    }
     conv_resnet_case(c);
 }
 

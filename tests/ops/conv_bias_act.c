@@ -7,7 +7,9 @@
  * the sum: a rounding or two either way). Shapes: ResNet-18-CIFAR's 3x3,
  * stride-2 3x3 and 1x1 stride-2 downsample, k = 128; ResNet-50's 1x1
  * bottleneck; the first layer (3 channels, padded with zeros to 8 in NHWC);
- * SimpleNet's 3x3; all four relu/residual combinations on two of them. Each
+ * SimpleNet's 3x3; grouped ones (MobileNet's depthwise 3x3 at stride 1 and
+ * 2, a 1x1 in 4 groups: the inference path's folded grouped convolutions);
+ * all four relu/residual combinations on three of them. Each
  * GPU shape prints whether the fused cuDNN graph was taken (the fallback is
  * not a failure). */
 #include <math.h>
@@ -25,15 +27,20 @@ static const ConvAlgoPolicy benchmarked_policy = {.workspace_limit = CBA_WORKSPA
 
 #define CONV(n_, c_, h_, w_, k_, r_, s_, pad_, stride_) \
     ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_})
+/* The same in groups (depthwise: groups = c = k): filters of c / groups channels. */
+#define CONVG(n_, c_, h_, w_, k_, r_, s_, pad_, stride_, groups_)                                                   \
+    ((Conv2dShape){.n = n_, .c = c_, .h = h_, .w = w_, .k = k_, .r = r_, .s = s_, .pad = pad_, .stride = stride_, \
+                   .groups = groups_})
 
 static size_t cba_x_count(const Conv2dShape *s) { return (size_t)s->n * s->c * s->h * s->w; }
-static size_t cba_w_count(const Conv2dShape *s) { return (size_t)s->k * s->c * s->r * s->s; }
+static size_t cba_w_count(const Conv2dShape *s) { return conv2d_filter_count(s); }
+static int cba_filter_c(const Conv2dShape *s) { return s->c / conv2d_groups(s); }
 static size_t cba_y_count(const Conv2dShape *s) { return (size_t)s->n * s->k * conv2d_out_h(s) * conv2d_out_w(s); }
 
 static void cba_label(char *buf, size_t size, const ConvBiasActShape *a) {
     const Conv2dShape *s = &a->conv;
-    snprintf(buf, size, "%dx%dx%dx%d k%d %dx%d pad %d stride %d%s%s", s->n, s->c, s->h, s->w, s->k, s->r, s->s,
-             s->pad, s->stride, a->residual ? " +z" : "", a->relu ? " relu" : "");
+    snprintf(buf, size, "%dx%dx%dx%d k%d %dx%d pad %d stride %d groups %d%s%s", s->n, s->c, s->h, s->w, s->k, s->r,
+             s->s, s->pad, s->stride, conv2d_groups(s), a->residual ? " +z" : "", a->relu ? " relu" : "");
 }
 
 /* The inputs, NCHW, rounded to the dtype; x's channels from real_c on are zero. */
@@ -44,7 +51,7 @@ typedef struct {
 static CbaInputs cba_inputs(const GridCase *c, DType dt, const ConvBiasActShape *a, int real_c) {
     const Conv2dShape *s = &a->conv;
     size_t plane = (size_t)s->h * s->w;
-    float w_scale = 1.0f / sqrtf((float)(real_c * s->r * s->s));
+    float w_scale = 1.0f / sqrtf((float)(real_c / conv2d_groups(s) * s->r * s->s));
     CbaInputs in;
     in.x = grid_random(c, dt, cba_x_count(s), -1, 1);
     in.w = grid_random(c, dt, cba_w_count(s), -w_scale, w_scale);
@@ -66,20 +73,20 @@ static void cba_inputs_free(CbaInputs *in) {
  * off by a few roundings of that, however far its terms cancel. */
 static void naive_conv_bias_act(const ConvBiasActShape *a, const CbaInputs *in, double *y, double *magnitude) {
     const Conv2dShape *s = &a->conv;
-    int oh = conv2d_out_h(s), ow = conv2d_out_w(s);
+    int oh = conv2d_out_h(s), ow = conv2d_out_w(s), cg = cba_filter_c(s), kg = s->k / conv2d_groups(s);
     for (int n = 0; n < s->n; n++)
         for (int k = 0; k < s->k; k++)
             for (int p = 0; p < oh; p++)
                 for (int q = 0; q < ow; q++) {
                     size_t at = (((size_t)n * s->k + k) * oh + p) * ow + q;
                     double sum = in->b[k], size = fabs(in->b[k]);
-                    for (int c = 0; c < s->c; c++)
+                    for (int c = 0; c < cg; c++) /* grouped: filter k's channel c reads channel k / kg * cg + c */
                         for (int r = 0; r < s->r; r++)
                             for (int t = 0; t < s->s; t++) {
                                 int ih = p * s->stride - s->pad + r, iw = q * s->stride - s->pad + t;
                                 if (ih < 0 || ih >= s->h || iw < 0 || iw >= s->w) continue;
-                                double term = (double)in->x[(((size_t)n * s->c + c) * s->h + ih) * s->w + iw] *
-                                              in->w[(((size_t)k * s->c + c) * s->r + r) * s->s + t];
+                                size_t xi = (((size_t)n * s->c + k / kg * cg + c) * s->h + ih) * s->w + iw;
+                                double term = (double)in->x[xi] * in->w[(((size_t)k * cg + c) * s->r + r) * s->s + t];
                                 sum += term, size += fabs(term);
                             }
                     if (a->residual) sum += in->z[at], size += fabs(in->z[at]);
@@ -134,7 +141,8 @@ static void cba_gpu_shape(const GridCase *c, ConvBiasActShape a, int real_c, con
     CHECK(ws <= CBA_WORKSPACE_LIMIT);
     ctx.workspace = ws ? dev_bytes(ws) : NULL;
 
-    float *xl = grid_to_layout(c, in.x, s->n, s->c, s->h, s->w), *wl = grid_to_layout(c, in.w, s->k, s->c, s->r, s->s);
+    float *xl = grid_to_layout(c, in.x, s->n, s->c, s->h, s->w);
+    float *wl = grid_to_layout(c, in.w, s->k, cba_filter_c(s), s->r, s->s);
     float *zl = a.residual ? grid_to_layout(c, in.z, s->n, s->k, oh, ow) : NULL;
     void *d_x = grid_put(c, dt, xl, nx), *d_w = grid_put(c, dt, wl, nw), *d_b = grid_put(c, dt, in.b, s->k);
     void *d_z = zl ? grid_put(c, dt, zl, ny) : NULL, *d_y = grid_alloc(c, dt, ny);
@@ -181,6 +189,10 @@ static void cba_case(const GridCase *c) {
         {CONV(4, 128, 8, 8, 128, 3, 3, 1, 1), 128, 0, 1, 1},  /* k = 128, the block's second conv */
         {first, 3, 0, 1, 0},                                  /* the first layer */
         {CONV(8, 128, 8, 8, 256, 3, 3, 1, 1), 128, 0, 1, 0},  /* SimpleNet's third 3x3 */
+        /* grouped: a MobileNet block's depthwise 3x3 (stride 1 and 2, batch norm folded in), a 1x1 in 4 groups */
+        {CONVG(4, 64, 16, 16, 64, 3, 3, 1, 1, 64), 64, 1, 0, 0},
+        {CONVG(4, 64, 15, 15, 64, 3, 3, 1, 2, 64), 64, 0, 1, 0},
+        {CONVG(4, 32, 8, 8, 64, 1, 1, 0, 1, 4), 32, 0, 1, 1},
     };
     for (size_t i = 0; i < GRID_COUNT(shapes); i++) {
         const CbaShape *sh = &shapes[i];
@@ -199,6 +211,8 @@ static void cba_case(const GridCase *c) {
         cba_cpu_shape(c, (ConvBiasActShape){CONV(2, 3, 5, 7, 4, 3, 3, 1, 1), 1, 1}, 3);
         cba_cpu_shape(c, (ConvBiasActShape){CONV(2, 2, 1, 1, 3, 5, 5, 2, 1), 1, 1}, 2);
         cba_cpu_shape(c, (ConvBiasActShape){CONV(1, 2, 5, 4, 2, 2, 3, 2, 3), 0, 1}, 2);
+        cba_cpu_shape(c, (ConvBiasActShape){CONVG(2, 4, 6, 5, 4, 5, 5, 2, 2, 4), 1, 1}, 4);
+        cba_cpu_shape(c, (ConvBiasActShape){CONVG(1, 4, 5, 5, 6, 3, 3, 1, 1, 2), 0, 1}, 4);
     }
 }
 

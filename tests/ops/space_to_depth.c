@@ -167,7 +167,7 @@ static void s2d_by_hand(uint64_t *rng) {
     check_values("space_to_depth backward of its own forward", dx, (double[]){1, 2, 3, 4, 5, 6, 7, 8, 9}, 9, 0);
     const char *why;
     SpaceToDepthShape image, filter;
-    Conv2dShape stem = {2, 8, 15, 14, 16, 7, 7, 3, 2}, even = {2, 8, 12, 12, 8, 4, 4, 1, 2}, inner;
+    Conv2dShape stem = {2, 8, 15, 14, 16, 7, 7, 3, 2, 1}, even = {2, 8, 12, 12, 8, 4, 4, 1, 2, 1}, inner;
     CHECK(space_to_depth_conv(&stem, 3, 2, &image, &filter, &inner, &why));
     CHECK(inner.c == 16 && inner.r == 4 && inner.s == 4 && inner.pad == 0 && inner.stride == 1);
     CHECK(image.pad == 4 && filter.pad == 1 && image.out_h == conv2d_out_h(&stem) + 3);

@@ -176,7 +176,8 @@ const CfgKeySpec trainc_keys[] = {
      "gradient (one cuDNN graph, then one pass making dx) where an engine takes it and, under "
      "perf.conv_benchmark, where the two layers' backward times faster; the log names each choice (not with "
      "dist.sync_bn or perf.deterministic on the GPU; on the CPU every pair, prologue and backward is taken, "
-     "composed of the reference ops)", 0},
+     "composed of the reference ops); a grouped (depthwise) convolution takes only the bias, ReLU and max-pool "
+     "pass, none of the graphs nor the input's kernel", 0},
     {"model.layout", CFG_ENUM, "nchw", "nchw|nhwc",
      "nhwc: channels-last activations and weights, the input padded to 8 channels, for tensor-core convolutions", 0},
     {"model.bn_momentum", CFG_FLOAT32, "0.1", 0,
@@ -255,7 +256,8 @@ const CfgKeySpec trainc_keys[] = {
      "choose convolution algorithms by timing each at start-up (cudnnFind, twice: the second ranking "
      "counts) rather than by heuristics; f16 and bf16 in NHWC also time up to 16 plans of cuDNN's backend "
      "API per pass, and a 3x3 stride-1 convolution of the input padded to 8 channels (at most 64 outputs) also "
-     "trainc's own direct kernels for its forward and filter gradient; the fastest kept (logged per layer)", 0},
+     "trainc's own direct kernels for its forward and filter gradient, and a depthwise 3x3 or 5x5 (stride 1 or 2) "
+     "trainc's depthwise kernels for every pass; the fastest kept (logged per layer)", 0},
     {"perf.overlap_wgrad", CFG_BOOL, "off", 0,
      "backward runs each convolution's filter gradient on a second stream, beside the batch norms, ReLUs and "
      "adds before it (memory-bound passes beside a compute-bound one), and joins it back before the next layer "

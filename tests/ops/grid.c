@@ -14,6 +14,9 @@
 #define GRID_OPS(X) \
     X(relu) \
     X(gelu) \
+    X(silu) \
+    X(dropout) \
+    X(concat) \
     X(scale) \
     X(linear) \
     X(maxpool) \

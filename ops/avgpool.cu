@@ -160,7 +160,8 @@ static __global__ void avgpool2d_forward_kernel(const T *x, T *y, size_t outputs
         float sum = 0.0f;
         for (int i = p * g.stride - g.pad; i < p * g.stride - g.pad + g.k; i++)
             for (int j = q * g.stride - g.pad; j < q * g.stride - g.pad + g.k; j++)
-                if (i >= 0 && i < g.h && j >= 0 && j < g.w) sum += to_float(x[offset_of<NHWC>(img, ch, i, j, g.c, g.h, g.w)]);
+                if (i >= 0 && i < g.h && j >= 0 && j < g.w)
+                    sum += to_float(x[offset_of<NHWC>(img, ch, i, j, g.c, g.h, g.w)]);
         y[o] = from_float<T>(sum / (float)(g.k * g.k));
     }
 }
@@ -205,9 +206,11 @@ static void launch_window(int nhwc, const Pool2dShape *s, const void *in, void *
         avgpool2d_backward_kernel<T, false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(
             (const T *)in, (T *)out, count, g, accumulate);
     else if (nhwc)
-        avgpool2d_forward_kernel<T, true><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>((const T *)in, (T *)out, count, g);
+        avgpool2d_forward_kernel<T, true><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(
+            (const T *)in, (T *)out, count, g);
     else
-        avgpool2d_forward_kernel<T, false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>((const T *)in, (T *)out, count, g);
+        avgpool2d_forward_kernel<T, false><<<blocks, ELEMENTWISE_THREADS, 0, stream>>>(
+            (const T *)in, (T *)out, count, g);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -18,10 +18,10 @@ void dropout_check(const DropoutShape *s, const DropoutMask *k) {
         TC_FATAL("dropout: bad shape n=%d c=%d plane=%d", s->n, s->c, s->plane);
 }
 
-void dropout_apply_cpu(const DropoutShape *s, int nhwc, const DropoutMask *k, const int64_t *step, const float *x,
-                       float *y, int accumulate) {
+void dropout_apply_cpu(const DropoutShape *s, int nhwc, const DropoutMask *k, const DropoutCounter *counter,
+                       const float *x, float *y, int accumulate) {
     dropout_check(s, k);
-    uint64_t key = dropout_key(k->seed, k->layer, *step);
+    uint64_t key = dropout_key(counter->seed, k->layer, counter->step);
     uint32_t threshold = dropout_threshold(k->p);
     float scale = dropout_scale(k->p);
     size_t n = (size_t)s->n * s->c * s->plane;
@@ -31,25 +31,25 @@ void dropout_apply_cpu(const DropoutShape *s, int nhwc, const DropoutMask *k, co
     }
 }
 
-void dropout_forward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k, const int64_t *step,
+void dropout_forward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k, const DropoutCounter *counter,
                      const void *x, void *y) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) dropout_apply_cpu(s, ctx->nhwc, k, step, x, y, 0);
-    else GPU_ONLY(dropout_apply_cuda(ctx->dtype, s, ctx->nhwc, k, step, x, y, 0, ctx->stream));
+    if (ctx->device == DEVICE_CPU) dropout_apply_cpu(s, ctx->nhwc, k, counter, x, y, 0);
+    else GPU_ONLY(dropout_apply_cuda(ctx->dtype, s, ctx->nhwc, k, counter, x, y, 0, ctx->stream));
     op_end(ctx, __func__);
 }
 
-void dropout_backward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k, const int64_t *step,
-                      const void *dy, void *dx, int accumulate) {
+void dropout_backward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k,
+                      const DropoutCounter *counter, const void *dy, void *dx, int accumulate) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) dropout_apply_cpu(s, ctx->nhwc, k, step, dy, dx, accumulate);
-    else GPU_ONLY(dropout_apply_cuda(ctx->dtype, s, ctx->nhwc, k, step, dy, dx, accumulate, ctx->stream));
+    if (ctx->device == DEVICE_CPU) dropout_apply_cpu(s, ctx->nhwc, k, counter, dy, dx, accumulate);
+    else GPU_ONLY(dropout_apply_cuda(ctx->dtype, s, ctx->nhwc, k, counter, dy, dx, accumulate, ctx->stream));
     op_end(ctx, __func__);
 }
 
-void dropout_advance(const OpContext *ctx, int64_t *step) {
+void dropout_advance(const OpContext *ctx, DropoutCounter *counter) {
     op_begin(ctx, __func__);
-    if (ctx->device == DEVICE_CPU) *step += 1;
-    else GPU_ONLY(dropout_advance_cuda(step, ctx->stream));
+    if (ctx->device == DEVICE_CPU) counter->step += 1;
+    else GPU_ONLY(dropout_advance_cuda(counter, ctx->stream));
     op_end(ctx, __func__);
 }

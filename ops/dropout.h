@@ -3,10 +3,10 @@
  * through the same mask and scale. (Evaluation is the identity: the layer,
  * not this op, does that.)
  *
- * The mask is no buffer: it comes from a counter-based hash of the mask's
- * seed and layer, a step counter in device memory, and each element's NCHW
- * position (ops/dropout_math.h), so
- *   - the same (seed, layer, *step) gives the same mask, in forward, in
+ * The mask is no buffer: it comes from a counter-based hash of a seed and a
+ * step counter in device memory (DropoutCounter), the layer, and each
+ * element's NCHW position (ops/dropout_math.h), so
+ *   - the same (seed, step, layer) gives the same mask, in forward, in
  *     backward (which regenerates it) and in a checkpointed block's
  *     recompute, in NCHW and NHWC alike, on the CPU and the GPU;
  *   - a captured CUDA graph replays with a new mask once the step on the
@@ -27,9 +27,15 @@
 extern "C" {
 #endif
 
-/* One dropout: its seed and layer pick its masks, p (in [0, 1)) the share of elements dropped. */
+/* What every dropout's masks follow, in device memory, so that a captured graph reads it there: the step
+ * (dropout_advance moves it) and the run's seed. */
 typedef struct {
+    int64_t step;
     uint64_t seed;
+} DropoutCounter;
+
+/* One dropout: its layer picks its masks, p (in [0, 1)) the share of elements dropped. */
+typedef struct {
     uint32_t layer;
     float p;
 } DropoutMask;
@@ -45,23 +51,23 @@ float dropout_scale(float p); /* 1 / (1 - p) */
 /* Fails naming the problem: p outside [0, 1), a shape without elements. */
 void dropout_check(const DropoutShape *s, const DropoutMask *k);
 
-/* The face (op_context.h): x, y, dy and dx of ctx->dtype in ctx->nhwc's layout on ctx's device; step in
- * ctx's device memory. backward with accumulate adds to dx. */
-void dropout_forward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k, const int64_t *step,
+/* The face (op_context.h): x, y, dy and dx of ctx->dtype in ctx->nhwc's layout on ctx's device; the counter
+ * in ctx's device memory. backward with accumulate adds to dx. */
+void dropout_forward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k, const DropoutCounter *counter,
                      const void *x, void *y);
-void dropout_backward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k, const int64_t *step,
-                      const void *dy, void *dx, int accumulate);
-/* *step += 1 on ctx's device (the training step's, inside its CUDA graph). */
-void dropout_advance(const OpContext *ctx, int64_t *step);
+void dropout_backward(const OpContext *ctx, const DropoutShape *s, const DropoutMask *k,
+                      const DropoutCounter *counter, const void *dy, void *dx, int accumulate);
+/* counter->step += 1 on ctx's device (the training step's, inside its CUDA graph). */
+void dropout_advance(const OpContext *ctx, DropoutCounter *counter);
 
 /* ---- The paths the face picks; tests call them to compare ---------------- */
 
 /* forward: accumulate 0; backward: x is dy, y is dx. */
-void dropout_apply_cpu(const DropoutShape *s, int nhwc, const DropoutMask *k, const int64_t *step, const float *x,
-                       float *y, int accumulate);
-void dropout_apply_cuda(DType dtype, const DropoutShape *s, int nhwc, const DropoutMask *k, const int64_t *step,
-                        const void *x, void *y, int accumulate, cudaStream_t stream);
-void dropout_advance_cuda(int64_t *step, cudaStream_t stream);
+void dropout_apply_cpu(const DropoutShape *s, int nhwc, const DropoutMask *k, const DropoutCounter *counter,
+                       const float *x, float *y, int accumulate);
+void dropout_apply_cuda(DType dtype, const DropoutShape *s, int nhwc, const DropoutMask *k,
+                        const DropoutCounter *counter, const void *x, void *y, int accumulate, cudaStream_t stream);
+void dropout_advance_cuda(DropoutCounter *counter, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/sgd.h"
+#include "ops/softmax_xent.h"
 #include "tests/harness.h"
 #include "tests/op_checks.h"
 
@@ -32,6 +34,18 @@ ModelLoss model_loss_random(Model *m, uint64_t *rng) {
 }
 
 void model_loss_free(ModelLoss *l) { free((void *)l->input); }
+
+float model_sgd_step(Model *m, const float *input, const int32_t *labels, float lr) {
+    float loss;
+    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL, NULL};
+    memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
+    model_forward(m);
+    softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));
+    model_zero_grads(m);
+    model_backward(m);
+    sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, &lr, sgd);
+    return loss;
+}
 
 /* Through the model's op context: host memory on the CPU, device memory on the GPU. */
 static void put(const Model *m, void *dst, const float *host, size_t n) {

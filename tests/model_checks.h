@@ -21,6 +21,10 @@ void model_loss_backward(ModelLoss *l);
 ModelLoss model_loss_random(Model *m, uint64_t *rng);
 void model_loss_free(ModelLoss *l);
 
+/* One training step of a CPU model on input and labels: forward, softmax cross-entropy, backward, SGD with
+ * momentum 0.9 at lr. Returns the loss. */
+float model_sgd_step(Model *m, const float *input, const int32_t *labels, float lr);
+
 /* A model's training loss, gradients and evaluation logits on one input. */
 typedef struct {
     double loss;

@@ -10,8 +10,6 @@
 #include <string.h>
 
 #include "models/model.h"
-#include "ops/sgd.h"
-#include "ops/softmax_xent.h"
 #include "tests/harness.h"
 #include "tests/model_checks.h"
 #include "tests/op_checks.h"
@@ -44,18 +42,6 @@ static void check_model_gradients(uint64_t *rng) {
     model_destroy(&m);
 }
 
-static float train_step(Model *m, const float *input, const int32_t *labels, float lr) {
-    float loss;
-    SgdParams sgd = {0.9f, 0.0f, 0, NULL, NULL, NULL};
-    memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
-    model_forward(m);
-    softmax_xent_cpu(model_logits(m), labels, m->batch, m->num_classes, NULL, &loss, model_logits_grad(m));
-    model_zero_grads(m);
-    model_backward(m);
-    sgd_step_cpu(m->params, m->grads, m->momentum, m->n_params, &lr, sgd);
-    return loss;
-}
-
 /* Fitting one batch of random images to random labels: the loss must fall well below chance. */
 static void check_training(uint64_t *rng) {
     enum { STEPS = 100 };
@@ -66,8 +52,8 @@ static void check_training(uint64_t *rng) {
     int32_t labels[BATCH];
     test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
     for (int i = 0; i < BATCH; i++) labels[i] = i % CLASSES;
-    float first = train_step(&m, input, labels, 0.1f), last = first;
-    for (int s = 1; s < STEPS; s++) last = train_step(&m, input, labels, 0.1f);
+    float first = model_sgd_step(&m, input, labels, 0.1f), last = first;
+    for (int s = 1; s < STEPS; s++) last = model_sgd_step(&m, input, labels, 0.1f);
     printf("gelu net: loss %.4f after one step, %.4f after %d\n", first, last, STEPS);
     CHECK_MSG(isfinite(last) && last < 0.5f * first, "loss %.4f -> %.4f: the net did not learn", first, last);
     free(input);

@@ -1,0 +1,241 @@
+/* The layer kinds of issue 53 as layers (their ops are in the grid: tests/ops/silu.c, dropout.c, concat.c,
+ * avgpool.c), on the CPU, in one small net of each: conv, dropout, SiLU, a 3x3 stride-2 pad-1 average pool,
+ * a 1x1 conv, a concat of the pool and that conv (a fan-out), dropout, flatten, linear:
+ *   - every parameter's gradient against finite differences, the dropout masks held still;
+ *   - the net fitting one batch, its loss falling, with a new mask each step;
+ *   - dropout's masks: the same seed and step give the same, the next step, or another seed, others; one
+ *     step a training forward, none in evaluation, which is the identity;
+ *   - checkpointed blocks recomputing a dropout inside them with its mask (the gradients of the net
+ *     without checkpointing);
+ *   - the inference path (models/infer.c) giving the net's evaluation logits;
+ *   - under NHWC, a linear after a flatten taking the features in (h, w, c) order, and a flatten's features
+ *     refused to any other reader;
+ *   - bad arguments stopping with a message. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/infer.h"
+#include "models/layers.h"
+#include "models/model.h"
+#include "tests/harness.h"
+#include "tests/model_checks.h"
+#include "tests/op_checks.h"
+
+enum { BATCH = 6, CLASSES = 3, SIZE = 8 };
+
+/* Under checkpoint, two blocks: the first's inside holds a dropout whose output a SiLU's backward reads. */
+static void build(Model *m, float p, int checkpoint) {
+    model_init(m, BATCH, CLASSES, 0);
+    m->checkpoint = checkpoint;
+    int x = model_input(m, 2, SIZE, SIZE);
+    model_block_begin(m);
+    x = model_silu(m, model_dropout(m, model_conv(m, x, 4, 3, 1, 1), p));
+    int pooled = model_avgpool2d(m, x, 3, 2, 1); /* 4 x 4 */
+    model_block_end(m);
+    model_block_begin(m);
+    x = model_concat(m, pooled, model_conv(m, pooled, 3, 1, 0, 1));
+    model_block_end(m);
+    x = model_flatten(m, model_dropout(m, x, p));
+    model_linear(m, x, CLASSES);
+}
+
+/* The loss with the masks of one step: model_loss after the dropout step is set back. */
+typedef struct {
+    ModelLoss loss;
+    int64_t step;
+} HeldLoss;
+
+static double held_loss(void *p) {
+    HeldLoss *h = p;
+    model_set_dropout_step(h->loss.m, h->step);
+    return model_loss(&h->loss);
+}
+
+static void check_gradients(uint64_t *rng) {
+    Model m;
+    build(&m, 0.3f, 0);
+    model_finalize(&m, NULL, 5);
+    HeldLoss h = {model_loss_random(&m, rng), 17};
+    model_set_dropout_step(&m, h.step);
+    model_loss_backward(&h.loss);
+    CHECK(model_dropout_step(&m) == h.step + 1);
+    float *analytic = malloc(m.n_params * sizeof(float));
+    double *numeric = malloc(m.n_params * sizeof(double));
+    memcpy(analytic, m.grads, m.n_params * sizeof(float));
+    numeric_gradient(m.params, m.n_params, 1e-3f, held_loss, &h, numeric);
+    check_gradient("conv, dropout, silu, avgpool k3 s2 p1, conv, concat, dropout, flatten, linear: every parameter",
+                   analytic, numeric, m.n_params);
+    model_loss_free(&h.loss), free(analytic), free(numeric);
+    model_destroy(&m);
+}
+
+/* Random images to random labels: the mean of the last steps' losses well under the first's. */
+static void check_training(uint64_t *rng) {
+    enum { STEPS = 120, LAST = 10 };
+    Model m;
+    build(&m, 0.2f, 0);
+    model_finalize(&m, NULL, 7);
+    float *input = malloc(model_input_floats(&m) * sizeof(float));
+    int32_t labels[BATCH];
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    for (int i = 0; i < BATCH; i++) labels[i] = i % CLASSES;
+    float first = model_sgd_step(&m, input, labels, 0.05f), last = 0;
+    for (int s = 1; s < STEPS; s++) {
+        float loss = model_sgd_step(&m, input, labels, 0.05f);
+        if (s >= STEPS - LAST) last += loss / LAST;
+    }
+    printf("layer kinds net: loss %.4f after one step, %.4f over the last %d of %d\n", first, last, LAST, STEPS);
+    CHECK_MSG(isfinite(last) && last < 0.5f * first, "loss %.4f -> %.4f: the net did not learn", first, last);
+    CHECK(model_dropout_step(&m) == STEPS);
+    free(input);
+    model_destroy(&m);
+}
+
+/* The logits of one forward of input, in the model's mode, from dropout step 'step' (-1: as it stands). */
+static float *logits_of(Model *m, const float *input, int64_t step) {
+    size_t n = (size_t)m->batch * m->num_classes;
+    float *out = malloc(n * sizeof(float));
+    if (step >= 0) model_set_dropout_step(m, step);
+    memcpy(model_input_buffer(m), input, model_input_floats(m) * sizeof(float));
+    model_forward(m);
+    memcpy(out, model_logits(m), n * sizeof(float));
+    return out;
+}
+
+static int same(const float *a, const float *b) { return memcmp(a, b, BATCH * CLASSES * sizeof(float)) == 0; }
+
+static void check_dropout_masks(uint64_t *rng) {
+    Model m, twin, other, none;
+    build(&m, 0.3f, 0), build(&twin, 0.3f, 0), build(&other, 0.3f, 0), build(&none, 0.0f, 0);
+    model_finalize(&m, NULL, 9), model_finalize(&twin, NULL, 9), model_finalize(&none, NULL, 9);
+    model_finalize(&other, NULL, 10);
+    model_set_params(&other, m.params); /* the same weights, another dropout seed */
+    float *input = malloc(model_input_floats(&m) * sizeof(float));
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    float *a = logits_of(&m, input, 4), *again = logits_of(&m, input, 4), *next = logits_of(&m, input, -1);
+    float *b = logits_of(&twin, input, 4), *o = logits_of(&other, input, 4);
+    CHECK_MSG(same(a, again) && same(a, b), "the same seed and step gave other logits");
+    CHECK_MSG(!same(a, next), "the next step gave the same logits: the same masks");
+    CHECK_MSG(!same(a, o), "another seed gave the same logits: the same masks");
+    CHECK(model_dropout_step(&m) == 6);
+    /* Evaluation: the identity (the logits of p = 0 in training, where the mask keeps all and scales by 1),
+     * the step left where it was. */
+    model_set_training(&m, 0);
+    float *eval = logits_of(&m, input, -1), *eval_again = logits_of(&m, input, -1);
+    float *identity = logits_of(&none, input, 0);
+    CHECK_MSG(same(eval, eval_again) && same(eval, identity), "evaluation is not the identity");
+    CHECK(model_dropout_step(&m) == 6);
+    void *host[] = {input, a, again, next, b, o, eval, eval_again, identity};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
+    model_destroy(&m), model_destroy(&twin), model_destroy(&other), model_destroy(&none);
+}
+
+/* A checkpointed block's recompute draws its dropout's mask again: the same loss, gradients and evaluation. */
+static void check_checkpoint_masks(uint64_t *rng) {
+    Model plain, blocks;
+    build(&plain, 0.3f, 0), build(&blocks, 0.3f, 1);
+    model_finalize(&plain, NULL, 13), model_finalize(&blocks, NULL, 13);
+    ModelLoss l = model_loss_random(&plain, rng), lb = l;
+    lb.m = &blocks;
+    ModelTrainEval want = model_train_eval(&l), got = model_train_eval(&lb);
+    check_train_eval_near("checkpointed blocks against none, dropout inside", &got, &want, 1e-6);
+    model_train_eval_free(&want), model_train_eval_free(&got), model_loss_free(&l);
+    model_destroy(&plain), model_destroy(&blocks);
+}
+
+/* The inference path's steps (SiLU, the windowed pool, concat, dropout and flatten as the identity) give the
+ * model's evaluation logits. */
+static void check_inference(uint64_t *rng) {
+    Model m;
+    build(&m, 0.3f, 0);
+    model_finalize(&m, NULL, 21);
+    model_set_training(&m, 0);
+    float *input = malloc(model_input_floats(&m) * sizeof(float));
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    float *want = logits_of(&m, input, -1);
+    InferOptions opt = {BATCH, DTYPE_F32, 0, 0, {0}};
+    InferNet *net = infer_create(&m, m.params, NULL, NULL, &opt);
+    memcpy(infer_input(net), input, infer_input_floats(net) * sizeof(float));
+    infer_run(net);
+    double err = test_rel_error(infer_logits(net), want, BATCH * CLASSES);
+    printf("inference: %d steps, logits %.3g from the model's evaluation\n", infer_stats(net).steps, err);
+    CHECK(err < 1e-6);
+    infer_destroy(net);
+    free(input), free(want);
+    model_destroy(&m);
+}
+
+/* NHWC (the graph alone: the CPU trains NCHW): a linear after a flatten of a conv's 3x3 map takes its weights
+ * in the order a linear on the conv's output itself takes them, (h, w, c). */
+static void check_nhwc_flatten_weights(void) {
+    Model direct, flat;
+    for (int f = 0; f < 2; f++) {
+        Model *m = f ? &flat : &direct;
+        model_init(m, BATCH, CLASSES, 1);
+        int x = model_conv(m, model_input(m, 8, 3, 3), 8, 1, 0, 1);
+        model_linear(m, f ? model_flatten(m, x) : x, CLASSES);
+    }
+    const Layer *a = &direct.layers[1], *b = &flat.layers[2];
+    size_t differ = 0, moved = 0;
+    for (size_t j = 0; j < a->w_count; j++) {
+        differ += model_weight_index(&direct, a, j) != model_weight_index(&flat, b, j);
+        moved += model_weight_index(&flat, b, j) != j;
+    }
+    CHECK_MSG(differ == 0 && moved > 0, "nhwc: %zu of %zu weights placed apart, %zu moved", differ, a->w_count, moved);
+}
+
+static void nhwc_flatten_into_silu(void *unused) {
+    (void)unused;
+    Model m;
+    model_init(&m, BATCH, CLASSES, 1);
+    int x = model_flatten(&m, model_conv(&m, model_input(&m, 8, 3, 3), 8, 1, 0, 1));
+    model_linear(&m, model_silu(&m, x), CLASSES);
+    layers_check_flattens(&m, 1);
+}
+
+static void concat_of_other_sizes(void *unused) {
+    (void)unused;
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    int x = model_input(&m, 2, SIZE, SIZE);
+    model_concat(&m, x, model_avgpool2d(&m, x, 2, 2, 0));
+}
+
+static void dropout_of_one(void *unused) {
+    (void)unused;
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    model_dropout(&m, model_input(&m, 2, SIZE, SIZE), 1.0f);
+}
+
+static void avgpool_padding_over_half(void *unused) {
+    (void)unused;
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    model_avgpool2d(&m, model_input(&m, 2, SIZE, SIZE), 3, 2, 2);
+}
+
+static void expect_refusal(const char *what, void (*fn)(void *), const char *message) {
+    int status;
+    char *text = test_child_stderr("test_layer_kinds", fn, NULL, &status);
+    CHECK_MSG(status > 0 && strstr(text, message), "%s: exit status %d, '%s' (want '%s')", what, status, text,
+              message);
+    free(text);
+}
+
+int main(void) {
+    uint64_t rng = test_seed();
+    check_gradients(&rng);
+    check_training(&rng);
+    check_dropout_masks(&rng);
+    check_checkpoint_masks(&rng);
+    check_inference(&rng);
+    check_nhwc_flatten_weights();
+    expect_refusal("a flatten under NHWC into a SiLU", nhwc_flatten_into_silu, "only linear layers may");
+    expect_refusal("a concat of 8x8 and 4x4", concat_of_other_sizes, "the height and width differ");
+    expect_refusal("dropout with p = 1", dropout_of_one, "not in [0, 1)");
+    expect_refusal("a 3x3 average pool padded by 2", avgpool_padding_over_half, "at most half the window");
+    return test_finish("test_layer_kinds");
+}

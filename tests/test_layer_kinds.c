@@ -10,7 +10,10 @@
  *   - the inference path (models/infer.c) giving the net's evaluation logits;
  *   - under NHWC, a linear after a flatten taking the features in (h, w, c) order, and a flatten's features
  *     refused to any other reader;
- *   - bad arguments stopping with a message. */
+ *   - bad arguments stopping with a message;
+ *   - on a GPU (else skipped, saying so): the CUDA paths in NCHW and NHWC giving the CPU's loss, gradients
+ *     and evaluation (the same masks: they follow each element's NCHW place), and a forward captured in a
+ *     CUDA graph drawing a new mask at each replay, the eager forwards' ones. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include "models/infer.h"
 #include "models/layers.h"
 #include "models/model.h"
+#include "runtime/gpu.h"
 #include "tests/harness.h"
 #include "tests/model_checks.h"
 #include "tests/op_checks.h"
@@ -26,8 +30,8 @@
 enum { BATCH = 6, CLASSES = 3, SIZE = 8 };
 
 /* Under checkpoint, two blocks: the first's inside holds a dropout whose output a SiLU's backward reads. */
-static void build(Model *m, float p, int checkpoint) {
-    model_init(m, BATCH, CLASSES, 0);
+static void build_in(Model *m, float p, int checkpoint, int nhwc) {
+    model_init(m, BATCH, CLASSES, nhwc);
     m->checkpoint = checkpoint;
     int x = model_input(m, 2, SIZE, SIZE);
     model_block_begin(m);
@@ -40,6 +44,8 @@ static void build(Model *m, float p, int checkpoint) {
     x = model_flatten(m, model_dropout(m, x, p));
     model_linear(m, x, CLASSES);
 }
+
+static void build(Model *m, float p, int checkpoint) { build_in(m, p, checkpoint, 0); }
 
 /* The loss with the masks of one step: model_loss after the dropout step is set back. */
 typedef struct {
@@ -225,6 +231,100 @@ static void expect_refusal(const char *what, void (*fn)(void *), const char *mes
     free(text);
 }
 
+/* ---- on the GPU ---- */
+
+/* A model's gradients in PyTorch's order (model_weight_index), layer after layer: comparable across layouts. */
+static float *torch_order_grads(const Model *m, const float *grads, size_t *n) {
+    float *out = malloc(m->n_params * sizeof(float));
+    *n = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        const Activation *x = &m->acts[l->in];
+        size_t real_w = l->kind == LAYER_CONV ? l->w_count / x->c * x->c_real : l->w_count;
+        for (size_t j = 0; j < real_w; j++) out[(*n)++] = grads[l->w_off + model_weight_index(m, l, j)];
+        for (size_t j = 0; j < l->b_count; j++) out[(*n)++] = grads[l->b_off + j];
+    }
+    return out;
+}
+
+static void check_gpu_against_cpu(GpuContext *gpu, int nhwc, uint64_t *rng) {
+    Model cpu, dev;
+    build(&cpu, 0.3f, 0), build_in(&dev, 0.3f, 0, nhwc);
+    dev.act_dtype = DTYPE_F32;
+    model_finalize(&cpu, NULL, 31), model_finalize(&dev, gpu, 31);
+    ModelLoss l = model_loss_random(&cpu, rng), ld = l;
+    ld.m = &dev;
+    ModelTrainEval want = model_train_eval(&l), got = model_train_eval(&ld);
+    size_t n_want, n_got;
+    float *gw = torch_order_grads(&cpu, want.grads, &n_want), *gg = torch_order_grads(&dev, got.grads, &n_got);
+    double e_grad = n_got == n_want ? test_rel_error(gg, gw, n_want) : INFINITY;
+    double e_eval = test_rel_error(got.eval_logits, want.eval_logits, want.n_logits);
+    double e_loss = fabs(got.loss - want.loss) / (fabs(want.loss) + 1);
+    printf("gpu fp32 %s against the cpu: loss %.3g, gradients %.3g, eval logits %.3g relative\n",
+           nhwc ? "nhwc" : "nchw", e_loss, e_grad, e_eval);
+    /* cuDNN's fp32 convolutions (no TF32) sum in another order: rounding apart, a wrong mask tens of percent. */
+    CHECK(e_loss < 1e-4 && e_grad < 1e-4 && e_eval < 1e-4);
+    free(gw), free(gg);
+    model_train_eval_free(&want), model_train_eval_free(&got), model_loss_free(&l);
+    model_destroy(&cpu), model_destroy(&dev);
+}
+
+static float *device_logits(const Model *m) {
+    size_t n = (size_t)m->batch * m->num_classes;
+    float *out = malloc(n * sizeof(float));
+    op_copy_to_host(&m->ops, out, model_logits(m), n * sizeof(float));
+    op_sync(&m->ops);
+    return out;
+}
+
+/* A training forward captured once replays with the step the device holds: the masks of eager forwards at
+ * the same steps, a new one each replay, the host setting nothing in between. */
+static void check_graph_replay(GpuContext *gpu, uint64_t *rng) {
+    Model m;
+    build_in(&m, 0.3f, 0, 1);
+    m.act_dtype = DTYPE_F32;
+    model_finalize(&m, gpu, 33);
+    size_t n_in = model_input_floats(&m);
+    float *input = malloc(n_in * sizeof(float));
+    test_fill_uniform(input, n_in, rng, -2.0f, 2.0f);
+    op_copy_from_host(&m.ops, model_input_buffer(&m), input, n_in * sizeof(float));
+    model_set_dropout_step(&m, 0);
+    model_forward(&m);
+    float *eager1 = device_logits(&m);
+    model_forward(&m);
+    float *eager2 = device_logits(&m);
+    model_set_dropout_step(&m, 0);
+    gpu_capture_begin(m.ops.stream);
+    model_forward(&m);
+    cudaGraphExec_t graph = gpu_capture_end(m.ops.stream, 0);
+    CHECK_MSG(model_dropout_step(&m) == 0, "capturing ran the step's advance");
+    gpu_graph_launch(graph, m.ops.stream);
+    float *replay1 = device_logits(&m);
+    gpu_graph_launch(graph, m.ops.stream);
+    float *replay2 = device_logits(&m);
+    CHECK_MSG(same(replay1, eager1) && same(replay2, eager2), "the replays' masks are not the eager forwards'");
+    CHECK_MSG(!same(replay1, replay2), "two replays drew the same mask");
+    CHECK(model_dropout_step(&m) == 2);
+    printf("cuda graph: two replays, the eager forwards' masks, each its own\n");
+    gpu_graph_destroy(graph);
+    void *host[] = {input, eager1, eager2, replay1, replay2};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
+    model_destroy(&m);
+}
+
+static void check_on_gpu(uint64_t *rng) {
+    if (!test_have_gpu()) {
+        printf("SKIP (the GPU part): no GPU: the CUDA paths against the CPU and the graph replay need one\n");
+        return;
+    }
+    GpuContext gpu;
+    gpu_context_init(&gpu, 0);
+    check_gpu_against_cpu(&gpu, 0, rng);
+    check_gpu_against_cpu(&gpu, 1, rng);
+    check_graph_replay(&gpu, rng);
+    gpu_context_destroy(&gpu);
+}
+
 int main(void) {
     uint64_t rng = test_seed();
     check_gradients(&rng);
@@ -237,5 +337,6 @@ int main(void) {
     expect_refusal("a concat of 8x8 and 4x4", concat_of_other_sizes, "the height and width differ");
     expect_refusal("dropout with p = 1", dropout_of_one, "not in [0, 1)");
     expect_refusal("a 3x3 average pool padded by 2", avgpool_padding_over_half, "at most half the window");
+    check_on_gpu(&rng);
     return test_finish("test_layer_kinds");
 }

@@ -43,13 +43,6 @@ static void concat_finite_differences(const GridCase *c) {
     host_free_all(host, GRID_COUNT(host));
 }
 
-/* n elements of a [n][ch][plane] tensor in c's layout from the device, back in NCHW. */
-static float *get_nchw(const GridCase *c, const void *buf, int n, int ch, int plane) {
-    float *t = grid_get(c, c->dtype, buf, (size_t)n * ch * plane), *nchw = grid_from_layout(c, t, n, ch, plane, 1);
-    free(t);
-    return nchw;
-}
-
 static void concat_shape(const GridCase *c, ConcatShape s) {
     printf(" %dx(%d+%d)x%d\n", s.n, s.ca, s.cb, s.plane);
     DType dt = c->dtype;
@@ -71,15 +64,15 @@ static void concat_shape(const GridCase *c, ConcatShape s) {
     void *d_dy = grid_put(c, dt, dyl, ny), *d_da = grid_alloc(c, dt, na), *d_db = grid_alloc(c, dt, nb);
     concat_forward(&c->ctx, &s, d_a, d_b, d_y);
     concat_backward(&c->ctx, &s, d_dy, d_da, d_db, 0, 0);
-    float *gy = get_nchw(c, d_y, s.n, cy, s.plane), *gda = get_nchw(c, d_da, s.n, s.ca, s.plane);
-    float *gdb = get_nchw(c, d_db, s.n, s.cb, s.plane);
+    float *gy = grid_get_nchw(c, d_y, s.n, cy, s.plane, 1), *gda = grid_get_nchw(c, d_da, s.n, s.ca, s.plane, 1);
+    float *gdb = grid_get_nchw(c, d_db, s.n, s.cb, s.plane, 1);
     grid_check(c, "concat y", gy, y, ny, 0);
     grid_check(c, "concat da", gda, da, na, 0);
     grid_check(c, "concat db", gdb, db, nb, 0);
     grid_set(c, dt, d_da, oldl, na);
     grid_poison(c, dt, d_db, nb);
     concat_backward(&c->ctx, &s, d_dy, d_da, NULL, 1, 0);
-    float *gacc = get_nchw(c, d_da, s.n, s.ca, s.plane), *untouched = grid_get(c, dt, d_db, nb);
+    float *gacc = grid_get_nchw(c, d_da, s.n, s.ca, s.plane, 1), *untouched = grid_get(c, dt, d_db, nb);
     grid_check(c, "concat da (accumulated onto random)", gacc, acc_a, na, 0);
     size_t written = 0;
     for (size_t i = 0; i < nb; i++) written += untouched[i] == untouched[i];

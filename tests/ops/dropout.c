@@ -42,10 +42,7 @@ static void dropout_finite_differences(const GridCase *c) {
 
 /* The device's values of a [n][c][plane] tensor in c's layout, back in NCHW. */
 static float *get_nchw(const GridCase *c, const void *buf, const DropoutShape *s) {
-    size_t n = (size_t)s->n * s->c * s->plane;
-    float *t = grid_get(c, c->dtype, buf, n), *nchw = grid_from_layout(c, t, s->n, s->c, s->plane, 1);
-    free(t);
-    return nchw;
+    return grid_get_nchw(c, buf, s->n, s->c, s->plane, 1);
 }
 
 static void dropout_shape(const GridCase *c, DropoutShape s, float p) {

@@ -211,6 +211,12 @@ float *grid_from_layout(const GridCase *c, const float *x, int n, int ch, int h,
     return c->nhwc ? to_nchw(x, n, ch, h, w) : copy_floats(x, (size_t)n * ch * h * w);
 }
 
+float *grid_get_nchw(const GridCase *c, const void *buf, int n, int ch, int h, int w) {
+    float *t = grid_get(c, c->dtype, buf, (size_t)n * ch * h * w), *nchw = grid_from_layout(c, t, n, ch, h, w);
+    free(t);
+    return nchw;
+}
+
 /* ---- the driver ------------------------------------------------------------- */
 
 static const GridOp *find_op(const char *name) {

@@ -12,8 +12,9 @@
  *     refused to any other reader;
  *   - bad arguments stopping with a message;
  *   - on a GPU (else skipped, saying so): the CUDA paths in NCHW and NHWC giving the CPU's loss, gradients
- *     and evaluation (the same masks: they follow each element's NCHW place), and a forward captured in a
- *     CUDA graph drawing a new mask at each replay, the eager forwards' ones. */
+ *     and evaluation (the same masks: they follow each element's NCHW place), a forward captured in a
+ *     CUDA graph drawing a new mask at each replay, the eager forwards' ones, and the inference path in
+ *     fp32, fp16 and bf16, NHWC, replayed as a CUDA graph, giving the CPU's logits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,6 +313,39 @@ static void check_graph_replay(GpuContext *gpu, uint64_t *rng) {
     model_destroy(&m);
 }
 
+/* The inference net on the GPU (NHWC, a CUDA graph) against the CPU's; the halves by their precision after
+ * a few layers. */
+static void check_gpu_inference(GpuContext *gpu, uint64_t *rng) {
+    static const DType types[3] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    static const double bound[3] = {1e-4, 2e-2, 8e-2};
+    Model m;
+    build(&m, 0.3f, 0);
+    model_finalize(&m, NULL, 35);
+    float *input = malloc(model_input_floats(&m) * sizeof(float));
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    InferOptions cpu = {BATCH, DTYPE_F32, 0, 0, {0}};
+    InferNet *ref = infer_create(&m, m.params, NULL, NULL, &cpu);
+    memcpy(infer_input(ref), input, infer_input_floats(ref) * sizeof(float));
+    infer_run(ref);
+    for (int t = 0; t < 3; t++) {
+        InferOptions opt = {BATCH, types[t], 1, 1, {.workspace_limit = (size_t)256 << 20}};
+        InferNet *net = infer_create(&m, m.params, NULL, gpu, &opt);
+        op_copy_from_host(infer_ops(net), infer_input(net), input, infer_input_floats(net) * sizeof(float));
+        infer_run(net);
+        float got[BATCH * CLASSES];
+        op_copy_to_host(infer_ops(net), got, infer_logits(net), sizeof got);
+        op_sync(infer_ops(net));
+        double err = test_rel_error(got, infer_logits(ref), BATCH * CLASSES);
+        printf("inference on the gpu, %s nhwc graph: logits %.3g from the cpu's (bound %.1g)\n",
+               dtype_name(types[t]), err, bound[t]);
+        CHECK(err <= bound[t]);
+        infer_destroy(net);
+    }
+    infer_destroy(ref);
+    free(input);
+    model_destroy(&m);
+}
+
 static void check_on_gpu(uint64_t *rng) {
     if (!test_have_gpu()) {
         printf("SKIP (the GPU part): no GPU: the CUDA paths against the CPU and the graph replay need one\n");
@@ -322,6 +356,7 @@ static void check_on_gpu(uint64_t *rng) {
     check_gpu_against_cpu(&gpu, 0, rng);
     check_gpu_against_cpu(&gpu, 1, rng);
     check_graph_replay(&gpu, rng);
+    check_gpu_inference(&gpu, rng);
     gpu_context_destroy(&gpu);
 }
 

@@ -34,6 +34,8 @@ typedef struct {
     int layer;            /* the graph's layer it runs */
     int bn_layer;         /* conv: the batch norm folded into it, or -1 */
     int in, in2, out;     /* activation ids; in2: an add's second input or a conv's residual, else -1 */
+    int shape_in, shape_in2; /* the layer's own inputs, whose shapes it takes: in and in2 may be the values a
+                             flatten (an identity) reshaped, c x h x w where the layer reads c*h*w x 1 x 1 */
     int relu;             /* the ReLU after it, done by it */
     long order;           /* its place in the run (a conv taking a residual moves to the add's) */
     size_t w_off, b_off;  /* conv, linear: elements into the weights; batch norm: floats into bn_params */
@@ -106,6 +108,8 @@ static Step *new_step(InferNet *net, StepKind kind, const Model *g, int layer, l
     s->bn_layer = -1;
     s->in = resolve(net, l->in);
     s->in2 = l->in2 >= 0 ? resolve(net, l->in2) : -1;
+    s->shape_in = l->in;
+    s->shape_in2 = l->in2;
     s->out = l->out;
     s->order = (*order)++;
     snprintf(s->name, sizeof s->name, "%s", l->name);
@@ -129,6 +133,7 @@ static Step *producer_of(InferNet *net, const int *producer, int id) {
 static int fold_bn(InferNet *net, const int *producer, const int *readers, const Layer *l, int layer) {
     Step *p = producer_of(net, producer, resolve(net, l->in));
     if (!p || p->kind != STEP_CONV || p->bn_layer >= 0 || p->relu || p->in2 >= 0 || readers[l->in] != 1) return 0;
+    if (net->vals[l->in].c != net->vals[p->out].c) return 0; /* a norm of a flatten's c*h*w features */
     p->bn_layer = layer;
     net->vals[l->out].alias = p->out;
     net->stats.bn_folded++;
@@ -257,7 +262,8 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
         if (s->window.n > 0) s->window.n = n;
         break;
     case STEP_BATCHNORM: {
-        BatchNormShape b = {n, x->c, x->h, x->w};
+        const Value *v = &net->vals[s->shape_in];
+        BatchNormShape b = {n, v->c, v->h, v->w};
         s->bn.shape = b;
         s->bn_scratch_bytes = batchnorm_scratch_bytes(&net->ops, &b);
         break;
@@ -351,7 +357,7 @@ static void place_weights(InferNet *net, const Model *g) {
             net->n_weights = s->b_off + k;
         } else if (s->kind == STEP_BATCHNORM) {
             s->w_off = net->n_bn_floats;
-            net->n_bn_floats += 4 * (size_t)net->vals[s->in].c;
+            net->n_bn_floats += 4 * (size_t)net->vals[s->shape_in].c;
         }
     }
 }
@@ -373,7 +379,7 @@ static void fill_weights(const InferNet *net, const Model *g, const float *param
         const Step *s = &net->steps[i];
         const Layer *l = &g->layers[s->layer];
         if (s->kind == STEP_BATCHNORM) {
-            size_t c = (size_t)net->vals[s->in].c;
+            size_t c = (size_t)net->vals[s->shape_in].c;
             memcpy(bn + s->w_off, params + l->w_off, c * sizeof(float));
             memcpy(bn + s->w_off + c, params + l->b_off, c * sizeof(float));
             memcpy(bn + s->w_off + 2 * c, bn_stats + l->stat_off, 2 * c * sizeof(float));
@@ -487,13 +493,13 @@ static void run_step(InferNet *net, const Step *s) {
         maxpool_forward(ctx, &s->pool, x, y);
         break;
     case STEP_AVGPOOL: {
-        const Value *v = &net->vals[s->in];
+        const Value *v = &net->vals[s->shape_in];
         if (s->window.n > 0) avgpool2d_forward(ctx, &s->window, x, y);
         else avgpool_forward(ctx, x, y, net->opt.batch, v->c, v->h * v->w);
         break;
     }
     case STEP_CONCAT: {
-        const Value *a = &net->vals[s->in], *b = &net->vals[s->in2];
+        const Value *a = &net->vals[s->shape_in], *b = &net->vals[s->shape_in2];
         ConcatShape cs = {net->opt.batch, a->c, b->c, a->h * a->w};
         concat_forward(ctx, &cs, x, x2, y);
         break;
@@ -503,7 +509,7 @@ static void run_step(InferNet *net, const Step *s) {
         if (s->relu) relu_forward(ctx, y, y, n);
         break;
     case STEP_BATCHNORM: {
-        size_t c = (size_t)net->vals[s->in].c;
+        size_t c = (size_t)net->vals[s->shape_in].c;
         float *p = net->bn_params + s->w_off;
         BatchNormParams bp = {.gamma = p, .beta = p + c, .running_mean = p + 2 * c, .running_var = p + 3 * c,
                               .momentum = 0.0f, .eps = net->bn_eps};

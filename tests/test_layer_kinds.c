@@ -7,7 +7,8 @@
  *     step a training forward, none in evaluation, which is the identity;
  *   - checkpointed blocks recomputing a dropout inside them with its mask (the gradients of the net
  *     without checkpointing);
- *   - the inference path (models/infer.c) giving the net's evaluation logits;
+ *   - the inference path (models/infer.c) giving the net's evaluation logits, and a batch norm of a
+ *     flatten's features (c*h*w of them) not folded into the conv before the flatten;
  *   - under NHWC, a linear after a flatten taking the features in (h, w, c) order, and a flatten's features
  *     refused to any other reader;
  *   - bad arguments stopping with a message;
@@ -171,6 +172,38 @@ static void check_inference(uint64_t *rng) {
     CHECK(err < 1e-6);
     infer_destroy(net);
     free(input), free(want);
+    model_destroy(&m);
+}
+
+/* conv -> flatten -> batch norm (of its c*h*w features) -> linear, with random norm parameters and
+ * statistics: the inference net's logits, the model's evaluation's. */
+static void check_inference_flatten_norm(uint64_t *rng) {
+    Model m;
+    model_init(&m, BATCH, CLASSES, 0);
+    int x = model_conv(&m, model_input(&m, 2, 4, 4), 3, 3, 1, 2); /* 3 x 2 x 2 */
+    model_linear(&m, model_batchnorm(&m, model_flatten(&m, x)), CLASSES);
+    model_finalize(&m, NULL, 23);
+    const Layer *bn = &m.layers[2];
+    float *params = malloc(m.n_params * sizeof(float)), *stats = malloc(m.n_bn_stats * sizeof(float));
+    model_get_params(&m, params);
+    test_fill_uniform(params + bn->w_off, bn->w_count, rng, 0.5f, 2.0f);
+    test_fill_uniform(params + bn->b_off, bn->b_count, rng, -1.0f, 1.0f);
+    test_fill_uniform(stats, m.n_bn_stats, rng, 0.5f, 2.0f); /* means and variances */
+    model_set_params(&m, params), model_set_bn_stats(&m, stats);
+    model_set_training(&m, 0);
+    float *input = malloc(model_input_floats(&m) * sizeof(float));
+    test_fill_uniform(input, model_input_floats(&m), rng, -2.0f, 2.0f);
+    float *want = logits_of(&m, input, -1);
+    InferOptions opt = {BATCH, DTYPE_F32, 0, 0, {0}};
+    InferNet *net = infer_create(&m, params, stats, NULL, &opt);
+    memcpy(infer_input(net), input, infer_input_floats(net) * sizeof(float));
+    infer_run(net);
+    double err = test_rel_error(infer_logits(net), want, BATCH * CLASSES);
+    printf("inference: a norm of a flatten, %d folded, logits %.3g from the model's\n", infer_stats(net).bn_folded,
+           err);
+    CHECK(err < 1e-5 && infer_stats(net).bn_folded == 0);
+    infer_destroy(net);
+    free(params), free(stats), free(input), free(want);
     model_destroy(&m);
 }
 
@@ -367,6 +400,7 @@ int main(void) {
     check_dropout_masks(&rng);
     check_checkpoint_masks(&rng);
     check_inference(&rng);
+    check_inference_flatten_norm(&rng);
     check_nhwc_flatten_weights();
     expect_refusal("a flatten under NHWC into a SiLU", nhwc_flatten_into_silu, "only linear layers may");
     expect_refusal("a concat of 8x8 and 4x4", concat_of_other_sizes, "the height and width differ");

@@ -10,31 +10,39 @@
 #include "ops/add.h"
 #include "ops/avgpool.h"
 #include "ops/batchnorm.h"
+#include "models/layers.h"
 #include "ops/cast.h"
+#include "ops/concat.h"
 #include "ops/conv_bias_act.h"
 #include "ops/gelu.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
 #include "ops/relu.h"
 #include "ops/scale.h"
+#include "ops/silu.h"
 #include "runtime/arena.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 
-typedef enum { STEP_CONV, STEP_MAXPOOL, STEP_AVGPOOL, STEP_LINEAR, STEP_BATCHNORM, STEP_ADD, STEP_RELU, STEP_GELU,
-               STEP_SCALE } StepKind;
+/* STEP_MISSING (0): a layer kind kind_of does not name, which infer_create refuses; STEP_IDENTITY: a layer
+ * that evaluation runs as the identity (dropout; flatten, its input's storage), its output its input. */
+typedef enum { STEP_MISSING, STEP_CONV, STEP_MAXPOOL, STEP_AVGPOOL, STEP_LINEAR, STEP_BATCHNORM, STEP_ADD, STEP_RELU,
+               STEP_GELU, STEP_SCALE, STEP_SILU, STEP_CONCAT, STEP_IDENTITY } StepKind;
 
 typedef struct {
     StepKind kind;
     int layer;            /* the graph's layer it runs */
     int bn_layer;         /* conv: the batch norm folded into it, or -1 */
     int in, in2, out;     /* activation ids; in2: an add's second input or a conv's residual, else -1 */
+    int shape_in, shape_in2; /* the layer's own inputs, whose shapes it takes: in and in2 may be the values a
+                             flatten (an identity) reshaped, c x h x w where the layer reads c*h*w x 1 x 1 */
     int relu;             /* the ReLU after it, done by it */
     long order;           /* its place in the run (a conv taking a residual moves to the add's) */
     size_t w_off, b_off;  /* conv, linear: elements into the weights; batch norm: floats into bn_params */
     char name[24];        /* the layer's name: the ops' label */
     ConvBiasAct conv;
     MaxPool2d pool;
+    Pool2dShape window;   /* avgpool: its window (n 0: global) */
     LinearShape linear;
     BatchNorm bn;
     float scale;          /* scale: its factor */
@@ -100,6 +108,8 @@ static Step *new_step(InferNet *net, StepKind kind, const Model *g, int layer, l
     s->bn_layer = -1;
     s->in = resolve(net, l->in);
     s->in2 = l->in2 >= 0 ? resolve(net, l->in2) : -1;
+    s->shape_in = l->in;
+    s->shape_in2 = l->in2;
     s->out = l->out;
     s->order = (*order)++;
     snprintf(s->name, sizeof s->name, "%s", l->name);
@@ -123,6 +133,7 @@ static Step *producer_of(InferNet *net, const int *producer, int id) {
 static int fold_bn(InferNet *net, const int *producer, const int *readers, const Layer *l, int layer) {
     Step *p = producer_of(net, producer, resolve(net, l->in));
     if (!p || p->kind != STEP_CONV || p->bn_layer >= 0 || p->relu || p->in2 >= 0 || readers[l->in] != 1) return 0;
+    if (net->vals[l->in].c != net->vals[p->out].c) return 0; /* a norm of a flatten's c*h*w features */
     p->bn_layer = layer;
     net->vals[l->out].alias = p->out;
     net->stats.bn_folded++;
@@ -161,11 +172,28 @@ static int step_order(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static const StepKind kind_of[LAYER_KINDS] = {
+    [LAYER_CONV] = STEP_CONV, [LAYER_RELU] = STEP_RELU, [LAYER_MAXPOOL] = STEP_MAXPOOL,
+    [LAYER_LINEAR] = STEP_LINEAR, [LAYER_BATCHNORM] = STEP_BATCHNORM, [LAYER_ADD] = STEP_ADD,
+    [LAYER_AVGPOOL] = STEP_AVGPOOL, [LAYER_GELU] = STEP_GELU, [LAYER_SCALE] = STEP_SCALE,
+    [LAYER_SILU] = STEP_SILU, [LAYER_DROPOUT] = STEP_IDENTITY, [LAYER_CONCAT] = STEP_CONCAT,
+    [LAYER_FLATTEN] = STEP_IDENTITY};
+
+static void check_kind_of(void) {
+    for (int k = 0; k < LAYER_KINDS; k++)
+        if (kind_of[k] == STEP_MISSING)
+            TC_FATAL("inference: layer kind %s has no step in models/infer.c's kind_of", layer_kinds[k].name);
+}
+
+/* An identity layer's output is its input: the readers of both are the readers of that one value (the
+ * folds and fusions below ask whether a layer's input has one reader). */
+static void alias_identity(InferNet *net, int *readers, const Layer *l) {
+    int in = resolve(net, l->in);
+    net->vals[l->out].alias = in;
+    readers[in] = readers[l->out] = readers[in] - 1 + readers[l->out];
+}
+
 static void compile_layers(InferNet *net, const Model *g) {
-    static const StepKind kind_of[LAYER_KINDS] = {
-        [LAYER_CONV] = STEP_CONV, [LAYER_RELU] = STEP_RELU, [LAYER_MAXPOOL] = STEP_MAXPOOL,
-        [LAYER_LINEAR] = STEP_LINEAR, [LAYER_BATCHNORM] = STEP_BATCHNORM, [LAYER_ADD] = STEP_ADD,
-        [LAYER_AVGPOOL] = STEP_AVGPOOL, [LAYER_GELU] = STEP_GELU, [LAYER_SCALE] = STEP_SCALE};
     int readers[MODEL_MAX_ACTS], producer[MODEL_MAX_ACTS];
     count_readers(g, readers);
     for (int i = 0; i < g->n_acts; i++) producer[i] = -1;
@@ -175,6 +203,10 @@ static void compile_layers(InferNet *net, const Model *g) {
         if (l->kind == LAYER_BATCHNORM && fold_bn(net, producer, readers, l, i)) continue;
         if (l->kind == LAYER_RELU && fuse_relu(net, producer, readers, l)) continue;
         if (l->kind == LAYER_ADD && fuse_add(net, producer, readers, l, &order)) continue;
+        if (kind_of[l->kind] == STEP_IDENTITY) {
+            alias_identity(net, readers, l);
+            continue;
+        }
         new_step(net, kind_of[l->kind], g, i, &order);
         producer[l->out] = net->n_steps - 1;
     }
@@ -228,8 +260,13 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
     case STEP_SCALE:
         s->scale = l->scale;
         break;
+    case STEP_AVGPOOL:
+        s->window = l->pool.shape;
+        if (s->window.n > 0) s->window.n = n;
+        break;
     case STEP_BATCHNORM: {
-        BatchNormShape b = {n, x->c, x->h, x->w};
+        const Value *v = &net->vals[s->shape_in];
+        BatchNormShape b = {n, v->c, v->h, v->w};
         s->bn.shape = b;
         s->bn_scratch_bytes = batchnorm_scratch_bytes(&net->ops, &b);
         break;
@@ -325,7 +362,7 @@ static void place_weights(InferNet *net, const Model *g) {
             net->n_weights = s->b_off + k;
         } else if (s->kind == STEP_BATCHNORM) {
             s->w_off = net->n_bn_floats;
-            net->n_bn_floats += 4 * (size_t)net->vals[s->in].c;
+            net->n_bn_floats += 4 * (size_t)net->vals[s->shape_in].c;
         }
     }
 }
@@ -347,7 +384,7 @@ static void fill_weights(const InferNet *net, const Model *g, const float *param
         const Step *s = &net->steps[i];
         const Layer *l = &g->layers[s->layer];
         if (s->kind == STEP_BATCHNORM) {
-            size_t c = (size_t)net->vals[s->in].c;
+            size_t c = (size_t)net->vals[s->shape_in].c;
             memcpy(bn + s->w_off, params + l->w_off, c * sizeof(float));
             memcpy(bn + s->w_off + c, params + l->b_off, c * sizeof(float));
             memcpy(bn + s->w_off + 2 * c, bn_stats + l->stat_off, 2 * c * sizeof(float));
@@ -398,6 +435,8 @@ InferNet *infer_create(const Model *graph, const float *params, const float *bn_
     if (opt->batch < 1) TC_FATAL("inference: batch %d", opt->batch);
     if (!gpu && (opt->dtype != DTYPE_F32 || opt->nhwc)) TC_FATAL("inference on the CPU runs fp32 NCHW only");
     if (graph->n_bn_stats && !bn_stats) TC_FATAL("inference: the model has batch norms but no statistics were given");
+    check_kind_of();
+    layers_check_flattens(graph, opt->nhwc);
     InferNet *net = calloc(1, sizeof *net);
     if (!net) TC_FATAL("out of host memory: an inference net");
     net->opt = *opt;
@@ -460,8 +499,15 @@ static void run_step(InferNet *net, const Step *s) {
         maxpool_forward(ctx, &s->pool, x, y);
         break;
     case STEP_AVGPOOL: {
-        const Value *v = &net->vals[s->in];
-        avgpool_forward(ctx, x, y, net->opt.batch, v->c, v->h * v->w);
+        const Value *v = &net->vals[s->shape_in];
+        if (s->window.n > 0) avgpool2d_forward(ctx, &s->window, x, y);
+        else avgpool_forward(ctx, x, y, net->opt.batch, v->c, v->h * v->w);
+        break;
+    }
+    case STEP_CONCAT: {
+        const Value *a = &net->vals[s->shape_in], *b = &net->vals[s->shape_in2];
+        ConcatShape cs = {net->opt.batch, a->c, b->c, a->h * a->w};
+        concat_forward(ctx, &cs, x, x2, y);
         break;
     }
     case STEP_LINEAR:
@@ -469,7 +515,7 @@ static void run_step(InferNet *net, const Step *s) {
         if (s->relu) relu_forward(ctx, y, y, n);
         break;
     case STEP_BATCHNORM: {
-        size_t c = (size_t)net->vals[s->in].c;
+        size_t c = (size_t)net->vals[s->shape_in].c;
         float *p = net->bn_params + s->w_off;
         BatchNormParams bp = {.gamma = p, .beta = p + c, .running_mean = p + 2 * c, .running_var = p + 3 * c,
                               .momentum = 0.0f, .eps = net->bn_eps};
@@ -489,6 +535,12 @@ static void run_step(InferNet *net, const Step *s) {
     case STEP_SCALE:
         scale_forward(ctx, x, y, n, s->scale);
         break;
+    case STEP_SILU:
+        silu_forward(ctx, x, y, n);
+        break;
+    case STEP_MISSING:
+    case STEP_IDENTITY: /* never a step (check_kind_of, compile_layers) */
+        TC_FATAL("inference: %s has no step to run", s->name);
     }
 }
 

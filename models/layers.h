@@ -1,7 +1,10 @@
 /* Inside models/ only: what each kind of layer runs (models/layers.c), and
  * the helpers that the model's planning (model.c) and its running share.
- * Adding an op to the model form is one LayerKind, one entry in layer_kinds
- * and one builder in model.c. */
+ * Adding an op to the model form is one LayerKind, one entry in layer_kinds,
+ * one builder in model.c, one in infer.c's kind_of (and its step), and a
+ * look at the sites that count LAYER_KINDS (init_params, tensors.c,
+ * tools/trainer/profile.c): the build stops until each is counted, and
+ * model_finalize and infer_create stop at a table's missing entry. */
 #ifndef TRAINC_MODELS_LAYERS_H
 #define TRAINC_MODELS_LAYERS_H
 
@@ -19,6 +22,11 @@ typedef struct {
 } LayerKindOps;
 
 extern const LayerKindOps layer_kinds[LAYER_KINDS];
+/* Stops, naming the kind, where layer_kinds lacks one (model_finalize calls it). */
+void layer_kinds_check(void);
+/* Stops where under NHWC (nhwc) a flatten of an h x w > 1 map feeds a layer that takes its features in
+ * NCHW order: anything but a linear layer (model.c; model_finalize and infer_create call it). */
+void layers_check_flattens(const Model *m, int nhwc);
 
 /* model.nvtx_layers: an NVTX range around each op of a layer, named by the
  * layer ("conv 3"); ops outside the layers get none. */

@@ -239,9 +239,9 @@ int model_maxpool(Model *m, int in, int kernel, int stride, int pad) {
     const Pool2dShape *s = &l->pool.shape;
     /* An odd size drops the last row and column (PyTorch's floor mode). */
     l->pool.shape = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
-    if (kernel < 1 || stride < 1 || pad < 0 || pad >= kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
-        return build_fail(m, m->n_layers - 1, "a %dx%d max-pool (stride %d, pad %d) does not fit a %dx%d input",
-                          kernel, kernel, stride, pad, x->h, x->w);
+    if (kernel < 1 || stride < 1 || pad < 0 || 2 * pad > kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
+        return build_fail(m, m->n_layers - 1, "a %dx%d max-pool (stride %d, pad %d: at most half the window) does "
+                          "not fit a %dx%d input", kernel, kernel, stride, pad, x->h, x->w);
     return l->out = add_act(m, x->c, pool2d_out_h(s), pool2d_out_w(s));
 }
 
@@ -302,6 +302,71 @@ int model_scale(Model *m, int in, float factor) {
     return l->out = add_act(m, x->c, x->h, x->w);
 }
 
+/* SiLU's backward reads its input, as GELU's does. */
+int model_silu(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_SILU, in);
+    if (!l) return -1;
+    const Activation *x = &m->acts[in];
+    return l->out = add_act(m, x->c, x->h, x->w);
+}
+
+/* Dropout's output has its own storage: evaluation copies x there, and backward reads neither. */
+int model_dropout(Model *m, int in, float p) {
+    Layer *l = add_layer(m, LAYER_DROPOUT, in);
+    if (!l) return -1;
+    if (!(p >= 0.0f && p < 1.0f)) return build_fail(m, m->n_layers - 1, "dropout p = %g, not in [0, 1)", p);
+    const Activation *x = &m->acts[in];
+    l->drop = p;
+    return l->out = add_act(m, x->c, x->h, x->w);
+}
+
+int model_concat(Model *m, int a, int b) {
+    Layer *l = add_layer(m, LAYER_CONCAT, a);
+    if (!l) return -1;
+    if (b < 0 || b >= m->n_acts)
+        return build_fail(m, m->n_layers - 1, "concat reads activation %d, which does not exist", b);
+    const Activation *x = &m->acts[a], *y = &m->acts[b];
+    if (x->h != y->h || x->w != y->w)
+        return build_fail(m, m->n_layers - 1, "concat of %dx%dx%d and %dx%dx%d (channels x height x width): the "
+                          "height and width differ", x->c, x->h, x->w, y->c, y->h, y->w);
+    if (m->nhwc && (x->c != x->c_real || y->c != y->c_real))
+        return build_fail(m, m->n_layers - 1, "concat of the input image under NHWC, whose channels are padded");
+    l->in2 = b;
+    return l->out = add_act(m, x->c + y->c, x->h, x->w);
+}
+
+int model_concat_list(Model *m, const int *ids, int count) {
+    if (count < 2) return build_fail(m, m->n_layers, "a concat needs at least two inputs, got %d", count);
+    int y = model_concat(m, ids[0], ids[1]);
+    for (int i = 2; i < count && y >= 0; i++) y = model_concat(m, y, ids[i]);
+    return y;
+}
+
+int model_flatten(Model *m, int in) {
+    Layer *l = add_layer(m, LAYER_FLATTEN, in);
+    if (!l) return -1;
+    const Activation *x = &m->acts[in];
+    if (x->c != x->c_real)
+        return build_fail(m, m->n_layers - 1, "a flatten of the input image under NHWC, whose channels are padded");
+    l->out = add_act(m, x->c * x->h * x->w, 1, 1);
+    m->acts[l->out].shares_with = in;
+    return l->out;
+}
+
+int model_avgpool2d(Model *m, int in, int kernel, int stride, int pad) {
+    Layer *l = add_layer(m, LAYER_AVGPOOL, in);
+    if (!l) return -1;
+    const Activation *x = &m->acts[in];
+    Pool2dShape *s = &l->pool.shape;
+    *s = (Pool2dShape){m->batch, x->c, x->h, x->w, kernel, stride, pad};
+    if (kernel < 1 || stride < 1 || pad < 0 || 2 * pad > kernel || pool2d_out_h(s) < 1 || pool2d_out_w(s) < 1)
+        return build_fail(m, m->n_layers - 1, "a %dx%d average pool (stride %d, pad %d: at most half the window) "
+                          "does not fit a %dx%d input", kernel, kernel, stride, pad, x->h, x->w);
+    return l->out = add_act(m, x->c, pool2d_out_h(s), pool2d_out_w(s));
+}
+
+int model_global_avgpool(Model *m, int in) { return model_avgpool(m, in); }
+
 /* ---- gradient buffers ----------------------------------------------------- */
 
 static int group_of(int *parent, int a) {
@@ -315,6 +380,7 @@ static void join_groups(int *parent, int a, int b) { parent[group_of(parent, a)]
  * backward meets its consumers latest first; the first writes the gradient,
  * the others add to it. Only the input image (activation 0) needs none. */
 static void plan_accumulation(Model *m) {
+    layers_check_flattens(m, m->nhwc);
     int written[MODEL_MAX_ACTS] = {0};
     for (int a = 0; a < m->n_acts; a++) m->acts[a].consumers = 0;
     for (int i = 0; i < m->n_layers; i++) {
@@ -333,8 +399,32 @@ static void plan_accumulation(Model *m) {
                 TC_FATAL("layer %d: its input feeds several layers, and this kind of layer cannot add its "
                          "gradient to theirs", i);
         }
-        if (l->kind == LAYER_RELU && m->acts[l->in].consumers > 1)
-            TC_FATAL("layer %d: a ReLU works in place, so its input may feed no other layer", i);
+        /* ... nor may what it shares its storage with (a flatten's input) */
+        for (int id = l->in; l->kind == LAYER_RELU && id >= 0; id = m->acts[id].shares_with)
+            if (m->acts[id].consumers > 1)
+                TC_FATAL("layer %d: a ReLU works in place, so its input may feed no other layer", i);
+    }
+}
+
+/* Under NHWC a flatten's features lie in (h, w, c) order: only a linear layer (model_weight_index), or an
+ * in-place ReLU before one, reads them as such. */
+static void check_hwc_readers(const Model *m, int act, int flatten) {
+    const Activation *x = &m->acts[m->layers[flatten].in];
+    for (int j = flatten + 1; j < m->n_layers; j++) {
+        const Layer *r = &m->layers[j];
+        if (r->in != act && r->in2 != act) continue;
+        if (r->kind == LAYER_RELU) check_hwc_readers(m, r->out, flatten);
+        else if (r->kind != LAYER_LINEAR)
+            TC_FATAL("layer %d (%s) reads the flatten (layer %d) of a %dx%d map under NHWC, whose features lie in "
+                     "(h, w, c) order: only linear layers may (or model.layout = nchw)", j, r->name, flatten, x->h,
+                     x->w);
+    }
+}
+
+void layers_check_flattens(const Model *m, int nhwc) {
+    for (int i = 0; nhwc && i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        if (l->kind == LAYER_FLATTEN && m->acts[l->in].h * m->acts[l->in].w > 1) check_hwc_readers(m, l->out, i);
     }
 }
 
@@ -406,6 +496,8 @@ static void plan_grad_slots(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
         if ((l->kind == LAYER_RELU || (l->kind == LAYER_GELU && l->fused)) && l->in > 0)
+            join_groups(parent, l->in, l->out);
+        if (l->kind == LAYER_FLATTEN && l->in > 0 && m->acts[l->in].consumers == 1) /* its backward: nothing */
             join_groups(parent, l->in, l->out);
         if (l->kind == LAYER_ADD) plan_add_aliases(m, i, parent);
         /* A norm whose backward the conv after it may run (dx made over dz, in place); apart, it runs in place. */
@@ -624,6 +716,12 @@ static size_t plan_recompute_region(Model *m) {
     return region;
 }
 
+static int has_dropout(const Model *m) {
+    for (int i = 0; i < m->n_layers; i++)
+        if (m->layers[i].kind == LAYER_DROPOUT) return 1;
+    return 0;
+}
+
 static int needs_lr_scale(const Model *m) {
     if (m->bn_weight_fixed || m->bn_bias_lr_scale != 1.0f || m->head_lr_scale != 1.0f || m->muon) return 1;
     for (int i = 0; i < m->n_layers; i++)
@@ -646,6 +744,7 @@ static void carve_buffers(Model *m, Arena *a) {
                                                  : NULL;
     m->bn_coef = m->fuse_graphs && m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * esize, "batch-norm prologues")
                                                  : NULL;
+    m->dropout = has_dropout(m) ? arena_alloc(a, sizeof(DropoutCounter), "dropout seed and step") : NULL;
     m->input_f32 = half || m->nhwc ? arena_alloc(a, model_input_floats(m) * sizeof(float), "fp32 NCHW input batch") : NULL;
     size_t region = plan_recompute_region(m);
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
@@ -688,6 +787,8 @@ static float uniform(uint64_t *state, float bound) {
 size_t model_weight_index(const Model *m, const Layer *l, size_t j) {
     const Activation *x = &m->acts[l->in];
     if (!m->nhwc) return j;
+    if (l->kind == LAYER_LINEAR) /* a flatten's features (and an in-place ReLU's over them) lie as its input does */
+        while (x->shares_with >= 0) x = &m->acts[x->shares_with];
     if (l->kind == LAYER_CONV) { /* a filter's channels: c / groups (grouped, none padded) */
         int rs = l->conv.shape.r * l->conv.shape.s, groups = conv2d_groups(&l->conv.shape), cr = x->c_real / groups;
         size_t k = j / ((size_t)cr * rs), c = j / rs % cr, pos = j % rs;
@@ -720,6 +821,10 @@ static void set_dirac(const Model *m, const Layer *l, float *host) {
  * variance 1. Under optim.decay_bn_bias = off, weight decay skips biases and
  * batch-norm parameters. */
 static void init_params(Model *m, uint64_t seed) {
+    /* Each kind's start: batch norm's, or PyTorch's uniform default for any other with parameters (conv,
+     * linear); SiLU, dropout, concat, flatten, pools, adds, scales have none. A new kind: say here how its
+     * parameters start, then count it. */
+    _Static_assert(LAYER_KINDS == 13, "init_params: a layer kind this function has not been checked for");
     float *host = calloc(m->n_params, sizeof(float)); /* padded input channels keep 0 */
     uint8_t *mask = m->decay_mask ? malloc(m->n_params) : NULL;
     if (!host || (m->decay_mask && !mask)) TC_FATAL("out of host memory initialising %zu parameters", m->n_params);
@@ -768,6 +873,8 @@ static void init_params(Model *m, uint64_t seed) {
 
 void model_init_params(Model *m, uint64_t seed) {
     init_params(m, seed);
+    m->dropout_seed = seed;
+    model_set_dropout_step(m, 0);
     model_reset_lr_scale(m);
 }
 
@@ -777,6 +884,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     if (!gpu && m->act_dtype != DTYPE_F32) TC_FATAL("the CPU path trains in fp32 only (precision.amp = off)");
     if (!gpu && m->nhwc) TC_FATAL("the CPU path trains in NCHW only (model.layout = nchw)");
     if (!gpu && m->overlap_wgrad) TC_FATAL("the CPU path has no second stream (perf.overlap_wgrad = off)");
+    layer_kinds_check();
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
     m->ops = gpu ? op_context_gpu(gpu, m->act_dtype, m->nhwc) : op_context_cpu();
@@ -861,6 +969,22 @@ double model_layer_flops(const Model *m, int i) {
 void *model_logits(const Model *m) { return m->acts[m->n_acts - 1].value; }
 void *model_logits_grad(const Model *m) { return grad_of(m, m->n_acts - 1); }
 void model_set_training(Model *m, int training) { m->training = training; }
+
+void model_set_dropout_step(Model *m, int64_t step) {
+    if (!m->dropout) return;
+    DropoutCounter counter = {step, m->dropout_seed};
+    op_copy_from_host(&m->ops, m->dropout, &counter, sizeof counter);
+    op_sync(&m->ops);
+}
+
+int64_t model_dropout_step(const Model *m) {
+    DropoutCounter counter = {0, 0};
+    if (m->dropout) {
+        op_copy_to_host(&m->ops, &counter, m->dropout, sizeof counter);
+        op_sync(&m->ops);
+    }
+    return counter.step;
+}
 size_t model_bytes(const Model *m) { return m->arena.peak; }
 
 void model_zero_grads(Model *m) {

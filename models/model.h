@@ -23,6 +23,7 @@
 #include "ops/conv2d.h"
 #include "ops/conv_dgrad_dbn.h"
 #include "ops/conv_genstats.h"
+#include "ops/dropout.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
 #include "ops/muon.h"
@@ -42,25 +43,26 @@ extern "C" {
 /* What each kind runs: models/layers.c's layer_kinds. */
 typedef enum {
     LAYER_CONV, LAYER_RELU, LAYER_MAXPOOL, LAYER_LINEAR, LAYER_BATCHNORM, LAYER_ADD, LAYER_AVGPOOL, LAYER_GELU,
-    LAYER_SCALE,
+    LAYER_SCALE, LAYER_SILU, LAYER_DROPOUT, LAYER_CONCAT, LAYER_FLATTEN,
     LAYER_KINDS
 } LayerKind;
 
 typedef struct {
     LayerKind kind;
     int in, out;          /* activation ids */
-    int in2;              /* add: the second input; -1 for every other layer */
+    int in2;              /* add, concat: the second input; -1 for every other layer */
     size_t w_off, b_off;  /* offsets (in floats) into the flat parameter buffer: multiples of MODEL_PARAM_ALIGN
                              (b_off where b_count > 0) */
     size_t w_count, b_count;
     size_t fan_in;        /* for initialisation */
     Conv2d conv;          /* the op of each kind: its shape (and on the GPU its cuDNN state) */
-    MaxPool2d pool;
+    MaxPool2d pool;       /* maxpool; avgpool: its window (model_avgpool2d; pool.shape.n 0: global) */
     void *pool_scratch;   /* maxpool (GPU): its own, where its forward keeps each maximum's place for its
                              backward (ops/maxpool.h); NULL: none needed */
     LinearShape linear;
     BatchNorm bn;         /* batch norm: gamma at w_off, beta at b_off (c each) */
     float scale;          /* scale: the constant factor */
+    float drop;           /* dropout: the share of elements dropped in training */
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off, its input's sums
                              at bn_sums + stat_off where stats_by_conv; a conv with genstats: its batch norm's */
@@ -166,6 +168,11 @@ typedef struct {
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */
     int recomputing;      /* inside a checkpointed block's second forward: running statistics stay put */
+    /* Dropout's masks (ops/dropout.h) follow a seed (model_init_params') and a step, both on the device: each
+     * training forward advances the step there first (inside its CUDA graph), and its backward and a block's
+     * recompute read it as it left it. NULL without dropout layers; dropout_seed: the seed on the host. */
+    DropoutCounter *dropout;
+    uint64_t dropout_seed;
     /* model_set_frozen_prefix: layers [0, frozen_layers) run no backward and the activations they write get
      * no gradient (0: every layer trains) */
     int frozen_layers;
@@ -258,6 +265,22 @@ int model_global_maxpool(Model *m, int in); /* the max over each channel's squar
 int model_linear(Model *m, int in, int out_features);
 int model_linear_no_bias(Model *m, int in, int out_features);
 int model_scale(Model *m, int in, float factor); /* y = factor x (airbench's logit scale) */
+int model_silu(Model *m, int in);          /* x sigmoid(x), PyTorch's nn.SiLU() */
+/* PyTorch's nn.Dropout(p): in training each element dropped with probability p, the rest scaled by
+ * 1 / (1 - p), a new mask each training forward (model_forward advances the step on the device); in
+ * evaluation the identity. p in [0, 1). */
+int model_dropout(Model *m, int in, float p);
+/* torch.cat([a, b], dim=1): a's channels then b's, the same batch, height and width. More inputs: chain it
+ * (model_concat_list). */
+int model_concat(Model *m, int a, int b);
+int model_concat_list(Model *m, const int *ids, int count);
+/* nn.Flatten(): c x h x w to c*h*w features (PyTorch's order), sharing its input's storage: no copy, and no
+ * op in forward. Under NHWC the features lie in (h, w, c) order, which a linear reading them takes into
+ * account (model_weight_index); so there a flatten of an h x w > 1 map may feed only linear layers. */
+int model_flatten(Model *m, int in);
+/* nn.AvgPool2d(kernel, stride, pad): the padding's zeros counted in each window (count_include_pad=True),
+ * floor mode; pad at most kernel / 2. */
+int model_avgpool2d(Model *m, int in, int kernel, int stride, int pad);
 /* From the next backward on, layers [0, layers) run no backward at all and
  * the activations they write get no gradient, so the first layer after them
  * computes no input gradient either: a prefix of the net that has stopped
@@ -277,6 +300,7 @@ int model_dirac_last(Model *m);
 int model_batchnorm(Model *m, int in);
 int model_add(Model *m, int a, int b);     /* a + b, same shapes: a residual connection */
 int model_avgpool(Model *m, int in);       /* global average pooling to c x 1 x 1 */
+int model_global_avgpool(Model *m, int in); /* the same (a name beside model_global_maxpool's) */
 /* A block: the layers between begin and end. Under checkpointing, forward keeps
  * only the block's input and output; backward runs the block forward again to
  * get its inside back. */
@@ -327,8 +351,12 @@ void model_forward(Model *m);
 void model_backward(Model *m);
 void model_zero_grads(Model *m);
 
-/* Training (batch statistics) or evaluation (running statistics) mode. */
+/* Training (batch statistics, dropout on) or evaluation (running statistics, dropout the identity) mode. */
 void model_set_training(Model *m, int training);
+/* Dropout's step counter (the next training forward uses step + 1), between steps: a resumed run's, or a
+ * test's fixed masks; model_init_params sets it to 0. No-op without dropout layers. */
+void model_set_dropout_step(Model *m, int64_t step);
+int64_t model_dropout_step(const Model *m);
 
 /* The running statistics of the batch norms (n_bn_stats floats), host memory. */
 void model_get_bn_stats(const Model *m, float *host);

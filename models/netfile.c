@@ -234,12 +234,14 @@ static int built(NetBuild *b, int out) {
     return out;
 }
 
+/* groups = depthwise: one group a channel of the input. */
 static int build_conv(NetBuild *b, int in, const NetArgs *a) {
     int out = arg_int(b, a, "out"), k = arg_int(b, a, "k"), stride = arg_int(b, a, "stride");
     int pad = strcmp(arg_text(a, "pad"), "auto") == 0 ? k / 2 : arg_int(b, a, "pad");
+    int groups = strcmp(arg_text(a, "groups"), "depthwise") == 0 ? b->m->acts[in].c : arg_int(b, a, "groups");
     int bias = arg_bool(b, a, "bias"), dirac = arg_bool(b, a, "dirac"), whiten = arg_bool(b, a, "whiten");
     if (b->failed) return -1;
-    int y = built(b, (bias ? model_conv : model_conv_no_bias)(b->m, in, out, k, pad, stride));
+    int y = built(b, model_conv_groups(b->m, in, out, k, pad, stride, groups, bias));
     if (y >= 0 && whiten && model_mark_whitening(b->m) < 0) return built(b, -1);
     if (y >= 0 && dirac && model_dirac_last(b->m) < 0) return built(b, -1);
     return y;
@@ -259,6 +261,31 @@ static int build_maxpool(NetBuild *b, int in, const NetArgs *a) {
     return built(b, model_maxpool(b->m, in, k, stride, pad));
 }
 
+/* avgpool k: a window of k (stride k, no padding unless given), padding counted in the average. */
+static int build_avgpool(NetBuild *b, int in, const NetArgs *a) {
+    int k = arg_int(b, a, "k");
+    int stride = strcmp(arg_text(a, "stride"), "k") == 0 ? k : arg_int(b, a, "stride");
+    int pad = arg_int(b, a, "pad");
+    if (b->failed) return -1;
+    return built(b, model_avgpool2d(b->m, in, k, stride, pad));
+}
+
+static int build_dropout(NetBuild *b, int in, const NetArgs *a) {
+    float p = arg_float(b, a, "p");
+    if (b->failed) return -1;
+    return built(b, model_dropout(b->m, in, p));
+}
+
+/* concat X [Y ...]: the previous output (or from='s) and X, Y, ... along the channels. */
+static int build_concat(NetBuild *b, int in, const NetArgs *a) {
+    int ids[NET_MAX_TOKENS + 2], n = 0;
+    ids[n++] = in;
+    ids[n++] = resolve_name(b, b->scope, arg_text(a, "a"));
+    for (int i = 0; i < a->n_rest; i++) ids[n++] = resolve_name(b, b->scope, a->rest[i]);
+    if (b->failed) return -1;
+    return built(b, model_concat_list(b->m, ids, n));
+}
+
 static int build_scale(NetBuild *b, int in, const NetArgs *a) {
     float factor = arg_float(b, a, "factor");
     if (b->failed) return -1;
@@ -269,6 +296,8 @@ static int build_scale(NetBuild *b, int in, const NetArgs *a) {
 static int build_batchnorm(NetBuild *b, int in, const NetArgs *a) { return built(b, model_batchnorm(b->m, in)); }
 static int build_relu(NetBuild *b, int in, const NetArgs *a) { return built(b, model_relu(b->m, in)); }
 static int build_gelu(NetBuild *b, int in, const NetArgs *a) { return built(b, model_gelu(b->m, in)); }
+static int build_silu(NetBuild *b, int in, const NetArgs *a) { return built(b, model_silu(b->m, in)); }
+static int build_flatten(NetBuild *b, int in, const NetArgs *a) { return built(b, model_flatten(b->m, in)); }
 static int build_global_avgpool(NetBuild *b, int in, const NetArgs *a) { return built(b, model_avgpool(b->m, in)); }
 static int build_global_maxpool(NetBuild *b, int in, const NetArgs *a) {
     return built(b, model_global_maxpool(b->m, in));
@@ -285,11 +314,16 @@ static int build_add(NetBuild *b, int in, const NetArgs *a) {
 
 /* Each kind a net file names: its arguments and its builder. A new kind is one entry. */
 static const NetKind net_kinds[] = {
-    {"conv", "out k stride=1 pad=auto bias=yes dirac=no whiten=no", build_conv},
+    {"conv", "out k stride=1 pad=auto groups=1 bias=yes dirac=no whiten=no", build_conv},
     {"linear", "out bias=yes", build_linear},
     {"batchnorm", "", build_batchnorm},
     {"relu", "", build_relu},
     {"gelu", "", build_gelu},
+    {"silu", "", build_silu},
+    {"dropout", "p", build_dropout},
+    {"flatten", "", build_flatten},
+    {"avgpool", "k stride=k pad=0", build_avgpool},
+    {"concat", "a rest...", build_concat},
     {"maxpool", "k stride=k pad=0", build_maxpool},
     {"global_maxpool", "", build_global_maxpool},
     {"global_avgpool", "", build_global_avgpool},

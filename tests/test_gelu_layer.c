@@ -10,8 +10,6 @@
 #include <string.h>
 
 #include "models/model.h"
-#include "ops/sgd.h"
-#include "ops/softmax_xent.h"
 #include "tests/harness.h"
 #include "tests/model_checks.h"
 #include "tests/op_checks.h"

@@ -37,8 +37,9 @@ static void on_end(void *user, const OpContext *ctx, const char *op, const char 
     record(user, ctx, 0, op, label);
 }
 
-/* Every layer kind the model form has, two residual blocks (an add, a
- * fan-out) and a fused-or-not batch norm + ReLU. */
+/* Every layer kind the model form has (check_kinds_covered), two residual
+ * blocks (an add, a fan-out), a fused-or-not batch norm + ReLU, and a concat
+ * of a map with its windowed average (another fan-out). */
 static void build(Model *m, int fuse, int checkpoint) {
     model_init(m, BATCH, CLASSES, 0);
     m->fuse = fuse;
@@ -51,8 +52,18 @@ static void build(Model *m, int fuse, int checkpoint) {
         x = model_relu(m, model_add(m, model_batchnorm(m, y), x));
         model_block_end(m);
     }
-    x = model_maxpool2(m, x);
-    model_linear(m, model_avgpool(m, x), CLASSES);
+    x = model_silu(m, model_maxpool2(m, x));
+    x = model_dropout(m, model_concat(m, x, model_avgpool2d(m, x, 3, 1, 1)), 0.25f);
+    model_scale(m, model_linear(m, model_flatten(m, model_avgpool(m, x)), CLASSES), 0.5f);
+}
+
+/* build's net has a layer of every kind. */
+static void check_kinds_covered(void) {
+    Model m;
+    build(&m, 0, 0);
+    int seen[LAYER_KINDS] = {0};
+    for (int i = 0; i < m.n_layers; i++) seen[m.layers[i].kind] = 1;
+    for (int k = 0; k < LAYER_KINDS; k++) CHECK_MSG(seen[k], "the test net has no layer of kind %d", k);
 }
 
 static int layer_named(const Model *m, const char *label) {
@@ -71,10 +82,18 @@ static int op_of_kind(LayerKind kind, const char *op) {
         [LAYER_LINEAR] = {"linear_forward", "linear_backward"},
         [LAYER_BATCHNORM] = {"batchnorm_forward", "batchnorm_backward"},
         [LAYER_ADD] = {"add_forward", "add_relu_forward", "relu_backward", "add_accumulate", "op_copy"},
-        [LAYER_AVGPOOL] = {"avgpool_forward", "avgpool_backward"},
+        [LAYER_AVGPOOL] = {"avgpool_forward", "avgpool_backward", "avgpool2d_forward", "avgpool2d_backward"},
         [LAYER_GELU] = {"gelu_forward", "gelu_backward"},
         [LAYER_SCALE] = {"scale_forward", "scale_backward"},
+        [LAYER_SILU] = {"silu_forward", "silu_backward"},
+        [LAYER_DROPOUT] = {"dropout_forward", "dropout_backward", "op_copy", "add_accumulate"},
+        [LAYER_CONCAT] = {"concat_forward", "concat_backward"},
+        [LAYER_FLATTEN] = {"op_copy", "add_accumulate"},
     };
+    static int checked; /* once: the table has a line for every kind */
+    for (int k = 0; !checked && k < LAYER_KINDS; k++)
+        CHECK_MSG(ops[k][0], "op_of_kind knows no op of layer kind %d", k);
+    checked = 1;
     for (int k = 0; k < 7 && ops[kind][k]; k++)
         if (strcmp(ops[kind][k], op) == 0) return 1;
     return 0;
@@ -92,6 +111,8 @@ static int check_events(const Model *m, const Recorder *r, const char *pass, int
         const Event *b = &r->events[e], *end = &r->events[e + 1];
         CHECK_MSG(b->begin && !end->begin && strcmp(b->op, end->op) == 0 && b->label == end->label,
                   "%s: event %d (%s) is not closed by the next one (%s)", pass, e, b->op, end->op);
+        /* The training forward's first op, outside the layers: dropout's step counter advanced. */
+        if (!b->label && strcmp(b->op, "dropout_advance") == 0) continue;
         int layer = layer_named(m, b->label);
         CHECK_MSG(layer >= 0, "%s: op %s has label %s, no layer's name", pass, b->op, b->label ? b->label : "NULL");
         if (layer < 0) continue;
@@ -102,9 +123,11 @@ static int check_events(const Model *m, const Recorder *r, const char *pass, int
 }
 
 /* Layer i runs an op in forward unless a fused ReLU (done by the layer before it), an add done by the
- * batch norm before it (by_bn) or a max-pool done by the input's conv (by_conv). */
+ * batch norm before it (by_bn), a max-pool done by the input's conv (by_conv) or a flatten (its input's
+ * storage, and here, its input's only reader, its gradient's too). */
 static int runs_forward(const Layer *l) {
-    return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn) && !l->by_conv;
+    return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn) && !l->by_conv &&
+           l->kind != LAYER_FLATTEN;
 }
 
 /* ... and in backward unless a fused ReLU, or an add passing dy on as both inputs' own buffer whose ReLU,
@@ -182,6 +205,7 @@ static void check_model(int fuse, int checkpoint, uint64_t *rng) {
 
 int main(void) {
     uint64_t rng = test_seed();
+    check_kinds_covered();
     for (int fuse = 0; fuse < 2; fuse++)
         for (int checkpoint = 0; checkpoint < 2; checkpoint++) check_model(fuse, checkpoint, &rng);
     return test_finish("test_hooks");

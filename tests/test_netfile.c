@@ -114,8 +114,28 @@ static void expect_error(const char *text, const char *expected) {
 static void check_errors(void) {
     expect_error(HEAD "c1 = cnv 8 3\n" TAIL, "t.net:2: layer c1: unknown kind 'cnv' (kinds: conv, linear,");
     expect_error(HEAD "c1 = conv 8 3 strid=2\n" TAIL,
-                 "t.net:2: layer c1: conv has no argument 'strid' (it takes: out, k, stride, pad, bias, dirac, "
-                 "whiten)");
+                 "t.net:2: layer c1: conv has no argument 'strid' (it takes: out, k, stride, pad, groups, bias, "
+                 "dirac, whiten)");
+    expect_error(HEAD "c1 = conv 8 3\nc2 = conv 8 3 stride=2\nj = concat c1\n" TAIL,
+                 "t.net:4: layer j: concat of 8x8x8 and 8x16x16 (channels x height x width): the height and width "
+                 "differ");
+    expect_error(HEAD "c1 = conv 6 3 groups=4\n" TAIL, "t.net:2: layer c1: a convolution of 3 input channels to 6 "
+                 "in 4 groups");
+    expect_error(HEAD "c1 = conv 8 3\nd = dropout 1.5\n" TAIL, "t.net:3: layer d: dropout p = 1.5, not in [0, 1)");
+    {   /* every kind the other layers' issue added: a depthwise-separable block with a concat */
+        Model *m = new_model();
+        const char *err = build_text(m, "[net]\nstem = conv 8 3 bias=no\nbatchnorm\nsilu\n"
+                                        "dw = conv 8 3 groups=depthwise bias=no\npw = conv 16 1\nsilu\n"
+                                        "j = concat stem\ndropout 0.1\navgpool 3 stride=2 pad=1\nflatten\n"
+                                        "fc = linear {classes}\n");
+        CHECK_MSG(err[0] == '\0', "the net of new kinds: %s", err);
+        int dw = -1;
+        for (int i = 0; i < m->n_layers; i++)
+            if (!strcmp(m->layers[i].module, "dw")) dw = i;
+        CHECK(dw >= 0 && m->layers[dw].conv.shape.groups == 8 && m->layers[dw].w_count == 8 * 9);
+        CHECK(m->n_layers > 0 && m->acts[m->layers[m->n_layers - 2].out].c == 24 * 8 * 8);
+        free(m);
+    }
     expect_error(HEAD "c1 = conv 8 three\n" TAIL, "t.net:2: layer c1: k = 'three' is not an integer");
     expect_error(HEAD "c1 = conv 8 3 bias=maybe\n" TAIL, "t.net:2: layer c1: bias = 'maybe' is not yes or no");
     expect_error(HEAD "c1 = conv 8\n" TAIL, "t.net:2: layer c1: conv needs its argument 'k'");

@@ -1,7 +1,8 @@
 /* GELU (ops/gelu.h), the erf form: every case against the CPU reference on
  * the same (rounded) inputs, dx aliasing dy giving the same bits; on the CPU,
  * the face gives the reference's bits and the backward matches finite
- * differences; once, the reference against the formula in double. */
+ * differences (grid_activation_case); once, the reference against the
+ * formula in double. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 /* Computed in float (erff, expf) and rounded once to the dtype: within half a
  * unit of its last place per element (f16 2^-11, bf16 2^-8), float's own
  * functions a few units of 2^-24 from the reference's double. */
-static const GridBound GELU_BOUND = {1e-5, 1e-3, 8e-3};
+#define GELU_BOUND {1e-5, 1e-3, 8e-3}
 
 static double gelu_exact(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
 
@@ -21,72 +22,10 @@ static double gelu_slope(double x) {
     return 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
 }
 
-typedef struct {
-    const float *x, *r;
-    float *y;
-    size_t n;
-} GeluLoss;
+static const GridActivation GELU = {"gelu", gelu_forward_cpu, gelu_backward_cpu, gelu_forward, gelu_backward,
+                                    GELU_BOUND, 4};
 
-static double gelu_loss(void *p) {
-    GeluLoss *l = p;
-    gelu_forward_cpu(l->x, l->y, l->n);
-    return weighted_sum(l->y, l->r, l->n);
-}
-
-static void gelu_finite_differences(const GridCase *c) {
-    size_t n = 1000;
-    float *x = grid_random(c, DTYPE_F32, n, -4, 4), *r = grid_random(c, DTYPE_F32, n, -1, 1);
-    float *y = host_floats(n), *dx = host_floats(n);
-    double *num = malloc(sizeof(double) * n);
-    GeluLoss loss = {x, r, y, n};
-    numeric_gradient(x, n, 1e-2f, gelu_loss, &loss, num);
-    gelu_backward(&c->ctx, x, r, dx, n);
-    check_gradient("gelu dx (finite differences)", dx, num, n);
-    void *host[] = {x, r, y, dx, num};
-    host_free_all(host, GRID_COUNT(host));
-}
-
-static void gelu_size(const GridCase *c, size_t n) {
-    printf(" n=%zu\n", n);
-    float *x = grid_random(c, c->dtype, n, -5, 5), *dy = grid_random(c, c->dtype, n, -1, 1);
-    float *y = host_floats(n), *dx = host_floats(n);
-    gelu_forward_cpu(x, y, n);
-    gelu_backward_cpu(x, dy, dx, n);
-
-    void *d_x = grid_put(c, c->dtype, x, n), *d_y = grid_alloc(c, c->dtype, n);
-    void *d_dy = grid_put(c, c->dtype, dy, n), *d_dx = grid_alloc(c, c->dtype, n);
-    gelu_forward(&c->ctx, d_x, d_y, n);
-    gelu_backward(&c->ctx, d_x, d_dy, d_dx, n);
-    float *gy = grid_get(c, c->dtype, d_y, n), *gdx = grid_get(c, c->dtype, d_dx, n);
-    grid_check(c, "gelu y", gy, y, n, grid_bound(c, GELU_BOUND));
-    grid_check(c, "gelu dx", gdx, dx, n, grid_bound(c, GELU_BOUND));
-
-    gelu_backward(&c->ctx, d_x, d_dy, d_dy, n); /* dx aliasing dy */
-    float *gdx_inplace = grid_get(c, c->dtype, d_dy, n);
-    grid_check_same(c, "gelu dx (dx == dy)", gdx_inplace, gdx, n * sizeof(float));
-
-    void *dev[] = {d_x, d_y, d_dy, d_dx};
-    grid_free_all(c, dev, GRID_COUNT(dev));
-    void *host[] = {x, dy, y, dx, gy, gdx, gdx_inplace};
-    host_free_all(host, GRID_COUNT(host));
-}
-
-static void gelu_case(const GridCase *c) {
-    gelu_size(c, 4096); /* the CUDA path's 16 bytes a thread */
-    gelu_size(c, 1001); /* its one element a thread */
-    gelu_size(c, 1);
-    if (c->device != DEVICE_CPU) return;
-    gelu_finite_differences(c);
-    float *x = grid_random(c, DTYPE_F32, 64, -4, 4), *dy = grid_random(c, DTYPE_F32, 64, -1, 1);
-    float y_ref[64], y[64], dx_ref[64], dx[64];
-    gelu_forward_cpu(x, y_ref, 64);
-    gelu_backward_cpu(x, dy, dx_ref, 64);
-    gelu_forward(&c->ctx, x, y, 64);
-    gelu_backward(&c->ctx, x, dy, dx, 64);
-    grid_check_same(c, "gelu face y", y, y_ref, sizeof y);
-    grid_check_same(c, "gelu face dx", dx, dx_ref, sizeof dx);
-    free(x), free(dy);
-}
+static void gelu_case(const GridCase *c) { grid_activation_case(c, &GELU); }
 
 /* The kernels' Phi in float (gelu_math.h: one Chebyshev fit of erfc, no
  * branch) within 1e-4 of Phi in double, relative, from -12 to 12: the tail

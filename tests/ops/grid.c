@@ -14,6 +14,9 @@
 #define GRID_OPS(X) \
     X(relu) \
     X(gelu) \
+    X(silu) \
+    X(dropout) \
+    X(concat) \
     X(scale) \
     X(linear) \
     X(maxpool) \
@@ -206,6 +209,12 @@ float *grid_to_layout(const GridCase *c, const float *nchw, int n, int ch, int h
 
 float *grid_from_layout(const GridCase *c, const float *x, int n, int ch, int h, int w) {
     return c->nhwc ? to_nchw(x, n, ch, h, w) : copy_floats(x, (size_t)n * ch * h * w);
+}
+
+float *grid_get_nchw(const GridCase *c, const void *buf, int n, int ch, int h, int w) {
+    float *t = grid_get(c, c->dtype, buf, (size_t)n * ch * h * w), *nchw = grid_from_layout(c, t, n, ch, h, w);
+    free(t);
+    return nchw;
 }
 
 /* ---- the driver ------------------------------------------------------------- */

@@ -102,9 +102,25 @@ void grid_free_all(const GridCase *c, void **bufs, size_t count); /* NULLs skipp
 void host_free_all(void **bufs, size_t count);
 #define GRID_COUNT(a) (sizeof(a) / sizeof *(a))
 
+/* An elementwise activation whose backward reads x (GELU, SiLU; tests/ops/grid_activation.c): its cases on
+ * n = 4096, 1001 and 1 against the reference (x uniform in +-1.25 range), dx aliasing dy giving the same
+ * bits; on the CPU, dx by finite differences (x in +-range) and the face giving the reference's bits. */
+typedef struct {
+    const char *name;
+    void (*forward_cpu)(const float *x, float *y, size_t n);
+    void (*backward_cpu)(const float *x, const float *dy, float *dx, size_t n);
+    void (*forward)(const OpContext *ctx, const void *x, void *y, size_t n);
+    void (*backward)(const OpContext *ctx, const void *x, const void *dy, void *dx, size_t n);
+    GridBound bound;
+    float range;
+} GridActivation;
+void grid_activation_case(const GridCase *c, const GridActivation *a);
+
 /* An image tensor [n][ch][h][w] in c's layout (a copy; NHWC when c->nhwc),
  * and back from it to NCHW. */
 float *grid_to_layout(const GridCase *c, const float *nchw, int n, int ch, int h, int w);
 float *grid_from_layout(const GridCase *c, const float *x, int n, int ch, int h, int w);
+/* A device tensor [n][ch][h][w] of c's dtype in c's layout, as new host floats in NCHW. */
+float *grid_get_nchw(const GridCase *c, const void *buf, int n, int ch, int h, int w);
 
 #endif

@@ -173,6 +173,10 @@ static double act_elems(const Model *m, int id) {
 /* Forward FLOPs and bytes of a layer; backward is counted as twice forward
  * (the input's gradient and the weights', or reading y and dy for one dx). */
 static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
+    /* The default, an element of flops and its input and output read and written, fits the elementwise
+     * kinds (ReLU, GELU, SiLU, dropout, scale) and the pools; a new kind: give it its cost here if that does
+     * not fit, then count it. */
+    _Static_assert(LAYER_KINDS == 13, "layer_cost: a layer kind this function has not been checked for");
     double esize = (double)dtype_size(m->act_dtype), out = act_elems(m, l->out), in = act_elems(m, l->in);
     double weights = (double)(l->w_count + l->b_count) * esize;
     double flops = model_layer_flops(m, (int)(l - m->layers)), bytes = (in + out) * esize + weights;
@@ -181,6 +185,11 @@ static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
         bytes = (in + act_elems(m, m->layers[l->pool_layer].out)) * esize + weights;
     } else if (l->kind == LAYER_ADD) {
         bytes += in * esize;
+    } else if (l->kind == LAYER_CONCAT) { /* a copy: the second input read too, no arithmetic */
+        bytes += act_elems(m, l->in2) * esize;
+        flops = 0;
+    } else if (l->kind == LAYER_FLATTEN) { /* its input's storage: nothing runs */
+        flops = bytes = 0;
     }
     pl->forward_flops = flops;
     pl->forward_bytes = bytes;

@@ -387,6 +387,7 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
     t->step = t->first_step = t->seen.step = (long)pos.step;
     int64_t lr_step = pos.step; /* the schedule goes on from the checkpoint's step */
     op_copy_from_host(&t->model.ops, t->buf.lr_step, &lr_step, sizeof lr_step);
+    model_set_dropout_step(&t->model, pos.step * t->set.memory.accumulate); /* a training forward a micro-batch */
     op_sync(&t->model.ops);
     t->seen.bad_total = scaler.skipped_steps;
     snprintf(t->ckpt.path, sizeof t->ckpt.path, "%s", path);

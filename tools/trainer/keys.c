@@ -186,9 +186,23 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.lr", CFG_FLOAT32, "0.01", 0,
      "learning rate of the global batch (train.batch x memory.accumulate x ranks); never rescaled by trainc",
      "(0, inf)"},
-    {"optim.momentum", CFG_FLOAT32, "0.9", 0, "SGD momentum", "[0, 1)"},
-    {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum", 0},
-    {"optim.weight_decay", CFG_FLOAT32, "0", 0, "L2 weight decay", "[0, inf)"},
+    {"optim.name", CFG_ENUM, "sgd", "sgd|muon|adamw|adam",
+     "the optimizer, on the device, as one fused pass over the parameters: sgd, SGD with momentum (PyTorch's "
+     "torch.optim.SGD, no dampening); muon, the trained convolutions' filters by Muon and the rest by SGD "
+     "(optim.muon); adamw, torch.optim.AdamW (decoupled weight decay); adam, torch.optim.Adam (L2 weight decay "
+     "in the gradient); both without amsgrad, their step count on the device, a step the loss scaler skips not "
+     "counted. A key of another optimizer away from its default is refused", 0},
+    {"optim.momentum", CFG_FLOAT32, "0.9", 0, "SGD momentum (optim.name = sgd, muon)", "[0, 1)"},
+    {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum (optim.name = sgd, muon)", 0},
+    {"optim.beta1", CFG_FLOAT32, "0.9", 0, "Adam's first-moment decay (optim.name = adamw, adam; PyTorch's betas[0])",
+     "[0, 1)"},
+    {"optim.beta2", CFG_FLOAT32, "0.999", 0,
+     "Adam's second-moment decay (optim.name = adamw, adam; PyTorch's betas[1])", "[0, 1)"},
+    {"optim.eps", CFG_FLOAT32, "1e-08", 0,
+     "added to Adam's root of the bias-corrected second moment (optim.name = adamw, adam)", "(0, 1]"},
+    {"optim.weight_decay", CFG_FLOAT32, "0", 0,
+     "weight decay: sgd, muon and adam add weight_decay x w to the gradient (L2); adamw multiplies each weight by "
+     "1 - lr x weight_decay before its step (decoupled; PyTorch's AdamW default is 0.01, trainc's 0)", "[0, inf)"},
     {"optim.decay_bn_bias", CFG_BOOL, "on", 0, "off: weight decay leaves out biases and batch-norm parameters", 0},
     {"optim.bn_bias_lr_scale", CFG_FLOAT32, "1", 0,
      "batch norm's bias (beta) steps with optim.lr times this, its weight decay per step unchanged (decoupled: "
@@ -199,7 +213,7 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.muon", CFG_BOOL, "off", 0,
      "Muon for the trained convolutions' filters: Nesterov momentum orthogonalised by a Newton-Schulz "
      "iteration, each filter first scaled to norm sqrt(output channels), no weight decay (ops/muon.h); every "
-     "other parameter stays with SGD", 0},
+     "other parameter stays with SGD (the older spelling of optim.name = muon)", 0},
     {"optim.muon_lr", CFG_FLOAT32, "0.24", 0,
      "Muon's learning rate; the schedule scales it as it scales optim.lr", "(0, 1000]"},
     {"optim.muon_momentum", CFG_FLOAT32, "0.6", 0, "Muon's Nesterov momentum", "[0, 1)"},

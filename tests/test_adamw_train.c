@@ -304,7 +304,8 @@ static int write_trajectory(const char *path) {
         const char *name;
         AdamwParams p;
     } cases[] = {
-        {"adamw, torch's defaults", {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = 1}},
+        {"adamw, torch's defaults",
+         {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f, .decoupled = 1}},
         {"adam, L2", {.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f}},
         {"adamw, betas 0.8 0.95", {.beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f, .weight_decay = 0.1f, .decoupled = 1}},
         {"adam, eps 1e-3", {.beta1 = 0.5f, .beta2 = 0.9f, .eps = 1e-3f, .weight_decay = 0.3f}},

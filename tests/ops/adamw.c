@@ -329,8 +329,8 @@ static void adamw_mask(uint64_t *rng, AdamwParams p) {
     for (int b = 0; b < 3; b++)
         for (size_t i = 0; i < n; i++)
             CHECK_MSG(!memcmp(&out[2][b][i], &out[mask[i] ? 0 : 1][b][i], sizeof(float)),
-                      "%s with a decay mask: buffer %d element %zu is not the %s step's", p.decoupled ? "adamw" : "adam",
-                      b, i, mask[i] ? "decayed" : "undecayed");
+                      "%s with a decay mask: buffer %d element %zu is not the %s step's",
+                      p.decoupled ? "adamw" : "adam", b, i, mask[i] ? "decayed" : "undecayed");
     CHECK_MSG(memcmp(out[0][0], out[1][0], bytes), "weight decay changed nothing: the check cannot fail");
     for (int k = 0; k < 3; k++)
         for (int b = 0; b < 3; b++) free(out[k][b]);

@@ -33,7 +33,7 @@ const CfgKeySpec trainc_keys[] = {
      "argmax: flip, the image and its mirror; flip_translate, airbench's 0.5 x that pair's mean plus 0.25 x the "
      "pair's mean for the image translated by one pixel up-left and by one down-right (reflect padding)", 0},
     {"run.checkpoint_every", CFG_INT, "0", 0,
-     "write a checkpoint (weights, momentum, loss scaler, data position) every N steps (0: off; "
+     "write a checkpoint (weights, the optimizer's state, loss scaler, data position) every N steps (0: off; "
      "SIGINT/SIGTERM still write one)", "[0, 1000000000000]"},
     {"run.checkpoint_dir", CFG_STRING, "checkpoints", 0, "where checkpoints go: ckpt-<step>.trc", 0},
     {"run.keep_checkpoints", CFG_INT, "3", 0, "keep the newest N checkpoints, delete older ones (0: keep all)",
@@ -295,8 +295,8 @@ const CfgKeySpec trainc_keys[] = {
      "alone; on: stop if they cannot; off: NCCL alone", 0},
     {"dist.shard_optimizer", CFG_ENUM, "auto", "auto|on|off",
      "data-parallel through the copy engines: each rank updates only its part (1 / ranks) of what they average "
-     "(master weights and momentum, ZeRO stage 1) and puts its updated weights into the other ranks' memory "
-     "under the next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
+     "(master weights and the optimizer's state, ZeRO stage 1) and puts its updated weights into the other ranks' "
+     "memory under the next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
      "off: every rank updates every parameter", 0},
     {"dist.socket_threads", CFG_INT, "4", 0,
      "data-parallel over NCCL's socket transport (hosts without InfiniBand): helper threads per connection "

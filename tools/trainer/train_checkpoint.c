@@ -401,8 +401,8 @@ static void load_optimizer(Trainer *t, CkptFile *f, const char *path, int packed
                       "state does not carry over): resume with optim.name = %s, or start from its weights alone "
                       "with trainc export and run.init_from", path, optim.name, want, optim.name);
     if (!t->model.adam) return;
-    if (optim.adam_steps < 0) TC_USER_ERROR("run.resume: %s: corrupt Adam step count %lld", path,
-                                            (long long)optim.adam_steps);
+    if (optim.adam_steps < 0)
+        TC_USER_ERROR("run.resume: %s: corrupt Adam step count %lld", path, (long long)optim.adam_steps);
     float *host = malloc(t->model.n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
     read_params_section(t, f, "second_moment", packed, host);

@@ -139,11 +139,12 @@ void grad_buckets_await_weights(GradBuckets *b, size_t first, size_t end, cudaSt
 /* 'compute' waits for everything on the comm stream so far. */
 void grad_buckets_join(GradBuckets *b, cudaStream_t compute);
 /* Sharded, collective, outside a step: every rank gets the whole state (the
- * weights updated by the other ranks, and the master weights and momentum each
- * owner alone updated), for a checkpoint, an evaluation or the run's end.
+ * weights updated by the other ranks, and what each owner alone updated: the
+ * n_state buffers of n floats in state, the master weights and the optimizer's
+ * state, such as momentum), for a checkpoint, an evaluation or the run's end.
  * Ordered on 'stream'. The next step sends the weights once more, as a step
  * captured in a CUDA graph does anyway. Not sharded: nothing. */
-void grad_buckets_sync_state(GradBuckets *b, float *params, float *momentum, cudaStream_t stream);
+void grad_buckets_sync_state(GradBuckets *b, float *const *state, int n_state, cudaStream_t stream);
 /* A device int32 max-reduced over the ranks in every pass, with its first
  * launch (sharded: its last), under backward: the loss scaler's found-inf flag.
  * It must be final on 'compute' at the pass's first grad_buckets_ready and left

@@ -307,7 +307,7 @@ void grad_buckets_join(GradBuckets *b, cudaStream_t compute) {
     CUDA_CHECK(cudaStreamWaitEvent(compute, b->comm_done, 0));
 }
 
-void grad_buckets_sync_state(GradBuckets *b, float *params, float *momentum, cudaStream_t stream) {
+void grad_buckets_sync_state(GradBuckets *b, float *const *state, int n_state, cudaStream_t stream) {
     if (!b->shard) return;
     put_weights(b, stream);
     for (int k = 0; k < b->n_peer_ranges; k++)
@@ -317,8 +317,8 @@ void grad_buckets_sync_state(GradBuckets *b, float *params, float *momentum, cud
     for (int k = 0; k < b->n_peer_ranges; k++)
         for (int owner = 0; owner < b->dist->world; owner++) {
             GradBucket part = part_of(b, b->peer_ranges[k], owner);
-            for (int which = 0; which < 2 && part.count > 0; which++) {
-                float *buf = (which ? momentum : params) + part.first;
+            for (int which = 0; which < n_state && part.count > 0; which++) {
+                float *buf = state[which] + part.first;
                 NCCL_CHECK(ncclBroadcast(buf, buf, part.count, ncclFloat32, owner, b->dist->nccl, stream));
             }
         }

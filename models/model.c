@@ -736,6 +736,8 @@ static void carve_buffers(Model *m, Arena *a) {
     m->weights = half ? arena_alloc(a, m->n_params * esize, "half-precision weights") : m->params;
     m->grads = arena_alloc(a, m->n_params * esize, "gradients");
     m->momentum = arena_alloc(a, m->n_params * sizeof(float), "momentum");
+    m->second_moment = m->adam ? arena_alloc(a, m->n_params * sizeof(float), "Adam's second moment") : NULL;
+    m->adam_steps = m->adam ? arena_alloc(a, sizeof(int64_t), "Adam's step count") : NULL;
     m->decay_mask = m->no_decay_bn_bias ? arena_alloc(a, m->n_params, "weight-decay mask") : NULL;
     m->lr_scale = needs_lr_scale(m) ? arena_alloc(a, m->n_params * sizeof(float), "learning-rate shares") : NULL;
     m->bn_running = m->n_bn_stats ? arena_alloc(a, m->n_bn_stats * sizeof(float), "batch-norm running statistics") : NULL;
@@ -919,7 +921,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     }
     if (m->fuse_graphs) graph_fusion_choose(m);
     model_init_params(m, seed);
-    op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
+    model_reset_optimizer(m);
     model_zero_grads(m);
 }
 
@@ -1058,6 +1060,41 @@ void model_muon_matrices(const Model *m, MuonMatrices *out) {
 
 void model_get_momentum(const Model *m, float *host) { download(m, host, m->momentum, m->n_params); }
 void model_set_momentum(Model *m, const float *host) { upload(m, m->momentum, host, m->n_params); }
+
+static void check_adam(const Model *m, const char *what) {
+    if (!m->adam) TC_FATAL("%s: the model keeps no Adam state (model.adam is 0)", what);
+}
+
+void model_get_second_moment(const Model *m, float *host) {
+    check_adam(m, __func__);
+    download(m, host, m->second_moment, m->n_params);
+}
+
+void model_set_second_moment(Model *m, const float *host) {
+    check_adam(m, __func__);
+    upload(m, m->second_moment, host, m->n_params);
+}
+
+int64_t model_get_adam_steps(const Model *m) {
+    int64_t steps;
+    check_adam(m, __func__);
+    op_copy_to_host(&m->ops, &steps, m->adam_steps, sizeof steps);
+    op_sync(&m->ops);
+    return steps;
+}
+
+void model_set_adam_steps(Model *m, int64_t steps) {
+    check_adam(m, __func__);
+    op_copy_from_host(&m->ops, m->adam_steps, &steps, sizeof steps);
+    op_sync(&m->ops);
+}
+
+void model_reset_optimizer(Model *m) {
+    op_fill(&m->ops, m->momentum, 0, m->n_params * sizeof(float));
+    if (!m->adam) return;
+    op_fill(&m->ops, m->second_moment, 0, m->n_params * sizeof(float));
+    op_fill(&m->ops, m->adam_steps, 0, sizeof(int64_t));
+}
 
 void model_get_bn_stats(const Model *m, float *host) {
     if (m->n_bn_stats) download(m, host, m->bn_running, m->n_bn_stats);

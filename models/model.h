@@ -188,6 +188,7 @@ typedef struct {
      * the trained convolutions' filters stepped by Muon, not SGD (their lr_scale 0: model_muon_matrices) */
     float head_lr_scale;
     int muon;
+    int adam;             /* set before model_finalize (model_init: 0): Adam's state beside momentum (ops/adamw.h) */
     void *recompute_region; /* shared by the insides of every block under checkpointing */
 
     size_t n_params;      /* the flat buffers' length: the parameters and the zeros that align each layer's */
@@ -196,7 +197,9 @@ typedef struct {
     void *grads;          /* flat, n_params, activation dtype; parameter gradients are accumulated into it */
     int grads_zeroed;     /* grads hold zeros (model_zero_grads; model_backward clears it): backward's
                              convolutions overwrite their filter gradients (conv2d's CONV2D_ADD_DW off) */
-    float *momentum;      /* flat, n_params */
+    float *momentum;      /* flat, n_params (Adam's first moment under adam) */
+    float *second_moment; /* adam: flat, n_params, Adam's second moment; NULL otherwise */
+    int64_t *adam_steps;  /* adam: Adam's step count, counted on the device (adamw_count_step); NULL otherwise */
     uint8_t *decay_mask;  /* n_params, 1 where weight decay applies; NULL: everywhere */
     float *lr_scale;      /* n_params, each parameter's share of the learning rate (ops/sgd.h; 0: frozen); NULL:
                              1 everywhere. Reset by model_reset_lr_scale */
@@ -394,6 +397,14 @@ void model_unpack_params(const Model *m, const float *packed, float *params);
 /* The same for the optimizer's momentum buffer (n_params floats, fp32). */
 void model_get_momentum(const Model *m, float *host);
 void model_set_momentum(Model *m, const float *host);
+/* adam: the second moment (n_params floats, fp32) and the step count. */
+void model_get_second_moment(const Model *m, float *host);
+void model_set_second_moment(Model *m, const float *host);
+int64_t model_get_adam_steps(const Model *m);
+void model_set_adam_steps(Model *m, int64_t steps);
+/* The optimizer's state back to a fresh start: momentum, and under adam the
+ * second moment and the step count, all 0. */
+void model_reset_optimizer(Model *m);
 
 /* Layer i's forward FLOPs for the whole batch as built, before any fusion: a convolution's and a linear
  * layer's 2 per multiply-add, any other layer's one per output element (trainc summary, profile). */

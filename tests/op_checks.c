@@ -11,6 +11,18 @@ void check_values(const char *what, const float *got, const double *want, size_t
                   what, i, got[i], want[i]);
 }
 
+void check_rel_l2(const char *what, const float *got, const double *want, size_t n, double tol) {
+    double diff2 = 0, norm2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = isnan(got[i]) ? INFINITY : got[i] - want[i];
+        diff2 += d * d;
+        norm2 += want[i] * want[i];
+    }
+    double rel = sqrt(diff2) / (norm2 > 0 ? sqrt(norm2) : 1.0);
+    printf("  %-66s rel err %.2e (bound %.1e)\n", what, rel, tol);
+    CHECK_MSG(rel <= tol, "%s: relative error %.3g > %.3g", what, rel, tol);
+}
+
 void numeric_gradient(float *param, size_t n, float eps, LossFn loss, void *ctx, double *grad) {
     for (size_t i = 0; i < n; i++) {
         float saved = param[i];

@@ -7,6 +7,8 @@
 
 /* got[i] within tol * (1 + |want[i]|) of want[i], for every i. */
 void check_values(const char *what, const float *got, const double *want, size_t n, double tol);
+/* got against a double-precision want: the relative L2 error within tol (NaN fails), printed. */
+void check_rel_l2(const char *what, const float *got, const double *want, size_t n, double tol);
 
 typedef double (*LossFn)(void *ctx);
 

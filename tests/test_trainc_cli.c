@@ -221,6 +221,37 @@ static void check_gpu_keys_on_cpu(void) {
     CHECK(strstr(output, "train.c") == NULL);
 }
 
+/* optim.name: another optimizer's keys away from their defaults are refused,
+ * each with where it came from; the new keys' ranges. */
+static void check_optimizer_keys(void) {
+    const char *base = "--config configs/baseline.ini --device cpu";
+    char args[512], want[512];
+    snprintf(args, sizeof args, "%s --set optim.name=adamw --set optim.nesterov=on", base);
+    expect_error(args, "trainc: error: --set: optim.nesterov = on: is SGD's (optim.name = sgd or muon), not adamw's: "
+                 "adamw takes optim.beta1, optim.beta2 and optim.eps\n");
+    int line = line_of("configs/resnet18.ini", "nesterov = on");
+    CHECK(line > 0);
+    snprintf(want, sizeof want, "configs/resnet18.ini:%d: optim.nesterov = on: is SGD's", line);
+    expect_error("--config configs/resnet18.ini --device cpu --set optim.name=adam", want);
+    snprintf(args, sizeof args, "%s --set optim.name=adam --set optim.momentum=0.5 --set optim.muon_lr=0.1", base);
+    expect_error(args, "2 problems with the settings");
+    CHECK_MSG(strstr(output, "optim.momentum = 0.5: is SGD's") && strstr(output, "optim.muon_lr = 0.1: is Muon's "
+              "(optim.name = muon), not adam's"), "%s", output);
+    snprintf(args, sizeof args, "%s --set optim.beta1=0.8", base);
+    expect_error(args, "--set: optim.beta1 = 0.8: is Adam's (optim.name = adamw or adam), not sgd's");
+    snprintf(args, sizeof args, "%s --set optim.muon=on --set optim.eps=1e-6", base);
+    expect_error(args, "optim.eps = 1e-6: is Adam's (optim.name = adamw or adam), not muon's");
+    snprintf(args, sizeof args, "%s --set optim.name=adamw --set optim.muon=on", base);
+    expect_error(args, "--set: optim.muon = on: steps the filters beside SGD (optim.name = muon), not beside");
+    snprintf(args, sizeof args, "%s --set optim.name=lion", base);
+    expect_error(args, "optim.name");
+    CHECK_MSG(strstr(output, "sgd, muon, adamw, adam") || strstr(output, "sgd|muon|adamw|adam"), "%s", output);
+    snprintf(args, sizeof args, "%s --set optim.name=adamw --set optim.beta2=1", base);
+    expect_error(args, "optim.beta2 = 1 is out of range: allowed [0, 1)");
+    snprintf(args, sizeof args, "%s --set optim.name=adamw --set optim.eps=0", base);
+    expect_error(args, "optim.eps = 0 is out of range: allowed (0, 1]");
+}
+
 /* SIGTERM mid-run: the hint to resume names the program as it was started. */
 /* docs/config-keys.md is what `trainc keys` prints from the schema: a key
  * added or changed without regenerating the page fails here. */
@@ -369,6 +400,7 @@ int main(void) {
     check_command_line(dir);
     check_ranges(dir);
     check_gpu_keys_on_cpu();
+    check_optimizer_keys();
     check_resume_hint(dir);
 
     /* --print-config output loads back and prints the same. */

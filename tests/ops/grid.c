@@ -31,6 +31,7 @@
     X(cast) \
     X(loss_scaler) \
     X(sgd) \
+    X(adamw) \
     X(grad_norm) \
     X(bias_relu) \
     X(bias_relu_pool) \
@@ -99,6 +100,12 @@ void grid_check_same(const GridCase *c, const char *what, const void *got, const
     CHECK_MSG(memcmp(got, want, bytes) == 0, "%s %s: not the same bits", c->name, what);
 }
 
+void grid_check_kept(const GridCase *c, const char *what, const void *buf, const void *before, size_t bytes) {
+    void *now = grid_get_bytes(c, buf, bytes);
+    grid_check_same(c, what, now, before, bytes);
+    free(now);
+}
+
 float *grid_random(const GridCase *c, DType dt, size_t n, float lo, float hi) {
     float *p = host_floats(n);
     test_fill_uniform(p, n, c->rng, lo, hi);
@@ -137,6 +144,19 @@ float *grid_shuffled_distinct(uint64_t *rng, size_t n, float gap) {
 
 void grid_fill_nan(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+float *grid_random_shares(uint64_t *rng, size_t n) {
+    static const float shares[4] = {0.0f, 0.5f, 1.0f, 64.0f};
+    float *share = host_floats(n);
+    for (size_t i = 0; i < n; i++) share[i] = shares[(int)test_uniform(rng, 0.0f, 3.99f)];
+    return share;
+}
+
+uint8_t *grid_random_mask(uint64_t *rng, size_t n) {
+    uint8_t *mask = host_bytes(n);
+    for (size_t i = 0; i < n; i++) mask[i] = test_uniform(rng, 0, 1) < 0.5f ? 0 : (uint8_t)(1 + i % 7);
+    return mask;
 }
 
 static void *grid_bytes(const GridCase *c, size_t bytes) {

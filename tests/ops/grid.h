@@ -74,6 +74,8 @@ void grid_check_sums(const GridCase *c, const char *what, const float *got, cons
                      const double *magnitude, int k, double bound);
 /* The same bytes (bit for bit). */
 void grid_check_same(const GridCase *c, const char *what, const void *got, const void *want, size_t bytes);
+/* The bytes of buf on c's device are still those of before (host), bit for bit. */
+void grid_check_kept(const GridCase *c, const char *what, const void *buf, const void *before, size_t bytes);
 
 /* Host values: n uniform in [lo, hi), rounded to dt (f32: as drawn). */
 float *grid_random(const GridCase *c, DType dt, size_t n, float lo, float hi);
@@ -85,6 +87,11 @@ int32_t *grid_random_labels(const GridCase *c, int n, int classes);
  * perturbation smaller than gap / 2. */
 float *grid_shuffled_distinct(uint64_t *rng, size_t n, float gap);
 void grid_fill_nan(float *x, size_t n);
+/* The optimizers' per-parameter inputs (ops/sgd.h): shares of the learning
+ * rate as airbench's groups have them (frozen 0, 0.5, the weights' own 1, the
+ * BN biases' 64), and a weight-decay mask, half of it 0, the rest 1 to 7. */
+float *grid_random_shares(uint64_t *rng, size_t n);
+uint8_t *grid_random_mask(uint64_t *rng, size_t n);
 
 /* Buffers on c's device. put: n host floats stored as dt; get: n elements of
  * dt as new host floats; alloc: n elements of dt, every byte 0xff (NaN in

@@ -76,17 +76,10 @@ static void sgd_mixed(const GridCase *c, DType half_dtype, int use_scaler, SgdPa
         grad[n / 2] = INFINITY;
         grid_set(c, dt, d_grad, grad, n);
         mixed_step(c, d_master, d_grad, d_m, d_half, half_dtype, n, d_lr, d_state, p);
-        float *smaster = grid_get(c, DTYPE_F32, d_master, n), *sm = grid_get(c, DTYPE_F32, d_m, n);
-        grid_check_same(c, "sgd_mixed master (skipped step)", smaster, gmaster, n * sizeof(float));
-        grid_check_same(c, "sgd_mixed momentum (skipped step)", sm, gm, n * sizeof(float));
-        if (with_copy) {
-            void *half_after = grid_get_bytes(c, d_half, half_bytes);
-            grid_check_same(c, "sgd_mixed half copy (skipped step)", half_after, half_before, half_bytes);
-            free(half_after);
-        }
-        LossScalerState *after = grid_get_bytes(c, d_state, sizeof skip);
-        CHECK_MSG(!memcmp(after, &skip, sizeof skip), "%s: sgd_mixed changed the scaler state", c->name);
-        free(smaster), free(sm), free(after);
+        grid_check_kept(c, "sgd_mixed master (skipped step)", d_master, gmaster, n * sizeof(float));
+        grid_check_kept(c, "sgd_mixed momentum (skipped step)", d_m, gm, n * sizeof(float));
+        if (with_copy) grid_check_kept(c, "sgd_mixed half copy (skipped step)", d_half, half_before, half_bytes);
+        grid_check_kept(c, "sgd_mixed scaler state (skipped step)", d_state, &skip, sizeof skip);
     }
     void *dev[] = {d_master, d_m, d_grad, d_half, d_lr, d_state};
     grid_free_all(c, dev, GRID_COUNT(dev));
@@ -94,21 +87,12 @@ static void sgd_mixed(const GridCase *c, DType half_dtype, int use_scaler, SgdPa
     host_free_all(host, GRID_COUNT(host));
 }
 
-/* Shares of the learning rate as airbench's groups have them: frozen, the
- * weights' own, the BN biases' 64, and one between. */
-static float *random_shares(uint64_t *rng, size_t n) {
-    static const float shares[4] = {0.0f, 0.5f, 1.0f, 64.0f};
-    float *share = host_floats(n);
-    for (size_t i = 0; i < n; i++) share[i] = shares[(int)test_uniform(rng, 0.0f, 3.99f)];
-    return share;
-}
-
 /* The plain fp32 step on the GPU against the CPU's, three steps; with
  * lr_scale, each parameter's share drawn from {0, 0.5, 1, 64}. */
 static void sgd_plain_gpu(const GridCase *c, size_t n, SgdParams p, int lr_scale) {
     printf(" plain step n=%zu momentum %g weight_decay %g nesterov %d%s\n", n, p.momentum, p.weight_decay, p.nesterov,
            lr_scale ? " lr_scale" : "");
-    float *share = lr_scale ? random_shares(c->rng, n) : NULL, *d_share = NULL;
+    float *share = lr_scale ? grid_random_shares(c->rng, n) : NULL, *d_share = NULL;
     SgdParams pd = p;
     if (share) {
         p.lr_scale = share;
@@ -139,12 +123,6 @@ static void sgd_plain_gpu(const GridCase *c, size_t n, SgdParams p, int lr_scale
 
 /* ---- the weight-decay mask (ResNet's recipe: no decay on biases and BN) ---------- */
 
-static uint8_t *random_mask(uint64_t *rng, size_t n) {
-    uint8_t *mask = host_bytes(n);
-    for (size_t i = 0; i < n; i++) mask[i] = test_uniform(rng, 0, 1) < 0.5f ? 0 : (uint8_t)(1 + i % 7);
-    return mask;
-}
-
 static float *uniform_floats(uint64_t *rng, size_t n, float lo, float hi) {
     float *p = host_floats(n);
     test_fill_uniform(p, n, rng, lo, hi);
@@ -165,7 +143,7 @@ static void sgd_mask_gpu(const GridCase *c, size_t n, SgdParams p) {
     float lr = 0.05f;
     float *w = grid_random(c, DTYPE_F32, n, -1, 1), *m = grid_random(c, DTYPE_F32, n, -0.1f, 0.1f);
     float *grad = grid_random(c, DTYPE_F16, n, -1, 1);
-    uint8_t *mask = random_mask(c->rng, n), *d_mask = grid_put_bytes(c, mask, n);
+    uint8_t *mask = grid_random_mask(c->rng, n), *d_mask = grid_put_bytes(c, mask, n);
     float *d_lr = grid_put(c, DTYPE_F32, &lr, 1), *d_grad = grid_put(c, DTYPE_F32, grad, n);
     void *d_grad16 = grid_put(c, DTYPE_F16, grad, n), *d_half = grid_alloc(c, DTYPE_F16, n);
     LossScalerState one = loss_scaler_initial(1.0f);
@@ -216,7 +194,7 @@ static void sgd_mask_cpu(uint64_t *rng, SgdParams p) {
     float lr = 0.05f;
     float *w = uniform_floats(rng, n, -1, 1), *m = uniform_floats(rng, n, -0.1f, 0.1f);
     float *grad = uniform_floats(rng, n, -1, 1);
-    uint8_t *mask = random_mask(rng, n);
+    uint8_t *mask = grid_random_mask(rng, n);
     float *wd_w = copy_floats(w, n), *wd_m = copy_floats(m, n); /* every parameter decays */
     float *no_w = copy_floats(w, n), *no_m = copy_floats(m, n); /* none does */
     float *mk_w = copy_floats(w, n), *mk_m = copy_floats(m, n); /* masked */
@@ -309,17 +287,6 @@ static void torch_sgd_step(double *p, const double *grad, double *buf, size_t n,
     }
 }
 
-static void check_close(const char *what, const float *got, const double *want, size_t n, double tol) {
-    double diff2 = 0, norm2 = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = isnan(got[i]) ? INFINITY : got[i] - want[i];
-        diff2 += d * d;
-        norm2 += want[i] * want[i];
-    }
-    double rel = sqrt(diff2) / (norm2 > 0 ? sqrt(norm2) : 1.0);
-    CHECK_MSG(rel <= tol, "%s: relative error %.3g > %.3g", what, rel, tol);
-}
-
 static void sgd_against_torch(uint64_t *rng, float momentum, float weight_decay, int nesterov) {
     size_t n = 1000;
     const float lrs[5] = {0.1f, 0.05f, 0.2f, 0.01f, 0.1f}; /* a schedule, through the pointer */
@@ -337,10 +304,10 @@ static void sgd_against_torch(uint64_t *rng, float momentum, float weight_decay,
     }
     char what[120];
     snprintf(what, sizeof what, "sgd momentum %g wd %g nesterov %d: w", momentum, weight_decay, nesterov);
-    check_close(what, w, pw, n, 1e-6);
+    check_rel_l2(what, w, pw, n, 1e-6);
     if (momentum != 0) {
         snprintf(what, sizeof what, "sgd momentum %g wd %g nesterov %d: m", momentum, weight_decay, nesterov);
-        check_close(what, m, pbuf, n, 1e-5);
+        check_rel_l2(what, m, pbuf, n, 1e-5);
     }
     free(w), free(m), free(g), free(pw), free(pbuf), free(pg);
 }
@@ -388,7 +355,7 @@ static void sgd_mixed_is_plain(uint64_t *rng, SgdParams p) {
 static void sgd_lr_scale(uint64_t *rng) {
     enum { N = 400 };
     float momentum = 0.85f, wd = 1.36f;
-    float *w = host_floats(N), *m = host_floats(N), *g = host_floats(N), *share = random_shares(rng, N);
+    float *w = host_floats(N), *m = host_floats(N), *g = host_floats(N), *share = grid_random_shares(rng, N);
     double pw[N], pbuf[N] = {0}, pg[N];
     test_fill_uniform(w, N, rng, -1, 1);
     for (int i = 0; i < N; i++) pw[i] = w[i];
@@ -404,7 +371,7 @@ static void sgd_lr_scale(uint64_t *rng) {
                 torch_sgd_step(&pw[i], &pg[i], &pbuf[i], 1, (double)lrs[step] * share[i], momentum, wd / share[i], 1,
                                step == 0);
     }
-    check_close("sgd lr_scale: w as torch's groups", w, pw, N, 1e-6);
+    check_rel_l2("sgd lr_scale: w as torch's groups", w, pw, N, 1e-6);
     for (int i = 0; i < N; i++)
         CHECK_MSG(share[i] != 0.0f || (w[i] == w0[i] && m[i] == 0.0f), "sgd lr_scale 0 moved parameter %d", i);
     float *ones = host_floats(N), *w_one = copy_floats(w0, N), *m_one = host_floats(N);

@@ -33,7 +33,7 @@ const CfgKeySpec trainc_keys[] = {
      "argmax: flip, the image and its mirror; flip_translate, airbench's 0.5 x that pair's mean plus 0.25 x the "
      "pair's mean for the image translated by one pixel up-left and by one down-right (reflect padding)", 0},
     {"run.checkpoint_every", CFG_INT, "0", 0,
-     "write a checkpoint (weights, momentum, loss scaler, data position) every N steps (0: off; "
+     "write a checkpoint (weights, the optimizer's state, loss scaler, data position) every N steps (0: off; "
      "SIGINT/SIGTERM still write one)", "[0, 1000000000000]"},
     {"run.checkpoint_dir", CFG_STRING, "checkpoints", 0, "where checkpoints go: ckpt-<step>.trc", 0},
     {"run.keep_checkpoints", CFG_INT, "3", 0, "keep the newest N checkpoints, delete older ones (0: keep all)",
@@ -193,9 +193,23 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.lr", CFG_FLOAT32, "0.01", 0,
      "learning rate of the global batch (train.batch x memory.accumulate x ranks); never rescaled by trainc",
      "(0, inf)"},
-    {"optim.momentum", CFG_FLOAT32, "0.9", 0, "SGD momentum", "[0, 1)"},
-    {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum", 0},
-    {"optim.weight_decay", CFG_FLOAT32, "0", 0, "L2 weight decay", "[0, inf)"},
+    {"optim.name", CFG_ENUM, "sgd", "sgd|muon|adamw|adam",
+     "the optimizer, on the device, as one fused pass over the parameters: sgd, SGD with momentum (PyTorch's "
+     "torch.optim.SGD, no dampening); muon, the trained convolutions' filters by Muon and the rest by SGD "
+     "(optim.muon); adamw, torch.optim.AdamW (decoupled weight decay); adam, torch.optim.Adam (L2 weight decay "
+     "in the gradient); both without amsgrad, their step count on the device, a step the loss scaler skips not "
+     "counted. A key of another optimizer away from its default is refused", 0},
+    {"optim.momentum", CFG_FLOAT32, "0.9", 0, "SGD momentum (optim.name = sgd, muon)", "[0, 1)"},
+    {"optim.nesterov", CFG_BOOL, "off", 0, "Nesterov momentum (optim.name = sgd, muon)", 0},
+    {"optim.beta1", CFG_FLOAT32, "0.9", 0, "Adam's first-moment decay (optim.name = adamw, adam; PyTorch's betas[0])",
+     "[0, 1)"},
+    {"optim.beta2", CFG_FLOAT32, "0.999", 0,
+     "Adam's second-moment decay (optim.name = adamw, adam; PyTorch's betas[1])", "[0, 1)"},
+    {"optim.eps", CFG_FLOAT32, "1e-08", 0,
+     "added to Adam's root of the bias-corrected second moment (optim.name = adamw, adam)", "(0, 1]"},
+    {"optim.weight_decay", CFG_FLOAT32, "0", 0,
+     "weight decay: sgd, muon and adam add weight_decay x w to the gradient (L2); adamw multiplies each weight by "
+     "1 - lr x weight_decay before its step (decoupled; PyTorch's AdamW default is 0.01, trainc's 0)", "[0, inf)"},
     {"optim.decay_bn_bias", CFG_BOOL, "on", 0, "off: weight decay leaves out biases and batch-norm parameters", 0},
     {"optim.bn_bias_lr_scale", CFG_FLOAT32, "1", 0,
      "batch norm's bias (beta) steps with optim.lr times this, its weight decay per step unchanged (decoupled: "
@@ -206,7 +220,7 @@ const CfgKeySpec trainc_keys[] = {
     {"optim.muon", CFG_BOOL, "off", 0,
      "Muon for the trained convolutions' filters: Nesterov momentum orthogonalised by a Newton-Schulz "
      "iteration, each filter first scaled to norm sqrt(output channels), no weight decay (ops/muon.h); every "
-     "other parameter stays with SGD", 0},
+     "other parameter stays with SGD (the older spelling of optim.name = muon)", 0},
     {"optim.muon_lr", CFG_FLOAT32, "0.24", 0,
      "Muon's learning rate; the schedule scales it as it scales optim.lr", "(0, 1000]"},
     {"optim.muon_momentum", CFG_FLOAT32, "0.6", 0, "Muon's Nesterov momentum", "[0, 1)"},
@@ -289,8 +303,8 @@ const CfgKeySpec trainc_keys[] = {
      "alone; on: stop if they cannot; off: NCCL alone", 0},
     {"dist.shard_optimizer", CFG_ENUM, "auto", "auto|on|off",
      "data-parallel through the copy engines: each rank updates only its part (1 / ranks) of what they average "
-     "(master weights and momentum, ZeRO stage 1) and puts its updated weights into the other ranks' memory "
-     "under the next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
+     "(master weights and the optimizer's state, ZeRO stage 1) and puts its updated weights into the other ranks' "
+     "memory under the next forward pass; auto: wherever the copy engines average and optim.clip_norm is 0; on: stop if not; "
      "off: every rank updates every parameter", 0},
     {"dist.socket_threads", CFG_INT, "4", 0,
      "data-parallel over NCCL's socket transport (hosts without InfiniBand): helper threads per connection "

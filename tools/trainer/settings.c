@@ -190,7 +190,15 @@ static void fill_model_and_optim(const Config *cfg, TrainSettings *s) {
     s->optim.decay_bn_bias = config_bool(cfg, "optim.decay_bn_bias");
     s->optim.bn_bias_lr_scale = (float)config_float(cfg, "optim.bn_bias_lr_scale");
     s->optim.head_lr_scale = (float)config_float(cfg, "optim.head_lr_scale");
-    s->optim.muon = config_bool(cfg, "optim.muon");
+    s->optim.name = is(cfg, "optim.name", "muon")    ? OPTIM_MUON
+                  : is(cfg, "optim.name", "adamw") ? OPTIM_ADAMW
+                  : is(cfg, "optim.name", "adam")  ? OPTIM_ADAM
+                                                   : OPTIM_SGD;
+    s->optim.muon = config_bool(cfg, "optim.muon") || s->optim.name == OPTIM_MUON;
+    if (s->optim.muon && s->optim.name == OPTIM_SGD) s->optim.name = OPTIM_MUON; /* the older spelling */
+    s->optim.beta1 = (float)config_float(cfg, "optim.beta1");
+    s->optim.beta2 = (float)config_float(cfg, "optim.beta2");
+    s->optim.eps = (float)config_float(cfg, "optim.eps");
     s->optim.muon_lr = (float)config_float(cfg, "optim.muon_lr");
     s->optim.muon_momentum = (float)config_float(cfg, "optim.muon_momentum");
     s->optim.muon_ns_steps = (int)config_int(cfg, "optim.muon_ns_steps");
@@ -301,6 +309,45 @@ static void check_data_keys(ConfigProblems *p, const TrainSettings *s) {
             "needs a data set (data.source = synthetic makes its own test images)");
 }
 
+/* key holds its default value (the schema's, parsed as the key's type). */
+static int at_default(const Config *cfg, const char *key) {
+    for (int k = 0; k < trainc_n_keys; k++) {
+        const CfgKeySpec *spec = &trainc_keys[k];
+        if (strcmp(spec->key, key) != 0) continue;
+        switch (spec->type) {
+        case CFG_BOOL: return config_bool(cfg, key) == (strcmp(spec->default_value, "on") == 0);
+        case CFG_INT: return config_int(cfg, key) == strtoll(spec->default_value, NULL, 10);
+        case CFG_FLOAT32: return (float)config_float(cfg, key) == strtof(spec->default_value, NULL);
+        case CFG_FLOAT: return config_float(cfg, key) == strtod(spec->default_value, NULL);
+        default: return strcmp(config_str(cfg, key), spec->default_value) == 0;
+        }
+    }
+    TC_FATAL("at_default: %s is not a key", key);
+}
+
+/* The keys of one optimizer set, away from their defaults, with another: they
+ * would change nothing, so they are refused rather than ignored. */
+static void check_optim_keys(ConfigProblems *p, const TrainSettings *s) {
+    static const char *const sgd_keys[] = {"optim.momentum", "optim.nesterov"};
+    static const char *const muon_keys[] = {"optim.muon_lr", "optim.muon_momentum", "optim.muon_ns_steps"};
+    static const char *const adam_keys[] = {"optim.beta1", "optim.beta2", "optim.eps"};
+    const Config *cfg = s->config;
+    const char *name = settings_optim_name(s->optim.name);
+    int adam = optim_is_adam(s->optim.name);
+    require(p, !adam || !config_bool(cfg, "optim.muon"), "optim.muon",
+            "steps the filters beside SGD (optim.name = muon), not beside optim.name = adamw or adam");
+    for (int i = 0; adam && i < 2; i++)
+        if (!at_default(cfg, sgd_keys[i]))
+            config_problem(p, sgd_keys[i], "is SGD's (optim.name = sgd or muon), not %s's: %s takes optim.beta1, "
+                           "optim.beta2 and optim.eps", name, name);
+    for (int i = 0; s->optim.name != OPTIM_MUON && i < 3; i++)
+        if (!at_default(cfg, muon_keys[i]))
+            config_problem(p, muon_keys[i], "is Muon's (optim.name = muon), not %s's", name);
+    for (int i = 0; !adam && i < 3; i++)
+        if (!at_default(cfg, adam_keys[i]))
+            config_problem(p, adam_keys[i], "is Adam's (optim.name = adamw or adam), not %s's", name);
+}
+
 static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     const Config *cfg = s->config;
     long first, last;
@@ -317,7 +364,9 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     require(p, s->optim.warmup_epochs <= s->run.epochs, "optim.warmup_epochs", "must be at most run.epochs");
     require(p, s->optim.schedule != LR_CONSTANT || s->optim.warmup_epochs == 0, "optim.warmup_epochs",
             "needs optim.schedule = cosine, onecycle or linear");
-    require(p, !s->optim.nesterov || s->optim.momentum > 0, "optim.nesterov", "needs optim.momentum > 0");
+    require(p, !s->optim.nesterov || s->optim.momentum > 0 || optim_is_adam(s->optim.name), "optim.nesterov",
+            "needs optim.momentum > 0");
+    check_optim_keys(p, s);
     require(p, s->dist.socket_threads * s->dist.sockets_per_thread <= 64, "dist.sockets_per_thread",
             "times dist.socket_threads must be at most 64 (NCCL's limit)");
     /* The async path holds the previous batch while its copy is in flight. */
@@ -355,9 +404,15 @@ void settings_read(const Config *cfg, int world, TrainSettings *s) {
      * buffer holds k times the mean gradient of the whole batch. SGD on k*g
      * with lr/k, weight decay k*wd and momentum as usual takes exactly the step
      * of SGD on g with lr and wd (the momentum buffer holds k times its value). */
+    if (optim_is_adam(s->optim.name)) return; /* Adam's step divides the gradient by k (AdamwParams.accumulate) */
     s->optim.lr /= (float)s->memory.accumulate;
     s->optim.final_lr /= (float)s->memory.accumulate;
     s->optim.weight_decay *= (float)s->memory.accumulate;
+}
+
+const char *settings_optim_name(OptimName name) {
+    static const char *const names[] = {"sgd", "muon", "adamw", "adam"};
+    return names[name];
 }
 
 void settings_fail(const TrainSettings *s, const char *key, const char *fmt, ...) {

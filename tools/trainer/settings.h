@@ -21,6 +21,9 @@ typedef enum { SWITCH_OFF, SWITCH_ON, SWITCH_AUTO } Switch;
 typedef enum { DATA_CACHE_AUTO, DATA_CACHE_DECODED, DATA_CACHE_STREAM } DataCache;
 typedef enum { DATA_DECODE_AUTO, DATA_DECODE_CPU, DATA_DECODE_GPU } DataDecode;
 
+/* optim.name; optim.muon = on is the older spelling of muon (SGD with Muon for the filters). */
+typedef enum { OPTIM_SGD, OPTIM_MUON, OPTIM_ADAMW, OPTIM_ADAM } OptimName;
+
 /* model.fuse = graphs: on, and the convolutions' fused cuDNN graphs (models/graph_fusion.c). */
 #define MODEL_FUSE_GRAPHS 2
 
@@ -68,6 +71,8 @@ typedef struct {
     /* lr, final_lr and weight_decay as the accumulated gradient needs them
      * (see settings_read). */
     struct {
+        OptimName name;
+        float beta1, beta2, eps; /* adamw, adam */
         float lr, momentum, weight_decay, warmup_epochs, warmup_start_factor, final_lr, label_smoothing, clip_norm;
         float bn_bias_lr_scale, head_lr_scale, lookahead_alpha, lookahead_power;
         int muon, muon_ns_steps;
@@ -125,6 +130,9 @@ int settings_build_net(const TrainSettings *s, Model *m, int batch, int nhwc, ch
  * of key>: ..." and exit status 1, as config_fail. */
 void settings_fail(const TrainSettings *s, const char *key, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
+/* optim.name's spelling ("sgd", "muon", "adamw", "adam"), and whether it is Adam's kind. */
+const char *settings_optim_name(OptimName name);
+static inline int optim_is_adam(OptimName name) { return name == OPTIM_ADAMW || name == OPTIM_ADAM; }
 /* Where key's value came from ("file:line", "--set", "default"). */
 const char *settings_origin(const TrainSettings *s, const char *key);
 

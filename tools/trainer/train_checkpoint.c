@@ -13,7 +13,10 @@
  *   position     CkptPosition: where in the data order the next step starts
  *   data         CkptData: what the data order was made from (a change only warns)
  *   params       n_params fp32 master weights
- *   momentum     n_params fp32
+ *   momentum     n_params fp32 (Adam's first moment under optim.name = adamw or adam)
+ *   second_moment n_params fp32: Adam's (optim.name = adamw or adam only)
+ *   optimizer    CkptOptim: optim.name and Adam's step count; checkpoints written
+ *                before it was recorded are of SGD or Muon
  *   loss_scaler  LossScalerState
  *   bn_stats     n_bn_stats fp32: batch norms' running statistics (nets that have them)
  *   meta         JSON: the model, its input preparation and class names (export.h)
@@ -32,6 +35,11 @@ typedef struct {
 typedef struct {
     int64_t seed, batch, train_images, shuffle;
 } CkptData;
+
+typedef struct {
+    char name[16];      /* optim.name */
+    int64_t adam_steps; /* Adam's step count: the steps the loss scaler did not skip (0 for SGD) */
+} CkptOptim;
 
 static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
     const unsigned char *p = data;
@@ -142,9 +150,14 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     memcpy(prep.std, t->set.data.std, sizeof prep.std);
     char *meta = export_meta_json(m, t->set.model.name, &prep, t->data.train.class_names, t->data.train.num_classes);
     char *tensors = export_tensors_json(m);
-    CkptWriter *w = ckpt_write_begin(path, 8 + (stat_bytes > 0) + (t->net_text != NULL), err, n);
+    CkptOptim optim;
+    memset(&optim, 0, sizeof optim);
+    snprintf(optim.name, sizeof optim.name, "%s", settings_optim_name(t->set.optim.name));
+    if (m->adam) optim.adam_steps = model_get_adam_steps(m);
+    CkptWriter *w = ckpt_write_begin(path, 9 + (stat_bytes > 0) + m->adam + (t->net_text != NULL), err, n);
     if (w && ckpt_write_section(w, "model", &cm, sizeof cm, err, n) == 0 &&
         (!t->net_text || ckpt_write_section(w, "net", t->net_text, strlen(t->net_text), err, n) == 0) &&
+        ckpt_write_section(w, "optimizer", &optim, sizeof optim, err, n) == 0 &&
         ckpt_write_section(w, "meta", meta, strlen(meta), err, n) == 0 &&
         ckpt_write_section(w, "tensors", tensors, strlen(tensors), err, n) == 0 &&
         ckpt_write_section(w, "position", &pos, sizeof pos, err, n) == 0 &&
@@ -154,7 +167,12 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
         model_get_params(m, host);
         if (ckpt_write_section(w, "params", host, m->n_params * sizeof(float), err, n) == 0) {
             model_get_momentum(m, host);
-            if (ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, n) == 0) {
+            int written = ckpt_write_section(w, "momentum", host, m->n_params * sizeof(float), err, n) == 0;
+            if (written && m->adam) {
+                model_get_second_moment(m, host);
+                written = ckpt_write_section(w, "second_moment", host, m->n_params * sizeof(float), err, n) == 0;
+            }
+            if (written) {
                 rc = ckpt_write_commit(w, err, n);
                 w = NULL;
             }
@@ -362,6 +380,39 @@ static void load_weights(Trainer *t, CkptFile *f, const char *path, int packed) 
     }
 }
 
+/* The optimizer's state beyond momentum: refused when the checkpoint's
+ * optimizer is not this run's (both named); Adam's second moment and step
+ * count. A checkpoint without the section is of SGD or Muon. */
+static void load_optimizer(Trainer *t, CkptFile *f, const char *path, int packed) {
+    char err[4400];
+    CkptOptim optim;
+    memset(&optim, 0, sizeof optim);
+    const char *want = settings_optim_name(t->set.optim.name);
+    if (ckpt_section_size(f, "optimizer") < 0) {
+        if (t->model.adam)
+            TC_USER_ERROR("run.resume: %s was written by SGD or Muon (before checkpoints named their optimizer), "
+                          "this run has optim.name = %s: resume with the checkpoint's optimizer, or start from its "
+                          "weights alone with trainc export and run.init_from", path, want);
+        return;
+    }
+    if (ckpt_read_section(f, "optimizer", &optim, sizeof optim, err, sizeof err) != 0)
+        TC_USER_ERROR("run.resume: %s", err);
+    optim.name[sizeof optim.name - 1] = 0;
+    if (strcmp(optim.name, want) != 0)
+        TC_USER_ERROR("run.resume: %s was written with optim.name = %s, this run has optim.name = %s (the optimizer's "
+                      "state does not carry over): resume with optim.name = %s, or start from its weights alone "
+                      "with trainc export and run.init_from", path, optim.name, want, optim.name);
+    if (!t->model.adam) return;
+    if (optim.adam_steps < 0)
+        TC_USER_ERROR("run.resume: %s: corrupt Adam step count %lld", path, (long long)optim.adam_steps);
+    float *host = malloc(t->model.n_params * sizeof(float));
+    if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
+    read_params_section(t, f, "second_moment", packed, host);
+    model_set_second_moment(&t->model, host);
+    free(host);
+    model_set_adam_steps(&t->model, optim.adam_steps);
+}
+
 /* Loads a checkpoint into the built model; returns where the data order goes on. */
 CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
     char err[4400];
@@ -381,6 +432,7 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
     if (packed) have.n_params = want.n_params;
     check_fits(t, path, &have, &want, &data, &pos);
     load_weights(t, f, path, packed);
+    if (!t->weights_only) load_optimizer(t, f, path, packed);
     if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
     t->seen.scaler = scaler;
     op_copy_from_host(&t->model.ops, t->buf.scaler, &scaler, sizeof scaler);

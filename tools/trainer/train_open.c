@@ -476,6 +476,7 @@ static void build_model(Trainer *t) {
     m->bn_bias_lr_scale = s->optim.bn_bias_lr_scale;
     m->head_lr_scale = s->optim.head_lr_scale;
     m->muon = s->optim.muon;
+    m->adam = optim_is_adam(s->optim.name);
     if (s->dist.sync_bn && !m->n_bn_stats) {
         if (t->ddp.dist->rank == 0) log_warn("dist.sync_bn = on: %s has no batch norm; ignored", s->model.name);
     } else if (s->dist.sync_bn && t->ddp.dist->world > 1) {
@@ -537,6 +538,20 @@ static void muon_open(Trainer *t) {
                                  .lr_mult = s->optim.muon_lr / s->optim.lr, .normalize_weights = 1};
 }
 
+/* optim.name = adamw or adam: the step's settings, its masks and clip factor SGD's. */
+static void adam_open(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    if (!t->model.adam) return;
+    t->optim.adam = (AdamwParams){.beta1 = s->optim.beta1, .beta2 = s->optim.beta2, .eps = s->optim.eps,
+                                  .weight_decay = s->optim.weight_decay, .decoupled = s->optim.name == OPTIM_ADAMW,
+                                  .accumulate = s->memory.accumulate, .decay_mask = t->model.decay_mask,
+                                  .grad_mult = t->buf.clip_factor, .lr_scale = t->model.lr_scale};
+    if (t->ddp.dist->rank == 0)
+        log_info("optimizer: %s, betas %g and %g, eps %g, weight decay %g (%s)", settings_optim_name(s->optim.name),
+                 s->optim.beta1, s->optim.beta2, s->optim.eps, s->optim.weight_decay,
+                 s->optim.name == OPTIM_ADAMW ? "decoupled" : "L2, in the gradient");
+}
+
 /* The model's buffers and ours on the device, and the SGD step's masks. */
 static void open_model(Trainer *t) {
     build_model(t);
@@ -553,6 +568,7 @@ static void open_model(Trainer *t) {
     t->optim.sgd.grad_mult = t->buf.clip_factor; /* NULL: no clipping */
     t->optim.muon.grad_mult = t->buf.clip_factor;
     t->optim.sgd.lr_scale = t->model.lr_scale;   /* NULL: every parameter at optim.lr */
+    adam_open(t);
     t->optim.whiten_layer = model_whitening_layer(&t->model);
     t->optim.whiten_prefix = whitening_frozen_prefix(&t->model);
     if (t->optim.whiten_layer >= 0) whiten_from_data(t, (uint64_t)t->set.run.seed);
@@ -681,7 +697,7 @@ void trainer_restart(Trainer *t, uint64_t seed) {
     model_init_params(&t->model, seed); /* the whitening bias's learning-rate share too */
     if (t->optim.whiten_layer >= 0) whiten_from_data(t, seed);
     lookahead_start(t);
-    op_fill(ctx, t->model.momentum, 0, t->model.n_params * sizeof(float));
+    model_reset_optimizer(&t->model);
     model_zero_grads(&t->model);
     t->seen.scaler = loss_scaler_initial(t->set.precision.scale_init);
     op_copy_from_host(ctx, t->buf.lr, &t->set.optim.lr, sizeof(float));

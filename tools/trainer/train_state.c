@@ -296,7 +296,8 @@ void device_sync(Trainer *t) { op_sync(&t->model.ops); }
 void sync_sharded_state(Trainer *t) {
     /* Every rank has the same step count, so all skip a second call alike. */
     if (!t->ddp.shard_optimizer || t->ddp.state_synced_step == t->step) return;
-    GPU_ONLY(grad_buckets_sync_state(&t->ddp.buckets, t->model.params, t->model.momentum, t->device.gpu.compute));
+    GPU_ONLY(Model *m = &t->model; float *state[] = {m->params, m->momentum, m->second_moment}; /* NULL: not adam */
+             grad_buckets_sync_state(&t->ddp.buckets, state, m->second_moment ? 3 : 2, t->device.gpu.compute));
     device_sync(t);
     t->ddp.state_synced_step = t->step;
 }

@@ -113,34 +113,49 @@ static void micro_step(Trainer *t, int first, int last) {
     gpu_range_pop();
 }
 
-/* The SGD step over [first, first + count) of the flat buffers. */
-static void sgd_range(Trainer *t, size_t first, size_t count) {
+/* The optimizer's step over [first, first + count) of the flat buffers: SGD's, or Adam's. */
+static void update_range(Trainer *t, size_t first, size_t count) {
     Model *m = &t->model;
     size_t esize = dtype_size(m->act_dtype);
+    void *grads = (char *)m->grads + first * esize;
+    void *half = m->weights == m->params ? NULL : (char *)m->weights + first * esize;
+    if (m->adam) {
+        AdamwParams p = t->optim.adam;
+        if (p.decay_mask) p.decay_mask += first;
+        if (p.lr_scale) p.lr_scale += first;
+        adamw_step_mixed(&m->ops, m->params + first, grads, m->momentum + first, m->second_moment + first, half,
+                         count, t->buf.lr, m->adam_steps, t->buf.scaler, p);
+        return;
+    }
     SgdParams p = t->optim.sgd;
     if (p.decay_mask) p.decay_mask += first;
     if (p.lr_scale) p.lr_scale += first;
-    sgd_step_mixed(&m->ops, m->params + first, (char *)m->grads + first * esize, m->momentum + first,
-                   m->weights == m->params ? NULL : (char *)m->weights + first * esize, count, t->buf.lr, t->buf.scaler,
-                   p);
+    sgd_step_mixed(&m->ops, m->params + first, grads, m->momentum + first, half, count, t->buf.lr, t->buf.scaler, p);
+}
+
+/* Adam's step count, once per optimizer step before its ranges, after the
+ * loss scaler's verdict on the step (a skipped step is not counted). */
+static void count_step(Trainer *t) {
+    if (t->model.adam) adamw_count_step(&t->model.ops, t->model.adam_steps, t->buf.scaler);
 }
 
 /* dist.shard_optimizer (GPU): this rank updates the ranges it owns. The
  * buckets checked every gradient for inf and NaN under backward, each rank
  * what it averaged, and max-reduced the found-inf flag, so every rank skips
- * the same steps. The updated weights go to the other ranks at the next
- * step's start. */
+ * the same steps (and counts the same Adam steps). The updated weights go to
+ * the other ranks at the next step's start. */
 static void update_sharded(Trainer *t) {
     int n = 0;
     const GradBucket *owned = NULL;
     GPU_ONLY(owned = grad_buckets_owned(&t->ddp.buckets, &n));
-    for (int i = 0; i < n; i++) sgd_range(t, owned[i].first, owned[i].count);
+    count_step(t);
+    for (int i = 0; i < n; i++) update_range(t, owned[i].first, owned[i].count);
     GPU_ONLY(grad_buckets_weights_updated(&t->ddp.buckets)); /* sent under the next forward pass */
 }
 
 /* Every parameter on this rank: the loss scaler's check of the gradients;
  * optim.clip_norm: the clip factor of the true gradient, grads / (scale x
- * accumulate) (see settings_read), becomes the SGD step's grad_mult (set in
+ * accumulate) (see settings_read), becomes the step's grad_mult (set in
  * train_open.c). Every rank sees the same averaged gradients, so their
  * checks agree; a non-finite loss on one rank must make all of them skip the
  * step too: on the GPU the buckets max-reduce the loss check's flag under
@@ -153,7 +168,8 @@ static void update_whole(Trainer *t) {
     if (t->set.optim.clip_norm > 0)
         grad_clip_factor(ctx, m->grads, m->n_params, t->buf.scaler, 1.0f / (float)t->set.memory.accumulate,
                          t->set.optim.clip_norm, t->buf.grad_norm_scratch, t->buf.grad_norm, t->buf.clip_factor);
-    sgd_range(t, 0, m->n_params);
+    count_step(t);
+    update_range(t, 0, m->n_params);
 }
 
 /* optim.muon: the filters, which the SGD step left alone (their lr_scale is 0),

@@ -33,6 +33,7 @@
 #include "models/model.h"
 #include "models/zoo.h"
 #include "ops/accuracy.h"
+#include "ops/adamw.h"
 #include "ops/freeze_after.h"
 #include "ops/grad_norm.h"
 #include "ops/lookahead.h"
@@ -174,6 +175,7 @@ typedef struct {
 
 typedef struct {
     SgdParams sgd;
+    AdamwParams adam;         /* optim.name = adamw or adam (model.adam): the step instead of SGD's */
     LrSchedule schedule;      /* kind LR_CONSTANT: the lr buffer keeps optim.lr */
     cudaGraphExec_t graphs[2][2][2]; /* [first micro-batch][last micro-batch][whitening frozen] */
     int whiten_layer;         /* the model's whitening layer, or -1 */

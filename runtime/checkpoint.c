@@ -510,6 +510,12 @@ int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, ch
     return 0;
 }
 
+int ckpt_section_count(const CkptFile *f) { return (int)f->n_sections; }
+
+const char *ckpt_section_name(const CkptFile *f, int i) {
+    return i >= 0 && (uint32_t)i < f->n_sections ? f->sections[i].name : NULL;
+}
+
 const char *ckpt_path(const CkptFile *f) { return f->path; }
 
 void ckpt_close(CkptFile *f) {

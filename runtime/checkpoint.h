@@ -84,6 +84,9 @@ CkptFile *ckpt_open_status(const char *path, CkptStatus *status, char *err, size
 int64_t ckpt_section_size(const CkptFile *f, const char *name);
 /* Reads a section whose size must be exactly 'bytes' (checks its CRC again). */
 int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, char *err, size_t errlen);
+/* How many sections the file holds, and the name of section i (in file order). */
+int ckpt_section_count(const CkptFile *f);
+const char *ckpt_section_name(const CkptFile *f, int i);
 const char *ckpt_path(const CkptFile *f);
 void ckpt_close(CkptFile *f);
 

@@ -674,6 +674,57 @@ static void check_refusals(const char *dir) {
     expect_refused(dir, "/nonexistent/ckpt.trc", "cannot open", NULL, 0);
 }
 
+/* from copied to to (valid, every checksum right) with n bytes at offset at of
+ * section name replaced by bytes. */
+static void write_with_field(const char *from, const char *to, const char *name, size_t at, const void *bytes,
+                             size_t n) {
+    char err[512];
+    CkptFile *f = ckpt_open(from, err, sizeof err);
+    CHECK_MSG(f != NULL, "%s", err);
+    if (!f) return;
+    int count = ckpt_section_count(f);
+    CkptWriter *w = ckpt_write_begin(to, count, err, sizeof err);
+    CHECK_MSG(w != NULL, "%s", err);
+    for (int i = 0; w && i < count; i++) {
+        const char *section = ckpt_section_name(f, i);
+        size_t size;
+        unsigned char *data = read_whole_section(f, section, &size);
+        if (strcmp(section, name) == 0 && at + n <= size) memcpy(data + at, bytes, n);
+        if (ckpt_write_section(w, section, data, size, err, sizeof err) != 0) {
+            CHECK_MSG(0, "%s", err);
+            ckpt_write_abort(w);
+            w = NULL;
+        }
+        free(data);
+    }
+    CHECK_MSG(w && ckpt_write_commit(w, err, sizeof err) == 0, "%s", err);
+    ckpt_close(f);
+}
+
+/* Fields out of range (valid checksums: a writer's bug or a crafted file) are
+ * refused naming the field by --resume and by eval, never a crash. */
+static void check_fields_out_of_range(const char *dir) {
+    struct { const char *section, *field; size_t at; int64_t value; } cases[] = {
+        {"model", "model.act_dtype", 48, 5},          {"model", "model.act_dtype", 48, -1},
+        {"model", "model.act_dtype", 48, 1000000},    {"model", "model.nhwc", 56, 7},
+        {"model", "model.accumulate", 72, 0},         {"position", "position.epoch", 8, -1},
+        {"position", "position.epoch_micro", 16, -5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char file[1024], cmd[4096];
+        snprintf(file, sizeof file, "%s/field-%zu.trc", dir, i);
+        write_with_field(resumed_from, file, cases[i].section, cases[i].at, &cases[i].value, sizeof(int64_t));
+        expect_refused(dir, file, cases[i].field, NULL, 0);
+        snprintf(cmd, sizeof cmd, "'%s/trainc' eval --checkpoint '%s' --config configs/baseline.ini --device cpu "
+                 "--set data.source=synthetic --set data.image_size=32 --set data.synthetic_test=32 --quiet",
+                 test_build_dir(), file);
+        int rc = test_run_command(cmd, output, sizeof output);
+        CHECK_MSG(rc != 0 && rc < 128 && strstr(output, cases[i].field) && strstr(output, file),
+                  "eval of a checkpoint with %s = %lld: exit %d:\n%s", cases[i].field, (long long)cases[i].value,
+                  rc, output);
+    }
+}
+
 /* ---- trainc: --resume latest past a damaged checkpoint ---------------------- */
 
 /* The newest checkpoint truncated: moved aside (beside an older .corrupt, which
@@ -873,6 +924,7 @@ int main(void) {
     check_packed(dir);
     check_nan(dir);
     check_refusals(dir);
+    check_fields_out_of_range(dir);
     check_latest_damaged(dir);
     check_second_signal(dir);
     check_sigterm(dir);

@@ -3,12 +3,14 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "data/dataset.h"
 #include "data/transform.h"
 #include "models/tensors.h"
 #include "models/zoo.h"
@@ -184,6 +186,12 @@ static cJSON *parse_section(CkptFile *f, const char *name, char *err, size_t err
     return root;
 }
 
+/* Whether a JSON value is a whole number from lo to hi. */
+static int whole_in(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
+           v->valuedouble == floor(v->valuedouble);
+}
+
 /* The checkpoint's tensor table must be the one this trainc gives the model: its
  * offsets this trainc's, or those of a checkpoint written before the layers'
  * parameters were aligned (model_packed_offset); *packed says which. */
@@ -199,7 +207,7 @@ static int check_table(const cJSON *table, const Model *m, const ModelTensor *ts
         const cJSON *e = cJSON_GetArrayItem(table, i);
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "name"));
         const cJSON *offset = cJSON_GetObjectItemCaseSensitive(e, "offset");
-        int named = name && strcmp(name, ts[i].name) == 0 && cJSON_IsNumber(offset);
+        int named = name && strcmp(name, ts[i].name) == 0 && whole_in(offset, 0, 9007199254740992.0);
         size_t at = named ? (size_t)offset->valuedouble : 0;
         fits[0] &= named && at == ts[i].offset;
         fits[1] &= named && at == (ts[i].in_bn_stats ? ts[i].offset : model_packed_offset(m, ts[i].offset));
@@ -231,22 +239,29 @@ static cJSON *metadata_of(const cJSON *meta) {
     return md;
 }
 
-static int meta_int(const cJSON *meta, const char *key) {
+/* The meta's whole number key, from lo to hi; -1 with a message naming the key when it is not one. */
+static int meta_int(const cJSON *meta, const char *key, int lo, int hi, const char *path, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
-    return cJSON_IsNumber(v) ? v->valueint : -1;
+    if (whole_in(v, lo, hi)) return (int)v->valuedouble;
+    snprintf(err, errlen, "%s: its meta section's %s is not a whole number from %d to %d", path, key, lo, hi);
+    return -1;
 }
 
 /* Builds the model the meta section names. */
 Model *model_of_meta(const cJSON *meta, int batch, int nhwc, const char *path, char *err, size_t errlen) {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "model"));
     const char *layout = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "layout"));
+    int image_size = meta_int(meta, "image_size", 8, 4096, path, err, errlen); /* data.image_size's range */
+    int num_classes = image_size < 0 ? -1 : meta_int(meta, "num_classes", 1, DATASET_MAX_CLASSES, path, err, errlen);
     Model *m = calloc(1, sizeof *m);
     if (!m) TC_FATAL("out of host memory: a model");
     char why[512];
-    if (!name || !layout) {
-        snprintf(err, errlen, "%s: its meta section names no model or layout", path);
-    } else if (model_build(m, name, batch, meta_int(meta, "image_size"), meta_int(meta, "num_classes"),
-                           nhwc >= 0 ? nhwc : strcmp(layout, "nhwc") == 0, why, sizeof why) != 0) {
+    if (!name || !layout || (strcmp(layout, "nchw") != 0 && strcmp(layout, "nhwc") != 0)) {
+        snprintf(err, errlen, "%s: its meta section names no model, or no layout nchw or nhwc", path);
+    } else if (num_classes < 0) {
+        /* err names the key */
+    } else if (model_build(m, name, batch, image_size, num_classes, nhwc >= 0 ? nhwc : strcmp(layout, "nhwc") == 0,
+                           why, sizeof why) != 0) {
         snprintf(err, errlen, "%s: its model cannot be built: %s", path, why);
     } else {
         /* a checkpoint from before bn_eps was kept: model_init's (then the only one) */

@@ -1,6 +1,7 @@
 /* Checkpoints of a training run: writing them (run.checkpoint_every, on a stop
  * signal), keeping the last run.keep_checkpoints, and resuming (run.resume). */
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 
 #include "runtime/files.h"
@@ -295,10 +296,36 @@ void check_checkpoint_dir(const Trainer *t, long resume_step) {
     free(steps);
 }
 
+/* Every enum, count and size the file holds, in range before any is used. */
+static void check_fields(const char *path, const CkptModel *have, const CkptPosition *pos,
+                         const LossScalerState *scaler) {
+    int64_t dtype = have->act_dtype;
+    struct { int out_of_range; const char *field; } checks[] = {
+        {dtype != DTYPE_F32 && dtype != DTYPE_F16 && dtype != DTYPE_BF16, "model.act_dtype (f32, f16 or bf16)"},
+        {have->nhwc != 0 && have->nhwc != 1, "model.nhwc (0 or 1)"},
+        {have->n_params < 0, "model.n_params"},
+        {have->num_classes < 1 || have->num_classes > INT_MAX, "model.num_classes"},
+        {have->accumulate < 1 || have->accumulate > INT_MAX, "model.accumulate"},
+        {pos->step < 0, "position.step"},
+        {pos->epoch < 0 || pos->epoch > INT_MAX, "position.epoch"},
+        {pos->epoch_micro < 0, "position.epoch_micro"},
+        {!(scaler->scale >= 0), "loss_scaler.scale"},
+        {scaler->good_steps < 0 || scaler->skipped_steps < 0, "loss_scaler's step counts"},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
+        if (checks[i].out_of_range)
+            TC_USER_ERROR("run.resume: %s: corrupt checkpoint: its field %s is out of range (model: dtype %lld, "
+                          "nhwc %lld, %lld classes, accumulate %lld, %lld parameters; position: step %lld, epoch "
+                          "%lld, micro-batch %lld; loss scale %g)", path, checks[i].field, (long long)dtype,
+                          (long long)have->nhwc, (long long)have->num_classes, (long long)have->accumulate,
+                          (long long)have->n_params, (long long)pos->step, (long long)pos->epoch,
+                          (long long)pos->epoch_micro, (double)scaler->scale);
+}
+
 /* A checkpoint of another net, precision, layout or accumulation is refused;
  * another data order only warned of. */
 static void check_fits(const Trainer *t, const char *path, const CkptModel *have, const CkptModel *want,
-                       const CkptData *data, const CkptPosition *pos) {
+                       const CkptData *data) {
     if (strcmp(have->name, want->name) != 0 || have->n_params != want->n_params ||
         have->shape_fingerprint != want->shape_fingerprint || have->num_classes != want->num_classes)
         TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
@@ -318,9 +345,6 @@ static void check_fits(const Trainer *t, const char *path, const CkptModel *have
                  "data.shuffle = %s; the data order from here on differs from that run's", path,
                  (long long)data->seed, (long long)data->batch, (long long)data->train_images,
                  data->shuffle ? "on" : "off");
-    if (pos->step < 0 || pos->epoch < 0 || pos->epoch_micro < 0)
-        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos->step,
-                 (long long)pos->epoch);
 }
 
 /* A section of n_params floats into host; from a checkpoint written before the
@@ -374,10 +398,11 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
         ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
         TC_USER_ERROR("run.resume: %s", err);
     have.name[sizeof have.name - 1] = 0;
+    check_fields(path, &have, &pos, &scaler);
     /* Written before the layers' parameters were aligned: the same parameters, packed. */
     int packed = have.n_params != want.n_params && have.n_params == (int64_t)model_param_count(&t->model);
     if (packed) have.n_params = want.n_params;
-    check_fits(t, path, &have, &want, &data, &pos);
+    check_fits(t, path, &have, &want, &data);
     load_weights(t, f, path, packed);
     if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */
     t->seen.scaler = scaler;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "runtime/check.h"
+#include "runtime/files.h"
 
 #define MAX_INCLUDE_DEPTH 16
 /* Keys longer than this get no "did you mean" suggestion. */
@@ -548,6 +549,7 @@ static char *read_text_file(const char *path, size_t *len, const char **why) {
         close(fd);
         return NULL;
     }
+    files_note_input(path, fd);
     size_t cap = (size_t)st.st_size + 1, n = 0;
     char *buf = malloc(cap);
     if (!buf) TC_FATAL("config: out of memory reading %s", path);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "data/dataset.h"
@@ -16,6 +17,7 @@
 #include "models/zoo.h"
 #include "runtime/check.h"
 #include "runtime/checkpoint.h"
+#include "runtime/files.h"
 #include "runtime/json_out.h"
 
 /* ---- the checkpoint's sections ---------------------------------------------- */
@@ -123,8 +125,20 @@ static char *safetensors_header(const ModelTensor *ts, int n, cJSON *metadata, s
     return grown;
 }
 
-/* Writes the file at a temporary name and renames it into place; 0, or -1
- * with a message in err and nothing left at path. */
+/* Whether an existing file is a safetensors file (its header length, then a
+ * JSON object): the one kind of file export replaces. */
+static int is_safetensors(int fd) {
+    unsigned char head[9];
+    struct stat st;
+    if (fstat(fd, &st) != 0 || pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) return 0;
+    uint64_t header_len = 0;
+    for (int b = 0; b < 8; b++) header_len |= (uint64_t)head[b] << (8 * b);
+    return head[8] == '{' && header_len <= (uint64_t)st.st_size - 8;
+}
+
+/* Writes the file at a temporary name and renames it into place
+ * (files_whole_begin: never over an input, a checkpoint or a file of another
+ * kind); 0, or -1 with a message in err and nothing left at path. */
 static int write_safetensors(const char *path, const Model *m, const ModelTensor *ts, int n, const float *params,
                              const float *stats, cJSON *metadata, char *err, size_t errlen) {
     size_t header_len, largest = 1;
@@ -132,10 +146,10 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
     for (int i = 0; i < n; i++) largest = ts[i].count > largest ? ts[i].count : largest;
     float *buf = malloc(largest * sizeof(float));
     if (!buf) TC_FATAL("out of host memory: a tensor of %zu floats", largest);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int opened = f != NULL, ok = opened;
+    FilesWhole out;
+    char why[4000];
+    int opened = files_whole_begin(&out, path, is_safetensors, why, sizeof why) == 0, ok = opened;
+    FILE *f = out.f;
     if (opened) {
         unsigned char len_le[8];
         for (int b = 0; b < 8; b++) len_le[b] = (unsigned char)((uint64_t)header_len >> (8 * b));
@@ -144,15 +158,14 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
             model_tensor_get(m, &ts[i], params, stats, buf);
             ok = fwrite(buf, sizeof(float), ts[i].count, f) == ts[i].count;
         }
-        ok = fflush(f) == 0 && ok;
-        ok = fsync(fileno(f)) == 0 && ok;
-        ok = fclose(f) == 0 && ok;
+        if (!ok) {
+            snprintf(why, sizeof why, "cannot write it: %s", strerror(errno));
+            files_whole_abort(&out);
+        } else {
+            ok = files_whole_commit(&out, is_safetensors, why, sizeof why) == 0;
+        }
     }
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) {
-        snprintf(err, errlen, "--out %s: cannot write it: %s", path, strerror(errno));
-        if (opened) unlink(tmp);
-    }
+    if (!ok) snprintf(err, errlen, "--out %s: %s", path, why);
     free(buf);
     free(header);
     return ok ? 0 : -1;
@@ -410,6 +423,7 @@ typedef struct {
 
 static int read_whole(const char *path, SafetensorsFile *st, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
+    if (f) files_note_input(path, fileno(f));
     long size = -1;
     if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
     if (!f || size < 0 || fseek(f, 0, SEEK_SET) != 0) {

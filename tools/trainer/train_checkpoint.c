@@ -102,9 +102,22 @@ static void checkpoint_path(char *out, size_t n, const char *dir, long step) {
 }
 
 /* The temporary files of checkpoint writes that never finished (a process
- * killed mid-write); rank 0 alone writes, and only its host knows its pids. */
+ * killed mid-write); rank 0 alone writes, and removes them while it holds the
+ * folder's lock. */
 static void remove_stale_temporaries(const Trainer *t) {
     if (t->ddp.dist->rank == 0) ckpt_remove_stale_temporaries(t->set.checkpoint.dir, "ckpt-", ".trc");
+}
+
+/* run.checkpoint_dir is this run's while it runs (rank 0 holds its lock):
+ * taken at the start when the run writes checkpoints or resumes the folder's
+ * latest, ending the process when it cannot be (another run holds it, it cannot
+ * be written); else at the first checkpoint, which is not written then. */
+int lock_checkpoint_dir(const Trainer *t, int at_start) {
+    char err[4400];
+    if (t->ddp.dist->rank != 0 || ckpt_lock_dir(t->set.checkpoint.dir, err, sizeof err) == 0) return 0;
+    if (at_start) TC_USER_ERROR("run.checkpoint_dir: %s", err);
+    log_warn("run.checkpoint_dir: %s; no checkpoint at step %ld", err, t->step);
+    return -1;
 }
 
 /* run.keep_checkpoints: delete all but the newest K, never the one just written. */
@@ -115,7 +128,8 @@ static void rotate_checkpoints(Trainer *t) {
         char path[4200];
         if (steps[i] == t->ckpt.step) continue;
         checkpoint_path(path, sizeof path, t->set.checkpoint.dir, steps[i]);
-        if (unlink(path) != 0) log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
+        if (ckpt_remove_own(path) != 0 && errno != EPERM) /* EPERM: not this run's, left */
+            log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
     }
     free(steps);
 }
@@ -179,11 +193,7 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
         t->ckpt.step = t->step;
         return 0;
     }
-    if (files_make_dirs(t->set.checkpoint.dir) != 0) {
-        log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->set.checkpoint.dir,
-                 strerror(errno), t->step);
-        return -1;
-    }
+    if (lock_checkpoint_dir(t, 0) != 0) return -1;
     remove_stale_temporaries(t);
     checkpoint_path(path, sizeof path, t->set.checkpoint.dir, t->step);
     if (access(path, F_OK) == 0) {
@@ -224,11 +234,7 @@ static int move_aside(const char *path, char *aside, size_t n) {
     for (int i = 1; i <= 100; i++) {
         if (i == 1) snprintf(aside, n, "%s.corrupt", path);
         else snprintf(aside, n, "%s.corrupt.%d", path, i);
-        if (renameat2(AT_FDCWD, path, AT_FDCWD, aside, RENAME_NOREPLACE) == 0) return 0;
-        if (errno == EINVAL || errno == ENOSYS) { /* a file system without RENAME_NOREPLACE */
-            if (access(aside, F_OK) == 0) continue;
-            return rename(path, aside);
-        }
+        if (files_rename_noreplace(path, aside) == 0) return 0;
         if (errno != EEXIST) return -1;
     }
     errno = EEXIST;

@@ -226,6 +226,38 @@ static void check_two_runs(const char *dir) {
     CHECK_MSG(rc == 0, "resume after the first run ended: exit %d:\n%s", rc, output);
 }
 
+/* A checkpoint that cannot be written (its temporary file's name taken by a
+ * folder) is a warning while the run goes on, and the run ends with exit
+ * status 1 saying so; a checkpoint folder that cannot be made stops the run at
+ * its start. */
+static void check_failed_checkpoints(const char *dir) {
+    char ckdir[1024], log[1100], blocker[1200], cmd[4096];
+    snprintf(ckdir, sizeof ckdir, "%s/failing-ckpt", dir);
+    snprintf(log, sizeof log, "%s/failing.log", dir);
+    snprintf(cmd, sizeof cmd, "exec '%s/trainc' " DATA " --set run.max_steps=3 --set run.checkpoint_every=1 "
+             "--set run.checkpoint_dir='%s' --quiet", test_build_dir(), ckdir);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        snprintf(blocker, sizeof blocker, "%s/ckpt-00000002.trc.tmp.%d", ckdir, (int)getpid());
+        if (files_make_dirs(blocker) != 0) _exit(126);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1), dup2(fd, 2);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); /* exec: trainc runs in this pid */
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *text = test_read_file(log);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 1 && text &&
+              strstr(text, "1 checkpoint asked for was not written"), "status %d:\n%s", status, text ? text : "");
+    free(text);
+    int rc = trainc(DATA " --set run.max_steps=2 --set run.checkpoint_every=1 --set run.checkpoint_dir='%s/notes.txt/ck' "
+                    "--quiet", dir);
+    CHECK_MSG(rc == 1 && strstr(output, "run.checkpoint_dir") && strstr(output, "notes.txt"),
+              "a checkpoint folder under a file: exit %d:\n%s", rc, output);
+}
+
 int main(void) {
     const char *dir = test_tmpdir("outputs");
     char ckdir[1024], ckpt[1200], other[1200];
@@ -239,5 +271,6 @@ int main(void) {
     check_fifo_with_reader(dir);
     check_rename_noreplace(dir);
     check_two_runs(dir);
+    check_failed_checkpoints(dir);
     return test_finish("test_outputs");
 }

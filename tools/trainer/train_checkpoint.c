@@ -181,8 +181,15 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     return rc;
 }
 
+/* A checkpoint not written: training goes on, and the run ends with exit status 1. */
+static int checkpoint_failed(Trainer *t) {
+    t->ckpt.failed++;
+    return -1;
+}
+
 /* Writes the state after t->step optimizer steps into run.checkpoint_dir;
- * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
+ * returns 0, or -1 with a warning (training goes on; the run ends with exit
+ * status 1). Never overwrites a file. */
 int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     char path[4200], err[4400];
     if (t->ckpt.step == t->step && t->ckpt.path[0]) return 0; /* this state is saved */
@@ -193,12 +200,12 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
         t->ckpt.step = t->step;
         return 0;
     }
-    if (lock_checkpoint_dir(t, 0) != 0) return -1;
+    if (lock_checkpoint_dir(t, 0) != 0) return checkpoint_failed(t);
     remove_stale_temporaries(t);
     checkpoint_path(path, sizeof path, t->set.checkpoint.dir, t->step);
     if (access(path, F_OK) == 0) {
         log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
-        return -1;
+        return checkpoint_failed(t);
     }
     gpu_range_push("checkpoint");
     double start = now_seconds();
@@ -206,7 +213,7 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     gpu_range_pop();
     if (rc != 0) {
         log_warn("checkpoint at step %ld not written: %s", t->step, err);
-        return -1;
+        return checkpoint_failed(t);
     }
     snprintf(t->ckpt.path, sizeof t->ckpt.path, "%s", path);
     t->ckpt.step = t->step;

@@ -197,6 +197,7 @@ typedef struct {
 typedef struct {
     char path[4200];          /* written (or resumed from) at step */
     long step;
+    long failed;              /* checkpoints asked for and not written: the run ends with exit status 1 */
 } TrainLastCheckpoint;
 
 typedef struct {

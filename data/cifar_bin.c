@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "runtime/files.h"
+
 #define CIFAR_SIDE 32
 #define CIFAR_IMAGE_BYTES (3 * CIFAR_SIDE * CIFAR_SIDE)
 #define CIFAR_RECORD_BYTES (1 + CIFAR_IMAGE_BYTES)
@@ -55,6 +57,7 @@ static int cifar_read_records(Dataset *d, const char *path, int first, int count
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return -1;
     }
+    files_note_input(path, fileno(f));
     uint8_t record[CIFAR_RECORD_BYTES];
     for (int r = 0; r < count; r++) {
         if (fread(record, 1, sizeof record, f) != sizeof record) {

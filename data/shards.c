@@ -444,7 +444,7 @@ static int shard_close(ShardOut *o, char *err, size_t errlen) {
     int saved = errno;
     if (fclose(o->f) != 0 && ok) ok = 0, saved = errno;
     o->f = NULL;
-    if (ok && rename(o->tmp, o->final) != 0) ok = 0, saved = errno;
+    if (ok && files_rename_noreplace(o->tmp, o->final) != 0) ok = 0, saved = errno;
     if (!ok) {
         snprintf(err, errlen, "%s: %s", o->final, strerror(saved));
         unlink(o->tmp);

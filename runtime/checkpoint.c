@@ -11,11 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "runtime/check.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 
 static const char kMagic[8] = {'T', 'R', 'A', 'I', 'N', 'C', 'K', '\n'};
@@ -52,6 +55,8 @@ static int put(CkptWriter *w, const void *data, size_t n) {
     w->file_crc = ckpt_crc32(w->file_crc, data, n);
     return 0;
 }
+
+static void own_add(const char *path);
 
 /* The temporary file of the write in progress, for ckpt_remove_pending: set
  * before the flag, cleared after the rename, so a handler sees a whole path. */
@@ -173,10 +178,12 @@ int ckpt_write_commit(CkptWriter *w, char *err, size_t errlen) {
     w->f = NULL;
     if (w->failed) {
         snprintf(err, errlen, "%s: write failed: %s", w->tmp, strerror(w->failed));
-    } else if (rename(w->tmp, w->path) != 0) {
-        snprintf(err, errlen, "%s: cannot rename into place: %s", w->path, strerror(errno));
+    } else if (files_rename_noreplace(w->tmp, w->path) != 0) {
+        snprintf(err, errlen, "%s: cannot rename into place: %s", w->path,
+                 errno == EEXIST ? "a file of that name exists (another run's?): not replaced" : strerror(errno));
     } else {
         fsync_dir_of(w->path);
+        own_add(w->path);
         rc = 0;
     }
     if (rc != 0) unlink(w->tmp);
@@ -209,17 +216,141 @@ static long temporary_pid(const char *name, const char *prefix, const char *suff
     return pid > 0 && pid <= INT_MAX ? pid : 0;
 }
 
-/* Whether the process that made a temporary file is gone. EPERM: it runs (as
- * another user). This process's own file is stale unless it is being written. */
-static int writer_gone(long pid, const struct stat *file) {
+/* ---- the folder's lock and this run's files ------------------------------------ */
+
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+} FileId;
+
+typedef struct {
+    int fd;
+    FileId dir;
+} DirLock;
+
+enum { MAX_DIR_LOCKS = 8 };
+static DirLock dir_locks[MAX_DIR_LOCKS];
+static int n_dir_locks;
+static FileId *own_files; /* committed by this process, or in a folder when it took the lock */
+static size_t n_own, cap_own;
+
+static int file_id(const char *path, FileId *id) {
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    *id = (FileId){st.st_dev, st.st_ino};
+    return 0;
+}
+
+static void own_add(const char *path) {
+    FileId id;
+    if (file_id(path, &id) != 0) return;
+    if (n_own == cap_own) {
+        size_t cap = cap_own ? 2 * cap_own : 64;
+        FileId *grown = realloc(own_files, cap * sizeof *grown);
+        if (!grown) return; /* then it is not deleted by the rotation: nothing is lost */
+        own_files = grown, cap_own = cap;
+    }
+    own_files[n_own++] = id;
+}
+
+static DirLock *held_lock(const char *dir) {
+    FileId id;
+    if (file_id(dir, &id) != 0) return NULL;
+    for (int i = 0; i < n_dir_locks; i++)
+        if (dir_locks[i].dir.dev == id.dev && dir_locks[i].dir.ino == id.ino) return &dir_locks[i];
+    return NULL;
+}
+
+int ckpt_dir_locked(const char *dir) { return held_lock(dir) != NULL; }
+
+/* The holder's line in the lock file ("pid N on host H since T"), or a word when it has written none yet. */
+static void lock_holder(int fd, char *out, size_t n) {
+    ssize_t got = pread(fd, out, n - 1, 0);
+    out[got > 0 ? got : 0] = 0;
+    out[strcspn(out, "\n")] = 0;
+    if (!out[0]) snprintf(out, n, "a process that has not yet written its pid");
+}
+
+int ckpt_lock_dir(const char *dir, char *err, size_t errlen) {
+    char path[4200];
+    if (held_lock(dir)) return 0;
+    if (n_dir_locks == MAX_DIR_LOCKS) {
+        snprintf(err, errlen, "%s: more than %d checkpoint folders locked by one process", dir, MAX_DIR_LOCKS);
+        return -1;
+    }
+    if (files_make_dirs(dir) != 0) {
+        snprintf(err, errlen, "%s: cannot create it: %s", dir, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_LOCK_FILE);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: cannot write in it (%s: %s): no checkpoint could be written there", dir, path,
+                 strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[512];
+        int saved = errno;
+        lock_holder(fd, holder, sizeof holder);
+        close(fd);
+        if (saved == EWOULDBLOCK)
+            snprintf(err, errlen, "%s is in use by another run: %s holds its lock %s (two runs on one folder "
+                     "would destroy each other's checkpoints: wait for it to end, or set another "
+                     "run.checkpoint_dir)", dir, holder, path);
+        else
+            snprintf(err, errlen, "%s: cannot lock %s: %s", dir, path, strerror(saved));
+        return -1;
+    }
+    char host[256] = "unknown", line[512];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = 0;
+    int n = snprintf(line, sizeof line, "pid %ld on host %s since %ld\n", (long)getpid(), host, (long)time(NULL));
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n) /* the lock holds all the same */
+        log_warn("%s: cannot note this process in it: %s", path, strerror(errno));
+    DirLock *l = &dir_locks[n_dir_locks++];
+    l->fd = fd;
+    file_id(dir, &l->dir);
+    DIR *d = opendir(dir); /* the run's own files: what is there now (the run it resumes) */
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.' || strstr(e->d_name, ".tmp.")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        own_add(path);
+    }
+    if (d) closedir(d);
+    return 0;
+}
+
+void ckpt_unlock_dir(const char *dir) {
+    DirLock *l = held_lock(dir);
+    if (!l) return;
+    close(l->fd); /* drops the flock */
+    *l = dir_locks[--n_dir_locks];
+}
+
+int ckpt_remove_own(const char *path) {
+    FileId id;
+    if (file_id(path, &id) != 0) return -1;
+    for (size_t i = 0; i < n_own; i++)
+        if (own_files[i].dev == id.dev && own_files[i].ino == id.ino) {
+            if (unlink(path) != 0) return -1;
+            own_files[i] = own_files[--n_own];
+            return 0;
+        }
+    errno = EPERM;
+    return -1;
+}
+
+/* Whether a temporary file is the one this process is writing now. */
+static int being_written(const struct stat *file) {
     struct stat in_flight;
-    if (pid == (long)getpid())
-        return !(pending && stat(pending_tmp, &in_flight) == 0 && in_flight.st_dev == file->st_dev &&
-                 in_flight.st_ino == file->st_ino);
-    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    return pending && stat(pending_tmp, &in_flight) == 0 && in_flight.st_dev == file->st_dev &&
+           in_flight.st_ino == file->st_ino;
 }
 
 int ckpt_remove_stale_temporaries(const char *dir, const char *prefix, const char *suffix) {
+    if (!held_lock(dir)) return 0;
     DIR *d = opendir(dir);
     if (!d) return 0;
     int removed = 0;
@@ -229,7 +360,7 @@ int ckpt_remove_stale_temporaries(const char *dir, const char *prefix, const cha
         char path[4352];
         struct stat st;
         if (!pid || snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
-        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || !writer_gone(pid, &st)) continue;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || being_written(&st)) continue;
         if (unlink(path) == 0) {
             log_warn("%s: removed: the temporary file of a checkpoint write that never finished (process %ld "
                      "was stopped in the middle of it)", path, pid);
@@ -465,6 +596,7 @@ CkptFile *ckpt_open_status(const char *path, CkptStatus *status, char *err, size
              S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
         goto failed;
     }
+    files_note_input(path, c->fd);
     c->length = (uint64_t)st.st_size;
     if (check_layout(c, status, err, errlen) != 0 || check_checksums(c, status, err, errlen) != 0) goto failed;
     *status = CKPT_OK;
@@ -508,6 +640,12 @@ int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, ch
         return -1;
     }
     return 0;
+}
+
+int ckpt_section_count(const CkptFile *f) { return (int)f->n_sections; }
+
+const char *ckpt_section_name(const CkptFile *f, int i) {
+    return i >= 0 && (uint32_t)i < f->n_sections ? f->sections[i].name : NULL;
 }
 
 const char *ckpt_path(const CkptFile *f) { return f->path; }

@@ -16,8 +16,10 @@
  *   crc       u32      CRC-32 of every byte before it
  *
  * Writing goes to "<path>.tmp.<pid>" in the same directory, then fflush, fsync,
- * rename to path and fsync of the directory: a reader sees the old file or the
- * whole new one, never a part. A process killed mid-write leaves its temporary
+ * a rename to path that never replaces a file there (files_rename_noreplace)
+ * and fsync of the directory: a reader sees no file or the whole new one,
+ * never a part, and no existing file is written over. Every file opened is
+ * noted as an input (files_note_input), so no output goes over it. A process killed mid-write leaves its temporary
  * file; ckpt_remove_stale_temporaries removes those of processes that no longer
  * run, and ckpt_remove_pending (from a signal handler or a fatal error) the one
  * being written.
@@ -38,6 +40,7 @@
 extern "C" {
 #endif
 
+#define CKPT_MAGIC "TRAINCK\n" /* the file's first 8 bytes */
 #define CKPT_VERSION 1
 #define CKPT_NAME_LEN 32
 #define CKPT_MAX_SECTIONS 64
@@ -61,11 +64,29 @@ void ckpt_write_abort(CkptWriter *w);
  * last begun). Async-signal-safe: for a handler that ends the process at once.
  * Writers also register it with tc_on_fatal. */
 void ckpt_remove_pending(void);
-/* Removes from dir the temporary files "<prefix>*<suffix>.tmp.<pid>" whose
- * process no longer runs (or is this one, with no write of that file in
- * progress), regular files only, each with a warning naming it; finished files
- * are never touched. Returns how many were removed; 0 when dir does not exist. */
+
+/* A folder of checkpoints is one run's: the run holds CKPT_LOCK_FILE in it (an
+ * flock, which the kernel drops when the process ends, however it ends) for as
+ * long as it may write there. ckpt_lock_dir makes the folder when it is
+ * missing (so a folder that cannot be written fails here, at the start) and
+ * takes the lock; -1 with the reason in err: it cannot be made, or another
+ * process holds it (err names its pid and host, from the file). Taking a lock
+ * this process holds already is a no-op. */
+#define CKPT_LOCK_FILE ".trainc.lock"
+int ckpt_lock_dir(const char *dir, char *err, size_t errlen);
+/* Whether this process holds dir's lock. */
+int ckpt_dir_locked(const char *dir);
+void ckpt_unlock_dir(const char *dir);
+/* Removes from dir the temporary files "<prefix>*<suffix>.tmp.<pid>" but the
+ * one this process is writing, regular files only, each with a warning naming
+ * it; finished files are never touched. Only while this process holds dir's
+ * lock: no one else writes there then, whatever pid namespace it runs in.
+ * Returns how many were removed; 0 when dir does not exist or is not held. */
 int ckpt_remove_stale_temporaries(const char *dir, const char *prefix, const char *suffix);
+/* Deletes a finished checkpoint of this run: one it committed, or one that was
+ * in the folder when it took the lock (the run it resumes). Any other file is
+ * left, with errno EPERM. 0, or -1 with errno. */
+int ckpt_remove_own(const char *path);
 
 /* What is wrong with a file ckpt_open refused. */
 typedef enum {
@@ -84,6 +105,9 @@ CkptFile *ckpt_open_status(const char *path, CkptStatus *status, char *err, size
 int64_t ckpt_section_size(const CkptFile *f, const char *name);
 /* Reads a section whose size must be exactly 'bytes' (checks its CRC again). */
 int ckpt_read_section(CkptFile *f, const char *name, void *out, size_t bytes, char *err, size_t errlen);
+/* How many sections the file holds, and the name of section i (in file order). */
+int ckpt_section_count(const CkptFile *f);
+const char *ckpt_section_name(const CkptFile *f, int i);
 const char *ckpt_path(const CkptFile *f);
 void ckpt_close(CkptFile *f);
 

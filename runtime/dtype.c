@@ -11,7 +11,7 @@ size_t dtype_size(DType t) {
 
 const char *dtype_name(DType t) {
     static const char *names[] = {"f32", "f16", "bf16", "i32", "u8"};
-    return names[t];
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "(not a dtype)";
 }
 
 const char *device_name(DeviceKind d) { return d == DEVICE_CUDA ? "cuda" : "cpu"; }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "runtime/check.h"
+#include "runtime/files.h"
 
 char *ini_trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
@@ -41,6 +42,7 @@ char *ini_read_file(const char *path, size_t *len, const char **why) {
         close(fd);
         return NULL;
     }
+    files_note_input(path, fd);
     size_t cap = (size_t)st.st_size + 1, n = 0;
     char *buf = malloc(cap);
     if (!buf) TC_FATAL("ini: out of memory reading %s", path);

@@ -11,12 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime/check.h"
 #include "runtime/log.h"
 
-enum { POLL_MS = 200, REQUEST_TIMEOUT_MS = 2000, REQUEST_MAX = 8192 };
+/* A connection gets CONN_DEADLINE_MS from its accept to send its request and
+ * take the answer; MAX_CONNS are served at once. */
+enum { POLL_MS = 100, CONN_DEADLINE_MS = 2000, REQUEST_MAX = 8192, MAX_CONNS = 16 };
 
 typedef struct {
     const char *name, *help;
@@ -25,6 +28,17 @@ typedef struct {
     double value;
 } Metric;
 
+/* One client: its request head as read so far, then the answer as sent so far.
+ * Whatever it does, it is closed at its deadline, counted from its accept. */
+typedef struct {
+    int fd; /* -1: a free slot */
+    double deadline;
+    size_t n;
+    char *reply; /* NULL while the request is read */
+    size_t reply_len, sent;
+    char req[REQUEST_MAX + 1];
+} Conn;
+
 struct PromServer {
     int fd, port;
     pthread_t thread;
@@ -32,6 +46,7 @@ struct PromServer {
     pthread_mutex_t lock;
     Metric metrics[PROM_MAX_METRICS];
     int n_metrics;
+    Conn conns[MAX_CONNS];
 };
 
 /* The metric called name, or NULL; with the lock held. */
@@ -92,76 +107,121 @@ char *prom_render(PromServer *s) {
 
 int prom_port(const PromServer *s) { return s ? s->port : 0; }
 
-static void send_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        struct pollfd pfd = {fd, POLLOUT, 0};
-        if (poll(&pfd, 1, REQUEST_TIMEOUT_MS) <= 0) return;
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        p += w;
-        n -= (size_t)w;
-    }
+/* ---- serving ----------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Reads the request head (bounded in size and time) and answers it. */
-static void serve_one(PromServer *s, int fd) {
-    char req[REQUEST_MAX + 1];
-    size_t n = 0;
-    req[0] = 0;
-    int waited_ms = 0;
-    while (n < REQUEST_MAX && !strstr(req, "\r\n\r\n") && !strstr(req, "\n\n") && waited_ms < REQUEST_TIMEOUT_MS) {
-        struct pollfd pfd = {fd, POLLIN, 0};
-        int r = poll(&pfd, 1, POLL_MS);
-        if (r == 0) {
-            waited_ms += POLL_MS;
-            if (atomic_load(&s->stop)) return;
-            continue;
-        }
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return;
-        ssize_t got = recv(fd, req + n, REQUEST_MAX - n, 0);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) break;
-        n += (size_t)got;
-        req[n] = 0;
-    }
-    req[n] = 0;
-    const char *status = "200 OK", *type = "text/plain; version=0.0.4; charset=utf-8";
-    char *body = NULL;
+static void conn_close(Conn *c) {
+    if (c->fd < 0) return;
+    close(c->fd);
+    free(c->reply);
+    c->fd = -1;
+    c->reply = NULL;
+}
+
+/* The answer to the request head in req, malloc'ed; its length in *len. */
+static char *answer(PromServer *s, const char *req, size_t *len) {
+    const char *status = "200 OK", *type = "text/plain; version=0.0.4; charset=utf-8", *allow = "";
+    char *body;
     if (strncmp(req, "GET /metrics ", 13) == 0 || strncmp(req, "GET /metrics?", 13) == 0) {
         body = prom_render(s);
     } else {
-        status = strncmp(req, "GET ", 4) == 0 ? "404 Not Found" : "405 Method Not Allowed";
+        int get = strncmp(req, "GET ", 4) == 0;
+        status = get ? "404 Not Found" : "405 Method Not Allowed";
+        allow = get ? "" : "Allow: GET\r\n";
         type = "text/plain; charset=utf-8";
-        body = malloc(64);
-        if (!body) return;
-        snprintf(body, 64, "trainc serves GET /metrics\n");
+        body = strdup("trainc serves GET /metrics\n");
+        if (!body) TC_FATAL("out of host memory");
     }
-    char head[256];
-    int h = snprintf(head, sizeof head, "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                     status, type, strlen(body));
-    send_all(fd, head, (size_t)h);
-    send_all(fd, body, strlen(body));
+    char *out = NULL;
+    FILE *f = open_memstream(&out, len);
+    if (!f) TC_FATAL("out of host memory");
+    fprintf(f, "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n%s", status,
+            type, strlen(body), allow, body);
+    if (fclose(f) != 0) TC_FATAL("out of host memory");
     free(body);
+    return out;
 }
 
+/* Reads what the client sent; answers once the head is whole (or cut off by
+ * its size or the client's end of sending). */
+static void conn_read(PromServer *s, Conn *c) {
+    ssize_t got = recv(c->fd, c->req + c->n, REQUEST_MAX - c->n, 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (got < 0) {
+        conn_close(c);
+        return;
+    }
+    c->n += (size_t)got;
+    c->req[c->n] = 0;
+    if (got == 0 || c->n == REQUEST_MAX || strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
+        c->reply = answer(s, c->req, &c->reply_len);
+}
+
+static void conn_write(Conn *c) {
+    ssize_t w = send(c->fd, c->reply + c->sent, c->reply_len - c->sent, MSG_NOSIGNAL);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (w <= 0) {
+        conn_close(c);
+        return;
+    }
+    c->sent += (size_t)w;
+    if (c->sent == c->reply_len) conn_close(c);
+}
+
+/* Takes the waiting connections; with every slot busy, the one accepted first
+ * makes room (a slow client can hold a slot only until a newer one comes). */
+static void accept_all(PromServer *s, double now) {
+    for (;;) {
+        int fd = accept4(s->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        Conn *slot = NULL;
+        for (int i = 0; i < MAX_CONNS; i++) {
+            Conn *c = &s->conns[i];
+            if (c->fd < 0) {
+                slot = c;
+                break;
+            }
+            if (!slot || c->deadline < slot->deadline) slot = c;
+        }
+        conn_close(slot);
+        slot->fd = fd;
+        slot->deadline = now + CONN_DEADLINE_MS / 1000.0;
+        slot->n = slot->reply_len = slot->sent = 0;
+        slot->req[0] = 0;
+    }
+}
+
+/* All connections at once: poll over them, at most POLL_MS at a time, the stop
+ * flag and every deadline checked on each pass. */
 static void *server_main(void *arg) {
     PromServer *s = arg;
+    struct pollfd pfd[MAX_CONNS + 1];
     while (!atomic_load(&s->stop)) {
-        struct pollfd pfd = {s->fd, POLLIN, 0};
-        int r = poll(&pfd, 1, POLL_MS);
-        if (r <= 0) continue;
-        int c = accept(s->fd, NULL, NULL);
-        if (c < 0) continue;
-        serve_one(s, c);
-        close(c);
+        pfd[0] = (struct pollfd){s->fd, POLLIN, 0};
+        for (int i = 0; i < MAX_CONNS; i++) {
+            Conn *c = &s->conns[i];
+            pfd[i + 1] = (struct pollfd){c->fd, (short)(c->reply ? POLLOUT : POLLIN), 0};
+        }
+        if (poll(pfd, MAX_CONNS + 1, POLL_MS) < 0 && errno != EINTR) continue;
+        double now = now_s();
+        for (int i = 0; i < MAX_CONNS; i++) {
+            Conn *c = &s->conns[i];
+            if (c->fd >= 0 && pfd[i + 1].revents) c->reply ? conn_write(c) : conn_read(s, c);
+            if (c->fd >= 0 && now >= c->deadline) conn_close(c);
+        }
+        if (pfd[0].revents & POLLIN) accept_all(s, now);
     }
+    for (int i = 0; i < MAX_CONNS; i++) conn_close(&s->conns[i]);
     return NULL;
 }
 
 PromServer *prom_start(int port, char *err, size_t errlen) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
         snprintf(err, errlen, "socket: %s", strerror(errno));
         return NULL;
@@ -184,6 +244,7 @@ PromServer *prom_start(int port, char *err, size_t errlen) {
     if (!s) TC_FATAL("out of host memory");
     s->fd = fd;
     s->port = ntohs(addr.sin_port);
+    for (int i = 0; i < MAX_CONNS; i++) s->conns[i].fd = -1;
     atomic_init(&s->stop, 0);
     pthread_mutex_init(&s->lock, NULL);
     if (pthread_create(&s->thread, NULL, server_main, s) != 0) TC_FATAL("pthread_create failed");

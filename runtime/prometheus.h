@@ -1,8 +1,11 @@
 /* A Prometheus text endpoint: GET /metrics on 127.0.0.1:port, answered by a
  * background thread from a table of gauges and counters that the training
  * thread sets.
- * Plain sockets; the thread polls with a short timeout, so prom_stop returns
- * within about 0.2 s. One connection at a time, each bounded in time. */
+ * Plain sockets; the thread polls over up to 16 connections at once with a
+ * short timeout, so prom_stop returns within about 0.1 s. Each connection has
+ * 2 s from its accept to send its request and take the answer, however slowly
+ * it sends; when all are busy the oldest makes room for a new one, so slow
+ * clients cannot keep a scrape out. */
 #ifndef TRAINC_PROMETHEUS_H
 #define TRAINC_PROMETHEUS_H
 

@@ -130,9 +130,10 @@ TbWriter *tb_open(const char *dir, int rank, char *err, size_t errlen) {
     host[sizeof host - 1] = 0;
     int n = snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.%s", dir, (long long)time(NULL), host);
     if (rank >= 0) snprintf(w->path + n, sizeof w->path - n, ".%d", rank);
-    w->f = fopen(w->path, "ab");
+    char why[4400];
+    w->f = files_open_output(w->path, 1, why, sizeof why);
     if (!w->f) {
-        snprintf(err, errlen, "cannot open %s for writing: %s", w->path, strerror(errno));
+        snprintf(err, errlen, "%s: %s", w->path, why);
         free(w);
         return NULL;
     }

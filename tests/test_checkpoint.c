@@ -293,10 +293,15 @@ static void check_stale_temporaries(const char *dir) {
     write_text(dead, "x"), write_text(ours, "x"), write_text(alive, "x"), write_text(finished, "x");
     write_text(other, "x");
     CHECK(mkdir(folder, 0700) == 0);
-    CHECK(ckpt_remove_stale_temporaries(dir, "ckpt-", ".trc") == 2);
-    CHECK_MSG(!file_exists(dead) && !file_exists(ours), "a stale temporary file is left");
-    CHECK_MSG(file_exists(alive) && file_exists(finished) && file_exists(other) && file_exists(folder),
-              "a live writer's file, a finished checkpoint, another file or a folder was removed");
+    /* Without the folder's lock nothing is removed: another run may be writing them. */
+    CHECK(ckpt_remove_stale_temporaries(dir, "ckpt-", ".trc") == 0);
+    CHECK(file_exists(dead) && file_exists(ours) && file_exists(alive));
+    /* With it no one else writes there: every temporary is stale, whatever process (namespace) made it. */
+    CHECK_MSG(ckpt_lock_dir(dir, err, sizeof err) == 0, "%s", err);
+    CHECK(ckpt_remove_stale_temporaries(dir, "ckpt-", ".trc") == 3);
+    CHECK_MSG(!file_exists(dead) && !file_exists(ours) && !file_exists(alive), "a stale temporary file is left");
+    CHECK_MSG(file_exists(finished) && file_exists(other) && file_exists(folder),
+              "a finished checkpoint, another file or a folder was removed");
 
     /* The write in progress is not stale; ckpt_remove_pending (a signal handler's) removes it. */
     char path[1024], tmp[1100];
@@ -328,7 +333,17 @@ static void check_stale_temporaries(const char *dir) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)child);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 1, "the child exited %d", status);
     CHECK_MSG(!file_exists(tmp) && !file_exists(path), "%s left after a fatal error", tmp);
-    unlink(alive);
+    /* Another process cannot take the lock, and is told who holds it. */
+    fflush(NULL);
+    child = fork();
+    if (child == 0) {
+        ckpt_unlock_dir(dir); /* its copy of the lock file's descriptor: the parent's holds the lock */
+        _exit(ckpt_lock_dir(dir, err, sizeof err) == 0 ? 0 : strstr(err, "in use") ? 2 : 3);
+    }
+    waitpid(child, &status, 0);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 2, "a second process on a locked folder: %d", status);
+    ckpt_unlock_dir(dir);
+    CHECK(!ckpt_dir_locked(dir) && ckpt_remove_stale_temporaries(dir, "ckpt-", ".trc") == 0);
     unlink(finished);
     unlink(other);
     rmdir(folder);
@@ -674,6 +689,57 @@ static void check_refusals(const char *dir) {
     expect_refused(dir, "/nonexistent/ckpt.trc", "cannot open", NULL, 0);
 }
 
+/* from copied to to (valid, every checksum right) with n bytes at offset at of
+ * section name replaced by bytes. */
+static void write_with_field(const char *from, const char *to, const char *name, size_t at, const void *bytes,
+                             size_t n) {
+    char err[512];
+    CkptFile *f = ckpt_open(from, err, sizeof err);
+    CHECK_MSG(f != NULL, "%s", err);
+    if (!f) return;
+    int count = ckpt_section_count(f);
+    CkptWriter *w = ckpt_write_begin(to, count, err, sizeof err);
+    CHECK_MSG(w != NULL, "%s", err);
+    for (int i = 0; w && i < count; i++) {
+        const char *section = ckpt_section_name(f, i);
+        size_t size;
+        unsigned char *data = read_whole_section(f, section, &size);
+        if (strcmp(section, name) == 0 && at + n <= size) memcpy(data + at, bytes, n);
+        if (ckpt_write_section(w, section, data, size, err, sizeof err) != 0) {
+            CHECK_MSG(0, "%s", err);
+            ckpt_write_abort(w);
+            w = NULL;
+        }
+        free(data);
+    }
+    CHECK_MSG(w && ckpt_write_commit(w, err, sizeof err) == 0, "%s", err);
+    ckpt_close(f);
+}
+
+/* Fields out of range (valid checksums: a writer's bug or a crafted file) are
+ * refused naming the field by --resume and by eval, never a crash. */
+static void check_fields_out_of_range(const char *dir) {
+    struct { const char *section, *field; size_t at; int64_t value; } cases[] = {
+        {"model", "model.act_dtype", 48, 5},          {"model", "model.act_dtype", 48, -1},
+        {"model", "model.act_dtype", 48, 1000000},    {"model", "model.nhwc", 56, 7},
+        {"model", "model.accumulate", 72, 0},         {"position", "position.epoch", 8, -1},
+        {"position", "position.epoch_micro", 16, -5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char file[1024], cmd[4096];
+        snprintf(file, sizeof file, "%s/field-%zu.trc", dir, i);
+        write_with_field(resumed_from, file, cases[i].section, cases[i].at, &cases[i].value, sizeof(int64_t));
+        expect_refused(dir, file, cases[i].field, NULL, 0);
+        snprintf(cmd, sizeof cmd, "'%s/trainc' eval --checkpoint '%s' --config configs/baseline.ini --device cpu "
+                 "--set data.source=synthetic --set data.image_size=32 --set data.synthetic_test=32 --quiet",
+                 test_build_dir(), file);
+        int rc = test_run_command(cmd, output, sizeof output);
+        CHECK_MSG(rc != 0 && rc < 128 && strstr(output, cases[i].field) && strstr(output, file),
+                  "eval of a checkpoint with %s = %lld: exit %d:\n%s", cases[i].field, (long long)cases[i].value,
+                  rc, output);
+    }
+}
+
 /* ---- trainc: --resume latest past a damaged checkpoint ---------------------- */
 
 /* The newest checkpoint truncated: moved aside (beside an older .corrupt, which
@@ -830,7 +896,8 @@ static void check_sigterm(const char *dir) {
     const char *summary = strstr(output, "{\"name\""); /* the summary line (phase_ms nests an object) */
     CHECK(summary && strstr(summary, "\"stopped\": true"));
 
-    /* A temporary file of a process that is gone is removed at the start, one of a live process kept. */
+    /* Temporary files of writes that never finished are removed at the start, of whatever pid (one alive, in
+     * another pid namespace): the run holds the folder's lock, so no one else writes there. */
     char stale[1024], live[1024];
     snprintf(stale, sizeof stale, "%s/ckpt-00000099.trc.tmp.%d", ckdir, (int)dead_pid());
     snprintf(live, sizeof live, "%s/ckpt-00000098.trc.tmp.%d", ckdir, (int)getpid());
@@ -844,9 +911,8 @@ static void check_sigterm(const char *dir) {
     CHECK_MSG(rc == 0, "resume latest exited %d:\n%s", rc, output);
     CHECK(strstr(output, "\"steps\": 96") != NULL);
     unsigned long resumed = summary_crc();
-    CHECK_MSG(!file_exists(stale) && file_exists(live) && strstr(output, stale) && strstr(output, "removed"),
-              "the stale %s not removed with a warning, or the live %s removed:\n%s", stale, live, output);
-    unlink(live);
+    CHECK_MSG(!file_exists(stale) && !file_exists(live) && strstr(output, stale) && strstr(output, "removed"),
+              "the stale %s or %s not removed with a warning:\n%s", stale, live, output);
 
     snprintf(uninterrupted_set, sizeof uninterrupted_set, "run.checkpoint_dir=%s/sig-whole", dir);
     const char *whole_args[] = {"--set", "run.epochs=3", "--set", "data.image_size=16", "--quiet", "--set",
@@ -873,6 +939,7 @@ int main(void) {
     check_packed(dir);
     check_nan(dir);
     check_refusals(dir);
+    check_fields_out_of_range(dir);
     check_latest_damaged(dir);
     check_second_signal(dir);
     check_sigterm(dir);

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -303,6 +304,87 @@ static int http_get_metrics(int port, char *buf, size_t cap) {
     return (int)n;
 }
 
+/* Clients that each send one byte every 150 ms (the start of a request that
+ * never ends), from a thread, until told to stop or 20 s have passed. */
+typedef struct {
+    int port, n;
+    int fds[24];
+    atomic_int stop;
+    pthread_t thread;
+} SlowClients;
+
+static void *trickle(void *arg) {
+    SlowClients *c = arg;
+    for (int pass = 0; pass < 133 && !atomic_load(&c->stop); pass++) {
+        for (int i = 0; i < c->n; i++)
+            if (c->fds[i] >= 0) send(c->fds[i], "G", 1, MSG_NOSIGNAL);
+        struct timespec ts = {0, 150 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void slow_clients_start(SlowClients *c, int port, int n) {
+    c->port = port;
+    c->n = n;
+    atomic_init(&c->stop, 0);
+    for (int i = 0; i < n; i++) {
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        c->fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (c->fds[i] >= 0 && connect(c->fds[i], (struct sockaddr *)&a, sizeof a) != 0) {
+            close(c->fds[i]);
+            c->fds[i] = -1;
+        }
+    }
+    if (pthread_create(&c->thread, NULL, trickle, c) != 0) c->n = 0, c->thread = pthread_self();
+    struct timespec ts = {0, 300 * 1000 * 1000}; /* the server has taken them and read a byte or two */
+    nanosleep(&ts, NULL);
+}
+
+static void slow_clients_stop(SlowClients *c) {
+    atomic_store(&c->stop, 1);
+    if (!pthread_equal(c->thread, pthread_self())) pthread_join(c->thread, NULL);
+    for (int i = 0; i < c->n; i++)
+        if (c->fds[i] >= 0) close(c->fds[i]);
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Slow clients (1 and 20 of them) keep no scrape out, and the server stops at
+ * once with them still connected. */
+static void check_prometheus_slow_clients(void) {
+    int counts[] = {1, 20};
+    for (int k = 0; k < 2; k++) {
+        char err[256];
+        PromServer *s = prom_start(0, err, sizeof err);
+        CHECK_MSG(s != NULL, "prom_start: %s", err);
+        if (!s) return;
+        prom_declare(s, "test_level", "A level.", PROM_GAUGE);
+        prom_set(s, "test_level", 7);
+        SlowClients slow;
+        slow_clients_start(&slow, prom_port(s), counts[k]);
+        static char body[1 << 14];
+        double start = seconds_now();
+        int got = http_get_metrics(prom_port(s), body, sizeof body);
+        double took = seconds_now() - start;
+        CHECK_MSG(got > 0 && strstr(body, "\ntest_level 7\n") && took < 1.0,
+                  "%d slow clients: a scrape took %.2f s: %.200s", counts[k], took, got > 0 ? body : "");
+        start = seconds_now();
+        prom_stop(s);
+        took = seconds_now() - start;
+        CHECK_MSG(took < 0.5, "%d slow clients: prom_stop took %.2f s", counts[k], took);
+        slow_clients_stop(&slow);
+    }
+}
+
 static void check_prometheus(const char *dir) {
     int port = free_port();
     CHECK(port > 0);
@@ -343,7 +425,13 @@ static void check_prometheus(const char *dir) {
     CHECK_MSG(strstr(body, "trainc_gpu_") == NULL && strstr(body, "NaN") == NULL, "unset metrics listed:\n%s",
               body);
     CHECK_MSG(strstr(body, "\ntrainc_step ") && !strstr(body, "\ntrainc_step NaN"), "trainc_step unset:\n%s", body);
-    /* SIGTERM: the run stops after its step (with a checkpoint in the scratch dir) and the server with it. */
+    /* SIGTERM: the run stops after its step (with a checkpoint in the scratch dir) and the server with it, at
+     * once, a slow client connected or not. */
+    SlowClients slow;
+    slow_clients_start(&slow, port, 1);
+    got = http_get_metrics(port, body, sizeof body);
+    CHECK_MSG(got > 0 && strncmp(body, "HTTP/1.1 200", 12) == 0, "with a slow client: %.200s", got > 0 ? body : "");
+    double stopping = seconds_now();
     kill(pid, SIGTERM);
     int status = 0;
     for (int i = 0; i < 100 && waitpid(pid, &status, WNOHANG) == 0; i++) {
@@ -355,6 +443,9 @@ static void check_prometheus(const char *dir) {
             CHECK_MSG(0, "trainc did not stop within 10 s of SIGTERM");
         }
     }
+    double stopped_in = seconds_now() - stopping;
+    slow_clients_stop(&slow);
+    CHECK_MSG(stopped_in < 4, "trainc took %.1f s to stop after SIGTERM with a slow client connected", stopped_in);
     CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM, "exit status %d", status);
     CHECK_MSG(http_get_metrics(port, body, sizeof body) < 0, "the endpoint still answers after the run");
 
@@ -654,6 +745,7 @@ int main(void) {
     check_monitor_window();
     check_json_writer();
     check_prometheus_exposition();
+    check_prometheus_slow_clients();
     check_find_batch_words();
     check_profile_steps_errors();
     check_phases_and_metrics(dir);

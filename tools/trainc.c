@@ -38,6 +38,7 @@
 #include "dist/dist.h"
 #include "runtime/check.h"
 #include "runtime/config.h"
+#include "runtime/files.h"
 #include "runtime/log.h"
 #include "runtime/version.h"
 #include "tools/trainer/bench_infer.h"
@@ -255,6 +256,13 @@ static Config *load_config(const Args *a) {
     return cfg;
 }
 
+/* An output refused before the work that makes it (it is checked again when written). */
+static void check_output_early(const char *option, const char *out, const char *input) {
+    char err[4400];
+    if (input) files_note_input(input, -1);
+    if (out && files_check_output(out, err, sizeof err) != 0) TC_USER_ERROR("%s %s: %s", option, out, err);
+}
+
 /* trainc profile: the report on stdout (under mpirun rank 0's, with the
  * trace of every rank); exits 2 on a bad --steps (or one too early for --graph). */
 static int profile_main(const Args *a, Config *cfg, Dist *dist) {
@@ -265,6 +273,7 @@ static int profile_main(const Args *a, Config *cfg, Dist *dist) {
         fail_usage("--graph: step 1 runs eagerly and step 2 captures the CUDA graph; start --steps at 3 or later",
                    NULL);
     if (dist->rank != 0) log_set_quiet(1);
+    check_output_early("--trace", a->trace, NULL);
     ProfileReport r;
     profile_run_dist(cfg, dist, first, last, a->trace, a->graph, &r);
     if (dist->rank == 0) {
@@ -280,11 +289,13 @@ static int profile_main(const Args *a, Config *cfg, Dist *dist) {
  * the CSV from rank 0. */
 static int eval_main(const Args *a, Config *cfg, Dist *dist) {
     if (dist->rank != 0) log_set_quiet(1);
+    check_output_early("--csv", a->csv, a->checkpoint);
     EvalReport r;
     eval_run(cfg, dist, a->checkpoint, &r);
     if (dist->rank == 0) {
         eval_print(&r, stdout);
-        if (a->csv && eval_write_csv(&r, a->csv) != 0) TC_USER_ERROR("--csv %s: %s", a->csv, strerror(errno));
+        char err[4400];
+        if (a->csv && eval_write_csv(&r, a->csv, err, sizeof err) != 0) TC_USER_ERROR("--csv %s: %s", a->csv, err);
         eval_print_json(&r, stdout);
     }
     eval_report_free(&r);

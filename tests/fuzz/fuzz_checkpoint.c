@@ -56,8 +56,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < HEADER_BYTES) fuzz_fail("ckpt_open accepted %zu bytes", size);
     uint32_t count;
     memcpy(&count, data + 12, sizeof count);
+    if (ckpt_section_count(f) != (int)count || ckpt_section_name(f, (int)count) || ckpt_section_name(f, -1))
+        fuzz_fail("%d sections listed, the header says %u", ckpt_section_count(f), (unsigned)count);
     size_t pos = HEADER_BYTES;
-    for (uint32_t i = 0; i < count; i++) expect_section(f, data, size, &pos);
+    for (uint32_t i = 0; i < count; i++) {
+        if (strncmp(ckpt_section_name(f, (int)i), (const char *)data + pos, CKPT_NAME_LEN) != 0)
+            fuzz_fail("section %u listed under another name", (unsigned)i);
+        expect_section(f, data, size, &pos);
+    }
     err[0] = '\0';
     if (ckpt_read_section(f, "no such section", NULL, 0, err, sizeof err) == 0)
         fuzz_fail("a missing section reads");

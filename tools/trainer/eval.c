@@ -7,6 +7,7 @@
 #include "tools/trainer/eval.h"
 
 #include "models/infer.h"
+#include "runtime/files.h"
 #include "runtime/json_out.h"
 #include "tools/trainer/infer_options.h"
 #include "tools/trainer/trainer.h"
@@ -213,8 +214,8 @@ void eval_print(const EvalReport *r, FILE *f) {
     print_confusion(r, f);
 }
 
-int eval_write_csv(const EvalReport *r, const char *path) {
-    FILE *f = fopen(path, "w");
+int eval_write_csv(const EvalReport *r, const char *path, char *err, size_t errlen) {
+    FILE *f = files_open_output(path, 0, err, errlen);
     if (!f) return -1;
     fprintf(f, "class,images,correct,accuracy");
     for (int j = 0; j < r->classes; j++) fprintf(f, ",predicted_%d", j);
@@ -227,7 +228,10 @@ int eval_write_csv(const EvalReport *r, const char *path) {
         fputc('\n', f);
     }
     int failed = ferror(f);
-    if (fclose(f) != 0 || failed) return -1;
+    if (fclose(f) != 0 || failed) {
+        snprintf(err, errlen, "cannot write it: %s", strerror(errno));
+        return -1;
+    }
     return 0;
 }
 

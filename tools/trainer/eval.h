@@ -36,8 +36,10 @@ void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r);
  * confusion matrix (up to EVAL_MATRIX_TEXT_MAX classes) as text. */
 #define EVAL_MATRIX_TEXT_MAX 32
 void eval_print(const EvalReport *r, FILE *f);
-/* Per-class accuracy and the confusion matrix as one CSV table; 0, or -1 with errno. */
-int eval_write_csv(const EvalReport *r, const char *path);
+/* Per-class accuracy and the confusion matrix as one CSV table (through
+ * files_open_output: never over an input or a checkpoint); 0, or -1 with the
+ * reason in err. */
+int eval_write_csv(const EvalReport *r, const char *path, char *err, size_t errlen);
 /* One JSON line: checkpoint, step, n, classes, top1, top5 (null with 5 classes or fewer), loss. */
 void eval_print_json(const EvalReport *r, FILE *f);
 void eval_report_free(EvalReport *r);

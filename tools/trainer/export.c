@@ -3,18 +3,22 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "data/dataset.h"
 #include "data/transform.h"
 #include "models/netfile.h"
 #include "models/tensors.h"
 #include "models/zoo.h"
 #include "runtime/check.h"
 #include "runtime/checkpoint.h"
+#include "runtime/files.h"
 #include "runtime/json_out.h"
 
 /* ---- the checkpoint's sections ---------------------------------------------- */
@@ -122,8 +126,20 @@ static char *safetensors_header(const ModelTensor *ts, int n, cJSON *metadata, s
     return grown;
 }
 
-/* Writes the file at a temporary name and renames it into place; 0, or -1
- * with a message in err and nothing left at path. */
+/* Whether an existing file is a safetensors file (its header length, then a
+ * JSON object): the one kind of file export replaces. */
+static int is_safetensors(int fd) {
+    unsigned char head[9];
+    struct stat st;
+    if (fstat(fd, &st) != 0 || pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) return 0;
+    uint64_t header_len = 0;
+    for (int b = 0; b < 8; b++) header_len |= (uint64_t)head[b] << (8 * b);
+    return head[8] == '{' && header_len <= (uint64_t)st.st_size - 8;
+}
+
+/* Writes the file at a temporary name and renames it into place
+ * (files_whole_begin: never over an input, a checkpoint or a file of another
+ * kind); 0, or -1 with a message in err and nothing left at path. */
 static int write_safetensors(const char *path, const Model *m, const ModelTensor *ts, int n, const float *params,
                              const float *stats, cJSON *metadata, char *err, size_t errlen) {
     size_t header_len, largest = 1;
@@ -131,10 +147,10 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
     for (int i = 0; i < n; i++) largest = ts[i].count > largest ? ts[i].count : largest;
     float *buf = malloc(largest * sizeof(float));
     if (!buf) TC_FATAL("out of host memory: a tensor of %zu floats", largest);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int opened = f != NULL, ok = opened;
+    FilesWhole out;
+    char why[4000];
+    int opened = files_whole_begin(&out, path, is_safetensors, why, sizeof why) == 0, ok = opened;
+    FILE *f = out.f;
     if (opened) {
         unsigned char len_le[8];
         for (int b = 0; b < 8; b++) len_le[b] = (unsigned char)((uint64_t)header_len >> (8 * b));
@@ -143,15 +159,14 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
             model_tensor_get(m, &ts[i], params, stats, buf);
             ok = fwrite(buf, sizeof(float), ts[i].count, f) == ts[i].count;
         }
-        ok = fflush(f) == 0 && ok;
-        ok = fsync(fileno(f)) == 0 && ok;
-        ok = fclose(f) == 0 && ok;
+        if (!ok) {
+            snprintf(why, sizeof why, "cannot write it: %s", strerror(errno));
+            files_whole_abort(&out);
+        } else {
+            ok = files_whole_commit(&out, is_safetensors, why, sizeof why) == 0;
+        }
     }
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) {
-        snprintf(err, errlen, "--out %s: cannot write it: %s", path, strerror(errno));
-        if (opened) unlink(tmp);
-    }
+    if (!ok) snprintf(err, errlen, "--out %s: %s", path, why);
     free(buf);
     free(header);
     return ok ? 0 : -1;
@@ -185,6 +200,12 @@ static cJSON *parse_section(CkptFile *f, const char *name, char *err, size_t err
     return root;
 }
 
+/* Whether a JSON value is a whole number from lo to hi. */
+static int whole_in(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
+           v->valuedouble == floor(v->valuedouble);
+}
+
 /* The checkpoint's tensor table must be the one this trainc gives the model: its
  * offsets this trainc's, or those of a checkpoint written before the layers'
  * parameters were aligned (model_packed_offset); *packed says which. */
@@ -200,7 +221,7 @@ static int check_table(const cJSON *table, const Model *m, const ModelTensor *ts
         const cJSON *e = cJSON_GetArrayItem(table, i);
         const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "name"));
         const cJSON *offset = cJSON_GetObjectItemCaseSensitive(e, "offset");
-        int named = name && strcmp(name, ts[i].name) == 0 && cJSON_IsNumber(offset);
+        int named = name && strcmp(name, ts[i].name) == 0 && whole_in(offset, 0, 9007199254740992.0);
         size_t at = named ? (size_t)offset->valuedouble : 0;
         fits[0] &= named && at == ts[i].offset;
         fits[1] &= named && at == (ts[i].in_bn_stats ? ts[i].offset : model_packed_offset(m, ts[i].offset));
@@ -232,9 +253,12 @@ static cJSON *metadata_of(const cJSON *meta) {
     return md;
 }
 
-static int meta_int(const cJSON *meta, const char *key) {
+/* The meta's whole number key, from lo to hi; -1 with a message naming the key when it is not one. */
+static int meta_int(const cJSON *meta, const char *key, int lo, int hi, const char *path, char *err, size_t errlen) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
-    return cJSON_IsNumber(v) ? v->valueint : -1;
+    if (whole_in(v, lo, hi)) return (int)v->valuedouble;
+    snprintf(err, errlen, "%s: its meta section's %s is not a whole number from %d to %d", path, key, lo, hi);
+    return -1;
 }
 
 /* Builds the model the meta section names: from the checkpoint's net text where it has one, else by name. */
@@ -242,15 +266,18 @@ Model *model_of_meta(const cJSON *meta, const char *net_text, int batch, int nhw
                      size_t errlen) {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "model"));
     const char *layout = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(meta, "layout"));
+    int image_size = meta_int(meta, "image_size", 8, 4096, path, err, errlen); /* data.image_size's range */
+    int num_classes = image_size < 0 ? -1 : meta_int(meta, "num_classes", 1, DATASET_MAX_CLASSES, path, err, errlen);
     Model *m = calloc(1, sizeof *m);
     if (!m) TC_FATAL("out of host memory: a model");
     char why[1024], net_path[4200];
-    int image_size = meta_int(meta, "image_size"), num_classes = meta_int(meta, "num_classes");
     int layout_nhwc = nhwc >= 0 ? nhwc : layout && strcmp(layout, "nhwc") == 0;
     NetShape shape = {batch, image_size, num_classes, layout_nhwc};
     snprintf(net_path, sizeof net_path, "%s (its net)", path);
-    if (!name || !layout) {
-        snprintf(err, errlen, "%s: its meta section names no model or layout", path);
+    if (!name || !layout || (strcmp(layout, "nchw") != 0 && strcmp(layout, "nhwc") != 0)) {
+        snprintf(err, errlen, "%s: its meta section names no model, or no layout nchw or nhwc", path);
+    } else if (num_classes < 0) {
+        /* err names the key */
     } else if (net_text ? netfile_build(m, net_path, net_text, &shape, why, sizeof why) != 0
                         : model_build(m, name, batch, image_size, num_classes, layout_nhwc, why, sizeof why) != 0) {
         snprintf(err, errlen, "%s: its model cannot be built: %s", path, why);
@@ -403,6 +430,7 @@ typedef struct {
 
 static int read_whole(const char *path, SafetensorsFile *st, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
+    if (f) files_note_input(path, fileno(f));
     long size = -1;
     if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
     if (!f || size < 0 || fseek(f, 0, SEEK_SET) != 0) {

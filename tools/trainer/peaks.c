@@ -277,28 +277,32 @@ int peaks_cache_read(const char *path, ProfilePeaks *out, char *why, size_t whyl
     return 0;
 }
 
+/* The cache's name is trainc's own, in its cache folder: a file there (a
+ * damaged cache too) is replaced, unless files.h's checks refuse it. */
+static int is_peaks_cache(int fd) { return fd >= 0; }
+
 /* Written beside, then renamed: a reader never sees half a file. */
 int peaks_cache_write(const char *path, const ProfilePeaks *p) {
-    char dir[1024], tmp[1100];
+    char dir[1024];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash && slash != dir) {
         *slash = 0;
         if (files_make_dirs(dir) != 0) return -1;
     }
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return -1;
+    FilesWhole out;
+    char err[4400];
+    if (files_whole_begin(&out, path, is_peaks_cache, err, sizeof err) != 0) return -1;
+    FILE *f = out.f;
     int bad = fprintf(f, "# trainc profile's measured peaks (tools/trainer/peaks.c); delete the file to remeasure\n"
                          "device = %s\nflops_per_s = %.17g\nflops_f32_per_s = %.17g\nflops_tf32_per_s = %.17g\n"
                          "bytes_per_s = %.17g\n", p->device, p->flops_per_s, p->flops_f32_per_s,
                       p->flops_tf32_per_s, p->bytes_per_s) < 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        remove(tmp);
+    if (bad) {
+        files_whole_abort(&out);
         return -1;
     }
-    return 0;
+    return files_whole_commit(&out, is_peaks_cache, err, sizeof err);
 }
 
 /* ---- the peaks ------------------------------------------------------------------ */

@@ -8,12 +8,14 @@
  * Everything is read back when the run closes. */
 #include "tools/trainer/profile.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist/placement.h"
 #include "runtime/check.h"
+#include "runtime/files.h"
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
 #include "runtime/log.h"
@@ -404,9 +406,11 @@ static void write_trace_file(const char *path, cJSON *events, const char *gather
         cJSON_Delete(theirs);
     }
     char *text = cJSON_PrintUnformatted(root);
-    FILE *f = fopen(path, "w");
-    if (!text || !f || fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
-        TC_USER_ERROR("--trace %s: cannot write it", path);
+    char err[4400] = "cannot write it";
+    FILE *f = text ? files_open_output(path, 0, err, sizeof err) : NULL;
+    if (!f) TC_USER_ERROR("--trace %s: %s", path, err);
+    if (fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
+        TC_USER_ERROR("--trace %s: cannot write it: %s", path, strerror(errno));
     free(text);
     cJSON_Delete(root);
 }

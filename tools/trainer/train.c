@@ -307,6 +307,13 @@ static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
                 t->ckpt.step == t->step ? ", saved in " : " (no checkpoint written)",
                 t->ckpt.step == t->step ? t->ckpt.path : "");
     }
+    if (t->ckpt.failed) {
+        if (!out->exit_status) out->exit_status = 1;
+        fflush(stdout);
+        fprintf(stderr, "trainc: error: %ld checkpoint%s asked for %s not written (see the warnings above); the "
+                "last one written: %s\n", t->ckpt.failed, t->ckpt.failed > 1 ? "s" : "",
+                t->ckpt.failed > 1 ? "were" : "was", t->ckpt.path[0] ? t->ckpt.path : "none");
+    }
     _Static_assert(sizeof out->checkpoint == sizeof t->ckpt.path, "checkpoint path sizes");
     memcpy(out->checkpoint, t->ckpt.path, sizeof out->checkpoint);
 }

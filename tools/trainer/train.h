@@ -48,7 +48,8 @@ typedef struct {
     uint32_t params_crc;    /* CRC-32 of the final fp32 parameters: equal runs have equal ones */
     int stopped;            /* stopped early: by a signal, or by run.max_bad_steps */
     char stop_signal[16];   /* "SIGTERM", "SIGINT" or "" */
-    int exit_status;        /* what trainc exits with: 0, 128 + signal, or 1 (run.max_bad_steps) */
+    int exit_status;        /* what trainc exits with: 0, 128 + signal, or 1 (run.max_bad_steps, checkpoints
+                             * asked for and not written) */
     char checkpoint[4200];  /* the last checkpoint written or resumed from; "" if none */
     /* Where a timed step's time went, ms per step (the summary's phase_ms); NaN
      * where not measured. data_wait: host time in loader_next. The others are

@@ -1,6 +1,7 @@
 /* Checkpoints of a training run: writing them (run.checkpoint_every, on a stop
  * signal), keeping the last run.keep_checkpoints, and resuming (run.resume). */
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 
 #include "runtime/files.h"
@@ -110,9 +111,22 @@ static void checkpoint_path(char *out, size_t n, const char *dir, long step) {
 }
 
 /* The temporary files of checkpoint writes that never finished (a process
- * killed mid-write); rank 0 alone writes, and only its host knows its pids. */
+ * killed mid-write); rank 0 alone writes, and removes them while it holds the
+ * folder's lock. */
 static void remove_stale_temporaries(const Trainer *t) {
     if (t->ddp.dist->rank == 0) ckpt_remove_stale_temporaries(t->set.checkpoint.dir, "ckpt-", ".trc");
+}
+
+/* run.checkpoint_dir is this run's while it runs (rank 0 holds its lock):
+ * taken at the start when the run writes checkpoints or resumes the folder's
+ * latest, ending the process when it cannot be (another run holds it, it cannot
+ * be written); else at the first checkpoint, which is not written then. */
+int lock_checkpoint_dir(const Trainer *t, int at_start) {
+    char err[4400];
+    if (t->ddp.dist->rank != 0 || ckpt_lock_dir(t->set.checkpoint.dir, err, sizeof err) == 0) return 0;
+    if (at_start) TC_USER_ERROR("run.checkpoint_dir: %s", err);
+    log_warn("run.checkpoint_dir: %s; no checkpoint at step %ld", err, t->step);
+    return -1;
 }
 
 /* run.keep_checkpoints: delete all but the newest K, never the one just written. */
@@ -123,7 +137,8 @@ static void rotate_checkpoints(Trainer *t) {
         char path[4200];
         if (steps[i] == t->ckpt.step) continue;
         checkpoint_path(path, sizeof path, t->set.checkpoint.dir, steps[i]);
-        if (unlink(path) != 0) log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
+        if (ckpt_remove_own(path) != 0 && errno != EPERM) /* EPERM: not this run's, left */
+            log_warn("run.keep_checkpoints: cannot delete %s: %s", path, strerror(errno));
     }
     free(steps);
 }
@@ -186,8 +201,15 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     return rc;
 }
 
+/* A checkpoint not written: training goes on, and the run ends with exit status 1. */
+static int checkpoint_failed(Trainer *t) {
+    t->ckpt.failed++;
+    return -1;
+}
+
 /* Writes the state after t->step optimizer steps into run.checkpoint_dir;
- * returns 0, or -1 with a warning (training goes on). Never overwrites a file. */
+ * returns 0, or -1 with a warning (training goes on; the run ends with exit
+ * status 1). Never overwrites a file. */
 int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     char path[4200], err[4400];
     if (t->ckpt.step == t->step && t->ckpt.path[0]) return 0; /* this state is saved */
@@ -198,16 +220,12 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
         t->ckpt.step = t->step;
         return 0;
     }
-    if (files_make_dirs(t->set.checkpoint.dir) != 0) {
-        log_warn("run.checkpoint_dir: cannot create %s: %s; no checkpoint at step %ld", t->set.checkpoint.dir,
-                 strerror(errno), t->step);
-        return -1;
-    }
+    if (lock_checkpoint_dir(t, 0) != 0) return checkpoint_failed(t);
     remove_stale_temporaries(t);
     checkpoint_path(path, sizeof path, t->set.checkpoint.dir, t->step);
     if (access(path, F_OK) == 0) {
         log_warn("%s exists already (another run's?): not overwritten; no checkpoint at step %ld", path, t->step);
-        return -1;
+        return checkpoint_failed(t);
     }
     gpu_range_push("checkpoint");
     double start = now_seconds();
@@ -215,7 +233,7 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     gpu_range_pop();
     if (rc != 0) {
         log_warn("checkpoint at step %ld not written: %s", t->step, err);
-        return -1;
+        return checkpoint_failed(t);
     }
     snprintf(t->ckpt.path, sizeof t->ckpt.path, "%s", path);
     t->ckpt.step = t->step;
@@ -243,11 +261,7 @@ static int move_aside(const char *path, char *aside, size_t n) {
     for (int i = 1; i <= 100; i++) {
         if (i == 1) snprintf(aside, n, "%s.corrupt", path);
         else snprintf(aside, n, "%s.corrupt.%d", path, i);
-        if (renameat2(AT_FDCWD, path, AT_FDCWD, aside, RENAME_NOREPLACE) == 0) return 0;
-        if (errno == EINVAL || errno == ENOSYS) { /* a file system without RENAME_NOREPLACE */
-            if (access(aside, F_OK) == 0) continue;
-            return rename(path, aside);
-        }
+        if (files_rename_noreplace(path, aside) == 0) return 0;
         if (errno != EEXIST) return -1;
     }
     errno = EEXIST;
@@ -315,10 +329,36 @@ void check_checkpoint_dir(const Trainer *t, long resume_step) {
     free(steps);
 }
 
+/* Every enum, count and size the file holds, in range before any is used. */
+static void check_fields(const char *path, const CkptModel *have, const CkptPosition *pos,
+                         const LossScalerState *scaler) {
+    int64_t dtype = have->act_dtype;
+    struct { int out_of_range; const char *field; } checks[] = {
+        {dtype != DTYPE_F32 && dtype != DTYPE_F16 && dtype != DTYPE_BF16, "model.act_dtype (f32, f16 or bf16)"},
+        {have->nhwc != 0 && have->nhwc != 1, "model.nhwc (0 or 1)"},
+        {have->n_params < 0, "model.n_params"},
+        {have->num_classes < 1 || have->num_classes > INT_MAX, "model.num_classes"},
+        {have->accumulate < 1 || have->accumulate > INT_MAX, "model.accumulate"},
+        {pos->step < 0, "position.step"},
+        {pos->epoch < 0 || pos->epoch > INT_MAX, "position.epoch"},
+        {pos->epoch_micro < 0, "position.epoch_micro"},
+        {!(scaler->scale >= 0), "loss_scaler.scale"},
+        {scaler->good_steps < 0 || scaler->skipped_steps < 0, "loss_scaler's step counts"},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
+        if (checks[i].out_of_range)
+            TC_USER_ERROR("run.resume: %s: corrupt checkpoint: its field %s is out of range (model: dtype %lld, "
+                          "nhwc %lld, %lld classes, accumulate %lld, %lld parameters; position: step %lld, epoch "
+                          "%lld, micro-batch %lld; loss scale %g)", path, checks[i].field, (long long)dtype,
+                          (long long)have->nhwc, (long long)have->num_classes, (long long)have->accumulate,
+                          (long long)have->n_params, (long long)pos->step, (long long)pos->epoch,
+                          (long long)pos->epoch_micro, (double)scaler->scale);
+}
+
 /* A checkpoint of another net, precision, layout or accumulation is refused;
  * another data order only warned of. */
 static void check_fits(const Trainer *t, const char *path, const CkptModel *have, const CkptModel *want,
-                       const CkptData *data, const CkptPosition *pos) {
+                       const CkptData *data) {
     if (strcmp(have->name, want->name) != 0 || have->n_params != want->n_params ||
         have->shape_fingerprint != want->shape_fingerprint || have->num_classes != want->num_classes)
         TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
@@ -338,9 +378,6 @@ static void check_fits(const Trainer *t, const char *path, const CkptModel *have
                  "data.shuffle = %s; the data order from here on differs from that run's", path,
                  (long long)data->seed, (long long)data->batch, (long long)data->train_images,
                  data->shuffle ? "on" : "off");
-    if (pos->step < 0 || pos->epoch < 0 || pos->epoch_micro < 0)
-        TC_USER_ERROR("run.resume: %s: corrupt position (step %lld, epoch %lld)", path, (long long)pos->step,
-                 (long long)pos->epoch);
 }
 
 /* A section of n_params floats into host; from a checkpoint written before the
@@ -427,10 +464,11 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
         ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
         TC_USER_ERROR("run.resume: %s", err);
     have.name[sizeof have.name - 1] = 0;
+    check_fields(path, &have, &pos, &scaler);
     /* Written before the layers' parameters were aligned: the same parameters, packed. */
     int packed = have.n_params != want.n_params && have.n_params == (int64_t)model_param_count(&t->model);
     if (packed) have.n_params = want.n_params;
-    check_fits(t, path, &have, &want, &data, &pos);
+    check_fits(t, path, &have, &want, &data);
     load_weights(t, f, path, packed);
     if (!t->weights_only) load_optimizer(t, f, path, packed);
     if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */

@@ -5,6 +5,7 @@
 #include "data/decode.h"
 #include "dist/placement.h"
 #include "models/whiten.h"
+#include "runtime/files.h"
 #include "tools/trainer/export.h"
 #include "tools/trainer/trainer.h"
 
@@ -649,10 +650,9 @@ static void open_loop(Trainer *t, double run_start) {
     t->data.train_loader = make_loader(t, &t->data.train, 1);
     if (s->run.eval) t->data.test_loader = make_loader(t, &t->data.test, 0);
     if (s->run.metrics_file[0] && t->ddp.dist->rank == 0) {
-        t->watch.metrics = fopen(s->run.metrics_file, "a");
-        if (!t->watch.metrics)
-            TC_USER_ERROR("run.metrics_file = %s: cannot open it for appending: %s", s->run.metrics_file,
-                          strerror(errno));
+        char err[4400];
+        t->watch.metrics = files_open_output(s->run.metrics_file, 1, err, sizeof err);
+        if (!t->watch.metrics) TC_USER_ERROR("run.metrics_file = %s: %s", s->run.metrics_file, err);
         fatal_metrics = t->watch.metrics;
     }
     if (t->watch.metrics && t->device.monitor && s->monitor.sample_every_s > 0)
@@ -674,6 +674,7 @@ static void open_loop(Trainer *t, double run_start) {
 
 CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out, double run_start) {
     open_settings(t, cfg, dist, out);
+    if (t->set.checkpoint.every || strcmp(t->set.run.resume, "latest") == 0) lock_checkpoint_dir(t, 1);
     /* run.resume: the file is checked end to end before anything is loaded. */
     CkptFile *resume = t->set.run.resume[0] ? open_resume(t, t->set.run.resume) : NULL;
     open_summary(t, out);
@@ -720,6 +721,7 @@ void trainer_close(Trainer *t) {
     gpu_monitor_record_to(t->device.monitor, NULL, 0, 0);
     if (t->watch.metrics) fclose(t->watch.metrics);
     fatal_metrics = NULL;
+    ckpt_unlock_dir(t->set.checkpoint.dir);
     prom_stop(t->watch.prom);
     tensorboard_stop(t);
     phases_destroy(t);

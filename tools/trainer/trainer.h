@@ -199,6 +199,7 @@ typedef struct {
 typedef struct {
     char path[4200];          /* written (or resumed from) at step */
     long step;
+    long failed;              /* checkpoints asked for and not written: the run ends with exit status 1 */
 } TrainLastCheckpoint;
 
 typedef struct {
@@ -300,6 +301,7 @@ void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream);
 
 /* train_checkpoint.c */
 int save_checkpoint(Trainer *t, int epoch, long epoch_micro);
+int lock_checkpoint_dir(const Trainer *t, int at_start);
 CkptFile *open_resume(const Trainer *t, const char *resume);
 void check_checkpoint_dir(const Trainer *t, long resume_step);
 CkptPosition load_checkpoint(Trainer *t, CkptFile *f);

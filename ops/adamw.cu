@@ -42,7 +42,10 @@ static __global__ void adamw_step_mixed_kernel(float *master, const TG *grad, fl
                                      p.decoupled, *step_dev);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float share = p.lr_scale ? p.lr_scale[i] : 1.0f;
-        if (share == 0.0f) continue; /* frozen: its half copy too */
+        if (share == 0.0f) { /* frozen; its half copy is still the master rounded, as the face promises */
+            if (weights_half) weights_half[i] = from_float<TW>(master[i]);
+            continue;
+        }
         float decay = p.decay_mask && !p.decay_mask[i] ? 0.0f : p.weight_decay;
         float updated = adamw_update(&s, to_float(grad[i]), share, decay, master[i], &m[i], &v[i]);
         master[i] = updated;

@@ -19,7 +19,7 @@
 #include "tests/model_checks.h"
 #include "tests/op_checks.h"
 
-enum { BATCH = 4, CLASSES = 3, SIZE = 8, IN = 4 };
+enum { BATCH = 4, CLASSES = 3, SIZE = 8, IN = 8 }; /* 8 input channels: none padded under NHWC */
 
 /* act: GELU (smooth, for finite differences) or ReLU (the fusions' patterns). */
 static int act(Model *m, int x, int relu) { return relu ? model_relu(m, x) : model_gelu(m, x); }
@@ -36,7 +36,7 @@ static void build(Model *m, int relu, int nhwc) {
     x = model_add(m, model_batchnorm(m, model_conv_no_bias(m, d, IN, 1, 0, 1)), x);
     model_block_end(m);
     model_block_begin(m);
-    x = act(m, model_conv_groups(m, x, 8, 5, 2, 2, IN, 1), relu); /* two filters a channel */
+    x = act(m, model_conv_groups(m, x, 8, 5, 2, 2, IN, 1), relu); /* depthwise, with a bias */
     x = act(m, model_conv_groups(m, x, 8, 3, 1, 1, 2, 1), relu);
     if (relu) x = model_maxpool2(m, x);
     model_block_end(m);

@@ -70,13 +70,16 @@ static void dropout_shape(const GridCase *c, DropoutShape s, float p) {
     dropout_forward(&c->ctx, &s, &k, d_counter, d_x, d_y);
     dropout_backward(&c->ctx, &s, &k, d_counter, d_dy, d_dx, 0);
     float *gy = get_nchw(c, d_y, &s), *gdx = get_nchw(c, d_dx, &s);
-    /* A product by the scale and, accumulating, one sum, each rounded as the reference rounds it: exact. */
+    /* A product by the scale, rounded as the reference rounds it: exact. */
     grid_check(c, "dropout y", gy, y, n, 0);
     grid_check(c, "dropout dx", gdx, dx, n, 0);
     grid_set(c, dt, d_dx, oldl, n);
     dropout_backward(&c->ctx, &s, &k, d_counter, d_dy, d_dx, 1);
     float *gacc = get_nchw(c, d_dx, &s);
-    grid_check(c, "dropout dx (accumulated onto random)", gacc, acc, n, 0);
+    /* Accumulating in half precision the device adds the unrounded product (H200: 3.0e-4 fp16, 2.4e-3 bf16
+     * apart): one rounding of the sum, within an ulp of the reference's two. */
+    static const GridBound ACCUMULATED = {0, 1e-3, 8e-3};
+    grid_check(c, "dropout dx (accumulated onto random)", gacc, acc, n, grid_bound(c, ACCUMULATED));
     dropout_forward(&c->ctx, &s, &k, d_counter, d_x, d_x); /* y aliasing x */
     float *ginplace = get_nchw(c, d_x, &s);
     grid_check_same(c, "dropout y (y == x)", ginplace, gy, n * sizeof(float));

@@ -107,6 +107,24 @@ static void check_command_line(const char *dir) {
     expect_error("--config configs/baseline.ini extra", "unexpected argument: extra");
     expect_error("--config configs/baseline.ini bench-loader", "a subcommand comes first");
     expect_error("-x", "unknown option: -x");
+    /* A mistyped subcommand is named, with the nearest where one is near, and the subcommands listed. */
+    expect_error("trian --config configs/cpu.ini", "unknown subcommand 'trian'; the subcommands: bench-loader");
+    expect_error("profil --config configs/cpu.ini", "unknown subcommand 'profil' (did you mean 'profile'?)");
+    /* A subcommand's --help is its own. */
+    static const char *const own_help[][2] = {{"eval", "usage: trainc eval --checkpoint"},
+                                              {"profile", "usage: trainc profile --config"},
+                                              {"bench-infer", "needs a GPU"},
+                                              {"bench-loader", "needs a GPU"},
+                                              {"summary", "usage: trainc summary"},
+                                              {"keys", "usage: trainc keys"}};
+    for (size_t i = 0; i < sizeof own_help / sizeof own_help[0]; i++) {
+        char args[64];
+        snprintf(args, sizeof args, "%s --help", own_help[i][0]);
+        int rc = trainc(args);
+        CHECK_MSG(rc == 0 && strstr(output, own_help[i][1]) && !strstr(output, "trainc pack --from"),
+                  "trainc %s: exit %d, not its own usage ('%s'):\n%s", args, rc, own_help[i][1], output);
+    }
+    expect_error("keys extra", "trainc keys takes no argument: extra");
     CHECK(trainc("--bogus") == 2);
     CHECK(trainc("--print-config") == 0); /* the defaults alone */
 

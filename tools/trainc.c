@@ -53,52 +53,139 @@
 #include "tools/trainer/summary.h"
 #include "tools/trainer/train.h"
 
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+#define PROFILE_DEFAULT_STEPS STRINGIFY(PROFILE_DEFAULT_FIRST) ":" STRINGIFY(PROFILE_DEFAULT_LAST)
+
+/* Each subcommand: its synopsis (the usage's lines) and what it does; "" is training itself. */
+typedef struct {
+    const char *name, *synopsis, *help;
+} Subcommand;
+
+static const Subcommand subcommands[] = {
+    {"", "trainc [bench-loader] --config FILE [--set section.key=value]...\n"
+         "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n", NULL},
+    {"bench-loader", NULL, "time loading plus copying alone over the lab's grid (needs a GPU)\n"},
+    {"find-batch", "trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n",
+     "double train.batch until out of memory or samples/s stops growing 5%,\n"
+     "up to --max-batch (65536); prints the table and the best batch\n"},
+    {"profile", "trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
+                "                      [--graph]\n",
+     "run the config's steps 1..B, time steps A..B (--steps, default " PROFILE_DEFAULT_STEPS ") op by op\n"
+     "through the op hook and print them by layer, a diagnosis by phase and the\n"
+     "memory split; --trace writes them as Chrome trace-event JSON (Perfetto);\n"
+     "--graph keeps the step in its CUDA graph (perf.cuda_graph on, GPU): CUPTI's\n"
+     "kernels, the phases and the diagnosis, the FLOPs per step, no per-layer times\n"},
+    {"eval", "trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n",
+     "load a checkpoint into the model the config builds and print its top-1 (and\n"
+     "top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
+     "split; --csv writes the last two as CSV\n"},
+    {"keys", "trainc keys        every config key as a Markdown table (docs/config-keys.md)\n", NULL},
+    {"export", "trainc export --checkpoint FILE --format safetensors --out FILE\n",
+     "a checkpoint's weights as safetensors with PyTorch's names (ONNX: through\n"
+     "tools/torch_load_safetensors.py --onnx)\n"},
+    {"predict", "trainc predict --checkpoint FILE [--top K] [--json] [--device D] IMAGE...\n",
+     "classify JPEG, PNG or BMP images with a checkpoint (no config: it holds the\n"
+     "model, input preparation and class names); prints each image's top-K classes\n"
+     "(default 5) with probabilities, JSON lines with --json\n"},
+    {"bench-infer", "trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
+                    "                          [--by-layer]\n",
+     "images/s and latency (p50, p99) of the inference path eval and predict run\n"
+     "(batch norm folded, fused epilogues, fp16 NHWC, a CUDA graph per batch size)\n"
+     "for each --batch size, with the checkpoint's weights or random ones;\n"
+     "--by-layer also times each op of an eager forward, by layer (needs a GPU)\n"},
+    {"pack", "trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S]\n",
+     "write an image folder's splits as WebDataset tar shards (data.source = shards)\n"},
+    {"summary", "trainc summary --config FILE [--set ...]\n",
+     "the config's net, each layer with its output shape, parameters and FLOPs a\n"
+     "forward per image, and the totals (CPU, no data)\n"},
+};
+#define N_SUBCOMMANDS ((int)(sizeof subcommands / sizeof subcommands[0]))
+
+static const char *const common_options =
+    "  --config FILE     INI file (may include others)\n"
+    "  --set k=v         override one key, e.g. --set train.batch=256\n"
+    "  --device D        shorthand for --set run.device=D\n"
+    "  --resume F        continue from checkpoint F, or latest in run.checkpoint_dir\n"
+    "                    (shorthand for --set run.resume=F)\n"
+    "  --print-config    print the effective config and exit\n"
+    "  --quiet           only warnings, errors and the summary\n"
+    "  --version         trainc's version and commit, and the CUDA, cuDNN and NCCL it finds\n"
+    "  --help            this text\n";
+
+static const Subcommand *find_subcommand(const char *name) {
+    for (int i = 1; i < N_SUBCOMMANDS; i++)
+        if (strcmp(subcommands[i].name, name) == 0) return &subcommands[i];
+    return NULL;
+}
+
+/* Text of several lines, each after 'indent' spaces but the first, which follows 'first'. */
+static void print_indented(FILE *f, const char *first, const char *text, int indent) {
+    fputs(first, f);
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p + 1) : strlen(p);
+        if (p != text) fprintf(f, "%*s", indent, "");
+        fwrite(p, 1, len, f);
+        p += len;
+    }
+}
+
+static void print_help_line(FILE *f, const Subcommand *c) {
+    char first[32];
+    snprintf(first, sizeof first, "  %-16s  ", c->name);
+    print_indented(f, first, c->help, 20);
+}
+
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: trainc [bench-loader] --config FILE [--set section.key=value]...\n"
-            "              [--device cpu|cuda] [--resume FILE|latest] [--print-config] [--quiet]\n"
-            "       trainc find-batch --config FILE [--set ...] [--device D] [--max-batch N]\n"
-            "       trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
-            "                      [--graph]\n"
-            "       trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n"
-            "       trainc keys        every config key as a Markdown table (docs/config-keys.md)\n"
-            "       trainc export --checkpoint FILE --format safetensors --out FILE\n"
-            "       trainc predict --checkpoint FILE [--top K] [--json] [--device D] IMAGE...\n"
-            "       trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
-            "                          [--by-layer]\n"
-            "       trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S]\n"
-            "       trainc summary --config FILE [--set ...]\n"
-            "       trainc --version | --help\n"
-            "  bench-loader      time loading plus copying alone over the lab's grid\n"
-            "  find-batch        double train.batch until out of memory or samples/s stops growing 5%%,\n"
-            "                    up to --max-batch (65536); prints the table and the best batch\n"
-            "  profile           run the config's steps 1..B, time steps A..B (--steps, default %d:%d) op by op\n"
-            "                    through the op hook and print them by layer, a diagnosis by phase and the\n"
-            "                    memory split; --trace writes them as Chrome trace-event JSON (Perfetto);\n"
-            "                    --graph keeps the step in its CUDA graph (perf.cuda_graph on, GPU): CUPTI's\n"
-            "                    kernels, the phases and the diagnosis, the FLOPs per step, no per-layer times\n"
-            "  eval              load a checkpoint into the model the config builds and print its top-1 (and\n"
-            "                    top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
-            "                    split; --csv writes the last two as CSV\n"
-            "  predict           classify JPEG, PNG or BMP images with a checkpoint (no config: it holds the\n"
-            "                    model, input preparation and class names); prints each image's top-K classes\n"
-            "                    (default 5) with probabilities, JSON lines with --json\n"
-            "  bench-infer       images/s and latency (p50, p99) of the inference path eval and predict run\n"
-            "                    (batch norm folded, fused epilogues, fp16 NHWC, a CUDA graph per batch size)\n"
-            "                    for each --batch size, with the checkpoint's weights or random ones;\n"
-            "                    --by-layer also times each op of an eager forward, by layer\n"
-            "  pack              write an image folder's splits as WebDataset tar shards (data.source = shards)\n"
-            "  summary           the config's net, each layer with its output shape, parameters and FLOPs a\n"
-            "                    forward per image, and the totals (CPU, no data)\n"
-            "  --config FILE     INI file (may include others)\n"
-            "  --set k=v         override one key, e.g. --set train.batch=256\n"
-            "  --device D        shorthand for --set run.device=D\n"
-            "  --resume F        continue from checkpoint F, or latest in run.checkpoint_dir\n"
-            "                    (shorthand for --set run.resume=F)\n"
-            "  --print-config    print the effective config and exit\n"
-            "  --quiet           only warnings, errors and the summary\n"
-            "  --version         trainc's version and commit, and the CUDA, cuDNN and NCCL it finds\n"
-            "  --help            this text\n", PROFILE_DEFAULT_FIRST, PROFILE_DEFAULT_LAST);
+    for (int i = 0; i < N_SUBCOMMANDS; i++)
+        if (subcommands[i].synopsis) fprintf(f, "%s%s", i ? "       " : "usage: ", subcommands[i].synopsis);
+    fputs("       trainc --version | --help\n", f);
+    for (int i = 1; i < N_SUBCOMMANDS; i++)
+        if (subcommands[i].help) print_help_line(f, &subcommands[i]);
+    fputs(common_options, f);
+}
+
+/* trainc SUBCOMMAND --help: its synopsis, what it does, the options. */
+static void usage_of(FILE *f, const Subcommand *c) {
+    fprintf(f, "usage: %s", c->synopsis ? c->synopsis : subcommands[0].synopsis);
+    if (c->help) print_help_line(f, c);
+    if (strcmp(c->name, "keys") != 0) fputs(common_options, f);
+}
+
+/* The edit distance of a and b (both short). */
+static int edit_distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b), row[64];
+    if (la > 62 || lb > 62) return 99;
+    for (int j = 0; j <= lb; j++) row[j] = j;
+    for (int i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+/* argv[1] is a word that names no subcommand: say so, name them, suggest the nearest. */
+static _Noreturn void unknown_subcommand(const char *word) {
+    const Subcommand *nearest = NULL;
+    int best = 99;
+    for (int i = 1; i < N_SUBCOMMANDS; i++) {
+        int d = edit_distance(word, subcommands[i].name);
+        if (d < best) best = d, nearest = &subcommands[i];
+    }
+    fprintf(stderr, "trainc: error: unknown subcommand '%s'", word);
+    if (nearest && best <= 2) fprintf(stderr, " (did you mean '%s'?)", nearest->name);
+    fputs("; the subcommands:", stderr);
+    for (int i = 1; i < N_SUBCOMMANDS; i++) fprintf(stderr, " %s", subcommands[i].name);
+    fputs("; training takes none: trainc --config FILE (trainc --help)\n", stderr);
+    exit(2);
 }
 
 static void fail_usage(const char *msg, const char *arg) {
@@ -331,16 +418,21 @@ int main(int argc, char **argv) {
         dist_finalize(&dist);
         return rc;
     }
-    if (argc == 2 && strcmp(argv[1], "keys") == 0) {
-        print_keys(stdout);
+    if (argc > 1 && strcmp(argv[1], "keys") == 0) {
+        int help = argc == 3 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0);
+        if (argc > 2 && !help) fail_usage("trainc keys takes no argument", argv[2]);
+        if (help) usage_of(stdout, find_subcommand("keys"));
+        else print_keys(stdout);
         dist_finalize(&dist);
         return 0;
     }
+    if (argc > 1 && argv[1][0] != '-' && !find_subcommand(argv[1])) unknown_subcommand(argv[1]);
     Args args = {.program = argv[0]};
     if (subcommand) parse_args(argc - 1, argv + 1, &args);
     else parse_args(argc, argv, &args);
     if (args.help || args.version) {
-        if (args.help) usage(stdout);
+        if (args.help && subcommand) usage_of(stdout, find_subcommand(subcommand));
+        else if (args.help) usage(stdout);
         else trainc_print_version(stdout);
         free_args(&args);
         dist_finalize(&dist);

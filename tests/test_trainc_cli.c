@@ -286,6 +286,20 @@ static void check_keys_page(void) {
     CHECK(strstr(output, "| `train.batch` | int | [1, ") != NULL);
 }
 
+/* Past ulimit -f a checkpoint's write fails with EFBIG: said, the temporary gone, the run non-zero; no SIGXFSZ. */
+static void check_file_size_limit(const char *dir) {
+    char program[1200], args[1200], tmp[1100];
+    snprintf(program, sizeof program, "ulimit -f 200; exec '%s'", trainc_path());
+    snprintf(args, sizeof args, "--config configs/baseline.ini --device cpu --set data.source=synthetic --set "
+             "data.image_size=32 --set data.synthetic_train=256 --set data.synthetic_test=32 --set run.eval=off --set "
+             "run.max_steps=2 --set run.checkpoint_every=2 --set run.checkpoint_dir=%s/xfsz --quiet", dir);
+    int rc = run_program(program, args);
+    CHECK_MSG(rc == 1 && strstr(output, "not written") && strstr(output, "File too large"),
+              "a checkpoint past ulimit -f: exit %d:\n%s", rc, output);
+    snprintf(tmp, sizeof tmp, "%s/xfsz/ckpt-00000002.trc", dir);
+    CHECK_MSG(access(tmp, F_OK) != 0, "%s left behind", tmp);
+}
+
 static void check_resume_hint(const char *dir) {
     char link[1024], log[1100], cmd[4096], target[4096];
     snprintf(link, sizeof link, "%s/my trainc", dir);
@@ -326,6 +340,8 @@ static void check_resume_hint(const char *dir) {
     CHECK_MSG(strstr(output, want) != NULL, "no '%s' in:\n%s", want, output);
     const char *hint = strstr(output, "resume with: ");
     CHECK_MSG(hint && strstr(hint, " --resume ") && !strstr(hint, "run.resume="), "%s", hint ? hint : output);
+    CHECK_MSG(strstr(output, "run.resume is empty (--set): training from scratch"), "--set run.resume= said nothing:"
+              "\n%s", output);
 }
 
 /* The summary's params_crc of a short airbench run on the CPU with extra --set args. */
@@ -420,6 +436,7 @@ int main(void) {
     check_gpu_keys_on_cpu();
     check_optimizer_keys();
     check_resume_hint(dir);
+    check_file_size_limit(dir);
 
     /* --print-config output loads back and prints the same. */
     CHECK(trainc("--config configs/baseline.ini --set train.batch=64 --print-config") == 0);

@@ -677,6 +677,8 @@ CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     if (t->set.checkpoint.every || strcmp(t->set.run.resume, "latest") == 0) lock_checkpoint_dir(t, 1);
     /* run.resume: the file is checked end to end before anything is loaded. */
     CkptFile *resume = t->set.run.resume[0] ? open_resume(t, t->set.run.resume) : NULL;
+    if (!resume && strcmp(config_origin(cfg, "run.resume"), "default") != 0)
+        log_warn("run.resume is empty (%s): training from scratch, not resuming", config_origin(cfg, "run.resume"));
     open_summary(t, out);
     if (t->set.run.use_gpu) open_gpu(t, out);
     open_data(t);

@@ -253,22 +253,17 @@ static int build_linear(NetBuild *b, int in, const NetArgs *a) {
     return built(b, (bias ? model_linear : model_linear_no_bias)(b->m, in, out));
 }
 
-static int build_maxpool(NetBuild *b, int in, const NetArgs *a) {
+/* A pool's window: k, stride (k unless given), pad; avgpool counts the padding in the average. */
+static int build_pool(NetBuild *b, int in, const NetArgs *a, int (*pool)(Model *, int, int, int, int)) {
     int k = arg_int(b, a, "k");
     int stride = strcmp(arg_text(a, "stride"), "k") == 0 ? k : arg_int(b, a, "stride");
     int pad = arg_int(b, a, "pad");
     if (b->failed) return -1;
-    return built(b, model_maxpool(b->m, in, k, stride, pad));
+    return built(b, pool(b->m, in, k, stride, pad));
 }
 
-/* avgpool k: a window of k (stride k, no padding unless given), padding counted in the average. */
-static int build_avgpool(NetBuild *b, int in, const NetArgs *a) {
-    int k = arg_int(b, a, "k");
-    int stride = strcmp(arg_text(a, "stride"), "k") == 0 ? k : arg_int(b, a, "stride");
-    int pad = arg_int(b, a, "pad");
-    if (b->failed) return -1;
-    return built(b, model_avgpool2d(b->m, in, k, stride, pad));
-}
+static int build_maxpool(NetBuild *b, int in, const NetArgs *a) { return build_pool(b, in, a, model_maxpool); }
+static int build_avgpool(NetBuild *b, int in, const NetArgs *a) { return build_pool(b, in, a, model_avgpool2d); }
 
 static int build_dropout(NetBuild *b, int in, const NetArgs *a) {
     float p = arg_float(b, a, "p");

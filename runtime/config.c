@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     char *text;   /* the value as written, trimmed: what config_print writes back */
     char *origin; /* "default", "path:line" or "--set" */
+    unsigned order; /* 0: the default; else the how-many-th value stored in this config (config_order) */
     int64_t i;    /* CFG_INT */
     double f;     /* CFG_FLOAT */
     int b;        /* CFG_BOOL */
@@ -40,6 +41,7 @@ struct Config {
     int n_keys;
     CfgValue *values; /* values[k] holds schema[k] */
     CfgRange *ranges; /* ranges[k] of schema[k] */
+    unsigned stores;  /* values stored so far: the last one's order */
 };
 
 /* ---------------------------------------------------------------- strings */
@@ -346,6 +348,7 @@ static int set_value(Config *c, int k, const char *text, const char *origin, con
     char *why = NULL;
     CfgValue parsed = {0};
     int rc = parse_value(&c->schema[k], &c->ranges[k], text, &parsed, &why);
+    parsed.order = strcmp(origin, "default") == 0 ? 0 : ++c->stores;
     if (rc == 0) store_value(&c->values[k], &parsed, text, origin);
     else fail(err, "%s: %s", where, why);
     free(why);
@@ -731,6 +734,12 @@ const char *config_origin(const Config *c, const char *key) {
     int k = key ? find_full_key(c, key) : -1;
     if (k < 0) TC_FATAL("config_origin(\"%s\"): no such config key", key ? key : "(null)");
     return c->values[k].origin;
+}
+
+unsigned config_order(const Config *c, const char *key) {
+    int k = key ? find_full_key(c, key) : -1;
+    if (k < 0) TC_FATAL("config_order(\"%s\"): no such config key", key ? key : "(null)");
+    return c->values[k].order;
 }
 
 /* ------------------------------------------------------------------ print */

@@ -61,6 +61,9 @@ int config_bool(const Config *c, const char *key);
 const char *config_str(const Config *c, const char *key); /* CFG_STRING or CFG_ENUM */
 /* Where the effective value came from: "default", "configs/a.ini:12" or "--set". */
 const char *config_origin(const Config *c, const char *key);
+/* When the effective value was set: 0 for the default, else larger for a value set later (an including file's
+ * lines after its include's, --set after every file). */
+unsigned config_order(const Config *c, const char *key);
 
 /* The effective config as an INI file every key of the schema, with origins
  * as comments; loading that output gives the same config. */

@@ -391,6 +391,20 @@ static void check_summary(const char *dir) {
     expect_error(args, "(model.net from ");
     expect_error("summary --config configs/cpu.ini --set model.name=resnet18 --set model.net=x.net",
                  "model.net = x.net: and model.name both name the net");
+
+    /* From different places the later names the net: a config over an included one's, a --set over a file's. */
+    write_ini(dir, "small.net", "[net]\nc1 = conv 8 3\nglobal_avgpool\nfc = linear {classes}\n");
+    char repo_configs[4096];
+    CHECK(realpath("configs/resnet18.ini", repo_configs) != NULL);
+    char text[4400];
+    snprintf(text, sizeof text, "include = %s\n[model]\nnet = small.net\n", repo_configs);
+    const char *over = write_ini(dir, "over.ini", text);
+    snprintf(args, sizeof args, "summary --config %s", over);
+    CHECK_MSG(trainc(args) == 0 && strstr(output, "total: 3 layers, 314 parameters"), "%s", output);
+    snprintf(args, sizeof args, "summary --config configs/resnet18.ini --set model.net=%s/small.net", dir);
+    CHECK_MSG(trainc(args) == 0 && strstr(output, "total: 3 layers, 314 parameters"), "%s", output);
+    snprintf(args, sizeof args, "summary --config %s --set model.name=resnet18", over);
+    CHECK_MSG(trainc(args) == 0 && strstr(output, "total: 67 layers, 11,173,962 parameters"), "%s", output);
 }
 
 int main(void) {

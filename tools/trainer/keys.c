@@ -153,7 +153,8 @@ const CfgKeySpec trainc_keys[] = {
      "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
     {"model.net", CFG_STRING, "", 0,
      "a net file to train (docs/nets.md), relative to the folder of the config that sets it; empty: model.name's "
-     "shipped net (nets/NAME.net, built into trainc); setting both is an error", 0},
+     "shipped net (nets/NAME.net, built into trainc); of model.net and model.name the one set later names the net "
+     "(an including config's or a --set over a config's), both in one file or both by --set is an error", 0},
     {"model.num_classes", CFG_INT, "0", 0, "classes of the net's head: 0 takes the data set's (its class folders, "
      "CIFAR-10's 10, shards' classes.txt); another number must equal the data set's (synthetic: 0 makes 10)",
      "[0, 1000]"},

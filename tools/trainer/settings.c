@@ -133,10 +133,30 @@ static DType read_dtype(const Config *cfg, const char *key, DType otherwise) {
     return is(cfg, key, "fp16") ? DTYPE_F16 : is(cfg, key, "bf16") ? DTYPE_BF16 : otherwise;
 }
 
+/* The file of a value's origin ("configs/a.ini" of "configs/a.ini:12"), or "--set": its length. */
+static size_t origin_source_len(const char *origin) {
+    const char *colon = strrchr(origin, ':');
+    return colon ? (size_t)(colon - origin) : strlen(origin);
+}
+
+/* model.net and model.name from different places: the one set later names the net (a config that includes
+ * configs/resnet18.ini and sets model.net, or a --set of either over a config's), as a later value of one key
+ * replaces an earlier one. From one place both are an error (settings_read). */
+static int name_replaces_net(const Config *cfg, TrainSettings *s) {
+    const char *name_origin = config_origin(cfg, "model.name"), *net_origin = config_origin(cfg, "model.net");
+    if (config_order(cfg, "model.name") == 0) return 0;
+    size_t len = origin_source_len(net_origin);
+    if (len == origin_source_len(name_origin) && strncmp(net_origin, name_origin, len) == 0) {
+        s->model.net_and_name = 1;
+        return 0;
+    }
+    return config_order(cfg, "model.name") > config_order(cfg, "model.net");
+}
+
 /* model.net's path against the folder of the file that set it (a --set's: the working folder's). */
 static void fill_net(const Config *cfg, TrainSettings *s) {
     const char *net = config_str(cfg, "model.net"), *origin = config_origin(cfg, "model.net");
-    if (!net[0]) return;
+    if (!net[0] || name_replaces_net(cfg, s)) return;
     const char *colon = strrchr(origin, ':'), *slash = NULL;
     for (const char *p = origin; colon && p < colon; p++)
         if (*p == '/') slash = p;
@@ -377,8 +397,7 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
     require(p, !s->run.warmup_runs || (!s->run.resume[0] && !s->run.init_from[0] && !s->checkpoint.every),
             "run.warmup_runs", "excludes run.resume, run.init_from and run.checkpoint_every (the counted runs start "
             "from run.seed's weights, and a warm-up run writes no checkpoint)");
-    require(p, !s->model.net || strcmp(config_origin(cfg, "model.name"), "default") == 0, "model.net",
-            "and model.name both name the net: set one of them");
+    require(p, !s->model.net_and_name, "model.net", "and model.name both name the net: set one of them");
     require(p, !s->data.on_device || !s->data.resident, "data.on_device",
             "and data.resident exclude each other (data.resident trains on one batch)");
     check_data_keys(p, s);

@@ -61,6 +61,7 @@ typedef struct {
         const char *net;   /* model.net against the folder of the config that set it; NULL: model.name's
                               shipped net */
         char net_path[4096], net_name[32];
+        int net_and_name;  /* model.net and model.name both set in one place (one file, or both by --set) */
         int num_classes, nhwc, bn_weight_fixed;
         int fuse;          /* model.fuse: 0 off, 1 on, MODEL_FUSE_GRAPHS */
         float bn_momentum, bn_eps, whiten_bias_epochs;

@@ -47,8 +47,7 @@ void summary_print(const Model *m, const char *title, FILE *f) {
 int summary_main(const Config *cfg) {
     TrainSettings s;
     settings_fill(cfg, &s);
-    if (s.model.net && strcmp(config_origin(cfg, "model.name"), "default") != 0)
-        settings_fail(&s, "model.net", "and model.name both name the net: set one of them");
+    if (s.model.net_and_name) settings_fail(&s, "model.net", "and model.name both name the net: set one of them");
     if (!s.model.num_classes) s.model.num_classes = 10;
     Model *m = calloc(1, sizeof *m);
     if (!m) TC_FATAL("out of host memory: a model");

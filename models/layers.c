@@ -528,7 +528,7 @@ static void layer_backward(Model *m, const Layer *l) {
 /* The fp32 NCHW batch into the input activation, where they differ (AMP, NHWC). */
 static void cast_input(Model *m) {
     const Activation *in = &m->acts[0];
-    if (in->unstored) return; /* the input convolution's form takes the batch itself (plan_input_forms) */
+    if (m->plan->acts[0].unstored) return; /* the input convolution's form takes the batch itself (plan_input_forms) */
     if (m->input_direct) return; /* the batch was written in this form (model_set_input_direct) */
     if (m->nhwc)
         cast_nchw_to_nhwc(&m->ops, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c);

@@ -56,9 +56,9 @@ static inline size_t input_floats(const Model *m) { return act_floats(m, 0) / m-
 /* Where d(loss)/d(activation id) lives; NULL for the input image and for an
  * activation no gradient reaches. */
 static inline void *grad_of(const Model *m, int id) {
-    const Activation *a = &m->acts[id];
+    const ActivationPlan *a = &m->plan->acts[id];
     if (id <= 0 || id < m->first_grad_act) return NULL;
-    if (a->grad_in_value) return a->value;
+    if (a->grad_in_value) return m->acts[id].value;
     return a->grad_slot >= 0 ? m->act_grads[a->grad_slot] : NULL;
 }
 

@@ -50,7 +50,6 @@ static int add_act(Model *m, int c, int h, int w) {
     a->c = c; a->h = h; a->w = w;
     a->c_real = c;
     a->shares_with = -1;
-    a->grad_slot = -1;
     a->internal_to = m->open_block;
     return m->n_acts++;
 }
@@ -400,7 +399,8 @@ static void choose_conv_algorithms(Model *m) {
 }
 
 static int recomputed(const Model *m, int id) {
-    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0 && !m->acts[id].unstored;
+    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0 &&
+           !m->plan->acts[id].unstored;
 }
 
 /* Under checkpointing the insides of all blocks take turns in one region, laid
@@ -455,7 +455,7 @@ static void carve_buffers(Model *m, Arena *a) {
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
     for (int id = 0; id < m->n_acts; id++) {
         Activation *act = &m->acts[id];
-        if (act->unstored) act->value = NULL;
+        if (m->plan->acts[id].unstored) act->value = NULL;
         else if (act->shares_with >= 0) act->value = m->acts[act->shares_with].value;
         else if (recomputed(m, id)) act->value = element(m, m->recompute_region, act->region_offset);
         else act->value = arena_alloc(a, act_floats(m, id) * esize, "activations");
@@ -649,7 +649,7 @@ float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 :
 
 ModelInputForm model_input_form(const Model *m) {
     const Activation *in = &m->acts[0];
-    if (!m->input_f32 || in->unstored || !m->nhwc)
+    if (!m->input_f32 || (m->plan && m->plan->acts[0].unstored) || !m->nhwc)
         return (ModelInputForm){model_input_buffer(m), DTYPE_F32, 0, in->c_real, 0};
     return (ModelInputForm){in->value, m->act_dtype, 1, in->c, 1};
 }

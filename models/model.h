@@ -75,15 +75,8 @@ typedef struct {
 typedef struct {
     int c, h, w;          /* per sample; a matrix activation is c features, h = w = 1 */
     int c_real;           /* channels that carry data (the input's c is padded under NHWC) */
-    int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU) */
-    int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none (or grad_in_value) */
-    int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output
-                             under bias_relu_pool, whose backward works in place) */
-    int unstored;         /* no layer writes or reads it (the input's conv output under conv_bias_relu_pool,
-                             and the in-place ReLU's sharing it; the input image where its one reader runs on
-                             a form of it, models/plan.c; a batch norm's output, and its ReLU's, where
-                             the norm's pass computes the max-pool after them): no buffer, value NULL */
-    int consumers;        /* layers that read it */
+    int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU, flatten; and where
+                             model.fuse joins them, a GELU or an add computed by the pass before: plan.c) */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */
     void *value;          /* [batch][c][h][w] of the model's activation dtype */
@@ -100,7 +93,8 @@ typedef struct {
     DType act_dtype;      /* set before model_finalize: activations and their gradients (F32, F16, BF16) */
     ConvAlgoPolicy conv_policy; /* set before model_finalize (model_init: 256 MiB, strict fp32) */
 
-    Layer layers[MODEL_MAX_LAYERS]; /* what the net is: set by the builders, frozen from model_finalize on */
+    Layer layers[MODEL_MAX_LAYERS]; /* what the net is, set by the builders (model_finalize sets only the ops'
+                                       state in them: descriptors, algorithms, scratch) */
     int n_layers;
     struct Plan *plan;    /* how it runs (models/plan.h): made by model_finalize, read by the passes */
     Activation acts[MODEL_MAX_ACTS];

@@ -41,6 +41,7 @@ static Plan *plan_new(void) {
         LayerPlan *l = &p->layers[i];
         l->bias_layer = l->pool_layer = l->add_layer = l->prologue_bn = l->dbn_layer = -1;
     }
+    for (int a = 0; a < MODEL_MAX_ACTS; a++) p->acts[a].grad_slot = -1;
     return p;
 }
 
@@ -107,7 +108,7 @@ int plan_norm_relu_conv(const Model *m, int i) {
     const LayerPlan *p = &m->plan->layers[i];
     int ok = bn->kind == LAYER_BATCHNORM && p[0].act == BN_ACT_RELU && p[0].add_layer < 0 && p[0].pool_layer < 0 &&
              relu->kind == LAYER_RELU && relu->in == bn->out && p[1].by_producer && plan_ungrouped_conv(conv) &&
-             conv->in == relu->out && !p[2].input_form && m->acts[relu->out].consumers == 1;
+             conv->in == relu->out && !p[2].input_form && m->plan->acts[relu->out].consumers == 1;
     return ok ? i + 2 : -1;
 }
 
@@ -139,10 +140,10 @@ static void join_groups(int *parent, int a, int b) { parent[group_of(parent, a)]
 static void plan_accumulation(Model *m) {
     layers_check_flattens(m, m->nhwc);
     int written[MODEL_MAX_ACTS] = {0};
-    for (int a = 0; a < m->n_acts; a++) m->acts[a].consumers = 0;
+    for (int a = 0; a < m->n_acts; a++) m->plan->acts[a].consumers = 0;
     for (int i = 0; i < m->n_layers; i++) {
-        m->acts[m->layers[i].in].consumers++;
-        if (m->layers[i].in2 >= 0) m->acts[m->layers[i].in2].consumers++;
+        m->plan->acts[m->layers[i].in].consumers++;
+        if (m->layers[i].in2 >= 0) m->plan->acts[m->layers[i].in2].consumers++;
     }
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const Layer *l = &m->layers[i];
@@ -159,7 +160,7 @@ static void plan_accumulation(Model *m) {
         }
         /* ... nor may what it shares its storage with (a flatten's input) */
         for (int id = l->in; l->kind == LAYER_RELU && id >= 0; id = m->acts[id].shares_with)
-            if (m->acts[id].consumers > 1)
+            if (m->plan->acts[id].consumers > 1)
                 TC_FATAL("layer %d: a ReLU works in place, so its input may feed no other layer", i);
     }
 }
@@ -210,7 +211,7 @@ static void plan_add_aliases(Model *m, int i, int *parent) {
     int shared = -1; /* the aliased input that feeds other layers */
     for (int k = 0; k < 2; k++) {
         if (ins[k] <= 0 || p->dx_accumulate[k]) continue;
-        int fan_out = m->acts[ins[k]].consumers > 1;
+        int fan_out = m->plan->acts[ins[k]].consumers > 1;
         if (fan_out && shared >= 0) continue;
         if (fan_out) {
             int other = ins[1 - k], later = last_consumer_other_than(m, ins[k], i);
@@ -256,7 +257,7 @@ static void plan_grad_slots(Model *m) {
         const Layer *l = &m->layers[i];
         if ((l->kind == LAYER_RELU || (l->kind == LAYER_GELU && m->plan->layers[i].by_producer)) && l->in > 0)
             join_groups(parent, l->in, l->out);
-        if (l->kind == LAYER_FLATTEN && l->in > 0 && m->acts[l->in].consumers == 1) /* its backward: nothing */
+        if (l->kind == LAYER_FLATTEN && l->in > 0 && m->plan->acts[l->in].consumers == 1) /* its backward: nothing */
             join_groups(parent, l->in, l->out);
         if (l->kind == LAYER_ADD) plan_add_aliases(m, i, parent);
         /* A norm whose backward the conv after it may run (dx made over dz, in place); apart, it runs in place. */
@@ -279,7 +280,7 @@ static void plan_grad_slots(Model *m) {
     for (int a = 1; a < m->n_acts; a++) {
         int g = group_of(parent, a);
         if (act_floats(m, a) > need[g]) need[g] = act_floats(m, a);
-        if (m->acts[a].grad_in_value) in_value[g] = 1;
+        if (m->plan->acts[a].grad_in_value) in_value[g] = 1;
     }
     /* Groups in order of their first touch; each takes the free buffer closest
      * above its size (else the largest free one, which grows), or a new one. */
@@ -307,8 +308,8 @@ static void plan_grad_slots(Model *m) {
             slot_of[g] = best;
         }
     }
-    m->acts[0].grad_slot = -1;
-    for (int a = 1; a < m->n_acts; a++) m->acts[a].grad_slot = slot_of[group_of(parent, a)];
+    m->plan->acts[0].grad_slot = -1;
+    for (int a = 1; a < m->n_acts; a++) m->plan->acts[a].grad_slot = slot_of[group_of(parent, a)];
 }
 
 /* ---- model.fuse's fusions ------------------------------------------------------ */
@@ -341,7 +342,7 @@ static void fuse_bn_adds(Model *m) {
         const Layer *bn = &m->layers[i], *add = &m->layers[i + 1];
         LayerPlan *p = &m->plan->layers[i];
         if (bn->kind != LAYER_BATCHNORM || add->kind != LAYER_ADD || p->act != BN_ACT_NONE) continue;
-        if ((add->in != bn->out && add->in2 != bn->out) || m->acts[bn->out].consumers != 1) continue;
+        if ((add->in != bn->out && add->in2 != bn->out) || m->plan->acts[bn->out].consumers != 1) continue;
         p->add_layer = i + 1;
         m->plan->layers[i + 1].add_by_bn = 1;
         m->acts[add->out].shares_with = bn->out;
@@ -364,7 +365,7 @@ static void fuse_first_block(Model *m, int i) {
     m->plan->layers[i].pool_layer = i + 2;
     m->plan->layers[i].bias_by_pool = 0;
     m->plan->layers[i + 2].pool_by_conv = 1;
-    m->acts[conv->out].unstored = 1;
+    m->plan->acts[conv->out].unstored = 1;
     log_info("%s + ReLU + %s: one kernel (conv_bias_relu_pool), the convolution's output never stored", conv->name,
              pool->name);
 }
@@ -379,7 +380,7 @@ static void fuse_bn_pools(Model *m) {
         const Layer *bn = &m->layers[i], *relu = &m->layers[i + 1], *pool = &m->layers[i + 2];
         if (bn->kind != LAYER_BATCHNORM || m->plan->layers[i].act != BN_ACT_RELU || relu->kind != LAYER_RELU ||
             relu->in != bn->out || pool->kind != LAYER_MAXPOOL || pool->in != relu->out ||
-            m->acts[relu->out].consumers != 1)
+            m->plan->acts[relu->out].consumers != 1)
             continue;
         if (!batchnorm_pool_supported(&m->ops, &pool->pool.shape)) {
             log_info("%s + ReLU + %s: apart (the pool's channels-last kernels do not take it)", bn->name,
@@ -388,7 +389,7 @@ static void fuse_bn_pools(Model *m) {
         }
         m->plan->layers[i].pool_layer = i + 2;
         m->plan->layers[i + 2].pool_by_bn = 1;
-        m->acts[bn->out].unstored = m->acts[relu->out].unstored = 1;
+        m->plan->acts[bn->out].unstored = m->plan->acts[relu->out].unstored = 1;
         log_info("%s + ReLU + %s: one pass (the norm's output never stored)", bn->name, pool->name);
     }
 }
@@ -404,19 +405,19 @@ static void mark_fusions(Model *m) {
     LayerPlan *p = m->plan->layers;
     for (int i = 0; i + 1 < m->n_layers; i++) {
         const Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
-        if (relu->in != l->out || m->acts[l->out].consumers != 1) continue;
+        if (relu->in != l->out || m->plan->acts[l->out].consumers != 1) continue;
         if (takes_gelu(l) && relu->kind == LAYER_GELU) fuse_gelu(m, i);
         if (relu->kind != LAYER_RELU) continue;
         if (l->kind == LAYER_BATCHNORM) p[i].act = BN_ACT_RELU, p[i + 1].by_producer = 1;
         if (l->kind == LAYER_ADD) p[i].add_relu = p[i + 1].by_producer = 1;
         if (l->kind != LAYER_CONV || !l->b_count) continue;
         const Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
-        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->acts[relu->out].consumers == 1 &&
+        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->plan->acts[relu->out].consumers == 1 &&
             pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad &&
             pool->pool.shape.h % 2 == 0 && pool->pool.shape.w % 2 == 0) {
             p[i].bias_relu = p[i + 1].by_producer = p[i].bias_by_pool = 1;
             p[i + 2].bias_layer = i;
-            m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;
+            m->plan->acts[conv->out].grad_in_value = m->plan->acts[relu->out].grad_in_value = 1;
             fuse_first_block(m, i);
         } else if (m->device == DEVICE_CUDA) { /* conv + bias + ReLU alone has no CPU path */
             p[i].bias_relu = p[i + 1].by_producer = 1;
@@ -425,7 +426,6 @@ static void mark_fusions(Model *m) {
     fuse_bn_adds(m);
     fuse_bn_pools(m);
 }
-
 
 void plan_layers(Model *m) {
     plan_destroy(m);
@@ -447,7 +447,7 @@ static int takes_input_form(const Model *m, int i) {
 /* The copy of the image into the form that the step will run: from the
  * float32 batch where the convolution alone reads the image (plan_input_forms
  * leaves the image unstored then), else from the image. */
-static int copies_from_batch(const Model *m) { return m->acts[0].consumers == 1; }
+static int copies_from_batch(const Model *m) { return m->plan->acts[0].consumers == 1; }
 
 #if TRAINC_CUDA
 typedef struct {
@@ -568,7 +568,7 @@ void plan_input_forms(Model *m) {
     for (int i = 0; i < m->n_layers; i++) {
         if (!takes_input_form(m, i)) continue;
         plan_layer(m, i);
-        if (m->plan->layers[i].input_form && copies_from_batch(m)) m->acts[0].unstored = 1;
+        if (m->plan->layers[i].input_form && copies_from_batch(m)) m->plan->acts[0].unstored = 1;
     }
 }
 

@@ -1,14 +1,16 @@
-/* Inside models/ only: how a model runs, apart from what it is. The Layers (model.h) describe the net and are
- * frozen once model_finalize starts; the planner writes its decisions here, one LayerPlan per layer: which
- * layer's pass takes the next one's work (model.fuse), which convolutions run fused cuDNN graphs
- * (model.fuse = graphs), which run on a form of the input image, and how each backward meets its inputs'
- * gradients. The layers' passes (layers.c) read m->plan and never write it.
+/* Inside models/ only: how a model runs, apart from what it is. The Layers (model.h) describe the net; from
+ * model_finalize on only their ops' own state is set in them (the convolutions' cuDNN descriptors and
+ * algorithms, a max-pool's scratch). The planner writes its decisions here, one LayerPlan per layer (which
+ * layer's pass takes the next one's work under model.fuse, which convolutions run fused cuDNN graphs under
+ * model.fuse = graphs, which run on a form of the input image, how each backward meets its inputs'
+ * gradients) and one ActivationPlan per activation (its readers, its gradient's buffer, whether it is
+ * stored). The layers' passes (layers.c) read m->plan and never write it.
  *
- * Dependencies run one way: model.c (building, buffers, parameters) calls the planner, plan.c (the layers'
- * fusions, gradient buffers, input forms) and plan_graphs.c (the cuDNN graphs, timed), which call the layers'
- * passes (layers.c) to time alternatives; layers.c calls neither. A candidate is timed as an alternative
- * plan: a copy of the plan with the candidate changed, run in turn with the model's own, the faster kept
- * (plan_keep). */
+ * Dependencies run one way, each file calling only those after it: model.c (building, buffers, parameters),
+ * plan_graphs.c (the cuDNN graphs, timed), plan.c (the plan's records, gradient buffers, model.fuse's
+ * fusions, input forms), layers.c (the passes, which the planner runs to time alternatives). A candidate is
+ * timed as an alternative plan: a copy of the plan with the candidate changed, run in turn with the model's
+ * own, the faster kept (plan_keep). */
 #ifndef TRAINC_MODELS_PLAN_H
 #define TRAINC_MODELS_PLAN_H
 
@@ -73,8 +75,21 @@ typedef struct {
     int backward_by_conv; /* batch norm + ReLU: the conv after it runs its backward (dgrad_dbn); it runs nothing */
 } LayerPlan;
 
+/* The plan of an activation (model.h's Activation: its shape, and the storage its builder shares). */
+typedef struct {
+    int consumers;        /* layers that read it */
+    int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none (or grad_in_value) */
+    int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output
+                             under bias_relu_pool, whose backward works in place) */
+    int unstored;         /* no layer writes or reads it (the input's conv output under conv_bias_relu_pool,
+                             and the in-place ReLU's sharing it; the input image where its one reader runs on
+                             a form of it, plan_input_forms; a batch norm's output, and its ReLU's, where
+                             the norm's pass computes the max-pool after them): no buffer, value NULL */
+} ActivationPlan;
+
 typedef struct Plan {
     LayerPlan layers[MODEL_MAX_LAYERS];
+    ActivationPlan acts[MODEL_MAX_ACTS];
 } Plan;
 
 static inline const LayerPlan *plan_of(const Model *m, const Layer *l) { return &m->plan->layers[l - m->layers]; }

@@ -40,37 +40,53 @@ static BatchNormParams bn_params(const Model *m, const Layer *l);
  * norm's sums (genstats), the previous one's apply + ReLU (prologue_bn) and
  * their backward (dgrad_dbn) ---- */
 
+/* A convolution over a form of the input image (plan_input_forms): its forward copies the image x (NULL:
+ * unstored, the batch from m->input_f32) and its filters w into the form, then runs its convolution (conv2d or
+ * conv_genstats) on the copies; its backward (the image takes no gradient) runs over the copies and folds the
+ * form's filter gradient back. */
+static void input_form_copy(Model *m, const ConvInputForm *f, const void *x, const void *w) {
+    if (x) space_to_depth_forward(&m->ops, &f->image, x, f->x);
+    else space_to_depth_from_f32_nchw(&m->ops, &f->image, m->input_f32, f->x); /* the image unstored */
+    space_to_depth_forward(&m->ops, &f->filter, w, f->w);
+}
+
+static void input_form_backward(Model *m, const ConvInputForm *f, const void *dy, void *dw, void *db) {
+    conv2d_backward(&m->ops, &f->conv, f->x, f->w, dy, NULL, f->dw, db, 0); /* f->dw overwritten */
+    space_to_depth_backward(&m->ops, &f->filter, f->dw, dw);
+}
+
 static void conv_forward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     const Conv2dShape *s = &l->conv.shape;
-    if (l->pool_layer >= 0) {
+    if (lp->pool_layer >= 0) {
         ConvBiasReluPoolShape fs = first_block_shape(m, l);
         conv_bias_relu_pool_forward(&m->ops, &fs, x_of(m, l), w_of(m, l), b_of(m, l),
-                                    y_of(m, &m->layers[l->pool_layer]));
+                                    y_of(m, &m->layers[lp->pool_layer]));
         return;
     }
-    if (l->fused_act == BN_ACT_GELU) {
+    if (lp->act == BN_ACT_GELU) {
         ConvBiasGeluShape ws = whitening_shape(m, l);
         conv_bias_gelu_forward(&m->ops, &ws, x_of(m, l), w_of(m, l), b_of(m, l), y_of(m, l));
         return;
     }
     const void *x = x_of(m, l), *w = w_of(m, l);
     const Conv2d *conv = &l->conv;
-    if (l->input_form) { /* what follows runs on the copies */
-        input_form_copy(m, l, x, w);
-        x = l->input_form->x, w = l->input_form->w, conv = &l->input_form->conv;
+    if (lp->input_form) { /* what follows runs on the copies */
+        input_form_copy(m, lp->input_form, x, w);
+        x = lp->input_form->x, w = lp->input_form->w, conv = &lp->input_form->conv;
     }
-    if (l->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
-        float *sum = m->bn_sums + l->stat_off;
+    if (lp->genstats && m->training) { /* and the sums the batch norm after it takes (model.fuse = graphs) */
+        float *sum = m->bn_sums + lp->sums_off;
         const void *scale = NULL, *bias = NULL;
-        if (l->prologue_bn >= 0) { /* the batch norm + ReLU before it, applied to the norm's input */
-            const Layer *bn = &m->layers[l->prologue_bn];
+        if (lp->prologue_bn >= 0) { /* the batch norm + ReLU before it, applied to the norm's input */
+            const Layer *bn = &m->layers[lp->prologue_bn];
             x = x_of(m, bn), scale = bn_scale_of(m, bn), bias = bn_bias_of(m, bn);
         }
-        conv_genstats_forward(&m->ops, l->genstats, x, scale, bias, w, y_of(m, l), sum, sum + s->k);
+        conv_genstats_forward(&m->ops, lp->genstats, x, scale, bias, w, y_of(m, l), sum, sum + s->k);
         return;
     }
-    conv2d_forward(&m->ops, conv, x, w, l->fused ? NULL : b_of(m, l), y_of(m, l));
-    if (l->fused && !l->bias_by_pool)
+    conv2d_forward(&m->ops, conv, x, w, lp->bias_relu ? NULL : b_of(m, l), y_of(m, l));
+    if (lp->bias_relu && !lp->bias_by_pool)
         bias_relu_forward(&m->ops, b_of(m, l), y_of(m, l), s->n, s->k, conv2d_out_h(s) * conv2d_out_w(s));
 }
 
@@ -104,17 +120,19 @@ int layer_joins_wgrad(const Layer *l) {
 /* Which of a convolution's gradients its backward adds to (conv2d's accumulate): dx where its input
  * feeds another layer too, dw unless the gradients were just zeroed. */
 static int conv_accumulate(const Model *m, const Layer *l, int dx) {
-    return (dx && l->dx_accumulate[0] ? CONV2D_ADD_DX : 0) | (m->grads_zeroed ? 0 : CONV2D_ADD_DW);
+    const LayerPlan *lp = plan_of(m, l);
+    return (dx && lp->dx_accumulate[0] ? CONV2D_ADD_DX : 0) | (m->grads_zeroed ? 0 : CONV2D_ADD_DW);
 }
 
 /* The filter gradient, and the bias's, beside on the side stream under
  * perf.overlap_wgrad; through the prologue from the norm's input where the conv applies one. */
 static void conv_filter_backward(Model *m, const Layer *l, const void *dy, void *dw, void *db) {
+    const LayerPlan *lp = plan_of(m, l);
     OpContext filter_ctx = wgrad_fork(m);
-    if (l->prologue_bn >= 0) {
-        const Layer *bn = &m->layers[l->prologue_bn];
-        conv_genstats_backward_filter(&filter_ctx, l->genstats, x_of(m, bn), bn_scale_of(m, bn), bn_bias_of(m, bn),
-                                      dy, dw, !m->grads_zeroed);
+    if (lp->prologue_bn >= 0) {
+        const Layer *bn = &m->layers[lp->prologue_bn];
+        conv_genstats_backward_filter(&filter_ctx, lp->genstats, x_of(m, bn), bn_scale_of(m, bn),
+                                      bn_bias_of(m, bn), dy, dw, !m->grads_zeroed);
     } else {
         conv2d_backward(&filter_ctx, &l->conv, x_of(m, l), w_of(m, l), dy, NULL, dw, db, conv_accumulate(m, l, 0));
     }
@@ -125,53 +143,57 @@ static void conv_filter_backward(Model *m, const Layer *l, const void *dy, void 
  * the norm's input gradient and its parameters'. Its own workspace where
  * the filter gradient may run beside it. */
 static void conv_dgrad_dbn_layer_backward(Model *m, const Layer *l, const void *dy) {
-    const Layer *bn = &m->layers[l->dbn_layer];
+    const LayerPlan *lp = plan_of(m, l);
+    const Layer *bn = &m->layers[lp->dbn_layer];
     BatchNormParams p = bn_params(m, bn);
     OpContext ctx = m->ops;
     if (m->dgrad_dbn_workspace) ctx.workspace = m->dgrad_dbn_workspace;
-    conv_dgrad_dbn_backward(&ctx, l->dgrad_dbn, w_of(m, l), dy, x_of(m, bn), &p, grad_of(m, bn->in),
-                            bn->dx_accumulate[0], element(m, m->grads, bn->w_off), element(m, m->grads, bn->b_off));
+    conv_dgrad_dbn_backward(&ctx, lp->dgrad_dbn, w_of(m, l), dy, x_of(m, bn), &p, grad_of(m, bn->in),
+                            plan_of(m, bn)->dx_accumulate[0], element(m, m->grads, bn->w_off),
+                            element(m, m->grads, bn->b_off));
 }
 
 static void conv_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     const OpContext *ctx = &m->ops;
     void *dy = grad_of(m, l->out), *dx = grad_of(m, l->in), *dw = element(m, m->grads, l->w_off);
     void *db = l->b_count ? element(m, m->grads, l->b_off) : NULL;
-    if (l->pool_layer >= 0) { /* the input's: no dx */
+    if (lp->pool_layer >= 0) { /* the input's: no dx */
         ConvBiasReluPoolShape fs = first_block_shape(m, l);
         conv_bias_relu_pool_backward(ctx, &fs, x_of(m, l), w_of(m, l), b_of(m, l),
-                                     grad_of(m, m->layers[l->pool_layer].out), dw, db);
+                                     grad_of(m, m->layers[lp->pool_layer].out), dw, db);
         return;
     }
     if (l->whitening) { /* its weights never train and its input is the data: the bias alone */
         ConvBiasGeluShape ws = whitening_shape(m, l);
-        if (l->fused_act == BN_ACT_GELU) /* dy is the GELU's output's */
+        if (lp->act == BN_ACT_GELU) /* dy is the GELU's output's */
             conv_bias_gelu_backward(ctx, &ws, x_of(m, l), w_of(m, l), b_of(m, l), dy, db);
         else
             conv2d_bias_grad(ctx, &l->conv, dy, db);
         return;
     }
-    if (l->input_form) {
-        input_form_backward(m, l, dy, dw, db);
+    if (lp->input_form) {
+        input_form_backward(m, lp->input_form, dy, dw, db);
         return;
     }
-    if (l->dgrad_dbn) { /* the filter gradient first, so that under overlap_wgrad the two run side by side */
+    if (lp->dgrad_dbn) { /* the filter gradient first, so that under overlap_wgrad the two run side by side */
         conv_filter_backward(m, l, dy, dw, db);
         conv_dgrad_dbn_layer_backward(m, l, dy);
         return;
     }
-    if (l->prologue_bn >= 0 || (!l->fused && m->overlap_wgrad)) { /* the data gradient here, the filter's beside */
+    /* the data gradient here, the filter's beside */
+    if (lp->prologue_bn >= 0 || (!lp->bias_relu && m->overlap_wgrad)) {
         conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, NULL, NULL, conv_accumulate(m, l, 1));
         conv_filter_backward(m, l, dy, dw, db);
         return;
     }
-    if (!l->fused) {
+    if (!lp->bias_relu) {
         conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, db, conv_accumulate(m, l, 1));
         return;
     }
     /* The fused ReLU's backward, in place (the max-pool did it under bias_by_pool), then the bias and the
      * convolution. */
-    if (!l->bias_by_pool) relu_backward(ctx, y_of(m, l), dy, dy, n_of(m, l));
+    if (!lp->bias_by_pool) relu_backward(ctx, y_of(m, l), dy, dy, n_of(m, l));
     conv2d_bias_grad(ctx, &l->conv, dy, db);
     conv2d_backward(ctx, &l->conv, x_of(m, l), w_of(m, l), dy, dx, dw, NULL, conv_accumulate(m, l, 1));
 }
@@ -179,23 +201,27 @@ static void conv_backward(Model *m, const Layer *l) {
 /* ---- ReLU: in place; fused, done by the layer before it (or the max-pool after it) ---- */
 
 static void relu_layer_forward(Model *m, const Layer *l) {
-    if (!l->fused) relu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
+    const LayerPlan *lp = plan_of(m, l);
+    if (!lp->by_producer) relu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
 }
 
 static void relu_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     void *dx = grad_of(m, l->in);
-    if (dx && !l->fused) relu_backward(&m->ops, y_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
+    if (dx && !lp->by_producer) relu_backward(&m->ops, y_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
 /* ---- GELU: backward reads its input; fused, done by the layer before it (a batch norm, the whitening conv) ---- */
 
 static void gelu_layer_forward(Model *m, const Layer *l) {
-    if (!l->fused) gelu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
+    const LayerPlan *lp = plan_of(m, l);
+    if (!lp->by_producer) gelu_forward(&m->ops, x_of(m, l), y_of(m, l), n_of(m, l));
 }
 
 static void gelu_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     void *dx = grad_of(m, l->in);
-    if (dx && !l->fused) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
+    if (dx && !lp->by_producer) gelu_backward(&m->ops, x_of(m, l), grad_of(m, l->out), dx, n_of(m, l));
 }
 
 /* ---- max-pool: fused, it adds its conv's bias and applies the ReLU first; by_conv, the conv does it all;
@@ -203,19 +229,22 @@ static void gelu_layer_backward(Model *m, const Layer *l) {
 
 /* A fused max-pool's bias: its conv's, in the weights the layers read. */
 static const void *pool_bias(const Model *m, const Layer *pool) {
-    return element(m, m->weights, m->layers[pool->bias_layer].b_off);
+    return element(m, m->weights, m->layers[plan_of(m, pool)->bias_layer].b_off);
 }
 
 static void maxpool_layer_forward(Model *m, const Layer *l) {
-    if (l->by_conv || l->by_bn) return;
-    if (l->fused) bias_relu_pool_forward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), y_of(m, l));
+    const LayerPlan *lp = plan_of(m, l);
+    if (lp->pool_by_conv || lp->pool_by_bn) return;
+    if (lp->bias_layer >= 0) bias_relu_pool_forward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), y_of(m, l));
     else maxpool_forward(&m->ops, &l->pool, x_of(m, l), y_of(m, l));
 }
 
 static void maxpool_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     void *dx = grad_of(m, l->in), *dy = grad_of(m, l->out);
-    if (l->by_conv) return;
-    if (dx && l->fused) bias_relu_pool_backward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), dy, dx);
+    if (lp->pool_by_conv) return;
+    if (dx && lp->bias_layer >= 0)
+        bias_relu_pool_backward(&m->ops, &l->pool.shape, x_of(m, l), pool_bias(m, l), dy, dx);
     else if (dx) maxpool_backward(&m->ops, &l->pool, x_of(m, l), y_of(m, l), dy, dx);
 }
 
@@ -260,28 +289,29 @@ static BatchNormParams bn_params(const Model *m, const Layer *l) {
 }
 
 static void batchnorm_layer_forward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     BatchNormParams p = bn_params(m, l);
     BatchNormMode mode = bn_mode(m);
-    BatchNormAct act = l->fused_act;
+    BatchNormAct act = lp->act;
     void *y = y_of(m, l);
-    if (l->stats_by_conv && mode == BN_TRAIN) { /* the statistics from the sums its conv made */
+    if (lp->stats_by_conv && mode == BN_TRAIN) { /* the statistics from the sums its conv made */
         const BatchNormShape *s = &l->bn.shape;
         const float *sum = m->bn_sums + l->stat_off;
-        int prologue = l->by_conv_prologue; /* the conv after it applies it: its scale and bias alone */
+        int prologue = lp->by_conv_prologue; /* the conv after it applies it: its scale and bias alone */
         bn_finalize(&m->ops, s->c, (int64_t)s->n * s->h * s->w, sum, sum + s->c, &p,
                     prologue ? bn_scale_of(m, l) : NULL, prologue ? bn_bias_of(m, l) : NULL);
         if (prologue) return;
         mode = BN_TRAIN_SAVED;
     }
-    if (l->add_layer >= 0) { /* the add after it (and its ReLU), in this pass */
-        const Layer *add = &m->layers[l->add_layer];
+    if (lp->add_layer >= 0) { /* the add after it (and its ReLU), in this pass */
+        const Layer *add = &m->layers[lp->add_layer];
         p.residual = m->acts[add->in == l->out ? add->in2 : add->in].value;
-        act = add->fused ? BN_ACT_RELU : BN_ACT_NONE;
+        act = plan_of(m, add)->add_relu ? BN_ACT_RELU : BN_ACT_NONE;
         y = y_of(m, add);
     }
-    if (l->pool_layer >= 0) { /* the ReLU's max-pool, in this pass */
-        p.pool = &m->layers[l->pool_layer].pool;
-        y = y_of(m, &m->layers[l->pool_layer]);
+    if (lp->pool_layer >= 0) { /* the ReLU's max-pool, in this pass */
+        p.pool = &m->layers[lp->pool_layer].pool;
+        y = y_of(m, &m->layers[lp->pool_layer]);
     }
     batchnorm_forward(&m->ops, &l->bn, mode, act, &p, x_of(m, l), y);
 }
@@ -290,53 +320,56 @@ static void batchnorm_layer_forward(Model *m, const Layer *l) {
  * (BN_ACT_ADD_RELU) where both of the add's inputs take dy's buffer itself as
  * their gradient: the norm, the next layer backward, masks that buffer in
  * place before any other layer reads it. */
-static int relu_in_bn_backward(const Layer *add) {
-    if (!add->by_bn || !add->fused) return 0;
+static int relu_in_bn_backward(const Model *m, const Layer *add) {
+    if (!plan_of(m, add)->add_by_bn || !plan_of(m, add)->add_relu) return 0;
     int ins[2] = {add->in, add->in2};
     for (int k = 0; k < 2; k++)
-        if (ins[k] > 0 && !add->dx_alias[k]) return 0;
+        if (ins[k] > 0 && !plan_of(m, add)->dx_alias[k]) return 0;
     return 1;
 }
 
 static void batchnorm_layer_backward(Model *m, const Layer *l) {
-    if (l->backward_by_conv) return;
+    const LayerPlan *lp = plan_of(m, l);
+    if (lp->backward_by_conv) return;
     BatchNormParams p = bn_params(m, l);
-    BatchNormAct act = l->fused_act;
-    const void *y = l->by_conv_prologue ? NULL : y_of(m, l); /* never written: the ReLU's mask recomputed */
-    if (l->by_conv_prologue) p.relu_coef = bn_scale_of(m, l); /* as the prologue computed it: scale, then bias */
+    BatchNormAct act = lp->act;
+    const void *y = lp->by_conv_prologue ? NULL : y_of(m, l); /* never written: the ReLU's mask recomputed */
+    if (lp->by_conv_prologue) p.relu_coef = bn_scale_of(m, l); /* as the prologue computed it: scale, then bias */
     void *dy = grad_of(m, l->out), *dgamma = element(m, m->grads, l->w_off), *dbeta = element(m, m->grads, l->b_off);
-    if (l->add_layer >= 0 && relu_in_bn_backward(&m->layers[l->add_layer])) {
+    if (lp->add_layer >= 0 && relu_in_bn_backward(m, &m->layers[lp->add_layer])) {
         act = BN_ACT_ADD_RELU;
-        y = y_of(m, &m->layers[l->add_layer]);
+        y = y_of(m, &m->layers[lp->add_layer]);
         p.dy_masked = dy;
     }
     batchnorm_backward(&m->ops, &l->bn, bn_mode(m), act, &p, x_of(m, l), y, dy, grad_of(m, l->in),
-                       l->dx_accumulate[0], dgamma, dbeta);
+                       lp->dx_accumulate[0], dgamma, dbeta);
 }
 
 /* ---- add: fused, the ReLU after it; by_bn, the batch norm before it does both (and, with
  * relu_in_bn_backward, the ReLU's backward) ---- */
 
 static void add_layer_forward(Model *m, const Layer *l) {
-    if (l->by_bn) return;
+    const LayerPlan *lp = plan_of(m, l);
+    if (lp->add_by_bn) return;
     const void *b = m->acts[l->in2].value;
-    if (l->fused) add_relu_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));
+    if (lp->add_relu) add_relu_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));
     else add_forward(&m->ops, x_of(m, l), b, y_of(m, l), n_of(m, l));
 }
 
 /* An add passes dy to each input: as the input's own buffer (alias), copied,
  * or added to what another layer wrote there. */
 static void add_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     const OpContext *ctx = &m->ops;
     int ins[2] = {l->in, l->in2};
     void *dy = grad_of(m, l->out);
     size_t n = n_of(m, l);
     /* The fused ReLU's backward first, in place (y is the ReLU's output), unless its batch norm's does it. */
-    if (l->fused && !relu_in_bn_backward(l)) relu_backward(ctx, y_of(m, l), dy, dy, n);
+    if (lp->add_relu && !relu_in_bn_backward(m, l)) relu_backward(ctx, y_of(m, l), dy, dy, n);
     for (int k = 0; k < 2; k++) {
         void *dx = grad_of(m, ins[k]);
-        if (!dx || l->dx_alias[k]) continue;
-        if (l->dx_accumulate[k]) add_accumulate(ctx, dx, dy, n);
+        if (!dx || lp->dx_alias[k]) continue;
+        if (lp->dx_accumulate[k]) add_accumulate(ctx, dx, dy, n);
         else op_copy(ctx, dx, dy, n * dtype_size(m->act_dtype));
     }
 }
@@ -352,10 +385,11 @@ static void avgpool_layer_forward(Model *m, const Layer *l) {
 }
 
 static void avgpool_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     const Activation *a = &m->acts[l->in];
     void *dx = grad_of(m, l->in), *dy = grad_of(m, l->out);
-    if (dx && windowed(l)) avgpool2d_backward(&m->ops, &l->pool.shape, dy, dx, l->dx_accumulate[0]);
-    else if (dx) avgpool_backward(&m->ops, dy, dx, l->dx_accumulate[0], m->batch, a->c, a->h * a->w);
+    if (dx && windowed(l)) avgpool2d_backward(&m->ops, &l->pool.shape, dy, dx, lp->dx_accumulate[0]);
+    else if (dx) avgpool_backward(&m->ops, dy, dx, lp->dx_accumulate[0], m->batch, a->c, a->h * a->w);
 }
 
 /* ---- a constant factor ---- */
@@ -379,7 +413,8 @@ static void silu_layer_backward(Model *m, const Layer *l) {
 /* dy passed on to dx unchanged (dropout in evaluation, a flatten whose gradient has a buffer of its own):
  * copied, or added to what another reader of the input wrote there. */
 static void pass_gradient(Model *m, const Layer *l, const void *dy, void *dx) {
-    if (l->dx_accumulate[0]) add_accumulate(&m->ops, dx, dy, n_of(m, l));
+    const LayerPlan *lp = plan_of(m, l);
+    if (lp->dx_accumulate[0]) add_accumulate(&m->ops, dx, dy, n_of(m, l));
     else op_copy(&m->ops, dx, dy, n_of(m, l) * dtype_size(m->act_dtype));
 }
 
@@ -403,10 +438,11 @@ static void dropout_layer_forward(Model *m, const Layer *l) {
 }
 
 static void dropout_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     void *dx = grad_of(m, l->in), *dy = grad_of(m, l->out);
     DropoutShape s = dropout_shape(m, l);
     DropoutMask k = dropout_mask(m, l);
-    if (dx && m->training) dropout_backward(&m->ops, &s, &k, m->dropout, dy, dx, l->dx_accumulate[0]);
+    if (dx && m->training) dropout_backward(&m->ops, &s, &k, m->dropout, dy, dx, lp->dx_accumulate[0]);
     else if (dx) pass_gradient(m, l, dy, dx);
 }
 
@@ -423,10 +459,11 @@ static void concat_layer_forward(Model *m, const Layer *l) {
 }
 
 static void concat_layer_backward(Model *m, const Layer *l) {
+    const LayerPlan *lp = plan_of(m, l);
     ConcatShape s = concat_shape(m, l);
     void *da = grad_of(m, l->in), *db = grad_of(m, l->in2);
     if (da || db)
-        concat_backward(&m->ops, &s, grad_of(m, l->out), da, db, l->dx_accumulate[0], l->dx_accumulate[1]);
+        concat_backward(&m->ops, &s, grad_of(m, l->out), da, db, lp->dx_accumulate[0], lp->dx_accumulate[1]);
 }
 
 /* ---- flatten: its output is its input's storage, so forward runs nothing; so is its gradient where it is
@@ -491,7 +528,7 @@ static void layer_backward(Model *m, const Layer *l) {
 /* The fp32 NCHW batch into the input activation, where they differ (AMP, NHWC). */
 static void cast_input(Model *m) {
     const Activation *in = &m->acts[0];
-    if (in->unstored) return; /* the input convolution's form takes the batch itself (models/input_form.c) */
+    if (m->plan->acts[0].unstored) return; /* the input convolution's form takes the batch itself (plan_input_forms) */
     if (m->input_direct) return; /* the batch was written in this form (model_set_input_direct) */
     if (m->nhwc)
         cast_nchw_to_nhwc(&m->ops, m->input_f32, in->value, m->batch, in->c_real, in->h, in->w, in->c);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "models/layers.h"
+#include "models/plan.h"
 #include "ops/cast.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
@@ -49,7 +50,6 @@ static int add_act(Model *m, int c, int h, int w) {
     a->c = c; a->h = h; a->w = w;
     a->c_real = c;
     a->shares_with = -1;
-    a->grad_slot = -1;
     a->internal_to = m->open_block;
     return m->n_acts++;
 }
@@ -66,11 +66,6 @@ static Layer *add_layer(Model *m, LayerKind kind, int in) {
     l->kind = kind;
     l->in = in;
     l->in2 = -1;
-    l->bias_layer = -1;
-    l->pool_layer = -1;
-    l->add_layer = -1;
-    l->prologue_bn = -1;
-    l->dbn_layer = -1;
     l->block = m->open_block;
     snprintf(l->name, sizeof l->name, "%s %d", layer_kinds[kind].name, m->n_layers - 1);
     return l;
@@ -367,300 +362,6 @@ int model_avgpool2d(Model *m, int in, int kernel, int stride, int pad) {
 
 int model_global_avgpool(Model *m, int in) { return model_avgpool(m, in); }
 
-/* ---- gradient buffers ----------------------------------------------------- */
-
-static int group_of(int *parent, int a) {
-    while (parent[a] != a) a = parent[a] = parent[parent[a]];
-    return a;
-}
-
-static void join_groups(int *parent, int a, int b) { parent[group_of(parent, a)] = group_of(parent, b); }
-
-/* An activation that feeds several layers gets the sum of their gradients:
- * backward meets its consumers latest first; the first writes the gradient,
- * the others add to it. Only the input image (activation 0) needs none. */
-static void plan_accumulation(Model *m) {
-    layers_check_flattens(m, m->nhwc);
-    int written[MODEL_MAX_ACTS] = {0};
-    for (int a = 0; a < m->n_acts; a++) m->acts[a].consumers = 0;
-    for (int i = 0; i < m->n_layers; i++) {
-        m->acts[m->layers[i].in].consumers++;
-        if (m->layers[i].in2 >= 0) m->acts[m->layers[i].in2].consumers++;
-    }
-    for (int i = m->n_layers - 1; i >= 0; i--) {
-        Layer *l = &m->layers[i];
-        int ins[2] = {l->in, l->in2};
-        for (int k = 0; k < 2; k++) {
-            l->dx_accumulate[k] = l->dx_alias[k] = 0;
-            if (ins[k] <= 0) continue;
-            l->dx_accumulate[k] = written[ins[k]];
-            written[ins[k]] = 1;
-            if (l->dx_accumulate[k] && !layer_kinds[l->kind].adds_dx)
-                TC_FATAL("layer %d: its input feeds several layers, and this kind of layer cannot add its "
-                         "gradient to theirs", i);
-        }
-        /* ... nor may what it shares its storage with (a flatten's input) */
-        for (int id = l->in; l->kind == LAYER_RELU && id >= 0; id = m->acts[id].shares_with)
-            if (m->acts[id].consumers > 1)
-                TC_FATAL("layer %d: a ReLU works in place, so its input may feed no other layer", i);
-    }
-}
-
-/* Under NHWC a flatten's features lie in (h, w, c) order: only a linear layer (model_weight_index), or an
- * in-place ReLU before one, reads them as such. */
-static void check_hwc_readers(const Model *m, int act, int flatten) {
-    const Activation *x = &m->acts[m->layers[flatten].in];
-    for (int j = flatten + 1; j < m->n_layers; j++) {
-        const Layer *r = &m->layers[j];
-        if (r->in != act && r->in2 != act) continue;
-        if (r->kind == LAYER_RELU) check_hwc_readers(m, r->out, flatten);
-        else if (r->kind != LAYER_LINEAR)
-            TC_FATAL("layer %d (%s) reads the flatten (layer %d) of a %dx%d map under NHWC, whose features lie in "
-                     "(h, w, c) order: only linear layers may (or model.layout = nchw)", j, r->name, flatten, x->h,
-                     x->w);
-    }
-}
-
-void layers_check_flattens(const Model *m, int nhwc) {
-    for (int i = 0; nhwc && i < m->n_layers; i++) {
-        const Layer *l = &m->layers[i];
-        if (l->kind == LAYER_FLATTEN && m->acts[l->in].h * m->acts[l->in].w > 1) check_hwc_readers(m, l->out, i);
-    }
-}
-
-/* The last layer reading activation a, and its producer. */
-static int last_consumer_other_than(const Model *m, int a, int skip) {
-    for (int i = m->n_layers - 1; i >= 0; i--)
-        if (i != skip && (m->layers[i].in == a || m->layers[i].in2 == a)) return i;
-    return -1;
-}
-
-static int producer(const Model *m, int a) {
-    for (int i = 0; i < m->n_layers; i++)
-        if (m->layers[i].out == a) return i;
-    return -1;
-}
-
-/* An add's backward passes dy on unchanged, so an input whose gradient the add
- * writes first can use dy's buffer itself. Of the two, only one may feed
- * other layers too (they add into that buffer afterwards), and only once the
- * other input's producer has read its gradient from it. */
-static void plan_add_aliases(Model *m, int i, int *parent) {
-    Layer *l = &m->layers[i];
-    int ins[2] = {l->in, l->in2};
-    int shared = -1; /* the aliased input that feeds other layers */
-    for (int k = 0; k < 2; k++) {
-        if (ins[k] <= 0 || l->dx_accumulate[k]) continue;
-        int fan_out = m->acts[ins[k]].consumers > 1;
-        if (fan_out && shared >= 0) continue;
-        if (fan_out) {
-            int other = ins[1 - k], later = last_consumer_other_than(m, ins[k], i);
-            if (other > 0 && !l->dx_accumulate[1 - k] && producer(m, other) < later) continue;
-            shared = k;
-        }
-        l->dx_alias[k] = 1;
-        join_groups(parent, ins[k], l->out);
-    }
-}
-
-/* Backward time of layer i: the last layer runs first. The loss writes the
- * logits' gradient before (time -1). */
-static void touch(int *first, int *last, int group, int time) {
-    if (time < first[group]) first[group] = time;
-    if (time > last[group]) last[group] = time;
-}
-
-/* perf.overlap_wgrad: the backward time before which conv i's filter
- * gradient is joined back (the next layer that joins it, or the end). */
-static int wgrad_join_time(const Model *m, int i) {
-    for (int j = i - 1; j >= 0; j--)
-        if (layer_joins_wgrad(&m->layers[j])) return m->n_layers - 1 - j;
-    return m->n_layers;
-}
-
-/* Every activation's gradient gets one of a few shared buffers: gradients
- * joined in place (a ReLU's, a GELU's done by its batch norm, an add's
- * passed-on dy) form one group, and two
- * groups share a buffer when the backward times that touch them do not
- * overlap. Each buffer is sized for the largest gradient it holds; a group
- * whose gradient overwrites its own value (grad_in_value) takes none. Needs
- * plan_accumulation and mark_fusions first. */
-static void plan_grad_slots(Model *m) {
-    int parent[MODEL_MAX_ACTS], first[MODEL_MAX_ACTS], last[MODEL_MAX_ACTS], slot_of[MODEL_MAX_ACTS];
-    for (int a = 0; a < m->n_acts; a++) {
-        parent[a] = a;
-        first[a] = INT32_MAX;
-        last[a] = INT32_MIN;
-        slot_of[a] = -1;
-    }
-    for (int i = 0; i < m->n_layers; i++) {
-        const Layer *l = &m->layers[i];
-        if ((l->kind == LAYER_RELU || (l->kind == LAYER_GELU && l->fused)) && l->in > 0)
-            join_groups(parent, l->in, l->out);
-        if (l->kind == LAYER_FLATTEN && l->in > 0 && m->acts[l->in].consumers == 1) /* its backward: nothing */
-            join_groups(parent, l->in, l->out);
-        if (l->kind == LAYER_ADD) plan_add_aliases(m, i, parent);
-        /* A norm whose backward the conv after it may run (dx made over dz, in place); apart, it runs in place. */
-        if (m->fuse_graphs && graph_fusion_dbn_conv(m, i) >= 0) join_groups(parent, l->in, l->out);
-    }
-    touch(first, last, group_of(parent, m->n_acts - 1), -1);
-    for (int i = 0; i < m->n_layers; i++) {
-        const Layer *l = &m->layers[i];
-        int time = m->n_layers - 1 - i;
-        touch(first, last, group_of(parent, l->out), time);
-        if (l->in > 0) touch(first, last, group_of(parent, l->in), time);
-        if (l->in2 > 0) touch(first, last, group_of(parent, l->in2), time);
-    }
-    for (int i = 0; m->overlap_wgrad && i < m->n_layers; i++) { /* a forked filter gradient reads dy until its join */
-        const Layer *l = &m->layers[i];
-        if (l->kind == LAYER_CONV) touch(first, last, group_of(parent, l->out), wgrad_join_time(m, i));
-    }
-    size_t need[MODEL_MAX_ACTS] = {0};
-    int in_value[MODEL_MAX_ACTS] = {0};
-    for (int a = 1; a < m->n_acts; a++) {
-        int g = group_of(parent, a);
-        if (act_floats(m, a) > need[g]) need[g] = act_floats(m, a);
-        if (m->acts[a].grad_in_value) in_value[g] = 1;
-    }
-    /* Groups in order of their first touch; each takes the free buffer closest
-     * above its size (else the largest free one, which grows), or a new one. */
-    int slot_free_after[MODEL_MAX_GRAD_SLOTS];
-    m->n_grad_slots = 0;
-    for (int time = -1; time < m->n_layers; time++) {
-        for (int g = 1; g < m->n_acts; g++) {
-            if (group_of(parent, g) != g || first[g] != time || in_value[g]) continue;
-            int best = -1;
-            for (int s = 0; s < m->n_grad_slots; s++) {
-                if (slot_free_after[s] >= time) continue;
-                size_t have = m->act_grad_floats[s], best_have = best >= 0 ? m->act_grad_floats[best] : 0;
-                int fits = have >= need[g], best_fits = best >= 0 && best_have >= need[g];
-                if (best < 0 || (fits && (!best_fits || have < best_have)) || (!fits && !best_fits && have > best_have))
-                    best = s;
-            }
-            if (best < 0) {
-                if (m->n_grad_slots == MODEL_MAX_GRAD_SLOTS)
-                    TC_FATAL("model needs more than %d activation-gradient buffers", MODEL_MAX_GRAD_SLOTS);
-                best = m->n_grad_slots++;
-                m->act_grad_floats[best] = 0;
-            }
-            if (need[g] > m->act_grad_floats[best]) m->act_grad_floats[best] = need[g];
-            slot_free_after[best] = last[g];
-            slot_of[g] = best;
-        }
-    }
-    m->acts[0].grad_slot = -1;
-    for (int a = 1; a < m->n_acts; a++) m->acts[a].grad_slot = slot_of[group_of(parent, a)];
-}
-
-/* A batch norm's pass, or a whitening convolution's (ops/conv_bias_gelu),
- * writes the GELU after it over the layer's own output: the GELU's output
- * shares that storage and (plan_grad_slots) gradient, as an in-place ReLU's
- * does, and is kept where either is a block's output. */
-static void fuse_gelu(Model *m, Layer *l, Layer *gelu) {
-    Activation *out = &m->acts[gelu->out];
-    l->fused = gelu->fused = 1;
-    l->fused_act = BN_ACT_GELU;
-    out->shares_with = l->out;
-    if (out->internal_to < 0) m->acts[l->out].internal_to = -1;
-}
-
-/* The whitening convolution's backward is its bias's alone, which the fused op computes. */
-static int takes_gelu(const Layer *l) {
-    return l->kind == LAYER_BATCHNORM || (l->kind == LAYER_CONV && l->whitening && l->b_count);
-}
-
-/* A batch norm with no activation of its own whose output only the add right
- * after it reads computes that add, and the add's fused ReLU, in its apply
- * pass (BatchNormParams.residual): the norm's output is never stored and read
- * back. The add's output takes the norm's storage, kept where the add's was
- * (a block's output). */
-static void fuse_bn_adds(Model *m) {
-    for (int i = 0; i + 1 < m->n_layers; i++) {
-        Layer *bn = &m->layers[i], *add = &m->layers[i + 1];
-        if (bn->kind != LAYER_BATCHNORM || add->kind != LAYER_ADD || bn->fused_act != BN_ACT_NONE) continue;
-        if ((add->in != bn->out && add->in2 != bn->out) || m->acts[bn->out].consumers != 1) continue;
-        bn->add_layer = i + 1;
-        add->by_bn = 1;
-        m->acts[add->out].shares_with = bn->out;
-        if (m->acts[add->out].internal_to < 0) m->acts[bn->out].internal_to = -1;
-    }
-}
-
-/* A conv + bias + ReLU + 2x2 max-pool reading the input image takes its ReLU
- * and pool into one op on the GPU where ops/conv_bias_relu_pool takes the
- * shape (the conv's output never stored); the log says which way it went. */
-static void fuse_first_block(Model *m, Layer *conv, Layer *pool) {
-    if (m->device != DEVICE_CUDA || conv->in != 0) return;
-    ConvBiasReluPoolShape s = first_block_shape(m, conv);
-    const char *why;
-    if (!conv_bias_relu_pool_supported(&m->ops, &s, &why)) {
-        log_info("%s + ReLU + %s: apart (conv_bias_relu_pool: %s)", conv->name, pool->name, why);
-        return;
-    }
-    conv->pool_layer = (int)(pool - m->layers);
-    conv->bias_by_pool = 0;
-    pool->by_conv = 1;
-    m->acts[conv->out].unstored = 1;
-    log_info("%s + ReLU + %s: one kernel (conv_bias_relu_pool), the convolution's output never stored", conv->name,
-             pool->name);
-}
-
-/* A batch norm + ReLU that only a max-pool reads runs the pool in its apply
- * pass on the GPU where ops/batchnorm takes the pool (BatchNormParams.pool):
- * the norm's output is never stored (ResNet's ImageNet stem: 411 MB written
- * and read back at 224 and batch 256). The pool's backward still writes that
- * output's gradient, which the norm's backward reads. */
-static void fuse_bn_pools(Model *m) {
-    for (int i = 0; m->device == DEVICE_CUDA && i + 2 < m->n_layers; i++) {
-        Layer *bn = &m->layers[i], *relu = &m->layers[i + 1], *pool = &m->layers[i + 2];
-        if (bn->kind != LAYER_BATCHNORM || bn->fused_act != BN_ACT_RELU || relu->kind != LAYER_RELU ||
-            relu->in != bn->out || pool->kind != LAYER_MAXPOOL || pool->in != relu->out ||
-            m->acts[relu->out].consumers != 1)
-            continue;
-        if (!batchnorm_pool_supported(&m->ops, &pool->pool.shape)) {
-            log_info("%s + ReLU + %s: apart (the pool's channels-last kernels do not take it)", bn->name,
-                     pool->name);
-            continue;
-        }
-        bn->pool_layer = i + 2;
-        pool->by_bn = 1;
-        m->acts[bn->out].unstored = m->acts[relu->out].unstored = 1;
-        log_info("%s + ReLU + %s: one pass (the norm's output never stored)", bn->name, pool->name);
-    }
-}
-
-/* A ReLU right after a convolution with a bias, a batch norm or an add, or a
- * GELU right after a batch norm or a whitening convolution, reading nothing
- * else, folds into it; a conv +
- * bias + ReLU that only a 2x2 max-pool reads folds its bias and ReLU into the
- * pool instead (bias_relu_pool), whose backward overwrites the conv's raw
- * output with its gradient. Then fuse_bn_adds and fuse_bn_pools. Needs plan_accumulation's
- * consumer counts. */
-static void mark_fusions(Model *m) {
-    for (int i = 0; i + 1 < m->n_layers; i++) {
-        Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
-        if (relu->in != l->out || m->acts[l->out].consumers != 1) continue;
-        if (takes_gelu(l) && relu->kind == LAYER_GELU) fuse_gelu(m, l, relu);
-        if (relu->kind != LAYER_RELU) continue;
-        if (l->kind == LAYER_BATCHNORM) l->fused_act = BN_ACT_RELU;
-        if (l->kind == LAYER_BATCHNORM || l->kind == LAYER_ADD) l->fused = relu->fused = 1;
-        if (l->kind != LAYER_CONV || !l->b_count) continue;
-        Layer *conv = l, *pool = i + 2 < m->n_layers ? &m->layers[i + 2] : NULL;
-        if (pool && pool->kind == LAYER_MAXPOOL && pool->in == relu->out && m->acts[relu->out].consumers == 1 &&
-            pool2d_window(&pool->pool.shape) == 2 && pool2d_stride(&pool->pool.shape) == 2 && !pool->pool.shape.pad &&
-            pool->pool.shape.h % 2 == 0 && pool->pool.shape.w % 2 == 0) {
-            conv->fused = relu->fused = pool->fused = conv->bias_by_pool = 1;
-            pool->bias_layer = i;
-            m->acts[conv->out].grad_in_value = m->acts[relu->out].grad_in_value = 1;
-            fuse_first_block(m, conv, pool);
-        } else if (m->device == DEVICE_CUDA) { /* conv + bias + ReLU alone has no CPU path */
-            conv->fused = relu->fused = 1;
-        }
-    }
-    fuse_bn_adds(m);
-    fuse_bn_pools(m);
-}
-
 /* ---- finalizing ------------------------------------------------------- */
 
 /* GPU: the cuDNN descriptors and algorithms of the convolutions, and the
@@ -670,7 +371,8 @@ static void choose_conv_algorithms(Model *m) {
     m->workspace_bytes = 0;
     for (int i = 0; i < m->n_layers; i++) {
         Layer *l = &m->layers[i];
-        if (l->kind == LAYER_CONV && l->pool_layer >= 0) {
+        const LayerPlan *p = &m->plan->layers[i];
+        if (l->kind == LAYER_CONV && p->pool_layer >= 0) {
             ConvBiasReluPoolShape s = first_block_shape(m, l);
             size_t bytes = conv_bias_relu_pool_workspace_bytes(ctx, &s);
             if (bytes > m->workspace_bytes) m->workspace_bytes = bytes;
@@ -686,9 +388,9 @@ static void choose_conv_algorithms(Model *m) {
             log_info("layer %d conv %dx%dx%dx%d k%d: %s, workspace %.1f MiB", i, s->n, s->c, s->h, s->w, s->k, chosen,
                      bytes / 1048576.0);
             ConvBiasGeluShape whitening = whitening_shape(m, l);
-            size_t bias_grad = l->fused_act == BN_ACT_GELU ? conv_bias_gelu_workspace_bytes(ctx, &whitening)
-                                                           : conv2d_bias_grad_bytes(ctx, &l->conv);
-            if ((l->fused || l->whitening) && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
+            size_t bias_grad = p->act == BN_ACT_GELU ? conv_bias_gelu_workspace_bytes(ctx, &whitening)
+                                                     : conv2d_bias_grad_bytes(ctx, &l->conv);
+            if ((p->bias_relu || l->whitening) && bias_grad > m->workspace_bytes) m->workspace_bytes = bias_grad;
         } else if (l->kind == LAYER_BATCHNORM) {
             size_t scratch = batchnorm_scratch_bytes(ctx, &l->bn.shape);
             if (scratch > m->bn_scratch_bytes) m->bn_scratch_bytes = scratch;
@@ -697,7 +399,8 @@ static void choose_conv_algorithms(Model *m) {
 }
 
 static int recomputed(const Model *m, int id) {
-    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0 && !m->acts[id].unstored;
+    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0 &&
+           !m->plan->acts[id].unstored;
 }
 
 /* Under checkpointing the insides of all blocks take turns in one region, laid
@@ -752,7 +455,7 @@ static void carve_buffers(Model *m, Arena *a) {
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
     for (int id = 0; id < m->n_acts; id++) {
         Activation *act = &m->acts[id];
-        if (act->unstored) act->value = NULL;
+        if (m->plan->acts[id].unstored) act->value = NULL;
         else if (act->shares_with >= 0) act->value = m->acts[act->shares_with].value;
         else if (recomputed(m, id)) act->value = element(m, m->recompute_region, act->region_offset);
         else act->value = arena_alloc(a, act_floats(m, id) * esize, "activations");
@@ -766,10 +469,12 @@ static void carve_buffers(Model *m, Arena *a) {
     m->bn_scratch = m->bn_scratch_bytes ? arena_alloc(a, m->bn_scratch_bytes, "batch-norm scratch") : NULL;
     for (int i = 0; i < m->n_layers; i++) { /* a fused max-pool runs bias_relu_pool instead */
         Layer *l = &m->layers[i];
-        size_t bytes = l->kind == LAYER_MAXPOOL && !l->fused ? maxpool_scratch_bytes(&m->ops, &l->pool.shape) : 0;
+        int by_bias_relu_pool = m->plan->layers[i].bias_layer >= 0;
+        size_t bytes = l->kind == LAYER_MAXPOOL && !by_bias_relu_pool ? maxpool_scratch_bytes(&m->ops, &l->pool.shape)
+                                                                      : 0;
         l->pool_scratch = bytes ? arena_alloc(a, bytes, "max-pool window positions") : NULL;
     }
-    input_form_carve(m, a);
+    plan_carve(m, a);
 }
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -890,12 +595,10 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
     m->gpu = gpu;
     m->device = gpu ? DEVICE_CUDA : DEVICE_CPU;
     m->ops = gpu ? op_context_gpu(gpu, m->act_dtype, m->nhwc) : op_context_cpu();
-    plan_accumulation(m);
-    if (m->fuse) mark_fusions(m);
-    plan_grad_slots(m);
+    plan_layers(m);
     if (gpu) choose_conv_algorithms(m);
-    if (gpu) input_form_plan(m);
-    if (m->fuse_graphs) graph_fusion_plan(m);
+    if (gpu) plan_input_forms(m);
+    if (m->fuse_graphs) plan_graphs(m);
 
     Arena sizing;
     arena_init_counting(&sizing, m->device);
@@ -919,7 +622,7 @@ void model_finalize(Model *m, GpuContext *gpu, uint64_t seed) {
             if (m->layers[i].kind == LAYER_BATCHNORM)
                 batchnorm_init(&m->ops, &m->layers[i].bn, &m->layers[i].bn.shape, m->bn_scratch);
     }
-    if (m->fuse_graphs) graph_fusion_choose(m);
+    if (m->fuse_graphs) plan_graphs_choose(m);
     model_init_params(m, seed);
     model_reset_optimizer(m);
     model_zero_grads(m);
@@ -929,9 +632,8 @@ void model_destroy(Model *m) {
     if (m->gpu) op_sync(&m->ops);
     if (m->wgrad_fork_event) gpu_event_destroy(m->wgrad_fork_event);
     if (m->wgrad_done_event) gpu_event_destroy(m->wgrad_done_event);
-    graph_fusion_destroy(m);
+    plan_destroy(m);
     if (m->gpu) {
-        input_form_destroy(m);
         for (int i = 0; i < m->n_layers; i++) {
             if (m->layers[i].kind == LAYER_CONV) conv2d_destroy(&m->ops, &m->layers[i].conv);
             if (m->layers[i].kind == LAYER_MAXPOOL) maxpool_destroy(&m->ops, &m->layers[i].pool);
@@ -947,7 +649,7 @@ float *model_input_buffer(const Model *m) { return m->input_f32 ? m->input_f32 :
 
 ModelInputForm model_input_form(const Model *m) {
     const Activation *in = &m->acts[0];
-    if (!m->input_f32 || in->unstored || !m->nhwc)
+    if (!m->input_f32 || (m->plan && m->plan->acts[0].unstored) || !m->nhwc)
         return (ModelInputForm){model_input_buffer(m), DTYPE_F32, 0, in->c_real, 0};
     return (ModelInputForm){in->value, m->act_dtype, 1, in->c, 1};
 }
@@ -956,7 +658,7 @@ void model_set_input_direct(Model *m, int direct) {
     if (direct && !model_input_form(m).direct) TC_FATAL("model_set_input_direct: the input is the fp32 batch itself");
     m->input_direct = direct;
 }
-size_t model_input_floats(const Model *m) { return act_floats(m, 0) / m->acts[0].c * m->acts[0].c_real; }
+size_t model_input_floats(const Model *m) { return input_floats(m); }
 double model_layer_flops(const Model *m, int i) {
     const Layer *l = &m->layers[i];
     const Activation *y = &m->acts[l->out];

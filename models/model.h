@@ -21,8 +21,6 @@
 
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
-#include "ops/conv_dgrad_dbn.h"
-#include "ops/conv_genstats.h"
 #include "ops/dropout.h"
 #include "ops/linear.h"
 #include "ops/maxpool.h"
@@ -65,52 +63,10 @@ typedef struct {
     float drop;           /* dropout: the share of elements dropped in training */
     size_t stat_off;      /* batch norm: running mean and variance at bn_running + stat_off (c each),
                              the batch's mean and 1/std for backward at bn_saved + stat_off, its input's sums
-                             at bn_sums + stat_off where stats_by_conv; a conv with genstats: its batch norm's */
-    ConvGenStats *genstats; /* conv (model.fuse = graphs): in training its forward is one cuDNN graph that also
-                               sums its output per channel for the batch norm after it (ops/conv_genstats,
-                               models/graph_fusion.c); NULL: conv2d's */
-    ConvGenStats *prologue_genstats; /* conv: the same with the previous batch norm + ReLU as its prologue,
-                               between plan and choose, which keeps one of the two (graph_fusion.c) */
-    int stats_by_conv;    /* batch norm: the conv before it sums its input (genstats); training takes the
-                             statistics from those sums (bn_finalize) and runs the apply pass alone */
-    int prologue_bn;      /* conv with genstats (model.fuse = graphs): in training it applies this batch norm
-                             and its ReLU to the norm's input as its prologue, forward and filter gradient
-                             (scale and bias at bn_coef + the norm's stat_off); -1: none */
-    int by_conv_prologue; /* batch norm + ReLU: the conv after it applies it (prologue_bn); training
-                             computes only its scale and bias (bn_finalize) and never writes its output */
-    ConvDgradDbn *dgrad_dbn; /* conv (model.fuse = graphs): its data gradient runs the backward of the batch
-                             norm + ReLU before it (dbn_layer) in one cuDNN graph (ops/conv_dgrad_dbn); NULL: none */
-    int dbn_layer;        /* conv with dgrad_dbn: that batch norm; -1: none */
-    int backward_by_conv; /* batch norm + ReLU: the conv after it runs its backward (dgrad_dbn); it runs nothing */
-    int add_layer;        /* batch norm (model.fuse): the add right after it, which alone reads its output,
-                             whose sum (and fused ReLU) its pass writes into the add's output; -1: none */
-    int by_bn;            /* add: the batch norm before it computes it (add_layer); maxpool: the batch norm
-                             two layers before computes its forward (pool_layer); only its backward runs */
+                             at bn_sums + stat_off where a conv makes them (models/plan.h) */
     int block;            /* the checkpoint block it belongs to, or -1 */
-    int fused;            /* conv: adds its bias and the ReLU after it in one pass (a whitening conv: the
-                             GELU, fused_act); relu: done by that conv (or by the max-pool after it); maxpool:
-                             see bias_layer; batch norm: applies the activation after it (fused_act) in its
-                             pass; relu, gelu: done by it */
-    BatchNormAct fused_act; /* batch norm, whitening conv: that activation (BN_ACT_NONE unless fused; a conv
-                               runs ops/conv_bias_gelu) */
-    struct ConvInputForm *input_form; /* conv over the input image (model.fuse, GPU): runs on copies of the
-                               image and its filters in the form that timed fastest at start-up
-                               (models/input_form.c); NULL: on the image itself */
-    int bias_by_pool;     /* conv: writes its raw output; the 2x2 max-pool after its ReLU adds the bias and
-                             applies the ReLU, forward and backward (ops/bias_relu_pool) */
-    int bias_layer;       /* maxpool: the conv whose bias and ReLU it applies, or -1 */
-    int pool_layer;       /* conv (model.fuse, GPU): the input's 3x3 convolution computes its bias, ReLU and
-                             this 2x2 max-pool too, writing only the pool's output (ops/conv_bias_relu_pool);
-                             batch norm (model.fuse, GPU): its pass computes its ReLU and this max-pool, writing
-                             only the pool's output (BatchNormParams.pool); -1: none */
-    int by_conv;          /* maxpool: the conv two layers before computes it (pool_layer); it runs nothing */
     int whitening;        /* conv: its weights are set from the data (models/whiten.h) and never trained */
     int dirac;            /* conv: its first min(out, in) filters start as the identity (model_dirac_last) */
-    /* Backward, per input (in, in2): 1 when another layer reading the same
-     * activation has already written its gradient, so this one adds to it.
-     * An add whose input gradient is dy itself (alias) writes nothing. */
-    int dx_accumulate[2];
-    int dx_alias[2];
     char name[24];        /* "conv 3": the label its ops carry to the op hooks (NVTX under nvtx_layers) */
     char module[48];      /* layers with parameters: PyTorch's module name ("layer1.0.conv1"), which names
                              its tensors (models/tensors.h); empty: unnamed */
@@ -119,15 +75,8 @@ typedef struct {
 typedef struct {
     int c, h, w;          /* per sample; a matrix activation is c features, h = w = 1 */
     int c_real;           /* channels that carry data (the input's c is padded under NHWC) */
-    int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU) */
-    int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none (or grad_in_value) */
-    int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output
-                             under bias_relu_pool, whose backward works in place) */
-    int unstored;         /* no layer writes or reads it (the input's conv output under conv_bias_relu_pool,
-                             and the in-place ReLU's sharing it; the input image where its one reader runs on
-                             a form of it, models/input_form.c; a batch norm's output, and its ReLU's, where
-                             the norm's pass computes the max-pool after them): no buffer, value NULL */
-    int consumers;        /* layers that read it */
+    int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU, flatten; and where
+                             model.fuse joins them, a GELU or an add computed by the pass before: plan.c) */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
     size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */
     void *value;          /* [batch][c][h][w] of the model's activation dtype */
@@ -144,8 +93,10 @@ typedef struct {
     DType act_dtype;      /* set before model_finalize: activations and their gradients (F32, F16, BF16) */
     ConvAlgoPolicy conv_policy; /* set before model_finalize (model_init: 256 MiB, strict fp32) */
 
-    Layer layers[MODEL_MAX_LAYERS];
+    Layer layers[MODEL_MAX_LAYERS]; /* what the net is, set by the builders (model_finalize sets only the ops'
+                                       state in them: descriptors, algorithms, scratch) */
     int n_layers;
+    struct Plan *plan;    /* how it runs (models/plan.h): made by model_finalize, read by the passes */
     Activation acts[MODEL_MAX_ACTS];
     int n_acts;
     int n_blocks, open_block;  /* blocks marked by model_block_begin/end; open_block -1 outside */
@@ -158,12 +109,12 @@ typedef struct {
     int fuse_graphs;      /* set before model_finalize (GPU; not with bn_allreduce): each convolution right
                              before a batch norm computes that norm's statistics in its epilogue where a cuDNN
                              engine takes the shape and (conv_policy.benchmark) times faster
-                             (models/graph_fusion.c) */
+                             (models/plan_graphs.c) */
     int overlap_wgrad;    /* set before model_finalize (GPU): backward runs each convolution's filter gradient on
                              the GPU's side stream, beside the batch norms, ReLUs and adds before it, and joins it
                              back before the next layer of another kind (models/layers.c, wgrad_fork) */
     int input_form_block; /* set before model_finalize (tests): 1 or 2 runs a convolution over the input image
-                             on that form (models/input_form.c) wherever it fits, untimed; 0: the fastest */
+                             on that form (models/plan.c) wherever it fits, untimed; 0: the fastest */
     int no_decay_bn_bias; /* set before model_finalize: decay_mask leaves out biases and batch-norm parameters */
     int training;         /* 1 (model_finalize's default): batch norm normalises with the batch's statistics
                              and updates the running ones; 0: evaluation, with the running ones */
@@ -258,7 +209,7 @@ int model_conv(Model *m, int in, int out_channels, int kernel, int pad, int stri
 int model_conv_no_bias(Model *m, int in, int out_channels, int kernel, int pad, int stride);
 /* Either of the two with its channels in groups (PyTorch's nn.Conv2d groups; depthwise: groups = in = out
  * channels): filters [out][in / groups][kernel][kernel], fan_in (in / groups) * kernel * kernel; bias 0 or 1.
- * A grouped one takes none of model.fuse's special paths but bias + ReLU (graph_fusion.c, input_form.c). */
+ * A grouped one takes none of model.fuse's special paths but bias + ReLU (models/plan.c). */
 int model_conv_groups(Model *m, int in, int out_channels, int kernel, int pad, int stride, int groups, int bias);
 int model_relu(Model *m, int in);
 int model_gelu(Model *m, int in);          /* exact (erf) GELU, PyTorch's nn.GELU() */

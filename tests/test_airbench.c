@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "models/layers.h"
+#include "models/plan.h"
 #include "models/whiten.h"
 #include "models/zoo.h"
 #include "runtime/gpu.h"
@@ -214,12 +215,12 @@ static ModelTrainEval fuse_run(GpuContext *gpu, int nhwc, int fuse, const float 
     for (int i = 0; i + 1 < m.n_layers; i++) {
         const Layer *l = &m.layers[i], *next = &m.layers[i + 1];
         if (l->kind != LAYER_BATCHNORM) continue;
-        fused += l->fused && l->fused_act == BN_ACT_GELU && next->kind == LAYER_GELU && next->fused &&
-                 m.acts[next->out].value == m.acts[l->out].value;
+        fused += m.plan->layers[i].act == BN_ACT_GELU && next->kind == LAYER_GELU &&
+                 m.plan->layers[i + 1].by_producer && m.acts[next->out].value == m.acts[l->out].value;
     }
     CHECK_MSG(fused == (fuse ? 6 : 0), "airbench fuse %d: %d batch norms run their GELU", fuse, fused);
     const Layer *whiten = &m.layers[0], *gelu = &m.layers[1];
-    int whiten_fused = whiten->whitening && whiten->fused && whiten->fused_act == BN_ACT_GELU && gelu->fused &&
+    int whiten_fused = whiten->whitening && m.plan->layers[0].act == BN_ACT_GELU && m.plan->layers[1].by_producer &&
                        m.acts[gelu->out].value == m.acts[whiten->out].value;
     CHECK_MSG(whiten_fused == fuse, "airbench fuse %d: the whitening layer runs its GELU: %d", fuse, whiten_fused);
     ModelLoss loss = {&m, input, r};

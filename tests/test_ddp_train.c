@@ -18,6 +18,7 @@
 #include "dist/dist.h"
 #include "dist/peer_link.h"
 #include "models/model.h"
+#include "models/plan.h"
 #include "models/zoo.h"
 #include "runtime/checkpoint.h"
 #include "runtime/check.h"
@@ -241,10 +242,11 @@ static uint32_t choices_hash(const Model *m, int *plans) {
     uint32_t h = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
-        int flags[] = {l->kind, l->genstats != NULL, l->stats_by_conv, l->by_conv_prologue, l->input_form != NULL};
+        const LayerPlan *lp = &m->plan->layers[i];
+        int flags[] = {l->kind, lp->genstats != NULL, lp->stats_by_conv, lp->by_conv_prologue, lp->input_form != NULL};
         h = ckpt_crc32(h, flags, sizeof flags);
-        if (l->genstats) {
-            const ConvGenStatsCuda *g = &l->genstats->cuda;
+        if (lp->genstats) {
+            const ConvGenStatsCuda *g = &lp->genstats->cuda;
             float times[] = {g->graph.plan_ms, g->direct_us};
             h = ckpt_crc32(h, times, sizeof times);
             h = ckpt_crc32(h, &g->direct, sizeof g->direct);
@@ -280,7 +282,7 @@ static void check_choices_agree(Dist *d) {
     int plans = 0, pairs = 0, prologues = 0;
     uint32_t mine = choices_hash(&m, &plans), rank0 = mine;
     for (int i = 0; i < m.n_layers; i++)
-        pairs += m.layers[i].genstats != NULL, prologues += m.layers[i].prologue_bn >= 0;
+        pairs += m.plan->layers[i].genstats != NULL, prologues += m.plan->layers[i].prologue_bn >= 0;
     dist_bcast_host(d, &rank0, sizeof rank0, 0);
     CHECK_MSG(mine == rank0, "rank %d chose apart from rank 0 under disturbed timings (%d backend plans, %d fused "
               "pairs, %d prologues here)", d->rank, plans, pairs, prologues);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/plan.h"
 #include "tests/harness.h"
 #include "tests/model_checks.h"
 #include "tests/op_checks.h"
@@ -87,7 +88,8 @@ static ModelTrainEval bn_gelu_run(int fuse, int checkpoint, const float *input, 
     build_bn_gelu(&m, fuse, checkpoint);
     model_finalize(&m, NULL, 11);
     int fused = 0;
-    for (int i = 0; i < m.n_layers; i++) fused += m.layers[i].kind == LAYER_BATCHNORM && m.layers[i].fused_act == BN_ACT_GELU;
+    for (int i = 0; i < m.n_layers; i++)
+        fused += m.layers[i].kind == LAYER_BATCHNORM && m.plan->layers[i].act == BN_ACT_GELU;
     CHECK_MSG(fused == (fuse ? 3 : 0), "fuse %d: %d batch norms run their GELU", fuse, fused);
     ModelLoss loss = {&m, input, r};
     ModelTrainEval run = model_train_eval(&loss);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "models/infer.h"
+#include "models/plan.h"
 #include "models/model.h"
 #include "models/tensors.h"
 #include "tests/harness.h"
@@ -122,22 +123,24 @@ static void check_plan(const Model *m, const Variant *v) {
     int pooled = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const Layer *l = &m->layers[i];
-        pooled += l->bias_by_pool;
+        const LayerPlan *p = &m->plan->layers[i];
+        pooled += p->bias_by_pool;
         if (l->kind != LAYER_CONV || conv2d_groups(&l->conv.shape) == 1) continue;
-        CHECK_MSG(!l->genstats && !l->prologue_genstats && !l->dgrad_dbn && l->prologue_bn < 0 && !l->input_form &&
-                      l->pool_layer < 0,
+        CHECK_MSG(!p->genstats && !p->prologue_genstats && !p->dgrad_dbn && p->prologue_bn < 0 && !p->input_form &&
+                      p->pool_layer < 0,
                   "%s (groups %d) takes a path of one convolution of all channels", l->name, l->conv.shape.groups);
     }
     CHECK_MSG(pooled == v->fuse, "fuse %d: %d grouped convs leave their bias and ReLU to the max-pool", v->fuse,
               pooled);
-    if (v->graphs && !v->gpu) CHECK_MSG(m->layers[0].genstats != NULL, "model.fuse = graphs: the 1x1 + norm apart");
+    if (v->graphs && !v->gpu)
+        CHECK_MSG(m->plan->layers[0].genstats != NULL, "model.fuse = graphs: the 1x1 + norm apart");
 }
 
 static ModelTrainEval run_variant(const Variant *v, const float *input, const float *r) {
     Model m;
     build(&m, 1, v->nhwc);
     m.fuse = v->fuse, m.fuse_graphs = v->graphs, m.checkpoint = v->checkpoint;
-    /* deterministic algorithms, but where the graphs run: on the GPU they would not (graph_fusion_plan) */
+    /* deterministic algorithms, but where the graphs run: on the GPU they would not (plan_graphs) */
     m.conv_policy.deterministic = !v->graphs, m.conv_policy.benchmark = v->benchmark;
     model_finalize(&m, v->gpu, 11);
     check_plan(&m, v);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/plan.h"
 #include "ops/softmax_xent.h"
 #include "tests/harness.h"
 
@@ -123,18 +124,20 @@ static int check_events(const Model *m, const Recorder *r, const char *pass, int
 }
 
 /* Layer i runs an op in forward unless a fused ReLU (done by the layer before it), an add done by the
- * batch norm before it (by_bn), a max-pool done by the input's conv (by_conv) or a flatten (its input's
+ * batch norm before it (add_by_bn), a max-pool done by the input's conv (pool_by_conv) or a flatten (its input's
  * storage, and here, its input's only reader, its gradient's too). */
-static int runs_forward(const Layer *l) {
-    return !(l->kind == LAYER_RELU && l->fused) && !(l->kind == LAYER_ADD && l->by_bn) && !l->by_conv &&
+static int runs_forward(const Model *m, const Layer *l) {
+    const LayerPlan *p = plan_of(m, l);
+    return !(l->kind == LAYER_RELU && p->by_producer) && !p->add_by_bn && !p->pool_by_conv &&
            l->kind != LAYER_FLATTEN;
 }
 
 /* ... and in backward unless a fused ReLU, or an add passing dy on as both inputs' own buffer whose ReLU,
- * if any, the batch norm that computed it takes backward too (by_bn). */
-static int runs_backward(const Layer *l) {
-    if (l->kind == LAYER_ADD) return (l->fused && !l->by_bn) || !l->dx_alias[0] || !l->dx_alias[1];
-    return runs_forward(l);
+ * if any, the batch norm that computed it takes backward too (add_by_bn). */
+static int runs_backward(const Model *m, const Layer *l) {
+    const LayerPlan *p = plan_of(m, l);
+    if (l->kind == LAYER_ADD) return (p->add_relu && !p->add_by_bn) || !p->dx_alias[0] || !p->dx_alias[1];
+    return runs_forward(m, l);
 }
 
 static void check_forward(Model *m, Recorder *r) {
@@ -143,7 +146,7 @@ static void check_forward(Model *m, Recorder *r) {
     model_forward(m);
     int n = check_events(m, r, "forward", order);
     for (int i = 0; i < m->n_layers; i++)
-        if (runs_forward(&m->layers[i])) expect[n_expect++] = i;
+        if (runs_forward(m, &m->layers[i])) expect[n_expect++] = i;
     CHECK_MSG(n == n_expect, "forward: ops of %d layers in turn, want %d", n, n_expect);
     for (int k = 0; k < n && k < n_expect; k++)
         CHECK_MSG(order[k] == expect[k], "forward: turn %d ran layer %d, want %d", k, order[k], expect[k]);
@@ -160,9 +163,9 @@ static void check_backward(Model *m, Recorder *r) {
             int first = i;
             while (first > 0 && m->layers[first - 1].block == l->block) first--;
             for (int j = first; j <= i; j++)
-                if (runs_forward(&m->layers[j])) expect[n_expect++] = j;
+                if (runs_forward(m, &m->layers[j])) expect[n_expect++] = j;
         }
-        if (runs_backward(l)) {
+        if (runs_backward(m, l)) {
             /* A recomputed layer followed by its own backward is one run of its ops. */
             if (n_expect == 0 || expect[n_expect - 1] != i) expect[n_expect++] = i;
         }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/plan.h"
 #include "models/zoo.h"
 #include "ops/cast.h"
 #include "ops/sgd.h"
@@ -166,9 +167,9 @@ static float *resnet18_gradients(int checkpoint, GpuContext *gpu, int batch, con
     if (m.fuse_graphs && !gpu) { /* the CPU takes every pair, prologue and norm's backward: 20, 8 and 8 */
         int pairs = 0, prologues = 0, dgrads = 0;
         for (int i = 0; i < m.n_layers; i++) {
-            const Layer *l = &m.layers[i];
-            pairs += l->stats_by_conv, prologues += l->prologue_bn >= 0;
-            dgrads += l->dgrad_dbn && m.layers[l->dbn_layer].backward_by_conv && l->dbn_layer == i - 2;
+            const LayerPlan *p = &m.plan->layers[i];
+            pairs += p->stats_by_conv, prologues += p->prologue_bn >= 0;
+            dgrads += p->dgrad_dbn && m.plan->layers[p->dbn_layer].backward_by_conv && p->dbn_layer == i - 2;
         }
         CHECK_MSG(pairs == 20 && prologues == 8 && dgrads == 8,
                   "cpu resnet18 model.fuse = graphs: %d pairs, %d prologues, %d norms' backward in a data gradient",
@@ -201,7 +202,7 @@ static void check_checkpointing(GpuContext *gpu, int batch, const float *x, cons
 static void report_layers(const float *got, const float *want, int batch);
 
 /* model.fuse = graphs on the CPU, where the pairs and prologues compose the
- * reference ops (models/graph_fusion.c), against model.fuse = on: the
+ * reference ops (models/plan_graphs.c), against model.fuse = on: the
  * statistics from the convolutions' sums, and 8 norms + ReLU applied as the
  * next convolution loads its input, forward and filter gradient, with the
  * norm's output never written. x' = x * scale + bias in float, where the norm
@@ -273,9 +274,9 @@ static void check_graph_fusion_plan_resnet50(void) {
     model_finalize(&m, NULL, 11);
     int pairs = 0, prologues = 0, dgrads = 0;
     for (int i = 0; i < m.n_layers; i++) {
-        const Layer *l = &m.layers[i];
-        pairs += l->stats_by_conv, prologues += l->by_conv_prologue;
-        dgrads += l->backward_by_conv && m.layers[i + 2].dgrad_dbn && m.layers[i + 2].dbn_layer == i;
+        const LayerPlan *p = &m.plan->layers[i];
+        pairs += p->stats_by_conv, prologues += p->by_conv_prologue;
+        dgrads += p->backward_by_conv && m.plan->layers[i + 2].dgrad_dbn && m.plan->layers[i + 2].dbn_layer == i;
     }
     CHECK_MSG(pairs == 53 && prologues == 32 && dgrads == 32,
               "cpu resnet50 model.fuse = graphs: %d pairs, %d prologues, %d norms' backward in a data gradient", pairs,
@@ -454,7 +455,7 @@ static void check_fused_steps(GpuContext *gpu, int batch, const float *x, const 
 
 /* ResNet-18 at 128 pixels (ImageNet's 7x7 stride-2 stem over 3 channels
  * padded to 8), fp32 channels-last, model.fuse on: one step with the stem on
- * each form of the image (models/input_form.c) against the stem on the image
+ * each form of the image (models/plan.c) against the stem on the image
  * itself, and that against model.fuse off, whose stem's batch norm, ReLU and
  * max-pool run apart (fused, the norm's pass pools and its output is never
  * stored). The same products summed by other cuDNN algorithms, which it
@@ -479,11 +480,12 @@ static void check_input_forms(GpuContext *gpu, int batch, const float *x, const 
         m.input_form_block = block; /* 0: perf.conv_benchmark off, so the image itself */
         model_finalize(&m, gpu, 11);
         const Layer *stem = &m.layers[0], *stem_bn = &m.layers[1];
-        CHECK_MSG(block == 0 ? !stem->input_form : stem->input_form != NULL,
+        const LayerPlan *stem_plan = &m.plan->layers[0];
+        CHECK_MSG(block == 0 ? !stem_plan->input_form : stem_plan->input_form != NULL,
                   "resnet18-128: the stem is %s a form of the image", block ? "not on" : "on");
         CHECK_MSG(!block == !!m.acts[0].value, "resnet18-128, block %d: the image %s stored", block,
                   m.acts[0].value ? "is" : "is not"); /* a form takes the batch straight from float32 */
-        CHECK_MSG(stem_bn->kind == LAYER_BATCHNORM && (stem_bn->pool_layer >= 0) == m.fuse &&
+        CHECK_MSG(stem_bn->kind == LAYER_BATCHNORM && (m.plan->layers[1].pool_layer >= 0) == m.fuse &&
                       (m.acts[stem_bn->out].value == NULL) == m.fuse,
                   "resnet18-128, model.fuse %d: the stem's max-pool %s in its batch norm's pass", m.fuse,
                   m.fuse ? "is not" : "is");
@@ -557,7 +559,7 @@ static void check_graph_fusion_gradients(Model m[2], const float *grads[2]) {
         const Layer *l = &m[1].layers[i];
         if (l->kind != LAYER_CONV) continue;
         double e_conv = test_rel_error(grads[1] + l->w_off, grads[0] + l->w_off, l->w_count);
-        if (l->prologue_bn < 0) {
+        if (m[1].plan->layers[i].prologue_bn < 0) {
             worst_other = fmax(worst_other, e_conv);
             continue;
         }
@@ -590,7 +592,7 @@ static void check_graph_fusion(GpuContext *gpu, int batch, const float *x, const
         m[f].fuse = 1;
         m[f].fuse_graphs = f;
         model_finalize(&m[f], gpu, 11);
-        for (int i = 0; f && i < m[f].n_layers; i++) fused += m[f].layers[i].genstats != NULL;
+        for (int i = 0; f && i < m[f].n_layers; i++) fused += m[f].plan->layers[i].genstats != NULL;
         CUDA_CHECK(cudaMemcpy(model_input_buffer(&m[f]), x, model_input_floats(&m[f]) * sizeof(float),
                               cudaMemcpyHostToDevice));
         model_forward(&m[f]);
@@ -825,7 +827,7 @@ static void check_switches(void) {
         {"precision.amp=off", "model.layout=nchw", "model.fuse=on", "perf.cuda_graph=on", "perf.deterministic=on"},
         {"precision.amp=fp16", "model.layout=nhwc", "model.fuse=on", "perf.cuda_graph=on", "perf.deterministic=on"},
         {"precision.amp=bf16", "model.layout=nhwc", "model.fuse=on", "memory.checkpoint=blocks", "perf.deterministic=on"},
-        /* graphs stay apart under perf.deterministic (models/graph_fusion.c) */
+        /* graphs stay apart under perf.deterministic (models/plan_graphs.c) */
         {"precision.amp=fp16", "model.layout=nhwc", "model.fuse=graphs", "perf.cuda_graph=on", "perf.deterministic=off"},
         {"precision.amp=bf16", "model.layout=nhwc", "model.fuse=graphs", "memory.checkpoint=blocks",
          "perf.deterministic=off"},

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "models/model.h"
+#include "models/plan.h"
 #include "models/zoo.h"
 #include "ops/softmax_xent.h"
 #include "runtime/check.h"
@@ -109,7 +110,7 @@ static void check_checkpointing_amp(GpuContext *gpu, const float *x, const int32
         m.act_dtype = DTYPE_F16;
         m.conv_policy.deterministic = 1;
         model_finalize(&m, gpu, 7);
-        CHECK_MSG(m.layers[0].pool_layer == 2 && m.layers[2].by_conv && !m.acts[m.layers[0].out].value,
+        CHECK_MSG(m.plan->layers[0].pool_layer == 2 && m.plan->layers[2].pool_by_conv && !m.acts[m.layers[0].out].value,
                   "fp16 nhwc: the input's block is not one op, or its conv's output has a buffer");
         bytes = m.n_params * dtype_size(m.act_dtype);
         grads[checkpoint] = malloc(m.n_params * sizeof(float));

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "dist/placement.h"
+#include "models/plan.h"
 #include "runtime/check.h"
 #include "runtime/files.h"
 #include "runtime/gpu.h"
@@ -182,9 +183,10 @@ static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
     double esize = (double)dtype_size(m->act_dtype), out = act_elems(m, l->out), in = act_elems(m, l->in);
     double weights = (double)(l->w_count + l->b_count) * esize;
     double flops = model_layer_flops(m, (int)(l - m->layers)), bytes = (in + out) * esize + weights;
-    if (l->kind == LAYER_CONV && l->pool_layer >= 0) { /* conv_bias_relu_pool: the real channels, the pool's output */
+    const LayerPlan *lp = plan_of(m, l);
+    if (l->kind == LAYER_CONV && lp->pool_layer >= 0) { /* conv_bias_relu_pool: the real channels, the pool's output */
         flops = flops / l->conv.shape.c * m->acts[l->in].c_real;
-        bytes = (in + act_elems(m, m->layers[l->pool_layer].out)) * esize + weights;
+        bytes = (in + act_elems(m, m->layers[lp->pool_layer].out)) * esize + weights;
     } else if (l->kind == LAYER_ADD) {
         bytes += in * esize;
     } else if (l->kind == LAYER_CONCAT) { /* a copy: the second input read too, no arithmetic */
@@ -197,10 +199,10 @@ static void layer_cost(const Model *m, const Layer *l, ProfileLayer *pl) {
     pl->forward_bytes = bytes;
     pl->backward_flops = 2 * flops;
     pl->backward_bytes = 2 * bytes;
-    if (l->kind == LAYER_BATCHNORM && l->pool_layer >= 0) /* its pass writes the pool's output, not its own */
-        pl->forward_bytes = (in + act_elems(m, m->layers[l->pool_layer].out)) * esize + weights;
-    if (l->kind == LAYER_MAXPOOL && l->by_bn) pl->forward_flops = pl->forward_bytes = 0; /* in the norm's pass */
-    if (l->kind == LAYER_BATCHNORM && l->by_conv_prologue) /* its scale and bias alone: the conv after it applies it */
+    if (l->kind == LAYER_BATCHNORM && lp->pool_layer >= 0) /* its pass writes the pool's output, not its own */
+        pl->forward_bytes = (in + act_elems(m, m->layers[lp->pool_layer].out)) * esize + weights;
+    if (l->kind == LAYER_MAXPOOL && lp->pool_by_bn) pl->forward_flops = pl->forward_bytes = 0; /* in the norm's pass */
+    if (l->kind == LAYER_BATCHNORM && lp->by_conv_prologue) /* its scale and bias alone: the conv after it applies it */
         pl->forward_flops = pl->forward_bytes = 0;
     if (l->kind != LAYER_CONV) return;
     double data = conv2d_timed_us(&m->ops, &l->conv, CONV2D_DATA), filter = conv2d_timed_us(&m->ops, &l->conv,
@@ -242,6 +244,12 @@ static void add_outside(ProfileReport *r, const char *op, double ms) {
     r->outside_ms += ms;
 }
 
+/* A layer that model.fuse joined with another: its pass takes the next one's work, or the previous one does
+ * its work (models/plan.h). */
+static int fused(const LayerPlan *p) {
+    return p->bias_relu || p->act != BN_ACT_NONE || p->by_producer || p->bias_layer >= 0 || p->add_relu;
+}
+
 static void tally_layers(Profiler *p, ProfileReport *r) {
     const Model *m = p->model;
     double steps = (double)(p->last - p->first + 1);
@@ -278,10 +286,10 @@ static void tally_layers(Profiler *p, ProfileReport *r) {
         /* an add whose input gradients are dy itself runs no backward; an activation fused into the layer
          * before it (model.fuse) runs nothing, its work in that layer's passes */
         if (!strstr(pl->ops, "backward")) pl->backward_flops = pl->backward_bytes = 0;
-        if (m->layers[i].fused && !pl->ops[0]) pl->forward_flops = pl->forward_bytes = 0;
-        /* an add computed by the batch norm before it (by_bn): its forward is that pass's, which reads one
-         * tensor more, the residual */
-        if (m->layers[i].by_bn) {
+        if (fused(&m->plan->layers[i]) && !pl->ops[0]) pl->forward_flops = pl->forward_bytes = 0;
+        /* an add computed by the batch norm before it (add_by_bn): its forward is that pass's, which reads one
+         * tensor more, the residual (a max-pool in a norm's pass, pool_by_bn, is counted so too) */
+        if (m->plan->layers[i].add_by_bn || m->plan->layers[i].pool_by_bn) {
             r->layers[i - 1].forward_bytes += act_elems(m, m->layers[i].out) * (double)dtype_size(m->act_dtype);
             pl->forward_flops = pl->forward_bytes = 0;
         }

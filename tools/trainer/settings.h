@@ -24,7 +24,7 @@ typedef enum { DATA_DECODE_AUTO, DATA_DECODE_CPU, DATA_DECODE_GPU } DataDecode;
 /* optim.name; optim.muon = on is the older spelling of muon (SGD with Muon for the filters). */
 typedef enum { OPTIM_SGD, OPTIM_MUON, OPTIM_ADAMW, OPTIM_ADAM } OptimName;
 
-/* model.fuse = graphs: on, and the convolutions' fused cuDNN graphs (models/graph_fusion.c). */
+/* model.fuse = graphs: on, and the convolutions' fused cuDNN graphs (models/plan_graphs.c). */
 #define MODEL_FUSE_GRAPHS 2
 
 typedef struct {

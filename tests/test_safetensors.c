@@ -5,7 +5,8 @@
  * key, a truncated file) is refused naming the file; a folder and a FIFO are
  * refused without blocking. Non-finite weights are refused at load by
  * run.init_from, export, predict, eval and resume, naming the tensor and the
- * first bad element. A file name with terminal escapes is printed escaped. */
+ * first bad element. The checkpoint's meta is range-checked by predict and
+ * export. A file name with terminal escapes is printed escaped. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -99,26 +100,61 @@ static Config *small_run(const char *ckdir) {
     return c;
 }
 
-/* A copy of ckpt at out with its params section's element 'at' set to value. */
-static void write_poisoned(const char *ckpt, const char *out, size_t at, float value) {
+/* Section name of the checkpoint at path (malloc'ed, *bytes long, NUL-terminated), or NULL. */
+static char *read_section(const char *path, const char *name, size_t *bytes) {
+    char err[4400];
+    CkptFile *f = ckpt_open(path, err, sizeof err);
+    CHECK_MSG(f != NULL, "%s", err);
+    if (!f) return NULL;
+    *bytes = (size_t)ckpt_section_size(f, name);
+    char *data = calloc(1, *bytes + 1);
+    CHECK_MSG(ckpt_read_section(f, name, data, *bytes, err, sizeof err) == 0, "%s", err);
+    ckpt_close(f);
+    return data;
+}
+
+/* A copy of the checkpoint ckpt at out with section name's content replaced by data. */
+static void write_replaced(const char *ckpt, const char *out, const char *name, const void *data, size_t n) {
     char err[4400];
     CkptFile *f = ckpt_open(ckpt, err, sizeof err);
     CHECK_MSG(f != NULL, "%s", err);
     if (!f) return;
-    int n = ckpt_section_count(f);
-    CkptWriter *w = ckpt_write_begin(out, n, err, sizeof err);
+    int count = ckpt_section_count(f);
+    CkptWriter *w = ckpt_write_begin(out, count, err, sizeof err);
     CHECK_MSG(w != NULL, "%s", err);
-    for (int i = 0; w && i < n; i++) {
-        const char *name = ckpt_section_name(f, i);
-        size_t bytes = (size_t)ckpt_section_size(f, name);
-        unsigned char *data = malloc(bytes + 1);
-        CHECK(ckpt_read_section(f, name, data, bytes, err, sizeof err) == 0);
-        if (strcmp(name, "params") == 0) memcpy(data + at * sizeof(float), &value, sizeof value);
-        CHECK_MSG(ckpt_write_section(w, name, data, bytes, err, sizeof err) == 0, "%s", err);
-        free(data);
+    for (int i = 0; w && i < count; i++) {
+        const char *section = ckpt_section_name(f, i);
+        size_t bytes;
+        char *own = read_section(ckpt, section, &bytes);
+        int replaced = strcmp(section, name) == 0;
+        CHECK_MSG(ckpt_write_section(w, section, replaced ? data : own, replaced ? n : bytes, err, sizeof err) == 0,
+                  "%s", err);
+        free(own);
     }
     if (w) CHECK_MSG(ckpt_write_commit(w, err, sizeof err) == 0, "%s", err);
     ckpt_close(f);
+}
+
+/* A copy of ckpt at out with its params section's element 'at' set to value. */
+static void write_poisoned(const char *ckpt, const char *out, size_t at, float value) {
+    size_t bytes;
+    char *params = read_section(ckpt, "params", &bytes);
+    if (params) memcpy(params + at * sizeof(float), &value, sizeof value);
+    write_replaced(ckpt, out, "params", params, bytes);
+    free(params);
+}
+
+/* A copy of ckpt at out whose meta section has its first 'from' replaced by 'to'. */
+static void write_meta_changed(const char *ckpt, const char *out, const char *from, const char *to) {
+    size_t bytes;
+    char *meta = read_section(ckpt, "meta", &bytes), changed[16384];
+    char *at = meta ? strstr(meta, from) : NULL;
+    CHECK_MSG(at != NULL, "no '%s' in the meta section: %s", from, meta ? meta : "");
+    if (at) {
+        snprintf(changed, sizeof changed, "%.*s%s%s", (int)(at - meta), meta, to, at + strlen(from));
+        write_replaced(ckpt, out, "meta", changed, strlen(changed));
+    }
+    free(meta);
 }
 
 static void expect_command_fails(const char *what, const char *args, const char *needle, const char *also) {
@@ -189,6 +225,20 @@ static void test_non_finite_and_special_files(void) {
     expect_command_fails("predict a folder", args, "is a directory", dir);
     snprintf(args, sizeof args, "predict --checkpoint %s %s", ckpt, fifo);
     expect_command_fails("predict a FIFO", args, "FIFO", fifo);
+    /* The meta's fields range-checked: an image size that would overflow, a layout of neither kind. */
+    const char *bad_meta[][3] = {{"\"image_size\":16", "\"image_size\":100000", "image_size"},
+                                 {"\"layout\":\"nchw\"", "\"layout\":\"xyz\"", "layout"},
+                                 {"\"num_classes\":10", "\"num_classes\":-3", "num_classes"},
+                                 {"\"std\":[", "\"std\":[0,", "std"}};
+    for (size_t i = 0; i < sizeof bad_meta / sizeof *bad_meta; i++) {
+        char bad[1200];
+        snprintf(bad, sizeof bad, "%s/meta%zu.trc", dir, i);
+        write_meta_changed(ckpt, bad, bad_meta[i][0], bad_meta[i][1]);
+        snprintf(args, sizeof args, "predict --checkpoint %s %s", bad, png);
+        expect_command_fails("predict, meta", args, bad_meta[i][2], bad);
+        snprintf(args, sizeof args, "export --checkpoint %s --format safetensors --out %s/m.safetensors", bad, dir);
+        expect_command_fails("export, meta", args, bad_meta[i][2], bad);
+    }
     /* A file name with a terminal escape and a newline is printed escaped. */
     char odd[1300], cmd[4096], out[16384];
     snprintf(odd, sizeof odd, "%s/a\033[31mred\nline.png", dir);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "runtime/files.h"
 
@@ -52,9 +53,12 @@ static long cifar_file_records(const char *path, char *err, size_t errlen) {
 /* Reads the first 'count' records of the file into d from image 'first' on. */
 static int cifar_read_records(Dataset *d, const char *path, int first, int count, char *err,
                               size_t errlen) {
-    FILE *f = fopen(path, "rb");
+    const char *why;
+    int fd = files_open_input(path, NULL, &why);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        snprintf(err, errlen, "%s: %s", path, fd >= 0 ? strerror(errno) : why);
+        if (fd >= 0) close(fd);
         return -1;
     }
     files_note_input(path, fileno(f));

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jpeglib.h>
 #include <jerror.h>
@@ -17,19 +18,18 @@
 
 #include "data/dataset.h"
 #include "runtime/check.h"
+#include "runtime/files.h"
 
 /* ---- reading and telling kinds apart --------------------------------------- */
 
 int read_whole_file(const char *path, uint8_t **buf, size_t *cap, size_t *len, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return -1;
-    }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        fclose(f);
+    const char *why;
+    int fd = files_open_input(path, &st, &why);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, fd >= 0 ? strerror(errno) : why);
+        if (fd >= 0) close(fd);
         return -1;
     }
     if (st.st_size > 0x7fffffff) { /* stb_image takes an int length */

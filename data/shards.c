@@ -232,11 +232,11 @@ static int take_entry(ShardScan *sc, int fd, const char *path, int64_t off, int6
 }
 
 static int scan_shard(ShardScan *sc, char *err, size_t errlen) {
-    int fd = open(sc->shard_path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        snprintf(err, errlen, "%s: %s", sc->shard_path, strerror(errno));
-        if (fd >= 0) close(fd);
+    const char *why;
+    int fd = files_open_input(sc->shard_path, &st, &why);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s: %s", sc->shard_path, why);
         return -1;
     }
     int64_t at = 0, file_bytes = (int64_t)st.st_size;
@@ -297,8 +297,11 @@ static int read_class_names(const char *dir, char ***names, int *count, char *er
     snprintf(path, sizeof path, "%s/%s", dir, CLASSES_FILE);
     *names = NULL;
     *count = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : (snprintf(err, errlen, "%s: %s", path, strerror(errno)), -1);
+    const char *why;
+    int fd = files_open_input(path, NULL, &why);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f && fd >= 0) why = strerror(errno), close(fd);
+    if (!f) return errno == ENOENT ? 0 : (snprintf(err, errlen, "%s: %s", path, why), -1);
     char line[1024];
     int cap = 0;
     while (fgets(line, sizeof line, f)) {

@@ -467,6 +467,15 @@ static int too_short(CkptFile *c, uint64_t need, int exact, uint32_t after, cons
                 (unsigned long long)need, where, missing);
 }
 
+/* Whether the file's last 4 bytes are the CRC of all before them, as every
+ * format version ends: checked before a version newer than this trainc's is
+ * believed (one flipped bit there is damage, not a newer trainc). */
+static int whole_file_crc_matches(CkptFile *c) {
+    uint32_t crc = 0, stored;
+    return c->length >= kHeaderBytes + kCrcBytes && crc_at(c, 0, c->length - kCrcBytes, NULL, &crc) == 0 &&
+           read_at(c, c->length - kCrcBytes, &stored, sizeof stored) == 0 && stored == crc;
+}
+
 /* Magic, version and section count; sets *count. */
 static int check_header(CkptFile *c, uint32_t *count, CkptStatus *status, char *err, size_t errlen) {
     unsigned char head[kHeaderBytes];
@@ -483,6 +492,11 @@ static int check_header(CkptFile *c, uint32_t *count, CkptStatus *status, char *
         return too_short(c, sizeof head + kTrailerBytes, 0, 0, "the header", status, err, errlen);
     memcpy(&version, head + 8, sizeof version);
     memcpy(count, head + 12, sizeof *count);
+    if (version > CKPT_VERSION && !whole_file_crc_matches(c))
+        return fail(status, CKPT_ERR_CORRUPT, err, errlen,
+                    "%s: corrupt checkpoint: its header reads format version %u, but the file's checksum does not "
+                    "match its bytes (its header is damaged; a later trainc's file would match)", c->path,
+                    (unsigned)version);
     if (version > CKPT_VERSION)
         return fail(status, CKPT_ERR_NEWER, err, errlen,
                     "%s: checkpoint format version %u, written by a newer trainc; this trainc reads version %d "
@@ -585,15 +599,12 @@ CkptFile *ckpt_open_status(const char *path, CkptStatus *status, char *err, size
     }
     snprintf(c->path, sizeof c->path, "%s", path);
     struct stat st;
-    c->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block: it is refused below */
-    if (c->fd < 0 || fstat(c->fd, &st) != 0) {
-        fail(status, errno == EISDIR ? CKPT_ERR_NOT_FILE : CKPT_ERR_IO, err, errlen,
-             "%s: cannot open checkpoint: %s", path, strerror(errno));
-        goto failed;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        fail(status, CKPT_ERR_NOT_FILE, err, errlen, "%s: %s, not a checkpoint file", path,
-             S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+    const char *why;
+    c->fd = files_open_input(path, &st, &why);
+    if (c->fd < 0) {
+        int not_file = errno == EISDIR || errno == EINVAL;
+        fail(status, not_file ? CKPT_ERR_NOT_FILE : CKPT_ERR_IO, err, errlen, not_file ? "%s: %s, not a checkpoint file"
+             : "%s: cannot open checkpoint: %s", path, why);
         goto failed;
     }
     files_note_input(path, c->fd);

@@ -13,7 +13,8 @@
  *     data    size bytes
  *     crc     u32      CRC-32 (zlib's) of the data
  *   end       8 bytes  "TRCKEND\n"
- *   crc       u32      CRC-32 of every byte before it
+ *   crc       u32      CRC-32 of every byte before it (every format version ends so: a
+ *                      version newer than CKPT_VERSION is believed only when it matches)
  *
  * Writing goes to "<path>.tmp.<pid>" in the same directory, then fflush, fsync,
  * a rename to path that never replaces a file there (files_rename_noreplace)

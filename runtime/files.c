@@ -65,6 +65,36 @@ void files_note_input(const char *path, int fd) {
     pthread_mutex_unlock(&inputs_lock);
 }
 
+int files_open_input(const char *path, struct stat *st, const char **why) {
+    struct stat own;
+    if (!st) st = &own;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block: it is refused below */
+    if (fd < 0 || fstat(fd, st) != 0) {
+        *why = strerror(errno);
+        if (fd >= 0) {
+            int saved = errno;
+            close(fd);
+            errno = saved;
+        }
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        static const char *const kinds[] = {"it is a directory", "it is a FIFO, not a regular file",
+                                            "it is a character device, not a regular file",
+                                            "it is a block device, not a regular file",
+                                            "it is a socket, not a regular file", "it is not a regular file"};
+        int k = S_ISDIR(st->st_mode) ? 0 : S_ISFIFO(st->st_mode) ? 1 : S_ISCHR(st->st_mode) ? 2
+              : S_ISBLK(st->st_mode) ? 3 : S_ISSOCK(st->st_mode) ? 4 : 5;
+        *why = kinds[k];
+        close(fd);
+        errno = k == 0 ? EISDIR : EINVAL;
+        return -1;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    return fd;
+}
+
 void files_forget_inputs(void) {
     pthread_mutex_lock(&inputs_lock);
     for (int i = 0; i < n_inputs; i++) free(inputs[i].path);

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 /* mkdir -p (mode 0777 less the umask): 0, or -1 with errno from the component
  * that failed (ENOTDIR when dir exists as a file). */
@@ -34,6 +35,14 @@ int files_make_dirs(const char *dir);
  * fd >= 0, else by stat of path), so that no output is written over it.
  * Thread-safe; a path that cannot be stat'ed is not noted. */
 void files_note_input(const char *path, int fd);
+/* Opens path to read, refusing (without ever blocking on a FIFO) what is not a
+ * regular file: the fd (blocking, close-on-exec; its stat in *st when st is not
+ * NULL; the caller notes it as an input where an output could name it), or -1
+ * with *why the reason ("it is a directory", "it is a FIFO, not a regular
+ * file", strerror's) and errno set (EISDIR for a
+ * directory, EINVAL for the other kinds). Every reader of a file the user
+ * names opens it through here. */
+int files_open_input(const char *path, struct stat *st, const char **why);
 /* Forgets every noted input (a test running several commands in one process). */
 void files_forget_inputs(void);
 

@@ -28,21 +28,15 @@ char *ini_find_comment(char *s) {
 }
 
 char *ini_read_file(const char *path, size_t *len, const char **why) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        *why = strerror(errno);
-        if (fd >= 0) close(fd);
-        return NULL;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size > INI_MAX_BYTES) {
-        *why = S_ISDIR(st.st_mode) ? "it is a directory"
-             : !S_ISREG(st.st_mode) ? "not a regular file"
-             : "larger than 16 MiB, too large for a config";
+    int fd = files_open_input(path, &st, why);
+    if (fd < 0) return NULL;
+    files_note_input(path, fd);
+    if (st.st_size > INI_MAX_BYTES) {
+        *why = "larger than 16 MiB, too large for a config";
         close(fd);
         return NULL;
     }
-    files_note_input(path, fd);
     size_t cap = (size_t)st.st_size + 1, n = 0;
     char *buf = malloc(cap);
     if (!buf) TC_FATAL("ini: out of memory reading %s", path);

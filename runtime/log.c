@@ -76,3 +76,14 @@ void log_progress_end(void) {
     progress_shown = 0;
     pthread_mutex_unlock(&log_lock);
 }
+
+char *log_escape(const char *name, char *buf, unsigned long n) {
+    unsigned long used = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p && used + 5 <= n; p++) {
+        if (*p < 0x20 || *p == 0x7f) used += (unsigned long)snprintf(buf + used, n - used, "\\x%02x", *p);
+        else if (*p == '\\') buf[used++] = '\\', buf[used++] = '\\';
+        else buf[used++] = (char)*p;
+    }
+    if (n) buf[used < n ? used : n - 1] = 0;
+    return buf;
+}

@@ -19,6 +19,11 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Ends a progress line that shows, leaving it on screen (a newline). */
 void log_progress_end(void);
+/* A name read from a file or a folder (a class name, a file name) as it may be
+ * printed on a terminal: control bytes (escape sequences, newlines, ...) and
+ * DEL as \xNN, a backslash as \\; into buf (n bytes, cut short to fit), which
+ * it returns. Every such name trainc prints as text goes through here. */
+char *log_escape(const char *name, char *buf, unsigned long n);
 /* Seconds on a monotonic clock. */
 double now_seconds(void);
 

@@ -94,6 +94,21 @@ static uint32_t reference_crc32(uint32_t crc, const void *data, size_t n) {
     return ~crc;
 }
 
+/* patch_u32, then the file's CRC (its last 4 bytes) made to match again: a
+ * file as a newer trainc would write it, not a damaged one. */
+static void patch_u32_resealed(const char *path, long at, uint32_t value) {
+    patch_u32(path, at, value);
+    FILE *f = fopen(path, "r+b");
+    long n = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    unsigned char *bytes = n >= 4 ? malloc((size_t)n) : NULL;
+    int ok = bytes && fseek(f, 0, SEEK_SET) == 0 && fread(bytes, 1, (size_t)n, f) == (size_t)n;
+    uint32_t crc = ok ? reference_crc32(0, bytes, (size_t)n - 4) : 0;
+    ok = ok && fseek(f, n - 4, SEEK_SET) == 0 && fwrite(&crc, sizeof crc, 1, f) == 1;
+    CHECK_MSG(ok, "cannot reseal %s", path);
+    free(bytes);
+    if (f) fclose(f);
+}
+
 static void fill_bytes(unsigned char *p, size_t n, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(int)test_uniform(rng, 0, 255.99f);
 }
@@ -211,7 +226,11 @@ static void check_format_refusals(const char *dir, uint64_t *rng) {
     expect_open_fails(write_bytes(dir, "text.trc", (const unsigned char *)"model.name = resnet18\n", 22),
                       CKPT_ERR_CORRUPT, "not a trainc checkpoint", NULL);
     uint32_t v = 2, zero = 0, many = 1000;
-    expect_open_fails(write_patched(dir, "v2.trc", 8, &v, 4), CKPT_ERR_NEWER, "newer trainc", "version 2");
+    /* A newer version is believed only when the file's CRC matches: else one flipped bit is damage. */
+    expect_open_fails(write_patched(dir, "v2.trc", 8, &v, 4), CKPT_ERR_CORRUPT, "checksum", "version 2");
+    patch_u32_resealed(write_patched(dir, "v2.trc", 8, &v, 4), 8, v);
+    snprintf(path, sizeof path, "%s/v2.trc", dir);
+    expect_open_fails(path, CKPT_ERR_NEWER, "newer trainc", "version 2");
     expect_open_fails(write_patched(dir, "v0.trc", 8, &zero, 4), CKPT_ERR_CORRUPT, "version 0", NULL);
     expect_open_fails(write_patched(dir, "many.trc", 12, &many, 4), CKPT_ERR_CORRUPT, "1000 sections", NULL);
     uint64_t huge = UINT64_MAX;
@@ -682,7 +701,7 @@ static void check_refusals(const char *dir) {
     expect_refused(dir, text, "not a trainc checkpoint", NULL, 0);
     snprintf(newer, sizeof newer, "%s/newer.trc", dir);
     copy_file(resumed_from, newer, -1, -1);
-    patch_u32(newer, 8, CKPT_VERSION + 1);
+    patch_u32_resealed(newer, 8, CKPT_VERSION + 1);
     expect_refused_also(dir, newer, "newer trainc", "version 2", NULL, 0);
     const char *big[] = {"--set", "data.image_size=64"};
     expect_refused(dir, resumed_from, "another model", big, 2);
@@ -773,12 +792,20 @@ static void check_latest_damaged(const char *dir) {
 
     snprintf(newer, sizeof newer, "%s/ckpt-00000040.trc", ckdir);
     copy_file(resumed_from, newer, -1, -1);
-    patch_u32(newer, 8, 2);
+    patch_u32_resealed(newer, 8, 2);
     rc = trainc(dir, args, n_args);
     CHECK_MSG(rc != 0 && rc < 128, "resume latest with a newer-format newest checkpoint exited %d", rc);
     CHECK_MSG(strstr(output, newer) && strstr(output, "newer trainc") && !strstr(output, "resumed from") &&
                   file_size(newer) == whole, "newer format: not refused naming %s, or the file moved:\n%s", newer,
               output);
+    /* One flipped bit in its version field (the CRC no longer matches): damage, moved aside, the one before used. */
+    char flipped_aside[1100];
+    snprintf(flipped_aside, sizeof flipped_aside, "%s.corrupt", newer);
+    patch_u32(newer, 8, 1u | 1u << 20);
+    rc = trainc(dir, args, n_args);
+    CHECK_MSG(rc == 0 && strstr(output, newer) && strstr(output, "checksum") && !strstr(output, "newer trainc") &&
+                  strstr(output, "resumed from") && !file_exists(newer) && file_size(flipped_aside) == whole,
+              "a flipped version bit: exit %d, not moved aside to %s, or no resume:\n%s", rc, flipped_aside, output);
 
     /* Nothing valid: the run stops, the damaged file kept aside. */
     char none[768], noneset[1024], empty[1024], empty_aside[1100];

@@ -211,7 +211,7 @@ static void test_round_trip(const char *model) {
 
 /* A file whose tensor has another shape: the message names it. */
 static void test_wrong_shape(void) {
-    const char *header = "{\"features.0.weight\":{\"dtype\":\"F32\",\"shape\":[64,3,3],\"data_offsets\":[0,4]}}";
+    const char *header = "{\"features.0.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
     size_t hl = strlen(header);
     unsigned char buf[512] = {0};
     buf[0] = (unsigned char)hl;
@@ -221,7 +221,7 @@ static void test_wrong_shape(void) {
     char err[4400];
     CHECK(model_build(m, "simplenet", 1, 16, 10, 0, err, sizeof err) == 0);
     model_finalize(m, NULL, 1);
-    CHECK_MSG(import_safetensors(m, path, err, sizeof err) != 0 && strstr(err, "features.0.weight has shape [64,3,3]"),
+    CHECK_MSG(import_safetensors(m, path, err, sizeof err) != 0 && strstr(err, "features.0.weight has shape [1]"),
               "%s", err);
     model_destroy(m);
     free(m);

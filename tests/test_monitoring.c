@@ -273,8 +273,8 @@ static int free_port(void) {
     return port;
 }
 
-/* GET /metrics from 127.0.0.1:port into buf; bytes read, or -1 (not listening yet). */
-static int http_get_metrics(int port, char *buf, size_t cap) {
+/* The request req sent to 127.0.0.1:port, the answer into buf; bytes read, or -1 (not listening yet). */
+static int http_request(int port, const char *req, char *buf, size_t cap) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return -1;
     struct sockaddr_in a;
@@ -286,8 +286,7 @@ static int http_get_metrics(int port, char *buf, size_t cap) {
         close(fd);
         return -1;
     }
-    static const char req[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-    if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) {
+    if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
         close(fd);
         return -1;
     }
@@ -302,6 +301,11 @@ static int http_get_metrics(int port, char *buf, size_t cap) {
     buf[n] = 0;
     close(fd);
     return (int)n;
+}
+
+/* GET /metrics from 127.0.0.1:port into buf; bytes read, or -1 (not listening yet). */
+static int http_get_metrics(int port, char *buf, size_t cap) {
+    return http_request(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", buf, cap);
 }
 
 /* Clients that each send one byte every 150 ms (the start of a request that
@@ -412,6 +416,11 @@ static void check_prometheus(const char *dir) {
     }
     CHECK_MSG(got > 0, "no answer from 127.0.0.1:%d/metrics", port);
     CHECK_MSG(strncmp(body, "HTTP/1.1 200", 12) == 0, "answer: %.200s", body);
+    /* Another method: 405 with the methods it takes (RFC 9110 requires Allow there). */
+    char other[4096];
+    got = http_request(port, "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", other, sizeof other);
+    CHECK_MSG(got > 0 && strncmp(other, "HTTP/1.1 405", 12) == 0 && strstr(other, "\r\nAllow: GET\r\n"),
+              "HEAD /metrics: %.300s", other);
     const char *names[][2] = {{"trainc_samples_per_second", "gauge"}, {"trainc_loss", "gauge"},
                               {"trainc_loss_scale", "gauge"},         {"trainc_skipped_steps_total", "counter"},
                               {"trainc_data_wait_fraction", "gauge"}, {"trainc_step", "gauge"}};

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the readers of files trainc is given (INI configs with includes and
-# --set, image folders, CIFAR-10 batches, checkpoints, WebDataset shards) with clang's libFuzzer
+# --set, image folders, CIFAR-10 batches, checkpoints, WebDataset shards, safetensors files, the
+# checkpoint's meta and tensors JSON) with clang's libFuzzer
 # under AddressSanitizer and UndefinedBehaviorSanitizer, each for
 # SECONDS_PER_TARGET (default 15).
 #   tools/fuzz.sh [SECONDS_PER_TARGET]
@@ -35,7 +36,8 @@ symbolizer=$(command -v llvm-symbolizer || ls /usr/lib/llvm-*/bin/llvm-symbolize
 [ -n "$symbolizer" ] && export ASAN_SYMBOLIZER_PATH=$symbolizer UBSAN_SYMBOLIZER_PATH=$symbolizer
 
 # CIFAR inputs need room for a few 3073-byte records.
-declare -A max_len=([config]=4096 [image_folder]=4096 [cifar]=16384 [checkpoint]=4096 [shards]=16384)
+declare -A max_len=([config]=4096 [image_folder]=4096 [cifar]=16384 [checkpoint]=4096 [shards]=16384
+  [safetensors]=4096 [ckpt_json]=4096)
 
 # Prints a failed target's report, the input's bytes and how to replay it.
 report_failure() {
@@ -52,7 +54,7 @@ report_failure() {
 }
 
 failed=()
-for target in config image_folder cifar checkpoint shards; do
+for target in config image_folder cifar checkpoint shards safetensors ckpt_json; do
   mkdir -p "$out/corpus/$target"
   log=$out/logs/$target.log
   extra=()

@@ -1,5 +1,5 @@
 /* Writes the fuzz targets' seed corpora, made at run time from the project's
- * own writers: fuzz_seeds DIR makes DIR/{config,image_folder,cifar,checkpoint}/
+ * own writers: fuzz_seeds DIR makes DIR/{config,image_folder,cifar,checkpoint,shards,safetensors,ckpt_json}/
  * and DIR/config.dict (trainc's section and key names, for libFuzzer's -dict). */
 #include <errno.h>
 #include <stdio.h>
@@ -241,15 +241,46 @@ static void checkpoint_seed(const char *dir, const char *name, int n_sections) {
     if (ckpt_write_commit(w, err, sizeof err) != 0) fuzz_fail("%s", err);
 }
 
+/* ------------------------------------------------ safetensors, ckpt_json */
+
+static void safetensors_seed(const char *dir) {
+    static const char header[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                 "\"b\":{\"dtype\":\"F16\",\"shape\":[1,2],\"data_offsets\":[8,12]},"
+                                 "\"__metadata__\":{\"format\":\"pt\"}}   ";
+    Buffer b = {0};
+    uint64_t len = sizeof header - 1;
+    uint8_t le[8], tensors[12] = {0, 0, 128, 63, 0, 0, 0, 64, 0, 60, 0, 60};
+    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(len >> (8 * i));
+    put(&b, le, 8);
+    put_str(&b, header);
+    put(&b, tensors, sizeof tensors);
+    write_seed(dir, "two_tensors", &b);
+    free(b.bytes);
+}
+
+static void ckpt_json_seed(const char *dir) {
+    Buffer b = {0};
+    put_str(&b, "{\"model\":\"simplenet\",\"num_classes\":2,\"image_size\":32,\"in_channels\":3,"
+                "\"layout\":\"nchw\",\"mean\":[0.4914,0.4822,0.4465],\"std\":[0.247,0.2435,0.2616],"
+                "\"eval_resize\":0,\"bn_eps\":[1e-05],\"class_names\":[\"cat\",\"dog\"]}");
+    put_sep(&b);
+    put_str(&b, "[{\"name\":\"features.0.weight\",\"shape\":[64,3,3,3],\"dtype\":\"F32\",\"section\":\"params\","
+                "\"offset\":0},{\"name\":\"bn.running_mean\",\"shape\":[64],\"dtype\":\"F32\","
+                "\"section\":\"bn_stats\",\"offset\":0}]");
+    write_seed(dir, "meta_and_tensors", &b);
+    free(b.bytes);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: fuzz_seeds DIR\n");
         return 2;
     }
-    static const char *targets[] = {"config", "image_folder", "cifar", "checkpoint", "shards"};
+    static const char *targets[] = {"config", "image_folder", "cifar", "checkpoint", "shards", "safetensors",
+                                    "ckpt_json"};
     char dir[4096], scratch[4096];
     make_dir(argv[1]);
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < (int)(sizeof targets / sizeof *targets); t++) {
         snprintf(dir, sizeof dir, "%s/%s", argv[1], targets[t]);
         make_dir(dir);
     }
@@ -268,5 +299,9 @@ int main(int argc, char **argv) {
     snprintf(scratch, sizeof scratch, "%s/shards-scratch", argv[1]);
     make_dir(scratch);
     shard_seeds(dir, scratch);
+    snprintf(dir, sizeof dir, "%s/safetensors", argv[1]);
+    safetensors_seed(dir);
+    snprintf(dir, sizeof dir, "%s/ckpt_json", argv[1]);
+    ckpt_json_seed(dir);
     return 0;
 }

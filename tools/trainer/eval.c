@@ -9,6 +9,7 @@
 #include "models/infer.h"
 #include "runtime/files.h"
 #include "runtime/json_out.h"
+#include "runtime/log.h"
 #include "tools/trainer/infer_options.h"
 #include "tools/trainer/trainer.h"
 
@@ -207,7 +208,8 @@ void eval_print(const EvalReport *r, FILE *f) {
             r->names ? "name" : "");
     for (int c = 0; c < r->classes; c++) {
         long n = class_images(r, c), correct = class_correct(r, c);
-        const char *name = r->names ? r->names[c] : "";
+        char name[4 * sizeof r->names[0] + 8] = "";
+        if (r->names) log_escape(r->names[c], name, sizeof name);
         if (n) fprintf(f, "%8d %8ld %8ld %8.2f%%  %s\n", c, n, correct, 100.0 * (double)correct / (double)n, name);
         else fprintf(f, "%8d %8ld %8ld %9s  %s\n", c, n, correct, "-", name);
     }

@@ -20,6 +20,8 @@
 #include "runtime/checkpoint.h"
 #include "runtime/files.h"
 #include "runtime/json_out.h"
+#include "runtime/safetensors.h"
+#include "tools/trainer/ckpt_meta.h"
 
 /* ---- the checkpoint's sections ---------------------------------------------- */
 
@@ -32,6 +34,38 @@ static ModelTensor *list_tensors(const Model *m, int *n, char *err, size_t errle
     model_tensors(m, ts, count, err, errlen);
     *n = count;
     return ts;
+}
+
+/* 0 when every value of tensor t (v, its count floats) is finite, else -1 naming
+ * the tensor and its first bad value in err. */
+static int check_finite(const float *v, const ModelTensor *t, const char *path, char *err, size_t errlen) {
+    for (size_t k = 0; k < t->count; k++)
+        if (!isfinite(v[k])) {
+            snprintf(err, errlen, "%s: tensor %s holds %s at element %zu of %zu (the weights are not finite: a "
+                     "diverged run?); refused", path, t->name, isnan(v[k]) ? "NaN" : v[k] > 0 ? "+Inf" : "-Inf", k,
+                     t->count);
+            return -1;
+        }
+    return 0;
+}
+
+int model_weights_check_finite(const Model *m, const float *params, const float *bn_stats, const char *path,
+                               char *err, size_t errlen) {
+    int n, rc = 0;
+    ModelTensor *ts = list_tensors(m, &n, err, errlen);
+    if (!ts) return -1;
+    size_t largest = 1;
+    for (int i = 0; i < n; i++) largest = ts[i].count > largest ? ts[i].count : largest;
+    float *v = malloc(largest * sizeof(float));
+    if (!v) TC_FATAL("out of host memory: a tensor of %zu floats", largest);
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!(ts[i].in_bn_stats ? bn_stats : params)) continue;
+        model_tensor_get(m, &ts[i], params, bn_stats, v);
+        rc = check_finite(v, &ts[i], path, err, errlen);
+    }
+    free(v);
+    free(ts);
+    return rc;
 }
 
 static void add_floats(cJSON *obj, const char *key, const float *v, int n) {
@@ -316,16 +350,25 @@ int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, s
     if (!f) return -1;
     cJSON *table = NULL;
     w->meta = parse_section(f, "meta", err, errlen);
+    if (w->meta && ckpt_meta_check(w->meta, path, err, errlen) != 0) {
+        cJSON_Delete(w->meta);
+        w->meta = NULL;
+    }
     w->net_text = w->meta ? read_text_section(f, "net", err, errlen) : NULL; /* older checkpoints: by name */
     if (w->meta) w->model = model_of_meta(w->meta, w->net_text, 1, -1, path, err, errlen);
     if (w->model) w->tensors = list_tensors(w->model, &w->n_tensors, err, errlen);
     if (w->tensors) table = parse_section(f, "tensors", err, errlen);
+    if (table && ckpt_tensors_check(table, w->n_tensors, path, err, errlen) != 0) {
+        cJSON_Delete(table);
+        table = NULL;
+    }
     int packed = 0;
     int ok = table && check_table(table, w->model, w->tensors, w->n_tensors, path, &packed, err, errlen) == 0 &&
              (w->params = read_floats(f, "params", packed ? model_param_count(w->model) : w->model->n_params, err,
                                       errlen)) &&
              (w->bn_stats = read_floats(f, "bn_stats", w->model->n_bn_stats, err, errlen));
     if (ok && packed) w->params = unpack_params(w->model, w->params);
+    ok = ok && model_weights_check_finite(w->model, w->params, w->bn_stats, path, err, errlen) == 0;
     cJSON_Delete(table);
     ckpt_close(f);
     if (!ok) checkpoint_weights_free(w);
@@ -420,97 +463,30 @@ int export_main(int argc, char **argv) {
 
 /* ---- safetensors in -------------------------------------------------------------- */
 
-typedef struct {
-    unsigned char *bytes;
-    size_t size;
-    cJSON *header;
-    const unsigned char *data; /* after the header */
-    size_t data_size;
-} SafetensorsFile;
-
-static int read_whole(const char *path, SafetensorsFile *st, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (f) files_note_input(path, fileno(f));
-    long size = -1;
-    if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (!f || size < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        snprintf(err, errlen, "%s: cannot read it: %s", path, strerror(errno));
-        if (f) fclose(f);
+/* Checks the file's tensor for t: F32, t's shape (the offsets safetensors_read checked). */
+static int check_entry(const SafetensorsTensor *e, const ModelTensor *t, const char *path, char *err, size_t errlen) {
+    if (strcmp(e->dtype, "F32") != 0) {
+        snprintf(err, errlen, "%s: tensor %s is %s, not F32", path, t->name, e->dtype);
         return -1;
     }
-    st->size = (size_t)size;
-    st->bytes = malloc(st->size ? st->size : 1);
-    if (!st->bytes) TC_FATAL("out of host memory: %s (%zu bytes)", path, st->size);
-    int ok = fread(st->bytes, 1, st->size, f) == st->size;
-    fclose(f);
-    if (!ok) snprintf(err, errlen, "%s: cannot read it (a directory, or an I/O error)", path);
-    return ok ? 0 : -1;
-}
-
-static int open_safetensors(const char *path, SafetensorsFile *st, char *err, size_t errlen) {
-    memset(st, 0, sizeof *st);
-    if (read_whole(path, st, err, errlen) != 0) return -1;
-    uint64_t header_len = 0;
-    for (int b = 0; b < 8 && st->size >= 8; b++) header_len |= (uint64_t)st->bytes[b] << (8 * b);
-    if (st->size < 8 || header_len > st->size - 8) {
-        snprintf(err, errlen, "%s: not a safetensors file (%zu bytes; its header length %llu runs past the end)",
-                 path, st->size, (unsigned long long)header_len);
-        return -1;
-    }
-    st->header = cJSON_ParseWithLength((const char *)st->bytes + 8, (size_t)header_len);
-    if (!cJSON_IsObject(st->header)) {
-        snprintf(err, errlen, "%s: not a safetensors file (its header is not a JSON object)", path);
-        return -1;
-    }
-    st->data = st->bytes + 8 + header_len;
-    st->data_size = st->size - 8 - (size_t)header_len;
-    return 0;
-}
-
-static void close_safetensors(SafetensorsFile *st) {
-    cJSON_Delete(st->header);
-    free(st->bytes);
-}
-
-/* Checks the file's entry for t: F32, t's shape, offsets inside the data. */
-static const unsigned char *entry_data(const SafetensorsFile *st, const cJSON *e, const ModelTensor *t,
-                                       const char *path, char *err, size_t errlen) {
-    const char *dtype = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "dtype"));
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
-    const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    if (!dtype || strcmp(dtype, "F32") != 0) {
-        snprintf(err, errlen, "%s: tensor %s is %s, not F32", path, t->name, dtype ? dtype : "without a dtype");
-        return NULL;
-    }
-    int same = cJSON_IsArray(shape) && cJSON_GetArraySize(shape) == t->ndim;
-    for (int d = 0; same && d < t->ndim; d++) {
-        const cJSON *v = cJSON_GetArrayItem(shape, d);
-        same = cJSON_IsNumber(v) && v->valuedouble == t->shape[d];
-    }
-    if (!same) {
-        char want[96], *have = shape ? cJSON_PrintUnformatted(shape) : NULL;
-        shape_text(want, sizeof want, t->ndim, t->shape);
-        snprintf(err, errlen, "%s: tensor %s has shape %s, the model's is %s", path, t->name, have ? have : "none",
-                 want);
-        cJSON_free(have);
-        return NULL;
-    }
-    const cJSON *a = cJSON_GetArrayItem(offsets, 0), *b = cJSON_GetArrayItem(offsets, 1);
-    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b) ||
-        a->valuedouble < 0 || b->valuedouble > (double)st->data_size ||
-        b->valuedouble - a->valuedouble != (double)(t->count * sizeof(float))) {
-        snprintf(err, errlen, "%s: tensor %s: its data_offsets do not hold %zu floats inside the file's %zu bytes "
-                 "of data", path, t->name, t->count, st->data_size);
-        return NULL;
-    }
-    return st->data + (size_t)a->valuedouble;
+    int same = e->ndim == t->ndim;
+    for (int d = 0; same && d < t->ndim; d++) same = e->shape[d] == t->shape[d];
+    if (same) return 0;
+    char want[96], have[200];
+    size_t used = (size_t)snprintf(have, sizeof have, "[");
+    for (int d = 0; d < e->ndim && used < sizeof have; d++)
+        used += (size_t)snprintf(have + used, sizeof have - used, d ? ",%lld" : "%lld", (long long)e->shape[d]);
+    if (used < sizeof have) snprintf(have + used, sizeof have - used, "]");
+    shape_text(want, sizeof want, t->ndim, t->shape);
+    snprintf(err, errlen, "%s: tensor %s has shape %s, the model's is %s", path, t->name, have, want);
+    return -1;
 }
 
 /* A file tensor the model lacks; PyTorch's num_batches_tracked is let through. */
-static const char *extra_tensor(const SafetensorsFile *st, const ModelTensor *ts, int n) {
-    for (const cJSON *e = st->header->child; e; e = e->next) {
-        const char *name = e->string, *dot = strrchr(name, '.');
-        if (strcmp(name, "__metadata__") == 0 || (dot && strcmp(dot, ".num_batches_tracked") == 0)) continue;
+static const char *extra_tensor(const Safetensors *st, const ModelTensor *ts, int n) {
+    for (int k = 0; k < st->n_tensors; k++) {
+        const char *name = st->tensors[k].name, *dot = strrchr(name, '.');
+        if (dot && strcmp(dot, ".num_batches_tracked") == 0) continue;
         int known = 0;
         for (int i = 0; i < n && !known; i++) known = strcmp(ts[i].name, name) == 0;
         if (!known) return name;
@@ -518,7 +494,7 @@ static const char *extra_tensor(const SafetensorsFile *st, const ModelTensor *ts
     return NULL;
 }
 
-static int load_tensors(Model *m, const SafetensorsFile *st, const ModelTensor *ts, int n, const char *path,
+static int load_tensors(Model *m, const Safetensors *st, const ModelTensor *ts, int n, const char *path,
                         char *err, size_t errlen) {
     const char *extra = extra_tensor(st, ts, n);
     if (extra) {
@@ -531,17 +507,17 @@ static int load_tensors(Model *m, const SafetensorsFile *st, const ModelTensor *
     model_get_bn_stats(m, stats);
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        const cJSON *e = cJSON_GetObjectItemCaseSensitive(st->header, ts[i].name);
-        const unsigned char *data = e ? entry_data(st, e, &ts[i], path, err, errlen) : NULL;
+        const SafetensorsTensor *e = safetensors_find(st, ts[i].name);
         if (!e) snprintf(err, errlen, "%s: no tensor %s (the model has %d tensors)", path, ts[i].name, n);
-        if (!data) {
+        if (!e || check_entry(e, &ts[i], path, err, errlen) != 0) {
             rc = -1;
             break;
         }
         float *v = malloc(ts[i].count * sizeof(float));
         if (!v) TC_FATAL("out of host memory: tensor %s", ts[i].name);
-        memcpy(v, data, ts[i].count * sizeof(float)); /* the data need not be aligned */
-        model_tensor_put(m, &ts[i], v, params, stats);
+        memcpy(v, e->data, ts[i].count * sizeof(float)); /* the data need not be aligned */
+        rc = check_finite(v, &ts[i], path, err, errlen);
+        if (rc == 0) model_tensor_put(m, &ts[i], v, params, stats);
         free(v);
     }
     if (rc == 0) {
@@ -557,10 +533,10 @@ int import_safetensors(Model *m, const char *path, char *err, size_t errlen) {
     int n;
     ModelTensor *ts = list_tensors(m, &n, err, errlen);
     if (!ts) return -1;
-    SafetensorsFile st;
-    int rc = open_safetensors(path, &st, err, errlen);
+    Safetensors st;
+    int rc = safetensors_read(path, &st, err, errlen);
     if (rc == 0) rc = load_tensors(m, &st, ts, n, path, err, errlen);
-    close_safetensors(&st);
+    safetensors_free(&st);
     free(ts);
     return rc;
 }

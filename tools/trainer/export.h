@@ -60,6 +60,12 @@ Model *model_of_meta(const struct cJSON *meta, const char *net_text, int batch, 
 /* w's tensors into m: the same net, finalized, in either layout. */
 void checkpoint_weights_put(const CheckpointWeights *w, Model *m);
 
+/* 0 when every tensor of m in params (model layout) and bn_stats is finite (a
+ * NULL array's tensors are skipped), else -1 naming path, the tensor and its
+ * first non-finite element in err. */
+int model_weights_check_finite(const Model *m, const float *params, const float *bn_stats, const char *path,
+                               char *err, size_t errlen);
+
 /* argv[0] is "export"; the rest: --checkpoint FILE --format safetensors --out
  * FILE. Returns the exit status (0, 1 on bad input, 2 on a bad command line). */
 int export_main(int argc, char **argv);

@@ -240,9 +240,12 @@ static int read_rate(const char *text, double *v) {
 int peaks_cache_read(const char *path, ProfilePeaks *out, char *why, size_t whylen) {
     memset(out, 0, sizeof *out);
     snprintf(why, whylen, "%s", "");
-    FILE *f = fopen(path, "r");
+    const char *reason;
+    int fd = files_open_input(path, NULL, &reason);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
     if (!f) {
-        if (errno != ENOENT) snprintf(why, whylen, "%s", strerror(errno));
+        if (fd >= 0) reason = strerror(errno), close(fd);
+        if (errno != ENOENT) snprintf(why, whylen, "%s", reason);
         return -1;
     }
     char line[512];

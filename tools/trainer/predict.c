@@ -15,6 +15,7 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
+#include "runtime/log.h"
 #include "tools/trainer/export.h"
 
 #define PREDICT_DEFAULT_TOP 5
@@ -221,8 +222,11 @@ static void top_classes(const float *row, int classes, int k, int *out) {
 
 static void print_image(const char *path, const float *row, const int *top, int k, const Preparation *p, int json) {
     if (!json) {
-        printf("%s\n", path);
-        for (int i = 0; i < k; i++) printf("  %2d. %.6f  %s (class %d)\n", i + 1, row[top[i]], p->class_names[top[i]], top[i]);
+        char name[4 * 4096 + 8];
+        printf("%s\n", log_escape(path, name, sizeof name));
+        for (int i = 0; i < k; i++)
+            printf("  %2d. %.6f  %s (class %d)\n", i + 1, row[top[i]], log_escape(p->class_names[top[i]], name,
+                   sizeof name), top[i]);
         return;
     }
     cJSON *o = json_object_new();

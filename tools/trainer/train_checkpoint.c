@@ -402,6 +402,8 @@ static void load_weights(Trainer *t, CkptFile *f, const char *path, int packed) 
     float *host = malloc(t->model.n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
     read_params_section(t, f, "params", packed, host);
+    if (model_weights_check_finite(&t->model, host, NULL, path, err, sizeof err) != 0)
+        TC_USER_ERROR("run.resume: %s", err);
     model_set_params(&t->model, host);
     read_params_section(t, f, "momentum", packed, host);
     model_set_momentum(&t->model, host);
@@ -411,6 +413,8 @@ static void load_weights(Trainer *t, CkptFile *f, const char *path, int packed) 
         float *stats = malloc(stat_bytes);
         if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
         if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0)
+            TC_USER_ERROR("run.resume: %s", err);
+        if (model_weights_check_finite(&t->model, NULL, stats, path, err, sizeof err) != 0)
             TC_USER_ERROR("run.resume: %s", err);
         model_set_bn_stats(&t->model, stats);
         free(stats);

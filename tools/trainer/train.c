@@ -210,7 +210,7 @@ static void train_steps(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
  * the data order stands. */
 static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro) {
     EpochClock c = {.start = now_seconds(), .window_start = -1};
-    c.lw = (LogWindow){now_seconds(), train_data_wait(t), t->step};
+    log_window_open(t, &c.lw);
     t->watch.progress_drawn = c.lw.start; /* the rate leaves out the evaluation */
     t->watch.progress_step = t->step;
     t->watch.progress_wait_at = train_data_wait(t);

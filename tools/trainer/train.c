@@ -146,7 +146,9 @@ static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c, int epoc
         r->why = STOP_SIGNAL;
         return 0;
     }
-    if (t->set.run.max_steps && t->step >= t->set.run.max_steps) {
+    const TrainObserver *obs = t->observer;
+    int observer_stops = c->micro == 0 && obs && obs->stop_after && obs->stop_after(obs->user, t->step);
+    if ((t->set.run.max_steps && t->step >= t->set.run.max_steps) || observer_stops) {
         r->why = STOP_MAX_STEPS;
         return 0;
     }

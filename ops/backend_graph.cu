@@ -409,6 +409,20 @@ static int fastest(const BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy 
     return best;
 }
 
+/* Keeps cands[best] as g's plan and destroys the others; 0 where best < 0. */
+static int keep_candidate(BackendGraph *g, Candidate *cands, int count, int best) {
+    for (int i = 0; i < count; i++) {
+        if (i == best) continue;
+        CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].plan));
+        CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].cfg));
+    }
+    if (best < 0) return 0;
+    g->engine_config = cands[best].cfg;
+    g->plan = cands[best].plan;
+    g->workspace_bytes = cands[best].workspace;
+    return 1;
+}
+
 /* Heuristics mode A's candidates; under benchmark the FALLBACK list's fill
  * the rest of the timed set (engines mode A does not rank), otherwise they
  * are taken only where mode A has none. A graph that did not build has none,
@@ -424,16 +438,117 @@ int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPo
     }
     g->plan_ms = 0;
     int best = policy->benchmark ? fastest(g, h, policy, cands, count, &g->plan_ms) : count > 0 ? 0 : -1;
-    for (int i = 0; i < count; i++) {
-        if (i == best) continue;
-        CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].plan));
-        CUDNN_CHECK(cudnnBackendDestroyDescriptor(cands[i].cfg));
+    return keep_candidate(g, cands, count, best);
+}
+
+/* ---- the plan cache (ConvAlgoPolicy.plan_cache) ----------------------------------- */
+
+static BackendPlanChoice *cached_choice(BackendPlanCache *cache, const char *op, const void *key, size_t key_bytes) {
+    for (int i = 0; i < cache->n; i++) {
+        const BackendPlanChoice *c = &cache->choices[i];
+        if (!strcmp(c->op, op) && c->key_bytes == key_bytes && memcmp(c->key, key, key_bytes) == 0)
+            return &cache->choices[i];
     }
-    if (best < 0) return 0;
-    g->engine_config = cands[best].cfg;
-    g->plan = cands[best].plan;
-    g->workspace_bytes = cands[best].workspace;
-    return 1;
+    return NULL;
+}
+
+/* cfg's engine and knobs as numbers; 0 where cuDNN does not give them or
+ * they are more than BACKEND_PLAN_MAX_KNOBS (then nothing is cached). */
+static int read_choice(cudnnBackendDescriptor_t cfg, BackendPlanChoice *c) {
+    cudnnBackendDescriptor_t engine, knobs[BACKEND_PLAN_MAX_KNOBS];
+    int64_t got = 0, count = 0;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
+    int ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
+                                      &engine) == CUDNN_STATUS_SUCCESS && got == 1 &&
+             cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got,
+                                      &c->engine) == CUDNN_STATUS_SUCCESS && got == 1 &&
+             cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                      &count, NULL) == CUDNN_STATUS_SUCCESS && count >= 0 &&
+             count <= BACKEND_PLAN_MAX_KNOBS;
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(engine));
+    if (!ok) return 0;
+    for (int64_t i = 0; i < count; i++) CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR,
+                                                                                 &knobs[i]));
+    ok = count == 0 || (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                 count, &got, knobs) == CUDNN_STATUS_SUCCESS && got == count);
+    for (int64_t i = 0; ok && i < count; i++) {
+        cudnnBackendKnobType_t type;
+        int64_t n_type = 0, n_value = 0;
+        ok = cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n_type,
+                                      &type) == CUDNN_STATUS_SUCCESS && n_type == 1 &&
+             cudnnBackendGetAttribute(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &n_value,
+                                      &c->knob_value[i]) == CUDNN_STATUS_SUCCESS && n_value == 1;
+        c->knob_type[i] = (int64_t)type;
+    }
+    for (int64_t i = 0; i < count; i++) CUDNN_CHECK(cudnnBackendDestroyDescriptor(knobs[i]));
+    c->knobs = (int)count;
+    return ok;
+}
+
+/* The cached engine with its knobs, built for g's graph (the engine and knob
+ * descriptors kept with g's parts), as a candidate within the policy; 0 where
+ * it does not finalize for this graph. */
+static int rebuild_choice(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy, const BackendPlanChoice *c,
+                          Candidate *out) {
+    cudnnBackendDescriptor_t engine = backend_graph_part(g, CUDNN_BACKEND_ENGINE_DESCRIPTOR), knobs[BACKEND_PLAN_MAX_KNOBS];
+    SET_ATTR(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &g->graph);
+    SET_ATTR(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &c->engine);
+    if (cudnnBackendFinalize(engine) != CUDNN_STATUS_SUCCESS) return 0;
+    for (int i = 0; i < c->knobs; i++) {
+        cudnnBackendKnobType_t type = (cudnnBackendKnobType_t)c->knob_type[i];
+        knobs[i] = backend_graph_part(g, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+        SET_ATTR(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &type);
+        SET_ATTR(knobs[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &c->knob_value[i]);
+        if (cudnnBackendFinalize(knobs[i]) != CUDNN_STATUS_SUCCESS) return 0;
+    }
+    cudnnBackendDescriptor_t cfg;
+    CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg));
+    SET_ATTR(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine);
+    if (c->knobs) SET_ATTR(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, c->knobs, knobs);
+    *out = (Candidate){cfg, NULL, 0};
+    if (cudnnBackendFinalize(cfg) == CUDNN_STATUS_SUCCESS && engine_allowed(g, policy, cfg))
+        out->plan = finalize_plan(h, cfg, policy->workspace_limit, &out->workspace);
+    if (out->plan) return 1;
+    CUDNN_CHECK(cudnnBackendDestroyDescriptor(cfg));
+    return 0;
+}
+
+/* A cached choice offered to g (the header says how); -1 where none of the
+ * plans it tried finalized (the caller searches in full), else 1. */
+static int choose_from_cache(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy,
+                             const BackendPlanChoice *c, int batch) {
+    Candidate cands[1 + BACKEND_PLAN_CACHE_FRESH];
+    int count = rebuild_choice(g, h, policy, c, &cands[0]);
+    if (count && c->batch == batch) {
+        g->plan_ms = c->plan_ms;
+        return keep_candidate(g, cands, 1, 0);
+    }
+    count += collect_candidates(g, h, policy, CUDNN_HEUR_MODE_A, cands + count, BACKEND_PLAN_CACHE_FRESH);
+    if (count == 0) return -1;
+    g->plan_ms = 0;
+    return keep_candidate(g, cands, count, fastest(g, h, policy, cands, count, &g->plan_ms)) ? 1 : -1;
+}
+
+int backend_graph_choose_plan_cached(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy, const void *key,
+                                     size_t key_bytes, int batch) {
+    BackendPlanCache *cache = policy->plan_cache;
+    if (!cache || !policy->benchmark || policy->agree || !g->graph || key_bytes > BACKEND_PLAN_KEY_BYTES)
+        return backend_graph_choose_plan(g, h, policy);
+    double t0 = now_seconds();
+    BackendPlanChoice *c = cached_choice(cache, g->op_name, key, key_bytes);
+    int chosen = c ? choose_from_cache(g, h, policy, c, batch) : -1;
+    BackendPlanHow how = !c || chosen < 0 ? BACKEND_PLAN_SEARCHED : c->batch == batch ? BACKEND_PLAN_SAME
+                                                                                     : BACKEND_PLAN_NARROWED;
+    cache->chosen[how]++;
+    if (how == BACKEND_PLAN_SEARCHED) {
+        chosen = backend_graph_choose_plan(g, h, policy);
+        BackendPlanChoice fresh = {g->op_name, {0}, key_bytes, batch, 0, 0, {0}, {0}, g->plan_ms};
+        memcpy(fresh.key, key, key_bytes);
+        if (chosen && !c && cache->n < BACKEND_PLAN_CACHE_SIZE && read_choice(g->engine_config, &fresh))
+            cache->choices[cache->n++] = fresh;
+    }
+    if (cache->progress) cache->progress(cache->progress_user, how, now_seconds() - t0);
+    return chosen;
 }
 
 /* ---- running it ------------------------------------------------------------------- */

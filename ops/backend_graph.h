@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define BACKEND_GRAPH_MAX_PARTS 40
+#define BACKEND_GRAPH_MAX_PARTS 64 /* a graph's own, and a cached engine rebuilt with its knobs */
 #define BACKEND_GRAPH_MAX_TENSORS 16
 #define BACKEND_GRAPH_ALIGNMENT 16
 #define BACKEND_GRAPH_BENCHMARK_PLANS 16
@@ -65,6 +65,50 @@ typedef struct BackendGraph {
     size_t workspace_bytes;                 /* of the plan */
     float plan_ms;                          /* its time per run where benchmarked, else 0 */
 } BackendGraph;
+
+/* ConvAlgoPolicy.plan_cache: the plans chosen under benchmark, each by its
+ * op's key (the op's shape with the batch left out, its dtype and layout)
+ * and kept as numbers (the engine's global index and its knobs' choices),
+ * so that another graph can build the same engine for its own shape.
+ * backend_graph_choose_plan_cached, for a graph whose key is there:
+ *   - at the batch the choice was timed at (the same graph): that plan, not
+ *     timed again (another timing would differ by noise only);
+ *   - at another batch: the cached engine rebuilt for this graph and the
+ *     heuristics' first BACKEND_PLAN_CACHE_FRESH candidates for it, timed
+ *     together, the fastest kept: the search is narrowed, not skipped, so the
+ *     plan is never one the heuristics would not have ranked first for this
+ *     batch or one slower than those and the other batch's winner;
+ *   - where none of those finalizes, or the key is new: the full search,
+ *     whose choice is kept (the first batch's stays).
+ * Any plan computes the same function within the policy (its notes): the
+ * cache changes the time, never what is computed. progress, where set, is
+ * called after each choice with how it was made and the seconds it took. */
+#define BACKEND_PLAN_CACHE_SIZE 256
+#define BACKEND_PLAN_CACHE_FRESH 2
+#define BACKEND_PLAN_KEY_BYTES 96
+#define BACKEND_PLAN_MAX_KNOBS 16 /* an engine with more is not cached */
+
+typedef struct {
+    const char *op;           /* the graph's op_name */
+    unsigned char key[BACKEND_PLAN_KEY_BYTES];
+    size_t key_bytes;
+    int batch;                /* the batch it was timed at */
+    int64_t engine;           /* CUDNN_ATTR_ENGINE_GLOBAL_INDEX */
+    int knobs;
+    int64_t knob_type[BACKEND_PLAN_MAX_KNOBS], knob_value[BACKEND_PLAN_MAX_KNOBS];
+    float plan_ms;
+} BackendPlanChoice;
+
+/* How a graph's plan was chosen: the full search, the narrowed one, the cached plan itself. */
+typedef enum { BACKEND_PLAN_SEARCHED, BACKEND_PLAN_NARROWED, BACKEND_PLAN_SAME, BACKEND_PLAN_HOWS } BackendPlanHow;
+
+typedef struct BackendPlanCache {
+    BackendPlanChoice choices[BACKEND_PLAN_CACHE_SIZE];
+    int n;
+    long chosen[BACKEND_PLAN_HOWS];   /* graphs by how their plan was chosen */
+    void (*progress)(void *user, BackendPlanHow how, double seconds);
+    void *progress_user;
+} BackendPlanCache;
 
 #if TRAINC_CUDA
 /* Empties g for an op of this name, dtype and layout. */
@@ -103,6 +147,11 @@ bool backend_graph_build(BackendGraph *g, cudnnHandle_t h, const cudnnBackendDes
 /* Picks and keeps a plan of the built graph by the policy (top); 0 when there
  * is none. */
 int backend_graph_choose_plan(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy);
+/* The same through policy->plan_cache (above) where there is one, under
+ * benchmark and agree NULL; key (key_bytes <= BACKEND_PLAN_KEY_BYTES, padding
+ * zeroed) the op's shape but the batch, batch the graph's. */
+int backend_graph_choose_plan_cached(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy, const void *key,
+                                     size_t key_bytes, int batch);
 /* Milliseconds per run of run(arg), which launches work on the handle's
  * stream and must not wait for it on the host: run once to warm up, then the
  * mean of 'runs' (BACKEND_GRAPH_TIMING_RUNS for one plan or pass), queued

@@ -73,7 +73,11 @@ void conv2d_check_ungrouped(const Conv2dShape *s, const char *op);
  * order on each, through agree, which makes each the same on all of them
  * (their mean; infinite where any could not run it): every rank then keeps
  * the same algorithms and plans, and the step is not as slow as the rank
- * whose timings were disturbed most. NULL: this process alone. */
+ * whose timings were disturbed most. NULL: this process alone.
+ * plan_cache: under benchmark in one process (agree NULL), the backend
+ * graphs' choices kept by their shape but the batch and offered again to a
+ * graph of the same shape (ops/backend_graph.h); NULL: each graph alone. */
+struct BackendPlanCache;
 typedef struct {
     size_t workspace_limit;
     int allow_tf32;
@@ -83,6 +87,7 @@ typedef struct {
     int prefer_direct;
     void (*agree)(void *user, float *times, int n);
     void *agree_user;
+    struct BackendPlanCache *plan_cache;
 } ConvAlgoPolicy;
 
 /* Under benchmark: times made common to the processes choosing together. */

@@ -48,12 +48,22 @@ static int build_ops(ConvBiasActCuda *c, cudnnDataType_t data, cudnnBackendDescr
     return count;
 }
 
+/* A graph's key in the policy's plan cache: its shape but the batch, dtype and layout (all ints: no padding). */
+typedef struct {
+    ConvBiasActShape shape;
+    int dtype, nhwc;
+} PlanKey;
+static_assert(sizeof(PlanKey) <= BACKEND_PLAN_KEY_BYTES, "conv_bias_act's plan key");
+
 /* Builds the graph and keeps a plan; 0 when there is none (fallback). */
 static int choose_plan(ConvBiasActCuda *c, cudnnHandle_t h, const ConvAlgoPolicy *policy) {
     cudnnBackendDescriptor_t ops[4];
     int count = build_ops(c, dtype_cudnn(c->dtype), ops);
     bool built = backend_graph_build(&c->graph, h, ops, count);
-    if (!backend_graph_choose_plan(&c->graph, h, policy) || !built) return 0; /* agreed even where not built */
+    PlanKey key = {c->shape, (int)c->dtype, c->nhwc};
+    key.shape.conv.n = 0;
+    if (!backend_graph_choose_plan_cached(&c->graph, h, policy, &key, sizeof key, c->shape.conv.n) || !built)
+        return 0; /* agreed even where not built */
     c->workspace_bytes = c->graph.workspace_bytes;
     return 1;
 }

@@ -2,7 +2,9 @@
  * run.profile_steps errors name the key; the JSON writer escapes what it must;
  * the summary's phase breakdown adds up to the step time and its run.name
  * reads back whatever it holds; the metrics file is JSON lines whose epochs
- * are the log's; a metrics file that cannot be opened is one message; the
+ * are the log's; the log lines through a pipe carry the interval's loss and
+ * accuracy, the schedule's lr and the time left, as the metrics file does; a
+ * metrics file that cannot be opened is one message; the
  * Prometheus endpoint answers GET /metrics on loopback, types its counter and
  * lists a metric only once it has a value; find-batch prints its table and a
  * best batch, and words a slowdown as one; an impossible batch ends with an
@@ -170,6 +172,84 @@ static int log_epoch_of_step(long step) {
  * every metrics line is one JSON object, and its epochs are the log's. The
  * run: 2 epochs of 32 steps cut at step 42, step 41 skipped (NaN) and found
  * only by the read-back after the loop. */
+/* The linear schedule of check_log_lines (optim.lr 0.1 to 0 over 48 steps):
+ * the lr of the step just taken at logged step. */
+static double logged_lr(long step) { return 0.1 * (1 - (step - 1) / 48.0); }
+
+/* One log line of check_log_lines, "step 8/48  epoch 1/1.5  images 256/1024
+ * 512 img/s  data wait 0%  lr 0.08542  loss 2.2 (mean of 8 steps)  train acc
+ * 18.4%  epoch left 0:01  run left 0:02": its fields parse, the lr is the
+ * schedule's, the accuracy a share. Returns the step (-1: none parsed). */
+static long check_log_line(const char *line, double *acc_pct) {
+    long step, total, steps;
+    double lr, loss, rate;
+    int m, s;
+    const char *lr_at = strstr(line, "  lr "), *loss_at = strstr(line, "  loss "), *acc_at = strstr(line, "train acc ");
+    const char *rate_at = strstr(line, " img/s"), *left_at = strstr(line, "run left ");
+    CHECK_MSG(lr_at && loss_at && acc_at && rate_at && left_at, "log line without its fields: %.300s", line);
+    if (!(lr_at && loss_at && acc_at && rate_at && left_at)) return -1;
+    while (rate_at > line && rate_at[-1] != ' ') rate_at--;
+    int parsed = sscanf(line, "step %ld/%ld", &step, &total) == 2 && sscanf(lr_at, "  lr %lf", &lr) == 1 &&
+                 sscanf(loss_at, "  loss %lf (mean of %ld steps)", &loss, &steps) == 2 &&
+                 sscanf(acc_at, "train acc %lf%%", acc_pct) == 1 && sscanf(rate_at, "%lf", &rate) == 1 &&
+                 sscanf(left_at, "run left %d:%d", &m, &s) == 2;
+    CHECK_MSG(parsed, "log line does not parse: %.300s", line);
+    if (!parsed) return -1;
+    CHECK_MSG(total == 48 && step % 8 == 0 && steps == 8, "step %ld/%ld over %ld steps: %.300s", step, total, steps,
+              line);
+    CHECK_MSG(fabs(lr - logged_lr(step)) <= 1e-3 * logged_lr(step), "step %ld: lr %g, the schedule's %g", step, lr,
+              logged_lr(step));
+    CHECK_MSG(isfinite(loss) && loss >= 0 && rate > 0, "step %ld: loss %g, %g img/s", step, loss, rate);
+    CHECK_MSG(*acc_pct >= 0 && *acc_pct <= 100, "step %ld: train acc %g%%", step, *acc_pct);
+    CHECK_MSG(m >= 0 && s >= 0 && s < 60 && (step < 48 || m * 60 + s == 0), "step %ld: run left %d:%02d", step, m, s);
+    return step;
+}
+
+/* The log lines through a pipe (not a terminal) and the metrics file carry
+ * the same figures: the interval's mean loss and training accuracy, the
+ * schedule's lr, samples/s and the time left. memory.accumulate = 2 and no
+ * read-back between log points: the sums span the interval's micro-batches. */
+static void check_log_lines(const char *dir) {
+    char args[2048], metrics[1024];
+    snprintf(metrics, sizeof metrics, "%s/log_lines.jsonl", dir);
+    unlink(metrics);
+    snprintf(args, sizeof args, SMALL " --set train.batch=16 --set memory.accumulate=2 --set run.epochs=1.5 "
+             "--set run.log_every=8 --set train.read_loss_every=0 --set train.sync_after_step=off "
+             "--set optim.schedule=linear --set optim.lr=0.1 --set optim.final_lr=0 --set run.metrics_file=%s",
+             metrics);
+    CHECK_MSG(trainc(args) == 0, "%s", output);
+    double acc_pct[7] = {0};
+    int lines = 0;
+    for (const char *p = strstr(output, "] step "); p; p = strstr(p + 1, "] step ")) {
+        double pct;
+        long step = check_log_line(p + 2, &pct);
+        if (step > 0 && step <= 48) acc_pct[step / 8] = pct;
+        lines++;
+    }
+    CHECK_MSG(lines == 6, "%d log lines, expected 6: %s", lines, output);
+    FILE *f = fopen(metrics, "r");
+    CHECK_MSG(f != NULL, "no %s", metrics);
+    if (!f) return;
+    char line[4096];
+    int steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        double step = json_num(o, "step"), acc = json_num(o, "train_acc"), lr = json_num(o, "lr");
+        if (cJSON_GetObjectItemCaseSensitive(o, "loss")) {
+            steps++;
+            CHECK_MSG(json_num(o, "total_steps") == 48 && json_num(o, "loss_steps") == 8 && json_num(o, "loss") >= 0 &&
+                      json_num(o, "samples_per_s") > 0 && json_num(o, "eta_s") >= 0, "metrics line: %s", line);
+            CHECK_MSG(acc >= 0 && acc <= 1 && fabs(100 * acc - acc_pct[(int)step / 8 % 7]) <= 0.051,
+                      "metrics line: train_acc %g, the log's %g%%: %s", acc, acc_pct[(int)step / 8 % 7], line);
+            CHECK_MSG(fabs(lr - logged_lr((long)step)) <= 1e-5 * logged_lr((long)step), "metrics lr %g, schedule %g",
+                      lr, logged_lr((long)step));
+        }
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    CHECK_MSG(steps == 6, "%d step lines in %s, expected 6", steps, metrics);
+}
+
 static void check_phases_and_metrics(const char *dir) {
     /* In single quotes for the shell: tab, quotes, backslashes, a control byte, UTF-8. */
     static const char name[] = "odd\t\"name\" \\with\\ \x01 \xc3\xbcn\xc3\xaf\xe2\x9c\x93";
@@ -758,6 +838,7 @@ int main(void) {
     check_find_batch_words();
     check_profile_steps_errors();
     check_phases_and_metrics(dir);
+    check_log_lines(dir);
     check_metrics_file_errors(dir);
     check_prometheus(dir);
     check_find_batch();

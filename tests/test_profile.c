@@ -35,14 +35,19 @@
  * launched by fewer calls than half their number (one graph launch a step,
  * where the eager run launches each), a kernel event per kernel and a "graph"
  * phase span per step in the trace, and the convolutions' and linear layers'
- * FLOPs the eager run's to the bit. */
+ * FLOPs the eager run's to the bit.
+ * - No --steps: the window's choice from a step time (the default, longer up
+ *   to the span NVML wants, the cap); a CPU run keeps 11..30 and says why, a
+ *   GPU run spans NVML's second of steps (or the cap). */
 #include <cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
 #include "runtime/config.h"
+#include "runtime/gpu_monitor.h"
 #include "tests/harness.h"
 #include "tools/trainer/keys.h"
 #include "tools/trainer/profile.h"
@@ -269,6 +274,37 @@ static void check_bad_steps(void) {
                        "profile --graph: the step's CUDA graph needs the GPU");
 }
 
+/* No --steps: the window's length. The choice alone on made-up step times;
+ * a run on the CPU keeps the default 11..30 and says why; on the GPU (where
+ * there is one) the window spans NVML's second of steps or the cap. */
+static void check_window_choice(void) {
+    char why[256];
+    CHECK(profile_window_steps(0, 1.25, 20, 1000, why, sizeof why) == 20 && strstr(why, "no warm-up step"));
+    CHECK(profile_window_steps(NAN, 1.25, 20, 1000, why, sizeof why) == 20 && strstr(why, "no warm-up step"));
+    CHECK_MSG(profile_window_steps(0.1, 1.25, 20, 1000, why, sizeof why) == 20 && strstr(why, "the default 20"), "%s",
+              why);
+    CHECK_MSG(profile_window_steps(0.009, 1.25, 20, 1000, why, sizeof why) == 139 && strstr(why, "139 steps:"), "%s",
+              why);
+    CHECK_MSG(profile_window_steps(1e-4, 1.25, 20, 1000, why, sizeof why) == 1000 && strstr(why, "the most it takes"),
+              "%s", why);
+    const char *devices[] = {"cpu", "cuda"};
+    for (int d = 0; d < (test_have_gpu() ? 2 : 1); d++) {
+        Config *c = tiny_config(devices[d]);
+        ProfileReport r;
+        profile_run(c, PROFILE_DEFAULT_FIRST, PROFILE_AUTO_LAST, NULL, 0, &r);
+        long steps = r.last - r.first + 1;
+        double window_s = r.summary.timed_steps * r.summary.step_ms / 1000;
+        CHECK_MSG(r.first == PROFILE_DEFAULT_FIRST && r.summary.timed_steps == steps && strstr(r.window_note, "--steps"),
+                  "%s: steps %ld..%ld, %ld timed: %s", devices[d], r.first, r.last, r.summary.timed_steps,
+                  r.window_note);
+        if (d == 0) CHECK_MSG(r.last == PROFILE_DEFAULT_LAST && strstr(r.window_note, "the CPU"), "%s", r.window_note);
+        else CHECK_MSG(steps >= 20 && (window_s >= GPU_MONITOR_UTIL_MIN_S || steps == PROFILE_AUTO_MAX_STEPS),
+                       "cuda: %ld steps, %.3f s: %s", steps, window_s, r.window_note);
+        profile_report_free(&r);
+        config_free(c);
+    }
+}
+
 /* profile --graph on cuda (see the top); eager_flops: the eager run's product_flops. */
 static void check_graph(double eager_flops) {
     char trace[700];
@@ -343,5 +379,6 @@ int main(void) {
     check_device("cpu");
     if (test_have_gpu()) check_graph(check_device("cuda"));
     check_bad_steps();
+    check_window_choice();
     return test_finish("test_profile");
 }

@@ -72,11 +72,13 @@ static const Subcommand subcommands[] = {
      "up to --max-batch (65536); prints the table and the best batch\n"},
     {"profile", "trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
                 "                      [--graph]\n",
-     "run the config's steps 1..B, time steps A..B (--steps, default " PROFILE_DEFAULT_STEPS ") op by op\n"
-     "through the op hook and print them by layer, a diagnosis by phase and the\n"
-     "memory split; --trace writes them as Chrome trace-event JSON (Perfetto);\n"
-     "--graph keeps the step in its CUDA graph (perf.cuda_graph on, GPU): CUPTI's\n"
-     "kernels, the phases and the diagnosis, the FLOPs per step, no per-layer times\n"},
+     "run the config's steps 1..B, time steps A..B op by op through the op hook\n"
+     "(--steps; default " PROFILE_DEFAULT_STEPS ", on the GPU longer where the step is short: enough\n"
+     "for NVML's utilisation and power, at most " STRINGIFY(PROFILE_AUTO_MAX_STEPS) " steps) and print them by\n"
+     "layer, a diagnosis by phase and the memory split; --trace writes them as\n"
+     "Chrome trace-event JSON (Perfetto); --graph keeps the step in its CUDA graph\n"
+     "(perf.cuda_graph on, GPU): CUPTI's kernels, the phases and the diagnosis,\n"
+     "the FLOPs per step, no per-layer times\n"},
     {"eval", "trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n",
      "load a checkpoint into the model the config builds and print its top-1 (and\n"
      "top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
@@ -354,7 +356,7 @@ static void check_output_early(const char *option, const char *out, const char *
 /* trainc profile: the report on stdout (under mpirun rank 0's, with the
  * trace of every rank); exits 2 on a bad --steps (or one too early for --graph). */
 static int profile_main(const Args *a, Config *cfg, Dist *dist) {
-    long first = PROFILE_DEFAULT_FIRST, last = PROFILE_DEFAULT_LAST;
+    long first = PROFILE_DEFAULT_FIRST, last = PROFILE_AUTO_LAST; /* chosen unless --steps */
     char err[256];
     if (a->steps && profile_parse_steps(a->steps, &first, &last, err, sizeof err) != 0) fail_usage(err, NULL);
     if (a->graph && first < PROFILE_GRAPH_FIRST)

@@ -11,11 +11,12 @@
  * 2, a 1x1 in 4 groups: the inference path's folded grouped convolutions);
  * all four relu/residual combinations on three of them. Each
  * GPU shape prints whether the fused cuDNN graph was taken (the fallback is
- * not a failure). */
+ * not a failure). On the GPU a plan cache shared by two batch sizes too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/backend_graph.h"
 #include "ops/conv_bias_act.h"
 #include "runtime/gpu.h"
 #include "tests/ops/grid.h"
@@ -164,6 +165,29 @@ static void cba_gpu_shape(const GridCase *c, ConvBiasActShape a, int real_c, con
     conv_bias_act_destroy(&ctx, &op);
 }
 
+/* A plan cache shared by batch sizes (ops/backend_graph.h): batch 8 searched in
+ * full, the same shape at 8 again given the cached plan, batch 2 narrowed to
+ * it and cuDNN's first two (or searched where none finalizes), each against
+ * the CPU reference. Where no fused graph is taken the cache sees nothing. */
+static void cba_plan_cache(const GridCase *c) {
+    BackendPlanCache *cache = calloc(1, sizeof *cache);
+    CHECK(cache != NULL);
+    if (!cache) return;
+    ConvAlgoPolicy policy = benchmarked_policy;
+    policy.plan_cache = cache;
+    const int batches[] = {8, 8, 2};
+    for (size_t i = 0; i < GRID_COUNT(batches); i++)
+        cba_gpu_shape(c, (ConvBiasActShape){CONV(batches[i], 64, 16, 16, 64, 3, 3, 1, 1), 1, 1}, 64, &policy);
+    long *n = cache->chosen, total = n[BACKEND_PLAN_SEARCHED] + n[BACKEND_PLAN_NARROWED] + n[BACKEND_PLAN_SAME];
+    printf(" plan cache: %ld searched, %ld narrowed, %ld the same shape's; %d kept\n", n[BACKEND_PLAN_SEARCHED],
+           n[BACKEND_PLAN_NARROWED], n[BACKEND_PLAN_SAME], cache->n);
+    CHECK_MSG(total == 0 || (total == 3 && n[BACKEND_PLAN_SEARCHED] >= 1), "%s: %ld plans through the cache",
+              c->name, total);
+    if (cache->n) CHECK_MSG(cache->n == 1 && n[BACKEND_PLAN_SAME] == 1, "%s: %d kept, %ld the same", c->name,
+                            cache->n, n[BACKEND_PLAN_SAME]);
+    free(cache);
+}
+
 /* ---- the shapes -------------------------------------------------------------------- */
 
 typedef struct {
@@ -206,6 +230,7 @@ static void cba_case(const GridCase *c) {
         /* plans picked by timing up to 8 of them */
         cba_gpu_shape(c, (ConvBiasActShape){CONV(4, 64, 16, 16, 64, 3, 3, 1, 1), 1, 1}, 64, &benchmarked_policy);
         cba_gpu_shape(c, (ConvBiasActShape){CONV(4, 64, 16, 16, 128, 1, 1, 0, 2), 0, 0}, 64, &benchmarked_policy);
+        cba_plan_cache(c);
     } else {
         /* small and odd: a pad wider than a 1x1 image, an odd stride */
         cba_cpu_shape(c, (ConvBiasActShape){CONV(2, 3, 5, 7, 4, 3, 3, 1, 1), 1, 1}, 3);

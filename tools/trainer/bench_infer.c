@@ -8,6 +8,7 @@
 
 #include "models/infer.h"
 #include "models/zoo.h"
+#include "ops/backend_graph.h"
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 #include "runtime/json_out.h"
@@ -71,6 +72,8 @@ typedef struct {
 
 static InferTiming time_net(InferNet *net) {
     const OpContext *ctx = infer_ops(net);
+    int batch = infer_batch(net);
+    log_info("bench-infer: batch %d: warm-up (the CUDA graph's capture, clocks)", batch);
     for (int i = 0; i < 20; i++) infer_run(net); /* capture, plans, clocks */
     op_sync(ctx);
     cudaEvent_t start, stop;
@@ -88,7 +91,9 @@ static InferTiming time_net(InferNet *net) {
     }
     gpu_event_destroy(start);
     gpu_event_destroy(stop);
-    InferTiming t = {(double)infer_batch(net) * reps / (ms / 1000.0), 0, 0};
+    InferTiming t = {(double)batch * reps / (ms / 1000.0), 0, 0};
+    log_info("bench-infer: batch %d: %d runs timed for throughput; now %d one by one for latency", batch, reps,
+             BENCH_INFER_LATENCY_RUNS);
     double lat[BENCH_INFER_LATENCY_RUNS];
     for (int i = 0; i < BENCH_INFER_LATENCY_RUNS; i++) {
         double t0 = now_seconds();
@@ -192,6 +197,51 @@ static void free_weights(Weights *w) {
     free(w->bn_stats);
 }
 
+/* The plans shared by the batch sizes (ops/backend_graph.h's plan cache), and where the planning stands. */
+typedef struct {
+    BackendPlanCache cache;
+    int batch, planned;       /* the batch whose net is being built; its convolutions planned so far */
+    int first_batch;          /* the batch whose plans were searched first */
+} SharedPlans;
+
+static void plan_progress(void *user, BackendPlanHow how, double seconds) {
+    static const char *said[BACKEND_PLAN_HOWS] = {"searched in full", "narrowed", "the same shape's"};
+    SharedPlans *p = user;
+    p->planned++;
+    char from[64] = "";
+    if (how == BACKEND_PLAN_NARROWED)
+        snprintf(from, sizeof from, " (batch %d's plan and cuDNN's first %d for this batch)", p->first_batch,
+                 BACKEND_PLAN_CACHE_FRESH);
+    log_info("bench-infer: batch %d: convolution plan %d %s%s in %.2f s", p->batch, p->planned, said[how], from,
+             seconds);
+}
+
+/* The net for batch, its plans chosen through the shared cache (under perf.conv_benchmark); logged. */
+static InferNet *build_net(const TrainSettings *s, const Weights *w, GpuContext *gpu, SharedPlans *plans, int batch,
+                           int graph) {
+    InferOptions opt = infer_options_of(s, batch);
+    opt.graph = graph;
+    if (opt.conv_policy.benchmark) opt.conv_policy.plan_cache = &plans->cache;
+    plans->batch = batch;
+    plans->planned = 0;
+    long before[BACKEND_PLAN_HOWS];
+    memcpy(before, plans->cache.chosen, sizeof before);
+    double t0 = now_seconds();
+    InferNet *net = infer_create(w->graph, w->params, w->bn_stats, gpu, &opt);
+    if (opt.conv_policy.benchmark)
+        log_info("bench-infer: batch %d: net built in %.1f s; convolution plans: %ld searched in full, %ld narrowed to "
+                 "batch %d's and cuDNN's first %d, %ld the same shape's", batch, now_seconds() - t0,
+                 plans->cache.chosen[BACKEND_PLAN_SEARCHED] - before[BACKEND_PLAN_SEARCHED],
+                 plans->cache.chosen[BACKEND_PLAN_NARROWED] - before[BACKEND_PLAN_NARROWED], plans->first_batch,
+                 BACKEND_PLAN_CACHE_FRESH, plans->cache.chosen[BACKEND_PLAN_SAME] - before[BACKEND_PLAN_SAME]);
+    return net;
+}
+
+static int compare_batch_down(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x < y) - (x > y);
+}
+
 int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint, int by_layer) {
     TrainSettings s;
     settings_read(cfg, 1, &s);
@@ -209,9 +259,18 @@ int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint
     const char *model = checkpoint ? cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(w.ckpt.meta, "model"))
                                    : s.model.name;
     int image = w.graph->acts[0].h;
+    /* The largest batch first: its plans are searched in full, the smaller ones' narrowed to them. */
+    qsort(batches, (size_t)n_batches, sizeof *batches, compare_batch_down);
+    SharedPlans *plans = calloc(1, sizeof *plans);
+    if (!plans) TC_FATAL("out of host memory: the plan cache");
+    plans->cache.progress = plan_progress;
+    plans->cache.progress_user = plans;
+    plans->first_batch = batches[0];
     for (int i = 0; i < n_batches; i++) {
-        InferOptions opt = infer_options_of(&s, batches[i]);
-        InferNet *net = infer_create(w.graph, w.params, w.bn_stats, &gpu, &opt);
+        log_info("bench-infer: batch %d (%d of %d): building the net: folding the weights, choosing each "
+                 "convolution's cuDNN plan%s", batches[i], i + 1, n_batches,
+                 s.perf.conv_benchmark ? " (timed: perf.conv_benchmark)" : "");
+        InferNet *net = build_net(&s, &w, &gpu, plans, batches[i], infer_options_of(&s, batches[i]).graph);
         InferStats st = infer_stats(net);
         log_info("bench-infer: %s at %d, batch %d on %s: %d steps, %d of %d convolutions one cuDNN graph, %d batch "
                  "norms folded, %d ReLUs and %d adds fused; %.1f MiB weights, %.1f MiB activations",
@@ -223,11 +282,11 @@ int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint
         fflush(stdout);
         infer_destroy(net);
         if (!by_layer) continue;
-        opt.graph = 0;
-        net = infer_create(w.graph, w.params, w.bn_stats, &gpu, &opt);
+        net = build_net(&s, &w, &gpu, plans, batches[i], 0);
         print_by_layer(net);
         infer_destroy(net);
     }
+    free(plans);
     free_weights(&w);
     gpu_context_destroy(&gpu);
     return 0;

@@ -21,7 +21,9 @@ const CfgKeySpec trainc_keys[] = {
      "run.checkpoint_every or mpirun", "[0, 100]"},
     {"run.max_steps", CFG_INT, "0", 0, "stop after this many optimizer steps (0: no limit)", "[0, 1000000000000]"},
     {"run.warmup_steps", CFG_INT, "20", 0, "steps left out of the timed throughput window", "[0, 1000000000]"},
-    {"run.log_every", CFG_INT, "100", 0, "log loss and samples/s every N steps", "[1, 1000000000]"},
+    {"run.log_every", CFG_INT, "100", 0,
+     "log a line every N steps (mean loss and training accuracy over them, lr, samples/s, time left)",
+     "[1, 1000000000]"},
     {"run.metrics_file", CFG_STRING, "", 0, "JSON-lines metrics file (empty: none)", 0},
     {"run.tensorboard_dir", CFG_STRING, "", 0,
      "write TensorBoard event files here (created if missing; rank 0 alone under mpirun): loss, lr, "

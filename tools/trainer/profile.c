@@ -18,6 +18,7 @@
 #include "runtime/check.h"
 #include "runtime/files.h"
 #include "runtime/gpu.h"
+#include "runtime/gpu_monitor.h"
 #include "runtime/json_out.h"
 #include "runtime/log.h"
 #include "tools/trainer/peaks.h"
@@ -37,6 +38,8 @@ typedef struct {
 
 typedef struct {
     long first, last;
+    int choose;               /* no --steps: last is chosen after the warm-up (choose_window) */
+    double measure_t0;        /* choose: the host clock, synced, after the warm-up's first measured step */
     int gpu;
     Model *model;
     OpHooks hooks;            /* ours, installed on model->ops */
@@ -106,9 +109,38 @@ static void on_opened(void *user, Model *m) {
  * sees none before it): data wait and the five marks. */
 #define PHASE_MARGIN 6
 
+/* The host clock once the compute stream has drained. */
+static double synced_now(const Profiler *p) {
+    op_sync(&p->model->ops);
+    return now_seconds();
+}
+
+/* No --steps: the window's length from the warm-up's step time (the ranks'
+ * mean, so that every rank stops at the same step), logged and kept as the
+ * report's note. */
+static void choose_window(Profiler *p) {
+    long default_steps = PROFILE_DEFAULT_LAST - PROFILE_DEFAULT_FIRST + 1, steps = default_steps;
+    char why[256];
+    if (p->gpu) {
+        double step_s = p->measure_t0 > 0 ? (synced_now(p) - p->measure_t0) / PROFILE_MEASURED_STEPS : 0;
+        dist_allreduce_sum_host_double(p->dist, &step_s, 1);
+        double need_s = fmax(GPU_MONITOR_UTIL_MIN_S, GPU_MONITOR_POWER_MIN_S) * PROFILE_WINDOW_MARGIN;
+        steps = profile_window_steps(step_s / p->dist->world, need_s, default_steps, PROFILE_AUTO_MAX_STEPS, why,
+                                     sizeof why);
+    } else {
+        snprintf(why, sizeof why, "the default %ld steps (the CPU: no NVML figures that need a longer window)",
+                 default_steps);
+    }
+    p->last = p->report->last = p->first + steps - 1;
+    snprintf(p->report->window_note, sizeof p->report->window_note, "steps %ld..%ld, %s; --steps A:B sets the window",
+             p->first, p->last, why);
+    log_info("profile: %s", p->report->window_note);
+}
+
 /* After the step before the window: the pool, sized by that step's ops (and a
  * margin for ops that come only now and then, a log point's read-back). */
 static void allocate_pool(Profiler *p) {
+    if (p->choose) choose_window(p);
     long steps = p->last - p->first + 1;
     p->pool_ready = 1;
     p->cap_rec = p->report->graph ? 0 : (p->counted + 16) * steps;
@@ -148,11 +180,18 @@ static void on_step_begin(void *user, long step) {
 
 static void on_step_end(void *user, long step) {
     Profiler *p = user;
+    if (p->choose && p->gpu && step == p->first - 1 - PROFILE_MEASURED_STEPS) p->measure_t0 = synced_now(p);
     if (step == p->first - 1) allocate_pool(p);
     if (step < p->first || step > p->last) return;
     p->step_t1[step - p->first] = now_seconds();
     if (step == p->last) p->active = 0;
     if (step == p->last) profile_kernels_window_end(p->kernels);
+}
+
+/* A chosen window ends the run after its last step (run.max_steps leaves room for the longest). */
+static int on_stop_after(void *user, long step) {
+    const Profiler *p = user;
+    return p->choose && p->pool_ready && step >= p->last;
 }
 
 static void on_phase(void *user, long step, const char *name, double t0, double t1) {
@@ -481,6 +520,24 @@ int profile_parse_steps(const char *text, long *first, long *last, char *err, si
     return 0;
 }
 
+long profile_window_steps(double step_s, double need_s, long default_steps, long max_steps, char *why, size_t n) {
+    if (!(step_s > 0)) {
+        snprintf(why, n, "the default %ld steps (no warm-up step was timed)", default_steps);
+        return default_steps;
+    }
+    double wanted = ceil(need_s / step_s), ms = 1000 * step_s;
+    if (wanted <= default_steps) {
+        snprintf(why, n, "the default %ld steps: at the warm-up's %.3g ms a step they span %.2f s, NVML's "
+                 "utilisation and power want %.3g s", default_steps, ms, default_steps * step_s, need_s);
+        return default_steps;
+    }
+    long steps = wanted > max_steps ? max_steps : (long)wanted;
+    snprintf(why, n, "%ld steps%s: at the warm-up's %.3g ms a step they span %.2f s, NVML's utilisation and power "
+             "want %.3g s (%.0f steps)", steps, steps < wanted ? ", the most it takes" : "", ms, steps * step_s, need_s,
+             wanted);
+    return steps;
+}
+
 static void force(Config *cfg, const char *key, long v) {
     char line[128], err[512];
     snprintf(line, sizeof line, "%s=%ld", key, v);
@@ -525,6 +582,8 @@ void profile_run(Config *cfg, long first, long last, const char *trace_path, int
 void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char *trace_path, int graph,
                       ProfileReport *r) {
     memset(r, 0, sizeof *r);
+    int choose = last == PROFILE_AUTO_LAST;
+    if (choose) last = first + PROFILE_DEFAULT_LAST - PROFILE_DEFAULT_FIRST;
     r->first = first, r->last = last, r->graph = graph;
     r->rank = dist->rank, r->world = dist->world;
     note_settings(cfg, &r->settings);
@@ -541,7 +600,7 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
         if (r->settings.gpu < 0) TC_USER_ERROR("%s", err);
     }
     peaks_get(r->settings.use_gpu, r->settings.gpu, &r->peaks);
-    force(cfg, "run.max_steps", last);
+    force(cfg, "run.max_steps", choose && r->settings.use_gpu ? first - 1 + PROFILE_AUTO_MAX_STEPS : last);
     force(cfg, "run.warmup_steps", first - 1);
     force(cfg, "run.epochs", 1000000); /* run.max_steps ends it */
     force(cfg, "run.eval", 0);
@@ -549,10 +608,12 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     force(cfg, "run.warmup_runs", 0); /* one pass over the steps profiled */
     force(cfg, "perf.cuda_graph", graph); /* events per op cannot be timed inside a replayed graph */
     if (!graph) force(cfg, "perf.overlap_wgrad", 0); /* no filter gradient running beside a timed op */
-    Profiler p = {.first = first, .last = last, .report = r, .trace_path = trace_path, .open = -1, .dist = dist};
-    TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p, on_phase};
+    Profiler p = {.first = first, .last = last, .choose = choose, .report = r, .trace_path = trace_path, .open = -1,
+                  .dist = dist};
+    TrainObserver obs = {on_opened, on_step_begin, on_step_end, on_closing, &p, on_phase, on_stop_after};
     train_run_dist_observed(cfg, &r->summary, dist, &obs);
     r->gpu = p.gpu;
+    last = p.last;
     if (r->summary.timed_steps != last - first + 1)
         TC_USER_ERROR("profile: the run timed %ld steps, not the %ld of --steps %ld:%ld", r->summary.timed_steps,
                       last - first + 1, first, last);

@@ -18,6 +18,17 @@
 
 #define PROFILE_DEFAULT_FIRST 11
 #define PROFILE_DEFAULT_LAST 30
+/* last = PROFILE_AUTO_LAST (no --steps): the window is chosen. From step
+ * PROFILE_DEFAULT_FIRST on the GPU it is extended past PROFILE_DEFAULT_LAST
+ * until it spans PROFILE_WINDOW_MARGIN x what NVML's utilisation and power
+ * need (GPU_MONITOR_UTIL_MIN_S, GPU_MONITOR_POWER_MIN_S) at the step time of
+ * the warm-up's last PROFILE_MEASURED_STEPS steps (synced at both ends; the
+ * margin absorbs steps slower than the warm-up's), to at most
+ * PROFILE_AUTO_MAX_STEPS steps; on the CPU (no NVML) it is the default. */
+#define PROFILE_AUTO_LAST 0
+#define PROFILE_WINDOW_MARGIN 1.25
+#define PROFILE_MEASURED_STEPS 5
+#define PROFILE_AUTO_MAX_STEPS 1000
 /* --graph's earliest window: step 1 runs eagerly, step 2 captures the graph. */
 #define PROFILE_GRAPH_FIRST 3
 
@@ -119,6 +130,7 @@ typedef struct {
 typedef struct {
     TrainSummary summary;     /* the run's, timed window = the profiled steps */
     long first, last;         /* the profiled steps */
+    char window_note[320];    /* a chosen window (no --steps): its length and why; "" for --steps */
     int graph;                /* --graph: the steps replayed as the run's CUDA graph, no op timed (n_ops 0) */
     int gpu;                  /* timed with events on the compute stream (else host time) */
     int n_layers;
@@ -206,7 +218,13 @@ ProfileRoofline profile_roofline(const ProfileReport *r, const ProfileLayer *l);
 /* "A:B" with 2 <= A <= B (step 1 at least is warm-up); 0, or -1 with why in err. */
 int profile_parse_steps(const char *text, long *first, long *last, char *err, size_t errlen);
 
-/* Runs cfg's training for steps 1..last in one process (run.max_steps =
+/* The chosen window's length: default_steps, or more steps of step_s seconds
+ * until they span need_s, at most max_steps; why (n bytes) says which and
+ * why. step_s not > 0 (not measured): default_steps. */
+long profile_window_steps(double step_s, double need_s, long default_steps, long max_steps, char *why, size_t n);
+
+/* Runs cfg's training for steps 1..last in one process (last =
+ * PROFILE_AUTO_LAST: chosen, see above, and logged; run.max_steps =
  * last, run.warmup_steps = first - 1, run.eval off, checkpoints off,
  * perf.cuda_graph and perf.overlap_wgrad off) with the op hook timing steps
  * first..last; fills r (free with profile_report_free), writes the Chrome

@@ -146,7 +146,9 @@ static int may_take_batch(Trainer *t, RunTally *r, const EpochClock *c, int epoc
         r->why = STOP_SIGNAL;
         return 0;
     }
-    if (t->set.run.max_steps && t->step >= t->set.run.max_steps) {
+    const TrainObserver *obs = t->observer;
+    int observer_stops = c->micro == 0 && obs && obs->stop_after && obs->stop_after(obs->user, t->step);
+    if ((t->set.run.max_steps && t->step >= t->set.run.max_steps) || observer_stops) {
         r->why = STOP_MAX_STEPS;
         return 0;
     }
@@ -210,7 +212,7 @@ static void train_steps(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
  * the data order stands. */
 static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro) {
     EpochClock c = {.start = now_seconds(), .window_start = -1};
-    c.lw = (LogWindow){now_seconds(), train_data_wait(t), t->step};
+    log_window_open(t, &c.lw);
     t->watch.progress_drawn = c.lw.start; /* the rate leaves out the evaluation */
     t->watch.progress_step = t->step;
     t->watch.progress_wait_at = train_data_wait(t);

@@ -87,7 +87,10 @@ void train_run_dist(const Config *cfg, TrainSummary *out, float **params_out, Di
  * phase it had ("data wait", "input", "forward", "backward", "optimizer" or
  * "graph", in that order), with the host times (now_seconds) the trainer
  * marked its start and end: on the GPU when the host issued the work, not
- * when it ran. Any may be NULL. The run calls nothing else of it. */
+ * when it ran. stop_after, before each optimizer step: non-zero ends the run
+ * after `step`, the last one taken, as run.max_steps would (the profiler's
+ * window of its own length). Any may be NULL. The run calls nothing else of
+ * it. */
 typedef struct {
     void (*opened)(void *user, Model *m);
     void (*step_begin)(void *user, long step);
@@ -95,6 +98,7 @@ typedef struct {
     void (*closing)(void *user, Model *m);
     void *user;
     void (*phase)(void *user, long step, const char *name, double t0, double t1);
+    int (*stop_after)(void *user, long step);
 } TrainObserver;
 /* train_run with an observer (one process). */
 void train_run_observed(const Config *cfg, TrainSummary *out, const TrainObserver *obs);

@@ -24,6 +24,8 @@ static void carve_aux(Trainer *t, Arena *a) {
     t->buf.lr = arena_alloc(a, sizeof(float), "learning rate");
     t->buf.lr_step = arena_alloc(a, sizeof(int64_t), "learning-rate step");
     t->buf.correct = arena_alloc(a, sizeof(int), "accuracy counter");
+    t->buf.loss_sum = arena_alloc(a, sizeof(float), "log interval's loss sum");
+    t->buf.train_correct = arena_alloc(a, sizeof(int), "log interval's accuracy counter");
     t->buf.scaler = arena_alloc(a, sizeof(LossScalerState), "loss scaler");
     if (t->set.optim.clip_norm > 0) {
         size_t scratch = grad_clip_scratch_bytes(&t->model.ops, t->model.n_params);

@@ -1,6 +1,7 @@
 /* One training step, read top to bottom: take a batch, forward, loss,
  * backward, optimizer (eagerly or replayed as a CUDA graph); reading the loss
  * back; evaluation. */
+#include "ops/add.h"
 #include "tools/trainer/trainer.h"
 
 /* ---- a batch into the model ------------------------------------------------------ */
@@ -70,6 +71,16 @@ void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream) {
     else dist_allreduce_sum_host_double(t->ddp.dist, sums, n);
 }
 
+/* The log interval's running loss and training accuracy: this micro-batch's
+ * loss and correct predictions added to device sums (log_point reads them). */
+static void add_to_log_sums(Trainer *t) {
+    Model *m = &t->model;
+    OpContext f32 = m->ops;
+    f32.dtype = DTYPE_F32;
+    add_accumulate(&f32, t->buf.loss_sum, t->buf.loss, 1);
+    accuracy_count(&m->ops, model_logits(m), t->buf.labels, t->set.train.batch, m->num_classes, t->buf.train_correct);
+}
+
 /* Forward, loss and backward of one micro-batch; the first micro-batch of an
  * optimizer step zeroes the gradients, the others add to them; the last one's
  * backward starts the all-reduce (data-parallel). */
@@ -92,6 +103,7 @@ static void micro_step(Trainer *t, int first, int last) {
                         t->set.optim.label_smoothing, t->set.precision.amp != DTYPE_F32 ? &t->buf.scaler->scale : NULL,
                         t->buf.loss, model_logits_grad(m));
     loss_scaler_check(ctx, t->buf.loss, DTYPE_F32, 1, t->buf.scaler);
+    add_to_log_sums(t);
     /* run.inject_nan_step (tests): poison the first element of the loss gradient (all bits set: a NaN). */
     if (t->set.checkpoint.inject_nan_step && t->step + 1 == t->set.checkpoint.inject_nan_step)
         op_fill(ctx, model_logits_grad(m), 0xFF, dtype_size(m->act_dtype));
@@ -249,16 +261,19 @@ void run_micro_batch(Trainer *t, int first, int last) {
     gpu_range_pop();
 }
 
-/* The loss, and with it (the same sync) the loss scaler's state and the
- * gradient norm (optim.clip_norm). */
+/* The loss, and with it (the same sync) the log interval's sums, the loss
+ * scaler's state and the gradient norm (optim.clip_norm). */
 float read_loss(Trainer *t) {
     const OpContext *ctx = &t->model.ops;
     float loss;
     op_copy_to_host(ctx, &loss, t->buf.loss, sizeof loss);
+    op_copy_to_host(ctx, &t->seen.loss_sum, t->buf.loss_sum, sizeof t->seen.loss_sum);
+    op_copy_to_host(ctx, &t->seen.train_correct, t->buf.train_correct, sizeof t->seen.train_correct);
     op_copy_to_host(ctx, &t->seen.scaler, t->buf.scaler, sizeof t->seen.scaler);
     if (t->buf.grad_norm) op_copy_to_host(ctx, &t->seen.grad_norm, t->buf.grad_norm, sizeof t->seen.grad_norm);
     op_sync(ctx);
     t->seen.loss = loss;
+    t->seen.sums_step = t->step;
     return loss;
 }
 

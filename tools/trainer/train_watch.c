@@ -122,17 +122,6 @@ static void write_metric_line(Trainer *t, cJSON *o) {
     if (json_write_line(t->watch.metrics, o) != 0) TC_FATAL("run.metrics_file: cannot write: %s", strerror(errno));
 }
 
-void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s) {
-    if (!t->watch.metrics) return;
-    cJSON *o = metric_step_line(t, epoch);
-    json_add_number(o, "loss", loss, 6);
-    json_add_number(o, "samples_per_s", samples_per_s, 6);
-    json_add_number(o, "lr", t->set.optim.lr * t->set.memory.accumulate, 6);
-    /* before clipping, as clip_grad_norm_ returns it; null when not finite */
-    if (t->buf.grad_norm) json_add_number(o, "grad_norm", t->seen.grad_norm, 6);
-    write_metric_line(t, o);
-}
-
 void write_metric_skipped(Trainer *t, int epoch) {
     if (!t->watch.metrics) return;
     cJSON *o = metric_step_line(t, epoch);
@@ -288,6 +277,59 @@ static void tensorboard_epoch(Trainer *t, double test_acc) {
     tb_flush_or_fail(t);
 }
 
+/* The log interval's figures as far as the last read-back: the mean loss of
+ * its micro-batches and the training accuracy over their samples (rank 0's,
+ * as the loss), from the device's sums; NaN over no step, or where the
+ * counter may have wrapped. */
+typedef struct {
+    double loss, acc;
+    long steps;               /* the optimizer steps they cover */
+} IntervalMeans;
+
+static IntervalMeans interval_means(const Trainer *t) {
+    IntervalMeans m = {NAN, NAN, t->seen.sums_step - t->seen.sums_from};
+    long micro = m.steps * t->set.memory.accumulate, samples = micro * t->set.train.batch;
+    if (m.steps <= 0) m.steps = 0;
+    if (m.steps <= 0 || samples > INT_MAX) return m;
+    m.loss = t->seen.loss_sum / micro;
+    m.acc = (double)t->seen.train_correct / samples;
+    return m;
+}
+
+/* A log interval opens: its clock, and the device's sums zeroed (on the
+ * compute stream between steps, never inside a CUDA graph). */
+void log_window_open(Trainer *t, LogWindow *lw) {
+    const OpContext *ctx = &t->model.ops;
+    *lw = (LogWindow){now_seconds(), train_data_wait(t), t->step};
+    op_fill(ctx, t->buf.loss_sum, 0, sizeof(float));
+    op_fill(ctx, t->buf.train_correct, 0, sizeof(int));
+    t->seen.loss_sum = 0;
+    t->seen.train_correct = 0;
+    t->seen.sums_from = t->seen.sums_step = t->step;
+}
+
+/* The seconds the run has left at steps_per_s (0 at no rate). */
+static double run_left_s(const Trainer *t, double steps_per_s) {
+    return steps_per_s > 0 ? (t->watch.total_steps - t->step) / steps_per_s : 0;
+}
+
+/* A logged step's metrics line: the log line's figures. */
+static void write_metric_step(Trainer *t, int epoch, const IntervalMeans *m, double samples_per_s,
+                              double steps_per_s) {
+    if (!t->watch.metrics) return;
+    cJSON *o = metric_step_line(t, epoch);
+    json_add_number(o, "loss", m->loss, 6);
+    json_add_int(o, "loss_steps", m->steps);
+    json_add_number(o, "train_acc", m->acc, 6);
+    json_add_number(o, "lr", step_lr(t), 6);
+    json_add_number(o, "samples_per_s", samples_per_s, 6);
+    json_add_int(o, "total_steps", t->watch.total_steps);
+    json_add_number(o, "eta_s", run_left_s(t, steps_per_s), 3);
+    /* before clipping, as clip_grad_norm_ returns it; null when not finite */
+    if (t->buf.grad_norm) json_add_number(o, "grad_norm", t->seen.grad_norm, 6);
+    write_metric_line(t, o);
+}
+
 /* h:mm:ss or m:ss. */
 static void clock_text(double seconds, char *out, size_t n) {
     long left = seconds > 0 ? (long)(seconds + 0.5) : 0;
@@ -296,45 +338,48 @@ static void clock_text(double seconds, char *out, size_t n) {
 }
 
 /* Where the run stands at steps_per_s and a data wait of wait_frac: "epoch 1/3
- * images 12800/40000  2345 img/s  data wait 3%  lr 0.1  loss 2.1034  epoch left
- * 0:12  run left 3:21" (images of every rank). */
-static void standing_text(const Trainer *t, int epoch, double steps_per_s, double wait_frac, float loss, char *out,
-                          size_t n) {
+ * images 12800/40000  2345 img/s  data wait 3%  lr 0.1  loss 2.1034 (mean of 100
+ * steps)  train acc 41.2%  epoch left 0:12  run left 3:21" (images of every
+ * rank; the loss and accuracy rank 0's over the log interval). */
+static void standing_text(const Trainer *t, int epoch, double steps_per_s, double wait_frac, const IntervalMeans *m,
+                          char *out, size_t n) {
     long step_images = (long)t->set.train.batch * t->set.memory.accumulate * t->ddp.dist->world;
     long epoch_steps = t->step - (long)epoch * t->steps_per_epoch;
     long epoch_left = t->steps_per_epoch - epoch_steps, run_left = t->watch.total_steps - t->step;
     if (epoch_left > run_left) epoch_left = run_left;
-    char loss_text[32] = "-", epoch_eta[32], run_eta[32];
-    if (isfinite(loss)) snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+    char loss_text[64] = "-", acc_text[32] = "-", epoch_eta[32], run_eta[32];
+    if (isfinite(m->loss))
+        snprintf(loss_text, sizeof loss_text, "%.4f (mean of %ld step%s)", m->loss, m->steps, m->steps > 1 ? "s" : "");
+    if (isfinite(m->acc)) snprintf(acc_text, sizeof acc_text, "%.1f%%", 100 * m->acc);
     clock_text(steps_per_s > 0 ? epoch_left / steps_per_s : 0, epoch_eta, sizeof epoch_eta);
-    clock_text(steps_per_s > 0 ? run_left / steps_per_s : 0, run_eta, sizeof run_eta);
-    snprintf(out, n, "epoch %d/%g  images %ld/%ld  %.0f img/s  data wait %.0f%%  lr %.4g  loss %s  epoch left %s  "
-             "run left %s", epoch + 1, t->set.run.epochs, epoch_steps * step_images,
+    clock_text(run_left_s(t, steps_per_s), run_eta, sizeof run_eta);
+    snprintf(out, n, "epoch %d/%g  images %ld/%ld  %.0f img/s  data wait %.0f%%  lr %.4g  loss %s  train acc %s  "
+             "epoch left %s  run left %s", epoch + 1, t->set.run.epochs, epoch_steps * step_images,
              (long)t->steps_per_epoch * step_images, steps_per_s * step_images, 100 * wait_frac, step_lr(t), loss_text,
-             epoch_eta, run_eta);
+             acc_text, epoch_eta, run_eta);
 }
 
-/* Every run.log_every steps: the log line (unless the progress line shows),
- * the metrics line, the Prometheus gauges, TensorBoard, and the phase sets
- * done so far. */
+/* Every run.log_every steps, just after a read-back (loss: the last batch's):
+ * the log line (unless the progress line shows), the metrics line, the
+ * Prometheus gauges, TensorBoard, and the phase sets done so far; then the
+ * next interval opens. */
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw) {
     double now = now_seconds(), wait = train_data_wait(t);
     double seconds = now - lw->start, wait_frac = seconds > 0 ? (wait - lw->wait_start) / seconds : 0;
     double steps_per_s = seconds > 0 ? (t->step - lw->start_step) / seconds : 0;
     double rate = steps_per_s * t->set.train.batch * t->set.memory.accumulate;
+    IntervalMeans means = interval_means(t);
     if (!t->watch.progress) {
         char text[512], norm[64] = "";
-        standing_text(t, epoch, steps_per_s, wait_frac, loss, text, sizeof text);
+        standing_text(t, epoch, steps_per_s, wait_frac, &means, text, sizeof text);
         if (t->buf.grad_norm) snprintf(norm, sizeof norm, "  grad norm %.4g", t->seen.grad_norm);
         log_info("step %ld/%ld  %s%s", t->step, t->watch.total_steps, text, norm);
     }
-    write_metric_step(t, epoch, loss, rate);
-    tensorboard_log_point(t, loss, rate);
+    write_metric_step(t, epoch, &means, rate, steps_per_s);
+    tensorboard_log_point(t, means.loss, rate);
     prometheus_update(t, rate, wait_frac, loss);
     phases_collect(t, 0);
-    lw->start = now;
-    lw->wait_start = wait;
-    lw->start_step = t->step;
+    log_window_open(t, lw);
 }
 
 /* On a terminal the same standing, redrawn at most 4 times a second (force: now). */
@@ -350,6 +395,7 @@ void progress_draw(Trainer *t, int epoch, int force) {
     t->watch.progress_wait_at = wait;
     if (t->watch.progress_rate <= 0) return;
     char text[512];
-    standing_text(t, epoch, t->watch.progress_rate, t->watch.progress_wait, t->seen.loss, text, sizeof text);
+    IntervalMeans means = interval_means(t);
+    standing_text(t, epoch, t->watch.progress_rate, t->watch.progress_wait, &means, text, sizeof text);
     log_progress("%s", text);
 }

@@ -129,6 +129,10 @@ typedef struct {
     float *lr;
     int64_t *lr_step;         /* the schedule's step counter, beside lr */
     int *correct;             /* the evaluation's counter */
+    /* The log interval's sums, added to by every micro-batch on the device (no
+     * host sync), read with the loss and zeroed at each log point. */
+    float *loss_sum;
+    int *train_correct;       /* training predictions at the label */
     /* Every run has a loss scaler (fp32: scale 1, never grows or backs off),
      * so a step with a non-finite loss or gradient is skipped on the device. */
     LossScalerState *scaler;
@@ -191,6 +195,9 @@ typedef struct {
     LossScalerState scaler;
     float grad_norm;          /* NaN before the first read-back, or when optim.clip_norm is off */
     float loss;
+    float loss_sum;           /* the log interval's sums, as of sums_step */
+    int train_correct;
+    long sums_from, sums_step; /* the interval's sums cover the steps (sums_from, sums_step] */
     long step;                /* the step at that read-back */
     long bad_total;           /* skipped_steps at that read-back */
     long bad_run;             /* bad steps in a row, as far as the read-backs tell */
@@ -273,7 +280,6 @@ void phase_close(Trainer *t, int timed);
 void phase_wait_begin(Trainer *t);
 void phases_collect(Trainer *t, int wait);
 void write_metric_epoch(Trainer *t, int epoch, double epoch_s, double test_acc);
-void write_metric_step(Trainer *t, int epoch, float loss, double samples_per_s);
 void write_metric_skipped(Trainer *t, int epoch);
 void profile_step_begin(Trainer *t);
 void profile_step_end(Trainer *t);
@@ -282,6 +288,7 @@ void prometheus_start(Trainer *t);
 void prometheus_update(Trainer *t, double samples_per_s, double wait_frac, float loss);
 void tensorboard_start(Trainer *t);
 void tensorboard_stop(Trainer *t);
+void log_window_open(Trainer *t, LogWindow *lw);
 void log_point(Trainer *t, int epoch, float loss, LogWindow *lw);
 void progress_draw(Trainer *t, int epoch, int force);
 

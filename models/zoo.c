@@ -13,6 +13,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
     int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
               : strcmp(name, "resnet50") == 0 ? 50 : 0;
     int imagenet_stem = image_size >= 128, airbench = strcmp(name, "airbench") == 0;
+    int simplenet = strcmp(name, "simplenet") == 0;
     if (!netfile_shipped(name)) {
         snprintf(err, errlen, "model.name: unknown model '%s' (known: %s)", name, netfile_shipped_names());
         return -1;
@@ -21,7 +22,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
         snprintf(err, errlen, "data.image_size = %d: airbench is built for 32x32 images only", image_size);
         return -1;
     }
-    if (!depth && !airbench && (image_size < 8 || image_size % 8)) {
+    if (simplenet && (image_size < 8 || image_size % 8)) {
         snprintf(err, errlen, "data.image_size = %d: SimpleNet needs a size divisible by 8 (32, 224, ...)",
                  image_size);
         return -1;

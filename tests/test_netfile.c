@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "models/model.h"
+#include "tests/model_checks.h"
 #include "models/netfile.h"
 #include "models/tensors.h"
 #include "models/zoo.h"
@@ -89,6 +90,33 @@ static void check_shipped(const char *name, int image, int nhwc, int batch) {
 done:
     free(file);
     free(c);
+}
+
+/* A shipped net no C builder had: its parameter count at 32 px against PyTorch's (torchvision's layers,
+ * counted by hand in the comments at its check), its NHWC build, and a few CPU steps at a small image that
+ * fit one batch. */
+static void check_new_net(const char *name, size_t torch_params, int image, int steps, float lr, uint64_t *rng) {
+    char err[512];
+    Model *m = new_model();
+    CHECK_MSG(model_build(m, name, 2, 32, 10, 1, err, sizeof err) == 0, "%s nhwc: %s", name, err);
+    free(m);
+    m = new_model();
+    int rc = model_build(m, name, 2, 32, 10, 0, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s: %s", name, err);
+    if (rc != 0) return free(m);
+    CHECK_MSG(model_param_count(m) == torch_params, "%s: %zu parameters, PyTorch's %zu", name, model_param_count(m),
+              torch_params);
+    free(m);
+    m = new_model();
+    rc = model_build(m, name, 4, image, 10, 0, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s at %d: %s", name, image, err);
+    if (rc != 0) return free(m);
+    model_finalize(m, NULL, 99);
+    char what[64];
+    snprintf(what, sizeof what, "%s at %d px", name, image);
+    check_fits_batch(m, what, steps, lr, rng);
+    model_destroy(m);
+    free(m);
 }
 
 /* Builds text as the file "t.net" (16x16 images, 10 classes); returns its error ("" when it built). */
@@ -348,6 +376,15 @@ int main(void) {
     check_shipped("resnet34", 32, 0, 1);
     check_shipped("resnet50", 32, 1, 1);
     check_shipped("resnet50", 224, 0, 1);
+    uint64_t rng = test_seed();
+    /* VGG-16-BN, convolutions without bias: 3x3 weights 3*64 + 64*64 + 64*128 + 128*128 + 128*256 + 2*256*256 +
+     * 256*512 + 5*512*512 = 1,634,496 filters of 9: 14,710,464; batch norms 2 * (2*64 + 2*128 + 3*256 + 6*512) =
+     * 8,448; fc 512*10 + 10 = 5,130. */
+    check_new_net("vgg", 14710464 + 8448 + 5130, 16, 12, 0.02f, &rng);
+    /* MobileNetV2 (torchvision's mobilenet_v2(num_classes=10): 2,236,682): stem 3*32*9 + 64; the 17 blocks of
+     * expand (c*6c, no expand in the first), depthwise 6c*9, project 6c*c', and their norms 2 * (6c + 6c + c'):
+     * 1,779,296 + 31,488; head 320*1280 + 2*1280; fc 1280*10 + 10. */
+    check_new_net("mobilenetv2", 864 + 64 + 1779296 + 31488 + 409600 + 2560 + 12810, 16, 20, 0.05f, &rng);
     check_errors();
     check_good_net();
     check_config();

@@ -1,5 +1,4 @@
-/* The nets trainc knows, by the name model.name gives: the shipped net files (nets/NAME.net), and the C
- * builders they were written from (until the tests need them no more). */
+/* The nets trainc knows, by the name model.name gives: the shipped net files (nets/NAME.net). */
 #include "models/zoo.h"
 
 #include "models/netfile.h"
@@ -40,15 +39,4 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
     snprintf(path, sizeof path, "nets/%s.net", name);
     NetShape shape = {batch, image_size, num_classes, nhwc};
     return netfile_build(m, path, netfile_shipped(name), &shape, err, errlen);
-}
-
-int model_build_c(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc) {
-    int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
-              : strcmp(name, "resnet50") == 0 ? 50 : 0;
-    model_init(m, batch, num_classes, nhwc);
-    if (depth) resnet_build(m, depth, image_size, image_size >= 128);
-    else if (strcmp(name, "airbench") == 0) airbench_build(m, AIRBENCH_WIDTHS);
-    else if (strcmp(name, "simplenet") == 0) simplenet_build(m, image_size);
-    else return -1;
-    return 0;
 }

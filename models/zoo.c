@@ -1,5 +1,4 @@
-/* The nets trainc knows, by the name model.name gives: the shipped net files (nets/NAME.net), and the C
- * builders they were written from (until the tests need them no more). */
+/* The nets trainc knows, by the name model.name gives: the shipped net files (nets/NAME.net). */
 #include "models/zoo.h"
 
 #include "models/netfile.h"
@@ -13,6 +12,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
     int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
               : strcmp(name, "resnet50") == 0 ? 50 : 0;
     int imagenet_stem = image_size >= 128, airbench = strcmp(name, "airbench") == 0;
+    int simplenet = strcmp(name, "simplenet") == 0;
     if (!netfile_shipped(name)) {
         snprintf(err, errlen, "model.name: unknown model '%s' (known: %s)", name, netfile_shipped_names());
         return -1;
@@ -21,7 +21,7 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
         snprintf(err, errlen, "data.image_size = %d: airbench is built for 32x32 images only", image_size);
         return -1;
     }
-    if (!depth && !airbench && (image_size < 8 || image_size % 8)) {
+    if (simplenet && (image_size < 8 || image_size % 8)) {
         snprintf(err, errlen, "data.image_size = %d: SimpleNet needs a size divisible by 8 (32, 224, ...)",
                  image_size);
         return -1;
@@ -39,15 +39,4 @@ int model_build(Model *m, const char *name, int batch, int image_size, int num_c
     snprintf(path, sizeof path, "nets/%s.net", name);
     NetShape shape = {batch, image_size, num_classes, nhwc};
     return netfile_build(m, path, netfile_shipped(name), &shape, err, errlen);
-}
-
-int model_build_c(Model *m, const char *name, int batch, int image_size, int num_classes, int nhwc) {
-    int depth = strcmp(name, "resnet18") == 0 ? 18 : strcmp(name, "resnet34") == 0 ? 34
-              : strcmp(name, "resnet50") == 0 ? 50 : 0;
-    model_init(m, batch, num_classes, nhwc);
-    if (depth) resnet_build(m, depth, image_size, image_size >= 128);
-    else if (strcmp(name, "airbench") == 0) airbench_build(m, AIRBENCH_WIDTHS);
-    else if (strcmp(name, "simplenet") == 0) simplenet_build(m, image_size);
-    else return -1;
-    return 0;
 }

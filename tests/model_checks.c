@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/netfile.h"
 #include "ops/sgd.h"
 #include "ops/softmax_xent.h"
 #include "tests/harness.h"
@@ -144,4 +145,31 @@ void check_fuse_checkpoint_variants(const char *net, ModelVariantRun run, const 
         model_train_eval_free(&got);
     }
     model_train_eval_free(&want);
+}
+
+void build_airbench(Model *m, int batch, int classes, int nhwc, const int widths[3]) {
+    const char *shipped = netfile_shipped("airbench");
+    size_t len = shipped ? strlen(shipped) : 0;
+    char *text = malloc(len + 64), err[512];
+    if (!shipped || !text) abort();
+    const char *from = shipped;
+    char *to = text;
+    for (int k = 0; k < 3; k++) {
+        char use[32];
+        snprintf(use, sizeof use, "blocks.%d = airblock ", k);
+        const char *at = strstr(from, use), *end = at ? strchr(at, '\n') : NULL;
+        if (!end) {
+            fprintf(stderr, "build_airbench: nets/airbench.net has no line '%s...'\n", use);
+            exit(1);
+        }
+        to += sprintf(to, "%.*s%s%d", (int)(at - from), from, use, widths[k]);
+        from = end;
+    }
+    strcpy(to, from);
+    NetShape shape = {batch, 32, classes, nhwc};
+    if (netfile_build(m, "nets/airbench.net", text, &shape, err, sizeof err) != 0) {
+        fprintf(stderr, "build_airbench: %s\n", err);
+        exit(1);
+    }
+    free(text);
 }

@@ -30,6 +30,10 @@ float model_train_step_cpu(Model *m, const float *input, const int32_t *labels, 
 /* Fitting one batch of random images (uniform in [-2, 2]) to labels i % classes, steps steps at lr: the loss must
  * fall below half its first. */
 void check_fits_batch(Model *m, const char *what, int steps, float lr, uint64_t *rng);
+/* airbench's shipped net (nets/airbench.net) at 32x32 with widths[k] in place of the recipe's width of block
+ * k (64, 256, 256): the file's text with its three "blocks.K = airblock W" lines rewritten. Ends the test
+ * program when the file has no such lines or does not build. */
+void build_airbench(Model *m, int batch, int classes, int nhwc, const int widths[3]);
 
 /* A model's training loss, gradients and evaluation logits on one input. */
 typedef struct {

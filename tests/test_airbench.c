@@ -1,4 +1,4 @@
-/* airbench's net (models/airbench.c): its shapes and parameter count at the
+/* airbench's net (nets/airbench.net): its shapes and parameter count at the
  * recipe's widths, the zoo refusing another image size, the blocks' identity
  * (Dirac) start, and, at small widths,
  * the gradient of all parameters against finite differences along random
@@ -91,8 +91,7 @@ static int kinked(Slopes s, Slopes half) {
  * the draw unusable. */
 static int check_gradients_at(uint64_t *rng) {
     Model m;
-    model_init(&m, BATCH, CLASSES, 0);
-    airbench_build(&m, (const int[3]){4, 6, 6});
+    build_airbench(&m, BATCH, CLASSES, 0, (const int[3]){4, 6, 6});
     for (int i = 0; i < m.n_layers; i++) m.layers[i].dirac = 0;
     model_finalize(&m, NULL, 3);
     ModelLoss loss = model_loss_random(&m, rng);
@@ -143,9 +142,8 @@ static void check_gradients(uint64_t *rng) {
  * unfused and under model.fuse (the GELU run by the whitening layer). */
 static void check_frozen_whitening(uint64_t *rng, int fuse) {
     Model m;
-    model_init(&m, BATCH, CLASSES, 0);
+    build_airbench(&m, BATCH, CLASSES, 0, (const int[3]){4, 6, 6});
     m.fuse = fuse;
-    airbench_build(&m, (const int[3]){4, 6, 6});
     model_finalize(&m, NULL, 5);
     int prefix = whitening_frozen_prefix(&m);
     CHECK(prefix == 2 && m.layers[prefix].kind == LAYER_CONV && m.layers[prefix - 1].kind == LAYER_GELU);
@@ -177,8 +175,7 @@ static void check_frozen_whitening(uint64_t *rng, int fuse) {
  * the centre of their own channel), the rest as PyTorch's default drew them. */
 static void check_dirac(void) {
     Model m;
-    model_init(&m, 2, CLASSES, 0);
-    airbench_build(&m, (const int[3]){8, 6, 6});
+    build_airbench(&m, 2, CLASSES, 0, (const int[3]){8, 6, 6});
     model_finalize(&m, NULL, 4);
     int convs = 0;
     for (int i = 1; i < m.n_layers; i++) {
@@ -206,10 +203,9 @@ static void check_dirac(void) {
  * runs the GELU after it, whose output shares the layer's storage. */
 static ModelTrainEval fuse_run(GpuContext *gpu, int nhwc, int fuse, const float *input, const float *r) {
     Model m;
-    model_init(&m, BATCH, CLASSES, nhwc);
+    build_airbench(&m, BATCH, CLASSES, nhwc, (const int[3]){4, 6, 6});
     m.fuse = fuse;
     m.conv_policy.deterministic = 1;
-    airbench_build(&m, (const int[3]){4, 6, 6});
     model_finalize(&m, gpu, 3);
     int fused = 0;
     for (int i = 0; i + 1 < m.n_layers; i++) {

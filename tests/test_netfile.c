@@ -1,14 +1,16 @@
-/* Net files (models/netfile.h): each shipped net against the C builder it was
- * written from (the same layers with their kinds, shapes and arguments,
- * blocks, parameter layout, tensor names, and params_crc after model_finalize
- * from the same seed); a net with adds by name and repeats; and every error of
- * the reader with its file:line text. CPU only. */
+/* Net files (models/netfile.h): each shipped net against the figures of the C
+ * builder it was written from (the same layers with their kinds, shapes and
+ * arguments, blocks, parameter layout, tensor names, and params_crc after
+ * model_finalize from the same seed); the nets no builder had against PyTorch's
+ * parameter counts, and a few CPU steps of each; a net with adds by name and
+ * repeats; and every error of the reader with its file:line text. CPU only. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "models/model.h"
+#include "tests/model_checks.h"
 #include "models/netfile.h"
 #include "models/tensors.h"
 #include "models/zoo.h"
@@ -28,67 +30,128 @@ static Model *new_model(void) {
     return m;
 }
 
-/* Layer i of a and b describe the same layer. */
-static int same_layer(const Layer *a, const Layer *b) {
-    return a->kind == b->kind && a->in == b->in && a->out == b->out && a->in2 == b->in2 && a->block == b->block &&
-           a->w_off == b->w_off && a->b_off == b->b_off && a->w_count == b->w_count && a->b_count == b->b_count &&
-           a->fan_in == b->fan_in && memcmp(&a->conv.shape, &b->conv.shape, sizeof a->conv.shape) == 0 &&
-           memcmp(&a->pool.shape, &b->pool.shape, sizeof a->pool.shape) == 0 &&
-           memcmp(&a->linear, &b->linear, sizeof a->linear) == 0 && a->scale == b->scale &&
-           a->stat_off == b->stat_off && a->whitening == b->whitening && a->dirac == b->dirac &&
-           strcmp(a->name, b->name) == 0 && strcmp(a->module, b->module) == 0;
-}
-
-static int same_act(const Activation *a, const Activation *b) {
-    return a->c == b->c && a->h == b->h && a->w == b->w && a->c_real == b->c_real &&
-           a->shares_with == b->shares_with && a->internal_to == b->internal_to;
-}
-
 static uint32_t params_crc(const Model *m) { return ckpt_crc32(0, m->params, m->n_params * sizeof(float)); }
 
-static void check_tensor_names(const Model *file, const Model *c, const char *what) {
+/* The tensors' names and sizes in order, "name count\n" each. */
+static uint32_t names_crc(const Model *m) {
     enum { MAX = 512 };
-    static ModelTensor a[MAX], b[MAX];
-    char err[256];
-    int na = model_tensors(file, a, MAX, err, sizeof err), nb = model_tensors(c, b, MAX, err, sizeof err);
-    CHECK_MSG(na == nb && na > 0 && na <= MAX, "%s: %d tensors from the file, %d from C", what, na, nb);
-    for (int i = 0; i < na && i < nb && i < MAX; i++)
-        CHECK_MSG(strcmp(a[i].name, b[i].name) == 0 && a[i].count == b[i].count, "%s: tensor %d: %s against %s",
-                  what, i, a[i].name, b[i].name);
+    static ModelTensor ts[MAX];
+    char err[256], line[96];
+    int n = model_tensors(m, ts, MAX, err, sizeof err);
+    CHECK_MSG(n > 0 && n <= MAX, "%d tensors: %s", n, n < 0 ? err : "");
+    uint32_t crc = 0;
+    for (int i = 0; i < n && i < MAX; i++) {
+        int len = snprintf(line, sizeof line, "%s %zu\n", ts[i].name, ts[i].count);
+        crc = ckpt_crc32(crc, line, (size_t)len);
+    }
+    return crc;
 }
 
-/* The shipped file of name against its C builder at image x image, in layout nhwc (finalized and its
- * params_crc compared in NCHW, the CPU's layout). */
-static void check_shipped(const char *name, int image, int nhwc, int batch) {
+/* What describes each layer (kind, inputs, output, block, parameter offsets and counts, fan-in, the conv's,
+ * pool's and linear's shapes, scale, statistics' offset, whitening, Dirac, module name) and each activation
+ * (its shape, real channels, the storage it shares, the block it is internal to), as integers. */
+static uint32_t layout_crc(const Model *m) {
+    uint32_t crc = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const Layer *l = &m->layers[i];
+        const Conv2dShape *c = &l->conv.shape;
+        const Pool2dShape *p = &l->pool.shape;
+        uint32_t scale_bits;
+        memcpy(&scale_bits, &l->scale, sizeof scale_bits);
+        long long v[] = {l->kind, l->in, l->out, l->in2, l->block, (long long)l->w_off, (long long)l->b_off,
+                         (long long)l->w_count, (long long)l->b_count, (long long)l->fan_in, c->n, c->c, c->h,
+                         c->w, c->k, c->r, c->s, c->pad, c->stride, c->groups, p->n, p->c, p->h, p->w, p->k,
+                         p->stride, p->pad, l->linear.n, l->linear.in, l->linear.out, scale_bits,
+                         (long long)l->stat_off, l->whitening, l->dirac};
+        crc = ckpt_crc32(crc, v, sizeof v);
+        crc = ckpt_crc32(crc, l->module, strlen(l->module) + 1);
+    }
+    for (int a = 0; a < m->n_acts; a++) {
+        const Activation *x = &m->acts[a];
+        int v[] = {x->c, x->h, x->w, x->c_real, x->shares_with, x->internal_to};
+        crc = ckpt_crc32(crc, v, sizeof v);
+    }
+    return crc;
+}
+
+/* Each shipped net as its C builder (models/simplenet.c, resnet.c and airbench.c, gone since) gave it, and
+ * the nets no builder had as their files first gave them: layers, activations, checkpoint blocks, parameters
+ * (model_param_count: under NHWC the input's channels padded to 8), names_crc and layout_crc above, and
+ * params_crc after model_finalize from seed 1234 (NCHW, the CPU's layout; 0: not finalized). */
+typedef struct {
+    const char *name;
+    int image, nhwc, batch;
+    int n_layers, n_acts, n_blocks;
+    size_t params;
+    uint32_t names_crc, layout_crc, params_crc;
+} ShippedFigures;
+
+static const ShippedFigures shipped[] = {
+    {"simplenet", 32, 0, 2, 12, 13, 3, 2473610, 0xcf2f1ffd, 0xcdab7996, 0x3dab2afc},
+    {"simplenet", 64, 1, 2, 12, 13, 3, 8767946, 0x0ce5897f, 0x5af6d112, 0},
+    {"airbench", 32, 0, 2, 26, 27, 0, 1972792, 0x86a3e378, 0xc18d41e2, 0x8c4299c1},
+    {"airbench", 32, 1, 2, 26, 27, 0, 1973272, 0x86a3e378, 0xf15c21bf, 0},
+    {"resnet18", 32, 0, 2, 67, 68, 8, 11173962, 0xad7eb4a4, 0xed2895f5, 0x94e7df0b},
+    {"resnet18", 128, 1, 1, 68, 69, 8, 11197322, 0x0ec40b15, 0x663bbc36, 0},
+    {"resnet34", 32, 0, 1, 123, 124, 16, 21282122, 0xf28ba617, 0xef378486, 0x3b03266b},
+    {"resnet50", 32, 1, 1, 173, 174, 16, 23523722, 0xb2b081b0, 0xe62c7728, 0},
+    {"resnet50", 224, 0, 1, 174, 175, 16, 23528522, 0x9d71c293, 0x6c8fa9c0, 0x6d47473e},
+    {"vgg", 32, 0, 2, 45, 46, 13, 14724042, 0x88b620ba, 0x7402da7b, 0x00da245c},
+    {"vgg", 64, 1, 1, 45, 46, 13, 14726922, 0x88b620ba, 0x7cb24e2f, 0},
+    {"mobilenetv2", 32, 0, 2, 151, 152, 17, 2236682, 0x0f08a11e, 0xba91e3d0, 0x7b144f99},
+    {"mobilenetv2", 16, 1, 1, 151, 152, 17, 2238122, 0x0f08a11e, 0x1b9c071f, 0},
+};
+
+static void check_shipped(const ShippedFigures *f) {
     char what[64], err[512];
-    snprintf(what, sizeof what, "%s at %d%s", name, image, nhwc ? " nhwc" : "");
-    Model *file = new_model(), *c = new_model();
-    int rc = model_build(file, name, batch, image, 10, nhwc, err, sizeof err);
+    snprintf(what, sizeof what, "%s at %d%s", f->name, f->image, f->nhwc ? " nhwc" : "");
+    Model *m = new_model();
+    int rc = model_build(m, f->name, f->batch, f->image, 10, f->nhwc, err, sizeof err);
     CHECK_MSG(rc == 0, "%s: %s", what, err);
-    CHECK(model_build_c(c, name, batch, image, 10, nhwc) == 0);
-    if (rc != 0) goto done;
-    CHECK_MSG(file->n_layers == c->n_layers && file->n_acts == c->n_acts && file->n_blocks == c->n_blocks,
-              "%s: %d layers, %d activations, %d blocks from the file; %d, %d, %d from C", what, file->n_layers,
-              file->n_acts, file->n_blocks, c->n_layers, c->n_acts, c->n_blocks);
-    for (int i = 0; i < file->n_layers && i < c->n_layers; i++)
-        CHECK_MSG(same_layer(&file->layers[i], &c->layers[i]), "%s: layer %d (%s '%s' against %s '%s') differs",
-                  what, i, file->layers[i].name, file->layers[i].module, c->layers[i].name, c->layers[i].module);
-    for (int i = 0; i < file->n_acts && i < c->n_acts; i++)
-        CHECK_MSG(same_act(&file->acts[i], &c->acts[i]), "%s: activation %d differs", what, i);
-    CHECK_MSG(file->n_params == c->n_params && model_param_count(file) == model_param_count(c) &&
-              file->n_bn_stats == c->n_bn_stats, "%s: %zu parameters from the file, %zu from C", what,
-              model_param_count(file), model_param_count(c));
-    check_tensor_names(file, c, what);
-    if (nhwc) goto done; /* the CPU runs NCHW only: the layout's shapes are compared, not finalized */
-    model_finalize(file, NULL, 1234);
-    model_finalize(c, NULL, 1234);
-    CHECK_MSG(params_crc(file) == params_crc(c), "%s: params_crc %08x from the file, %08x from C", what,
-              params_crc(file), params_crc(c));
-    model_destroy(file);
-    model_destroy(c);
-done:
-    free(file);
-    free(c);
+    if (rc != 0) return free(m);
+    CHECK_MSG(m->n_layers == f->n_layers && m->n_acts == f->n_acts && m->n_blocks == f->n_blocks,
+              "%s: %d layers, %d activations, %d blocks; the builder's %d, %d, %d", what, m->n_layers, m->n_acts,
+              m->n_blocks, f->n_layers, f->n_acts, f->n_blocks);
+    CHECK_MSG(model_param_count(m) == f->params, "%s: %zu parameters, the builder's %zu", what,
+              model_param_count(m), f->params);
+    CHECK_MSG(names_crc(m) == f->names_crc, "%s: names_crc %08x, the builder's %08x", what, names_crc(m),
+              f->names_crc);
+    CHECK_MSG(layout_crc(m) == f->layout_crc, "%s: layout_crc %08x, the builder's %08x", what, layout_crc(m),
+              f->layout_crc);
+    if (f->params_crc) {
+        model_finalize(m, NULL, 1234);
+        CHECK_MSG(params_crc(m) == f->params_crc, "%s: params_crc %08x, the builder's %08x", what, params_crc(m),
+                  f->params_crc);
+        model_destroy(m);
+    }
+    free(m);
+}
+
+/* A shipped net no C builder had: its parameter count at 32 px against PyTorch's (torchvision's layers,
+ * counted by hand in the comments at its check), its NHWC build, and a few CPU steps at a small image that
+ * fit one batch. */
+static void check_new_net(const char *name, size_t torch_params, int image, int steps, float lr, uint64_t *rng) {
+    char err[512];
+    Model *m = new_model();
+    CHECK_MSG(model_build(m, name, 2, 32, 10, 1, err, sizeof err) == 0, "%s nhwc: %s", name, err);
+    free(m);
+    m = new_model();
+    int rc = model_build(m, name, 2, 32, 10, 0, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s: %s", name, err);
+    if (rc != 0) return free(m);
+    CHECK_MSG(model_param_count(m) == torch_params, "%s: %zu parameters, PyTorch's %zu", name, model_param_count(m),
+              torch_params);
+    free(m);
+    m = new_model();
+    rc = model_build(m, name, 4, image, 10, 0, err, sizeof err);
+    CHECK_MSG(rc == 0, "%s at %d: %s", name, image, err);
+    if (rc != 0) return free(m);
+    model_finalize(m, NULL, 99);
+    char what[64];
+    snprintf(what, sizeof what, "%s at %d px", name, image);
+    check_fits_batch(m, what, steps, lr, rng);
+    model_destroy(m);
+    free(m);
 }
 
 /* Builds text as the file "t.net" (16x16 images, 10 classes); returns its error ("" when it built). */
@@ -339,15 +402,16 @@ static void check_checkpoint(void) {
 }
 
 int main(void) {
-    check_shipped("simplenet", 32, 0, 2);
-    check_shipped("simplenet", 64, 1, 2);
-    check_shipped("airbench", 32, 0, 2);
-    check_shipped("airbench", 32, 1, 2);
-    check_shipped("resnet18", 32, 0, 2);
-    check_shipped("resnet18", 128, 1, 1);
-    check_shipped("resnet34", 32, 0, 1);
-    check_shipped("resnet50", 32, 1, 1);
-    check_shipped("resnet50", 224, 0, 1);
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) check_shipped(&shipped[i]);
+    uint64_t rng = test_seed();
+    /* VGG-16-BN, convolutions without bias: 3x3 weights 3*64 + 64*64 + 64*128 + 128*128 + 128*256 + 2*256*256 +
+     * 256*512 + 5*512*512 = 1,634,496 filters of 9: 14,710,464; batch norms 2 * (2*64 + 2*128 + 3*256 + 6*512) =
+     * 8,448; fc 512*10 + 10 = 5,130. */
+    check_new_net("vgg", 14710464 + 8448 + 5130, 16, 12, 0.02f, &rng);
+    /* MobileNetV2 (torchvision's mobilenet_v2(num_classes=10): 2,236,682): stem 3*32*9 + 64; the 17 blocks of
+     * expand (c*6c, no expand in the first), depthwise 6c*9, project 6c*c', and their norms 2 * (6c + 6c + c'):
+     * 1,779,296 + 31,488; head 320*1280 + 2*1280; fc 1280*10 + 10. */
+    check_new_net("mobilenetv2", 864 + 64 + 1779296 + 31488 + 409600 + 2560 + 12810, 16, 30, 0.02f, &rng);
     check_errors();
     check_good_net();
     check_config();

@@ -15,6 +15,7 @@
 #include "ops/freeze_after.h"
 #include "ops/sgd.h"
 #include "tests/harness.h"
+#include "tests/model_checks.h"
 
 enum { K = 12 };
 
@@ -104,8 +105,7 @@ static void check_filters_whiten(uint64_t *rng) {
 static void check_model(uint64_t *rng) {
     enum { BATCH = 2, FROZEN_AFTER = 2 };
     Model m;
-    model_init(&m, BATCH, 10, 0);
-    airbench_build(&m, (const int[3]){4, 6, 6});
+    build_airbench(&m, BATCH, 10, 0, (const int[3]){4, 6, 6});
     m.bn_weight_fixed = 1;
     m.bn_bias_lr_scale = 64.0f;
     model_finalize(&m, NULL, 9);
@@ -149,8 +149,8 @@ static void check_model(uint64_t *rng) {
     model_destroy(&m);
 
     /* Without any of it, no lr_scale: SGD's plain path. */
-    model_init(&m, BATCH, 10, 0);
-    simplenet_build(&m, 32);
+    char err[256];
+    CHECK_MSG(model_build(&m, "simplenet", BATCH, 32, 10, 0, err, sizeof err) == 0, "%s", err);
     model_finalize(&m, NULL, 1);
     CHECK(m.lr_scale == NULL);
     model_destroy(&m);
@@ -162,8 +162,7 @@ static void check_model(uint64_t *rng) {
  * as Muon alone does. */
 static void check_muon_model(uint64_t *rng) {
     Model m;
-    model_init(&m, 2, 10, 0);
-    airbench_build(&m, (const int[3]){4, 6, 6});
+    build_airbench(&m, 2, 10, 0, (const int[3]){4, 6, 6});
     m.bn_weight_fixed = 1;
     m.head_lr_scale = 0.25f;
     m.muon = 1;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Loads a file trainc export wrote into the PyTorch model (torch_common.build_model:
-SimpleNet or the ResNets, same module names as torchvision's) with strict=True,
+"""Loads a file trainc export wrote into the PyTorch module of its net (tools/torch_net.py: built from the
+net's text in the file's __metadata__ "net", or for a file without it from the shipped net its "model"
+names; the same module names as trainc's tensors) with strict=True,
 runs CIFAR-10's test set and prints accuracy and the first logits; --onnx FILE
 also exports the loaded model with torch.onnx.export and, where onnxruntime is
 importable, compares its logits with PyTorch's; with --predict-json FILE (the
@@ -9,7 +10,7 @@ normalises) also onnxruntime's probabilities of each image's listed classes
 with predict's. Needs PyTorch (the GPU machine).
 
     tools/torch_load_safetensors.py model.safetensors [--data .data/cifar10-jpg] [--limit N] [--onnx m.onnx]
-        [--predict-json predict.jsonl ...]
+        [--predict-json predict.jsonl ...] [--trainc build/trainc]
 """
 import argparse
 import json
@@ -41,15 +42,17 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--predict-json", nargs="*", default=[],
                    help="outputs of trainc predict --json to compare (with --onnx)")
+    p.add_argument("--trainc", help="the trainc binary whose summary --json gives the net (tools/torch_net.py)")
     args = p.parse_args()
     try:
         import torch
         import torch_common as tc
+        import torch_net
     except ImportError as e:
         sys.exit(f"torch_load_safetensors: needs PyTorch ({e}); run it on the GPU machine")
     state, meta = read_safetensors(args.file, torch)
     size, classes = int(meta["image_size"]), int(meta["num_classes"])
-    model = tc.build_model(meta["model"], size, classes)
+    model = torch_net.build(meta["model"], size, classes, args.trainc, meta.get("net"))
     for key, v in model.state_dict().items():  # trainc writes no num_batches_tracked
         if key.endswith("num_batches_tracked") and key not in state:
             state[key] = torch.zeros_like(v)

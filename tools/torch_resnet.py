@@ -151,6 +151,14 @@ def base_summary(args, model):
     }
 
 
+def model_of(args):
+    """The net --model names: tools/torch_common.py's build_model, or args.make_model(args) where a caller set it
+    (tools/torch_net.py: any trainc net)."""
+    if getattr(args, "make_model", None):
+        return args.make_model(args)
+    return build_model(args.model, args.image_size, 10, args.stem, args.torchvision)
+
+
 def log(msg):
     print(f"torch_resnet: {msg}", file=sys.stderr, flush=True)
 
@@ -169,7 +177,7 @@ def train(args):
     xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
     data_bytes = sum(t.numel() * t.element_size() for t in (xtr, ytr, xte, yte))
     mf = memory_format(args.channels_last)
-    model = build_model(args.model, args.image_size, 10, args.stem, args.torchvision).to(dev).to(memory_format=mf)
+    model = model_of(args).to(dev).to(memory_format=mf)
     cmodel = compile_model(model, args.compile)
     amp_dtype, scaler = amp_setup(args.amp)
     opt = make_optimizer(model, args)
@@ -256,7 +264,7 @@ def step_bench(args):
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     mf = memory_format(args.channels_last)
-    model = build_model(args.model, args.image_size, 10, args.stem, args.torchvision).to(dev).to(memory_format=mf)
+    model = model_of(args).to(dev).to(memory_format=mf)
     model.train()
     cmodel = compile_model(model, args.compile)
     amp_dtype, scaler = amp_setup(args.amp)
@@ -370,13 +378,15 @@ def step_bench(args):
 # ---------------------------------------------------------------- main
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def make_parser(models=sorted(MODELS) + ["simplenet"], model_help=None, description=None):
+    """The options; models: --model's choices (None: any name, for tools/torch_net.py)."""
+    ap = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=["train", "step"], default="train")
     add_args(ap, {"data": "root/{train,test}/<class>/*.jpg (--mode train)"}, data=".data/cifar10-jpg")
-    ap.add_argument("--model", choices=sorted(MODELS) + ["simplenet"], default="resnet18",
-                    help="simplenet: tools/torch_common.py's, for --mode step (its lab recipe is torch_reference.py's)")
+    ap.add_argument("--model", choices=models, default="resnet18",
+                    help=model_help or "simplenet: tools/torch_common.py's, for --mode step (its lab recipe is "
+                                       "torch_reference.py's)")
     add_args(ap, image_size=32, stem="auto")
     ap.add_argument("--torchvision", action="store_true",
                     help="torchvision.models.<model>(weights=None) (ImageNet stem, torchvision's init)")
@@ -403,7 +413,14 @@ def main():
     add_args(ap, {"warmup_steps": "--mode step: untimed steps"}, warmup_steps=20)
     ap.add_argument("--steps", type=int, default=200, help="--mode step: timed steps")
     add_args(ap, seed=0, name=None)
+    return ap
+
+
+def main(ap=None, make_model=None):
+    """Runs --mode train or step; make_model(args): the module in place of build_model's (tools/torch_net.py)."""
+    ap = ap or make_parser()
     args = ap.parse_args()
+    args.make_model = make_model
     if args.name is None:
         args.name = f"torch_{args.model}_{args.mode}" + ("" if args.compile == "none" else f"_{args.compile}")
     if args.warmup_steps < 1:

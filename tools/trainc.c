@@ -8,7 +8,7 @@
  *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
  *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE] [--by-layer]
- *   trainc summary --config FILE [--set ...]
+ *   trainc summary --config FILE [--set ...] [--json]
  *   trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S] [--no-shuffle]
  *   trainc --version | --help
  *
@@ -99,9 +99,10 @@ static const Subcommand subcommands[] = {
      "--by-layer also times each op of an eager forward, by layer (needs a GPU)\n"},
     {"pack", "trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S]\n",
      "write an image folder's splits as WebDataset tar shards (data.source = shards)\n"},
-    {"summary", "trainc summary --config FILE [--set ...]\n",
+    {"summary", "trainc summary --config FILE [--set ...] [--json]\n",
      "the config's net, each layer with its output shape, parameters and FLOPs a\n"
-     "forward per image, and the totals (CPU, no data)\n"},
+     "forward per image, and the totals (CPU, no data); --json: one JSON line of\n"
+     "the layers, their inputs and arguments and the tensors (tools/torch_net.py)\n"},
 };
 #define N_SUBCOMMANDS ((int)(sizeof subcommands / sizeof subcommands[0]))
 
@@ -212,6 +213,7 @@ typedef struct {
     const char *checkpoint, *csv; /* eval's --checkpoint (also bench-infer's) and --csv; NULL: not given */
     const char *batches;          /* bench-infer's --batch; NULL: not given */
     int by_layer;                 /* bench-infer's --by-layer */
+    int json;                     /* summary's --json */
     Override *overrides;
     int n_overrides;
     int print_config, quiet, version, help;
@@ -248,7 +250,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"steps", required_argument, NULL, 'S'},   {"trace", required_argument, NULL, 'T'},
         {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
         {"batch", required_argument, NULL, 'B'},   {"by-layer", no_argument, NULL, 'L'},
-        {"graph", no_argument, NULL, 'G'},
+        {"graph", no_argument, NULL, 'G'},     {"json", no_argument, NULL, 'J'},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
@@ -273,6 +275,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'B': a->batches = optarg; break;
         case 'L': a->by_layer = 1; break;
         case 'G': a->graph = 1; break;
+        case 'J': a->json = 1; break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
@@ -454,6 +457,7 @@ int main(int argc, char **argv) {
         fail_usage("--checkpoint belongs to trainc eval and trainc bench-infer", NULL);
     if ((args.batches || args.by_layer) && !bench_infer)
         fail_usage("--batch and --by-layer belong to trainc bench-infer", NULL);
+    if (args.json && !summary) fail_usage("--json belongs to trainc summary (and trainc predict)", NULL);
     if (evaluating && !args.checkpoint) fail_usage("trainc eval needs --checkpoint FILE", NULL);
     if (evaluating && !args.config_path && !args.print_config)
         fail_usage("trainc eval needs --config FILE, the config the checkpoint was trained with: a checkpoint "
@@ -472,7 +476,7 @@ int main(int argc, char **argv) {
     } else if (bench_infer) {
         rc = bench_infer_main(cfg, args.batches, args.checkpoint, args.by_layer);
     } else if (summary) {
-        rc = summary_main(cfg);
+        rc = summary_main(cfg, args.json);
     } else if (subcommand) {
         rc = bench_loader_main(cfg);
     } else {

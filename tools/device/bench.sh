@@ -17,6 +17,8 @@
 #              resnet18-32         configs/resnet18.ini, batch 512, AMP    (torch_resnet.py --mode step)
 #              simplenet-224-fp32  configs/model.ini (fp32, no graph)      (no PyTorch run)
 #              resnet50-224        ResNet-50, ImageNet stem, synthetic     (torch_resnet.py --mode step)
+#              vgg-32              configs/vgg.ini, batch 512, AMP         (torch_net.py --mode step)
+#              mobilenetv2-32      configs/mobilenetv2.ini, batch 512, AMP (torch_net.py --mode step)
 #              ddp                 configs/ddp.ini (SimpleNet-224)         (torch_ddp.py)
 #            default: the first four (the step-alone figures compared before and after a change).
 #            With NP > 1 every run is under mpirun and the PyTorch side is tools/torch_ddp.py.
@@ -26,7 +28,8 @@
 #            SEEDS ("0 1"), EPOCHS (the config's), on each of GPUS ("1"; "1,2": the same
 #            global batch, ACC_BATCH or the config's train.batch, split over the GPUs); PyTorch beside:
 #            resnet18.ini on 1 GPU runs tools/torch_resnet.py --mode train with the same
-#            recipe, any other tools/torch_ddp.py --eval with the config's settings
+#            recipe, vgg.ini and mobilenetv2.ini (the same recipe) tools/torch_net.py --mode train,
+#            any other tools/torch_ddp.py --eval with the config's settings
 #   loader   epochs with the real loader: CONFIG (configs/ddp.ini), EPOCHS (3), evaluation off,
 #            WARM (10) untimed steps, on NP GPUs; trainc (and BASE's), torch_ddp.py --data
 #   scaling  weak scaling through tools/scaling.py on GPUS (default 1,2[,4], what is visible):
@@ -81,8 +84,8 @@
 #   TAG=name      scaling: appended to the experiments' names (two scaling runs in one $OUT)
 #   HOST_CPU=1    step: a second run of each trainc case with twice the timed steps; the host
 #                 CPU time per step is the difference of the two runs' CPU times over the extra steps
-#   COMPILE="default max-autotune"  step: the ResNet cases and simplenet-224 (tools/torch_resnet.py
-#                 --mode step --model simplenet) under torch.compile too;
+#   COMPILE="default max-autotune"  step: the ResNet, VGG and MobileNetV2 cases and simplenet-224
+#                 (tools/torch_resnet.py --mode step --model simplenet) under torch.compile too;
 #                 COMPILE_TIMEOUT=s (default 1500; a compile cut off goes on from its cache in the
 #                 next call on the same warm machine: prepare.sh); infer: the modes of its compile runs
 #                 (default max-autotune; none: no compile run), each run limited to COMPILE_TIMEOUT
@@ -98,7 +101,7 @@
 # each with NO_BUILD=1, CUDA_VISIBLE_DEVICES=k and its own OUT and LOGS.
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 
-ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 ddp"
+ALL_CASES="simplenet-32 simplenet-224 resnet18-32 simplenet-224-fp32 resnet50-224 vgg-32 mobilenetv2-32 ddp"
 ALL_PARTS="simplenet-resident resnet18-resident simplenet-loader resnet18-loader"
 ALL_INFER_CASES="resnet18-32 simplenet-224 resnet50-224"
 WHATS="lab step resnet acc loader scaling memory phases profile infer export stream"
@@ -268,6 +271,7 @@ sweep_tag() { [ -z "$1" ] && return; echo "_${1#--set }" | tr '=./' '-__'; }
 case_def() {
   local ref="python3 tools/torch_reference.py --no-sync --resident --amp fp16 --channels-last"
   local res="python3 tools/torch_resnet.py --mode step --amp fp16 --channels-last"
+  local net="python3 tools/torch_net.py --trainc build/trainc --mode step --amp fp16 --channels-last"
   local ddp="--data-on-gpu --amp fp16 --channels-last"
   TC=""
   case $1 in
@@ -291,6 +295,10 @@ case_def() {
 --set data.source=synthetic --set train.batch=256"; W=20 S=100
     T1="$res --model resnet50 --image-size 224 --batch 256 --warmup-steps 20 --steps 100"; TC=$T1
     TN="--model resnet50 --image-size 224 --batch 256 $ddp" ;;
+  vgg-32|mobilenetv2-32)
+    ARGS="--config configs/${1%-32}.ini --set train.batch=512"; W=50 S=600
+    T1="$net --model ${1%-32} --image-size 32 --batch 512 --warmup-steps 50 --steps 300"; TC=$T1
+    TN="" ;;
   ddp)
     ARGS="--config configs/ddp.ini"; W=20 S=200
     T1="$ref --image-size 224 --batch 256 --epochs 8 --warmup-steps 20 --max-steps 80"
@@ -336,7 +344,7 @@ bench_step() {
 }
 
 bench_acc() {
-  local cfg=${CONFIG:-configs/resnet18.ini} g epochs seed np who bin model targs
+  local cfg=${CONFIG:-configs/resnet18.ini} g epochs seed np who bin model targs script
   g=${ACC_BATCH:-$(cfgtool "$cfg" val train.batch)}
   [ -n "$g" ] || { echo "acc: no train.batch in $cfg"; return; }
   epochs=${EPOCHS:-$(cfgtool "$cfg" val run.epochs)}
@@ -352,10 +360,13 @@ bench_acc() {
           --set train.batch=$((g / np)) $SETS_ALL
       done
       [ "$TORCH" = 1 ] || continue
-      if [ "$(basename "$cfg")" = resnet18.ini ] && [ "$np" = 1 ]; then
-        # the recipe of configs/resnet18.ini (its optim.decay_bn_bias = off)
-        measure "acc_resnet18_np1_s${seed}_torch" "${ACC_LIMIT:-2400}" python3 tools/torch_resnet.py --mode train \
-          --data "$DATA" --model resnet18 --image-size 32 --epochs "$epochs" --batch "$g" --lr 0.2 --momentum 0.9 \
+      model=$(basename "$cfg" .ini)
+      if [[ " resnet18 vgg mobilenetv2 " == *" $model "* ]] && [ "$np" = 1 ]; then
+        # the recipe of configs/resnet18.ini (its optim.decay_bn_bias = off), which vgg.ini and mobilenetv2.ini
+        # share: their nets through tools/torch_net.py
+        script="tools/torch_resnet.py"; [ "$model" = resnet18 ] || script="tools/torch_net.py --trainc build/trainc"
+        measure "acc_${model}_np1_s${seed}_torch" "${ACC_LIMIT:-2400}" python3 $script --mode train \
+          --data "$DATA" --model "$model" --image-size 32 --epochs "$epochs" --batch "$g" --lr 0.2 --momentum 0.9 \
           --nesterov --weight-decay 5e-4 --no-decay-bn-bias --schedule cosine --warmup-epochs 2 \
           --label-smoothing 0 --flip --crop-pad 4 --amp fp16 --channels-last --seed "$seed" ${TORCH_ARGS:-}
       else

@@ -413,8 +413,9 @@ void checkpoint_weights_put(const CheckpointWeights *w, Model *m) {
 static int export_checkpoint(const char *ckpt_file, const char *out, char *err, size_t errlen) {
     CheckpointWeights w;
     if (checkpoint_weights_read(ckpt_file, &w, err, errlen) != 0) return -1;
-    int rc = write_safetensors(out, w.model, w.tensors, w.n_tensors, w.params, w.bn_stats, metadata_of(w.meta), err,
-                               errlen);
+    cJSON *metadata = metadata_of(w.meta);
+    if (w.net_text) json_add_string(metadata, "net", w.net_text); /* tools/torch_net.py builds the module from it */
+    int rc = write_safetensors(out, w.model, w.tensors, w.n_tensors, w.params, w.bn_stats, metadata, err, errlen);
     checkpoint_weights_free(&w);
     return rc;
 }

@@ -149,10 +149,13 @@ const CfgKeySpec trainc_keys[] = {
     {"data.resident", CFG_BOOL, "off", 0,
      "train on one batch kept on the device: the step's throughput without the input pipeline", 0},
 
-    {"model.name", CFG_ENUM, "simplenet", "simplenet|resnet18|resnet34|resnet50|airbench",
-     "the shipped net to train (nets/NAME.net, built into trainc; model.net: a file of your own); a ResNet takes the CIFAR stem (3x3 conv) below data.image_size 128 and the ImageNet "
-     "stem (7x7 stride 2, 3x3 max-pool) from 128 on; airbench: airbench94's net (2x2 whitening conv, three "
-     "conv-pool-BN-GELU blocks of 64, 256, 256, global max, scaled linear), data.image_size 32 only", 0},
+    {"model.name", CFG_STRING, "simplenet", 0,
+     "the shipped net to train, nets/NAME.net built into trainc (simplenet, resnet18, resnet34, resnet50, "
+     "airbench, vgg, mobilenetv2; docs/nets.md); model.net: a file of your own. A ResNet takes the CIFAR stem "
+     "(3x3 conv) below data.image_size 128 and the ImageNet stem (7x7 stride 2, 3x3 max-pool) from 128 on; "
+     "airbench: airbench94's net (2x2 whitening conv, three conv-pool-BN-GELU blocks of 64, 256, 256, global "
+     "max, scaled linear), data.image_size 32 only; vgg: VGG-16 with batch norm for CIFAR (one linear layer); "
+     "mobilenetv2: MobileNetV2 for CIFAR (ReLU for ReLU6)", 0},
     {"model.net", CFG_STRING, "", 0,
      "a net file to train (docs/nets.md), relative to the folder of the config that sets it; empty: model.name's "
      "shipped net (nets/NAME.net, built into trainc); of model.net and model.name the one set later names the net "

@@ -398,6 +398,9 @@ static void check_joined_keys(ConfigProblems *p, const TrainSettings *s) {
             "run.warmup_runs", "excludes run.resume, run.init_from and run.checkpoint_every (the counted runs start "
             "from run.seed's weights, and a warm-up run writes no checkpoint)");
     require(p, !s->model.net_and_name, "model.net", "and model.name both name the net: set one of them");
+    if (!s->model.net && !netfile_shipped(s->model.name))
+        config_problem(p, "model.name", "'%s' is not a shipped net (shipped: %s; model.net reads a file)",
+                       s->model.name, netfile_shipped_names());
     require(p, !s->data.on_device || !s->data.resident, "data.on_device",
             "and data.resident exclude each other (data.resident trains on one batch)");
     check_data_keys(p, s);

@@ -8,7 +8,7 @@
  *   - eval's refusals name --checkpoint, never run.resume;
  *   - trainc predict and trainc export work from it;
  *   - trainc bench-infer takes --checkpoint without --config, checks a config against it, and (here,
- *     without a GPU) stops at run.device; on a GPU it times the checkpoint's net;
+ *     without a GPU) stops at run.device; on a GPU it times the checkpoint's net; --help texts, --data;
  *   - an older checkpoint (no net section: rewritten without it) still evaluates, by meta's model name;
  *   - resuming with a net that differs in one layer's width names that tensor and both shapes. */
 #include <cJSON.h>
@@ -180,7 +180,6 @@ static void check_refusals_name_checkpoint(const char *ckpt, const char *data) {
     snprintf(args, sizeof args, "eval --checkpoint '%s/none.trc' --data '%s' --device cpu", dir, data);
     check_refused("eval of a missing checkpoint", args, (const char *[]){"--checkpoint", "none.trc", NULL},
                   "run.resume");
-    /* the data holds 3 classes; a checkpoint of 3 classes on a data set of 10 (CIFAR-like names) is refused */
     snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s/nowhere' --device cpu", ckpt, dir);
     check_refused("eval with a missing data path", args, (const char *[]){"data.path", "nowhere", NULL},
                   "run.resume");
@@ -231,6 +230,18 @@ static void check_bench_infer(const char *ckpt) {
                   NULL);
     check_refused("bench-infer with neither", "bench-infer --batch 1",
                   (const char *[]){"--checkpoint FILE or --config FILE", NULL}, NULL);
+}
+
+/* The subcommands' --help says what they need; --data is eval's alone. */
+static void check_command_line(void) {
+    int rc = trainc("eval --help");
+    CHECK_MSG(rc == 0 && strstr(output, "trainc eval --checkpoint FILE [--data PATH] [--config FILE]"),
+              "eval --help: %d:\n%s", rc, output);
+    rc = trainc("bench-infer --help");
+    CHECK_MSG(rc == 0 && strstr(output, "trainc bench-infer --checkpoint FILE | --config FILE"),
+              "bench-infer --help: %d:\n%s", rc, output);
+    check_refused("--data outside eval", "--config configs/cpu.ini --data x",
+                  (const char *[]){"--data belongs to trainc eval", NULL}, NULL);
 }
 
 /* The checkpoint rewritten without its net section, as trainc wrote them before it kept one. */
@@ -286,6 +297,7 @@ int main(void) {
     check_refusals_name_checkpoint(ckpt, data);
     check_predict_export(ckpt);
     check_bench_infer(ckpt);
+    check_command_line();
     check_resume_difference(ckpt, data);
 
     snprintf(shipped, sizeof shipped, "%s", train("ckptnet-simplenet", data, NULL, "simplenet", &old_acc));

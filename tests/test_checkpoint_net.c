@@ -65,7 +65,8 @@ static const char *train(const char *tag, const char *data, const char *net_text
     static char checkpoint[4200];
     const char *dir = test_tmpdir(tag);
     char ini[6000], net_path[1200], ini_path[1200];
-    if (net_text) snprintf(net_path, sizeof net_path, "%s", test_write_file(dir, "tiny.net", net_text, strlen(net_text)));
+    if (net_text)
+        snprintf(net_path, sizeof net_path, "%s", test_write_file(dir, "tiny.net", net_text, strlen(net_text)));
     snprintf(ini, sizeof ini,
              "[run]\ndevice = cpu\nepochs = 3\ncheckpoint_every = %d\nlog_every = 1000\ncheckpoint_dir = %s/ck\n"
              "seed = %llu\n[data]\nsource = image_folder\npath = %s\nimage_size = %d\nmean = 0.5,0.4,0.3\n"
@@ -159,10 +160,12 @@ static void check_eval_alone(const char *ckpt, const char *data, double test_acc
                   (const char *[]){"contra.ini:2: data.image_size = 32", "data.image_size = 24",
                                    "contra.ini:3: data.mean = 0.1,0.2,0.3", "data.mean = 0.5,0.4,0.3", ckpt, NULL},
                   "run.resume");
-    snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s' --device cpu --set model.num_classes=5", ckpt, data);
+    snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s' --device cpu --set model.num_classes=5", ckpt,
+             data);
     check_refused("eval --set model.num_classes=5", args,
                   (const char *[]){"--set: model.num_classes = 5", "model.num_classes = 3", NULL}, "run.resume");
-    snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s' --device cpu --set model.name=resnet18", ckpt, data);
+    snprintf(args, sizeof args, "eval --checkpoint '%s' --data '%s' --device cpu --set model.name=resnet18", ckpt,
+             data);
     check_refused("eval --set model.name=resnet18", args,
                   (const char *[]){"model.name = resnet18", "holds tiny", NULL}, "run.resume");
 }

@@ -169,7 +169,8 @@ static void apply_fixed(Config *cfg, const FixedKeys *f, const CheckpointNet *ne
         snprintf(assignment, sizeof assignment, "%s=%s", k->key, k->value);
         if (config_set_origin_msg(ckpt, assignment, origin, &err) != 0)
             TC_USER_ERROR("%s: corrupt checkpoint: %s", path, err);
-        int user_set = strcmp(config_origin(cfg, k->key), "default") != 0 && !(k->unset && holds_text(cfg, k->key, k->unset));
+        int user_set = strcmp(config_origin(cfg, k->key), "default") != 0 &&
+                       !(k->unset && holds_text(cfg, k->key, k->unset));
         if (user_set && !k->safe && !same_value(cfg, ckpt, k->key))
             config_problem(&problems, k->key, "the checkpoint %s holds %s = %s (eval and bench-infer take it from "
                            "the checkpoint: leave it out, or make it %s)", path, k->key, k->value, k->value);

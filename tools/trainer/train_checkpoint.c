@@ -348,7 +348,8 @@ static void check_fields(const Trainer *t, const char *path, const CkptModel *ha
         if (checks[i].out_of_range)
             TC_USER_ERROR("%s: %s: corrupt checkpoint: its field %s is out of range (model: dtype %lld, "
                           "nhwc %lld, %lld classes, accumulate %lld, %lld parameters; position: step %lld, epoch "
-                          "%lld, micro-batch %lld; loss scale %g)", resume_key(t), path, checks[i].field, (long long)dtype,
+                          "%lld, micro-batch %lld; loss scale %g)", resume_key(t), path, checks[i].field,
+                          (long long)dtype,
                           (long long)have->nhwc, (long long)have->num_classes, (long long)have->accumulate,
                           (long long)have->n_params, (long long)pos->step, (long long)pos->epoch,
                           (long long)pos->epoch_micro, (double)scaler->scale);
@@ -356,7 +357,8 @@ static void check_fields(const Trainer *t, const char *path, const CkptModel *ha
 
 static void shape_text(char *out, size_t n, const int *shape, int ndim) {
     size_t used = (size_t)snprintf(out, n, "[");
-    for (int d = 0; d < ndim && used < n; d++) used += (size_t)snprintf(out + used, n - used, d ? ",%d" : "%d", shape[d]);
+    for (int d = 0; d < ndim && used < n; d++)
+        used += (size_t)snprintf(out + used, n - used, d ? ",%d" : "%d", shape[d]);
     if (used < n) snprintf(out + used, n - used, "]");
 }
 
@@ -437,7 +439,8 @@ static void check_fits(const Trainer *t, CkptFile *f, const CkptModel *have, con
                  dtype_name(t->set.precision.amp), t->model.nhwc ? "nhwc" : "nchw");
     if (have->accumulate != want->accumulate && !t->weights_only)
         TC_USER_ERROR("%s: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
-                 "buffer holds k times its value)", resume_key(t), path, (long long)have->accumulate, t->set.memory.accumulate);
+                 "buffer holds k times its value)", resume_key(t), path, (long long)have->accumulate,
+                 t->set.memory.accumulate);
     if (!t->weights_only && (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
                              data->train_images != t->data.train.n || data->shuffle != t->set.data.shuffle))
         log_warn("%s: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "

@@ -674,7 +674,7 @@ int config_load_file_msg(Config *c, const char *path, char **err) {
 
 /* ---------------------------------------------------------------- --set */
 
-static int set_assignment(Config *c, char *assignment, const char *where, char **err) {
+static int set_assignment(Config *c, char *assignment, const char *origin, const char *where, char **err) {
     char *eq = strchr(assignment, '=');
     if (!eq) return fail(err, "%s: expected section.key=value", where);
     *eq = '\0';
@@ -692,15 +692,19 @@ static int set_assignment(Config *c, char *assignment, const char *where, char *
     if (!value_fits_in_file(value))
         return fail(err, "%s: %s: a value cannot hold a newline or a '#'/';' after whitespace "
                     "(config files read that as a comment)", where, c->schema[k].key);
-    return set_value(c, k, value, "--set", where, err);
+    return set_value(c, k, value, origin, where, err);
 }
 
 int config_set_msg(Config *c, const char *assignment, char **err) {
-    if (!c || !assignment) TC_FATAL("config_set: NULL %s", c ? "assignment" : "config");
+    return config_set_origin_msg(c, assignment, "--set", err);
+}
+
+int config_set_origin_msg(Config *c, const char *assignment, const char *origin, char **err) {
+    if (!c || !assignment || !origin) TC_FATAL("config_set: NULL %s", c ? "assignment or origin" : "config");
     if (err) *err = NULL;
-    char *where = format("--set %s", assignment);
+    char *where = strcmp(origin, "--set") == 0 ? format("--set %s", assignment) : format("%s: %s", origin, assignment);
     char *copy = xstrdup(assignment);
-    int rc = set_assignment(c, copy, where, err);
+    int rc = set_assignment(c, copy, origin, where, err);
     free(copy);
     free(where);
     return rc;

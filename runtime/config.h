@@ -51,6 +51,9 @@ int config_set(Config *c, const char *assignment, char *err, size_t errlen);
 /* As above, the message in *err (malloc'd, the caller frees it; NULL on success). */
 int config_load_file_msg(Config *c, const char *path, char **err);
 int config_set_msg(Config *c, const char *assignment, char **err);
+/* As config_set_msg, with where the value came from for later messages (config_origin): "--set" above,
+ * here e.g. "the checkpoint F". */
+int config_set_origin_msg(Config *c, const char *assignment, const char *origin, char **err);
 
 /* Typed getters. Booleans accept on/off, true/false, yes/no, 1/0. Asking for a
  * key that is not in the schema, or with the wrong type, is a programming

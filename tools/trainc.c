@@ -5,9 +5,9 @@
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
  *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json] [--graph]
  *   trainc export --checkpoint FILE --format safetensors --out FILE
- *   trainc eval --checkpoint FILE --config FILE [--set ...] [--device cpu|cuda] [--csv FILE]
+ *   trainc eval --checkpoint FILE [--data PATH] [--config FILE] [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
- *   trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE] [--by-layer]
+ *   trainc bench-infer --checkpoint FILE | --config FILE [--set ...] [--batch 1,32,256] [--by-layer]
  *   trainc summary --config FILE [--set ...] [--json]
  *   trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S] [--no-shuffle]
  *   trainc --version | --help
@@ -17,8 +17,9 @@
  * (tools/trainer/find_batch.c); profile times steps A..B op by op and prints
  * them by layer, a diagnosis and the memory split (tools/trainer/profile.c);
  * export writes a checkpoint's tensors under PyTorch's names (tools/trainer/export.c);
- * eval runs a checkpoint over the test split (tools/trainer/eval.c); predict
- * classifies image files with one, needing no config (tools/trainer/predict.c);
+ * eval runs a checkpoint over the test split, its net and input preparation
+ * the checkpoint's own (tools/trainer/eval.c); predict classifies image files
+ * with one, needing no config (tools/trainer/predict.c);
  * bench-infer times the inference path that eval and predict run (tools/trainer/bench_infer.c);
  * pack writes an image folder as WebDataset tar shards (tools/trainer/pack.c); summary prints the
  * config's net layer by layer (tools/trainer/summary.c).
@@ -79,10 +80,14 @@ static const Subcommand subcommands[] = {
      "Chrome trace-event JSON (Perfetto); --graph keeps the step in its CUDA graph\n"
      "(perf.cuda_graph on, GPU): CUPTI's kernels, the phases and the diagnosis,\n"
      "the FLOPs per step, no per-layer times\n"},
-    {"eval", "trainc eval --checkpoint FILE --config FILE [--set ...] [--device D] [--csv FILE]\n",
-     "load a checkpoint into the model the config builds and print its top-1 (and\n"
+    {"eval", "trainc eval --checkpoint FILE [--data PATH] [--config FILE] [--set ...] [--device D]\n"
+             "                   [--csv FILE]\n",
+     "rebuild the checkpoint's net from the checkpoint and print its top-1 (and\n"
      "top-5) accuracy, loss, per-class accuracy and confusion matrix on the test\n"
-     "split; --csv writes the last two as CSV\n"},
+     "split of --data (data.path; data.source is the checkpoint's); the image size,\n"
+     "classes, layout, precision and normalisation are the checkpoint's, and a\n"
+     "config that sets them otherwise is refused naming the key; --config and --set\n"
+     "may set the data, train.batch and the device; --csv writes the last two as CSV\n"},
     {"keys", "trainc keys        every config key as a Markdown table (docs/config-keys.md)\n", NULL},
     {"export", "trainc export --checkpoint FILE --format safetensors --out FILE\n",
      "a checkpoint's weights as safetensors with PyTorch's names (ONNX: through\n"
@@ -91,11 +96,12 @@ static const Subcommand subcommands[] = {
      "classify JPEG, PNG or BMP images with a checkpoint (no config: it holds the\n"
      "model, input preparation and class names); prints each image's top-K classes\n"
      "(default 5) with probabilities, JSON lines with --json\n"},
-    {"bench-infer", "trainc bench-infer --config FILE [--set ...] [--batch 1,32,256] [--checkpoint FILE]\n"
+    {"bench-infer", "trainc bench-infer --checkpoint FILE | --config FILE [--set ...] [--batch 1,32,256]\n"
                     "                          [--by-layer]\n",
      "images/s and latency (p50, p99) of the inference path eval and predict run\n"
      "(batch norm folded, fused epilogues, fp16 NHWC, a CUDA graph per batch size)\n"
-     "for each --batch size, with the checkpoint's weights or random ones;\n"
+     "for each --batch size: of the checkpoint's net (rebuilt from it; no config\n"
+     "needed) with its weights, or of the config's net with random ones;\n"
      "--by-layer also times each op of an eager forward, by layer (needs a GPU)\n"},
     {"pack", "trainc pack --from ROOT --to DIR [--split train,test] [--shard-mb N] [--seed S]\n",
      "write an image folder's splits as WebDataset tar shards (data.source = shards)\n"},
@@ -211,6 +217,7 @@ typedef struct {
     const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
     int graph;                 /* profile's --graph */
     const char *checkpoint, *csv; /* eval's --checkpoint (also bench-infer's) and --csv; NULL: not given */
+    int data;                     /* eval's --data given (an override of data.path) */
     const char *batches;          /* bench-infer's --batch; NULL: not given */
     int by_layer;                 /* bench-infer's --by-layer */
     int json;                     /* summary's --json */
@@ -251,6 +258,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
         {"batch", required_argument, NULL, 'B'},   {"by-layer", no_argument, NULL, 'L'},
         {"graph", no_argument, NULL, 'G'},     {"json", no_argument, NULL, 'J'},
+        {"data", required_argument, NULL, 'D'},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
@@ -276,6 +284,10 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'L': a->by_layer = 1; break;
         case 'G': a->graph = 1; break;
         case 'J': a->json = 1; break;
+        case 'D':
+            a->data = 1;
+            add_override(a, "--data", optarg, "data.path=");
+            break;
         case ':': fail_usage("missing value after", argv[optind - 1]); break;
         default: /* '?': unknown, or an abbreviation that fits two options */
             fail_usage(optopt ? "unknown option" : "unknown or ambiguous option", argv[optind - 1]);
@@ -453,22 +465,21 @@ int main(int argc, char **argv) {
     if ((args.steps || args.trace || args.graph) && !profiling)
         fail_usage("--steps, --trace and --graph belong to trainc profile", NULL);
     if (args.csv && !evaluating) fail_usage("--csv belongs to trainc eval", NULL);
+    if (args.data && !evaluating) fail_usage("--data belongs to trainc eval", NULL);
     if (args.checkpoint && !evaluating && !bench_infer)
         fail_usage("--checkpoint belongs to trainc eval and trainc bench-infer", NULL);
     if ((args.batches || args.by_layer) && !bench_infer)
         fail_usage("--batch and --by-layer belong to trainc bench-infer", NULL);
     if (args.json && !summary) fail_usage("--json belongs to trainc summary (and trainc predict)", NULL);
     if (evaluating && !args.checkpoint) fail_usage("trainc eval needs --checkpoint FILE", NULL);
-    if (evaluating && !args.config_path && !args.print_config)
-        fail_usage("trainc eval needs --config FILE, the config the checkpoint was trained with: a checkpoint "
-                   "does not yet hold its data set and input preparation", NULL);
     if (args.quiet) log_set_quiet(1);
     Config *cfg = load_config(&args);
     int rc = 0;
     if (args.print_config) {
         config_print(cfg, stdout);
-    } else if (!args.config_path) {
-        fail_usage("--config FILE is required", NULL);
+    } else if (!args.config_path && !evaluating && !(bench_infer && args.checkpoint)) {
+        fail_usage(bench_infer ? "trainc bench-infer needs --checkpoint FILE or --config FILE"
+                               : "--config FILE is required", NULL);
     } else if (profiling) {
         rc = profile_main(&args, cfg, &dist);
     } else if (evaluating) {

@@ -160,7 +160,7 @@ static void print_by_layer(InferNet *net) {
     free(t);
 }
 
-/* The net of the config, or of the checkpoint (which must be the same net). */
+/* The net of the config, or of the checkpoint (rebuilt from its net section; by meta's name when older). */
 typedef struct {
     Model *graph;
     float *params, *bn_stats;
@@ -244,6 +244,8 @@ static int compare_batch_down(const void *a, const void *b) {
 
 int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint, int by_layer) {
     TrainSettings s;
+    CheckpointNet net = {0};
+    if (checkpoint) checkpoint_config_apply(cfg, "--checkpoint", checkpoint, &net); /* a config beside it agrees */
     settings_read(cfg, 1, &s);
     int batches[BENCH_INFER_MAX_BATCHES];
     char err[256];
@@ -288,6 +290,7 @@ int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint
     }
     free(plans);
     free_weights(&w);
+    checkpoint_net_free(&net);
     gpu_context_destroy(&gpu);
     return 0;
 }

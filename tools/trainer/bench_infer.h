@@ -1,10 +1,13 @@
 /* trainc bench-infer: the inference path's throughput and latency (models/infer.h).
- * The config names the net, its input size and classes, the precision and
- * layout it was trained in (precision.amp, model.layout: inference runs in
- * the same), perf.cuda_graph and how convolutions are chosen (perf.*). The
- * weights are random ones of PyTorch's default initialisation, or with
- * --checkpoint the checkpoint's net and weights (its meta section names the
- * net; the config still gives the precision and perf.*).
+ * Without --checkpoint the config names the net, its input size and classes,
+ * the precision and layout it was trained in (precision.amp, model.layout:
+ * inference runs in the same), and the weights are random ones of PyTorch's
+ * default initialisation. With --checkpoint the net is rebuilt from the
+ * checkpoint (its net section; an older one's by its meta's model name) with
+ * its weights, its input size, classes and precision are the checkpoint's
+ * (checkpoint_config.h: a config that sets them otherwise is refused), and a
+ * config is optional. Either way the config gives perf.cuda_graph and how
+ * convolutions are chosen (perf.*).
  * For each batch size, on one net of that size:
  *   images/s   batch * R / the time of R forwards back to back (CUDA events,
  *              R filling about half a second);

@@ -14,17 +14,15 @@
 #include "tools/trainer/trainer.h"
 
 /* What an evaluation must not do as a run would: write checkpoints, metrics,
- * TensorBoard events, serve Prometheus; and it takes the whole optimizer
- * state on every rank. */
-static void set_eval_keys(Config *cfg, const char *checkpoint) {
+ * TensorBoard events, serve Prometheus, resume or load other weights; and it
+ * takes the whole optimizer state on every rank. */
+static void set_eval_keys(Config *cfg) {
     static const char *const keys[] = {"run.eval=on", "run.checkpoint_every=0", "run.metrics_file=",
-                                       "run.tensorboard_dir=", "monitor.prometheus_port=0",
-                                       "dist.shard_optimizer=off", "run.profile_steps="};
-    char *err = NULL, resume[4300];
+                                       "run.tensorboard_dir=", "monitor.prometheus_port=0", "run.resume=",
+                                       "run.init_from=", "dist.shard_optimizer=off", "run.profile_steps="};
+    char *err = NULL;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         if (config_set_msg(cfg, keys[i], &err) != 0) TC_FATAL("internal: %s", err);
-    snprintf(resume, sizeof resume, "run.resume=%s", checkpoint);
-    if (config_set_msg(cfg, resume, &err) != 0) TC_USER_ERROR("--checkpoint %s: %s", checkpoint, err);
 }
 
 /* The whole file is read and its checksums verified before anything is built. */
@@ -144,10 +142,14 @@ static void limit_training_split(Config *cfg, const Dist *dist) {
 void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     memset(r, 0, sizeof *r);
     check_checkpoint_file(checkpoint);
-    set_eval_keys(cfg, checkpoint);
+    CheckpointNet net;
+    checkpoint_config_apply(cfg, "--checkpoint", checkpoint, &net);
+    set_eval_keys(cfg);
     limit_training_split(cfg, dist);
     Trainer trainer = {0}, *t = &trainer;
     t->weights_only = 1;
+    t->weights_from = checkpoint;
+    t->weights_net = &net;
     TrainSummary opened;
     trainer_open(t, cfg, dist, &opened, now_seconds());
     if (t->data.test.n == 0)
@@ -165,6 +167,7 @@ void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r) {
     if (r->n != t->data.test.n)
         TC_FATAL("internal: the ranks evaluated %ld of %d test images", r->n, t->data.test.n);
     trainer_close(t);
+    checkpoint_net_free(&net);
 }
 
 void eval_report_free(EvalReport *r) {

@@ -1,6 +1,9 @@
-/* trainc eval: a checkpoint's accuracy on the test split. The model the config
- * describes is built and loaded through the resume path (so a checkpoint of
- * another model is refused as run.resume refuses it); the test loader's
+/* trainc eval: a checkpoint's accuracy on the test split. The net is rebuilt
+ * from the checkpoint (its net section; an older one's by meta's name), its
+ * input size, classes, layout and normalisation taken from it
+ * (checkpoint_config.h: a config beside it gives the data and may not
+ * contradict it), and its weights loaded through the resume path, whose
+ * refusals name --checkpoint; the test loader's
  * batches (the same as the end-of-epoch evaluation's) go through the
  * inference path the weights compile to (models/infer.h; on the GPU half
  * precision, whose accuracy stays within 0.1 point of the training path's).
@@ -27,10 +30,10 @@ typedef struct {
     char (*names)[64];     /* the test split's class names (the data set's), or NULL where it gives none */
 } EvalReport;
 
-/* Sets run.resume to checkpoint (and turns off what a run writes) in cfg, then
- * evaluates on every rank; every rank gets the whole report. Bad input (a
- * missing, corrupt or mismatched checkpoint, no test split) ends the process
- * with a message naming the file or key. */
+/* Sets in cfg what the checkpoint fixes (and turns off what a run writes),
+ * then evaluates on every rank; every rank gets the whole report. Bad input (a
+ * missing or corrupt checkpoint, a config contradicting it, no test split)
+ * ends the process with a message naming the file or key. */
 void eval_run(Config *cfg, Dist *dist, const char *checkpoint, EvalReport *r);
 /* top-1, top-5 (more than 5 classes), loss, per-class accuracy and the
  * confusion matrix (up to EVAL_MATRIX_TEXT_MAX classes) as text. */

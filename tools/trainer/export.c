@@ -96,6 +96,7 @@ char *export_meta_json(const Model *m, const char *model_name, const InputPrepar
     add_floats(o, "mean", prep->mean, 3);
     add_floats(o, "std", prep->std, 3);
     json_add_int(o, "eval_resize", prep->eval_resize);
+    if (prep->source) json_add_string(o, "data_source", prep->source);
     add_floats(o, "bn_eps", &m->bn_eps, 1);
     cJSON *names = cJSON_AddArrayToObject(o, "class_names");
     for (int k = 0; names && k < m->num_classes; k++) {
@@ -208,8 +209,7 @@ static int write_safetensors(const char *path, const Model *m, const ModelTensor
 
 /* ---- export from a checkpoint --------------------------------------------------- */
 
-/* A checkpoint's section as a NUL-terminated string (malloc'ed), or NULL. */
-static char *read_text_section(CkptFile *f, const char *name, char *err, size_t errlen) {
+char *checkpoint_text_section(CkptFile *f, const char *name, char *err, size_t errlen) {
     int64_t size = ckpt_section_size(f, name);
     if (size < 0) return NULL;
     char *text = malloc((size_t)size + 1);
@@ -222,9 +222,9 @@ static char *read_text_section(CkptFile *f, const char *name, char *err, size_t 
     return text;
 }
 
-static cJSON *parse_section(CkptFile *f, const char *name, char *err, size_t errlen) {
+cJSON *checkpoint_json_section(CkptFile *f, const char *name, char *err, size_t errlen) {
     err[0] = 0;
-    char *text = read_text_section(f, name, err, errlen);
+    char *text = checkpoint_text_section(f, name, err, errlen);
     if (!text && !err[0])
         snprintf(err, errlen, "%s predates named tensors (it has no \"%s\" section): resume from it with this "
                  "trainc and let it write a checkpoint, then use that one", ckpt_path(f), name);
@@ -349,15 +349,15 @@ int checkpoint_weights_read(const char *path, CheckpointWeights *w, char *err, s
     CkptFile *f = ckpt_open(path, err, errlen);
     if (!f) return -1;
     cJSON *table = NULL;
-    w->meta = parse_section(f, "meta", err, errlen);
+    w->meta = checkpoint_json_section(f, "meta", err, errlen);
     if (w->meta && ckpt_meta_check(w->meta, path, err, errlen) != 0) {
         cJSON_Delete(w->meta);
         w->meta = NULL;
     }
-    w->net_text = w->meta ? read_text_section(f, "net", err, errlen) : NULL; /* older checkpoints: by name */
+    w->net_text = w->meta ? checkpoint_text_section(f, "net", err, errlen) : NULL; /* older checkpoints: by name */
     if (w->meta) w->model = model_of_meta(w->meta, w->net_text, 1, -1, path, err, errlen);
     if (w->model) w->tensors = list_tensors(w->model, &w->n_tensors, err, errlen);
-    if (w->tensors) table = parse_section(f, "tensors", err, errlen);
+    if (w->tensors) table = checkpoint_json_section(f, "tensors", err, errlen);
     if (table && ckpt_tensors_check(table, w->n_tensors, path, err, errlen) != 0) {
         cJSON_Delete(table);
         table = NULL;

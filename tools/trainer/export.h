@@ -3,7 +3,8 @@
  * run.init_from (a safetensors file into the built model).
  *
  *   meta     JSON: {"model", "num_classes", "image_size", "in_channels",
- *            "layout", "mean": [3], "std": [3], "eval_resize", "bn_eps": [1], "class_names": [...]}
+ *            "layout", "mean": [3], "std": [3], "eval_resize", "bn_eps": [1], "class_names": [...],
+ *            "data_source" (data.source; absent before it was recorded)}
  *            (eval_resize: the shorter side an image is resized to before its centre
  *            crop of image_size; 0 or absent: the whole image resized to image_size)
  *   tensors  JSON: [{"name", "shape", "dtype": "F32", "section": "params" or
@@ -23,12 +24,14 @@
 #include "models/tensors.h"
 
 struct cJSON;
+struct CkptFile;
 
 /* How an image becomes the net's input, as the evaluation prepares it. */
 typedef struct {
     int image_size;
     int eval_resize;       /* 0: the whole image resized to image_size */
     float mean[3], std[3];
+    const char *source;    /* data.source it was trained on (meta's data_source); NULL: not recorded */
 } InputPreparation;
 
 /* The two sections' JSON text (malloc'ed) for a model whose input is
@@ -36,6 +39,13 @@ typedef struct {
 char *export_meta_json(const Model *m, const char *model_name, const InputPreparation *prep,
                        char *const *class_names, int n_names);
 char *export_tensors_json(const Model *m);
+
+/* A checkpoint's section as a NUL-terminated string (malloc'ed), or NULL: absent (err ""), or unreadable
+ * (err says why). */
+char *checkpoint_text_section(struct CkptFile *f, const char *name, char *err, size_t errlen);
+/* A section as JSON, or NULL with a message naming the file in err: absent (from a trainc before named
+ * tensors), unreadable, or not JSON. */
+struct cJSON *checkpoint_json_section(struct CkptFile *f, const char *name, char *err, size_t errlen);
 
 /* A checkpoint's meta section and weights, its tensor table checked against
  * the model its meta names (built at batch 1: shapes only, nothing allocated). */

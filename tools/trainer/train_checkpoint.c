@@ -27,17 +27,6 @@
  * The loader draws every order and augmentation from run.seed, the epoch and
  * the sample's index, so the position is all of the RNG state there is. */
 typedef struct {
-    char name[32];
-    int64_t n_params;
-    uint64_t shape_fingerprint;
-    int64_t act_dtype, nhwc, num_classes, accumulate;
-} CkptModel;
-
-typedef struct {
-    int64_t seed, batch, train_images, shuffle;
-} CkptData;
-
-typedef struct {
     char name[16];      /* optim.name */
     int64_t adam_steps; /* Adam's step count: the steps the loss scaler did not skip (0 for SGD) */
 } CkptOptim;
@@ -160,7 +149,8 @@ static int write_checkpoint(Trainer *t, const char *path, int epoch, long epoch_
     float *stats = stat_bytes ? malloc(stat_bytes) : NULL;
     if (stat_bytes && !stats) TC_FATAL("out of host memory: batch-norm statistics for the checkpoint");
     model_get_bn_stats(m, stats);
-    InputPreparation prep = {t->set.data.image_size, t->set.data.resized_crop ? t->set.data.eval_resize : 0, {0}, {0}};
+    InputPreparation prep = {t->set.data.image_size, t->set.data.resized_crop ? t->set.data.eval_resize : 0, {0}, {0},
+                             t->set.data.source};
     memcpy(prep.mean, t->set.data.mean, sizeof prep.mean);
     memcpy(prep.std, t->set.data.std, sizeof prep.std);
     char *meta = export_meta_json(m, t->set.model.name, &prep, t->data.train.class_names, t->data.train.num_classes);
@@ -242,6 +232,9 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     return 0;
 }
 
+/* What the checkpoint being loaded was named by, for the messages: eval's option, or a run's key. */
+static const char *resume_key(const Trainer *t) { return t->weights_from ? "--checkpoint" : "run.resume"; }
+
 /* run.resume = FILE: refused (ending the process) naming the file and what is wrong. */
 static CkptFile *open_resume_file(const char *resume) {
     char err[4400];
@@ -308,8 +301,14 @@ static CkptFile *open_resume_latest(const Trainer *t) {
     return f;
 }
 
-/* run.resume: a file, or "latest". Fails naming the file and what is wrong. */
+/* run.resume: a file, or "latest"; eval's --checkpoint a file. Fails naming the file and what is wrong. */
 CkptFile *open_resume(const Trainer *t, const char *resume) {
+    char err[4400];
+    if (t->weights_from) {
+        CkptFile *f = ckpt_open(resume, err, sizeof err);
+        if (!f) TC_USER_ERROR("--checkpoint: %s", err);
+        return f;
+    }
     return strcmp(resume, "latest") == 0 ? open_resume_latest(t) : open_resume_file(resume);
 }
 
@@ -330,7 +329,7 @@ void check_checkpoint_dir(const Trainer *t, long resume_step) {
 }
 
 /* Every enum, count and size the file holds, in range before any is used. */
-static void check_fields(const char *path, const CkptModel *have, const CkptPosition *pos,
+static void check_fields(const Trainer *t, const char *path, const CkptModel *have, const CkptPosition *pos,
                          const LossScalerState *scaler) {
     int64_t dtype = have->act_dtype;
     struct { int out_of_range; const char *field; } checks[] = {
@@ -347,35 +346,105 @@ static void check_fields(const char *path, const CkptModel *have, const CkptPosi
     };
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
         if (checks[i].out_of_range)
-            TC_USER_ERROR("run.resume: %s: corrupt checkpoint: its field %s is out of range (model: dtype %lld, "
+            TC_USER_ERROR("%s: %s: corrupt checkpoint: its field %s is out of range (model: dtype %lld, "
                           "nhwc %lld, %lld classes, accumulate %lld, %lld parameters; position: step %lld, epoch "
-                          "%lld, micro-batch %lld; loss scale %g)", path, checks[i].field, (long long)dtype,
+                          "%lld, micro-batch %lld; loss scale %g)", resume_key(t), path, checks[i].field,
+                          (long long)dtype,
                           (long long)have->nhwc, (long long)have->num_classes, (long long)have->accumulate,
                           (long long)have->n_params, (long long)pos->step, (long long)pos->epoch,
                           (long long)pos->epoch_micro, (double)scaler->scale);
 }
 
-/* A checkpoint of another net, precision, layout or accumulation is refused;
- * another data order only warned of. */
-static void check_fits(const Trainer *t, const char *path, const CkptModel *have, const CkptModel *want,
-                       const CkptData *data) {
-    if (strcmp(have->name, want->name) != 0 || have->n_params != want->n_params ||
-        have->shape_fingerprint != want->shape_fingerprint || have->num_classes != want->num_classes)
-        TC_USER_ERROR("run.resume: %s holds another model: %s with %lld parameters (layer shapes %016llx), this run "
-                 "builds %s with %lld (%016llx) (model.name, data.image_size and model.num_classes must match)",
-                 path, have->name, (long long)have->n_params, (unsigned long long)have->shape_fingerprint, want->name,
+static void shape_text(char *out, size_t n, const int *shape, int ndim) {
+    size_t used = (size_t)snprintf(out, n, "[");
+    for (int d = 0; d < ndim && used < n; d++)
+        used += (size_t)snprintf(out + used, n - used, d ? ",%d" : "%d", shape[d]);
+    if (used < n) snprintf(out + used, n - used, "]");
+}
+
+/* The first tensor of the checkpoint's table (its "tensors" section) whose name or shape is not the built
+ * model's, into out; 0 when none differs or the checkpoint has no table. */
+static int first_tensor_difference(CkptFile *f, const Model *m, char *out, size_t n) {
+    char err[4400];
+    cJSON *table = checkpoint_json_section(f, "tensors", err, sizeof err);
+    int count = model_tensors(m, NULL, 0, err, sizeof err), found = 0;
+    ModelTensor *ts = table && count > 0 ? malloc((size_t)count * sizeof *ts) : NULL;
+    if (ts && model_tensors(m, ts, count, err, sizeof err) == count) {
+        int have = cJSON_GetArraySize(table);
+        for (int i = 0; i < have && i < count && !found; i++) {
+            const cJSON *e = cJSON_GetArrayItem(table, i), *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+            const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "name"));
+            int dims[MODEL_TENSOR_MAX_DIMS], ndim = cJSON_GetArraySize(shape);
+            int same = name && strcmp(name, ts[i].name) == 0 && ndim == ts[i].ndim;
+            for (int d = 0; d < ndim && d < MODEL_TENSOR_MAX_DIMS; d++) {
+                const cJSON *v = cJSON_GetArrayItem(shape, d);
+                dims[d] = cJSON_IsNumber(v) ? v->valueint : -1;
+                same &= dims[d] == ts[i].shape[d];
+            }
+            if (same) continue;
+            char a[96], b[96];
+            shape_text(a, sizeof a, dims, ndim < MODEL_TENSOR_MAX_DIMS ? ndim : MODEL_TENSOR_MAX_DIMS);
+            shape_text(b, sizeof b, ts[i].shape, ts[i].ndim);
+            snprintf(out, n, "tensor %d is %.64s %s in it, %s %s in this run's net", i, name ? name : "(unnamed)", a,
+                     ts[i].name, b);
+            found = 1;
+        }
+        if (!found && have != count) {
+            snprintf(out, n, "it has %d tensors, this run's net %d (the first %d alike)", have, count,
+                     have < count ? have : count);
+            found = 1;
+        }
+    }
+    free(ts);
+    cJSON_Delete(table);
+    return found;
+}
+
+/* What makes the checkpoint's net another than this run's: the net's name, the class count, the image
+ * size (the meta's), the first tensor unlike, or else the layer shapes' fingerprints. */
+static void describe_difference(const Trainer *t, CkptFile *f, const CkptModel *have, const CkptModel *want,
+                                char *out, size_t n) {
+    char err[4400];
+    cJSON *meta = checkpoint_json_section(f, "meta", err, sizeof err);
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(meta, "image_size");
+    if (strcmp(have->name, want->name) != 0)
+        snprintf(out, n, "its net is %s, this run's %s (model.name or model.net)", have->name, want->name);
+    else if (have->num_classes != want->num_classes)
+        snprintf(out, n, "it has %lld classes, this run %lld (model.num_classes, or the data set's classes)",
+                 (long long)have->num_classes, (long long)want->num_classes);
+    else if (cJSON_IsNumber(size) && size->valueint != t->set.data.image_size)
+        snprintf(out, n, "its images are %dx%d, this run's %dx%d (data.image_size)", size->valueint, size->valueint,
+                 t->set.data.image_size, t->set.data.image_size);
+    else if (!first_tensor_difference(f, &t->model, out, n))
+        snprintf(out, n, "%lld parameters (layer shapes %016llx), this run's %s %lld (%016llx)",
+                 (long long)have->n_params, (unsigned long long)have->shape_fingerprint, want->name,
                  (long long)want->n_params, (unsigned long long)want->shape_fingerprint);
-    if (have->act_dtype != want->act_dtype || have->nhwc != want->nhwc)
-        TC_USER_ERROR("run.resume: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
-                 "and %s", path, dtype_name((DType)have->act_dtype), have->nhwc ? "nhwc" : "nchw",
+    cJSON_Delete(meta);
+}
+
+/* A checkpoint of another net, layout or accumulation is refused (eval: of another net or layout; it reads
+ * the weights alone, in fp32); another data order only warned of. */
+static void check_fits(const Trainer *t, CkptFile *f, const CkptModel *have, const CkptModel *want,
+                       const CkptData *data) {
+    const char *path = ckpt_path(f);
+    if (strcmp(have->name, want->name) != 0 || have->n_params != want->n_params ||
+        have->shape_fingerprint != want->shape_fingerprint || have->num_classes != want->num_classes) {
+        char why[1024];
+        describe_difference(t, f, have, want, why, sizeof why);
+        TC_USER_ERROR("%s: %s holds another model than this run builds: %s", resume_key(t), path, why);
+    }
+    if ((have->act_dtype != want->act_dtype && !t->weights_only) || have->nhwc != want->nhwc)
+        TC_USER_ERROR("%s: %s was written with precision.amp = %s and model.layout = %s; this run has %s "
+                 "and %s", resume_key(t), path, dtype_name((DType)have->act_dtype), have->nhwc ? "nhwc" : "nchw",
                  dtype_name(t->set.precision.amp), t->model.nhwc ? "nhwc" : "nchw");
-    if (have->accumulate != want->accumulate)
-        TC_USER_ERROR("run.resume: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
-                 "buffer holds k times its value)", path, (long long)have->accumulate, t->set.memory.accumulate);
+    if (have->accumulate != want->accumulate && !t->weights_only)
+        TC_USER_ERROR("%s: %s was written with memory.accumulate = %lld, this run has %d (the momentum "
+                 "buffer holds k times its value)", resume_key(t), path, (long long)have->accumulate,
+                 t->set.memory.accumulate);
     if (!t->weights_only && (data->seed != (int64_t)t->set.run.seed || data->batch != t->set.train.batch ||
                              data->train_images != t->data.train.n || data->shuffle != t->set.data.shuffle))
-        log_warn("run.resume: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
-                 "data.shuffle = %s; the data order from here on differs from that run's", path,
+        log_warn("%s: %s was written with run.seed = %lld, train.batch = %lld, %lld training images, "
+                 "data.shuffle = %s; the data order from here on differs from that run's", resume_key(t), path,
                  (long long)data->seed, (long long)data->batch, (long long)data->train_images,
                  data->shuffle ? "on" : "off");
 }
@@ -389,7 +458,7 @@ static void read_params_section(Trainer *t, CkptFile *f, const char *name, int p
     float *read = packed ? malloc(count * sizeof(float)) : host;
     if (!read) TC_FATAL("out of host memory: %zu parameters from %s", count, ckpt_path(f));
     if (ckpt_read_section(f, name, read, count * sizeof(float), err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
+        TC_USER_ERROR("%s: %s", resume_key(t), err);
     if (packed) {
         model_unpack_params(m, read, host);
         free(read);
@@ -413,9 +482,9 @@ static void load_weights(Trainer *t, CkptFile *f, const char *path, int packed) 
         float *stats = malloc(stat_bytes);
         if (!stats) TC_FATAL("out of host memory: batch-norm statistics from %s", path);
         if (ckpt_read_section(f, "bn_stats", stats, stat_bytes, err, sizeof err) != 0)
-            TC_USER_ERROR("run.resume: %s", err);
+            TC_USER_ERROR("%s: %s", resume_key(t), err);
         if (model_weights_check_finite(&t->model, NULL, stats, path, err, sizeof err) != 0)
-            TC_USER_ERROR("run.resume: %s", err);
+            TC_USER_ERROR("%s: %s", resume_key(t), err);
         model_set_bn_stats(&t->model, stats);
         free(stats);
     }
@@ -431,21 +500,21 @@ static void load_optimizer(Trainer *t, CkptFile *f, const char *path, int packed
     const char *want = settings_optim_name(t->set.optim.name);
     if (ckpt_section_size(f, "optimizer") < 0) {
         if (t->model.adam)
-            TC_USER_ERROR("run.resume: %s was written by SGD or Muon (before checkpoints named their optimizer), "
+            TC_USER_ERROR("%s: %s was written by SGD or Muon (before checkpoints named their optimizer), "
                           "this run has optim.name = %s: resume with the checkpoint's optimizer, or start from its "
-                          "weights alone with trainc export and run.init_from", path, want);
+                          "weights alone with trainc export and run.init_from", resume_key(t), path, want);
         return;
     }
     if (ckpt_read_section(f, "optimizer", &optim, sizeof optim, err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
+        TC_USER_ERROR("%s: %s", resume_key(t), err);
     optim.name[sizeof optim.name - 1] = 0;
     if (strcmp(optim.name, want) != 0)
-        TC_USER_ERROR("run.resume: %s was written with optim.name = %s, this run has optim.name = %s (the optimizer's "
+        TC_USER_ERROR("%s: %s was written with optim.name = %s, this run has optim.name = %s (the optimizer's "
                       "state does not carry over): resume with optim.name = %s, or start from its weights alone "
-                      "with trainc export and run.init_from", path, optim.name, want, optim.name);
+                      "with trainc export and run.init_from", resume_key(t), path, optim.name, want, optim.name);
     if (!t->model.adam) return;
     if (optim.adam_steps < 0)
-        TC_USER_ERROR("run.resume: %s: corrupt Adam step count %lld", path, (long long)optim.adam_steps);
+        TC_USER_ERROR("%s: %s: corrupt Adam step count %lld", resume_key(t), path, (long long)optim.adam_steps);
     float *host = malloc(t->model.n_params * sizeof(float));
     if (!host) TC_FATAL("out of host memory: %zu parameters from %s", t->model.n_params, path);
     read_params_section(t, f, "second_moment", packed, host);
@@ -466,13 +535,13 @@ CkptPosition load_checkpoint(Trainer *t, CkptFile *f) {
         ckpt_read_section(f, "position", &pos, sizeof pos, err, sizeof err) != 0 ||
         ckpt_read_section(f, "data", &data, sizeof data, err, sizeof err) != 0 ||
         ckpt_read_section(f, "loss_scaler", &scaler, sizeof scaler, err, sizeof err) != 0)
-        TC_USER_ERROR("run.resume: %s", err);
+        TC_USER_ERROR("%s: %s", resume_key(t), err);
     have.name[sizeof have.name - 1] = 0;
-    check_fields(path, &have, &pos, &scaler);
+    check_fields(t, path, &have, &pos, &scaler);
     /* Written before the layers' parameters were aligned: the same parameters, packed. */
     int packed = have.n_params != want.n_params && have.n_params == (int64_t)model_param_count(&t->model);
     if (packed) have.n_params = want.n_params;
-    check_fits(t, path, &have, &want, &data);
+    check_fits(t, f, &have, &want, &data);
     load_weights(t, f, path, packed);
     if (!t->weights_only) load_optimizer(t, f, path, packed);
     if (t->set.precision.amp == DTYPE_F32 && scaler.scale != 1) scaler.scale = 1; /* defensive: fp32 never scales */

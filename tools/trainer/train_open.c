@@ -4,6 +4,7 @@
 
 #include "data/decode.h"
 #include "dist/placement.h"
+#include "models/netfile.h"
 #include "models/whiten.h"
 #include "runtime/files.h"
 #include "tools/trainer/export.h"
@@ -408,6 +409,10 @@ static void open_settings(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     t->ddp.dist = dist;
     memset(out, 0, sizeof *out);
     settings_read(cfg, dist->world, &t->set);
+    if (t->weights_net && t->weights_net->net_text) { /* the checkpoint's own net, by the name it was trained as */
+        t->set.model.name = t->weights_net->name;
+        t->set.model.net = NULL;
+    }
     if (t->set.run.profile_first && !t->set.run.use_gpu)
         log_warn("run.profile_steps: the CPU path has no CUDA profiler range; ignored");
     if (dist->rank == 0) prometheus_start(t);
@@ -450,7 +455,13 @@ static void build_model(Trainer *t) {
     const TrainSettings *s = &t->set;
     Model *m = &t->model;
     char err[512];
-    if (settings_build_net(s, m, s->train.batch, s->model.nhwc, &t->net_text, err, sizeof err) != 0)
+    if (t->weights_net && t->weights_net->net_text) {
+        NetShape shape = {s->train.batch, s->data.image_size, s->model.num_classes, s->model.nhwc};
+        char label[4300];
+        snprintf(label, sizeof label, "%s (its net)", t->weights_from);
+        if (netfile_build(m, label, t->weights_net->net_text, &shape, err, sizeof err) != 0)
+            TC_USER_ERROR("--checkpoint %s: its net cannot be built: %s", t->weights_from, err);
+    } else if (settings_build_net(s, m, s->train.batch, s->model.nhwc, &t->net_text, err, sizeof err) != 0)
         tc_fatal(NULL, 0, "%s (%s from %s, data.image_size from %s)", err, s->model.net ? "model.net" : "model.name",
                  settings_origin(s, s->model.net ? "model.net" : "model.name"), settings_origin(s, "data.image_size"));
     m->conv_policy.workspace_limit = s->perf.conv_workspace_bytes;
@@ -676,7 +687,8 @@ CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummar
     open_settings(t, cfg, dist, out);
     if (t->set.checkpoint.every || strcmp(t->set.run.resume, "latest") == 0) lock_checkpoint_dir(t, 1);
     /* run.resume: the file is checked end to end before anything is loaded. */
-    CkptFile *resume = t->set.run.resume[0] ? open_resume(t, t->set.run.resume) : NULL;
+    const char *resume_from = t->weights_from ? t->weights_from : t->set.run.resume;
+    CkptFile *resume = resume_from[0] ? open_resume(t, resume_from) : NULL;
     if (!resume && strcmp(config_origin(cfg, "run.resume"), "default") != 0)
         log_warn("run.resume is empty (%s): training from scratch, not resuming", config_origin(cfg, "run.resume"));
     open_summary(t, out);

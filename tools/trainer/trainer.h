@@ -49,6 +49,7 @@
 #include "runtime/log.h"
 #include "runtime/prometheus.h"
 #include "runtime/tensorboard.h"
+#include "tools/trainer/checkpoint_config.h"
 #include "tools/trainer/settings.h"
 #include "tools/trainer/train.h"
 
@@ -229,7 +230,22 @@ typedef struct {
     long first_step;          /* 0, or the step a resumed run starts from */
     const TrainObserver *observer; /* NULL: none (train_run_observed) */
     int weights_only;         /* opened for its weights alone (trainc eval): run.resume's data order is no concern */
+    const char *weights_from; /* trainc eval's --checkpoint (not run.resume): its refusals name that option */
+    const CheckpointNet *weights_net; /* its net (the model is built from its text; none: by model.name) */
 } Trainer;
+
+/* A checkpoint's "model" section: which net, so another one is refused (train_checkpoint.c). */
+typedef struct {
+    char name[32];
+    int64_t n_params;
+    uint64_t shape_fingerprint;
+    int64_t act_dtype, nhwc, num_classes, accumulate;
+} CkptModel;
+
+/* Its "data" section: what the data order was made from. */
+typedef struct {
+    int64_t seed, batch, train_images, shuffle;
+} CkptData;
 
 /* Where in the data order a checkpoint's next step starts. */
 typedef struct {

@@ -16,8 +16,8 @@
  * TensorBoard events, serve Prometheus; and it takes the whole optimizer
  * state on every rank. */
 static void set_eval_keys(Config *cfg, const char *checkpoint) {
-    static const char *const keys[] = {"run.eval=on", "run.checkpoint_every=0", "run.metrics_file=",
-                                       "run.tensorboard_dir=", "monitor.prometheus_port=0",
+    static const char *const keys[] = {"run.eval=on", "run.checkpoint_every=0", "run.save_final=off",
+                                       "run.metrics_file=", "run.tensorboard_dir=", "monitor.prometheus_port=0",
                                        "dist.shard_optimizer=off", "run.profile_steps="};
     char *err = NULL, resume[4300];
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)

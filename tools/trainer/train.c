@@ -7,6 +7,7 @@
  * (train.sync_after_step, train.read_loss_every, data.async_copy = off): those
  * are the lab's baseline habits, kept so that their cost can be measured. */
 #include "tools/trainer/trainer.h"
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include "runtime/json_out.h"
@@ -119,6 +120,7 @@ static void log_phases(const Trainer *t, const TrainSummary *s) {
  * changes the weights. */
 static struct {
     Trainer *t;
+    pthread_t trainer_thread; /* an error on another (a decoder's) comes while the step runs on */
     int valid, epoch;
     long epoch_micro;
 } last_safe;
@@ -141,6 +143,11 @@ static void save_on_fatal(void) {
         fprintf(stderr, "trainc: the last checkpoint, of step %ld, is %s\n", t->step, t->ckpt.path);
         return;
     }
+    if (!pthread_equal(pthread_self(), last_safe.trainer_thread)) {
+        fprintf(stderr, "trainc: no last checkpoint: the error came on a data thread while step %ld ran (the last "
+                "written: %s)\n", t->step + 1, t->ckpt.path[0] ? t->ckpt.path : "none");
+        return;
+    }
     if (!last_safe.valid) {
         fprintf(stderr, "trainc: no last checkpoint: the error came inside step %ld's optimizer step (the last "
                 "written: %s)\n", t->step + 1, t->ckpt.path[0] ? t->ckpt.path : "none");
@@ -160,6 +167,7 @@ static void watch_fatal(Trainer *t) {
     if (!registered) tc_on_fatal(save_on_fatal);
     registered = 1;
     last_safe.t = t;
+    last_safe.trainer_thread = pthread_self();
     last_safe.valid = 0;
 }
 

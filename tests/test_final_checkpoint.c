@@ -3,8 +3,9 @@
  * and run.keep_checkpoints keeps it; the same command run again puts its
  * model beside the first's; a checkpoint folder that cannot be written stops
  * the run before it trains; a fatal error (run.metrics_file on a full disk, a
- * file that cannot be decoded) writes a last checkpoint first; SIGTERM while the images are decoded ends
- * trainc within a fraction of the decode's time, writing no checkpoint. */
+ * file that cannot be decoded) writes a last checkpoint first; SIGTERM while
+ * the images are decoded ends trainc within a fraction of the decode's time,
+ * writing no checkpoint. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>

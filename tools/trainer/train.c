@@ -384,6 +384,7 @@ static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
                 "last one written: %s\n", t->ckpt.failed, t->ckpt.failed > 1 ? "s" : "",
                 t->ckpt.failed > 1 ? "were" : "was", t->ckpt.path[0] ? t->ckpt.path : "none");
     }
+    out->checkpoints_failed = t->ckpt.failed;
     _Static_assert(sizeof out->checkpoint == sizeof t->ckpt.path, "checkpoint path sizes");
     memcpy(out->checkpoint, t->ckpt.path, sizeof out->checkpoint);
 }
@@ -585,6 +586,7 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_add_bool(o, "stopped", s->stopped);
     json_add_int(o, "params_crc", s->params_crc);
     json_add_string(o, "checkpoint", s->checkpoint);
+    json_add_int(o, "checkpoints_failed", s->checkpoints_failed);
     json_add_int(o, "peak_mem_bytes", (long long)s->peak_mem_bytes);
     json_add_int(o, "host_peak_rss_bytes", (long long)s->host_peak_rss_bytes);
     json_add_int(o, "skipped_files", s->skipped_files);

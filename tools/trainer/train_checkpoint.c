@@ -386,9 +386,11 @@ CkptFile *open_resume(const Trainer *t, const char *resume) {
 }
 
 /* A fresh run writing checkpoints must not mix them with another run's, and a
- * resumed one must not write over checkpoints newer than its start. */
+ * resumed one must not write over checkpoints newer than its start. Rank 0
+ * writes them, into the folder it chose (choose_final_dir). */
 void check_checkpoint_dir(const Trainer *t, long resume_step) {
     long *steps;
+    if (t->ddp.dist->rank != 0) return;
     remove_stale_temporaries(t);
     int n = list_checkpoints(t->set.checkpoint.dir, &steps);
     if (n > 0 && resume_step < 0)

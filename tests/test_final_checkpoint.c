@@ -239,14 +239,24 @@ static void check_fatal_saves(void) {
 
 /* ---- SIGTERM while the images are decoded --------------------------------------- */
 
-/* root/{train,test}/{a,b}/: n training images, hard links to one 32x32 JPEG
- * (each is decoded: only the disk is spared). */
-static void make_image_set(const char *root, int n) {
+/* A file of the 32x32 JPEG for each LINKS_A_FILE links to it (ext4 allows
+ * 65000 a file): path names it, *left counts down the links it still takes. */
+#define LINKS_A_FILE 20000
+static void next_source(const char *root, char *path, size_t n, int *left) {
+    static int made;
     uint8_t hwc[32 * 32 * 3];
     for (size_t i = 0; i < sizeof hwc; i++) hwc[i] = (uint8_t)(i * 7 + i / 96);
-    char path[1024], link_path[1100];
-    snprintf(path, sizeof path, "%s/one.jpg", root);
+    snprintf(path, n, "%s/source-%d.jpg", root, made++);
     CHECK(stbi_write_jpg(path, 32, 32, 3, hwc, 90));
+    *left = LINKS_A_FILE;
+}
+
+/* root/{train,test}/{a,b}/: n training images, hard links to 32x32 JPEGs
+ * (each is decoded: only the disk is spared). */
+static void make_image_set(const char *root, int n) {
+    char path[1024], link_path[1100];
+    int left;
+    next_source(root, path, sizeof path, &left);
     const char *splits[2] = {"train", "test"}, *classes[2] = {"a", "b"};
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < 2; k++) {
@@ -255,7 +265,8 @@ static void make_image_set(const char *root, int n) {
             snprintf(link_path, sizeof link_path, "%s/%s/%s", root, splits[s], classes[k]);
             mkdir(link_path, 0755);
             int count = s == 0 ? n / 2 : 2, linked = 0;
-            for (int i = 0; i < count; i++) {
+            for (int i = 0; i < count; i++, left--) {
+                if (left == 0) next_source(root, path, sizeof path, &left);
                 snprintf(link_path, sizeof link_path, "%s/%s/%s/%06d.jpg", root, splits[s], classes[k], i);
                 linked += link(path, link_path) == 0;
             }
@@ -291,7 +302,7 @@ static void check_sigterm_in_decode(void) {
         snprintf(root, sizeof root, "%s", test_tmpdir("decode-set"));
         make_image_set(root, n);
         decode_s = decode_seconds(root);
-        if (decode_s >= 1.5 || n >= 256000) break;
+        if (decode_s >= 1.5 || n >= 128000) break;
     }
     printf("the decode of %d images takes %.2f s\n", n, decode_s);
     snprintf(ckdir, sizeof ckdir, "%s", test_tmpdir("decode-ckpt"));

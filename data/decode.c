@@ -5,6 +5,7 @@
 #include "data/decode.h"
 
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <jpeglib.h>
 #include <jerror.h>
 #include <stb_image.h>
+#include <zlib.h>
 
 #include "data/dataset.h"
 #include "runtime/check.h"
@@ -130,11 +132,77 @@ static int check_bmp_complete(const char *name, const uint8_t *buf, size_t len, 
     return 0;
 }
 
-/* stb_image grows its PNG data buffer to each chunk's claimed length before
- * reading it, so one corrupt length asks for gigabytes: every chunk up to
- * IEND must fit in the file. */
+/* The bytes of the filtered rows a PNG's header declares (each row one filter
+ * byte and its pixels' bits rounded up), over the 7 passes of an interlaced one. */
+static double png_raw_bytes(const uint8_t *ihdr) {
+    static const int start_x[7] = {0, 4, 0, 2, 0, 1, 0}, start_y[7] = {0, 0, 4, 0, 2, 0, 1};
+    static const int step_x[7] = {8, 8, 4, 4, 2, 2, 1}, step_y[7] = {8, 8, 8, 4, 4, 2, 2};
+    double w = read_be32(ihdr), h = read_be32(ihdr + 4);
+    int depth = ihdr[8], color = ihdr[9], interlaced = ihdr[12] == 1;
+    int channels = color == 2 ? 3 : color == 4 ? 2 : color == 6 ? 4 : 1;
+    double bits = (double)channels * depth;
+    if (!interlaced) return h * (1 + ceil(w * bits / 8));
+    double sum = 0;
+    for (int p = 0; p < 7; p++) {
+        double pw = w > start_x[p] ? ceil((w - start_x[p]) / step_x[p]) : 0;
+        double ph = h > start_y[p] ? ceil((h - start_y[p]) / step_y[p]) : 0;
+        if (pw > 0 && ph > 0) sum += ph * (1 + ceil(pw * bits / 8));
+    }
+    return sum;
+}
+
+/* The IDAT chunks' zlib stream inflated (into a scratch buffer, discarded):
+ * stb_image checks neither its Adler-32 nor that it holds every row, and
+ * decodes a damaged stream into changed pixels. */
+static int check_png_stream(const char *name, const uint8_t *buf, size_t len, double raw_bytes, char *err,
+                            size_t errlen) {
+    uint8_t scratch[65536];
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (inflateInit(&z) != Z_OK) TC_FATAL("zlib: inflateInit failed");
+    int rc = Z_OK;
+    for (size_t at = 8; at + 12 <= len && rc == Z_OK;) {
+        uint32_t chunk_bytes = read_be32(buf + at);
+        if (memcmp(buf + at + 4, "IEND", 4) == 0) break;
+        if (memcmp(buf + at + 4, "IDAT", 4) == 0) {
+            z.next_in = (Bytef *)(buf + at + 8);
+            z.avail_in = chunk_bytes;
+            while (rc == Z_OK && z.avail_in > 0) {
+                z.next_out = scratch;
+                z.avail_out = sizeof scratch;
+                rc = inflate(&z, Z_NO_FLUSH);
+                if (rc == Z_BUF_ERROR && z.avail_out > 0) rc = Z_OK; /* wants the next chunk */
+            }
+        }
+        at += 12 + (size_t)chunk_bytes;
+    }
+    double inflated = (double)z.total_out;
+    const char *zlib_says = z.msg ? z.msg : "";
+    if (rc != Z_OK && rc != Z_STREAM_END)
+        snprintf(err, errlen, "%s: cannot decode this PNG: its compressed image data is corrupt (zlib: %s)", name,
+                 zlib_says[0] ? zlib_says : "error");
+    else if (rc != Z_STREAM_END || inflated < raw_bytes)
+        snprintf(err, errlen, "%s: cannot decode this PNG: its compressed image data is truncated (%.0f bytes of the "
+                 "%.0f its header's size needs%s)", name, inflated, raw_bytes,
+                 rc == Z_STREAM_END ? "" : ", and the stream has no end");
+    inflateEnd(&z);
+    return rc == Z_STREAM_END && inflated >= raw_bytes ? 0 : -1;
+}
+
+/* Deflate codes at most 258 bytes in 2 bits (a 1-bit length code and a 1-bit
+ * distance code), so no zlib stream inflates to more than 1032 times its
+ * bytes, and a header whose rows need more than that of its IDAT chunks is
+ * refused before anything is inflated. */
+#define DEFLATE_MAX_RATIO 1032.0
+
+/* Every chunk up to IEND fits in the file (stb_image grows its PNG data buffer
+ * to each chunk's claimed length before reading it, so one corrupt length asks
+ * for gigabytes) and matches its CRC-32, as PIL checks them; the size declared
+ * can be held by the IDAT bytes; the zlib stream inflates whole. */
 static int check_png_complete(const char *name, const uint8_t *buf, size_t len, char *err, size_t errlen) {
     size_t at = 8; /* the signature */
+    double idat_bytes = 0;
+    const uint8_t *ihdr = NULL;
     while (at + 12 <= len) {
         uint32_t chunk_bytes = read_be32(buf + at);
         if (chunk_bytes > len - at - 12) {
@@ -143,10 +211,28 @@ static int check_png_complete(const char *name, const uint8_t *buf, size_t len, 
                      "the file has %zu after it)", name, at, chunk_bytes, len - at - 12);
             return -1;
         }
-        if (memcmp(buf + at + 4, "IEND", 4) == 0) return 0;
+        uint32_t stored = read_be32(buf + at + 8 + chunk_bytes);
+        uint32_t computed = (uint32_t)crc32(0, buf + at + 4, 4 + chunk_bytes);
+        if (stored != computed) {
+            snprintf(err, errlen, "%s: cannot decode this PNG: its %.4s chunk at byte %zu is corrupt (CRC-32 %08x, "
+                     "its data's %08x)", name, (const char *)buf + at + 4, at, stored, computed);
+            return -1;
+        }
+        if (memcmp(buf + at + 4, "IHDR", 4) == 0 && chunk_bytes >= 13) ihdr = buf + at + 8;
+        if (memcmp(buf + at + 4, "IDAT", 4) == 0) idat_bytes += chunk_bytes;
+        if (memcmp(buf + at + 4, "IEND", 4) == 0) break;
         at += 12 + (size_t)chunk_bytes;
     }
-    return 0; /* no IEND: stb_image refuses it itself */
+    if (!ihdr || at + 12 > len) return 0; /* no header or no IEND: stb_image refuses it itself */
+    double raw_bytes = png_raw_bytes(ihdr);
+    if (raw_bytes > DEFLATE_MAX_RATIO * idat_bytes + 1024) {
+        snprintf(err, errlen, "%s: cannot decode this PNG: its header declares %ux%u, whose rows need %.0f bytes, "
+                 "more than its %.0f bytes of compressed image data can hold (deflate inflates at most %.0f-fold): "
+                 "it is corrupt or truncated", name, read_be32(ihdr), read_be32(ihdr + 4), raw_bytes, idat_bytes,
+                 DEFLATE_MAX_RATIO);
+        return -1;
+    }
+    return check_png_stream(name, buf, len, raw_bytes, err, errlen);
 }
 
 /* stb_image's reason for a failure, where it is the decoder's own: stb tries
@@ -292,6 +378,29 @@ static void jpeg_open(struct jpeg_decompress_struct *cinfo, const uint8_t *buf, 
     jpeg_read_header(cinfo, TRUE);
 }
 
+/* A Huffman-coded JPEG codes each 8x8 block of a component it scans in at
+ * least one bit (its DC difference's code; a progressive file may leave all
+ * but one component unscanned): a file with fewer bits than its least sampled
+ * component has blocks declares a size it cannot hold, and is refused before
+ * gigabytes are decoded. Its headers count as data, so the bound is loose for
+ * every valid file. Arithmetic coding can code a block in less than a bit:
+ * those are bounded by DATASET_MAX_SIDE alone. */
+static int check_jpeg_size(const char *name, const struct jpeg_decompress_struct *cinfo, size_t len, char *err,
+                           size_t errlen) {
+    if (cinfo->arith_code) return 0;
+    double least = -1;
+    for (int c = 0; c < cinfo->num_components; c++) {
+        double blocks = (double)cinfo->comp_info[c].width_in_blocks * cinfo->comp_info[c].height_in_blocks;
+        if (least < 0 || blocks < least) least = blocks;
+    }
+    if (least <= 8.0 * (double)len) return 0;
+    snprintf(err, errlen, "%s: cannot decode this JPEG: its header declares %ux%u, whose least sampled component "
+             "has %.0f blocks of 8x8 and needs at least %.0f bytes (a bit a block), more than the file's %zu: it is "
+             "corrupt or truncated", name, (unsigned)cinfo->image_width, (unsigned)cinfo->image_height, least,
+             ceil(least / 8), len);
+    return -1;
+}
+
 static int probe_jpeg(const uint8_t *buf, size_t len, const char *name, ImageInfo *info, char *err, size_t errlen) {
     struct jpeg_decompress_struct cinfo;
     JpegErrors errors;
@@ -304,6 +413,7 @@ static int probe_jpeg(const uint8_t *buf, size_t len, const char *name, ImageInf
     }
     jpeg_open(&cinfo, buf, len);
     int rc = check_image_shape(name, cinfo.image_width, cinfo.image_height, cinfo.num_components, err, errlen);
+    if (rc == 0) rc = check_jpeg_size(name, &cinfo, len, err, errlen);
     info->w = (int)cinfo.image_width;
     info->h = (int)cinfo.image_height;
     info->channels = cinfo.num_components;

@@ -324,7 +324,7 @@ int image_folder_load(Dataset *d, const char *root, const char *split, int limit
     memset(d, 0, sizeof *d);
     Source s;
     if (source_open_folder(&s, root, split, limit, err, errlen) != 0) return -1;
-    int rc = source_decode_all(&s, d, err, errlen);
+    int rc = source_decode_all(&s, d, NULL, err, errlen);
     source_free(&s);
     return rc;
 }

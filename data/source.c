@@ -144,6 +144,8 @@ void source_free(Source *s) {
 typedef struct {
     const Source *source;
     Dataset *d;
+    const volatile sig_atomic_t *stop; /* NULL: never */
+    atomic_int decoded;
     atomic_int next;        /* next image to claim */
     atomic_int first_error; /* lowest failing image so far, n when none */
     int error_code;         /* -1, or -2 for a size unlike the first image's */
@@ -182,9 +184,11 @@ static void *decode_worker(void *arg) {
     for (;;) {
         /* Claims go up one by one, so every image below a failing one is still
          * decoded and the error reported is the first in sample order. */
+        if (job->stop && *job->stop) break;
         int i = atomic_fetch_add(&job->next, 1);
         if (i >= job->d->n || i > atomic_load(&job->first_error)) break;
         int rc = decode_one(job, i, &r, &db, err, sizeof err);
+        if (rc == 0) atomic_fetch_add(&job->decoded, 1);
         if (rc != 0) {
             pthread_mutex_lock(&job->error_lock);
             if (i < atomic_load(&job->first_error)) {
@@ -256,7 +260,7 @@ static int decode_first(const Source *s, Dataset *d, char *err, size_t errlen) {
     return rc;
 }
 
-int source_decode_all(const Source *s, Dataset *d, char *err, size_t errlen) {
+int source_decode_all(const Source *s, Dataset *d, const volatile sig_atomic_t *stop, char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
     if (s->kind == SOURCE_DECODED || s->n < 1) TC_FATAL("source_decode_all: not a streaming source of images");
     d->n = s->n;
@@ -264,8 +268,9 @@ int source_decode_all(const Source *s, Dataset *d, char *err, size_t errlen) {
         dataset_free(d);
         return -1;
     }
-    DecodeJob job = {.source = s, .d = d, .error_code = 0};
+    DecodeJob job = {.source = s, .d = d, .stop = stop, .error_code = 0};
     atomic_init(&job.next, 1);
+    atomic_init(&job.decoded, 1);
     atomic_init(&job.first_error, s->n);
     pthread_mutex_init(&job.error_lock, NULL);
     int threads = decode_threads(s->n - 1);
@@ -276,6 +281,11 @@ int source_decode_all(const Source *s, Dataset *d, char *err, size_t errlen) {
     decode_worker(&job); /* the calling thread decodes too */
     for (int t = 0; t < started; t++) pthread_join(tids[t], NULL);
     pthread_mutex_destroy(&job.error_lock);
+    if (stop && *stop && atomic_load(&job.decoded) < s->n) {
+        snprintf(err, errlen, "stopped after %d of the %d images", atomic_load(&job.decoded), s->n);
+        dataset_free(d);
+        return -3;
+    }
     if (atomic_load(&job.first_error) < s->n) {
         snprintf(err, errlen, "%s", job.error);
         dataset_free(d);

@@ -12,6 +12,7 @@
 #ifndef TRAINC_DATA_SOURCE_H
 #define TRAINC_DATA_SOURCE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,8 +86,10 @@ int source_open_shards(Source *s, const char *dir, const char *split, int limit,
  * whatever the thread count. They must share the first image's size: -2 (with
  * the message) where one does not, -1 for the other failures (the first in
  * sample order, with its file), among them more pixels than the machine's
- * memory. The labels and class names are copied. */
-int source_decode_all(const Source *s, Dataset *d, char *err, size_t errlen);
+ * memory. The labels and class names are copied. A stop flag (NULL: none)
+ * that becomes non-zero (a signal) ends the decode within an image a thread:
+ * -3, with the count decoded. */
+int source_decode_all(const Source *s, Dataset *d, const volatile sig_atomic_t *stop, char *err, size_t errlen);
 
 /* Moves a seeded share of s's samples (about share x n, at least 1, and at
  * least one left) into held_out, in their order: a validation split made from

@@ -1,6 +1,7 @@
 #include "tests/harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdarg.h>
@@ -204,6 +205,20 @@ const char *test_cifar10_jpg_root(void) {
              tmp_base(), (int)getuid(), tarball);
     if (system(cmd) != 0 || stat(root, &st) != 0) return NULL;
     return root;
+}
+
+int test_spawn(const char *const *argv, const char *out_file) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) _exit(126);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return (int)pid;
 }
 
 int test_run_command(const char *cmd, char *out, size_t cap) {

@@ -63,6 +63,9 @@ const char *test_cifar10_jpg_root(void);
 /* Runs a shell command with stderr joined to stdout; its exit status (-1: it
  * did not exit normally), and in out (cap bytes) the last of its output. */
 int test_run_command(const char *cmd, char *out, size_t cap);
+/* Starts argv[0] with argv (NULL-terminated), its stdout and stderr into
+ * out_file; returns its pid (waitpid it). */
+int test_spawn(const char *const *argv, const char *out_file);
 /* Where ctest's build keeps trainc: $TRAINC_BUILD_DIR, else "build". */
 const char *test_build_dir(void);
 /* "'mpiexec' -n RANKS FLAGS " from ctest's environment (TRAINC_MPIEXEC,

@@ -47,7 +47,7 @@ def run_trainc(trainc, scratch):
     sets = ["run.device=cpu", "data.source=synthetic", "data.image_size=32", f"data.synthetic_train={TRAIN}",
             "data.synthetic_test=32", f"train.batch={BATCH}", f"run.epochs={EPOCHS}", f"run.log_every={LOG_EVERY}",
             "run.warmup_steps=0", "data.workers=0", "model.name=simplenet", f"run.tensorboard_dir={tb_dir}",
-            f"run.metrics_file={metrics}"]
+            f"run.metrics_file={metrics}", "run.save_final=off"]
     cmd = [trainc, "--config", "configs/cpu.ini", "--quiet"]
     for s in sets:
         cmd += ["--set", s]

@@ -35,6 +35,7 @@ static Config *small_run(const char *device, const char *optimizer, int steps, c
                                  "run.warmup_steps=0", "run.epochs=2", "data.workers=2", "data.flip=on",
                                  "data.crop_pad=4", "optim.lr=0.001", "optim.weight_decay=0.01"};
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) test_config_set(c, "%s", sets[i]);
     test_config_set(c, "run.device=%s", device);
     test_config_set(c, "optim.name=%s", optimizer);

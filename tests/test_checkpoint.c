@@ -45,6 +45,7 @@ enum { N_BASE = sizeof base_sets / sizeof *base_sets };
 
 static Config *small_run(void) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
     return c;
 }
@@ -607,16 +608,7 @@ static pid_t start_trainc(const char *out_file, const char **extra, int n_extra)
     }
     for (int i = 0; i < n_extra; i++) argv[n++] = extra[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd < 0) _exit(126);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
+    return test_spawn(argv, out_file);
 }
 
 static void slurp(const char *file) {

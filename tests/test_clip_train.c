@@ -38,6 +38,7 @@ static void set(Config *c, const char *fmt, ...) {
 /* Nesterov SGD without weight decay, so that only the gradient moves the weights. */
 static Config *small_run(const char *device, int batch, int accumulate, double clip) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     const char *sets[] = {"data.source=synthetic", "data.image_size=32", "data.synthetic_train=512",
                           "data.synthetic_test=32", "run.epochs=1", "run.eval=off", "run.warmup_steps=0",
                           "optim.nesterov=on", "optim.weight_decay=0", "run.log_every=1"};

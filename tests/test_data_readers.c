@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <stb_image_write.h>
+#include <zlib.h>
 
 #include "data/dataset.h"
 #include "runtime/log.h"
@@ -459,6 +460,97 @@ static void test_bad_files(void) {
     free(bmp);
 }
 
+/* A chunk: length, type, data, CRC-32 of the type and data. */
+static size_t put_chunk(uint8_t *out, const char *type, const uint8_t *data, uint32_t n) {
+    uint8_t be[4] = {(uint8_t)(n >> 24), (uint8_t)(n >> 16), (uint8_t)(n >> 8), (uint8_t)n};
+    memcpy(out, be, 4);
+    memcpy(out + 4, type, 4);
+    if (n) memcpy(out + 8, data, n);
+    uint32_t crc = (uint32_t)crc32(0, out + 4, 4 + n);
+    uint8_t crc_be[4] = {(uint8_t)(crc >> 24), (uint8_t)(crc >> 16), (uint8_t)(crc >> 8), (uint8_t)crc};
+    memcpy(out + 8 + n, crc_be, 4);
+    return 12 + n;
+}
+
+/* An 8-bit RGB PNG of pixel_value(tag, ...) whose IDAT is stored uncompressed
+ * (zlib level 0), so that one changed byte of it is a changed pixel that still
+ * inflates; declared_w x declared_h go into its header. Returns its length;
+ * *pixel_at: where pixel (0, 1)'s red byte lies in the file. */
+static size_t stored_png(uint8_t *out, int tag, int w, int h, int declared_w, int declared_h, size_t *pixel_at) {
+    uint8_t raw[8 * (1 + 16 * 3)], packed[sizeof raw + 64]; /* w <= 16, h <= 8 */
+    size_t row = 1 + 3 * (size_t)w;
+    for (int y = 0; y < h; y++) {
+        raw[y * row] = 0; /* filter: none */
+        for (int x = 0; x < w; x++)
+            for (int ch = 0; ch < 3; ch++) raw[y * row + 1 + 3 * x + ch] = pixel_value(tag, y, x, ch);
+    }
+    uLongf packed_len = sizeof packed;
+    CHECK(compress2(packed, &packed_len, raw, (uLong)(h * row), 0) == Z_OK);
+    uint8_t ihdr[13] = {0, 0, (uint8_t)(declared_w >> 8), (uint8_t)declared_w, 0, 0, (uint8_t)(declared_h >> 8),
+                        (uint8_t)declared_h, 8, 2, 0, 0, 0};
+    static const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    memcpy(out, signature, 8);
+    size_t at = 8 + put_chunk(out + 8, "IHDR", ihdr, 13);
+    /* zlib header (2), stored block header (5), filter byte: pixel (0, 0), then (0, 1). */
+    *pixel_at = at + 8 + 2 + 5 + 1 + 3;
+    at += put_chunk(out + at, "IDAT", packed, (uint32_t)packed_len);
+    return at + put_chunk(out + at, "IEND", NULL, 0);
+}
+
+/* Chunk CRCs and the zlib stream are checked as PIL checks them: one changed
+ * byte in a pixel is refused whether or not the chunk's CRC was made to fit,
+ * and a header declaring more rows than its data could inflate to is refused
+ * before anything is decoded. */
+static void test_png_integrity(void) {
+    uint8_t png[1024], changed[1024];
+    size_t pixel_at, len = stored_png(png, 9, 16, 8, 16, 8, &pixel_at);
+    char root[512], cls[1024];
+    snprintf(root, sizeof root, "%s", test_tmpdir("png-good"));
+    make_dir(root, "train");
+    snprintf(cls, sizeof cls, "%s", make_dir(root, "train/a"));
+    test_write_file(cls, "0.png", png, len);
+    Dataset d;
+    CHECK_MSG(image_folder_load(&d, root, "train", 0, err, sizeof err) == 0, "%s", err);
+    CHECK(d.n == 1 && d.w == 16 && d.h == 8 && image_has_tag(&d, 0, 9));
+    if (d.n == 1) dataset_free(&d);
+
+    memcpy(changed, png, len);
+    changed[pixel_at] ^= 0x10;
+    expect_bad_file("PNG with a pixel changed", changed, len, "1.png", "IDAT chunk at byte 33 is corrupt", "CRC-32");
+    /* The same change with the chunk's CRC made to fit: zlib's Adler-32 tells. */
+    size_t idat_at = 33;
+    uint32_t idat_len = (uint32_t)changed[idat_at] << 24 | (uint32_t)changed[idat_at + 1] << 16 |
+                        (uint32_t)changed[idat_at + 2] << 8 | changed[idat_at + 3];
+    put_chunk(changed + idat_at, "IDAT", changed + idat_at + 8, idat_len);
+    expect_bad_file("PNG with a pixel and its CRC changed", changed, len, "1.png",
+                    "compressed image data is corrupt", "incorrect data check");
+    /* The IDAT of 16x8 under a header of 16384x16384 (CRCs right): refused without inflating 805 MB. */
+    len = stored_png(changed, 9, 16, 8, 16384, 16384, &pixel_at);
+    expect_bad_file("PNG declaring 16384x16384", changed, len, "1.png", "declares 16384x16384",
+                    "more than its");
+    /* 16x8 under 16x9: the rows run out. */
+    len = stored_png(changed, 9, 16, 8, 16, 9, &pixel_at);
+    expect_bad_file("PNG declaring a row more", changed, len, "1.png", "compressed image data is truncated",
+                    "392 bytes of the 441");
+}
+
+/* A JPEG's header declaring 16384x16384 over a file of a few hundred bytes
+ * (one bit for each 8x8 block is the least any file spends): refused at once
+ * naming the file, not decoded in 26 s and 4 GB. */
+static void test_jpeg_declared_size(void) {
+    Bytes jpeg = encode_image(1, 7, 64, 48);
+    size_t sof = 2;
+    while (sof + 9 < jpeg.len && !(jpeg.data[sof] == 0xff && jpeg.data[sof + 1] == 0xc0)) sof++;
+    CHECK(sof + 9 < jpeg.len);
+    static const uint8_t side[4] = {0x40, 0x00, 0x40, 0x00}; /* height, width: 16384 each */
+    memcpy(jpeg.data + sof + 5, side, 4);
+    double start = now_seconds();
+    expect_bad_file("JPEG declaring 16384x16384", jpeg.data, jpeg.len, "1.jpg", "declares 16384x16384",
+                    "corrupt or truncated");
+    CHECK_MSG(now_seconds() - start < 5, "refused in %.1f s", now_seconds() - start);
+    free(jpeg.data);
+}
+
 /* Headers claiming sizes the reader refuses before decoding anything. */
 static void test_bad_sizes(void) {
     uint8_t header[54 + 16] = {0};
@@ -650,6 +742,8 @@ int main(void) {
     test_top_down_bmp();
     test_bad_files();
     test_bad_sizes();
+    test_png_integrity();
+    test_jpeg_declared_size();
     test_more_than_memory();
     test_split_classes();
     test_missing_root();

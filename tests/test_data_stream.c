@@ -556,7 +556,7 @@ static void take_bad_epoch(void *arg) {
     LoaderStages st;
     loader_stages(l, &st);
     printf("skipped %ld\n", st.skipped);
-    if (st.skipped != 2) _exit(5);
+    if (st.skipped != 4) _exit(5);
     loader_destroy(l);
 }
 
@@ -572,6 +572,24 @@ static void check_skip_bad(void) {
     }
     snprintf(path, sizeof path, "%s/train/c1/0003.jpg", root);
     write_bytes(path, "<html>404</html>", 16);
+    /* A PNG with a byte of its image data changed (its chunk's CRC no longer fits). */
+    int png_len;
+    uint8_t *px = make_pixels(20, 20, 3);
+    unsigned char *png = png_bytes(px, 20, 20, 3, &png_len);
+    png[png_len - 12 - 20] ^= 0x01; /* inside the IDAT, before its CRC and the IEND chunk */
+    snprintf(path, sizeof path, "%s/train/c0/0004.jpg", root);
+    write_bytes(path, png, (size_t)png_len);
+    free(png);
+    /* A progressive JPEG of 20x20 whose header declares 16384x16384 (the campaign's took 26 s and 4.2 GB). */
+    unsigned char *jpg;
+    size_t jpg_len = jpeg_bytes(px, 20, 20, JCS_RGB, 1, &jpg), sof = 2;
+    while (sof + 9 < jpg_len && !(jpg[sof] == 0xff && jpg[sof + 1] == 0xc2)) sof++;
+    CHECK(sof + 9 < jpg_len);
+    memcpy(jpg + sof + 5, "\x40\x00\x40\x00", 4);
+    snprintf(path, sizeof path, "%s/train/c1/0005.jpg", root);
+    write_bytes(path, jpg, jpg_len);
+    free(jpg);
+    free(px);
     Source s;
     CHECK_MSG(source_open_folder(&s, root, "train", 0, err, sizeof err) == 0, "%s", err);
     bad_source = &s;
@@ -581,8 +599,10 @@ static void check_skip_bad(void) {
               "without skip_bad, exit %d: %s", status, out);
     free(out);
     out = test_child_stderr("skip-bad-run", take_bad_epoch, (void *)1, &status);
-    CHECK_MSG(status == 0 && strstr(out, "0002.jpg") && strstr(out, "0003.jpg"), "with skip_bad, exit %d: %s",
-              status, out);
+    CHECK_MSG(status == 0 && strstr(out, "0002.jpg") && strstr(out, "0003.jpg") &&
+                  strstr(out, "0004.jpg: cannot decode this PNG: its IDAT chunk") &&
+                  strstr(out, "0005.jpg: cannot decode this JPEG: its header declares 16384x16384"),
+              "with skip_bad, exit %d: %s", status, out);
     free(out);
     source_free(&s);
 }

@@ -46,6 +46,7 @@ static void set(Config *c, const char *line) {
 static Config *small_run(const char *device, const Net *net, int batch, const char *const *extra) {
     char line[64];
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     const char *lines[] = {"data.source=synthetic", "data.image_size=32", "data.synthetic_train=256",
                            "data.synthetic_test=64", "data.flip=on", "data.crop_pad=2", "run.epochs=1",
                            "run.warmup_steps=0", "optim.weight_decay=5e-4", "train.sync_after_step=off",

@@ -46,6 +46,7 @@ static Config *tiny_config(const char *device, int classes, const char *ckdir) {
     char sets[16][256], err[512];
     int n = tiny_sets(sets, device, classes, ckdir);
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (int i = 0; i < n; i++) CHECK_MSG(config_set(c, sets[i], err, sizeof err) == 0, "%s", err);
     return c;
 }

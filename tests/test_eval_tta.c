@@ -22,6 +22,7 @@ enum { BATCH = 16, SIDE = 32, PLANE = SIDE * SIDE, IMAGE = 3 * PLANE, CLASSES = 
 
 static Config *small_run(const char *tta) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     const char *sets[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=32",
                           "data.synthetic_train=256", "data.synthetic_test=40", "run.epochs=1",
                           "run.log_every=1000", "run.warmup_steps=0", "optim.lr=0.05", "data.flip=on"};

@@ -114,6 +114,7 @@ static void set(Config *c, const char *fmt, const char *value) {
 
 static Config *small_run(const char *model, const char *dir) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     const char *fixed[] = {"run.device=cpu", "data.source=synthetic", "data.image_size=16", "data.synthetic_train=64",
                            "data.synthetic_test=16", "train.batch=16", "run.epochs=1", "run.max_steps=2",
                            "run.checkpoint_every=2", "run.log_every=1000"};

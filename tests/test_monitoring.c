@@ -58,7 +58,7 @@ static int trainc(const char *args) {
 
 /* 16x16 synthetic images on the CPU: a step takes milliseconds. */
 #define SMALL "--config configs/baseline.ini --device cpu --set data.source=synthetic --set data.image_size=16 " \
-              "--set data.synthetic_train=1024 --set data.synthetic_test=32 --set run.eval=off"
+              "--set data.synthetic_train=1024 --set data.synthetic_test=32 --set run.eval=off --set run.save_final=off"
 
 static double field(const char *json, const char *key) {
     char pattern[64];
@@ -672,7 +672,7 @@ static void check_lab_table(const char *dir) {
     char args[4096];
     const char *sets = "--set run.device=cpu --set data.source=synthetic --set data.image_size=16 "
                        "--set data.synthetic_train=256 --set data.synthetic_test=32 --set run.eval=off "
-                       "--set train.batch=8 --set run.max_steps=2";
+                       "--set train.batch=8 --set run.max_steps=2 --set run.save_final=off";
     snprintf(args, sizeof args, "tools/lab_table.py --trainc %s --configs configs/baseline.ini %s "
              "--set run.warmup_steps=5 --csv %s/lab.csv --svg %s/lab.svg", trainc_path(), sets, dir, dir);
     int rc = python3(args);

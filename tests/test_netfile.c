@@ -312,6 +312,7 @@ static const char tiny_net[] = "[net]\nc1 = conv 8 3 stride=2\nrelu\nglobal_avgp
 
 static Config *config_of(const char *path) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     char err[512];
     CHECK_MSG(config_load_file(c, path, err, sizeof err) == 0, "%s", err);
     return c;

@@ -59,6 +59,7 @@ static Config *tiny_config(const char *device) {
                                  "data.synthetic_train=64", "data.synthetic_test=8", "train.batch=4",
                                  "model.name=simplenet", "run.log_every=1000"};
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     char err[512], line[64];
     snprintf(line, sizeof line, "run.device=%s", device);
     CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);

@@ -751,6 +751,7 @@ static void check_eval_mode(const float *x, const int32_t *labels, uint64_t *rng
 static Config *resnet_run(const char *device, int steps, const char *lr, int train_images) {
     char err[256];
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     const char *lines[] = {"model.name=resnet18", "data.source=synthetic", "data.image_size=32",
                            "data.synthetic_test=64", "train.batch=32",
                            "run.epochs=1", "run.warmup_steps=0", "optim.weight_decay=5e-4",

@@ -220,6 +220,7 @@ static Config *small_run(const char *tb_dir) {
     snprintf(made[2], sizeof made[2], "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
     snprintf(made[3], sizeof made[3], "run.tensorboard_dir=%s", tb_dir);
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (int i = 0; i < N_SET; i++) {
         const char *line = i < N_FIXED ? fixed[i] : made[i - N_FIXED];
         CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s: %s", line, err);

@@ -54,6 +54,7 @@ int main(void) {
         test_skip("no CIFAR-10 JPEGs: tools/get_data.sh puts them in .data/cifar10-jpg "
                   "(or ../shared/data/cifar10-jpg.tar.gz)");
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     char line[700], metrics[600];
     snprintf(line, sizeof line, "data.path=%s", root);
     set(c, line);

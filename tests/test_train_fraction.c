@@ -29,6 +29,7 @@ static size_t n_params;
 /* The base sets, the test's seed and 'sets' (key=value, space-separated). */
 static Config *config_of(const char *sets) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
     test_config_set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));
     char copy[1024];

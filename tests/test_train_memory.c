@@ -148,6 +148,7 @@ static void check_fusion_cpu(const float *x, const int32_t *labels) {
 
 static Config *small_run(const char *device, int batch, int accumulate) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     char err[512], line[128];
     const char *sets[] = {"data.source=synthetic", "data.image_size=32", "data.synthetic_train=512",
                           "data.synthetic_test=32", "run.epochs=1", "run.max_steps=4", "run.eval=off",

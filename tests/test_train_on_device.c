@@ -24,6 +24,7 @@ enum { N_BASE = sizeof base_sets / sizeof *base_sets };
 /* The summary of a run of the base settings with 'extra' applied after them. */
 static TrainSummary run(const char *device, const char **extra, int n_extra) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
     test_config_set(c, "run.device=%s", device);
     test_config_set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000003));

@@ -49,6 +49,7 @@ static void write_cifar_copy(void) {
 
 static TrainSummary run(const char *data, unsigned long long seed, int repeats) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (int i = 0; i < N_BASE; i++) test_config_set(c, "%s", base_sets[i]);
     test_config_set(c, "data.path=%s", data_dir);
     char sets[512];

@@ -31,6 +31,7 @@ static const char *base_sets[] = {"run.device=cpu", "model.name=simplenet", "dat
 
 static Config *config_of(const char *path, const char *sets) {
     Config *c = config_new(trainc_keys, trainc_n_keys);
+    test_config_set(c, "run.save_final=off"); /* no model left behind where the test runs */
     for (size_t i = 0; i < sizeof base_sets / sizeof *base_sets; i++) test_config_set(c, "%s", base_sets[i]);
     test_config_set(c, "data.path=%s", path);
     test_config_set(c, "run.seed=%llu", (unsigned long long)(test_seed() % 1000));

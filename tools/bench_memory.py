@@ -12,7 +12,7 @@ import sys
 
 def run(trainc, config, sets):
     cmd = [trainc, "--config", config, "--quiet", "--set", "data.resident=on", "--set", "run.eval=off",
-           "--set", "run.max_steps=40", "--set", "run.warmup_steps=10"]
+           "--set", "run.max_steps=40", "--set", "run.warmup_steps=10", "--set", "run.save_final=off"]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True)

@@ -56,7 +56,7 @@ def zero_reason(p, summary):
 
 def run_trainc(trainc, config, sets):
     """The run's summary; samples_per_s 0 and a 'note' saying why when it failed or timed nothing."""
-    cmd = [trainc, "--config", config, "--quiet"]
+    cmd = [trainc, "--config", config, "--quiet", "--set", "run.save_final=off"]  # a measurement, not a model
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")

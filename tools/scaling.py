@@ -241,7 +241,7 @@ def child_env(args):
 
 
 def trainc_cmd(args, n):
-    cmd = [args.trainc, "--config", args.config, "--quiet"]
+    cmd = [args.trainc, "--config", args.config, "--quiet", "--set", "run.save_final=off"]  # timings, not models
     for s in args.set:
         cmd += ["--set", s]
     if n == 1 and args.direct1:

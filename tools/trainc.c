@@ -326,6 +326,11 @@ static int sets_resume(const Override *o) {
 /* "stopped by SIGTERM at step N; resume with: <argv[0]> <the same options> --resume FILE" */
 static void print_stopped(const TrainSummary *s, const Args *a) {
     fflush(stdout);
+    if (!s->checkpoint[0] && s->steps == 0) {
+        fprintf(stderr, "trainc: stopped by %s before the first step: nothing to save, no checkpoint written\n",
+                s->stop_signal);
+        return;
+    }
     if (!s->checkpoint[0]) {
         fprintf(stderr, "trainc: stopped by %s at step %ld; no checkpoint could be written (see the warnings "
                 "above)\n", s->stop_signal, s->steps);

@@ -17,9 +17,10 @@
  * TensorBoard events, serve Prometheus, resume or load other weights; and it
  * takes the whole optimizer state on every rank. */
 static void set_eval_keys(Config *cfg) {
-    static const char *const keys[] = {"run.eval=on", "run.checkpoint_every=0", "run.metrics_file=",
-                                       "run.tensorboard_dir=", "monitor.prometheus_port=0", "run.resume=",
-                                       "run.init_from=", "dist.shard_optimizer=off", "run.profile_steps="};
+    static const char *const keys[] = {"run.eval=on", "run.checkpoint_every=0", "run.save_final=off",
+                                       "run.metrics_file=", "run.tensorboard_dir=", "monitor.prometheus_port=0",
+                                       "run.resume=", "run.init_from=", "dist.shard_optimizer=off",
+                                       "run.profile_steps="};
     char *err = NULL;
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         if (config_set_msg(cfg, keys[i], &err) != 0) TC_FATAL("internal: %s", err);

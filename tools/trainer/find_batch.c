@@ -121,8 +121,8 @@ static void run_trial(char **base, int n_base, int batch, Trial *t) {
     argv[argc++] = "trainc";
     for (int i = 0; i < n_base; i++) argv[argc++] = base[i];
     char *fixed[] = {batch_set, "data.resident=on", "run.eval=off", "run.max_steps=30", "run.warmup_steps=10",
-                     "run.epochs=1000000", "run.checkpoint_every=0", "run.metrics_file=", "run.resume=",
-                     "run.profile_steps=", "monitor.prometheus_port=0"};
+                     "run.epochs=1000000", "run.checkpoint_every=0", "run.save_final=off", "run.metrics_file=",
+                     "run.resume=", "run.profile_steps=", "monitor.prometheus_port=0"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
         argv[argc++] = "--set";
         argv[argc++] = fixed[i];

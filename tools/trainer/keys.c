@@ -38,6 +38,9 @@ const CfgKeySpec trainc_keys[] = {
      "write a checkpoint (weights, the optimizer's state, loss scaler, data position) every N steps (0: off; "
      "SIGINT/SIGTERM still write one)", "[0, 1000000000000]"},
     {"run.checkpoint_dir", CFG_STRING, "checkpoints", 0, "where checkpoints go: ckpt-<step>.trc", 0},
+    {"run.save_final", CFG_BOOL, "on", 0,
+     "write a checkpoint after the run's last step (its model: trainc eval, predict and export read it), and "
+     "one of the last step reached when a fatal error stops the run (off: none unless run.checkpoint_every asks)", 0},
     {"run.keep_checkpoints", CFG_INT, "3", 0, "keep the newest N checkpoints, delete older ones (0: keep all)",
      "[0, 1000000]"},
     {"run.resume", CFG_STRING, "", 0,

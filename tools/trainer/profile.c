@@ -605,6 +605,7 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     force(cfg, "run.epochs", 1000000); /* run.max_steps ends it */
     force(cfg, "run.eval", 0);
     force(cfg, "run.checkpoint_every", 0);
+    force(cfg, "run.save_final", 0);
     force(cfg, "run.warmup_runs", 0); /* one pass over the steps profiled */
     force(cfg, "perf.cuda_graph", graph); /* events per op cannot be timed inside a replayed graph */
     if (!graph) force(cfg, "perf.overlap_wgrad", 0); /* no filter gradient running beside a timed op */

@@ -80,6 +80,7 @@ static void fill_run(const Config *cfg, TrainSettings *s) {
     s->checkpoint.dir = config_str(cfg, "run.checkpoint_dir");
     s->checkpoint.every = (long)config_int(cfg, "run.checkpoint_every");
     s->checkpoint.keep = (int)config_int(cfg, "run.keep_checkpoints");
+    s->checkpoint.save_final = config_bool(cfg, "run.save_final");
     s->checkpoint.max_bad_steps = (int)config_int(cfg, "run.max_bad_steps");
     s->checkpoint.inject_nan_step = (long)config_int(cfg, "run.inject_nan_step");
     s->monitor.sample_every_s = config_float(cfg, "monitor.sample_every_s");

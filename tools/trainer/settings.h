@@ -100,6 +100,7 @@ typedef struct {
         const char *dir;
         long every, inject_nan_step;
         int keep, max_bad_steps;
+        int save_final; /* run.save_final */
     } checkpoint;
     struct {
         double sample_every_s;

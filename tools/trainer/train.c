@@ -7,6 +7,7 @@
  * (train.sync_after_step, train.read_loss_every, data.async_copy = off): those
  * are the lab's baseline habits, kept so that their cost can be measured. */
 #include "tools/trainer/trainer.h"
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include "runtime/json_out.h"
@@ -15,8 +16,10 @@
 
 static volatile sig_atomic_t stop_signal;
 
-/* SIGINT, SIGTERM: the first asks the loop to stop after the current step, a
- * second ends the process at once. */
+const volatile sig_atomic_t *train_stop_flag(void) { return &stop_signal; }
+
+/* SIGINT, SIGTERM: the first asks the loop to stop after the current step (or
+ * the data's decode), a second ends the process at once. */
 static void on_stop_signal(int signo) {
     if (stop_signal) {
         static const char msg[] = "trainc: second signal: exiting now\n";
@@ -110,6 +113,64 @@ static void log_phases(const Trainer *t, const TrainSummary *s) {
              s->phase_backward_ms, s->phase_optimizer_ms, sum, s->step_ms, 100 * sum / s->step_ms, clock);
 }
 
+/* ---- a fatal error's last checkpoint ------------------------------------------ */
+
+/* The last state a checkpoint may hold: the weights of t->step optimizer steps
+ * and where the data order stands after them; none while an optimizer step
+ * changes the weights. */
+static struct {
+    Trainer *t;
+    pthread_t trainer_thread; /* an error on another (a decoder's) comes while the step runs on */
+    int valid, epoch;
+    long epoch_micro;
+} last_safe;
+
+static void mark_safe(int epoch, long epoch_micro) {
+    last_safe.epoch = epoch, last_safe.epoch_micro = epoch_micro;
+    last_safe.valid = 1;
+}
+
+/* A fatal error (a disk full under run.metrics_file, a data file that cannot
+ * be read, the device out of memory) ends the process: the steps since the
+ * last checkpoint are written first where the weights are whole. Rank 0 of a
+ * run alone (the others would wait on it in a collective). */
+static void save_on_fatal(void) {
+    Trainer *t = last_safe.t;
+    if (!t) return;
+    last_safe.t = NULL;
+    if (t->ddp.dist->world > 1 || !t->set.checkpoint.save_final || t->step == t->first_step) return;
+    if (t->ckpt.step == t->step && t->ckpt.path[0]) {
+        fprintf(stderr, "trainc: the last checkpoint, of step %ld, is %s\n", t->step, t->ckpt.path);
+        return;
+    }
+    if (!pthread_equal(pthread_self(), last_safe.trainer_thread)) {
+        fprintf(stderr, "trainc: no last checkpoint: the error came on a data thread while step %ld ran (the last "
+                "written: %s)\n", t->step + 1, t->ckpt.path[0] ? t->ckpt.path : "none");
+        return;
+    }
+    if (!last_safe.valid) {
+        fprintf(stderr, "trainc: no last checkpoint: the error came inside step %ld's optimizer step (the last "
+                "written: %s)\n", t->step + 1, t->ckpt.path[0] ? t->ckpt.path : "none");
+        return;
+    }
+    if (save_checkpoint(t, last_safe.epoch, last_safe.epoch_micro) == 0)
+        fprintf(stderr, "trainc: the run stopped on the error above; a last checkpoint of step %ld was written: %s\n",
+                t->step, t->ckpt.path);
+    else
+        fprintf(stderr, "trainc: the run stopped on the error above; no last checkpoint could be written (the last "
+                "written: %s)\n", t->ckpt.path[0] ? t->ckpt.path : "none");
+}
+
+/* t: the run a fatal error saves; NULL: none (warm-up runs, closing). */
+static void watch_fatal(Trainer *t) {
+    static int registered;
+    if (!registered) tc_on_fatal(save_on_fatal);
+    registered = 1;
+    last_safe.t = t;
+    last_safe.trainer_thread = pthread_self();
+    last_safe.valid = 0;
+}
+
 /* ---- the run ------------------------------------------------------------------ */
 
 typedef enum { RUN_ON, STOP_MAX_STEPS, STOP_SIGNAL, STOP_BAD_STEPS } StopReason;
@@ -122,6 +183,7 @@ typedef struct {
     float loss;               /* as last read back */
     StopReason why;
     int last_step_epoch;      /* the loop's epoch goes one past it when an epoch ends */
+    long last_step_micro;     /* the micro-batches of that epoch taken by the last step */
 } RunTally;
 
 /* Where an epoch stands. */
@@ -174,6 +236,8 @@ static int end_step(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
     const TrainSettings *s = &t->set;
     t->step++;
     r->last_step_epoch = epoch;
+    r->last_step_micro = c->epoch_micro;
+    mark_safe(epoch, c->epoch_micro);
     if (s->train.sync_after_step) device_sync(t);
     profile_step_end(t);
     if (t->observer && t->observer->step_end) t->observer->step_end(t->observer->user, t->step);
@@ -198,6 +262,7 @@ static void train_steps(Trainer *t, RunTally *r, EpochClock *c, int epoch) {
     while (may_take_batch(t, r, c, epoch)) {
         if (c->micro == 0) begin_step(t, c);
         if (!take_batch(t, c->epoch_micro)) break;
+        if (c->micro == accumulate - 1) last_safe.valid = 0; /* the optimizer step changes the weights */
         run_micro_batch(t, c->micro == 0, c->micro == accumulate - 1);
         phase_close(t, c->window_start >= 0);
         c->epoch_micro++;
@@ -217,6 +282,7 @@ static double train_epoch(Trainer *t, RunTally *r, int epoch, long resume_micro)
     t->watch.progress_step = t->step;
     t->watch.progress_wait_at = train_data_wait(t);
     c.epoch_micro = start_train_epoch(t, epoch, resume_micro);
+    mark_safe(epoch, c.epoch_micro);
     train_steps(t, r, &c, epoch);
     if (r->why == RUN_ON) plan_next_epoch(t, epoch + 1);
     if (t->set.run.use_gpu) release_held(t, t->data.train_loader);
@@ -290,6 +356,10 @@ static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
         /* The signal came after the last step (during the last evaluation). */
         r->why = STOP_SIGNAL;
         save_checkpoint(t, t->run_epochs - 1, epoch_micro_batches(t, t->run_epochs - 1));
+    } else if ((r->why == RUN_ON || r->why == STOP_MAX_STEPS) && t->set.checkpoint.save_final) {
+        /* The run's model: the steps since the last run.checkpoint_every are kept too. */
+        if (save_checkpoint(t, r->last_step_epoch, r->last_step_micro) == 0 && t->ckpt.step == t->step)
+            log_info("the run's final checkpoint (run.save_final): %s", t->ckpt.path);
     }
     if (t->step > t->first_step) {
         r->loss = read_loss(t);
@@ -316,6 +386,7 @@ static void finish_run(Trainer *t, RunTally *r, TrainSummary *out) {
                 "last one written: %s\n", t->ckpt.failed, t->ckpt.failed > 1 ? "s" : "",
                 t->ckpt.failed > 1 ? "were" : "was", t->ckpt.path[0] ? t->ckpt.path : "none");
     }
+    out->checkpoints_failed = t->ckpt.failed;
     _Static_assert(sizeof out->checkpoint == sizeof t->ckpt.path, "checkpoint path sizes");
     memcpy(out->checkpoint, t->ckpt.path, sizeof out->checkpoint);
 }
@@ -400,6 +471,7 @@ static void summarize_params(Trainer *t, TrainSummary *out, float **params_out) 
  * evaluation and no checkpoint, then trainer_restart to run.seed's start,
  * which the first counted run then takes as it would without them. */
 static void warmup_runs(Trainer *t) {
+    watch_fatal(NULL); /* an untimed run's weights are not the run's */
     for (int w = 0; w < t->set.run.warmup_runs; w++) {
         RunTally r = {.loss = NAN, .why = RUN_ON};
         double start = now_seconds();
@@ -407,6 +479,7 @@ static void warmup_runs(Trainer *t) {
         trainer_restart(t, t->set.run.seed);
         log_info("warm-up run %d of %d: %.3f s, untimed", w + 1, t->set.run.warmup_runs, now_seconds() - start);
     }
+    watch_fatal(t);
 }
 
 /* run.repeats runs (one unless set), each its epochs from start (a resumed
@@ -454,12 +527,14 @@ static void run_observed(const Config *cfg, TrainSummary *out, float **params_ou
     install_stop_handlers(old_handlers);
     CkptPosition start = trainer_open(t, cfg, dist, out, run_start);
     if (obs && obs->opened) obs->opened(obs->user, &t->model);
+    watch_fatal(t);
     RunTally r = train_runs(t, out, start);
     finish_run(t, &r, out);
     summarize_timing(t, &r, out);
     summarize_device(t, &r, out);
     summarize_params(t, out, params_out);
     if (obs && obs->closing) obs->closing(obs->user, &t->model);
+    watch_fatal(NULL);
     trainer_close(t);
     restore_stop_handlers(old_handlers);
 }
@@ -513,6 +588,7 @@ void train_summary_print_json(const TrainSummary *s, FILE *f) {
     json_add_bool(o, "stopped", s->stopped);
     json_add_int(o, "params_crc", s->params_crc);
     json_add_string(o, "checkpoint", s->checkpoint);
+    json_add_int(o, "checkpoints_failed", s->checkpoints_failed);
     json_add_int(o, "peak_mem_bytes", (long long)s->peak_mem_bytes);
     json_add_int(o, "host_peak_rss_bytes", (long long)s->host_peak_rss_bytes);
     json_add_int(o, "skipped_files", s->skipped_files);

@@ -51,6 +51,7 @@ typedef struct {
     int exit_status;        /* what trainc exits with: 0, 128 + signal, or 1 (run.max_bad_steps, checkpoints
                              * asked for and not written) */
     char checkpoint[4200];  /* the last checkpoint written or resumed from; "" if none */
+    long checkpoints_failed; /* checkpoints asked for and not written (exit status 1 then) */
     /* Where a timed step's time went, ms per step (the summary's phase_ms); NaN
      * where not measured. data_wait: host time in loader_next. The others are
      * device time between events on the compute stream (host time on the CPU):

@@ -106,16 +106,86 @@ static void remove_stale_temporaries(const Trainer *t) {
     if (t->ddp.dist->rank == 0) ckpt_remove_stale_temporaries(t->set.checkpoint.dir, "ckpt-", ".trc");
 }
 
+/* The checkpoint folder this run made at its start, until a checkpoint is
+ * written in it: a run that ends before (refused, stopped, failed) removes it
+ * and its lock file as it leaves, rather than leave an empty folder behind. */
+static char unused_dir[4200];
+
+static void remove_unused_dir(void) {
+    char lock[4300];
+    if (!unused_dir[0]) return;
+    snprintf(lock, sizeof lock, "%s/%s", unused_dir, CKPT_LOCK_FILE);
+    unlink(lock);
+    rmdir(unused_dir); /* fails, leaving it, where anything else is in it */
+    unused_dir[0] = 0;
+}
+
+static void remove_at_exit_if_unused(const char *dir) {
+    static int registered;
+    if (!registered) atexit(remove_unused_dir);
+    registered = 1;
+    snprintf(unused_dir, sizeof unused_dir, "%s", dir);
+}
+
+/* A file made and removed at the start: a folder made read-only after its
+ * lock file was written takes the lock but no checkpoint. */
+static void check_dir_writable(const char *dir) {
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.trainc.probe-%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0)
+        TC_USER_ERROR("run.checkpoint_dir = %s: cannot create a file in it (%s): no checkpoint could be written "
+                      "there; set another run.checkpoint_dir (or run.save_final = off and run.checkpoint_every = 0 "
+                      "for a run that writes none)", dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+}
+
 /* run.checkpoint_dir is this run's while it runs (rank 0 holds its lock):
  * taken at the start when the run writes checkpoints or resumes the folder's
  * latest, ending the process when it cannot be (another run holds it, it cannot
  * be written); else at the first checkpoint, which is not written then. */
 int lock_checkpoint_dir(const Trainer *t, int at_start) {
     char err[4400];
-    if (t->ddp.dist->rank != 0 || ckpt_lock_dir(t->set.checkpoint.dir, err, sizeof err) == 0) return 0;
+    if (t->ddp.dist->rank != 0) return 0;
+    struct stat st;
+    int existed = stat(t->set.checkpoint.dir, &st) == 0;
+    if (ckpt_lock_dir(t->set.checkpoint.dir, err, sizeof err) == 0) {
+        if (at_start) check_dir_writable(t->set.checkpoint.dir);
+        if (at_start && !existed) remove_at_exit_if_unused(t->set.checkpoint.dir);
+        return 0;
+    }
     if (at_start) TC_USER_ERROR("run.checkpoint_dir: %s", err);
     log_warn("run.checkpoint_dir: %s; no checkpoint at step %ld", err, t->step);
     return -1;
+}
+
+/* run.save_final alone (no run.checkpoint_every, no run.resume) where
+ * run.checkpoint_dir holds another run's checkpoints: this run's goes into
+ * the first free run.checkpoint_dir/run-<N>, so that the same command run
+ * again leaves its model beside the last one's rather than being refused. */
+void choose_final_dir(Trainer *t) {
+    const TrainSettings *s = &t->set;
+    long *steps;
+    if (t->ddp.dist->rank != 0 || !s->checkpoint.save_final || s->checkpoint.every || s->run.resume[0]) return;
+    int n = list_checkpoints(s->checkpoint.dir, &steps);
+    long newest = n > 0 ? steps[0] : -1;
+    free(steps);
+    if (n <= 0) return;
+    for (int k = 2; k < 1000000; k++) {
+        snprintf(t->ckpt.dir, sizeof t->ckpt.dir, "%s/run-%d", s->checkpoint.dir, k);
+        if (mkdir(t->ckpt.dir, 0777) == 0) {
+            remove_at_exit_if_unused(t->ckpt.dir);
+            log_info("run.checkpoint_dir = %s holds another run's checkpoints (newest ckpt-%08ld.trc): this run's "
+                     "final checkpoint goes into %s", s->checkpoint.dir, newest, t->ckpt.dir);
+            t->set.checkpoint.dir = t->ckpt.dir;
+            return;
+        }
+        if (errno != EEXIST)
+            TC_USER_ERROR("run.checkpoint_dir = %s holds another run's checkpoints, and %s cannot be made for this "
+                          "run's final checkpoint: %s", s->checkpoint.dir, t->ckpt.dir, strerror(errno));
+    }
+    TC_USER_ERROR("run.checkpoint_dir = %s: run-2 to run-999999 are taken: set another", s->checkpoint.dir);
 }
 
 /* run.keep_checkpoints: delete all but the newest K, never the one just written. */
@@ -203,6 +273,7 @@ static int checkpoint_failed(Trainer *t) {
 int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     char path[4200], err[4400];
     if (t->ckpt.step == t->step && t->ckpt.path[0]) return 0; /* this state is saved */
+    if (t->step == t->first_step) return 0;                    /* nothing trained yet: nothing to save */
     sync_sharded_state(t);
     if (t->ddp.dist->rank != 0) {
         /* Rank 0 writes; every rank holds the same weights. */
@@ -227,6 +298,7 @@ int save_checkpoint(Trainer *t, int epoch, long epoch_micro) {
     }
     snprintf(t->ckpt.path, sizeof t->ckpt.path, "%s", path);
     t->ckpt.step = t->step;
+    unused_dir[0] = 0; /* it holds this checkpoint now */
     log_info("checkpoint: %s (%.2f s)", path, now_seconds() - start);
     rotate_checkpoints(t);
     return 0;
@@ -313,14 +385,17 @@ CkptFile *open_resume(const Trainer *t, const char *resume) {
 }
 
 /* A fresh run writing checkpoints must not mix them with another run's, and a
- * resumed one must not write over checkpoints newer than its start. */
+ * resumed one must not write over checkpoints newer than its start. Rank 0
+ * writes them, into the folder it chose (choose_final_dir). */
 void check_checkpoint_dir(const Trainer *t, long resume_step) {
     long *steps;
+    if (t->ddp.dist->rank != 0) return;
     remove_stale_temporaries(t);
     int n = list_checkpoints(t->set.checkpoint.dir, &steps);
     if (n > 0 && resume_step < 0)
         TC_USER_ERROR("run.checkpoint_dir = %s already holds checkpoints (newest ckpt-%08ld.trc): resume with "
-                 "--resume latest, or set another run.checkpoint_dir", t->set.checkpoint.dir, steps[0]);
+                 "--resume latest, or set another run.checkpoint_dir (or run.save_final = off and "
+                 "run.checkpoint_every = 0 for a run that writes none)", t->set.checkpoint.dir, steps[0]);
     if (n > 0 && steps[0] > resume_step)
         TC_USER_ERROR("run.checkpoint_dir = %s holds ckpt-%08ld.trc, newer than the resumed step %ld: move it "
                  "away or set another run.checkpoint_dir (trainc never overwrites checkpoints)",

@@ -107,12 +107,24 @@ static double decoded_mib(const Source *src) {
 
 /* Decoded once, in place; with fallback (data.cache = auto, data.crop =
  * random_resized) images of several sizes leave it streaming. 1: decoded. */
+/* SIGINT or SIGTERM while the images are decoded: the process ends at once,
+ * before the first step, with nothing to save. */
+static void stopped_in_decode(const Source *src, const char *how_far, double seconds) {
+    int signo = *train_stop_flag();
+    fflush(stdout);
+    fprintf(stderr, "trainc: stopped by %s while decoding the images of %s (%s, in %.1f s), before the first "
+            "step: nothing to save, no checkpoint written\n", signo == SIGINT ? "SIGINT" : "SIGTERM", src->dir,
+            how_far, seconds);
+    exit(128 + signo);
+}
+
 static int decode_split(const TrainSettings *s, Source *src, int fallback, char *why, size_t whylen) {
     char err[4600];
     Dataset d;
     log_info("decoding the %d images of %s once into memory ...", src->n, src->dir);
     double t0 = now_seconds();
-    int rc = source_decode_all(src, &d, err, sizeof err);
+    int rc = source_decode_all(src, &d, train_stop_flag(), err, sizeof err);
+    if (rc == -3) stopped_in_decode(src, err, now_seconds() - t0);
     if (rc == -2 && fallback) {
         snprintf(why, whylen, "its images differ in size (%.900s)", err);
         return 0;
@@ -628,7 +640,7 @@ static CkptPosition open_resume_point(Trainer *t, CkptFile *resume) {
         start = load_checkpoint(t, resume);
         ckpt_close(resume);
     }
-    if (t->set.checkpoint.every) check_checkpoint_dir(t, resume ? t->step : -1);
+    if (t->set.checkpoint.every || t->set.checkpoint.save_final) check_checkpoint_dir(t, resume ? t->step : -1);
     return start;
 }
 
@@ -685,7 +697,9 @@ static void open_loop(Trainer *t, double run_start) {
 
 CkptPosition trainer_open(Trainer *t, const Config *cfg, Dist *dist, TrainSummary *out, double run_start) {
     open_settings(t, cfg, dist, out);
-    if (t->set.checkpoint.every || strcmp(t->set.run.resume, "latest") == 0) lock_checkpoint_dir(t, 1);
+    choose_final_dir(t);
+    if (t->set.checkpoint.every || t->set.checkpoint.save_final || strcmp(t->set.run.resume, "latest") == 0)
+        lock_checkpoint_dir(t, 1);
     /* run.resume: the file is checked end to end before anything is loaded. */
     const char *resume_from = t->weights_from ? t->weights_from : t->set.run.resume;
     CkptFile *resume = resume_from[0] ? open_resume(t, resume_from) : NULL;

@@ -208,6 +208,7 @@ typedef struct {
     char path[4200];          /* written (or resumed from) at step */
     long step;
     long failed;              /* checkpoints asked for and not written: the run ends with exit status 1 */
+    char dir[4200];           /* run.checkpoint_dir/run-<N>: a final checkpoint's folder beside another run's */
 } TrainLastCheckpoint;
 
 typedef struct {
@@ -324,7 +325,10 @@ void sync_bn_allreduce(void *ctx, double *sums, int n, cudaStream_t stream);
 
 /* train_checkpoint.c */
 int save_checkpoint(Trainer *t, int epoch, long epoch_micro);
+/* train.c: set (to the signal) by SIGINT and SIGTERM during the run */
+const volatile sig_atomic_t *train_stop_flag(void);
 int lock_checkpoint_dir(const Trainer *t, int at_start);
+void choose_final_dir(Trainer *t);
 CkptFile *open_resume(const Trainer *t, const char *resume);
 void check_checkpoint_dir(const Trainer *t, long resume_step);
 CkptPosition load_checkpoint(Trainer *t, CkptFile *f);

@@ -443,6 +443,7 @@ static void on_closing(void *user, Model *m) {
     p->report->dropped = p->dropped;
     if (p->dropped_phases) log_warn("profile: %ld host phases past the pool are not in the trace", p->dropped_phases);
     if (p->trace_path) write_trace(p);
+    p->report->timeline = trace_events(p); /* the HTML report's timeline (profile_html.c) */
     profile_kernels_close(p->kernels);
     m->ops.hooks = p->chained;
     if (p->gpu && p->pool_ready) {
@@ -565,4 +566,6 @@ void profile_print_ranks(const ProfileReport *r, FILE *f) {
 void profile_report_free(ProfileReport *r) {
     free(r->layers);
     r->layers = NULL;
+    cJSON_Delete(r->timeline);
+    r->timeline = NULL;
 }

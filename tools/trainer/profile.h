@@ -139,6 +139,7 @@ typedef struct {
     double wait_ms_min, wait_ms_max;  /* rank 0: the ranks' data wait per step, least and most */
     const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
     ProfileSettings settings;
+    struct cJSON *timeline;   /* this rank's trace events (as --trace writes them, without pid) */
 } ProfileReport;
 
 /* ---- the kernels section (profile_kernels.c) ---- */
@@ -228,5 +229,8 @@ void profile_report_free(ProfileReport *r);
 void profile_print_ranks(const ProfileReport *r, FILE *f);
 /* The three sections: per layer, diagnosis, memory. */
 void profile_print(ProfileReport *r, FILE *f); /* sets r->top_phase */
+/* --html FILE: one self-contained page (inline SVG, no script, nothing fetched) of r: the timeline, the
+ * layers, the roofline, the run's NVML figures, the findings and what was measured (profile_html.c). */
+void profile_html_write(ProfileReport *r, const char *path);
 
 #endif

@@ -3,12 +3,17 @@
 
 Usage: profile_html_check.py TRAINC SCRATCH_DIR
 
+Then tools/lab_table.py --html of two tiny CPU stages: its table, the
+stages' timelines, findings and reflection, opened in Chromium the same way.
+
 Checks the page: every section's SVG present (in the file and in Chromium's
 DOM dump), nothing it would fetch (no src/href/url( outside the page, a CSP
 of default-src 'none'), no console error, and a screenshot that is not blank
 (the PNG decoded with zlib, its pixels' spread). The CPU's GPU-only figures
 say "not measured on the CPU".
 Exit 0: passed, 1: failed, 77: skipped (no chromium: apt-get install chromium)."""
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -82,8 +87,43 @@ def check_page(html):
             fail(f"{what}: not said to be not measured on the CPU")
 
 
+def rejects(page, why):
+    """check_page must fail on page (a check that cannot fail is no check)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            check_page(page)
+    except SystemExit:
+        return
+    fail(f"check_page passed a page with {why}")
+
+
+def check_lab(trainc, scratch):
+    """lab_table.py --html on two tiny CPU stages: the page's sections; returns its path."""
+    page = os.path.join(scratch, "lab.html")
+    cmd = [sys.executable, "tools/lab_table.py", "--trainc", trainc, "--configs", "configs/cpu.ini,configs/cpu.ini",
+           "--diagnose-steps", "2:3", "--html", page, "--csv", os.path.join(scratch, "lab.csv"), "--svg",
+           os.path.join(scratch, "lab.svg"), "--report", os.path.join(scratch, "lab.md")]
+    for s in TINY + ["run.device=cpu", "run.max_steps=8"]:
+        cmd += ["--set", s]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if run.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {run.returncode}: {run.stderr[-2000:]}")
+    html = open(page, encoding="utf-8").read()
+    timelines = re.search(r'<section id="timelines">(.*?)</section>', html, re.S)
+    if not timelines or timelines.group(1).count('<svg class="timeline"') != 2 or "<rect" not in timelines.group(1):
+        fail("the lab page: not two stages' timelines with boxes")
+    if html.count("<li>") < 1 or "<table>" not in html:
+        fail("the lab page: no table or no finding")
+    reflection = re.search(r'<section id="reflection">(.*?)</section>', html, re.S)
+    if not reflection or "biggest bottleneck" not in reflection.group(1) or "gained most" not in reflection.group(1):
+        fail("the lab page: no reflection")
+    if re.search(r'(?:src|href)\s*=\s*["\']?[a-z]+:|url\(|<script|<link|<img', html, re.I):
+        fail("the lab page refers outside itself")
+    return page
+
+
 def run_chromium(chromium, html_path, scratch):
-    shot = os.path.join(scratch, "profile.png")
+    shot = os.path.splitext(html_path)[0] + ".png"
     base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
             "--user-data-dir=" + os.path.join(scratch, "chromium-profile"), "--window-size=1200,1600"]
     url = "file://" + os.path.abspath(html_path)
@@ -128,6 +168,10 @@ def main():
         fail(f"the text's summary: {head!r}")
     html = open(html_path, encoding="utf-8").read()
     check_page(html)
+    rejects(html.replace("</body>", '<img src="https://example.com/x.png"></body>'), "an outside image")
+    rejects(html.replace('<section id="roofline">', '<section id="gone">'), "no roofline")
+    rejects(html.replace("not measured on the CPU", "0%"), "the CPU's GPU figures as 0%")
+    lab = check_lab(trainc, scratch)
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         print("SKIP: no chromium on PATH (apt-get install chromium); the page itself passed its checks")
@@ -137,7 +181,11 @@ def main():
         if not re.search(rf'<section id="{section}">.*?<svg.*?<{shape}', dom, re.S):
             fail(f"Chromium's DOM: section {section} has no <svg> with a <{shape}>")
     check_screenshot(shot)
-    print("PASS: the page, its DOM in Chromium and its screenshot")
+    lab_dom, lab_shot = run_chromium(chromium, lab, scratch)
+    if lab_dom.count('class="timeline"') != 2:
+        fail("Chromium's DOM of the lab page: not two timelines")
+    check_screenshot(lab_shot)
+    print("PASS: the profile's page and the lab's, their DOM in Chromium and their screenshots")
 
 
 if __name__ == "__main__":

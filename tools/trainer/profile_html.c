@@ -47,15 +47,28 @@ static void svg_text(FILE *f, double x, double y, const char *anchor, const char
 }
 
 /* A kernel's long name to something readable: no "void ", no template or
- * argument list, at most 48 characters (cuDNN's and CUTLASS's names keep
- * their family and tile, which come first). */
+ * argument list; a name of cuDNN's or CUTLASS's (tokens joined by '_') to its
+ * first four tokens, its family, and its tile ("tilesize128x128x64" or
+ * "128x128_32x3"); at most 63 characters. */
 static void short_name(const char *name, char *out, size_t len) {
     if (strncmp(name, "void ", 5) == 0) name += 5;
-    size_t n = strcspn(name, "(<");
-    if (n > 48) n = 48;
-    if (n >= len) n = len - 1;
-    memcpy(out, name, n);
-    out[n] = 0;
+    char base[256];
+    snprintf(base, sizeof base, "%.*s", (int)strcspn(name, "(<"), name);
+    if (strlen(base) <= 48 || !strchr(base, '_')) {
+        snprintf(out, len, "%.48s", base);
+        return;
+    }
+    const char *tile = strstr(base, "tilesize");
+    if (tile) tile += strlen("tilesize");
+    for (const char *c = base; !tile && *c; c++) /* a token "AxB": digits, 'x', digits */
+        if ((c == base || c[-1] == '_') && c[0] >= '0' && c[0] <= '9' && strchr(c, 'x') &&
+            strspn(c, "0123456789") == (size_t)(strchr(c, 'x') - c))
+            tile = c;
+    int family = 0, tokens = 0;
+    while (base[family] && tokens < 4) tokens += base[family++] == '_';
+    if (tokens == 4) family--;
+    if (tile) snprintf(out, len, "%.*s tile %.*s", family, base, (int)strcspn(tile, "_"), tile);
+    else snprintf(out, len, "%.*s", family, base);
 }
 
 /* ---- the timeline ------------------------------------------------------------- */
@@ -135,9 +148,10 @@ static void print_timeline(const ProfileReport *r, FILE *f) {
         if (ts + dur < t0 || ts > t1) continue;
         int i = lane_of(lanes, &n, (int)num(e, "pid"), (int)num(e, "tid"));
         if (i < 0) continue;
-        char name[64], title[160];
+        char name[64], title[640];
         short_name(str(e, "name"), name, sizeof name);
-        snprintf(title, sizeof title, "%s: %.2f us", name, dur);
+        snprintf(title, sizeof title, "%s: %.2f us%s%s", name, dur, strcmp(name, str(e, "name")) ? "\n" : "",
+                 strcmp(name, str(e, "name")) ? str(e, "name") : "");
         double x0 = LABEL_W + (fmax(ts, t0) - t0) * scale, x1 = LABEL_W + (fmin(ts + dur, t1) - t0) * scale;
         svg_box(f, x0, i * LANE_H + 2, x1 - x0, LANE_H - 4, lane_colour(str(e, "cat")), title);
     }

@@ -506,7 +506,8 @@ static void note_settings(const Config *cfg, ProfileSettings *o) {
                            s.precision.tf32, s.perf.conv_benchmark, s.perf.cuda_graph, s.perf.graph_node_priority,
                            s.perf.overlap_wgrad, (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
                            s.dist.half_allreduce, s.data.resized_crop, s.data.dct_scaling,
-                           strcmp(s.data.source, "image_folder") == 0, s.data.decode == DATA_DECODE_CPU};
+                           strcmp(s.data.source, "image_folder") == 0, s.data.decode == DATA_DECODE_CPU, ""};
+    snprintf(o->metrics_file, sizeof o->metrics_file, "%s", s.run.metrics_file);
 }
 
 void profile_run(Config *cfg, long first, long last, const char *trace_path, int graph, ProfileReport *r) {

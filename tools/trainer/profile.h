@@ -114,6 +114,7 @@ typedef struct {
     long bucket_mb;
     int copy_engine_off, half_allreduce;
     int resized_crop, dct_scaling, folder, decode_cpu; /* the streaming pipeline's switches */
+    char metrics_file[1024];  /* run.metrics_file ("": none): --html graphs its NVML samples over the run */
 } ProfileSettings;
 
 typedef struct {

@@ -243,6 +243,59 @@ static void share_bar(FILE *f, int row, const char *what, double share, const ch
     svg_text(f, 610, y + 14, "start", figure);
 }
 
+/* The NVML samples of run.metrics_file ({"gpu_sample": T, "util": .., ...} lines), at most MAX_SAMPLES. */
+#define MAX_SAMPLES 4096
+enum { SAMPLE_UTIL, SAMPLE_MEM, SAMPLE_POWER, SAMPLE_TEMP, SAMPLE_KINDS };
+static const char *const sample_keys[SAMPLE_KINDS] = {"util", "mem_bytes", "power_w", "temp_c"};
+static const char *const sample_names[SAMPLE_KINDS] = {"utilisation %", "memory MiB", "power W", "temperature C"};
+
+static int read_samples(const char *path, double *t, double (*v)[SAMPLE_KINDS]) {
+    FILE *f = path[0] ? fopen(path, "r") : NULL;
+    if (!f) return 0;
+    char line[1024];
+    int n = 0;
+    while (n < MAX_SAMPLES && fgets(line, sizeof line, f)) {
+        if (!strstr(line, "\"gpu_sample\"")) continue;
+        cJSON *o = cJSON_Parse(line);
+        if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "gpu_sample"))) {
+            t[n] = num(o, "gpu_sample");
+            for (int k = 0; k < SAMPLE_KINDS; k++) {
+                const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, sample_keys[k]);
+                v[n][k] = cJSON_IsNumber(x) ? x->valuedouble / (k == SAMPLE_MEM ? 1048576.0 : 1) : -1;
+            }
+            n++;
+        }
+        cJSON_Delete(o);
+    }
+    fclose(f);
+    return n;
+}
+
+/* A graph per reading over the run's time. */
+static void print_samples(const ProfileReport *r, FILE *f) {
+    static double t[MAX_SAMPLES], v[MAX_SAMPLES][SAMPLE_KINDS];
+    int n = read_samples(r->settings.metrics_file, t, v);
+    if (n < 2) {
+        fprintf(f, "<p class=\"na\">NVML's samples over time: %s.</p>\n", !r->gpu ? "not measured on the CPU" :
+                "none (set run.metrics_file and monitor.sample_every_s to graph them)");
+        return;
+    }
+    double span = fmax(t[n - 1] - t[0], 1e-9);
+    for (int k = 0; k < SAMPLE_KINDS; k++) {
+        double top = 1e-9;
+        for (int i = 0; i < n; i++) top = fmax(top, v[i][k]);
+        char label[96];
+        snprintf(label, sizeof label, "%s (0 to %.4g) over %.1f s", sample_names[k], top, span);
+        fprintf(f, "<svg class=\"samples\" width=\"540\" height=\"110\"><rect x=\"40\" y=\"16\" width=\"480\" "
+                "height=\"80\" fill=\"none\" stroke=\"#888\"/>\n");
+        svg_text(f, 40, 12, "start", label);
+        fputs("<polyline fill=\"none\" stroke=\"#2874a6\" points=\"", f);
+        for (int i = 0; i < n; i++)
+            if (v[i][k] >= 0) fprintf(f, "%.1f,%.1f ", 40 + 480 * (t[i] - t[0]) / span, 96 - 80 * v[i][k] / top);
+        fprintf(f, "\"><title>%s</title></polyline></svg>\n", sample_names[k]);
+    }
+}
+
 static void print_run(const ProfileReport *r, FILE *f) {
     const TrainSummary *s = &r->summary;
     fputs("<section id=\"run\"><h2>Over the run</h2>\n", f);
@@ -266,8 +319,9 @@ static void print_run(const ProfileReport *r, FILE *f) {
         snprintf(figure, sizeof figure, "%.1f MiB (the arenas' peak)", s->peak_mem_bytes / 1048576.0);
         share_bar(f, 3, "GPU memory", -1, figure);
     }
-    fputs("</svg>\n<p class=\"na\">Means over the window; NVML's samples over time and the clocks are not kept "
-          "by this version.</p></section>\n", f);
+    fputs("</svg>\n<p class=\"na\">Means over the window (the clocks are not sampled).</p>\n", f);
+    print_samples(r, f);
+    fputs("</section>\n", f);
 }
 
 static void print_findings(const ProfileReport *r, FILE *f) {

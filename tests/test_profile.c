@@ -270,7 +270,7 @@ static void check_bad_steps(void) {
     check_trainc_fails("profile --config configs/cpu.ini --graph --steps 2:5", 2,
                        "trainc: error: --graph: step 1 runs eagerly and step 2 captures the CUDA graph");
     check_trainc_fails("--config configs/cpu.ini --graph", 2,
-                       "trainc: error: --steps, --trace and --graph belong to trainc profile");
+                       "trainc: error: --steps, --trace, --html and --graph belong to trainc profile");
     check_trainc_fails("profile --config configs/cpu.ini --device cpu --graph", 1,
                        "profile --graph: the step's CUDA graph needs the GPU");
 }

@@ -4,7 +4,7 @@
 # command to run. Exit 1 only when a package the build needs is missing.
 #   tools/install_deps.sh          what the build and the tests need
 #   tools/install_deps.sh --ci     also what CI alone uses (the fuzzers' clang, libFuzzer, symbolizer;
-#                                  pip and PyPI's tensorboard; Slurm and munge)
+#                                  pip and PyPI's tensorboard; Slurm and munge; Chromium)
 set -euo pipefail
 ci=0
 [ "${1:-}" = --ci ] && ci=1
@@ -15,6 +15,8 @@ required=(cmake pkg-config libstb-dev zlib1g-dev libcjson-dev libjpeg62-turbo-de
 optional=(libopenblas-dev libopenmpi-dev openmpi-bin)
 # CI also starts a one-node Slurm for test_slurm (tools/slurm_local.sh).
 [ $ci = 1 ] && optional+=(clang libclang-rt-dev llvm python3-pip slurm-wlm munge)
+# CI opens trainc profile --html's page in headless Chromium (test_profile_html; it skips without it).
+[ $ci = 1 ] && optional+=(chromium)
 
 # CI only: test_tensorboard_py reads run.tensorboard_dir's event files with
 # TensorBoard's own reader, the one check of the writer that is not trainc's

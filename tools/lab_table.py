@@ -15,6 +15,9 @@ exit status 1.
                                                   # printed and written to lab_report.md
   python3 tools/lab_table.py --stages imagenet --data /tmp/imnet --set run.max_steps=200
                                                   # the ImageNet case's stages on a folder (ResNet-50)
+  python3 tools/lab_table.py --html lab.html      # one self-contained page: the table and chart, each
+                                                  # stage's timeline (its profile's trace) at one time
+                                                  # scale, its findings and a reflection (implies --diagnose)
 """
 import argparse
 import csv
@@ -99,9 +102,9 @@ def phase_split(summary):
     return parts
 
 
-def run_profile(trainc, config, sets, steps):
-    """trainc profile's findings for config: (findings as dicts, why none)."""
-    cmd = [trainc, "profile", "--config", config, "--quiet", "--steps", steps]
+def run_profile(trainc, config, sets, steps, trace=None):
+    """trainc profile's findings for config: (findings as dicts, why none); with trace, its --trace file too."""
+    cmd = [trainc, "profile", "--config", config, "--quiet", "--steps", steps] + (["--trace", trace] if trace else [])
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
@@ -196,6 +199,113 @@ def svg_chart(rows, path):
         f.write("\n".join(out) + "\n")
 
 
+def trace_lanes(path):
+    """A profile's trace: ({(pid, tid): lane name}, [(pid, tid, name, cat, ts, dur)] of its first two steps,
+    their span in us); None when it could not be read."""
+    try:
+        events = json.load(open(path))["traceEvents"]
+    except (OSError, ValueError, KeyError):
+        return None
+    names, boxes = {}, []
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")[:2]
+    if not steps:
+        return None
+    t0, t1 = steps[0][0], steps[-1][1]
+    for e in events:
+        key = (e.get("pid", 0), e.get("tid", 0))
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            names[key] = e["args"]["name"]
+        elif e.get("ph") == "X" and e["ts"] < t1 and e["ts"] + e["dur"] > t0:
+            names.setdefault(key, f"track {key[1]}")
+            boxes.append((*key, e["name"], e.get("cat", ""), e["ts"] - t0, e["dur"]))
+    return names, boxes, t1 - t0
+
+
+LANE_COLOURS = {"step": "#9aa5b1", "phase": "#7fb3d5", "op": "#82c99a"}
+
+
+def timeline_svg(lanes, scale_us, width=1000, lane_h=16, left=170):
+    """One stage's timeline: a lane per track, every box at scale_us for the width after the labels."""
+    names, boxes, _ = lanes
+    keys = sorted(names)
+    px = (width - left - 10) / scale_us
+    out = [f'<svg class="timeline" width="{width}" height="{len(keys) * lane_h + 4}">']
+    for i, k in enumerate(keys):
+        out.append(f'<text x="2" y="{i * lane_h + 12}" font-size="11">{escape(names[k])}</text>')
+    for pid, tid, name, cat, ts, dur in boxes:
+        y = keys.index((pid, tid)) * lane_h + 2
+        colour = LANE_COLOURS.get(cat, "#f5b041" if "memcpy" in cat else "#5d8aa8")
+        out.append(f'<rect x="{left + max(ts, 0) * px:.2f}" y="{y}" width="{max(dur * px, 0.5):.2f}" '
+                   f'height="{lane_h - 4}" fill="{colour}"><title>{escape(name[:80])}: {dur:.1f} us</title></rect>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def switch_text(switches):
+    """A finding's switches as a sentence's end."""
+    return f"no switch left ({switches})" if switches.startswith("none") else f"the switches {switches}"
+
+
+def reflection(rows):
+    """Plain sentences from the measured figures: the baseline's biggest bottleneck, the stage that gained most,
+    what the final stage is bound by now."""
+    stages = [r for r in rows if r["who"] == "trainc"]
+    out = []
+    first, last = stages[0], stages[-1]
+    if first.get("findings"):
+        f = first["findings"][0]
+        out.append(f"The biggest bottleneck at {first['version']} was {f['what']}: {f['share']:.1f}% of its step "
+                   f"({f['ms']:.2f} ms); against it: {switch_text(f['switches'])}.")
+    gains = [(b["samples_per_s"] / a["samples_per_s"], b) for a, b in zip(stages, stages[1:]) if a["samples_per_s"]]
+    if gains:
+        ratio, best = max(gains, key=lambda g: g[0])
+        out.append(f"The stage that gained most was {best['version']}: {ratio:.2f}x the samples/s of the stage "
+                   f"before it.")
+    if last.get("findings"):
+        f = last["findings"][0]
+        out.append(f"{last['version']} is bound now by {f['what']} ({f['share']:.1f}% of its step); what would "
+                   f"help next: {switch_text(f['switches'])}.")
+    elif phase_split(last):
+        key, ms = max(phase_split(last), key=lambda p: p[1])
+        out.append(f"{last['version']} spends most of its step in {key} ({ms:.2f} ms).")
+    return out
+
+
+def html_page(rows, svg_path, path):
+    """The lab in one self-contained page (nothing fetched: a CSP of default-src 'none')."""
+    util = lambda r: f"{100 * r['gpu_util']:.0f}%" if r.get("gpu_util") is not None else "not measured"
+    out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+           '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'">',
+           "<title>the lab</title><style>body{font:13px sans-serif;margin:16px}td,th{padding:2px 8px}"
+           "svg text{font-family:sans-serif}</style></head><body><h1>The lab</h1>",
+           '<section id="table"><h2>Table</h2><table><tr><th>version</th><th>GPU util</th><th>samples/s</th>'
+           "<th>speedup</th><th>peak GiB</th></tr>"]
+    for r in rows:
+        speedup = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
+        out.append(f"<tr><td>{escape(r['version'])}</td><td>{util(r)}</td><td>{r['samples_per_s']:,.0f}</td>"
+                   f"<td>{speedup}</td><td>{r.get('peak_mem_bytes', 0) / 2**30:.2f}</td></tr>")
+    chart = open(svg_path).read().replace(' xmlns="http://www.w3.org/2000/svg"', "")
+    out += ["</table>", chart, "</section>", '<section id="timelines"><h2>Timelines, one time scale</h2>']
+    lanes = [(r, r.get("trace_lanes")) for r in rows if r.get("trace_lanes")]
+    scale = max((l[2] for _, l in lanes), default=1)
+    for r, l in lanes:
+        out.append(f"<h3>{escape(r['version'])}: first two profiled steps, {l[2] / 1000:.3f} ms</h3>")
+        out.append(timeline_svg(l, scale))
+    if not lanes:
+        out.append("<p>No stage's trace could be read.</p>")
+    out.append('</section><section id="findings"><h2>Findings</h2>')
+    for r in rows:
+        if "findings" in r:
+            out.append(f"<h3>{escape(r['version'])}</h3><ol>")
+            out += [f"<li>{escape(finding_text(f))}</li>" for f in r["findings"]]
+            out.append("</ol>" + ("" if r["findings"] else f"<p>{escape(r['diagnosis_note'])}</p>"))
+    out.append('</section><section id="reflection"><h2>Reflection</h2>')
+    out += [f"<p>{escape(s)}</p>" for s in reflection(rows)]
+    out.append("</section></body></html>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainc", default="build/trainc")
@@ -212,7 +322,10 @@ def main():
     ap.add_argument("--diagnose-steps", default="11:30", help="the profiled window, trainc profile's --steps A:B")
     ap.add_argument("--top", type=int, default=8, help="findings shown per stage (default: all, 8 at most)")
     ap.add_argument("--report", default="lab_report.md", help="with --diagnose: the markdown report")
+    ap.add_argument("--html", help="the lab in one self-contained page (implies --diagnose; the stages' traces "
+                    "are written beside it)")
     args = ap.parse_args()
+    args.diagnose |= bool(args.html)
     if not args.configs:
         args.configs = ",".join(f"configs/{s}.ini" for s in (IMAGENET_STAGES if args.stages == "imagenet" else STAGES))
     if args.data:
@@ -229,8 +342,13 @@ def main():
         else:
             print(f"ran {config}: {s['samples_per_s']:.0f} samples/s", file=sys.stderr)
         if args.diagnose:
+            trace = None
+            if args.html:
+                trace = os.path.splitext(args.html)[0] + f"_{len(rows)}_" + os.path.basename(config) + ".trace.json"
             rows[-1]["findings"], rows[-1]["diagnosis_note"] = run_profile(args.trainc, config, args.set,
-                                                                             args.diagnose_steps)
+                                                                             args.diagnose_steps, trace)
+            if trace and os.path.exists(trace):
+                rows[-1]["trace_lanes"] = trace_lanes(trace)
             print(f"profiled {config}: {len(rows[-1]['findings'])} findings", file=sys.stderr)
     if args.torch_json:
         for line in open(args.torch_json):
@@ -266,6 +384,9 @@ def main():
     if args.diagnose:
         write_report(rows, args.report, args.top)
     svg_chart(rows, args.svg)
+    if args.html:
+        html_page(rows, args.svg, args.html)
+        print(f"wrote {args.html}", file=sys.stderr)
     if any(r.get("failed") for r in rows):
         sys.exit("lab_table: some runs failed (see the table)")
 

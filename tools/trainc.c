@@ -3,7 +3,8 @@
  *   trainc [bench-loader] --config FILE [--set section.key=value]... [--device cpu|cuda]
  *          [--resume FILE|latest] [--print-config] [--quiet]
  *   trainc find-batch --config FILE [--set ...] [--device cpu|cuda] [--max-batch N]
- *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json] [--graph]
+ *   trainc profile --config FILE [--set ...] [--device cpu|cuda] [--steps A:B] [--trace FILE.json]
+ *                  [--html FILE.html] [--graph]
  *   trainc export --checkpoint FILE --format safetensors --out FILE
  *   trainc eval --checkpoint FILE [--data PATH] [--config FILE] [--set ...] [--device cpu|cuda] [--csv FILE]
  *   trainc predict --checkpoint FILE [--top K] [--json] [--device cpu|cuda] IMAGE...
@@ -72,12 +73,13 @@ static const Subcommand subcommands[] = {
      "double train.batch until out of memory or samples/s stops growing 5%,\n"
      "up to --max-batch (65536); prints the table and the best batch\n"},
     {"profile", "trainc profile --config FILE [--set ...] [--device D] [--steps A:B] [--trace FILE.json]\n"
-                "                      [--graph]\n",
+                "                      [--html FILE.html] [--graph]\n",
      "run the config's steps 1..B, time steps A..B op by op through the op hook\n"
      "(--steps; default " PROFILE_DEFAULT_STEPS ", on the GPU longer where the step is short: enough\n"
      "for NVML's utilisation and power, at most " STRINGIFY(PROFILE_AUTO_MAX_STEPS) " steps) and print them by\n"
      "layer, a diagnosis by phase and the memory split; --trace writes them as\n"
-     "Chrome trace-event JSON (Perfetto); --graph keeps the step in its CUDA graph\n"
+     "Chrome trace-event JSON (Perfetto); --html writes one self-contained page:\n"
+     "timeline, layers, roofline, findings; --graph keeps the step in its CUDA graph\n"
      "(perf.cuda_graph on, GPU): CUPTI's kernels, the phases and the diagnosis,\n"
      "the FLOPs per step, no per-layer times\n"},
     {"eval", "trainc eval --checkpoint FILE [--data PATH] [--config FILE] [--set ...] [--device D]\n"
@@ -214,7 +216,7 @@ typedef struct {
 typedef struct {
     const char *program; /* argv[0], as invoked */
     const char *config_path;
-    const char *steps, *trace; /* profile's --steps and --trace; NULL: not given */
+    const char *steps, *trace, *html; /* profile's --steps, --trace and --html; NULL: not given */
     int graph;                 /* profile's --graph */
     const char *checkpoint, *csv; /* eval's --checkpoint (also bench-infer's) and --csv; NULL: not given */
     int data;                     /* eval's --data given (an override of data.path) */
@@ -258,7 +260,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         {"checkpoint", required_argument, NULL, 'K'}, {"csv", required_argument, NULL, 'C'},
         {"batch", required_argument, NULL, 'B'},   {"by-layer", no_argument, NULL, 'L'},
         {"graph", no_argument, NULL, 'G'},     {"json", no_argument, NULL, 'J'},
-        {"data", required_argument, NULL, 'D'},
+        {"data", required_argument, NULL, 'D'}, {"html", required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
     opterr = 0; /* our own messages, with the usage */
@@ -278,6 +280,7 @@ static void parse_args(int argc, char **argv, Args *a) {
         case 'h': a->help = 1; break;
         case 'S': a->steps = optarg; break;
         case 'T': a->trace = optarg; break;
+        case 'H': a->html = optarg; break;
         case 'K': a->checkpoint = optarg; break;
         case 'C': a->csv = optarg; break;
         case 'B': a->batches = optarg; break;
@@ -384,11 +387,13 @@ static int profile_main(const Args *a, Config *cfg, Dist *dist) {
                    NULL);
     if (dist->rank != 0) log_set_quiet(1);
     check_output_early("--trace", a->trace, NULL);
+    check_output_early("--html", a->html, NULL);
     ProfileReport r;
     profile_run_dist(cfg, dist, first, last, a->trace, a->graph, &r);
     if (dist->rank == 0) {
         profile_print(&r, stdout);
         profile_print_ranks(&r, stdout);
+        if (a->html) profile_html_write(&r, a->html);
         train_summary_print_json(&r.summary, stdout);
     }
     profile_report_free(&r);
@@ -467,8 +472,8 @@ int main(int argc, char **argv) {
     int evaluating = subcommand && strcmp(subcommand, "eval") == 0;
     int bench_infer = subcommand && strcmp(subcommand, "bench-infer") == 0;
     int summary = subcommand && strcmp(subcommand, "summary") == 0;
-    if ((args.steps || args.trace || args.graph) && !profiling)
-        fail_usage("--steps, --trace and --graph belong to trainc profile", NULL);
+    if ((args.steps || args.trace || args.html || args.graph) && !profiling)
+        fail_usage("--steps, --trace, --html and --graph belong to trainc profile", NULL);
     if (args.csv && !evaluating) fail_usage("--csv belongs to trainc eval", NULL);
     if (args.data && !evaluating) fail_usage("--data belongs to trainc eval", NULL);
     if (args.checkpoint && !evaluating && !bench_infer)

@@ -490,6 +490,7 @@ static void on_closing(void *user, Model *m) {
     p->report->dropped = p->dropped;
     if (p->dropped_phases) log_warn("profile: %ld host phases past the pool are not in the trace", p->dropped_phases);
     if (p->trace_path) write_trace(p);
+    p->report->timeline = trace_events(p); /* the HTML report's timeline (profile_html.c) */
     profile_kernels_close(p->kernels);
     m->ops.hooks = p->chained;
     if (p->gpu && p->pool_ready) {
@@ -570,7 +571,8 @@ static void note_settings(const Config *cfg, ProfileSettings *o) {
                            s.precision.tf32, s.perf.conv_benchmark, s.perf.cuda_graph, s.perf.graph_node_priority,
                            s.perf.overlap_wgrad, (long)(s.dist.bucket_bytes >> 20), s.dist.copy_engine == SWITCH_OFF,
                            s.dist.half_allreduce, s.data.resized_crop, s.data.dct_scaling,
-                           strcmp(s.data.source, "image_folder") == 0, s.data.decode == DATA_DECODE_CPU};
+                           strcmp(s.data.source, "image_folder") == 0, s.data.decode == DATA_DECODE_CPU, ""};
+    snprintf(o->metrics_file, sizeof o->metrics_file, "%s", s.run.metrics_file);
 }
 
 void profile_run(Config *cfg, long first, long last, const char *trace_path, int graph, ProfileReport *r) {
@@ -635,4 +637,6 @@ void profile_print_ranks(const ProfileReport *r, FILE *f) {
 void profile_report_free(ProfileReport *r) {
     free(r->layers);
     r->layers = NULL;
+    cJSON_Delete(r->timeline);
+    r->timeline = NULL;
 }

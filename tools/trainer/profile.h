@@ -125,6 +125,7 @@ typedef struct {
     long bucket_mb;
     int copy_engine_off, half_allreduce;
     int resized_crop, dct_scaling, folder, decode_cpu; /* the streaming pipeline's switches */
+    char metrics_file[1024];  /* run.metrics_file ("": none): --html graphs its NVML samples over the run */
 } ProfileSettings;
 
 typedef struct {
@@ -151,6 +152,7 @@ typedef struct {
     double wait_ms_min, wait_ms_max;  /* rank 0: the ranks' data wait per step, least and most */
     const char *top_phase;    /* the diagnosis' largest phase ("forward", "data wait", ...) */
     ProfileSettings settings;
+    struct cJSON *timeline;   /* this rank's trace events (as --trace writes them, without pid) */
 } ProfileReport;
 
 /* ---- the kernels section (profile_kernels.c) ---- */
@@ -246,5 +248,8 @@ void profile_report_free(ProfileReport *r);
 void profile_print_ranks(const ProfileReport *r, FILE *f);
 /* The three sections: per layer, diagnosis, memory. */
 void profile_print(ProfileReport *r, FILE *f); /* sets r->top_phase */
+/* --html FILE: one self-contained page (inline SVG, no script, nothing fetched) of r: the timeline, the
+ * layers, the roofline, the run's NVML figures, the findings and what was measured (profile_html.c). */
+void profile_html_write(ProfileReport *r, const char *path);
 
 #endif

@@ -506,7 +506,28 @@ static void print_memory(const ProfileReport *r, FILE *f) {
             m->activation_grads / mib, m->workspace / mib, m->other / mib);
 }
 
+/* The report's first lines: the step, the utilisation and the top finding with its switches. */
+static void print_summary(const ProfileReport *r, FILE *f) {
+    const TrainSummary *s = &r->summary;
+    double window_s = s->timed_steps * s->step_ms / 1000;
+    fprintf(f, "== summary ==\nstep %.4f ms (steps %ld..%ld on the %s)\n", s->step_ms, r->first, r->last,
+            r->gpu ? "GPU" : "CPU");
+    if (!r->gpu) fprintf(f, "GPU utilisation: not measured on the CPU\n");
+    else if (r->kernels.available)
+        fprintf(f, "GPU utilisation: kernels active %.1f%% of the step\n", 100 * r->kernels.active_ms / s->step_ms);
+    else if (s->gpu_util >= 0 && window_s >= GPU_MONITOR_UTIL_MIN_S)
+        fprintf(f, "GPU utilisation: NVML %.0f%%\n", s->gpu_util);
+    else fprintf(f, "GPU utilisation: not measured\n");
+    ProfileFinding top;
+    if (profile_findings(r, &top, 1))
+        fprintf(f, "top finding: %s, %.1f%% of the step, gain %.4f ms; switches: %s\n", top.what, 100 * top.share,
+                top.gain_ms, top.switches);
+    else fprintf(f, "top finding: none over %.0f%% of the step\n", 100 * PROFILE_FINDING_MIN_SHARE);
+    fprintf(f, "\n");
+}
+
 void profile_print(ProfileReport *r, FILE *f) {
+    print_summary(r, f);
     print_layers(r, f);
     profile_kernels_print(r, f);
     print_diagnosis(r, f);

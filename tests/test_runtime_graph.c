@@ -82,9 +82,17 @@ static int count_nodes(cudaGraph_t g, enum cudaGraphNodeType want, int small_mem
     return count;
 }
 
+/* The device buffer back to BEFORE, finished before anything is launched: cudaMemset runs on the legacy default
+ * stream, which the test's non-blocking streams do not wait for (a GPU shared with other processes once let a
+ * graph's writes land before it, and read back as unwritten). */
+static void reset_device_buffer(void) {
+    CUDA_CHECK(cudaMemset(dev_buf, BEFORE, BUFFER));
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 static void reset_buffers(void) {
     memset(host_buf, BEFORE, BUFFER);
-    CUDA_CHECK(cudaMemset(dev_buf, BEFORE, BUFFER));
+    reset_device_buffer();
 }
 
 static void check_buffer(const char *what) {
@@ -162,7 +170,7 @@ static void test_built_graph(uint64_t *state, cudaStream_t stream) {
     cudaGraphExec_t exec;
     CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
     for (int replay = 0; replay < 2; replay++) {
-        CUDA_CHECK(cudaMemset(dev_buf, BEFORE, BUFFER));
+        reset_device_buffer();
         CUDA_CHECK(cudaGraphLaunch(exec, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));
         check_buffer(replay ? "built graph, replayed again" : "built graph");
@@ -200,7 +208,7 @@ static void test_captured(uint64_t *state, cudaStream_t stream) {
     CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
     cudaGraphExec_t exec = gpu_capture_end(stream, 0);
     for (int replay = 0; replay < 2; replay++) {
-        CUDA_CHECK(cudaMemset(dev_buf, BEFORE, BUFFER));
+        reset_device_buffer();
         gpu_graph_launch(exec, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         check_buffer("captured stream");

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "runtime/check.h"
+#include "runtime/files.h"
+#include "runtime/log.h"
 
 #define IMAGE_FOLDER_TRAIN_SPLIT "train"
 
@@ -81,8 +83,11 @@ static int list_dir(const char *dir, int want_dirs, NameList *out, char *err, si
         char *full = path_join(dir, e->d_name);
         struct stat st;
         int found = stat(full, &st) == 0;
-        free(full);
         int is_dir = found && S_ISDIR(st.st_mode), is_file = found && S_ISREG(st.st_mode);
+        if (!want_dirs && !is_file && has_image_extension(e->d_name)) /* never opened: a FIFO would block */
+            log_warn("image folder: left out %s: %s", full,
+                     found ? files_kind_name(st.st_mode) : strerror(errno));
+        free(full);
         if (!(want_dirs ? is_dir : (is_file && has_image_extension(e->d_name)))) continue;
         if (count == capacity) {
             capacity = capacity ? 2 * capacity : 256;

@@ -112,7 +112,7 @@ static int refuse(char *err, size_t errlen, int errnum, const char *fmt, const c
     return -1;
 }
 
-static const char *kind_of(mode_t mode) {
+const char *files_kind_name(mode_t mode) {
     return S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO" : S_ISCHR(mode) ? "a character device"
          : S_ISBLK(mode) ? "a block device" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
 }
@@ -163,7 +163,7 @@ int files_check_output(const char *path, char *err, size_t errlen) {
     if (stat(path, &st) != 0) return 0; /* a new file */
     if (S_ISDIR(st.st_mode)) return refuse(err, errlen, EISDIR, "cannot open it for writing: %s", strerror(EISDIR));
     if (S_ISBLK(st.st_mode) || S_ISSOCK(st.st_mode))
-        return refuse(err, errlen, EINVAL, "it is %s, not a file trainc writes", kind_of(st.st_mode));
+        return refuse(err, errlen, EINVAL, "it is %s, not a file trainc writes", files_kind_name(st.st_mode));
     if (!S_ISREG(st.st_mode)) return 0;
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     int rc = check_regular(&st, fd, err, errlen);
@@ -217,7 +217,7 @@ FILE *files_open_output(const char *path, int append, char *err, size_t errlen) 
             errno = EISDIR;
             return NULL;
         } else {
-            refuse(err, errlen, EINVAL, "it is %s, not a file trainc writes", kind_of(st.st_mode));
+            refuse(err, errlen, EINVAL, "it is %s, not a file trainc writes", files_kind_name(st.st_mode));
             return NULL;
         }
         if (fd < 0) break;
@@ -239,7 +239,7 @@ static int check_whole_target(const char *target, int (*ours)(int fd), int *exis
     if (!*exists) return 0;
     if (!S_ISREG(st.st_mode))
         return refuse(err, errlen, EEXIST, "it is %s: trainc writes this output only as a regular file",
-                      kind_of(st.st_mode));
+                      files_kind_name(st.st_mode));
     int fd = open(target, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     int rc = check_regular(&st, fd, err, errlen);
     if (rc == 0 && (fd < 0 || !ours || !ours(fd)))

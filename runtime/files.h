@@ -43,6 +43,8 @@ void files_note_input(const char *path, int fd);
  * directory, EINVAL for the other kinds). Every reader of a file the user
  * names opens it through here. */
 int files_open_input(const char *path, struct stat *st, const char **why);
+/* What a file of this mode is, for messages: "a directory", "a FIFO", ... "not a regular file". */
+const char *files_kind_name(mode_t mode);
 /* Forgets every noted input (a test running several commands in one process). */
 void files_forget_inputs(void);
 

@@ -1,5 +1,6 @@
 /* The CIFAR-10 binary and image-folder readers on small files written here,
  * their error messages, and the real CIFAR-10 JPEG folder when it is around. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -258,6 +259,34 @@ static void test_image_folder(void) {
     CHECK_MSG(image_folder_load(&d, root, "train", 0, err, sizeof err) == 0, "%s", err);
     CHECK(d.n == 11 && d.num_classes == 4 && d.labels[10] == 3 && image_has_tag(&d, 9, 32));
     dataset_free(&d);
+}
+
+/* A FIFO (or any file that is not a regular one) named like an image is left out, never opened (it would block),
+ * and a warning names it. */
+static const char *fifo_root;
+
+static void load_fifo_folder(void *arg) {
+    (void)arg;
+    Dataset d;
+    int rc = image_folder_load(&d, fifo_root, "train", 0, err, sizeof err);
+    if (rc != 0) fprintf(stderr, "load failed: %s\n", err);
+    exit(rc == 0 && d.n == 2 ? 0 : 3);
+}
+
+static void test_image_folder_fifo(void) {
+    char root[512], split[600], cls[700], fifo[800];
+    snprintf(root, sizeof root, "%s", test_tmpdir("image-folder-fifo"));
+    snprintf(split, sizeof split, "%s", make_dir(root, "train"));
+    snprintf(cls, sizeof cls, "%s", make_dir(split, "cat"));
+    write_image(cls, "a.png", 1, 5, 4);
+    write_image(cls, "c.png", 2, 5, 4);
+    snprintf(fifo, sizeof fifo, "%s/b.png", cls);
+    CHECK_MSG(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+    fifo_root = root;
+    int status = 0;
+    char *out = test_child_stderr("fifo", load_fifo_folder, NULL, &status);
+    CHECK_MSG(status == 0 && strstr(out, "left out") && strstr(out, "cat/b.png: a FIFO"), "exit %d: %s", status, out);
+    free(out);
 }
 
 static void test_jpeg_round_trip(void) {
@@ -738,6 +767,7 @@ static void test_real_cifar10_jpg(void) {
 int main(void) {
     test_cifar_bin();
     test_image_folder();
+    test_image_folder_fifo();
     test_jpeg_round_trip();
     test_top_down_bmp();
     test_bad_files();

@@ -252,6 +252,11 @@ int bench_infer_main(Config *cfg, const char *batch_list, const char *checkpoint
     int n_batches = parse_batches(batch_list ? batch_list : "1,32,256", batches, err, sizeof err);
     if (n_batches < 0) TC_USER_ERROR("%s", err);
     if (!s.run.use_gpu) settings_fail(&s, "run.device", "bench-infer measures the GPU's inference path: use cuda");
+    if (!checkpoint && s.model.num_classes == 0) { /* random weights read no data set to count the classes of */
+        s.model.num_classes = 10;
+        log_info("bench-infer: model.num_classes = 0 takes a data set's classes, and random weights read none: "
+                 "a head of 10 (set model.num_classes for another)");
+    }
     Dist solo;
     dist_init_solo(&solo);
     GpuContext gpu;

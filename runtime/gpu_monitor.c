@@ -24,10 +24,12 @@ typedef int (*nvml_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
 typedef int (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 typedef int (*nvml_temp_fn)(nvmlDevice_t, int, unsigned int *);
 typedef int (*nvml_power_fn)(nvmlDevice_t, unsigned int *);
+typedef int (*nvml_clock_fn)(nvmlDevice_t, int, unsigned int *);
 typedef int (*nvml_energy_fn)(nvmlDevice_t, unsigned long long *);
 typedef struct { unsigned long long reference_time_us, violation_time_ns; } nvmlViolationTime_t;
 typedef int (*nvml_violation_fn)(nvmlDevice_t, int, nvmlViolationTime_t *);
 #define NVML_PERF_POLICY_POWER 0 /* time the power limit held the clocks below their target */
+#define NVML_CLOCK_SM 1          /* nvmlClockType_t: the streaming multiprocessors' clock */
 
 /* The counters a window's power comes from, read at its ends; < 0: NVML gave none. */
 typedef struct {
@@ -73,11 +75,12 @@ static void record_sample(FILE *f, double t, const GpuSample *s) {
     add_reading(o, "mem_bytes", s->mem_used_bytes, 0);
     add_reading(o, "temp_c", s->temp_c, 0);
     add_reading(o, "power_w", s->power_w, 1);
+    add_reading(o, "sm_mhz", s->sm_clock_mhz, 0);
     json_write_line(f, o); /* a failed write loses one sample; the trainer's own lines report it */
 }
 
 static void sample_once(GpuMonitor *g) {
-    GpuSample s = {-1, -1, -1, -1};
+    GpuSample s = {-1, -1, -1, -1, -1};
     g->src.sample(g->src.user, &s);
     pthread_mutex_lock(&g->lock);
     g->latest = s;
@@ -184,6 +187,7 @@ typedef struct {
     nvml_mem_fn get_mem;
     nvml_temp_fn get_temp;
     nvml_power_fn get_power;
+    nvml_clock_fn get_clock;
     nvml_energy_fn get_energy;
     nvml_violation_fn get_violation;
     nvml_power_fn get_power_limit;
@@ -193,11 +197,12 @@ static int nvml_sample(void *user, GpuSample *s) {
     const Nvml *n = user;
     nvmlUtilization_t u;
     nvmlMemory_t mem;
-    unsigned int temp, milliwatts;
+    unsigned int temp, milliwatts, mhz;
     if (n->get_util(n->device, &u) == 0) s->util_pct = u.gpu;
     if (n->get_mem(n->device, &mem) == 0) s->mem_used_bytes = (double)mem.used;
     if (n->get_temp && n->get_temp(n->device, 0, &temp) == 0) s->temp_c = temp;
     if (n->get_power && n->get_power(n->device, &milliwatts) == 0) s->power_w = milliwatts / 1000.0;
+    if (n->get_clock && n->get_clock(n->device, NVML_CLOCK_SM, &mhz) == 0) s->sm_clock_mhz = mhz;
     return 0;
 }
 
@@ -248,6 +253,7 @@ GpuMonitor *gpu_monitor_start(int cuda_device, double interval_s) {
     n->get_mem = (nvml_mem_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo");
     n->get_temp = (nvml_temp_fn)dlsym(lib, "nvmlDeviceGetTemperature");
     n->get_power = (nvml_power_fn)dlsym(lib, "nvmlDeviceGetPowerUsage");
+    n->get_clock = (nvml_clock_fn)dlsym(lib, "nvmlDeviceGetClockInfo");
     n->get_energy = (nvml_energy_fn)dlsym(lib, "nvmlDeviceGetTotalEnergyConsumption");
     n->get_violation = (nvml_violation_fn)dlsym(lib, "nvmlDeviceGetViolationStatus");
     n->get_power_limit = (nvml_power_fn)dlsym(lib, "nvmlDeviceGetEnforcedPowerLimit");
@@ -310,7 +316,7 @@ double gpu_monitor_window_util(GpuMonitor *g) {
 }
 
 GpuSample gpu_monitor_latest(GpuMonitor *g) {
-    GpuSample s = {-1, -1, -1, -1};
+    GpuSample s = {-1, -1, -1, -1, -1};
     if (!g) return s;
     pthread_mutex_lock(&g->lock);
     s = g->latest;

@@ -1,4 +1,4 @@
-/* GPU utilisation, memory, temperature and power from NVML, sampled by a
+/* GPU utilisation, memory, temperature, power and the SM clock from NVML, sampled by a
  * background thread. NVML is loaded at run time (dlopen), so trainc runs where
  * it is absent; gpu_monitor_start then returns NULL. */
 #ifndef TRAINC_GPU_MONITOR_H
@@ -15,6 +15,7 @@ typedef struct {
     double mem_used_bytes;
     double temp_c;
     double power_w;
+    double sm_clock_mhz;  /* the SM clock now (the power limit lowers it) */
 } GpuSample;
 
 typedef struct GpuMonitor GpuMonitor;
@@ -61,7 +62,7 @@ typedef struct {
 GpuWindowPower gpu_monitor_window_power(GpuMonitor *g);
 GpuSample gpu_monitor_latest(GpuMonitor *g);
 /* From now on the sampler thread appends a JSON line
- *   {"gpu_sample": T, "util": .., "mem_bytes": .., "temp_c": .., "power_w": ..}
+ *   {"gpu_sample": T, "util": .., "mem_bytes": .., "temp_c": .., "power_w": .., "sm_mhz": ..}
  * to f every every_s seconds (T: seconds on now_seconds() minus t0; a value
  * NVML did not give is null). Each line is one fprintf, so lines that other
  * threads write to f stay whole. f = NULL stops it; once that call returns the

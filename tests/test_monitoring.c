@@ -776,6 +776,7 @@ static atomic_int energy_held, energy_reads;
 static int fake_sample(void *user, GpuSample *s) {
     (void)user;
     s->util_pct = 50;
+    s->sm_clock_mhz = 1755;
     return 0;
 }
 
@@ -829,9 +830,29 @@ static void check_monitor_window(void) {
     gpu_monitor_stop(g);
 }
 
+/* The recorded samples carry each reading, the SM clock too; the ones a source does not give are null. */
+static void check_monitor_samples(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/samples.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    CHECK_MSG(f != NULL, "%s", path);
+    if (!f) return;
+    GpuMonitorSource src = {fake_sample, NULL, NULL, NULL, NULL, NULL};
+    GpuMonitor *g = gpu_monitor_start_source(&src, 0.01);
+    gpu_monitor_record_to(g, f, 0.01, now_seconds());
+    usleep(200 * 1000);
+    gpu_monitor_stop(g);
+    fclose(f);
+    char *text = test_read_file(path);
+    CHECK_MSG(text && strstr(text, "\"gpu_sample\"") && strstr(text, "\"util\": 50") &&
+              strstr(text, "\"sm_mhz\": 1755") && strstr(text, "\"power_w\": null"), "%s", text ? text : "");
+    free(text);
+}
+
 int main(void) {
     const char *dir = test_tmpdir("monitoring");
     check_monitor_window();
+    check_monitor_samples(dir);
     check_json_writer();
     check_prometheus_exposition();
     check_prometheus_slow_clients();

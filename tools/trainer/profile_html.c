@@ -245,9 +245,10 @@ static void share_bar(FILE *f, int row, const char *what, double share, const ch
 
 /* The NVML samples of run.metrics_file ({"gpu_sample": T, "util": .., ...} lines), at most MAX_SAMPLES. */
 #define MAX_SAMPLES 4096
-enum { SAMPLE_UTIL, SAMPLE_MEM, SAMPLE_POWER, SAMPLE_TEMP, SAMPLE_KINDS };
-static const char *const sample_keys[SAMPLE_KINDS] = {"util", "mem_bytes", "power_w", "temp_c"};
-static const char *const sample_names[SAMPLE_KINDS] = {"utilisation %", "memory MiB", "power W", "temperature C"};
+enum { SAMPLE_UTIL, SAMPLE_MEM, SAMPLE_POWER, SAMPLE_CLOCK, SAMPLE_TEMP, SAMPLE_KINDS };
+static const char *const sample_keys[SAMPLE_KINDS] = {"util", "mem_bytes", "power_w", "sm_mhz", "temp_c"};
+static const char *const sample_names[SAMPLE_KINDS] = {"utilisation %", "memory MiB", "power W", "SM clock MHz",
+                                                       "temperature C"};
 
 static int read_samples(const char *path, double *t, double (*v)[SAMPLE_KINDS]) {
     FILE *f = path[0] ? fopen(path, "r") : NULL;

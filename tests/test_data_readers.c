@@ -721,7 +721,7 @@ static void test_trainc_exit(void) {
     make_split(root, "train", train_classes, 2);
     make_split(root, "test", test_classes, 1);
     snprintf(cmd, sizeof cmd,
-             "%s --config configs/baseline.ini --device cpu --set data.path=%s 2>&1", trainc,
+             "%s --config configs/baseline.ini --device cpu --set run.save_final=off --set data.path=%s 2>&1", trainc,
              root);
     FILE *p = popen(cmd, "r");
     size_t n = p ? fread(output, 1, sizeof output - 1, p) : 0;

@@ -46,7 +46,8 @@ static void check_trainc(const char *build) {
     snprintf(cmd, sizeof cmd,
              "srun -n 2 %s/trainc --config configs/cpu.ini --device cpu --set data.source=synthetic "
              "--set data.synthetic_train=256 --set data.synthetic_test=64 --set train.batch=16 "
-             "--set run.max_steps=4 --set run.warmup_steps=1 --set data.workers=1 --set run.checkpoint_every=0",
+             "--set run.max_steps=4 --set run.warmup_steps=1 --set data.workers=1 --set run.checkpoint_every=0 "
+             "--set run.save_final=off",
              build);
     int rc = test_run_command(cmd, output, sizeof output);
     CHECK_MSG(rc == 0, "%s: exit %d:\n%s", cmd, rc, output);

@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
 #include "runtime/config.h"
 #include "runtime/gpu.h"
 
@@ -262,4 +264,13 @@ void test_config_set(Config *c, const char *fmt, ...) {
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     CHECK_MSG(config_set(c, line, err, sizeof err) == 0, "%s", err);
+}
+
+cJSON *test_last_json(const char *text) {
+    const char *last = NULL;
+    for (const char *at = text; at; at = strchr(at, '\n')) {
+        if (*at == '\n') at++;
+        if (*at == '{') last = at;
+    }
+    return last ? cJSON_Parse(last) : NULL;
 }

@@ -55,6 +55,8 @@ char *test_read_file(const char *path);
  * it wrote to stderr, malloc'ed ("" for nothing; free it): a fatal error's
  * message and exit status, checked without ending the test. */
 char *test_child_stderr(const char *tag, void (*fn)(void *), void *arg, int *exit_status);
+/* The last line of text that starts with '{' (a run's summary), parsed as JSON (a cJSON *), or NULL. */
+struct cJSON *test_last_json(const char *text);
 /* CIFAR-10 as JPEGs: .data/cifar10-jpg where tools/get_data.sh put it, else
  * ../shared/data/cifar10-jpg.tar.gz (or .data/'s) unpacked once into $TMPDIR
  * (or /tmp) as trainc-cifar10-jpg-<uid>, a cache kept between runs; NULL when absent. */

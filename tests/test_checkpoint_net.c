@@ -89,15 +89,6 @@ static const char *train(const char *tag, const char *data, const char *net_text
     return checkpoint;
 }
 
-static cJSON *last_json(const char *text) {
-    const char *last = NULL;
-    for (const char *at = text; at; at = strchr(at, '\n')) {
-        if (*at == '\n') at++;
-        if (*at == '{') last = at;
-    }
-    return last ? cJSON_Parse(last) : NULL;
-}
-
 static double json_number(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsNumber(v) ? v->valuedouble : -1;
@@ -115,7 +106,7 @@ static double check_eval(const char *what, const char *args, double test_acc) {
     double loss = -1;
     int rc = trainc(args);
     CHECK_MSG(rc == 0, "%s: trainc %s: exit status %d:\n%s", what, args, rc, output);
-    cJSON *o = last_json(output);
+    cJSON *o = test_last_json(output);
     CHECK_MSG(o && json_number(o, "n") == CLASSES * TEST_PER_CLASS && json_number(o, "classes") == CLASSES &&
                   fabs(json_number(o, "top1") - test_acc) < 1e-6,
               "%s: want %d images, %d classes, top-1 %g:\n%s", what, CLASSES * TEST_PER_CLASS, CLASSES, test_acc,
@@ -197,7 +188,7 @@ static void check_predict_export(const char *ckpt) {
     CHECK(stbi_write_png(png, 40, 30, 3, hwc, 40 * 3));
     snprintf(args, sizeof args, "predict --checkpoint '%s' --device cpu --json '%s'", ckpt, png);
     int rc = trainc(args);
-    cJSON *o = last_json(output);
+    cJSON *o = test_last_json(output);
     const cJSON *top = cJSON_GetObjectItemCaseSensitive(o, "top");
     CHECK_MSG(rc == 0 && cJSON_GetArraySize(top) == CLASSES, "predict: exit status %d:\n%s", rc, output);
     const char *first = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(top, 0), "class"));

@@ -118,16 +118,6 @@ static void check_text(const EvalReport *r) {
     free(text);
 }
 
-/* The last line of output that starts with '{', parsed. */
-static cJSON *last_json(const char *text) {
-    const char *last = NULL;
-    for (const char *at = text; at; at = strchr(at, '\n')) {
-        if (*at == '\n') at++;
-        if (*at == '{') last = at;
-    }
-    return last ? cJSON_Parse(last) : NULL;
-}
-
 static double json_number(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsNumber(v) ? v->valuedouble : NAN;
@@ -144,7 +134,7 @@ static char *eval_binary(const char *what, const char *launcher, const char *che
     CHECK_MSG(rc == 0, "%s: %s: exit status %d:\n%s", what, cmd, rc, output);
     if (rc != 0) return NULL;
     CHECK_MSG(strstr(output, "top-1 accuracy") && strstr(output, "per-class accuracy"), "%s:\n%s", what, output);
-    cJSON *o = last_json(output);
+    cJSON *o = test_last_json(output);
     CHECK_MSG(o != NULL, "%s: no JSON line:\n%s", what, output);
     CHECK_MSG(json_number(o, "top1") == json_number(o, "top1") && fabs(json_number(o, "top1") - eval_top1(r)) < 1e-6,
               "%s: JSON top1 %g, eval_run's %g", what, json_number(o, "top1"), eval_top1(r));

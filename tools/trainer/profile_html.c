@@ -350,9 +350,15 @@ static void print_measured(const ProfileReport *r, FILE *f) {
     esc(f, r->peaks.device[0] ? r->peaks.device : (r->gpu ? "GPU" : "CPU"));
     fputs("; commit ", f);
     esc(f, trainc_git_commit());
-    fprintf(f, "; steps %ld..%ld.</p>\n<p>Switches: batch %d, data.workers %d, data.prefetch %d, model.fuse %d, "
+    fprintf(f, "; steps %ld..%ld.</p>\n", r->first, r->last);
+    if (r->window_note[0]) {
+        fputs("<p>Window: ", f);
+        esc(f, r->window_note);
+        fputs(".</p>\n", f);
+    }
+    fprintf(f, "<p>Switches: batch %d, data.workers %d, data.prefetch %d, model.fuse %d, "
             "model.nhwc %d, amp %d, tf32 %d, perf.conv_benchmark %d, perf.cuda_graph %d, perf.overlap_wgrad %d."
-            "</p>\n<pre>", r->first, r->last, s->batch, s->workers, s->prefetch, s->fuse, s->nhwc, s->amp, s->tf32,
+            "</p>\n<pre>", s->batch, s->workers, s->prefetch, s->fuse, s->nhwc, s->amp, s->tf32,
             s->conv_benchmark, s->cuda_graph, s->overlap_wgrad);
     char *versions = NULL;
     size_t len = 0;

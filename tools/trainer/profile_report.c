@@ -512,6 +512,7 @@ static void print_summary(const ProfileReport *r, FILE *f) {
     double window_s = s->timed_steps * s->step_ms / 1000;
     fprintf(f, "== summary ==\nstep %.4f ms (steps %ld..%ld on the %s)\n", s->step_ms, r->first, r->last,
             r->gpu ? "GPU" : "CPU");
+    if (r->window_note[0]) fprintf(f, "window: %s\n", r->window_note);
     if (!r->gpu) fprintf(f, "GPU utilisation: not measured on the CPU\n");
     else if (r->kernels.available)
         fprintf(f, "GPU utilisation: kernels active %.1f%% of the step\n", 100 * r->kernels.active_ms / s->step_ms);

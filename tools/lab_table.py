@@ -207,10 +207,13 @@ def trace_lanes(path):
     except (OSError, ValueError, KeyError):
         return None
     names, boxes = {}, []
-    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")[:2]
+    # the first two steps as the host ran them and, on the GPU, as the compute stream did (the host queues a
+    # step and goes on: its span can be a fraction of the device's)
+    steps = [s for cat in ("step", "gpu_step")
+             for s in sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == cat)[:2]]
     if not steps:
         return None
-    t0, t1 = steps[0][0], steps[-1][1]
+    t0, t1 = min(s[0] for s in steps), max(s[1] for s in steps)
     for e in events:
         key = (e.get("pid", 0), e.get("tid", 0))
         if e.get("ph") == "M" and e.get("name") == "thread_name":
@@ -221,7 +224,7 @@ def trace_lanes(path):
     return names, boxes, t1 - t0
 
 
-LANE_COLOURS = {"step": "#9aa5b1", "phase": "#7fb3d5", "op": "#82c99a"}
+LANE_COLOURS = {"step": "#9aa5b1", "gpu_step": "#9aa5b1", "phase": "#7fb3d5", "op": "#82c99a"}
 
 
 def timeline_svg(lanes, scale_us, width=1000, lane_h=16, left=170):
@@ -243,7 +246,7 @@ def timeline_svg(lanes, scale_us, width=1000, lane_h=16, left=170):
 
 def switch_text(switches):
     """A finding's switches as a sentence's end."""
-    return f"no switch left ({switches})" if switches.startswith("none") else f"the switches {switches}"
+    return "no switch is left (those it names are on)" if switches.startswith("none") else f"the switches {switches}"
 
 
 def reflection(rows):
@@ -263,8 +266,13 @@ def reflection(rows):
                    f"before it.")
     if last.get("findings"):
         f = last["findings"][0]
-        out.append(f"{last['version']} is bound now by {f['what']} ({f['share']:.1f}% of its step); what would "
-                   f"help next: {switch_text(f['switches'])}.")
+        out.append(f"{last['version']} is bound now by {f['what']} ({f['share']:.1f}% of its step); against it "
+                   f"{switch_text(f['switches'])}.")
+        turnable = [g for g in last["findings"] if not g["switches"].startswith("none")]
+        if f["switches"].startswith("none") and turnable:
+            g = turnable[0]
+            out.append(f"What would help next: {g['switches']}, against {g['what']} ({g['share']:.1f}% of its "
+                       f"step, a gain of {g['gain_ms']:.2f} ms).")
     elif phase_split(last):
         key, ms = max(phase_split(last), key=lambda p: p[1])
         out.append(f"{last['version']} spends most of its step in {key} ({ms:.2f} ms).")

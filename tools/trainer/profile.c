@@ -50,6 +50,7 @@ typedef struct {
     long n_rec, cap_rec, open, dropped;
     int pool_ready;           /* allocate_pool ran */
     double *step_t0, *step_t1;/* host seconds of each window step's begin and end */
+    long *step_rec0;          /* each window step's first op record (the next step's ends its ops) */
     PhaseRecord *phases;      /* the window's host phases, allocated with the op records */
     long n_phases, cap_phases, counted_phases, dropped_phases;
     Dist *dist;               /* the run's ranks: the window starts after a barrier, rank 0 writes the trace */
@@ -149,7 +150,8 @@ static void allocate_pool(Profiler *p) {
     p->phases = calloc((size_t)p->cap_phases, sizeof *p->phases);
     p->step_t0 = calloc((size_t)steps, sizeof *p->step_t0);
     p->step_t1 = calloc((size_t)steps, sizeof *p->step_t1);
-    if ((p->cap_rec && !p->rec) || !p->phases || !p->step_t0 || !p->step_t1)
+    p->step_rec0 = calloc((size_t)steps, sizeof *p->step_rec0);
+    if ((p->cap_rec && !p->rec) || !p->phases || !p->step_t0 || !p->step_t1 || !p->step_rec0)
         TC_FATAL("out of host memory: %ld op records", p->cap_rec);
     if (!p->gpu) return;
     gpu_event_create(&p->base, 1);
@@ -176,6 +178,7 @@ static void on_step_begin(void *user, long step) {
         profile_kernels_window_begin(p->kernels, p->model->ops.stream);
     }
     p->step_t0[step - p->first] = now_seconds();
+    p->step_rec0[step - p->first] = p->n_rec;
 }
 
 static void on_step_end(void *user, long step) {
@@ -407,10 +410,27 @@ static void stamp_pid(cJSON *events, int rank) {
     }
 }
 
+/* On the GPU, each step's span on the compute stream: from its first op's start to its last op's end. The host
+ * queues a step's work and goes on (without train.sync_after_step), so its host span can be a fraction of the
+ * time the device takes for it: the timeline shows both. */
+static void trace_gpu_steps(const Profiler *p, cJSON *events) {
+    long steps = p->last - p->first + 1;
+    for (long s = 0; s < steps; s++) {
+        long r0 = p->step_rec0[s], r1 = s + 1 < steps ? p->step_rec0[s + 1] : p->n_rec;
+        if (r1 <= r0) continue;
+        double t0 = p->rec[r0].t0, t1 = p->rec[r0].t1;
+        for (long i = r0; i < r1; i++) t0 = fmin(t0, p->rec[i].t0), t1 = fmax(t1, p->rec[i].t1);
+        char name[40];
+        snprintf(name, sizeof name, "step %ld on the GPU", p->first + s);
+        trace_span(events, name, "gpu_step", 3, t0, t1, p->base_host);
+    }
+}
+
 /* This rank's events: its process name ("rank N"), three thread names, a
  * "step N" span per step and a span per host phase (host), an op span per op
  * named "layer: op" (the compute stream's event times on the GPU, host time
- * on the CPU); ts and dur in microseconds from the window's start. */
+ * on the CPU) and on the GPU a step's span on the compute stream (trace_gpu_steps); ts and dur in
+ * microseconds from the window's start. */
 static cJSON *trace_events(const Profiler *p) {
     cJSON *events = cJSON_CreateArray();
     if (!events) TC_FATAL("out of host memory writing the trace");
@@ -420,6 +440,10 @@ static cJSON *trace_events(const Profiler *p) {
     trace_thread_name(events, 0, "host: steps");
     if (!p->report->graph) trace_thread_name(events, 1, p->gpu ? "compute stream: ops" : "host: ops");
     trace_thread_name(events, 2, "host: phases");
+    if (p->gpu && !p->report->graph) {
+        trace_thread_name(events, 3, "compute stream: steps");
+        trace_gpu_steps(p, events);
+    }
     for (long s = 0; s <= p->last - p->first; s++) {
         char name[32];
         snprintf(name, sizeof name, "step %ld", p->first + s);
@@ -625,6 +649,7 @@ void profile_run_dist(Config *cfg, Dist *dist, long first, long last, const char
     free(p.phases);
     free(p.step_t0);
     free(p.step_t1);
+    free(p.step_rec0);
 }
 
 void profile_print_ranks(const ProfileReport *r, FILE *f) {

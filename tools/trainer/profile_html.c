@@ -99,22 +99,24 @@ static const char *str(const cJSON *e, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-/* The first one or two steps of the window: [t0, t1) in us. */
+/* The first one or two steps of the window, as the host ran them and (GPU) as the compute stream did: [t0, t1)
+ * in us. */
 static void timeline_window(const cJSON *events, double *t0, double *t1) {
-    int steps = 0;
+    int host_steps = 0, gpu_steps = 0;
     *t0 = INFINITY, *t1 = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, events) {
-        if (strcmp(str(e, "cat"), "step") != 0 || steps == 2) continue;
+        int host = !strcmp(str(e, "cat"), "step"), gpu = !strcmp(str(e, "cat"), "gpu_step");
+        if ((!host || host_steps == 2) && (!gpu || gpu_steps == 2)) continue;
+        host_steps += host, gpu_steps += gpu;
         *t0 = fmin(*t0, num(e, "ts"));
         *t1 = fmax(*t1, num(e, "ts") + num(e, "dur"));
-        steps++;
     }
-    if (!steps) *t0 = 0;
+    if (!host_steps && !gpu_steps) *t0 = 0;
 }
 
 static const char *lane_colour(const char *cat) {
-    if (!strcmp(cat, "step")) return "#9aa5b1";
+    if (!strcmp(cat, "step") || !strcmp(cat, "gpu_step")) return "#9aa5b1";
     if (!strcmp(cat, "phase")) return "#7fb3d5";
     if (!strcmp(cat, "op")) return "#82c99a";
     if (strstr(cat, "memcpy") || strstr(cat, "copy")) return "#f5b041";

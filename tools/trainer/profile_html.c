@@ -322,7 +322,8 @@ static void print_run(const ProfileReport *r, FILE *f) {
         snprintf(figure, sizeof figure, "%.1f MiB (the arenas' peak)", s->peak_mem_bytes / 1048576.0);
         share_bar(f, 3, "GPU memory", -1, figure);
     }
-    fputs("</svg>\n<p class=\"na\">Means over the window (the clocks are not sampled).</p>\n", f);
+    fputs("</svg>\n<p class=\"na\">The bars: means over the profiled window. The graphs: the monitor's NVML samples "
+          "over the whole run.</p>\n", f);
     print_samples(r, f);
     fputs("</section>\n", f);
 }

@@ -20,6 +20,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import zlib
 
 TINY = ["data.source=synthetic", "data.image_size=16", "data.synthetic_train=64", "data.synthetic_test=8",
@@ -153,8 +154,11 @@ def check_screenshot(shot):
 
 
 def main():
-    trainc, scratch = sys.argv[1], sys.argv[2]
-    os.makedirs(scratch, exist_ok=True)
+    trainc = sys.argv[1]
+    os.makedirs(sys.argv[2], exist_ok=True)
+    # a folder of this run's own: Chromium refuses a profile folder another instance holds (the seed sweep runs
+    # this test beside itself)
+    scratch = tempfile.mkdtemp(prefix="run-", dir=sys.argv[2])
     html_path = os.path.join(scratch, "profile.html")
     cmd = [trainc, "profile", "--config", "configs/cpu.ini", "--device", "cpu", "--steps", "2:3", "--html",
            html_path]
@@ -186,6 +190,7 @@ def main():
         fail("Chromium's DOM of the lab page: not two timelines")
     check_screenshot(lab_shot)
     print("PASS: the profile's page and the lab's, their DOM in Chromium and their screenshots")
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -399,8 +399,8 @@ static void choose_conv_algorithms(Model *m) {
 }
 
 static int recomputed(const Model *m, int id) {
-    return m->checkpoint && m->acts[id].internal_to >= 0 && m->acts[id].shares_with < 0 &&
-           !m->plan->acts[id].unstored;
+    const ActivationPlan *p = &m->plan->acts[id];
+    return m->checkpoint && p->recompute_block >= 0 && p->shares_with < 0 && !p->unstored;
 }
 
 /* Under checkpointing the insides of all blocks take turns in one region, laid
@@ -410,8 +410,8 @@ static size_t plan_recompute_region(Model *m) {
     for (int b = 0; b < m->n_blocks; b++) {
         size_t offset = 0;
         for (int id = 0; id < m->n_acts; id++) {
-            if (m->acts[id].internal_to != b || !recomputed(m, id)) continue;
-            m->acts[id].region_offset = offset;
+            if (m->plan->acts[id].recompute_block != b || !recomputed(m, id)) continue;
+            m->plan->acts[id].region_offset = offset;
             offset += (act_floats(m, id) + 63) / 64 * 64;
         }
         if (offset > region) region = offset;
@@ -455,9 +455,10 @@ static void carve_buffers(Model *m, Arena *a) {
     m->recompute_region = region ? arena_alloc(a, region * esize, "recomputed activations") : NULL;
     for (int id = 0; id < m->n_acts; id++) {
         Activation *act = &m->acts[id];
-        if (m->plan->acts[id].unstored) act->value = NULL;
-        else if (act->shares_with >= 0) act->value = m->acts[act->shares_with].value;
-        else if (recomputed(m, id)) act->value = element(m, m->recompute_region, act->region_offset);
+        const ActivationPlan *p = &m->plan->acts[id];
+        if (p->unstored) act->value = NULL;
+        else if (p->shares_with >= 0) act->value = m->acts[p->shares_with].value;
+        else if (recomputed(m, id)) act->value = element(m, m->recompute_region, p->region_offset);
         else act->value = arena_alloc(a, act_floats(m, id) * esize, "activations");
     }
     for (int s = 0; s < m->n_grad_slots; s++)
@@ -659,6 +660,11 @@ void model_set_input_direct(Model *m, int direct) {
     m->input_direct = direct;
 }
 size_t model_input_floats(const Model *m) { return input_floats(m); }
+
+int model_act_stored(const Model *m, int id) {
+    const ActivationPlan *p = &m->plan->acts[id];
+    return !p->unstored && p->shares_with < 0 && !recomputed(m, id);
+}
 double model_layer_flops(const Model *m, int i) {
     const Layer *l = &m->layers[i];
     const Activation *y = &m->acts[l->out];

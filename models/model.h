@@ -75,10 +75,9 @@ typedef struct {
 typedef struct {
     int c, h, w;          /* per sample; a matrix activation is c features, h = w = 1 */
     int c_real;           /* channels that carry data (the input's c is padded under NHWC) */
-    int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU, flatten; and where
-                             model.fuse joins them, a GELU or an add computed by the pass before: plan.c) */
+    int shares_with;      /* -1, or the id whose storage this one reuses (in-place ReLU, flatten); the plan
+                             may join more (models/plan.h: ActivationPlan) */
     int internal_to;      /* block whose inside it is (recomputed under checkpointing), or -1 */
-    size_t region_offset; /* where it lives in the shared recompute region (checkpointing) */
     void *value;          /* [batch][c][h][w] of the model's activation dtype */
 } Activation;
 
@@ -297,6 +296,9 @@ void model_set_input_direct(Model *m, int direct);
 void *model_logits(const Model *m);          /* [batch][num_classes], activation dtype */
 void *model_logits_grad(const Model *m);     /* where the loss writes d(loss)/d(logits) */
 size_t model_input_floats(const Model *m);
+/* After model_finalize: 1 where activation id has a buffer of its own (not another's storage as the plan
+ * shares it, not in the checkpoint blocks' recompute region, not left unstored by a fusion). */
+int model_act_stored(const Model *m, int id);
 
 void model_forward(Model *m);
 /* Needs the logits gradient in model_logits_grad; adds parameter gradients to

@@ -159,7 +159,7 @@ static void plan_accumulation(Model *m) {
                          "gradient to theirs", i);
         }
         /* ... nor may what it shares its storage with (a flatten's input) */
-        for (int id = l->in; l->kind == LAYER_RELU && id >= 0; id = m->acts[id].shares_with)
+        for (int id = l->in; l->kind == LAYER_RELU && id >= 0; id = m->plan->acts[id].shares_with)
             if (m->plan->acts[id].consumers > 1)
                 TC_FATAL("layer %d: a ReLU works in place, so its input may feed no other layer", i);
     }
@@ -314,17 +314,21 @@ static void plan_grad_slots(Model *m) {
 
 /* ---- model.fuse's fusions ------------------------------------------------------ */
 
+/* Activation id is written over the storage of `into`, which is kept where id is (a block's output). */
+static void share_storage(Model *m, int id, int into) {
+    m->plan->acts[id].shares_with = into;
+    if (m->plan->acts[id].recompute_block < 0) m->plan->acts[into].recompute_block = -1;
+}
+
 /* A batch norm's pass, or a whitening convolution's (ops/conv_bias_gelu),
  * writes the GELU after it over the layer's own output: the GELU's output
  * shares that storage and (plan_grad_slots) gradient, as an in-place ReLU's
  * does, and is kept where either is a block's output. */
 static void fuse_gelu(Model *m, int i) {
     const Layer *l = &m->layers[i], *gelu = &m->layers[i + 1];
-    Activation *out = &m->acts[gelu->out];
     m->plan->layers[i].act = BN_ACT_GELU;
     m->plan->layers[i + 1].by_producer = 1;
-    out->shares_with = l->out;
-    if (out->internal_to < 0) m->acts[l->out].internal_to = -1;
+    share_storage(m, gelu->out, l->out);
 }
 
 /* The whitening convolution's backward is its bias's alone, which the fused op computes. */
@@ -345,8 +349,7 @@ static void fuse_bn_adds(Model *m) {
         if ((add->in != bn->out && add->in2 != bn->out) || m->plan->acts[bn->out].consumers != 1) continue;
         p->add_layer = i + 1;
         m->plan->layers[i + 1].add_by_bn = 1;
-        m->acts[add->out].shares_with = bn->out;
-        if (m->acts[add->out].internal_to < 0) m->acts[bn->out].internal_to = -1;
+        share_storage(m, add->out, bn->out);
     }
 }
 
@@ -430,6 +433,10 @@ static void mark_fusions(Model *m) {
 void plan_layers(Model *m) {
     plan_destroy(m);
     m->plan = plan_new();
+    for (int a = 0; a < m->n_acts; a++) {
+        m->plan->acts[a].shares_with = m->acts[a].shares_with;
+        m->plan->acts[a].recompute_block = m->acts[a].internal_to;
+    }
     plan_accumulation(m);
     if (m->fuse) mark_fusions(m);
     plan_grad_slots(m);

@@ -77,6 +77,11 @@ typedef struct {
 
 /* The plan of an activation (model.h's Activation: its shape, and the storage its builder shares). */
 typedef struct {
+    int shares_with;      /* -1, or the id whose storage it uses: its Activation's, or under model.fuse the pass
+                             before it that computes it (a GELU, an add) writes it over its own output */
+    int recompute_block;  /* the checkpoint block whose recompute makes it (its Activation's internal_to), or -1:
+                             kept, as a block's output and the storage it shares are */
+    size_t region_offset; /* recomputed: where it lives in the shared recompute region */
     int consumers;        /* layers that read it */
     int grad_slot;        /* which gradient buffer holds d(loss)/d(this); -1: none (or grad_in_value) */
     int grad_in_value;    /* d(loss)/d(this) overwrites the value itself, dead by then (a conv's raw output

@@ -320,7 +320,9 @@ static void forward_pool_cpu(const BatchNorm *bn, BatchNormMode mode, BatchNormA
     free(z);
 }
 
-static inline const MaxPoolCuda *cuda_pool(const BatchNormParams *p) { return p->pool ? &p->pool->cuda : NULL; }
+#if TRAINC_CUDA
+static const MaxPoolCuda *cuda_pool(const BatchNormParams *p) { return p->pool ? &p->pool->cuda : NULL; }
+#endif
 
 static void forward_cuda(const OpContext *ctx, const BatchNorm *bn, BatchNormMode mode, BatchNormAct act,
                          const BatchNormParams *p, const void *x, void *y) {

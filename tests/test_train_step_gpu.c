@@ -25,7 +25,7 @@ static void use_gpu_activations(Model *cpu, const Model *dev) {
     for (int a = 0; a < cpu->n_acts; a++) {
         const Activation *act = &cpu->acts[a];
         size_t bytes = (size_t)cpu->batch * act->c * act->h * act->w * sizeof(float);
-        if (act->value && act->shares_with < 0)
+        if (model_act_stored(cpu, a))
             CUDA_CHECK(cudaMemcpy(act->value, dev->acts[a].value, bytes, cudaMemcpyDeviceToHost));
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the readers of files trainc is given (INI configs with includes and
 # --set, image folders, CIFAR-10 batches, checkpoints, WebDataset shards, safetensors files, the
-# checkpoint's meta and tensors JSON) with clang's libFuzzer
+# checkpoint's meta and tensors JSON, net files) with clang's libFuzzer
 # under AddressSanitizer and UndefinedBehaviorSanitizer, each for
 # SECONDS_PER_TARGET (default 15).
 #   tools/fuzz.sh [SECONDS_PER_TARGET]
@@ -27,6 +27,7 @@ cmake --build "$out" -j2 >/dev/null
 rm -rf "$out/seeds" "$out/tmp"
 mkdir -p "$out/tmp" "$out/crashes" "$out/logs"
 "$out/fuzz_seeds" "$out/seeds"
+mkdir -p "$out/seeds/netfile" && cp nets/*.net "$out/seeds/netfile/" # the shipped nets
 
 # The targets' scratch files go under build-fuzz/tmp, removed at the end.
 export TMPDIR=$out/tmp
@@ -37,7 +38,7 @@ symbolizer=$(command -v llvm-symbolizer || ls /usr/lib/llvm-*/bin/llvm-symbolize
 
 # CIFAR inputs need room for a few 3073-byte records.
 declare -A max_len=([config]=4096 [image_folder]=4096 [cifar]=16384 [checkpoint]=4096 [shards]=16384
-  [safetensors]=4096 [ckpt_json]=4096)
+  [safetensors]=4096 [ckpt_json]=4096 [netfile]=8192)
 
 # Prints a failed target's report, the input's bytes and how to replay it.
 report_failure() {
@@ -54,11 +55,12 @@ report_failure() {
 }
 
 failed=()
-for target in config image_folder cifar checkpoint shards safetensors ckpt_json; do
+for target in config image_folder cifar checkpoint shards safetensors ckpt_json netfile; do
   mkdir -p "$out/corpus/$target"
   log=$out/logs/$target.log
   extra=()
   [ "$target" = config ] && extra+=(-dict="$out/seeds/config.dict")
+  [ "$target" = netfile ] && extra+=(-dict=tests/fuzz/netfile.dict)
   [ -n "${FUZZ_SEED:-}" ] && extra+=(-seed="$FUZZ_SEED")
   if "$out/fuzz_$target" "$out/corpus/$target" "$out/seeds/$target" -max_total_time="$seconds" \
       -max_len="${max_len[$target]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \

@@ -344,10 +344,8 @@ static void split_memory(const Model *m, ProfileReport *r) {
     mem->weights = n * sizeof(float) + (m->weights != (void *)m->params ? n * esize : 0);
     mem->gradients = n * esize;
     mem->optimizer = n * sizeof(float) + (m->decay_mask ? n : 0);
-    for (int i = 0; i < m->n_acts; i++) {
-        const Activation *a = &m->acts[i];
-        if (a->value && a->shares_with < 0 && a->internal_to < 0) mem->activations += (size_t)act_elems(m, i) * esize;
-    }
+    for (int i = 0; i < m->n_acts; i++)
+        if (model_act_stored(m, i)) mem->activations += (size_t)act_elems(m, i) * esize;
     if (m->input_f32) mem->activations += model_input_floats(m) * sizeof(float);
     for (int i = 0; i < m->n_grad_slots; i++) mem->activation_grads += m->act_grad_floats[i] * esize;
     mem->workspace = m->workspace_bytes + m->bn_scratch_bytes;

@@ -1,5 +1,5 @@
-/* The inference form of a model (infer.h): compile (fold, fuse, order),
- * place (weights, buffers), run. */
+/* The inference form of a model (infer.h): the planner's steps (plan_inference: folded, fused, in order),
+ * each with its op, placed (weights, buffers) and run. */
 #include "models/infer.h"
 
 #include <math.h>
@@ -24,20 +24,8 @@
 #include "runtime/check.h"
 #include "runtime/gpu.h"
 
-/* STEP_MISSING (0): a layer kind kind_of does not name, which infer_create refuses; STEP_IDENTITY: a layer
- * that evaluation runs as the identity (dropout; flatten, its input's storage), its output its input. */
-typedef enum { STEP_MISSING, STEP_CONV, STEP_MAXPOOL, STEP_AVGPOOL, STEP_LINEAR, STEP_BATCHNORM, STEP_ADD, STEP_RELU,
-               STEP_GELU, STEP_SCALE, STEP_SILU, STEP_CONCAT, STEP_IDENTITY } StepKind;
-
 typedef struct {
-    StepKind kind;
-    int layer;            /* the graph's layer it runs */
-    int bn_layer;         /* conv: the batch norm folded into it, or -1 */
-    int in, in2, out;     /* activation ids; in2: an add's second input or a conv's residual, else -1 */
-    int shape_in, shape_in2; /* the layer's own inputs, whose shapes it takes: in and in2 may be the values a
-                             flatten (an identity) reshaped, c x h x w where the layer reads c*h*w x 1 x 1 */
-    int relu;             /* the ReLU after it, done by it */
-    long order;           /* its place in the run (a conv taking a residual moves to the add's) */
+    PlanStep plan;        /* what it runs, from the planner (plan_inference) */
     size_t w_off, b_off;  /* conv, linear: elements into the weights; batch norm: floats into bn_params */
     char name[24];        /* the layer's name: the ops' label */
     ConvBiasAct conv;
@@ -52,7 +40,6 @@ typedef struct {
 
 typedef struct {
     int c, h, w;          /* per image; the input's c is padded to 8 under NHWC */
-    int alias;            /* held by another activation (a fused layer's output), or -1 */
     int last_use;         /* the last step (in run order) reading it */
     int buffer;           /* which shared buffer holds it, or -1 */
     void *value;
@@ -92,127 +79,25 @@ static size_t val_count(const InferNet *net, int id) {
     return (size_t)net->opt.batch * v->c * v->h * v->w;
 }
 
-static int resolve(const InferNet *net, int id) {
-    while (net->vals[id].alias >= 0) id = net->vals[id].alias;
-    return id;
-}
+/* ---- the planner's steps, each with its op's state ------------------------ */
 
-/* ---- compile: one step per layer left after folding and fusing ----------- */
-
-static Step *new_step(InferNet *net, StepKind kind, const Model *g, int layer, long *order) {
-    Step *s = &net->steps[net->n_steps++];
-    memset(s, 0, sizeof *s);
-    const Layer *l = &g->layers[layer];
-    s->kind = kind;
-    s->layer = layer;
-    s->bn_layer = -1;
-    s->in = resolve(net, l->in);
-    s->in2 = l->in2 >= 0 ? resolve(net, l->in2) : -1;
-    s->shape_in = l->in;
-    s->shape_in2 = l->in2;
-    s->out = l->out;
-    s->order = (*order)++;
-    snprintf(s->name, sizeof s->name, "%s", l->name);
-    return s;
-}
-
-/* Reads of each activation by the graph's layers. */
-static void count_readers(const Model *g, int *readers) {
-    memset(readers, 0, sizeof(int) * (size_t)g->n_acts);
-    for (int i = 0; i < g->n_layers; i++) {
-        readers[g->layers[i].in]++;
-        if (g->layers[i].in2 >= 0) readers[g->layers[i].in2]++;
+static void take_plan(InferNet *net, const Model *g) {
+    InferPlan *plan = malloc(sizeof *plan);
+    if (!plan) TC_FATAL("out of host memory: the inference plan");
+    plan_inference(g, plan);
+    for (int i = 0; i < plan->n_steps; i++) {
+        Step *s = &net->steps[i];
+        memset(s, 0, sizeof *s);
+        s->plan = plan->steps[i];
+        snprintf(s->name, sizeof s->name, "%s", g->layers[s->plan.layer].name);
     }
-}
-
-/* The step writing activation id (after aliasing), or NULL for the input. */
-static Step *producer_of(InferNet *net, const int *producer, int id) {
-    return producer[id] >= 0 ? &net->steps[producer[id]] : NULL;
-}
-
-static int fold_bn(InferNet *net, const int *producer, const int *readers, const Layer *l, int layer) {
-    Step *p = producer_of(net, producer, resolve(net, l->in));
-    if (!p || p->kind != STEP_CONV || p->bn_layer >= 0 || p->relu || p->in2 >= 0 || readers[l->in] != 1) return 0;
-    if (net->vals[l->in].c != net->vals[p->out].c) return 0; /* a norm of a flatten's c*h*w features */
-    p->bn_layer = layer;
-    net->vals[l->out].alias = p->out;
-    net->stats.bn_folded++;
-    return 1;
-}
-
-static int fuse_relu(InferNet *net, const int *producer, const int *readers, const Layer *l) {
-    Step *p = producer_of(net, producer, resolve(net, l->in));
-    if (!p || p->relu || readers[l->in] != 1) return 0;
-    if (p->kind != STEP_CONV && p->kind != STEP_LINEAR && p->kind != STEP_ADD && p->kind != STEP_BATCHNORM) return 0;
-    p->relu = 1;
-    net->vals[l->out].alias = p->out;
-    net->stats.relu_fused++;
-    return 1;
-}
-
-/* An add whose input is a convolution's output (read by nothing else) becomes
- * that convolution's residual: the convolution moves to the add's place,
- * after the other input is ready. */
-static int fuse_add(InferNet *net, const int *producer, const int *readers, const Layer *l, long *order) {
-    int inputs[2] = {l->in, l->in2};
-    for (int k = 0; k < 2; k++) {
-        Step *p = producer_of(net, producer, resolve(net, inputs[k]));
-        if (!p || p->kind != STEP_CONV || p->relu || p->in2 >= 0 || readers[inputs[k]] != 1) continue;
-        p->in2 = resolve(net, inputs[1 - k]);
-        p->order = (*order)++;
-        net->vals[l->out].alias = p->out;
-        net->stats.add_fused++;
-        return 1;
-    }
-    return 0;
-}
-
-static int step_order(const void *a, const void *b) {
-    long x = ((const Step *)a)->order, y = ((const Step *)b)->order;
-    return (x > y) - (x < y);
-}
-
-static const StepKind kind_of[LAYER_KINDS] = {
-    [LAYER_CONV] = STEP_CONV, [LAYER_RELU] = STEP_RELU, [LAYER_MAXPOOL] = STEP_MAXPOOL,
-    [LAYER_LINEAR] = STEP_LINEAR, [LAYER_BATCHNORM] = STEP_BATCHNORM, [LAYER_ADD] = STEP_ADD,
-    [LAYER_AVGPOOL] = STEP_AVGPOOL, [LAYER_GELU] = STEP_GELU, [LAYER_SCALE] = STEP_SCALE,
-    [LAYER_SILU] = STEP_SILU, [LAYER_DROPOUT] = STEP_IDENTITY, [LAYER_CONCAT] = STEP_CONCAT,
-    [LAYER_FLATTEN] = STEP_IDENTITY};
-
-static void check_kind_of(void) {
-    for (int k = 0; k < LAYER_KINDS; k++)
-        if (kind_of[k] == STEP_MISSING)
-            TC_FATAL("inference: layer kind %s has no step in models/infer.c's kind_of", layer_kinds[k].name);
-}
-
-/* An identity layer's output is its input: the readers of both are the readers of that one value (the
- * folds and fusions below ask whether a layer's input has one reader). */
-static void alias_identity(InferNet *net, int *readers, const Layer *l) {
-    int in = resolve(net, l->in);
-    net->vals[l->out].alias = in;
-    readers[in] = readers[l->out] = readers[in] - 1 + readers[l->out];
-}
-
-static void compile_layers(InferNet *net, const Model *g) {
-    int readers[MODEL_MAX_ACTS], producer[MODEL_MAX_ACTS];
-    count_readers(g, readers);
-    for (int i = 0; i < g->n_acts; i++) producer[i] = -1;
-    long order = 0;
-    for (int i = 0; i < g->n_layers; i++) {
-        const Layer *l = &g->layers[i];
-        if (l->kind == LAYER_BATCHNORM && fold_bn(net, producer, readers, l, i)) continue;
-        if (l->kind == LAYER_RELU && fuse_relu(net, producer, readers, l)) continue;
-        if (l->kind == LAYER_ADD && fuse_add(net, producer, readers, l, &order)) continue;
-        if (kind_of[l->kind] == STEP_IDENTITY) {
-            alias_identity(net, readers, l);
-            continue;
-        }
-        new_step(net, kind_of[l->kind], g, i, &order);
-        producer[l->out] = net->n_steps - 1;
-    }
-    qsort(net->steps, (size_t)net->n_steps, sizeof(Step), step_order);
-    net->logits_act = resolve(net, g->n_acts - 1);
-    net->stats.steps = net->n_steps;
+    net->n_steps = plan->n_steps;
+    net->logits_act = plan->logits;
+    net->stats.steps = plan->n_steps;
+    net->stats.bn_folded = plan->bn_folded;
+    net->stats.relu_fused = plan->relu_fused;
+    net->stats.add_fused = plan->add_fused;
+    free(plan);
 }
 
 /* ---- shapes and op state -------------------------------------------------- */
@@ -221,7 +106,7 @@ static void init_values(InferNet *net, const Model *g) {
     net->n_vals = g->n_acts;
     for (int i = 0; i < g->n_acts; i++) {
         const Activation *a = &g->acts[i];
-        net->vals[i] = (Value){a->c, a->h, a->w, -1, -1, -1, NULL};
+        net->vals[i] = (Value){a->c, a->h, a->w, -1, -1, NULL};
     }
     net->in_c = g->acts[0].c_real;
     net->in_h = g->acts[0].h;
@@ -230,12 +115,12 @@ static void init_values(InferNet *net, const Model *g) {
 }
 
 static void init_step_op(InferNet *net, const Model *g, Step *s) {
-    const Layer *l = &g->layers[s->layer];
-    const Value *x = &net->vals[s->in];
+    const Layer *l = &g->layers[s->plan.layer];
+    const Value *x = &net->vals[s->plan.in];
     int n = net->opt.batch;
-    switch (s->kind) {
+    switch (s->plan.kind) {
     case STEP_CONV: {
-        ConvBiasActShape shape = {l->conv.shape, s->relu, s->in2 >= 0};
+        ConvBiasActShape shape = {l->conv.shape, s->plan.relu, s->plan.in2 >= 0};
         shape.conv.n = n;
         shape.conv.c = x->c;
         if (conv2d_groups(&l->conv.shape) > 1 && x->c != g->acts[l->in].c)
@@ -265,7 +150,7 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
         if (s->window.n > 0) s->window.n = n;
         break;
     case STEP_BATCHNORM: {
-        const Value *v = &net->vals[s->shape_in];
+        const Value *v = &net->vals[s->plan.shape_in];
         BatchNormShape b = {n, v->c, v->h, v->w};
         s->bn.shape = b;
         s->bn_scratch_bytes = batchnorm_scratch_bytes(&net->ops, &b);
@@ -282,15 +167,15 @@ static void init_step_op(InferNet *net, const Model *g, Step *s) {
 static void plan_buffers(InferNet *net) {
     for (int i = 0; i < net->n_steps; i++) {
         const Step *s = &net->steps[i];
-        net->vals[s->in].last_use = i;
-        if (s->in2 >= 0) net->vals[s->in2].last_use = i;
+        net->vals[s->plan.in].last_use = i;
+        if (s->plan.in2 >= 0) net->vals[s->plan.in2].last_use = i;
     }
     net->vals[net->logits_act].last_use = net->n_steps;
     int holder[INFER_MAX_BUFFERS];
     /* The input's cast fills activation 0 before the first step (i = -1),
      * except on the CPU, where activation 0 is the input itself. */
     for (int i = net->gpu ? -1 : 0; i < net->n_steps; i++) {
-        int id = i < 0 ? 0 : net->steps[i].out;
+        int id = i < 0 ? 0 : net->steps[i].plan.out;
         size_t bytes = val_count(net, id) * dsize(net);
         int best = -1;
         for (int b = 0; b < net->n_buffers; b++) {
@@ -332,7 +217,7 @@ static void carve(InferNet *net, Arena *a) {
 
 /* Index of PyTorch's weight j of conv or linear layer l in the net's layout. */
 static size_t net_weight_index(const InferNet *net, const Model *g, const Layer *l, const Step *s, size_t j) {
-    const Value *x = &net->vals[s->in];
+    const Value *x = &net->vals[s->plan.in];
     const Activation *gx = &g->acts[l->in];
     if (l->kind == LAYER_CONV) { /* a filter's channels: c / groups */
         size_t rs = (size_t)l->conv.shape.r * l->conv.shape.s, groups = (size_t)conv2d_groups(&l->conv.shape);
@@ -351,18 +236,18 @@ static size_t net_weight_index(const InferNet *net, const Model *g, const Layer 
 static void place_weights(InferNet *net, const Model *g) {
     for (int i = 0; i < net->n_steps; i++) {
         Step *s = &net->steps[i];
-        const Layer *l = &g->layers[s->layer];
-        if (s->kind == STEP_CONV || s->kind == STEP_LINEAR) {
-            size_t k = s->kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
-            size_t w_count = s->kind == STEP_CONV ? k * (net->vals[s->in].c / conv2d_groups(&l->conv.shape)) *
+        const Layer *l = &g->layers[s->plan.layer];
+        if (s->plan.kind == STEP_CONV || s->plan.kind == STEP_LINEAR) {
+            size_t k = s->plan.kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
+            size_t w_count = s->plan.kind == STEP_CONV ? k * (net->vals[s->plan.in].c / conv2d_groups(&l->conv.shape)) *
                                                         l->conv.shape.r * l->conv.shape.s
                                                   : (size_t)l->linear.in * k;
             s->w_off = model_param_align(net->n_weights); /* as the training model's (add_params) */
             s->b_off = model_param_align(s->w_off + w_count);
             net->n_weights = s->b_off + k;
-        } else if (s->kind == STEP_BATCHNORM) {
+        } else if (s->plan.kind == STEP_BATCHNORM) {
             s->w_off = net->n_bn_floats;
-            net->n_bn_floats += 4 * (size_t)net->vals[s->shape_in].c;
+            net->n_bn_floats += 4 * (size_t)net->vals[s->plan.shape_in].c;
         }
     }
 }
@@ -382,23 +267,23 @@ static void fill_weights(const InferNet *net, const Model *g, const float *param
                          float *w, float *bn) {
     for (int i = 0; i < net->n_steps; i++) {
         const Step *s = &net->steps[i];
-        const Layer *l = &g->layers[s->layer];
-        if (s->kind == STEP_BATCHNORM) {
-            size_t c = (size_t)net->vals[s->shape_in].c;
+        const Layer *l = &g->layers[s->plan.layer];
+        if (s->plan.kind == STEP_BATCHNORM) {
+            size_t c = (size_t)net->vals[s->plan.shape_in].c;
             memcpy(bn + s->w_off, params + l->w_off, c * sizeof(float));
             memcpy(bn + s->w_off + c, params + l->b_off, c * sizeof(float));
             memcpy(bn + s->w_off + 2 * c, bn_stats + l->stat_off, 2 * c * sizeof(float));
             continue;
         }
-        if (s->kind != STEP_CONV && s->kind != STEP_LINEAR) continue;
-        size_t k = s->kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
-        size_t per_k = s->kind == STEP_CONV ? (size_t)(g->acts[l->in].c_real / conv2d_groups(&l->conv.shape)) *
+        if (s->plan.kind != STEP_CONV && s->plan.kind != STEP_LINEAR) continue;
+        size_t k = s->plan.kind == STEP_CONV ? (size_t)l->conv.shape.k : (size_t)l->linear.out;
+        size_t per_k = s->plan.kind == STEP_CONV ? (size_t)(g->acts[l->in].c_real / conv2d_groups(&l->conv.shape)) *
                                                   l->conv.shape.r * l->conv.shape.s
                                             : (size_t)l->linear.in;
         float *scale = malloc(k * sizeof(float)), *shift = malloc(k * sizeof(float));
         if (!scale || !shift) TC_FATAL("out of host memory folding %s", s->name);
         for (size_t c = 0; c < k; c++) scale[c] = 1, shift[c] = 0;
-        if (s->bn_layer >= 0) fold_into(g, &g->layers[s->bn_layer], params, bn_stats, k, scale, shift);
+        if (s->plan.bn_layer >= 0) fold_into(g, &g->layers[s->plan.bn_layer], params, bn_stats, k, scale, shift);
         for (size_t j = 0; j < k * per_k; j++)
             w[s->w_off + net_weight_index(net, g, l, s, j)] =
                 params[l->w_off + model_weight_index(g, l, j)] * scale[j / per_k];
@@ -435,7 +320,7 @@ InferNet *infer_create(const Model *graph, const float *params, const float *bn_
     if (opt->batch < 1) TC_FATAL("inference: batch %d", opt->batch);
     if (!gpu && (opt->dtype != DTYPE_F32 || opt->nhwc)) TC_FATAL("inference on the CPU runs fp32 NCHW only");
     if (graph->n_bn_stats && !bn_stats) TC_FATAL("inference: the model has batch norms but no statistics were given");
-    check_kind_of();
+    layer_kinds_check();
     layers_check_flattens(graph, opt->nhwc);
     InferNet *net = calloc(1, sizeof *net);
     if (!net) TC_FATAL("out of host memory: an inference net");
@@ -445,7 +330,7 @@ InferNet *infer_create(const Model *graph, const float *params, const float *bn_
     net->bn_eps = graph->bn_eps;
     net->ops = gpu ? op_context_gpu(gpu, opt->dtype, opt->nhwc) : op_context_cpu();
     init_values(net, graph);
-    compile_layers(net, graph);
+    take_plan(net, graph);
     for (int i = 0; i < net->n_steps; i++) init_step_op(net, graph, &net->steps[i]);
     plan_buffers(net);
     place_weights(net, graph);
@@ -457,7 +342,7 @@ InferNet *infer_create(const Model *graph, const float *params, const float *bn_
     carve(net, &net->arena);
     net->ops.workspace = net->workspace;
     for (int i = 0; i < net->n_steps; i++)
-        if (net->steps[i].kind == STEP_BATCHNORM)
+        if (net->steps[i].plan.kind == STEP_BATCHNORM)
             batchnorm_init(&net->ops, &net->steps[i].bn, &net->steps[i].bn.shape, net->steps[i].bn_scratch);
     upload_weights(net, graph, params, bn_stats);
     op_fill(&net->ops, net->input, 0, infer_input_floats(net) * sizeof(float));
@@ -475,9 +360,9 @@ void infer_destroy(InferNet *net) {
     op_sync(&net->ops);
     for (int i = 0; i < net->n_steps; i++) {
         Step *s = &net->steps[i];
-        if (s->kind == STEP_CONV) conv_bias_act_destroy(&net->ops, &s->conv);
-        if (s->kind == STEP_MAXPOOL) maxpool_destroy(&net->ops, &s->pool);
-        if (s->kind == STEP_BATCHNORM) batchnorm_destroy(&net->ops, &s->bn);
+        if (s->plan.kind == STEP_CONV) conv_bias_act_destroy(&net->ops, &s->conv);
+        if (s->plan.kind == STEP_MAXPOOL) maxpool_destroy(&net->ops, &s->pool);
+        if (s->plan.kind == STEP_BATCHNORM) batchnorm_destroy(&net->ops, &s->bn);
     }
     if (net->exec) gpu_graph_destroy(net->exec);
     arena_free(&net->arena);
@@ -486,11 +371,11 @@ void infer_destroy(InferNet *net) {
 
 static void run_step(InferNet *net, const Step *s) {
     const OpContext *ctx = &net->ops;
-    const void *x = net->vals[s->in].value;
-    const void *x2 = s->in2 >= 0 ? net->vals[s->in2].value : NULL;
-    void *y = net->vals[s->out].value;
-    size_t n = val_count(net, s->out);
-    switch (s->kind) {
+    const void *x = net->vals[s->plan.in].value;
+    const void *x2 = s->plan.in2 >= 0 ? net->vals[s->plan.in2].value : NULL;
+    void *y = net->vals[s->plan.out].value;
+    size_t n = val_count(net, s->plan.out);
+    switch (s->plan.kind) {
     case STEP_CONV:
         conv_bias_act_forward(ctx, &s->conv, x, elem(net, net->weights, s->w_off), elem(net, net->weights, s->b_off),
                               x2, y);
@@ -499,31 +384,31 @@ static void run_step(InferNet *net, const Step *s) {
         maxpool_forward(ctx, &s->pool, x, y);
         break;
     case STEP_AVGPOOL: {
-        const Value *v = &net->vals[s->shape_in];
+        const Value *v = &net->vals[s->plan.shape_in];
         if (s->window.n > 0) avgpool2d_forward(ctx, &s->window, x, y);
         else avgpool_forward(ctx, x, y, net->opt.batch, v->c, v->h * v->w);
         break;
     }
     case STEP_CONCAT: {
-        const Value *a = &net->vals[s->shape_in], *b = &net->vals[s->shape_in2];
+        const Value *a = &net->vals[s->plan.shape_in], *b = &net->vals[s->plan.shape_in2];
         ConcatShape cs = {net->opt.batch, a->c, b->c, a->h * a->w};
         concat_forward(ctx, &cs, x, x2, y);
         break;
     }
     case STEP_LINEAR:
         linear_forward(ctx, &s->linear, x, elem(net, net->weights, s->w_off), elem(net, net->weights, s->b_off), y);
-        if (s->relu) relu_forward(ctx, y, y, n);
+        if (s->plan.relu) relu_forward(ctx, y, y, n);
         break;
     case STEP_BATCHNORM: {
-        size_t c = (size_t)net->vals[s->shape_in].c;
+        size_t c = (size_t)net->vals[s->plan.shape_in].c;
         float *p = net->bn_params + s->w_off;
         BatchNormParams bp = {.gamma = p, .beta = p + c, .running_mean = p + 2 * c, .running_var = p + 3 * c,
                               .momentum = 0.0f, .eps = net->bn_eps};
-        batchnorm_forward(ctx, &s->bn, BN_EVAL, s->relu ? BN_ACT_RELU : BN_ACT_NONE, &bp, x, y);
+        batchnorm_forward(ctx, &s->bn, BN_EVAL, s->plan.relu ? BN_ACT_RELU : BN_ACT_NONE, &bp, x, y);
         break;
     }
     case STEP_ADD:
-        if (s->relu) add_relu_forward(ctx, x, x2, y, n);
+        if (s->plan.relu) add_relu_forward(ctx, x, x2, y, n);
         else add_forward(ctx, x, x2, y, n);
         break;
     case STEP_RELU:
@@ -539,7 +424,7 @@ static void run_step(InferNet *net, const Step *s) {
         silu_forward(ctx, x, y, n);
         break;
     case STEP_MISSING:
-    case STEP_IDENTITY: /* never a step (check_kind_of, compile_layers) */
+    case STEP_IDENTITY: /* never a step (layer_kinds_check, plan_inference) */
         TC_FATAL("inference: %s has no step to run", s->name);
     }
 }

@@ -1,8 +1,8 @@
 /* The inference form of a model: what eval, predict and bench-infer run.
  *
- * It is compiled from a built model's layers (model.h; the graph only, it
+ * It is made from a built model's layers (model.h; the graph only, it
  * need not be finalized) and a set of its weights, not the training step run
- * without backward:
+ * without backward, as the planner's list of steps (models/plan_infer.c):
  *   - batch norm after a convolution is folded into the convolution's weights
  *     and bias (w * gamma / sqrt(var + eps), (b - mean) * that + beta);
  *   - the ReLU after a convolution, a linear layer, a batch norm or an add is

@@ -476,26 +476,32 @@ static void flatten_layer_backward(Model *m, const Layer *l) {
     if (dx && dx != dy) pass_gradient(m, l, dy, dx);
 }
 
+#define RELU_BOTH (TAKES_RELU_TRAINING | TAKES_RELU_INFERENCE)
 const LayerKindOps layer_kinds[LAYER_KINDS] = {
-    [LAYER_CONV] = {"conv", conv_forward, conv_backward, 1},
-    [LAYER_RELU] = {"relu", relu_layer_forward, relu_layer_backward, 0},
-    [LAYER_MAXPOOL] = {"maxpool", maxpool_layer_forward, maxpool_layer_backward, 0},
-    [LAYER_LINEAR] = {"linear", linear_layer_forward, linear_layer_backward, 0},
-    [LAYER_BATCHNORM] = {"batchnorm", batchnorm_layer_forward, batchnorm_layer_backward, 1},
-    [LAYER_ADD] = {"add", add_layer_forward, add_layer_backward, 1},
-    [LAYER_AVGPOOL] = {"avgpool", avgpool_layer_forward, avgpool_layer_backward, 1},
-    [LAYER_GELU] = {"gelu", gelu_layer_forward, gelu_layer_backward, 0},
-    [LAYER_SCALE] = {"scale", scale_layer_forward, scale_layer_backward, 0},
-    [LAYER_SILU] = {"silu", silu_layer_forward, silu_layer_backward, 0},
-    [LAYER_DROPOUT] = {"dropout", dropout_layer_forward, dropout_layer_backward, 1},
-    [LAYER_CONCAT] = {"concat", concat_layer_forward, concat_layer_backward, 1},
-    [LAYER_FLATTEN] = {"flatten", flatten_layer_forward, flatten_layer_backward, 1},
+    [LAYER_CONV] = {"conv", conv_forward, conv_backward, 1, STEP_CONV, RELU_BOTH},
+    [LAYER_RELU] = {"relu", relu_layer_forward, relu_layer_backward, 0, STEP_RELU, TAKES_RELU_NEVER},
+    [LAYER_MAXPOOL] = {"maxpool", maxpool_layer_forward, maxpool_layer_backward, 0, STEP_MAXPOOL, TAKES_RELU_NEVER},
+    [LAYER_LINEAR] = {"linear", linear_layer_forward, linear_layer_backward, 0, STEP_LINEAR, TAKES_RELU_INFERENCE},
+    [LAYER_BATCHNORM] = {"batchnorm", batchnorm_layer_forward, batchnorm_layer_backward, 1, STEP_BATCHNORM, RELU_BOTH},
+    [LAYER_ADD] = {"add", add_layer_forward, add_layer_backward, 1, STEP_ADD, RELU_BOTH},
+    [LAYER_AVGPOOL] = {"avgpool", avgpool_layer_forward, avgpool_layer_backward, 1, STEP_AVGPOOL, TAKES_RELU_NEVER},
+    [LAYER_GELU] = {"gelu", gelu_layer_forward, gelu_layer_backward, 0, STEP_GELU, TAKES_RELU_NEVER},
+    [LAYER_SCALE] = {"scale", scale_layer_forward, scale_layer_backward, 0, STEP_SCALE, TAKES_RELU_NEVER},
+    [LAYER_SILU] = {"silu", silu_layer_forward, silu_layer_backward, 0, STEP_SILU, TAKES_RELU_NEVER},
+    [LAYER_DROPOUT] = {"dropout", dropout_layer_forward, dropout_layer_backward, 1, STEP_IDENTITY, TAKES_RELU_NEVER},
+    [LAYER_CONCAT] = {"concat", concat_layer_forward, concat_layer_backward, 1, STEP_CONCAT, TAKES_RELU_NEVER},
+    [LAYER_FLATTEN] = {"flatten", flatten_layer_forward, flatten_layer_backward, 1, STEP_IDENTITY, TAKES_RELU_NEVER},
 };
 
 void layer_kinds_check(void) {
-    for (int k = 0; k < LAYER_KINDS; k++)
-        if (!layer_kinds[k].name || !layer_kinds[k].forward || !layer_kinds[k].backward)
+    for (int k = 0; k < LAYER_KINDS; k++) {
+        const LayerKindOps *o = &layer_kinds[k];
+        if (!o->name || !o->forward || !o->backward)
             TC_FATAL("layer kind %d has no entry in models/layers.c's layer_kinds", k);
+        if (o->step == STEP_MISSING || !o->takes_relu)
+            TC_FATAL("layer kind %s: models/layers.c's layer_kinds says no %s", o->name,
+                     o->step == STEP_MISSING ? "inference step" : "takes_relu");
+    }
 }
 
 /* ---- the passes ---------------------------------------------------------- */

@@ -1,12 +1,12 @@
 /* Inside models/ only: what each kind of layer runs (models/layers.c), as the
  * model's plan (models/plan.h) says, and the helpers that the model (model.c),
  * its planning (plan.c, plan_graphs.c) and its running share.
- * Adding an op to the model form is one LayerKind, one entry in layer_kinds,
- * one builder in model.c, one in infer.c's kind_of (and its step), a
- * look at the sites that count LAYER_KINDS (init_params, tensors.c,
- * tools/trainer/profile.c), and, if it fuses, its pattern in plan.c: the build
- * stops until each is counted, and model_finalize and infer_create stop at a
- * table's missing entry. */
+ * Adding an op to the model form is one LayerKind, one entry in layer_kinds
+ * (its passes, its inference step and whether it takes the ReLU after it), one
+ * builder in model.c, its step's op in infer.c, a look at the sites that count
+ * LAYER_KINDS (init_params, tensors.c, tools/trainer/profile.c), and, if it
+ * fuses otherwise, its pattern in plan.c: the build stops until each is
+ * counted, and model_finalize and infer_create stop at a missing entry. */
 #ifndef TRAINC_MODELS_LAYERS_H
 #define TRAINC_MODELS_LAYERS_H
 
@@ -21,10 +21,13 @@ typedef struct {
     void (*forward)(Model *m, const Layer *l);
     void (*backward)(Model *m, const Layer *l);
     int adds_dx;       /* backward can add its input gradient to one already there (dx_accumulate) */
+    StepKind step;     /* what the inference form runs it as (plan_inference, infer.c) */
+    int takes_relu;    /* TAKES_RELU_* (plan.h): where the ReLU after it runs in its pass */
 } LayerKindOps;
 
 extern const LayerKindOps layer_kinds[LAYER_KINDS];
-/* Stops, naming the kind, where layer_kinds lacks one (model_finalize calls it). */
+/* Stops, naming the kind, where layer_kinds lacks one or a part of one (model_finalize and infer_create
+ * call it). */
 void layer_kinds_check(void);
 
 /* model.nvtx_layers: an NVTX range around each op of a layer, named by the

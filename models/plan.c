@@ -137,14 +137,19 @@ static void join_groups(int *parent, int a, int b) { parent[group_of(parent, a)]
 /* An activation that feeds several layers gets the sum of their gradients:
  * backward meets its consumers latest first; the first writes the gradient,
  * the others add to it. Only the input image (activation 0) needs none. */
+void plan_count_readers(const Model *g, int *readers) {
+    memset(readers, 0, sizeof(int) * (size_t)g->n_acts);
+    for (int i = 0; i < g->n_layers; i++) {
+        readers[g->layers[i].in]++;
+        if (g->layers[i].in2 >= 0) readers[g->layers[i].in2]++;
+    }
+}
+
 static void plan_accumulation(Model *m) {
     layers_check_flattens(m, m->nhwc);
-    int written[MODEL_MAX_ACTS] = {0};
-    for (int a = 0; a < m->n_acts; a++) m->plan->acts[a].consumers = 0;
-    for (int i = 0; i < m->n_layers; i++) {
-        m->plan->acts[m->layers[i].in].consumers++;
-        if (m->layers[i].in2 >= 0) m->plan->acts[m->layers[i].in2].consumers++;
-    }
+    int written[MODEL_MAX_ACTS] = {0}, readers[MODEL_MAX_ACTS];
+    plan_count_readers(m, readers);
+    for (int a = 0; a < m->n_acts; a++) m->plan->acts[a].consumers = readers[a];
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const Layer *l = &m->layers[i];
         LayerPlan *p = &m->plan->layers[i];
@@ -410,7 +415,7 @@ static void mark_fusions(Model *m) {
         const Layer *l = &m->layers[i], *relu = &m->layers[i + 1];
         if (relu->in != l->out || m->plan->acts[l->out].consumers != 1) continue;
         if (takes_gelu(l) && relu->kind == LAYER_GELU) fuse_gelu(m, i);
-        if (relu->kind != LAYER_RELU) continue;
+        if (relu->kind != LAYER_RELU || !(layer_kinds[l->kind].takes_relu & TAKES_RELU_TRAINING)) continue;
         if (l->kind == LAYER_BATCHNORM) p[i].act = BN_ACT_RELU, p[i + 1].by_producer = 1;
         if (l->kind == LAYER_ADD) p[i].add_relu = p[i + 1].by_producer = 1;
         if (l->kind != LAYER_CONV || !l->b_count) continue;

@@ -99,6 +99,44 @@ typedef struct Plan {
 
 static inline const LayerPlan *plan_of(const Model *m, const Layer *l) { return &m->plan->layers[l - m->layers]; }
 
+/* ---- the inference form's plan (plan_infer.c), which infer.c runs ---- */
+
+/* A layer kind's step (layer_kinds' step). STEP_MISSING (0): a kind layer_kinds does not say, which
+ * layer_kinds_check refuses; STEP_IDENTITY: a layer that evaluation runs as the identity (dropout; flatten,
+ * its input's storage), its output its input. */
+typedef enum { STEP_MISSING, STEP_CONV, STEP_MAXPOOL, STEP_AVGPOOL, STEP_LINEAR, STEP_BATCHNORM, STEP_ADD, STEP_RELU,
+               STEP_GELU, STEP_SCALE, STEP_SILU, STEP_CONCAT, STEP_IDENTITY } StepKind;
+
+/* layer_kinds' takes_relu: where the ReLU right after a layer of the kind, reading its output alone, runs in
+ * the layer's own pass. 0: not said (layer_kinds_check refuses it). */
+#define TAKES_RELU_NEVER 1
+#define TAKES_RELU_TRAINING 2  /* model.fuse (mark_fusions); a convolution's only with a bias */
+#define TAKES_RELU_INFERENCE 4 /* plan_inference (a convolution's epilogue, a linear layer's, a norm's, an add's) */
+
+typedef struct {
+    StepKind kind;
+    int layer;            /* the net's layer it runs */
+    int bn_layer;         /* conv: the batch norm folded into it, or -1 */
+    int in, in2, out;     /* activation ids; in2: an add's second input or a conv's residual, else -1 */
+    int shape_in, shape_in2; /* the layer's own inputs, whose shapes it takes: in and in2 may be the values a
+                             flatten (an identity) reshaped, c x h x w where the layer reads c*h*w x 1 x 1 */
+    int relu;             /* the ReLU after it, done by it */
+    long order;           /* its place in the run (a conv taking a residual moves to the add's) */
+} PlanStep;
+
+typedef struct {
+    PlanStep steps[MODEL_MAX_LAYERS]; /* in run order */
+    int n_steps;
+    int logits;           /* the activation that holds the logits (the last, or the one it is an alias of) */
+    int bn_folded, relu_fused, add_fused;
+} InferPlan;
+
+/* The net's inference steps (plan_infer.c says which folds and fusions). */
+void plan_inference(const Model *g, InferPlan *plan);
+
+/* Reads of each activation by the net's layers (readers[a], for a < g->n_acts). */
+void plan_count_readers(const Model *g, int *readers);
+
 /* model_finalize's steps, in its order. plan_layers (a fresh plan): the gradients' accumulation, model.fuse's
  * fusions and the activation-gradient buffers; plan_input_forms (GPU, after the convolutions' algorithms): the
  * input convolution's forms, timed; plan_graphs (model.fuse = graphs, before the buffers: they size the

@@ -513,16 +513,12 @@ static int rebuild_choice(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy
     return 0;
 }
 
-/* A cached choice offered to g (the header says how); -1 where none of the
- * plans it tried finalized (the caller searches in full), else 1. */
+/* A choice cached at another batch offered to g (the header says how); -1 where none of the plans it tried
+ * finalized (the caller searches in full), else 1. */
 static int choose_from_cache(BackendGraph *g, cudnnHandle_t h, const ConvAlgoPolicy *policy,
-                             const BackendPlanChoice *c, int batch) {
+                             const BackendPlanChoice *c) {
     Candidate cands[1 + BACKEND_PLAN_CACHE_FRESH];
     int count = rebuild_choice(g, h, policy, c, &cands[0]);
-    if (count && c->batch == batch) {
-        g->plan_ms = c->plan_ms;
-        return keep_candidate(g, cands, 1, 0);
-    }
     count += collect_candidates(g, h, policy, CUDNN_HEUR_MODE_A, cands + count, BACKEND_PLAN_CACHE_FRESH);
     if (count == 0) return -1;
     g->plan_ms = 0;
@@ -536,13 +532,12 @@ int backend_graph_choose_plan_cached(BackendGraph *g, cudnnHandle_t h, const Con
         return backend_graph_choose_plan(g, h, policy);
     double t0 = now_seconds();
     BackendPlanChoice *c = cached_choice(cache, g->op_name, key, key_bytes);
-    int chosen = c ? choose_from_cache(g, h, policy, c, batch) : -1;
-    BackendPlanHow how = !c || chosen < 0 ? BACKEND_PLAN_SEARCHED : c->batch == batch ? BACKEND_PLAN_SAME
-                                                                                     : BACKEND_PLAN_NARROWED;
+    int chosen = c && c->batch != batch ? choose_from_cache(g, h, policy, c) : -1;
+    BackendPlanHow how = chosen < 0 ? BACKEND_PLAN_SEARCHED : BACKEND_PLAN_NARROWED;
     cache->chosen[how]++;
     if (how == BACKEND_PLAN_SEARCHED) {
         chosen = backend_graph_choose_plan(g, h, policy);
-        BackendPlanChoice fresh = {g->op_name, {0}, key_bytes, batch, 0, 0, {0}, {0}, g->plan_ms};
+        BackendPlanChoice fresh = {g->op_name, {0}, key_bytes, batch, 0, 0, {0}, {0}};
         memcpy(fresh.key, key, key_bytes);
         if (chosen && !c && cache->n < BACKEND_PLAN_CACHE_SIZE && read_choice(g->engine_config, &fresh))
             cache->choices[cache->n++] = fresh;

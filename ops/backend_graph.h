@@ -71,8 +71,12 @@ typedef struct BackendGraph {
  * and kept as numbers (the engine's global index and its knobs' choices),
  * so that another graph can build the same engine for its own shape.
  * backend_graph_choose_plan_cached, for a graph whose key is there:
- *   - at the batch the choice was timed at (the same graph): that plan, not
- *     timed again (another timing would differ by noise only);
+ *   - at the batch the choice was timed at (another graph of the same shape):
+ *     the full search again. The cached engine rebuilt from its number and
+ *     knobs is not the plan it was read from: given untimed, it ran up to
+ *     2.7 times slower a convolution (17 of ResNet-18's 20 at batch 256 on
+ *     an H200 slower by 13% to 166%, bench-infer --by-layer; 14% fewer
+ *     images/s in all);
  *   - at another batch: the cached engine rebuilt for this graph and the
  *     heuristics' first BACKEND_PLAN_CACHE_FRESH candidates for it, timed
  *     together, the fastest kept: the search is narrowed, not skipped, so the
@@ -96,11 +100,10 @@ typedef struct {
     int64_t engine;           /* CUDNN_ATTR_ENGINE_GLOBAL_INDEX */
     int knobs;
     int64_t knob_type[BACKEND_PLAN_MAX_KNOBS], knob_value[BACKEND_PLAN_MAX_KNOBS];
-    float plan_ms;
 } BackendPlanChoice;
 
-/* How a graph's plan was chosen: the full search, the narrowed one, the cached plan itself. */
-typedef enum { BACKEND_PLAN_SEARCHED, BACKEND_PLAN_NARROWED, BACKEND_PLAN_SAME, BACKEND_PLAN_HOWS } BackendPlanHow;
+/* How a graph's plan was chosen: the full search, the narrowed one. */
+typedef enum { BACKEND_PLAN_SEARCHED, BACKEND_PLAN_NARROWED, BACKEND_PLAN_HOWS } BackendPlanHow;
 
 typedef struct BackendPlanCache {
     BackendPlanChoice choices[BACKEND_PLAN_CACHE_SIZE];

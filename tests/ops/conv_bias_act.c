@@ -166,9 +166,10 @@ static void cba_gpu_shape(const GridCase *c, ConvBiasActShape a, int real_c, con
 }
 
 /* A plan cache shared by batch sizes (ops/backend_graph.h): batch 8 searched in
- * full, the same shape at 8 again given the cached plan, batch 2 narrowed to
- * it and cuDNN's first two (or searched where none finalizes), each against
- * the CPU reference. Where no fused graph is taken the cache sees nothing. */
+ * full, the same shape at 8 again searched in full (the cached engine rebuilt
+ * is not the plan it was read from), batch 2 narrowed to it and cuDNN's first
+ * two (or searched where none finalizes), each against the CPU reference.
+ * Where no fused graph is taken the cache sees nothing. */
 static void cba_plan_cache(const GridCase *c) {
     BackendPlanCache *cache = calloc(1, sizeof *cache);
     CHECK(cache != NULL);
@@ -178,13 +179,12 @@ static void cba_plan_cache(const GridCase *c) {
     const int batches[] = {8, 8, 2};
     for (size_t i = 0; i < GRID_COUNT(batches); i++)
         cba_gpu_shape(c, (ConvBiasActShape){CONV(batches[i], 64, 16, 16, 64, 3, 3, 1, 1), 1, 1}, 64, &policy);
-    long *n = cache->chosen, total = n[BACKEND_PLAN_SEARCHED] + n[BACKEND_PLAN_NARROWED] + n[BACKEND_PLAN_SAME];
-    printf(" plan cache: %ld searched, %ld narrowed, %ld the same shape's; %d kept\n", n[BACKEND_PLAN_SEARCHED],
-           n[BACKEND_PLAN_NARROWED], n[BACKEND_PLAN_SAME], cache->n);
-    CHECK_MSG(total == 0 || (total == 3 && n[BACKEND_PLAN_SEARCHED] >= 1), "%s: %ld plans through the cache",
-              c->name, total);
-    if (cache->n) CHECK_MSG(cache->n == 1 && n[BACKEND_PLAN_SAME] == 1, "%s: %d kept, %ld the same", c->name,
-                            cache->n, n[BACKEND_PLAN_SAME]);
+    long *n = cache->chosen, total = n[BACKEND_PLAN_SEARCHED] + n[BACKEND_PLAN_NARROWED];
+    printf(" plan cache: %ld searched, %ld narrowed; %d kept\n", n[BACKEND_PLAN_SEARCHED], n[BACKEND_PLAN_NARROWED],
+           cache->n);
+    CHECK_MSG(total == 0 || (total == 3 && n[BACKEND_PLAN_SEARCHED] >= 2), "%s: %ld plans through the cache, %ld "
+              "searched", c->name, total, n[BACKEND_PLAN_SEARCHED]);
+    if (cache->n) CHECK_MSG(cache->n == 1, "%s: %d kept", c->name, cache->n);
     free(cache);
 }
 

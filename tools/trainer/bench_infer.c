@@ -205,7 +205,7 @@ typedef struct {
 } SharedPlans;
 
 static void plan_progress(void *user, BackendPlanHow how, double seconds) {
-    static const char *said[BACKEND_PLAN_HOWS] = {"searched in full", "narrowed", "the same shape's"};
+    static const char *said[BACKEND_PLAN_HOWS] = {"searched in full", "narrowed"};
     SharedPlans *p = user;
     p->planned++;
     char from[64] = "";
@@ -230,10 +230,10 @@ static InferNet *build_net(const TrainSettings *s, const Weights *w, GpuContext 
     InferNet *net = infer_create(w->graph, w->params, w->bn_stats, gpu, &opt);
     if (opt.conv_policy.benchmark)
         log_info("bench-infer: batch %d: net built in %.1f s; convolution plans: %ld searched in full, %ld narrowed to "
-                 "batch %d's and cuDNN's first %d, %ld the same shape's", batch, now_seconds() - t0,
+                 "batch %d's and cuDNN's first %d", batch, now_seconds() - t0,
                  plans->cache.chosen[BACKEND_PLAN_SEARCHED] - before[BACKEND_PLAN_SEARCHED],
                  plans->cache.chosen[BACKEND_PLAN_NARROWED] - before[BACKEND_PLAN_NARROWED], plans->first_batch,
-                 BACKEND_PLAN_CACHE_FRESH, plans->cache.chosen[BACKEND_PLAN_SAME] - before[BACKEND_PLAN_SAME]);
+                 BACKEND_PLAN_CACHE_FRESH);
     return net;
 }
 

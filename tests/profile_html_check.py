@@ -4,7 +4,9 @@
 Usage: profile_html_check.py TRAINC SCRATCH_DIR
 
 Then tools/lab_table.py --html of two tiny CPU stages: its table, the
-stages' timelines, findings and reflection, opened in Chromium the same way.
+stages' timelines, findings and reflection, opened in Chromium the same way;
+and its timeline's lanes for 13 streams (a lane each for the compute stream
+and the 7 busiest, one for the rest).
 
 Checks the page: every section's SVG present (in the file and in Chromium's
 DOM dump), nothing it would fetch (no src/href/url( outside the page, a CSP
@@ -153,6 +155,25 @@ def check_screenshot(shot):
     print(f"screenshot {width}x{height}: variance {var:.0f}, dark share {dark:.3f}")
 
 
+def check_lab_lanes():
+    """lab_table.py's lanes: the compute stream (the least busy) and 12 others, stream k busy k us."""
+    sys.path.insert(0, "tools")
+    import lab_table
+    names = {(0, 1): "host: steps"}
+    names.update({(0, 100 + k): f"stream {k}" + (" (compute)" if k == 0 else "") for k in range(13)})
+    boxes = [(0, 100 + k, "a_kernel", "kernel", 0.0, float(k or 0.5)) for k in range(13)]
+    rows, labels, shared = lab_table.lane_rows(names, boxes)
+    want_shared = {(0, 100 + k) for k in range(1, 6)}
+    if shared != want_shared or labels[-1] != "other streams (5)" or "stream 0 (compute)" not in labels:
+        fail(f"lab_table.lane_rows: shared {sorted(shared)}, labels {labels}")
+    if len(labels) != 10 or len({rows[k] for k in want_shared}) != 1:
+        fail(f"lab_table.lane_rows: {len(labels)} rows, the shared streams' rows {[rows[k] for k in want_shared]}")
+    svg = lab_table.timeline_svg((names, boxes, 20.0), 20.0)
+    if "<title>stream 3: a_kernel" not in svg or "<title>stream 9: a_kernel" in svg:
+        fail("lab_table.timeline_svg: the shared lane's boxes are not named by stream, or a kept one's are")
+    print("lab_table's lanes: 13 streams in 9 rows, 5 in the shared one")
+
+
 def main():
     trainc = sys.argv[1]
     os.makedirs(sys.argv[2], exist_ok=True)
@@ -176,6 +197,7 @@ def main():
     rejects(html.replace('<section id="roofline">', '<section id="gone">'), "no roofline")
     rejects(html.replace("not measured on the CPU", "0%"), "the CPU's GPU figures as 0%")
     lab = check_lab(trainc, scratch)
+    check_lab_lanes()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         print("SKIP: no chromium on PATH (apt-get install chromium); the page itself passed its checks")

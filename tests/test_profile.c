@@ -352,6 +352,53 @@ static void check_overlap_note(ProfileReport *r) {
     r->settings.overlap_wgrad = noted;
 }
 
+/* --html's timeline with the compute stream and 12 others in the window (tid 100 + k, busy k units): the
+ * compute stream and the 7 busiest (k = 6..12) drawn a lane each, the 5 least busy in one lane, their boxes
+ * named by stream. */
+static void check_stream_lanes(ProfileReport *r, const char *dir) {
+    double t0 = INFINITY, t1 = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, r->timeline) {
+        const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
+        if (!cJSON_IsString(cat) || strcmp(cat->valuestring, "step") != 0) continue;
+        double ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
+        t0 = fmin(t0, ts), t1 = fmax(t1, ts + cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble);
+    }
+    CHECK_MSG(t1 > t0, "no steps in the timeline");
+    for (int k = 0; k <= 12; k++) {
+        char name[32];
+        snprintf(name, sizeof name, k ? "stream %d" : "stream %d (compute)", k);
+        cJSON *meta = cJSON_CreateObject(), *args = cJSON_CreateObject(), *box = cJSON_CreateObject();
+        cJSON_AddStringToObject(meta, "name", "thread_name");
+        cJSON_AddStringToObject(meta, "ph", "M");
+        cJSON_AddNumberToObject(meta, "tid", 100 + k);
+        cJSON_AddStringToObject(args, "name", name);
+        cJSON_AddItemToObject(meta, "args", args);
+        cJSON_AddItemToArray(r->timeline, meta);
+        cJSON_AddStringToObject(box, "name", k ? "a_kernel" : "compute_kernel");
+        cJSON_AddStringToObject(box, "ph", "X");
+        cJSON_AddStringToObject(box, "cat", "kernel");
+        cJSON_AddNumberToObject(box, "tid", 100 + k);
+        cJSON_AddNumberToObject(box, "ts", t0);
+        cJSON_AddNumberToObject(box, "dur", (k ? k : 1) * (t1 - t0) / 20);
+        cJSON_AddItemToArray(r->timeline, box);
+    }
+    char path[800];
+    snprintf(path, sizeof path, "%s/streams.html", dir);
+    profile_html_write(r, path);
+    char *page = test_read_file(path);
+    CHECK_MSG(page && strstr(page, ">stream 0 (compute)</text>") && strstr(page, ">other streams (5)</text>"),
+              "the compute stream's lane or the others' lane is missing");
+    for (int k = 1; page && k <= 12; k++) {
+        char label[48], title[48];
+        snprintf(label, sizeof label, ">stream %d</text>", k);
+        snprintf(title, sizeof title, "<title>stream %d: a_kernel", k);
+        CHECK_MSG(k >= 6 ? strstr(page, label) && !strstr(page, title) : !strstr(page, label) && strstr(page, title),
+                  "stream %d (busy %d of 12): %s", k, k, k >= 6 ? "no lane of its own" : "not in the others' lane");
+    }
+    free(page);
+}
+
 static double check_device(const char *device) {
     char trace[700], dir[32];
     snprintf(dir, sizeof dir, "profile-%s", device);
@@ -370,6 +417,7 @@ static double check_device(const char *device) {
     check_overlap_note(&r);
     check_kernels(&r);
     check_trace(&r, trace);
+    if (!gpu) check_stream_lanes(&r, test_tmpdir(dir));
     CHECK(r.product_flops > 0);
     double flops = r.product_flops;
     profile_report_free(&r);

@@ -227,19 +227,43 @@ def trace_lanes(path):
 LANE_COLOURS = {"step": "#9aa5b1", "gpu_step": "#9aa5b1", "phase": "#7fb3d5", "op": "#82c99a"}
 
 
+STREAM_ROWS = 8  # as trainc profile --html: the compute stream and the busiest others, the rest in one lane
+
+
+def lane_rows(names, boxes):
+    """Each track's row: a row each for every track but streams beyond STREAM_ROWS (the compute stream and the
+    busiest others kept), which share the last row; returns ({key: row}, the rows' labels, the shared keys)."""
+    busy = {}
+    for pid, tid, _, _, _, dur in boxes:
+        busy[(pid, tid)] = busy.get((pid, tid), 0) + dur
+    streams = sorted((k for k in names if names[k].startswith("stream ")),
+                     key=lambda k: ("(compute)" not in names[k], -busy.get(k, 0)))
+    shared = set(streams[STREAM_ROWS:]) if len(streams) > STREAM_ROWS else set()
+    own = [k for k in sorted(names) if k not in shared]
+    rows = {k: i for i, k in enumerate(own)}
+    labels = [names[k] for k in own]
+    if shared:
+        rows.update({k: len(own) for k in shared})
+        labels.append(f"other streams ({len(shared)})")
+    return rows, labels, shared
+
+
 def timeline_svg(lanes, scale_us, width=1000, lane_h=16, left=170):
-    """One stage's timeline: a lane per track, every box at scale_us for the width after the labels."""
+    """One stage's timeline: a lane per track (streams as lane_rows says), every box at scale_us for the width
+    after the labels."""
     names, boxes, _ = lanes
-    keys = sorted(names)
+    rows, labels, shared = lane_rows(names, boxes)
     px = (width - left - 10) / scale_us
-    out = [f'<svg class="timeline" width="{width}" height="{len(keys) * lane_h + 4}">']
-    for i, k in enumerate(keys):
-        out.append(f'<text x="2" y="{i * lane_h + 12}" font-size="11">{escape(names[k])}</text>')
+    out = [f'<svg class="timeline" width="{width}" height="{len(labels) * lane_h + 4}">']
+    for i, label in enumerate(labels):
+        out.append(f'<text x="2" y="{i * lane_h + 12}" font-size="11">{escape(label)}</text>')
     for pid, tid, name, cat, ts, dur in boxes:
-        y = keys.index((pid, tid)) * lane_h + 2
+        y = rows[(pid, tid)] * lane_h + 2
         colour = LANE_COLOURS.get(cat, "#f5b041" if "memcpy" in cat else "#5d8aa8")
+        where = f"{names[(pid, tid)]}: " if (pid, tid) in shared else ""
         out.append(f'<rect x="{left + max(ts, 0) * px:.2f}" y="{y}" width="{max(dur * px, 0.5):.2f}" '
-                   f'height="{lane_h - 4}" fill="{colour}"><title>{escape(name[:80])}: {dur:.1f} us</title></rect>')
+                   f'height="{lane_h - 4}" fill="{colour}"><title>{escape(where + name[:80])}: {dur:.1f} us'
+                   '</title></rect>')
     out.append("</svg>")
     return "\n".join(out)
 

@@ -73,20 +73,55 @@ static void short_name(const char *name, char *out, size_t len) {
 
 /* ---- the timeline ------------------------------------------------------------- */
 
-#define MAX_LANES 16
+#define MAX_LANES 128
+/* Streams drawn a lane each: the compute stream and the busiest others in the window. The rest (a library's
+ * own, such as nvJPEG's decoder's, a few dozen under data.decode = gpu) share one lane, "other streams". */
+#define STREAM_ROWS 8
 
 typedef struct {
     int pid, tid;
     char name[64];
+    double busy_us;       /* its boxes' time in the window */
+    int row;              /* where it is drawn */
 } Lane;
 
+/* The lane of (pid, tid), or -1 past MAX_LANES (drawn with the other streams). */
 static int lane_of(Lane *lanes, int *n, int pid, int tid) {
     for (int i = 0; i < *n; i++)
         if (lanes[i].pid == pid && lanes[i].tid == tid) return i;
     if (*n == MAX_LANES) return -1;
-    lanes[*n] = (Lane){pid, tid, ""};
+    lanes[*n] = (Lane){pid, tid, "", 0, 0};
     snprintf(lanes[*n].name, sizeof lanes[*n].name, "track %d", tid);
     return (*n)++;
+}
+
+static int is_stream(const Lane *l) { return !strncmp(l->name, "stream ", 7); }
+
+static int stream_rank(const void *a, const void *b) {
+    const Lane *x = *(const Lane *const *)a, *y = *(const Lane *const *)b;
+    int cx = strstr(x->name, "(compute)") != NULL, cy = strstr(y->name, "(compute)") != NULL;
+    if (cx != cy) return cy - cx;
+    return (x->busy_us < y->busy_us) - (x->busy_us > y->busy_us);
+}
+
+/* Each lane's row, in the order the lanes came, up to STREAM_ROWS streams a row of their own; returns the rows,
+ * the last the other streams' where there are any (*others of them). */
+static int assign_rows(Lane *lanes, int n, int *others) {
+    const Lane *streams[MAX_LANES];
+    int n_streams = 0, rows = 0;
+    for (int i = 0; i < n; i++)
+        if (is_stream(&lanes[i])) streams[n_streams++] = &lanes[i];
+    qsort(streams, (size_t)n_streams, sizeof *streams, stream_rank);
+    *others = 0;
+    for (int i = 0; i < n; i++) {
+        int own = !is_stream(&lanes[i]) || n_streams <= STREAM_ROWS;
+        for (int k = 0; !own && k < STREAM_ROWS; k++) own = streams[k] == &lanes[i];
+        lanes[i].row = own ? rows++ : -1;
+        *others += !own;
+    }
+    for (int i = 0; i < n; i++)
+        if (lanes[i].row < 0) lanes[i].row = rows;
+    return rows + (*others > 0);
 }
 
 static double num(const cJSON *e, const char *key) {
@@ -131,36 +166,49 @@ static void print_timeline(const ProfileReport *r, FILE *f) {
     double t0, t1;
     timeline_window(events, &t0, &t1);
     Lane lanes[MAX_LANES];
-    int n = 0;
+    int n = 0, overflow = 0;
     cJSON_ArrayForEach(e, events) {
         int i = lane_of(lanes, &n, (int)num(e, "pid"), (int)num(e, "tid"));
+        overflow |= i < 0;
         if (i >= 0 && !strcmp(str(e, "ph"), "M") && !strcmp(str(e, "name"), "thread_name"))
             snprintf(lanes[i].name, sizeof lanes[i].name, "%s",
                      str(cJSON_GetObjectItemCaseSensitive(e, "args"), "name"));
+        if (i >= 0 && !strcmp(str(e, "ph"), "X"))
+            lanes[i].busy_us += fmax(0, fmin(num(e, "ts") + num(e, "dur"), t1) - fmax(num(e, "ts"), t0));
     }
+    int others, rows = assign_rows(lanes, n, &others);
+    if (overflow && !others) rows++;
     double span = t1 > t0 ? t1 - t0 : 1, scale = (SVG_W - LABEL_W - 10) / span;
-    fprintf(f, "<p>The window's first %s: %.3f ms; a lane per track, gaps are time with nothing on it. Hover a "
-            "box for its name and duration.</p>\n", "steps", span / 1000);
-    fprintf(f, "<svg class=\"timeline\" width=\"%d\" height=\"%d\">\n", SVG_W,
-            n * LANE_H + 24);
-    for (int i = 0; i < n; i++) svg_text(f, 2, i * LANE_H + 13, "start", lanes[i].name);
+    fprintf(f, "<p>The window's first %s: %.3f ms; a lane per track (up to %d streams: the compute stream and "
+            "the busiest, the rest in one lane), gaps are time with nothing on it. Hover a box for its name and "
+            "duration.</p>\n", "steps", span / 1000, STREAM_ROWS);
+    fprintf(f, "<svg class=\"timeline\" width=\"%d\" height=\"%d\">\n", SVG_W, rows * LANE_H + 24);
+    for (int i = 0; i < n; i++)
+        if (lanes[i].row < rows - (others > 0 || overflow)) svg_text(f, 2, lanes[i].row * LANE_H + 13, "start",
+                                                                    lanes[i].name);
+    if (others || overflow) {
+        char label[64];
+        snprintf(label, sizeof label, overflow ? "other streams and tracks" : "other streams (%d)", others);
+        svg_text(f, 2, (rows - 1) * LANE_H + 13, "start", label);
+    }
     cJSON_ArrayForEach(e, events) {
         if (strcmp(str(e, "ph"), "X") != 0) continue;
         double ts = num(e, "ts"), dur = num(e, "dur");
         if (ts + dur < t0 || ts > t1) continue;
-        int i = lane_of(lanes, &n, (int)num(e, "pid"), (int)num(e, "tid"));
-        if (i < 0) continue;
-        char name[64], title[640];
+        int i = lane_of(lanes, &n, (int)num(e, "pid"), (int)num(e, "tid")), row = i >= 0 ? lanes[i].row : rows - 1;
+        int shared = row == rows - 1 && (others > 0 || overflow);
+        char name[64], title[700];
         short_name(str(e, "name"), name, sizeof name);
-        snprintf(title, sizeof title, "%s: %.2f us%s%s", name, dur, strcmp(name, str(e, "name")) ? "\n" : "",
+        snprintf(title, sizeof title, "%s%s%s: %.2f us%s%s", shared && i >= 0 ? lanes[i].name : "",
+                 shared && i >= 0 ? ": " : "", name, dur, strcmp(name, str(e, "name")) ? "\n" : "",
                  strcmp(name, str(e, "name")) ? str(e, "name") : "");
         double x0 = LABEL_W + (fmax(ts, t0) - t0) * scale, x1 = LABEL_W + (fmin(ts + dur, t1) - t0) * scale;
-        svg_box(f, x0, i * LANE_H + 2, x1 - x0, LANE_H - 4, lane_colour(str(e, "cat")), title);
+        svg_box(f, x0, row * LANE_H + 2, x1 - x0, LANE_H - 4, lane_colour(str(e, "cat")), title);
     }
     char axis[48];
     snprintf(axis, sizeof axis, "%.3f ms", span / 1000);
-    svg_text(f, SVG_W - 10, n * LANE_H + 16, "end", axis);
-    svg_text(f, LABEL_W, n * LANE_H + 16, "start", "0");
+    svg_text(f, SVG_W - 10, rows * LANE_H + 16, "end", axis);
+    svg_text(f, LABEL_W, rows * LANE_H + 16, "start", "0");
     fputs("</svg>\n", f);
     if (!r->kernels.available)
         fprintf(f, "<p class=\"na\">Kernels, copies and memsets by stream: %s.</p>\n",

@@ -134,9 +134,6 @@ static int group_of(int *parent, int a) {
 
 static void join_groups(int *parent, int a, int b) { parent[group_of(parent, a)] = group_of(parent, b); }
 
-/* An activation that feeds several layers gets the sum of their gradients:
- * backward meets its consumers latest first; the first writes the gradient,
- * the others add to it. Only the input image (activation 0) needs none. */
 void plan_count_readers(const Model *g, int *readers) {
     memset(readers, 0, sizeof(int) * (size_t)g->n_acts);
     for (int i = 0; i < g->n_layers; i++) {
@@ -145,6 +142,9 @@ void plan_count_readers(const Model *g, int *readers) {
     }
 }
 
+/* An activation that feeds several layers gets the sum of their gradients:
+ * backward meets its consumers latest first; the first writes the gradient,
+ * the others add to it. Only the input image (activation 0) needs none. */
 static void plan_accumulation(Model *m) {
     layers_check_flattens(m, m->nhwc);
     int written[MODEL_MAX_ACTS] = {0}, readers[MODEL_MAX_ACTS];

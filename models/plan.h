@@ -3,14 +3,15 @@
  * algorithms, a max-pool's scratch). The planner writes its decisions here, one LayerPlan per layer (which
  * layer's pass takes the next one's work under model.fuse, which convolutions run fused cuDNN graphs under
  * model.fuse = graphs, which run on a form of the input image, how each backward meets its inputs'
- * gradients) and one ActivationPlan per activation (its readers, its gradient's buffer, whether it is
- * stored). The layers' passes (layers.c) read m->plan and never write it.
+ * gradients) and one ActivationPlan per activation (its readers, its gradient's buffer, whether and where
+ * it is stored, the storage it shares). The layers' passes (layers.c) read m->plan and never write it.
  *
  * Dependencies run one way, each file calling only those after it: model.c (building, buffers, parameters),
  * plan_graphs.c (the cuDNN graphs, timed), plan.c (the plan's records, gradient buffers, model.fuse's
  * fusions, input forms), layers.c (the passes, which the planner runs to time alternatives). A candidate is
  * timed as an alternative plan: a copy of the plan with the candidate changed, run in turn with the model's
- * own, the faster kept (plan_keep). */
+ * own, the faster kept (plan_keep). The inference form's plan (plan_infer.c: its list of steps, which infer.c
+ * runs) calls plan.c and reads layers.c's table. */
 #ifndef TRAINC_MODELS_PLAN_H
 #define TRAINC_MODELS_PLAN_H
 

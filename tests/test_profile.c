@@ -352,19 +352,19 @@ static void check_overlap_note(ProfileReport *r) {
     r->settings.overlap_wgrad = noted;
 }
 
-/* --html's timeline with the compute stream and 12 others in the window (tid 100 + k, busy k units): the
- * compute stream and the 7 busiest (k = 6..12) drawn a lane each, the 5 least busy in one lane, their boxes
- * named by stream. */
+/* --html's timeline with the compute stream and 12 others inside the first step (tid 100 + k, busy k
+ * thirteenths of the step, the compute stream half of one): the compute stream and the 7 busiest (k = 6..12)
+ * drawn a lane each, the 5 least busy in one lane, their boxes named by stream. */
 static void check_stream_lanes(ProfileReport *r, const char *dir) {
-    double t0 = INFINITY, t1 = 0;
+    double t0 = INFINITY, step = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, r->timeline) {
         const cJSON *cat = cJSON_GetObjectItemCaseSensitive(e, "cat");
-        if (!cJSON_IsString(cat) || strcmp(cat->valuestring, "step") != 0) continue;
-        double ts = cJSON_GetObjectItemCaseSensitive(e, "ts")->valuedouble;
-        t0 = fmin(t0, ts), t1 = fmax(t1, ts + cJSON_GetObjectItemCaseSensitive(e, "dur")->valuedouble);
+        double ts = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(e, "ts"));
+        if (!cJSON_IsString(cat) || strcmp(cat->valuestring, "step") != 0 || ts >= t0) continue;
+        t0 = ts, step = cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(e, "dur"));
     }
-    CHECK_MSG(t1 > t0, "no steps in the timeline");
+    CHECK_MSG(step > 0, "no steps in the timeline");
     for (int k = 0; k <= 12; k++) {
         char name[32];
         snprintf(name, sizeof name, k ? "stream %d" : "stream %d (compute)", k);
@@ -380,7 +380,7 @@ static void check_stream_lanes(ProfileReport *r, const char *dir) {
         cJSON_AddStringToObject(box, "cat", "kernel");
         cJSON_AddNumberToObject(box, "tid", 100 + k);
         cJSON_AddNumberToObject(box, "ts", t0);
-        cJSON_AddNumberToObject(box, "dur", (k ? k : 1) * (t1 - t0) / 20);
+        cJSON_AddNumberToObject(box, "dur", (k ? k : 0.5) * step / 13);
         cJSON_AddItemToArray(r->timeline, box);
     }
     char path[800];

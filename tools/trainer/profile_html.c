@@ -104,8 +104,8 @@ static int stream_rank(const void *a, const void *b) {
     return (x->busy_us < y->busy_us) - (x->busy_us > y->busy_us);
 }
 
-/* Each lane's row, in the order the lanes came, up to STREAM_ROWS streams a row of their own; returns the rows,
- * the last the other streams' where there are any (*others of them). */
+/* Each lane's row, in the order the lanes came, up to STREAM_ROWS streams a row of their own; returns the rows
+ * of their own, the other streams' (*others of them) all on the row after those. */
 static int assign_rows(Lane *lanes, int n, int *others) {
     const Lane *streams[MAX_LANES];
     int n_streams = 0, rows = 0;
@@ -121,7 +121,7 @@ static int assign_rows(Lane *lanes, int n, int *others) {
     }
     for (int i = 0; i < n; i++)
         if (lanes[i].row < 0) lanes[i].row = rows;
-    return rows + (*others > 0);
+    return rows;
 }
 
 static double num(const cJSON *e, const char *key) {
@@ -176,27 +176,26 @@ static void print_timeline(const ProfileReport *r, FILE *f) {
         if (i >= 0 && !strcmp(str(e, "ph"), "X"))
             lanes[i].busy_us += fmax(0, fmin(num(e, "ts") + num(e, "dur"), t1) - fmax(num(e, "ts"), t0));
     }
-    int others, rows = assign_rows(lanes, n, &others);
-    if (overflow && !others) rows++;
+    int others, own_rows = assign_rows(lanes, n, &others);
+    int shared_row = others || overflow ? own_rows : -1, rows = own_rows + (shared_row >= 0);
     double span = t1 > t0 ? t1 - t0 : 1, scale = (SVG_W - LABEL_W - 10) / span;
     fprintf(f, "<p>The window's first %s: %.3f ms; a lane per track (up to %d streams: the compute stream and "
             "the busiest, the rest in one lane), gaps are time with nothing on it. Hover a box for its name and "
             "duration.</p>\n", "steps", span / 1000, STREAM_ROWS);
     fprintf(f, "<svg class=\"timeline\" width=\"%d\" height=\"%d\">\n", SVG_W, rows * LANE_H + 24);
     for (int i = 0; i < n; i++)
-        if (lanes[i].row < rows - (others > 0 || overflow)) svg_text(f, 2, lanes[i].row * LANE_H + 13, "start",
-                                                                    lanes[i].name);
-    if (others || overflow) {
+        if (lanes[i].row != shared_row) svg_text(f, 2, lanes[i].row * LANE_H + 13, "start", lanes[i].name);
+    if (shared_row >= 0) {
         char label[64];
         snprintf(label, sizeof label, overflow ? "other streams and tracks" : "other streams (%d)", others);
-        svg_text(f, 2, (rows - 1) * LANE_H + 13, "start", label);
+        svg_text(f, 2, shared_row * LANE_H + 13, "start", label);
     }
     cJSON_ArrayForEach(e, events) {
         if (strcmp(str(e, "ph"), "X") != 0) continue;
         double ts = num(e, "ts"), dur = num(e, "dur");
         if (ts + dur < t0 || ts > t1) continue;
-        int i = lane_of(lanes, &n, (int)num(e, "pid"), (int)num(e, "tid")), row = i >= 0 ? lanes[i].row : rows - 1;
-        int shared = row == rows - 1 && (others > 0 || overflow);
+        int i = lane_of(lanes, &n, (int)num(e, "pid"), (int)num(e, "tid")), row = i >= 0 ? lanes[i].row : shared_row;
+        int shared = row == shared_row;
         char name[64], title[700];
         short_name(str(e, "name"), name, sizeof name);
         snprintf(title, sizeof title, "%s%s%s: %.2f us%s%s", shared && i >= 0 ? lanes[i].name : "",
